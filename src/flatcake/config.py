@@ -1,0 +1,252 @@
+"""Typed configuration: one frozen dataclass per stage, composed into ``FlatCakeConfig``.
+
+Sources are merged in one place, later ones winning:
+
+1. the defaults below (each documented where it is defined);
+2. a TOML file (``[placement]``, ``[reclaim]``, ``[store]``, ``[planner]``, ``[scheduler]``);
+3. environment variables ``FLATCAKE_<SECTION>__<FIELD>`` (e.g. ``FLATCAKE_STORE__NODE_ID=3``);
+4. explicit overrides ``"section.field=value"`` (the CLI's ``--set``).
+
+Every field is validated in ``__post_init__``; a bad value raises ``ValueError`` naming
+the field and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+TIB = 1024 * GIB
+
+
+def _check(cond: bool, name: str, value: object, why: str) -> None:
+    if not cond:
+        raise ValueError(f"invalid config {name}={value!r}: {why}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """Write-time placement thresholds (FC-GVA); see ``gva.placement`` for the rule order.
+
+    Defaults come from the shared traces: chat replies are short (Azure conv mean output
+    211 tokens, Kimi chat 343), agent turns carry long histories (Claude Code mean input
+    121K tokens, median session context 148K), so 32K tokens of context already marks an
+    agent session whose KV (4 GiB on Llama-3.1-8B) no host arena holds for long.
+    """
+
+    agent_context_threshold_tokens: int = 32 * 1024
+    long_reply_threshold_tokens: int = 2048
+    short_reply_threshold_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        for name in (
+            "agent_context_threshold_tokens",
+            "long_reply_threshold_tokens",
+            "short_reply_threshold_tokens",
+        ):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and v >= 0, f"placement.{name}", v, "must be an int >= 0")
+        _check(
+            self.short_reply_threshold_tokens <= self.long_reply_threshold_tokens,
+            "placement.short_reply_threshold_tokens",
+            self.short_reply_threshold_tokens,
+            "must not exceed long_reply_threshold_tokens",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimConfig:
+    """Watermarks as fractions of each medium's capacity.
+
+    Reclaim starts when use crosses ``*_high`` and drops whole sessions, oldest last
+    access first, until use is at or under ``*_low``.
+    """
+
+    ssd_high: float = 0.90
+    ssd_low: float = 0.80
+    memory_high: float = 0.90
+    memory_low: float = 0.80
+
+    def __post_init__(self) -> None:
+        for medium in ("ssd", "memory"):
+            hi, lo = getattr(self, f"{medium}_high"), getattr(self, f"{medium}_low")
+            _check(0.0 < hi <= 1.0, f"reclaim.{medium}_high", hi, "must be in (0, 1]")
+            _check(0.0 <= lo < hi, f"reclaim.{medium}_low", lo, f"must be in [0, {medium}_high)")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    """Read planning (FC-CIO).
+
+    ``gap_limit_bytes``: read through holes smaller than this between two wanted ranges
+    of one file (the paper uses 64 KiB). ``max_read_bytes``: split merged reads larger
+    than this so several commands stay in flight.
+    """
+
+    gap_limit_bytes: int = 64 * KIB
+    max_read_bytes: int = 64 * MIB
+
+    def __post_init__(self) -> None:
+        _check(self.gap_limit_bytes >= 0, "planner.gap_limit_bytes", self.gap_limit_bytes,
+               "must be >= 0")
+        _check(self.max_read_bytes >= 4 * KIB and self.max_read_bytes % (4 * KIB) == 0,
+               "planner.max_read_bytes", self.max_read_bytes,
+               "must be a positive multiple of 4096")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """FC-MAS restore scheduling.
+
+    ``max_restores_in_flight``: SSD restores holding a staging window at once (the
+    window is two layers per stream); further restores *wait* for a slot, never cancel.
+    ``single_queue``: the one-FIFO-queue ablation.
+    """
+
+    max_restores_in_flight: int = 2
+    single_queue: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.max_restores_in_flight >= 1, "scheduler.max_restores_in_flight",
+               self.max_restores_in_flight, "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Where and how much the store keeps on this node.
+
+    ``memory_capacity_bytes`` and ``ssd_capacity_bytes`` are hard budgets enforced at
+    allocation. ``session_file_bytes`` is the virtual span reserved for each session file
+    in the node's SSD address space (files grow inside it; a session that outgrows it
+    continues in a fresh span). ``io_mode``: ``direct`` requires O_DIRECT and fails with a
+    clear error where the filesystem refuses it; ``buffered`` uses the page cache and says
+    so in the log; ``auto`` tries direct and falls back to buffered with a warning.
+    """
+
+    root: str = "./flatcake-data"
+    node_id: int = 0
+    memory_capacity_bytes: int = 4 * GIB
+    ssd_capacity_bytes: int = 64 * GIB
+    session_file_bytes: int = 64 * GIB
+    io_mode: str = "auto"
+    read_threads: int = 4
+    reads_in_flight: int = 8
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.node_id < 4096, "store.node_id", self.node_id, "must be in [0, 4096)")
+        _check(self.memory_capacity_bytes >= 0, "store.memory_capacity_bytes",
+               self.memory_capacity_bytes, "must be >= 0")
+        _check(self.ssd_capacity_bytes >= 0, "store.ssd_capacity_bytes",
+               self.ssd_capacity_bytes, "must be >= 0")
+        _check(self.session_file_bytes >= 4 * KIB and self.session_file_bytes % (4 * KIB) == 0,
+               "store.session_file_bytes", self.session_file_bytes,
+               "must be a positive multiple of 4096")
+        _check(self.io_mode in ("auto", "direct", "buffered"), "store.io_mode", self.io_mode,
+               "must be one of auto, direct, buffered")
+        _check(self.read_threads >= 1, "store.read_threads", self.read_threads, "must be >= 1")
+        _check(self.reads_in_flight >= 1, "store.reads_in_flight", self.reads_in_flight,
+               "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class FlatCakeConfig:
+    """The whole configuration; ``model`` names a geometry preset (``geometry.PRESETS``)."""
+
+    model: str = "llama-3.1-8b"
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    reclaim: ReclaimConfig = field(default_factory=ReclaimConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+
+_SECTIONS: dict[str, type] = {
+    "placement": PlacementConfig,
+    "reclaim": ReclaimConfig,
+    "planner": PlannerConfig,
+    "scheduler": SchedulerConfig,
+    "store": StoreConfig,
+}
+
+
+def _coerce(section: str, name: str, raw: Any, target: Any) -> Any:
+    """Convert a string (env/CLI) or TOML value to the field's declared type."""
+    if isinstance(raw, str) and target is not str:
+        text = raw.strip()
+        if target is bool or target == "bool":
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"invalid config {section}.{name}={raw!r}: expected a boolean")
+        try:
+            if target in (int, "int"):
+                return int(text.replace("_", ""))
+            if target in (float, "float"):
+                return float(text)
+        except ValueError:
+            raise ValueError(
+                f"invalid config {section}.{name}={raw!r}: expected {target}"
+            ) from None
+    return raw
+
+
+def _apply(cfg: FlatCakeConfig, section: str, name: str, raw: Any) -> FlatCakeConfig:
+    if section == "" and name == "model":
+        return dataclasses.replace(cfg, model=str(raw))
+    if section not in _SECTIONS:
+        raise ValueError(
+            f"unknown config section {section!r}; known sections: {sorted(_SECTIONS)}"
+        )
+    cls = _SECTIONS[section]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields:
+        raise ValueError(
+            f"unknown config field {section}.{name}; known fields: {sorted(fields)}"
+        )
+    value = _coerce(section, name, raw, fields[name].type)
+    current = getattr(cfg, section)
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(current, **{name: value})})
+
+
+def load_config(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Sequence[str] = (),
+) -> FlatCakeConfig:
+    """Build a config from defaults, a TOML file, ``FLATCAKE_*`` env vars and overrides."""
+    cfg = FlatCakeConfig()
+    if path is not None:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        for key, value in data.items():
+            if isinstance(value, dict):
+                for name, raw in value.items():
+                    cfg = _apply(cfg, key, name, raw)
+            else:
+                cfg = _apply(cfg, "", key, value)
+    environ = os.environ if env is None else env
+    for key, raw in sorted(environ.items()):
+        if not key.startswith("FLATCAKE_"):
+            continue
+        rest = key[len("FLATCAKE_"):].lower()
+        if rest == "model":
+            cfg = _apply(cfg, "", "model", raw)
+        elif "__" in rest:
+            section, name = rest.split("__", 1)
+            cfg = _apply(cfg, section, name, raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"config override {item!r} must look like section.field=value")
+        dotted, raw = item.split("=", 1)
+        section, _, name = dotted.strip().rpartition(".")
+        cfg = _apply(cfg, section, name, raw)
+    return cfg

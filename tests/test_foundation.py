@@ -1,0 +1,70 @@
+"""Geometry presets and configuration loading."""
+
+from __future__ import annotations
+
+import pytest
+
+from flatcake.config import FlatCakeConfig, load_config
+from flatcake.geometry import KVGeometry, preset
+
+
+def test_presets_bytes_per_token() -> None:
+    # Llama-3.1-8B: 32 layers x K,V x 8 heads x 128 dim x 2 bytes = 128 KiB per token.
+    assert preset("llama-3.1-8b").bytes_per_token == 128 * 1024
+    # Llama-3.1-70B: 80 layers -> 320 KiB per token.
+    assert preset("Llama-3.1-70B").bytes_per_token == 320 * 1024
+    # DeepSeek-V3 MLA: 61 layers x 576 latent x 2 bytes.
+    assert preset("deepseek-v3").bytes_per_token == 61 * 576 * 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"num_layers": 0, "tokens_per_block": 16, "num_kv_heads": 8, "head_dim": 128},
+         "num_layers"),
+        ({"num_layers": 2, "tokens_per_block": 16, "num_kv_heads": 8, "head_dim": 128,
+          "dtype": "float64"}, "dtype"),
+        ({"num_layers": 2, "tokens_per_block": 16, "num_kv_heads": 0, "head_dim": 128},
+         "num_kv_heads"),
+    ],
+)
+def test_geometry_rejects_bad_fields(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        KVGeometry(**kwargs)  # type: ignore[arg-type]
+
+
+def test_unknown_preset_named() -> None:
+    with pytest.raises(ValueError, match="gpt-9"):
+        preset("gpt-9")
+
+
+def test_config_sources_merge_in_order(tmp_path) -> None:
+    toml = tmp_path / "fc.toml"
+    toml.write_text('model = "llama-3.1-70b"\n[store]\nnode_id = 3\nio_mode = "direct"\n')
+    cfg = load_config(
+        toml,
+        env={"FLATCAKE_STORE__NODE_ID": "5", "FLATCAKE_SCHEDULER__SINGLE_QUEUE": "true"},
+        overrides=["placement.short_reply_threshold_tokens=100"],
+    )
+    assert cfg.model == "llama-3.1-70b"
+    assert cfg.store.node_id == 5  # env beats file
+    assert cfg.store.io_mode == "direct"
+    assert cfg.scheduler.single_queue is True
+    assert cfg.placement.short_reply_threshold_tokens == 100
+    assert load_config(env={}) == FlatCakeConfig()
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("store.node_id=5000", "store.node_id"),
+        ("store.io_mode=fast", "store.io_mode"),
+        ("reclaim.ssd_low=0.95", "reclaim.ssd_low"),
+        ("nosuch.field=1", "nosuch"),
+        ("store.nosuch=1", "store.nosuch"),
+        ("store.node_id=abc", "store.node_id"),
+    ],
+)
+def test_config_errors_name_field(override: str, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        load_config(env={}, overrides=[override])
