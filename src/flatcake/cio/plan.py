@@ -1,0 +1,297 @@
+"""Read planning (FC-CIO): turn a prefix hit into per-layer read and copy operations.
+
+Pure: no I/O. Executors (O_DIRECT thread pool, kvikio, the replay simulator's device
+model) carry out the plan; the planner only decides *what* to read.
+
+Per layer ``l`` (a restore fills a staging window layer by layer), every SSD run of the
+hit wants one contiguous range ``[file_offset + layout.block_offset(l, start), +count *
+block_bytes_per_layer)`` of one file. The planner
+
+1. widens each range to 4 KiB alignment (O_DIRECT/GDS rule: offsets and lengths are
+   multiples of 4096) and counts the widening as gap bytes;
+2. sorts by ``(file_id, offset)`` and merges ranges of the same file that overlap,
+   touch, or are separated by a hole *smaller than* ``gap_limit_bytes`` (the hole is
+   read and counted as gap bytes);
+3. splits merged reads longer than ``max_read_bytes`` into ``max_read_bytes`` chunks
+   (still aligned) so several commands stay in flight.
+
+Memory runs become arena copies, merged only when exactly adjacent.
+
+A history written as T segments therefore restores in at most ``num_layers * T`` SSD
+commands (before step 3's splits): one per segment and layer at worst, fewer when a
+layer's ranges merge.
+
+Where the bytes go: the *destination stream* of layer ``l`` is the request's blocks in
+request order, block ``b`` at bytes ``[b * block_bytes_per_layer, (b + 1) *
+block_bytes_per_layer)``. A ``Piece`` copies ``length`` bytes from ``offset_in_op`` of its
+op to ``dest_offset = block_index * block_bytes_per_layer + block_offset`` of that stream;
+it may span several consecutive blocks, and ``block_offset`` is non-zero only where a
+``max_read_bytes`` split fell inside a block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from flatcake.cio.layout import ALIGN
+from flatcake.config import PlannerConfig
+from flatcake.gva.address import Medium
+from flatcake.gva.index import HitRun
+
+Resolve = Callable[[int], tuple[int, int]]
+"""Maps an SSD virtual offset to ``(file_id, file_offset)`` (``SsdSpace.resolve``)."""
+
+
+class Piece(NamedTuple):
+    """Bytes ``[offset_in_op, offset_in_op + length)`` of an op are the request's layer
+    stream bytes starting at block ``block_index``, byte ``block_offset`` of it."""
+
+    block_index: int
+    block_offset: int
+    offset_in_op: int
+    length: int
+
+    def dest_offset(self, block_bytes_per_layer: int) -> int:
+        """Start of the piece in the layer's destination stream."""
+        return self.block_index * block_bytes_per_layer + self.block_offset
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOp:
+    """One SSD read command: ``length`` bytes at ``file_offset`` of ``file_id``.
+
+    Attributes:
+        file_id: the session file (``cio.format.session_file_name``).
+        file_offset: start, a multiple of 4096.
+        length: bytes to read, a multiple of 4096.
+        pieces: where the wanted bytes of the op go, in op order; bytes of the op
+            not covered by a piece are gap or alignment bytes, to be ignored.
+    """
+
+    file_id: int
+    file_offset: int
+    length: int
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyOp:
+    """One copy out of the host arena: ``length`` bytes at ``arena_offset``.
+
+    Attributes:
+        arena_offset: start in the host arena.
+        length: bytes to copy (all wanted; copies never read through gaps).
+        pieces: where those bytes go (see ``Piece``).
+    """
+
+    arena_offset: int
+    length: int
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlan:
+    """Everything to read for one layer: SSD reads sorted by ``(file_id,
+    file_offset)`` and arena copies sorted by ``arena_offset``."""
+
+    layer: int
+    ssd_ops: tuple[ReadOp, ...]
+    memory_ops: tuple[CopyOp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """A restore's reads, layer by layer.
+
+    Attributes:
+        layers: one ``LayerPlan`` per layer, in layer order (empty when nothing hit).
+        num_blocks: request blocks covered (the hit prefix length).
+        block_bytes_per_layer: bytes of one block of one layer.
+        num_commands: SSD read commands over all layers.
+        useful_bytes: SSD bytes the request wants.
+        gap_bytes: SSD bytes read but not wanted (holes read through + alignment).
+        bytes_read: SSD bytes read (``useful_bytes + gap_bytes``).
+        num_copies: arena copy ops over all layers.
+        memory_bytes: bytes copied out of the arena.
+    """
+
+    layers: tuple[LayerPlan, ...]
+    num_blocks: int
+    block_bytes_per_layer: int
+    num_commands: int
+    useful_bytes: int
+    gap_bytes: int
+    bytes_read: int
+    num_copies: int
+    memory_bytes: int
+
+
+class _Span(NamedTuple):
+    """A run's per-layer geometry: the run wants ``[base + l * stride, + length)``."""
+
+    file_id: int  # -1 for memory
+    base: int  # file offset (SSD) or arena offset (memory) of layer 0 of the run
+    stride: int  # layer stride of the segment
+    length: int
+    prefix_start: int
+
+
+def _spans(runs: Sequence[HitRun], resolve: Resolve | None
+           ) -> tuple[list[_Span], list[_Span], int, int]:
+    ssd: list[_Span] = []
+    mem: list[_Span] = []
+    bbpl = 0
+    num_layers = 0
+    for seg, start, count, prefix_start in runs:
+        lay = seg.layout
+        if bbpl == 0:
+            bbpl, num_layers = lay.block_bytes_per_layer, lay.num_layers
+        elif lay.block_bytes_per_layer != bbpl or lay.num_layers != num_layers:
+            raise ValueError(
+                f"segment {seg.segment_id} has geometry {lay.num_layers}x"
+                f"{lay.block_bytes_per_layer} B, expected {num_layers}x{bbpl} B"
+            )
+        if count <= 0 or start < 0 or start + count > lay.num_blocks:
+            raise ValueError(f"run start_pos={start} count={count} is outside segment "
+                             f"{seg.segment_id} of {lay.num_blocks} blocks")
+        rel = lay.block_offset(0, start)
+        if seg.medium == Medium.SSD:
+            if resolve is None:
+                # Segment.__post_init__ guarantees both are set on SSD.
+                file_id, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
+            else:
+                file_id, file_offset = resolve(seg.offset)
+            ssd.append(_Span(file_id, file_offset + rel, lay.layer_bytes, count * bbpl,
+                             prefix_start))
+        else:
+            mem.append(_Span(-1, seg.offset + rel, lay.layer_bytes, count * bbpl,
+                             prefix_start))
+    # Within a file (or the arena) the order of the ranges is the same in every layer:
+    # segments do not overlap, and inside one segment every layer keeps block order.
+    ssd.sort(key=lambda s: (s.file_id, s.base))
+    mem.sort(key=lambda s: s.base)
+    return ssd, mem, bbpl, num_layers
+
+
+def _split_pieces(pieces: list[Piece], op_start: int, op_len: int, max_len: int,
+                  bbpl: int) -> list[tuple[int, int, tuple[Piece, ...]]]:
+    """Cut one merged read ``[op_start, op_start + op_len)`` into ``max_len`` chunks."""
+    out: list[tuple[int, int, tuple[Piece, ...]]] = []
+    for chunk_lo in range(0, op_len, max_len):
+        chunk_hi = min(chunk_lo + max_len, op_len)
+        sub: list[Piece] = []
+        for p in pieces:
+            lo = max(p.offset_in_op, chunk_lo)
+            hi = min(p.offset_in_op + p.length, chunk_hi)
+            if lo >= hi:
+                continue
+            dest = p.block_index * bbpl + p.block_offset + (lo - p.offset_in_op)
+            sub.append(Piece(dest // bbpl, dest % bbpl, lo - chunk_lo, hi - lo))
+        out.append((op_start + chunk_lo, chunk_hi - chunk_lo, tuple(sub)))
+    return out
+
+
+def _plan_ssd_layer(spans: list[_Span], layer: int, bbpl: int, cfg: PlannerConfig
+                    ) -> tuple[list[ReadOp], int]:
+    ops: list[ReadOp] = []
+    bytes_read = 0
+    gap_limit = cfg.gap_limit_bytes
+    max_len = cfg.max_read_bytes
+    cur_file = -1
+    cur_lo = cur_hi = 0
+    pieces: list[Piece] = []
+
+    def flush() -> None:
+        nonlocal bytes_read
+        length = cur_hi - cur_lo
+        bytes_read += length
+        if length <= max_len:
+            ops.append(ReadOp(cur_file, cur_lo, length, tuple(pieces)))
+        else:
+            for lo, n, sub in _split_pieces(pieces, cur_lo, length, max_len, bbpl):
+                ops.append(ReadOp(cur_file, lo, n, sub))
+
+    for s in spans:
+        want_lo = s.base + layer * s.stride
+        want_hi = want_lo + s.length
+        lo = want_lo - want_lo % ALIGN
+        hi = -(-want_hi // ALIGN) * ALIGN
+        if pieces and s.file_id == cur_file and lo - cur_hi < gap_limit:
+            cur_hi = max(cur_hi, hi)
+        else:
+            if pieces:
+                flush()
+            cur_file, cur_lo, cur_hi, pieces = s.file_id, lo, hi, []
+        pieces.append(Piece(s.prefix_start, 0, want_lo - cur_lo, s.length))
+    if pieces:
+        flush()
+    return ops, bytes_read
+
+
+def _plan_memory_layer(spans: list[_Span], layer: int) -> list[CopyOp]:
+    ops: list[CopyOp] = []
+    cur_lo = cur_hi = -1
+    pieces: list[Piece] = []
+    for s in spans:
+        lo = s.base + layer * s.stride
+        if pieces and lo == cur_hi:
+            pieces.append(Piece(s.prefix_start, 0, lo - cur_lo, s.length))
+            cur_hi += s.length
+            continue
+        if pieces:
+            ops.append(CopyOp(cur_lo, cur_hi - cur_lo, tuple(pieces)))
+        cur_lo, cur_hi = lo, lo + s.length
+        pieces = [Piece(s.prefix_start, 0, 0, s.length)]
+    if pieces:
+        ops.append(CopyOp(cur_lo, cur_hi - cur_lo, tuple(pieces)))
+    return ops
+
+
+def plan_reads(
+    runs: Sequence[HitRun],
+    num_layers: int,
+    resolve: Resolve | None = None,
+    cfg: PlannerConfig | None = None,
+) -> ReadPlan:
+    """Plan the reads of a prefix hit (``PrefixHit.runs``), layer by layer.
+
+    Args:
+        runs: the hit's runs (any order; each is one contiguous range per layer).
+        num_layers: layers to plan; must equal the segments' ``layout.num_layers``.
+        resolve: SSD virtual offset -> ``(file_id, file_offset)``; ``None`` uses the
+            file fields each SSD segment carries.
+        cfg: gap limit and maximum read size (defaults: 64 KiB, 64 MiB).
+    """
+    cfg = cfg if cfg is not None else PlannerConfig()
+    if not isinstance(num_layers, int) or num_layers <= 0:
+        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    ssd, mem, bbpl, seg_layers = _spans(runs, resolve)
+    if runs and seg_layers != num_layers:
+        raise ValueError(f"num_layers={num_layers} but the segments hold {seg_layers} layers")
+    num_blocks = sum(r.num_blocks for r in runs)
+    useful_per_layer = sum(s.length for s in ssd)
+    memory_per_layer = sum(s.length for s in mem)
+    layers: list[LayerPlan] = []
+    num_commands = num_copies = bytes_read = 0
+    if runs:
+        for layer in range(num_layers):
+            ssd_ops, layer_read = _plan_ssd_layer(ssd, layer, bbpl, cfg) if ssd else ([], 0)
+            mem_ops = _plan_memory_layer(mem, layer) if mem else []
+            layers.append(LayerPlan(layer, tuple(ssd_ops), tuple(mem_ops)))
+            num_commands += len(ssd_ops)
+            num_copies += len(mem_ops)
+            bytes_read += layer_read
+    useful = useful_per_layer * len(layers)
+    return ReadPlan(
+        layers=tuple(layers),
+        num_blocks=num_blocks,
+        block_bytes_per_layer=bbpl,
+        num_commands=num_commands,
+        useful_bytes=useful,
+        gap_bytes=bytes_read - useful,
+        bytes_read=bytes_read,
+        num_copies=num_copies,
+        memory_bytes=memory_per_layer * len(layers),
+    )

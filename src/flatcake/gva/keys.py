@@ -1,0 +1,141 @@
+"""Block keys (FC-GVA): 32-byte chained prefix hashes over token blocks.
+
+Block ``i``'s key is a keyed BLAKE2b digest of key ``i-1`` and block ``i``'s token ids,
+where the BLAKE2b key is itself a digest of the model name and the tenant salt::
+
+    ns      = blake2b(b"flatcake-ns-v1" | len(model) | model | len(salt) | salt)   # 32 B
+    key[-1] = parent or 32 zero bytes
+    key[i]  = blake2b(key[i-1] | int64-le token ids of block i, key=ns)           # 32 B
+
+So a key names a whole prefix (not one block), two models or two tenants never share a
+key, and without the salt nobody can build a prefix that collides with another tenant's.
+Only full blocks get a key (a partial last block is recomputed, never stored).
+
+Engines that hash blocks themselves (vLLM, SGLang) hand their hashes in through
+``as_block_key``, which keeps them as they are when they already are 32 bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+from flatcake.cio.layout import KEY_BYTES
+
+BlockKey = bytes
+"""A block key: exactly ``KEY_BYTES`` (32) bytes; stored verbatim in segment headers."""
+
+_NS_TAG = b"flatcake-ns-v1"
+_ENGINE_TAG = b"flatcake-engine-hash-v1"
+_MAX_TOKEN_ID = (1 << 63) - 1
+
+
+def _as_bytes(value: str | bytes, field: str) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise ValueError(f"{field} must be str or bytes, got {type(value).__name__}")
+
+
+def namespace_key(model: str, tenant_salt: str | bytes = b"") -> bytes:
+    """The 32-byte BLAKE2b key that namespaces every block key of (model, tenant)."""
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model must be a non-empty str, got {model!r}")
+    m = model.encode("utf-8")
+    s = _as_bytes(tenant_salt, "tenant_salt")
+    raw = _NS_TAG + struct.pack("<Q", len(m)) + m + struct.pack("<Q", len(s)) + s
+    return hashlib.blake2b(raw, digest_size=KEY_BYTES).digest()
+
+
+def chain_block_keys(
+    token_ids: Sequence[int],
+    tokens_per_block: int,
+    model: str,
+    tenant_salt: str | bytes = b"",
+    parent: bytes | None = None,
+) -> list[BlockKey]:
+    """Keys of every *full* block of ``token_ids``.
+
+    Args:
+        token_ids: the prompt's token ids (ints in ``[0, 2**63)``).
+        tokens_per_block: the engine's block size (tokens).
+        model: model name; part of the namespace.
+        tenant_salt: per-tenant secret; part of the namespace.
+        parent: key of the block just before ``token_ids[0]`` when hashing a
+            continuation; ``None`` when ``token_ids`` starts the prompt.
+
+    Returns ``len(token_ids) // tokens_per_block`` keys; key ``i`` names the prefix
+    ``token_ids[: (i + 1) * tokens_per_block]`` (plus whatever ``parent`` names).
+    """
+    if not isinstance(tokens_per_block, int) or tokens_per_block <= 0:
+        raise ValueError(f"tokens_per_block must be a positive int, got {tokens_per_block!r}")
+    if parent is not None and (not isinstance(parent, bytes) or len(parent) != KEY_BYTES):
+        raise ValueError(f"parent must be {KEY_BYTES} bytes or None, got {parent!r}")
+    ns = namespace_key(model, tenant_salt)
+    num_blocks = len(token_ids) // tokens_per_block
+    pack = struct.Struct(f"<{tokens_per_block}q").pack
+    prev = parent if parent is not None else bytes(KEY_BYTES)
+    keys: list[bytes] = []
+    for i in range(num_blocks):
+        block = token_ids[i * tokens_per_block:(i + 1) * tokens_per_block]
+        try:
+            payload = pack(*block)
+        except struct.error:
+            bad = next((t for t in block
+                        if not isinstance(t, int) or not 0 <= t <= _MAX_TOKEN_ID), block)
+            raise ValueError(
+                f"token_ids must be ints in [0, 2**63), got {bad!r} in block {i}"
+            ) from None
+        if min(block) < 0:
+            raise ValueError(f"token_ids must be ints in [0, 2**63), got {min(block)!r} "
+                             f"in block {i}")
+        prev = hashlib.blake2b(prev + payload, digest_size=KEY_BYTES, key=ns).digest()
+        keys.append(prev)
+    return keys
+
+
+def as_block_key(engine_hash: bytes | int | str) -> BlockKey:
+    """Normalise an engine-supplied block hash to a 32-byte key, deterministically.
+
+    - ``bytes`` of length 32 (vLLM's sha256 block hashes): returned unchanged.
+    - ``int`` in ``[0, 2**256)``: its 32-byte big-endian encoding (so an int and the
+      bytes it encodes are the same key).
+    - ``str`` of 64 hex digits (SGLang-style hex digests): the 32 bytes it spells.
+    - anything else (other byte lengths, negative ints, other strings): a BLAKE2b-256
+      digest of a type tag and the value, so distinct inputs stay distinct keys.
+
+    Engine hashes are trusted to carry their own model/tenant namespacing.
+    """
+    if isinstance(engine_hash, bytes):
+        if len(engine_hash) == KEY_BYTES:
+            return engine_hash
+        return hashlib.blake2b(_ENGINE_TAG + b"b" + engine_hash, digest_size=KEY_BYTES).digest()
+    if isinstance(engine_hash, bool):
+        raise ValueError(f"engine_hash must be bytes, int or str, got {engine_hash!r}")
+    if isinstance(engine_hash, int):
+        if 0 <= engine_hash < (1 << (8 * KEY_BYTES)):
+            return engine_hash.to_bytes(KEY_BYTES, "big")
+        raw = engine_hash.to_bytes((engine_hash.bit_length() + 8) // 8 + 1, "big", signed=True)
+        return hashlib.blake2b(_ENGINE_TAG + b"i" + raw, digest_size=KEY_BYTES).digest()
+    if isinstance(engine_hash, str):
+        if len(engine_hash) == 2 * KEY_BYTES:
+            try:
+                raw_hex = bytes.fromhex(engine_hash)
+            except ValueError:
+                raw_hex = b""
+            if len(raw_hex) == KEY_BYTES:
+                return raw_hex
+        return hashlib.blake2b(_ENGINE_TAG + b"s" + engine_hash.encode("utf-8"),
+                               digest_size=KEY_BYTES).digest()
+    raise ValueError(
+        f"engine_hash must be bytes, int or str, got {type(engine_hash).__name__}"
+    )
+
+
+def check_key(key: object, field: str = "key") -> bytes:
+    """Return ``key`` if it is a valid 32-byte block key, else raise ``ValueError``."""
+    if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+        raise ValueError(f"{field} must be {KEY_BYTES} bytes, got {key!r}")
+    return key

@@ -1,0 +1,147 @@
+"""Write-time placement (FC-GVA): a pure function from signals to a medium.
+
+Each turn's new blocks get one home, decided once when they are written and never
+changed. The rules are tried in this exact order (DESIGN.md); the first that matches
+decides:
+
+    rule             condition                                          medium
+    MEMORY_FULL      host memory cannot take the segment                ssd
+    SHARED_PREFIX    shared_refcount > 1 (e.g. a system prompt)         memory
+    FIRST_TURN       turn_index == 0                                    ssd
+    AGENT_CONTEXT    context_tokens > agent_context_threshold_tokens    ssd
+    LONG_REPLY       prev_reply_tokens > long_reply_threshold_tokens    ssd
+    SHORT_REPLY      prev_reply_tokens < short_reply_threshold_tokens   memory
+    DEFAULT          otherwise                                          ssd
+
+The reply rules only apply when a previous reply exists (``prev_reply_tokens`` is not
+``None``); a later turn without one falls through to DEFAULT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from flatcake.config import PlacementConfig
+from flatcake.gva.address import Medium
+
+
+class PlacementRule(Enum):
+    """The rule that decided a placement (for metrics and ``explain``)."""
+
+    MEMORY_FULL = "memory_full"
+    SHARED_PREFIX = "shared_prefix"
+    FIRST_TURN = "first_turn"
+    AGENT_CONTEXT = "agent_context"
+    LONG_REPLY = "long_reply"
+    SHORT_REPLY = "short_reply"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSignals:
+    """What the engine knows before a turn runs.
+
+    Attributes:
+        memory_full: host memory cannot take this segment (the control plane computes
+            it from the arena, after memory reclaim).
+        shared_refcount: requests sharing these blocks (prefix-tree refcount); 1 when
+            only this request uses them.
+        turn_index: the session's turn, 0 for the first.
+        context_tokens: tokens of context of this turn (history + new prompt).
+        prev_reply_tokens: tokens of the previous turn's reply; ``None`` on the first
+            turn or when unknown.
+    """
+
+    memory_full: bool
+    shared_refcount: int
+    turn_index: int
+    context_tokens: int
+    prev_reply_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("shared_refcount", "turn_index", "context_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"PlacementSignals.{name} must be an int >= 0, got {v!r}")
+        p = self.prev_reply_tokens
+        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < 0):
+            raise ValueError(
+                f"PlacementSignals.prev_reply_tokens must be None or an int >= 0, got {p!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A placement decision and the rule that made it."""
+
+    medium: Medium
+    rule: PlacementRule
+
+
+_MEMORY = Medium.MEMORY
+_SSD = Medium.SSD
+_DECISIONS = {
+    PlacementRule.MEMORY_FULL: Placement(_SSD, PlacementRule.MEMORY_FULL),
+    PlacementRule.SHARED_PREFIX: Placement(_MEMORY, PlacementRule.SHARED_PREFIX),
+    PlacementRule.FIRST_TURN: Placement(_SSD, PlacementRule.FIRST_TURN),
+    PlacementRule.AGENT_CONTEXT: Placement(_SSD, PlacementRule.AGENT_CONTEXT),
+    PlacementRule.LONG_REPLY: Placement(_SSD, PlacementRule.LONG_REPLY),
+    PlacementRule.SHORT_REPLY: Placement(_MEMORY, PlacementRule.SHORT_REPLY),
+    PlacementRule.DEFAULT: Placement(_SSD, PlacementRule.DEFAULT),
+}
+
+
+def placement_rule(signals: PlacementSignals, cfg: PlacementConfig) -> PlacementRule:
+    """The first rule (in DESIGN.md order) that matches ``signals``."""
+    if signals.memory_full:
+        return PlacementRule.MEMORY_FULL
+    if signals.shared_refcount > 1:
+        return PlacementRule.SHARED_PREFIX
+    if signals.turn_index == 0:
+        return PlacementRule.FIRST_TURN
+    if signals.context_tokens > cfg.agent_context_threshold_tokens:
+        return PlacementRule.AGENT_CONTEXT
+    reply = signals.prev_reply_tokens
+    if reply is not None:
+        if reply > cfg.long_reply_threshold_tokens:
+            return PlacementRule.LONG_REPLY
+        if reply < cfg.short_reply_threshold_tokens:
+            return PlacementRule.SHORT_REPLY
+    return PlacementRule.DEFAULT
+
+
+def decide_placement(signals: PlacementSignals, cfg: PlacementConfig) -> Placement:
+    """Where a turn's new blocks live, and why. Pure; never looks at anything else."""
+    return _DECISIONS[placement_rule(signals, cfg)]
+
+
+def explain(signals: PlacementSignals, cfg: PlacementConfig) -> str:
+    """One line saying which rule fired and on which values, e.g.
+    ``"ssd by agent_context: context_tokens=40000 > agent_context_threshold_tokens=32768"``.
+    """
+    decision = decide_placement(signals, cfg)
+    rule = decision.rule
+    s = signals
+    why = {
+        PlacementRule.MEMORY_FULL: "memory_full=True",
+        PlacementRule.SHARED_PREFIX: f"shared_refcount={s.shared_refcount} > 1",
+        PlacementRule.FIRST_TURN: "turn_index=0 (first turn of the session)",
+        PlacementRule.AGENT_CONTEXT: (
+            f"context_tokens={s.context_tokens} > agent_context_threshold_tokens="
+            f"{cfg.agent_context_threshold_tokens}"
+        ),
+        PlacementRule.LONG_REPLY: (
+            f"prev_reply_tokens={s.prev_reply_tokens} > long_reply_threshold_tokens="
+            f"{cfg.long_reply_threshold_tokens}"
+        ),
+        PlacementRule.SHORT_REPLY: (
+            f"prev_reply_tokens={s.prev_reply_tokens} < short_reply_threshold_tokens="
+            f"{cfg.short_reply_threshold_tokens}"
+        ),
+        PlacementRule.DEFAULT: (
+            "no earlier rule matched (prev_reply_tokens="
+            f"{s.prev_reply_tokens} between the short and long reply thresholds or unknown)"
+        ),
+    }[rule]
+    return f"{decision.medium.name.lower()} by {rule.value}: {why}"

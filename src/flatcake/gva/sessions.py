@@ -1,0 +1,55 @@
+"""Per-session books kept by the control plane (no I/O).
+
+A session owns its segments (in memory and on SSD) and its SSD files. Reclaim drops
+whole sessions, oldest ``last_access`` first, and never one with ``num_pins > 0`` (a
+restore is reading it, or one of its writes is still in flight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flatcake.gva.address import Medium
+
+
+def check_session_id(session_id: object, field_name: str = "session_id") -> str:
+    """Return ``session_id`` if it is a non-empty str; else raise ``ValueError``.
+
+    Session ids are arbitrary text: they are never used as path components (files are
+    named by ``file_id``)."""
+    if not isinstance(session_id, str) or not session_id:
+        raise ValueError(f"{field_name} must be a non-empty str, got {session_id!r}")
+    return session_id
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """Books of one session (mutable; owned by the ``ControlPlane``).
+
+    Attributes:
+        session_id: the session.
+        last_access: clock time of the last store, load or touch.
+        num_pins: active restores reading the session plus writes in flight into it.
+        memory_segment_ids: published memory segments, oldest first.
+        ssd_segment_ids: published SSD segments, oldest first.
+        memory_bytes: arena bytes held (published and in-flight writes).
+        ssd_bytes: SSD segment bytes held (published and in-flight writes).
+    """
+
+    session_id: str
+    last_access: float
+    num_pins: int = 0
+    memory_segment_ids: list[int] = field(default_factory=list)
+    ssd_segment_ids: list[int] = field(default_factory=list)
+    memory_bytes: int = 0
+    ssd_bytes: int = 0
+
+    def bytes_on(self, medium: Medium) -> int:
+        return self.memory_bytes if medium == Medium.MEMORY else self.ssd_bytes
+
+    def segment_ids_on(self, medium: Medium) -> list[int]:
+        return self.memory_segment_ids if medium == Medium.MEMORY else self.ssd_segment_ids
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.memory_segment_ids) + len(self.ssd_segment_ids)
