@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from flatcake.cio.layout import ALIGN, SegmentLayout
@@ -358,11 +358,14 @@ class ControlPlane:
     # -- load ------------------------------------------------------------------------
 
     def prepare_load(self, request_id: Hashable,
-                     keys_or_hit: Sequence[bytes] | PrefixHit) -> LoadPlan:
+                     keys_or_hit: Sequence[bytes] | PrefixHit, *,
+                     planner: Callable[..., ReadPlan] = plan_reads) -> LoadPlan:
         """Plan a restore and pin its sessions until ``complete_load(request_id)``.
 
         A ``PrefixHit`` from an earlier ``lookup`` is accepted if all its segments are
-        still live; otherwise ``ValueError`` (look up again)."""
+        still live; otherwise ``ValueError`` (look up again). ``planner`` (same
+        signature as ``plan_reads``) lets the replay simulator plan with its bulk
+        totals-only twin (``replay.planfast.plan_totals``)."""
         if request_id in self._loads:
             raise ValueError(f"request_id {request_id!r} already has a load in flight")
         if isinstance(keys_or_hit, PrefixHit):
@@ -374,8 +377,8 @@ class ControlPlane:
                                      f"look the keys up again")
         else:
             hit = self.index.lookup(keys_or_hit)
-        read_plan = plan_reads(hit.runs, self.geometry.num_layers, self.ssd.resolve,
-                               self.config.planner)
+        read_plan = planner(hit.runs, self.geometry.num_layers, self.ssd.resolve,
+                            self.config.planner)
         sessions = hit.session_ids
         for sid in sessions:
             self._sessions[sid].num_pins += 1
