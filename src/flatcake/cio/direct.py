@@ -1,0 +1,236 @@
+"""O_DIRECT plumbing: aligned buffers, direct-I/O probing, file and directory creation,
+preallocation and whole-buffer positional writes.
+
+Direct I/O needs three things aligned to 4096 bytes: the buffer address, the file
+offset and the length. ``aligned_buffer`` gives buffers that satisfy the first (pinned
+when CUDA is present, so a later host-to-GPU copy is a DMA); the segment layout
+guarantees the other two.
+
+Whether a filesystem accepts O_DIRECT is probed, not guessed from its name (tmpfs
+refuses it on older kernels and accepts it since Linux 6.6; overlay filesystems vary).
+``resolve_io_mode`` turns the configured ``store.io_mode`` into the mode actually used
+and is never silent about buffered I/O.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from flatcake.cio.layout import ALIGN, align_up
+
+logger = logging.getLogger(__name__)
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+IO_MODES = ("auto", "direct", "buffered")
+
+
+class DirectIOUnsupported(ValueError):
+    """``store.io_mode='direct'`` on a filesystem that refuses O_DIRECT."""
+
+
+def cuda_available() -> bool:
+    return bool(torch.cuda.is_available())
+
+
+def aligned_buffer(num_bytes: int, pin: bool | None = None) -> torch.Tensor:
+    """A CPU ``uint8`` tensor of ``num_bytes`` whose first byte is 4096-aligned.
+
+    ``pin=None`` pins when CUDA is available. The returned tensor is a view into a
+    slightly larger allocation, which it keeps alive.
+    """
+    if num_bytes < 0:
+        raise ValueError(f"aligned_buffer num_bytes must be >= 0, got {num_bytes}")
+    if pin is None:
+        pin = cuda_available()
+    raw = torch.empty(align_up(max(num_bytes, 1)) + ALIGN, dtype=torch.uint8, pin_memory=pin)
+    shift = (-raw.data_ptr()) % ALIGN
+    return raw[shift:shift + num_bytes]
+
+
+def writable_view(buf: torch.Tensor) -> memoryview:
+    """A writable byte memoryview over a contiguous CPU uint8 tensor (for preadv)."""
+    if buf.device.type != "cpu" or buf.dtype != torch.uint8 or not buf.is_contiguous():
+        raise ValueError(
+            f"buffer must be a contiguous CPU uint8 tensor, got device={buf.device} "
+            f"dtype={buf.dtype} contiguous={buf.is_contiguous()}"
+        )
+    return memoryview(buf.numpy().data).cast("B")
+
+
+def is_aligned(value: int) -> bool:
+    return value % ALIGN == 0
+
+
+def filesystem_type(path: str | os.PathLike[str]) -> str:
+    """Type of the filesystem holding ``path`` (from /proc/self/mountinfo), or "unknown"."""
+    target = os.path.realpath(os.fspath(path))
+    best, best_type = "", "unknown"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            for line in fh:
+                left, sep, right = line.partition(" - ")
+                fields = left.split()
+                if not sep or len(fields) < 5:
+                    continue
+                mount_point = fields[4].replace("\\040", " ")
+                inside = target == mount_point or target.startswith(
+                    mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, best_type = mount_point, right.split()[0]
+    except OSError:
+        return "unknown"
+    return best_type
+
+
+@dataclass(frozen=True, slots=True)
+class DirectIOProbe:
+    """Outcome of trying an aligned O_DIRECT write and read in ``directory``.
+
+    Attributes:
+        directory: where the probe file was created.
+        fs_type: the filesystem type (e.g. ext4, xfs, tmpfs).
+        supported: True if the kernel accepted both.
+        reason: the error when not supported, else "".
+    """
+
+    directory: str
+    fs_type: str
+    supported: bool
+    reason: str = ""
+
+
+def probe_direct_io(directory: str | os.PathLike[str]) -> DirectIOProbe:
+    """Create a throw-away file in ``directory`` and do one aligned O_DIRECT write and
+    read. The directory must exist."""
+    directory = os.fspath(directory)
+    fs_type = filesystem_type(directory)
+    if not hasattr(os, "O_DIRECT"):
+        return DirectIOProbe(directory, fs_type, False, "this platform has no O_DIRECT")
+    fd_plain, name = tempfile.mkstemp(prefix=".flatcake-probe-", dir=directory)
+    os.close(fd_plain)
+    buf = aligned_buffer(ALIGN, pin=False)
+    buf.fill_(0x5A)
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
+        try:
+            view = writable_view(buf)
+            if os.pwrite(fd, view, 0) != ALIGN or os.preadv(fd, [view], 0) != ALIGN:
+                return DirectIOProbe(directory, fs_type, False, "short O_DIRECT transfer")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return DirectIOProbe(directory, fs_type, False,
+                             f"{errno.errorcode.get(exc.errno or 0, '?')}: {exc.strerror}")
+    finally:
+        os.unlink(name)
+    return DirectIOProbe(directory, fs_type, True)
+
+
+def resolve_io_mode(
+    directory: str | os.PathLike[str], io_mode: str,
+    probe: Callable[[str], DirectIOProbe] = probe_direct_io,
+) -> str:
+    """The I/O mode to use in ``directory``: "direct" or "buffered".
+
+    - "direct": O_DIRECT or ``DirectIOUnsupported`` naming the path and filesystem;
+    - "buffered": page-cache I/O, with one warning saying so;
+    - "auto": direct if the probe passes, else buffered with a warning naming why.
+    Called once per store open, so each warning is logged once per store.
+    """
+    if io_mode not in IO_MODES:
+        raise ValueError(f"store.io_mode must be one of {IO_MODES}, got {io_mode!r}")
+    directory = os.fspath(directory)
+    if io_mode == "buffered":
+        logger.warning(
+            "store.io_mode=buffered: session files under %s use the page cache, not O_DIRECT; "
+            "restores compete with host memory and timings include cache effects", directory)
+        return "buffered"
+    result = probe(directory)
+    if result.supported:
+        logger.debug("O_DIRECT supported in %s (%s)", directory, result.fs_type)
+        return "direct"
+    if io_mode == "direct":
+        raise DirectIOUnsupported(
+            f"store.io_mode='direct' but {directory} (filesystem {result.fs_type}) does not "
+            f"support O_DIRECT ({result.reason}); use a filesystem that does (ext4, xfs) or "
+            f"set store.io_mode to 'auto' or 'buffered'"
+        )
+    logger.warning(
+        "store.io_mode=auto: %s (filesystem %s) does not support O_DIRECT (%s); falling back "
+        "to buffered page-cache I/O", directory, result.fs_type, result.reason)
+    return "buffered"
+
+
+def ensure_dir(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` and any missing parents with mode 0700; existing directories are
+    left as they are."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        return
+    ensure_dir(os.path.dirname(path))
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        return
+    os.chmod(path, DIR_MODE)  # exact mode whatever the umask
+
+
+def open_file(path: str | os.PathLike[str], io_mode: str, *, create: bool = False,
+              writable: bool = True) -> int:
+    """Open a session file for positional I/O; ``create`` makes a new one (mode 0600,
+    failing if it exists)."""
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
+    if create:
+        flags |= os.O_CREAT | os.O_EXCL
+    if io_mode == "direct":
+        flags |= os.O_DIRECT
+    fd = os.open(os.fspath(path), flags, FILE_MODE)
+    if create:
+        os.fchmod(fd, FILE_MODE)  # exact mode whatever the umask
+    return fd
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory's entries (a new file's name) durable."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> int:
+    """Write all of ``data`` at ``offset`` (looping over short writes); return the number
+    of write calls made."""
+    calls, done = 0, 0
+    total = len(data)
+    while done < total:
+        n = os.pwrite(fd, data[done:], offset + done)
+        calls += 1
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwrite wrote {n} bytes at offset {offset + done}")
+        done += n
+    return calls
+
+
+def preallocate(fd: int, allocated_bytes: int, needed_bytes: int, step_bytes: int,
+                limit_bytes: int) -> int:
+    """Grow a file's allocation to cover ``needed_bytes``, in multiples of ``step_bytes``
+    but never past ``limit_bytes``; return the new allocated size."""
+    if needed_bytes <= allocated_bytes:
+        return allocated_bytes
+    if needed_bytes > limit_bytes:
+        raise ValueError(f"needed_bytes {needed_bytes} exceeds the file limit {limit_bytes}")
+    new_bytes = min(limit_bytes, align_up(needed_bytes, max(step_bytes, ALIGN)))
+    os.posix_fallocate(fd, allocated_bytes, new_bytes - allocated_bytes)
+    return new_bytes

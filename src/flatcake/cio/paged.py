@@ -1,0 +1,153 @@
+"""Adapter over an engine's paged KV cache: blocks as opaque bytes, per layer.
+
+The engine owns one tensor per layer whose block dimension holds ``num_blocks`` slots.
+Two layouts are understood (both must be contiguous):
+
+- ``"blocks"``:    ``(num_blocks, ...)``     one block = ``t[b]``
+  (e.g. FlashInfer ``(num_blocks, 2, block_size, heads, dim)``, MLA latents);
+- ``"kv_blocks"``: ``(2, num_blocks, ...)``  one block = ``t[0, b]`` then ``t[1, b]``
+  (K and V split along a leading dim, e.g. FlashAttention's
+  ``(2, num_blocks, block_size, heads, dim)``).
+
+FlatCake never interprets the bytes; it only gathers blocks into a contiguous segment
+buffer (block-major within a layer) and scatters them back into the slots a block
+table names, with ``index_select`` / ``index_copy_`` on ``uint8`` views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+KV_LAYOUTS = ("auto", "blocks", "kv_blocks")
+
+
+def _per_block_bytes(t: torch.Tensor, layout: str) -> int:
+    total = t.numel() * t.element_size()
+    if layout == "blocks":
+        return total // t.shape[0] if t.dim() >= 1 and t.shape[0] else -1
+    if t.dim() >= 2 and t.shape[0] == 2 and t.shape[1]:
+        return total // t.shape[1]
+    return -1
+
+
+class PagedKV:
+    """Byte-level view of ``kv_caches`` (one tensor per layer, same shape, dtype, device).
+
+    Not thread-safe by itself: the store scatters one layer from one thread at a time.
+    """
+
+    def __init__(self, kv_caches: Sequence[torch.Tensor], block_bytes_per_layer: int,
+                 kv_layout: str = "auto") -> None:
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+        if isinstance(kv_caches, torch.Tensor) or len(kv_caches) == 0:
+            raise ValueError("kv_caches must be a non-empty list of per-layer tensors, got "
+                             f"{type(kv_caches).__name__}")
+        first = kv_caches[0]
+        for i, t in enumerate(kv_caches):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"kv_caches[{i}] must be a torch.Tensor, got {type(t).__name__}")
+            if t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
+                raise ValueError(
+                    f"kv_caches[{i}] has shape={tuple(t.shape)} dtype={t.dtype} "
+                    f"device={t.device}; kv_caches[0] has shape={tuple(first.shape)} "
+                    f"dtype={first.dtype} device={first.device}"
+                )
+            if not t.is_contiguous():
+                raise ValueError(f"kv_caches[{i}] must be contiguous (stride={t.stride()})")
+        if kv_layout == "auto":
+            matches = [lay for lay in ("blocks", "kv_blocks")
+                       if _per_block_bytes(first, lay) == block_bytes_per_layer]
+            if len(matches) > 1:
+                raise ValueError(
+                    f"kv_layout='auto' is ambiguous for kv_caches shape {tuple(first.shape)}; "
+                    "pass kv_layout='blocks' or 'kv_blocks'"
+                )
+            kv_layout = matches[0] if matches else "blocks"
+        per_block = _per_block_bytes(first, kv_layout)
+        if per_block != block_bytes_per_layer:
+            raise ValueError(
+                f"kv_caches shape {tuple(first.shape)} dtype {first.dtype} (kv_layout="
+                f"{kv_layout!r}) holds {per_block} bytes per block, geometry "
+                f"block_bytes_per_layer={block_bytes_per_layer}"
+            )
+        self.kv_layout = kv_layout
+        self.num_layers = len(kv_caches)
+        self.num_blocks = int(first.shape[0 if kv_layout == "blocks" else 1])
+        self.block_bytes_per_layer = block_bytes_per_layer
+        self.device = first.device
+        if kv_layout == "blocks":
+            # (num_blocks, block_bytes)
+            self._views = [t.view(-1).view(torch.uint8).view(self.num_blocks, -1)
+                           for t in kv_caches]
+        else:
+            # (2, num_blocks, block_bytes // 2)
+            self._views = [t.view(-1).view(torch.uint8).view(2, self.num_blocks, -1)
+                           for t in kv_caches]
+
+    def block_table(self, block_ids: Sequence[int] | torch.Tensor, *, unique: bool,
+                    name: str = "block_ids") -> torch.Tensor:
+        """Validate slot ids: 1-D ints in ``[0, num_blocks)``; ``unique`` for scatter
+        targets (two blocks into one slot is a caller bug). Returns int64 on ``device``."""
+        ids = torch.as_tensor(block_ids)
+        if ids.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
+        if ids.numel() and (ids.dtype.is_floating_point or ids.dtype == torch.bool):
+            raise ValueError(f"{name} must hold integers, got dtype {ids.dtype}")
+        ids = ids.to(dtype=torch.int64)
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.num_blocks:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"{name} contains {bad}, outside [0, {self.num_blocks})")
+            if unique and torch.unique(ids).numel() != ids.numel():
+                raise ValueError(f"{name} repeats a slot id: {ids.tolist()}")
+        return ids.to(self.device)
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
+
+    def _check_buffer(self, buf: torch.Tensor, n: int, name: str) -> None:
+        want = n * self.block_bytes_per_layer
+        if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != want:
+            raise ValueError(f"{name} must be a 1-D uint8 tensor of {want} bytes, got "
+                             f"dtype={buf.dtype} shape={tuple(buf.shape)}")
+
+    def gather(self, layer: int, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """Copy blocks ``ids`` of ``layer`` into ``out`` (``len(ids) *
+        block_bytes_per_layer`` bytes, block-major), on any device."""
+        self._check_layer(layer)
+        n = int(ids.numel())
+        self._check_buffer(out, n, "gather output")
+        if n == 0:
+            return
+        src = self._views[layer]
+        if self.kv_layout == "blocks":
+            picked = src.index_select(0, ids)                       # (n, block_bytes)
+            out.view(n, -1).copy_(picked)
+        else:
+            picked = src.index_select(1, ids)                       # (2, n, half)
+            out.view(n, 2, -1).copy_(picked.permute(1, 0, 2))
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def scatter(self, layer: int, ids: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy ``src`` (block-major bytes of ``len(ids)`` blocks) into slots ``ids`` of
+        ``layer``. Returns after the bytes are in place (CUDA streams synchronised), so
+        the caller may reuse ``src``."""
+        self._check_layer(layer)
+        n = int(ids.numel())
+        self._check_buffer(src, n, "scatter source")
+        if n == 0:
+            return
+        data = src.to(self.device, non_blocking=True)
+        dst = self._views[layer]
+        if self.kv_layout == "blocks":
+            dst.index_copy_(0, ids, data.view(n, -1))
+        else:
+            dst.index_copy_(1, ids, data.view(n, 2, -1).permute(1, 0, 2))
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()

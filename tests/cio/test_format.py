@@ -1,0 +1,222 @@
+"""Session file format: header round trips, damage detection, and the file scan."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flatcake.cio import format as fmt
+from flatcake.cio.direct import open_file, resolve_io_mode
+from flatcake.cio.format import (
+    FILE_HEADER_BYTES,
+    FileHeader,
+    FormatError,
+    SegmentHeader,
+    compute_layer_crcs,
+    decode_file_header,
+    decode_segment_header,
+    encode_file_header,
+    encode_segment_header,
+    parse_session_file_name,
+    scan_session_file,
+    session_file_name,
+)
+from flatcake.cio.layout import SEGMENT_FIXED_HEADER_BYTES, SegmentLayout
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.writer import SegmentWriter, write_file_header
+
+
+def _file_header(session_id: str = "chat/42", file_id: int = 7) -> FileHeader:
+    return FileHeader(session_id=session_id, file_id=file_id, node_id=3,
+                      virtual_base=5 << 30, span_bytes=1 << 20, num_layers=3,
+                      block_bytes_per_layer=100)
+
+
+def _segment(seq: int, first_block: int, num_blocks: int, rng: random.Random,
+             file_id: int = 7, num_layers: int = 3, bbpl: int = 100
+             ) -> tuple[SegmentHeader, bytes]:
+    layout = SegmentLayout.for_ssd(num_blocks, num_layers, bbpl)
+    data = rng.randbytes(layout.data_bytes)
+    keys = tuple(rng.randbytes(32) for _ in range(num_blocks))
+    header = SegmentHeader(file_id, seq, first_block, num_blocks, num_layers, bbpl, keys,
+                           compute_layer_crcs(data, layout))
+    raw = encode_segment_header(header) + data
+    return header, raw + bytes(layout.total_bytes - len(raw))
+
+
+def _write_file(path: Path, segments: list[bytes], tail_zero_bytes: int = 8192) -> list[int]:
+    offsets = []
+    with open(path, "wb") as fh:
+        fh.write(encode_file_header(_file_header()))
+        for raw in segments:
+            offsets.append(fh.tell())
+            fh.write(raw)
+        fh.write(bytes(tail_zero_bytes))  # preallocated space
+    return offsets
+
+
+def test_fixed_segment_fields_fit_the_layout_constant() -> None:
+    assert fmt._SEG_FIXED.size <= SEGMENT_FIXED_HEADER_BYTES
+
+
+@given(sid=st.text(min_size=1, max_size=200), file_id=st.integers(0, 2**64 - 1))
+def test_file_header_round_trip(sid: str, file_id: int) -> None:
+    header = _file_header(sid, file_id)
+    raw = encode_file_header(header)
+    assert len(raw) == FILE_HEADER_BYTES
+    assert decode_file_header(raw) == header
+
+
+@settings(max_examples=50)
+@given(num_blocks=st.integers(1, 200), num_layers=st.integers(1, 130),
+       bbpl=st.integers(1, 1 << 20), seed=st.integers(0, 2**32))
+def test_segment_header_round_trip(num_blocks: int, num_layers: int, bbpl: int,
+                                   seed: int) -> None:
+    rng = random.Random(seed)
+    header = SegmentHeader(9, 4, 100, num_blocks, num_layers, bbpl,
+                           tuple(rng.randbytes(32) for _ in range(num_blocks)),
+                           tuple(rng.getrandbits(32) for _ in range(num_layers)))
+    raw = encode_segment_header(header)
+    assert len(raw) == header.layout.header_bytes
+    assert decode_segment_header(raw) == header
+
+
+def test_header_byte_flips_are_detected() -> None:
+    rng = random.Random(1)
+    fh = bytearray(encode_file_header(_file_header()))
+    sh, raw = _segment(0, 0, 5, rng)
+    seg = bytearray(raw[:sh.layout.header_bytes])
+    for pos in (0, 20, 60, FILE_HEADER_BYTES - 1):
+        bad = bytearray(fh)
+        bad[pos] ^= 0x01
+        with pytest.raises(FormatError):
+            decode_file_header(bad)
+    for pos in (0, 40, SEGMENT_FIXED_HEADER_BYTES + 3, len(seg) - 1):
+        bad = bytearray(seg)
+        bad[pos] ^= 0x80
+        with pytest.raises(FormatError):
+            decode_segment_header(bad)
+
+
+def test_file_names_are_hex_of_file_id_only() -> None:
+    assert session_file_name(255) == "00000000000000ff.fcs"
+    assert parse_session_file_name("00000000000000ff.fcs") == 255
+    for name in ("../etc/passwd", "ff.fcs", "00000000000000ff.tmp", "zz00000000000000.fcs"):
+        assert parse_session_file_name(name) is None
+    with pytest.raises(ValueError, match="file_id"):
+        session_file_name(-1)
+
+
+def test_bad_header_fields_name_the_field() -> None:
+    with pytest.raises(ValueError, match="session_id"):
+        _file_header("")
+    with pytest.raises(ValueError, match="keys"):
+        SegmentHeader(1, 0, 0, 2, 1, 10, (bytes(32),), (0,))
+    with pytest.raises(ValueError, match=r"keys\[0\]"):
+        SegmentHeader(1, 0, 0, 1, 1, 10, (b"short",), (0,))
+    with pytest.raises(ValueError, match="layer_crcs"):
+        SegmentHeader(1, 0, 0, 1, 2, 10, (bytes(32),), (0,))
+
+
+def test_scan_returns_segments_in_order_and_stops_at_zeros(tmp_path: Path) -> None:
+    rng = random.Random(2)
+    segs = [_segment(0, 0, 4, rng), _segment(1, 4, 2, rng), _segment(2, 6, 7, rng)]
+    path = tmp_path / session_file_name(7)
+    offsets = _write_file(path, [raw for _, raw in segs])
+    header, ok, damaged = scan_session_file(path)
+    assert header == _file_header()
+    assert [s.header for s in ok] == [h for h, _ in segs]
+    assert [s.file_offset for s in ok] == offsets
+    assert damaged == []
+
+
+@pytest.mark.parametrize("where", ["data", "header", "truncate", "zeroed_data"])
+def test_scan_stops_at_first_damaged_segment(tmp_path: Path, where: str) -> None:
+    rng = random.Random(3)
+    segs = [_segment(i, 4 * i, 4, rng) for i in range(3)]
+    path = tmp_path / session_file_name(7)
+    offsets = _write_file(path, [raw for _, raw in segs],
+                          tail_zero_bytes=0 if where == "truncate" else 8192)
+    layout = segs[1][0].layout
+    with open(path, "r+b") as fh:
+        if where == "data":
+            fh.seek(offsets[1] + layout.data_offset + layout.data_bytes - 1)
+            byte = fh.read(1)
+            fh.seek(-1, os.SEEK_CUR)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        elif where == "header":
+            fh.seek(offsets[1] + 70)
+            fh.write(b"\x13")
+        elif where == "zeroed_data":  # torn write over preallocated space
+            fh.seek(offsets[1] + layout.data_offset)
+            fh.write(bytes(layout.data_bytes))
+    if where == "truncate":
+        os.truncate(path, offsets[1] + layout.total_bytes - 4096)
+    _, ok, damaged = scan_session_file(path)
+    assert [s.header.seq for s in ok] == [0]  # later segments are not trusted either
+    assert len(damaged) == 1 and damaged[0].file_offset == offsets[1]
+    # Header-only scans (fast restart) still catch header damage and truncation.
+    _, ok_fast, damaged_fast = scan_session_file(path, verify_data=False)
+    if where in ("header", "truncate"):
+        assert [s.header.seq for s in ok_fast] == [0] and len(damaged_fast) == 1
+    else:
+        assert len(ok_fast) == 3 and damaged_fast == []
+
+
+def test_scan_rejects_damaged_file_header(tmp_path: Path) -> None:
+    path = tmp_path / session_file_name(7)
+    _write_file(path, [])
+    with open(path, "r+b") as fh:
+        fh.seek(30)
+        fh.write(b"\xff")
+    with pytest.raises(FormatError, match="crc"):
+        scan_session_file(path)
+
+
+def test_scan_rejects_out_of_order_segments(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    path = tmp_path / session_file_name(7)
+    _write_file(path, [_segment(0, 0, 2, rng)[1], _segment(1, 5, 2, rng)[1]])
+    _, ok, damaged = scan_session_file(path)
+    assert len(ok) == 1 and "follow" in damaged[0].reason
+
+
+@pytest.mark.parametrize("chunk_bytes", [4096, 8192, 1 << 20])
+def test_writer_segments_scan_back_byte_exact(tmp_path: Path, chunk_bytes: int) -> None:
+    # Small chunks force the streaming path: blocks split across aligned writes.
+    num_layers, bbpl, num_slots = 3, 100, 16
+    g = torch.Generator().manual_seed(5)
+    kv = [torch.randint(0, 256, (num_slots, bbpl), dtype=torch.uint8, generator=g)
+          .view(torch.float32) for _ in range(num_layers)]
+    paged = PagedKV(kv, bbpl)
+    path = tmp_path / session_file_name(7)
+    mode = resolve_io_mode(tmp_path, "auto")
+    fd = open_file(path, mode, create=True)
+    writer = SegmentWriter(chunk_bytes=chunk_bytes)
+    turns = [[3, 1, 4], [15, 9, 2, 6, 5, 8, 0, 7, 10, 11, 12, 13], [14]]
+    try:
+        write_file_header(fd, FileHeader("s", 7, 0, 0, 1 << 20, num_layers, bbpl))
+        offset, first = FILE_HEADER_BYTES, 0
+        for seq, ids in enumerate(turns):
+            keys = [bytes([seq, i]) * 16 for i in range(len(ids))]
+            w = writer.write_ssd(fd, offset, paged, paged.block_table(ids, unique=False), keys,
+                                 file_id=7, seq=seq, first_block=first)
+            offset += w.total_bytes
+            first += len(ids)
+    finally:
+        os.close(fd)
+    _, ok, damaged = scan_session_file(path)
+    assert damaged == [] and [s.header.num_blocks for s in ok] == [3, 12, 1]
+    raw = path.read_bytes()
+    for seg, ids in zip(ok, turns, strict=True):
+        lay = seg.header.layout
+        for layer in range(num_layers):
+            for j, slot in enumerate(ids):
+                at = seg.file_offset + lay.block_offset(layer, j)
+                assert raw[at:at + bbpl] == kv[layer][slot].view(torch.uint8).numpy().tobytes()
