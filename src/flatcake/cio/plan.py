@@ -31,6 +31,7 @@ it may span several consecutive blocks, and ``block_offset`` is non-zero only wh
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -172,6 +173,13 @@ def _spans(runs: Sequence[HitRun], resolve: Resolve | None
     # segments do not overlap, and inside one segment every layer keeps block order.
     ssd.sort(key=lambda s: (s.file_id, s.base))
     mem.sort(key=lambda s: s.base)
+    # Two runs overlap in some layer iff they overlap in layer 0 (same segment, same
+    # stride). A lookup never returns overlapping runs; a hand-made hit might.
+    for spans in (ssd, mem):
+        for a, b in itertools.pairwise(spans):
+            if a.file_id == b.file_id and a.base + a.length > b.base:
+                raise ValueError(f"runs at request blocks {a.prefix_start} and "
+                                 f"{b.prefix_start} read the same bytes")
     return ssd, mem, bbpl, num_layers
 
 
@@ -218,7 +226,9 @@ def _plan_ssd_layer(spans: list[_Span], layer: int, bbpl: int, cfg: PlannerConfi
         want_hi = want_lo + s.length
         lo = want_lo - want_lo % ALIGN
         hi = -(-want_hi // ALIGN) * ALIGN
-        if pieces and s.file_id == cur_file and lo - cur_hi < gap_limit:
+        # Overlapping or touching ranges always merge; a hole merges when it is
+        # smaller than the gap limit.
+        if pieces and s.file_id == cur_file and (lo <= cur_hi or lo - cur_hi < gap_limit):
             cur_hi = max(cur_hi, hi)
         else:
             if pieces:
