@@ -1,0 +1,405 @@
+"""ControlPlane: the lifecycle verbs as scripted scenarios, plus a stateful test that
+reclaim never takes a pinned session, budgets are never exceeded and the books of every
+component agree after every step."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from flatcake.cio.layout import SegmentLayout
+from flatcake.clock import ManualClock
+from flatcake.config import FlatCakeConfig, ReclaimConfig, StoreConfig
+from flatcake.control import ControlPlane, StorePlan
+from flatcake.errors import CapacityError
+from flatcake.geometry import KVGeometry
+from flatcake.gva.address import Medium
+from flatcake.gva.placement import PlacementRule
+
+K = 4096
+# 2 layers x 4 tokens x (K+V x 1 head x 8 dims x 2 bytes) = 128 bytes per block per layer.
+GEOM = KVGeometry(num_layers=2, tokens_per_block=4, num_kv_heads=1, head_dim=8,
+                  dtype="float16")
+
+
+def make(memory_pages: int = 64, ssd_pages: int = 1024, span_pages: int = 64,
+         high: float = 0.9, low: float = 0.5) -> tuple[ControlPlane, ManualClock]:
+    cfg = FlatCakeConfig(
+        store=StoreConfig(memory_capacity_bytes=memory_pages * K,
+                          ssd_capacity_bytes=ssd_pages * K,
+                          session_file_bytes=span_pages * K),
+        reclaim=ReclaimConfig(ssd_high=high, ssd_low=low, memory_high=high, memory_low=low),
+    )
+    clock = ManualClock()
+    return ControlPlane(GEOM, cfg, clock), clock
+
+
+def skeys(session: str, n: int) -> list[bytes]:
+    return [hashlib.sha256(f"{session}:{i}".encode()).digest() for i in range(n)]
+
+
+def first_turn(cp: ControlPlane, session: str, n: int) -> StorePlan:
+    plan = cp.prepare_store(session, skeys(session, n), turn_index=0, context_tokens=4 * n)
+    assert plan is not None
+    cp.complete_store(plan, True)
+    return plan
+
+
+def chat_turn(cp: ControlPlane, session: str, n: int, turn: int = 1) -> StorePlan:
+    plan = cp.prepare_store(session, skeys(session, n), turn_index=turn, context_tokens=4 * n,
+                            prev_reply_tokens=50)
+    assert plan is not None
+    cp.complete_store(plan, True)
+    return plan
+
+
+class TestStoreAndLoad:
+    def test_two_turns_then_restore(self) -> None:
+        cp, clock = make()
+        ks = skeys("s", 8)
+        # Turn 0: 5 blocks. First turn -> SSD, in a new session file after its header.
+        p0 = cp.prepare_store("s", ks[:5], turn_index=0, context_tokens=20)
+        assert p0 is not None and p0.placement.rule == PlacementRule.FIRST_TURN
+        assert p0.medium == Medium.SSD and p0.new_file and p0.file_offset == K
+        assert p0.first_block == 0 and p0.block_range == range(0, 5)
+        assert cp.lookup(ks).num_blocks == 0  # not visible before the write is durable
+        cp.complete_store(p0, True)
+        # Turn 1: the history + 3 new blocks; a short previous reply -> memory.
+        clock.set(1.0)
+        p1 = cp.prepare_store("s", ks, turn_index=1, context_tokens=32, prev_reply_tokens=40)
+        assert p1 is not None and p1.placement.rule == PlacementRule.SHORT_REPLY
+        assert p1.block_range == range(5, 8) and p1.arena_offset == 0
+        cp.complete_store(p1, True)
+        hit = cp.lookup(ks)
+        assert (hit.num_blocks, hit.num_ssd_blocks, hit.num_memory_blocks) == (8, 5, 3)
+        # Restore: one SSD read and one arena copy per layer.
+        load = cp.prepare_load("req-1", ks)
+        assert load.read_plan.num_commands == 2 and load.read_plan.num_copies == 2
+        assert load.session_ids == {"s"} and cp.session("s").num_pins == 1
+        rr = load.restore_request(arrival_time=1.0)
+        assert rr.needs_ssd and rr.kv_bytes == 2 * 5 * 128
+        clock.set(7.0)
+        cp.complete_load("req-1")
+        assert cp.session("s").num_pins == 0 and cp.session("s").last_access == 7.0
+        st_ = cp.stats()
+        assert st_.placements_by_rule["first_turn"] == 1
+        assert st_.placements_by_rule["short_reply"] == 1
+        assert (st_.num_ssd_segments, st_.num_memory_segments, st_.num_keys) == (1, 1, 8)
+        cp.check_integrity()
+
+    def test_nothing_new_returns_none(self) -> None:
+        cp, _ = make()
+        first_turn(cp, "s", 4)
+        assert cp.prepare_store("s", skeys("s", 4), turn_index=1, context_tokens=16) is None
+        assert cp.stats().stores_in_flight == 0
+
+    def test_turns_append_in_the_session_file(self) -> None:
+        cp, _ = make()
+        p0 = first_turn(cp, "s", 3)
+        p1 = cp.prepare_store("s", skeys("s", 6), turn_index=1, context_tokens=10**6)
+        assert p1 is not None and p1.placement.rule == PlacementRule.AGENT_CONTEXT
+        assert not p1.new_file and p1.file_id == p0.file_id
+        assert p1.file_offset == p0.file_offset + p0.segment.total_bytes  # type: ignore[operator]
+        cp.complete_store(p1, True)
+        assert len(cp.prepare_load("r", skeys("s", 6)).hit.runs) == 2
+
+    def test_failed_store_frees_its_space_and_is_never_visible(self) -> None:
+        cp, _ = make()
+        first_turn(cp, "s", 2)
+        used = cp.stats().ssd_used_bytes
+        p = cp.prepare_store("s", skeys("s", 5), turn_index=1, context_tokens=10**6)
+        assert p is not None and cp.stats().ssd_used_bytes > used
+        cp.complete_store(p, False)
+        assert cp.stats().ssd_used_bytes == used
+        assert cp.lookup(skeys("s", 5)).num_blocks == 2
+        again = cp.prepare_store("s", skeys("s", 5), turn_index=1, context_tokens=10**6)
+        assert again is not None and again.file_offset == p.file_offset  # tail rolled back
+        with pytest.raises(KeyError, match="no store in flight"):
+            cp.complete_store(p, True)
+        cp.check_integrity()
+
+    def test_shared_prefix_goes_to_memory_even_on_a_first_turn(self) -> None:
+        cp, _ = make()
+        p = cp.prepare_store("sys", skeys("sys", 3), turn_index=0, context_tokens=12,
+                             shared_refcount=4)
+        assert p is not None and p.medium == Medium.MEMORY
+        assert p.placement.rule == PlacementRule.SHARED_PREFIX
+
+
+class TestReclaim:
+    def test_memory_reclaim_drops_the_oldest_memory_segments_only(self) -> None:
+        # Arena of 4 pages, watermarks 0.9 / 0.5. Each chat turn needs one page.
+        cp, clock = make(memory_pages=4)
+        for t, s in enumerate("abc"):
+            clock.set(float(t))
+            first_turn(cp, s, 2)
+            chat_turn(cp, s, 4)
+        assert cp.stats().memory_used_bytes == 3 * K
+        clock.set(10.0)
+        first_turn(cp, "d", 2)
+        # d's chat turn would bring memory to 4 pages > 3.6: drop a, then b (to 2 pages).
+        p = chat_turn(cp, "d", 4)
+        assert p.medium == Medium.MEMORY
+        actions = cp.take_reclaim_actions()
+        assert [(a.session_id, a.medium) for a in actions] == [("a", Medium.MEMORY),
+                                                               ("b", Medium.MEMORY)]
+        assert all(a.file_ids == () and not a.session_dropped for a in actions)
+        # Never demoted: a's SSD turn is still there, its memory turn is gone.
+        hit = cp.lookup(skeys("a", 4))
+        assert (hit.num_blocks, hit.num_memory_blocks) == (2, 0)
+        assert cp.stats().sessions_reclaimed_memory == 2
+        cp.check_integrity()
+
+    def test_memory_full_falls_back_to_ssd(self) -> None:
+        cp, clock = make(memory_pages=1)
+        first_turn(cp, "a", 2)
+        chat_turn(cp, "a", 4)
+        cp.prepare_load("reading-a", skeys("a", 4))  # pins a: its memory cannot go
+        clock.set(1.0)
+        first_turn(cp, "b", 2)
+        p = cp.prepare_store("b", skeys("b", 4), turn_index=1, context_tokens=16,
+                             prev_reply_tokens=10)
+        assert p is not None and p.medium == Medium.SSD
+        assert p.placement.rule == PlacementRule.MEMORY_FULL
+        assert cp.take_reclaim_actions() == []
+
+    def test_ssd_reclaim_skips_a_session_under_restore(self) -> None:
+        # Each first turn of 2 blocks takes a 4 KiB file header + an 8 KiB segment, so
+        # a, b, c use 9 of 12 pages; d would bring 12 > 10.8: drop to 6, skipping a.
+        cp, clock = make(ssd_pages=12, high=0.9, low=0.5)
+        for t, s in enumerate("abc"):
+            clock.set(float(t))
+            first_turn(cp, s, 2)
+        cp.prepare_load("reading-a", skeys("a", 2))  # a is the oldest but pinned
+        clock.set(5.0)
+        p = cp.prepare_store("d", skeys("d", 2), turn_index=0, context_tokens=8)
+        assert p is not None
+        actions = cp.take_reclaim_actions()
+        dropped = [a.session_id for a in actions]
+        assert "a" not in dropped and dropped == ["b", "c"]
+        assert all(a.session_dropped and len(a.file_ids) == 1 for a in actions)
+        assert cp.lookup(skeys("a", 2)).num_blocks == 2
+        assert cp.stats().ssd_used_bytes <= cp.stats().ssd_capacity_bytes
+        cp.check_integrity()
+
+    def test_capacity_error_when_nothing_can_be_reclaimed(self) -> None:
+        cp, _ = make(ssd_pages=4, memory_pages=0)
+        first_turn(cp, "a", 2)
+        cp.prepare_load("r", skeys("a", 2))
+        with pytest.raises(CapacityError, match="ssd_capacity_bytes"):
+            cp.prepare_store("b", skeys("b", 2), turn_index=0, context_tokens=8)
+        assert cp.stats().stores_rejected == 1
+        assert "b" not in cp.session_ids()  # the failed attempt left nothing behind
+        cp.check_integrity()
+
+    def test_explicit_reclaim_returns_pending_actions(self) -> None:
+        cp, clock = make(memory_pages=4)
+        for t, s in enumerate("abcd"):
+            clock.set(float(t))
+            first_turn(cp, s, 2)
+        assert cp.reclaim() == []  # SSD far below its watermark
+        cp.config = FlatCakeConfig(store=cp.config.store,
+                                   reclaim=ReclaimConfig(ssd_high=0.001, ssd_low=0.0))
+        dropped = [a.session_id for a in cp.reclaim()]
+        assert dropped == ["a", "b", "c", "d"]
+        assert cp.stats().ssd_used_bytes == 0 and cp.stats().num_sessions == 0
+
+    def test_drop_session(self) -> None:
+        cp, _ = make()
+        p = first_turn(cp, "s", 2)
+        chat_turn(cp, "s", 3)
+        with pytest.raises(KeyError, match="'nope'"):
+            cp.drop_session("nope")
+        cp.prepare_load("r", skeys("s", 3))
+        with pytest.raises(ValueError, match="'s' is pinned"):
+            cp.drop_session("s")
+        cp.complete_load("r")
+        action = cp.drop_session("s")
+        assert action.file_ids == (p.file_id,) and action.session_dropped
+        assert len(action.memory_segments) == 1 and len(action.ssd_segments) == 1
+        assert cp.lookup(skeys("s", 3)).num_blocks == 0
+        assert cp.stats().memory_used_bytes == cp.stats().ssd_used_bytes == 0
+        with pytest.raises(KeyError, match="'s'"):
+            cp.touch("s")
+
+
+class TestRecovery:
+    def test_rebuild_from_scanned_segments(self) -> None:
+        cp, clock = make(span_pages=4)
+        found = []
+        for t, s in enumerate(["x", "y"]):
+            clock.set(float(t))
+            for turn, n in enumerate((3, 7, 9)):  # y outgrows its first span
+                p = cp.prepare_store(s, skeys(s, n), turn_index=turn, context_tokens=10**6)
+                assert p is not None and p.medium == Medium.SSD
+                cp.complete_store(p, True)
+                found.append(p)
+        fresh, _ = make(span_pages=4)
+        for p in found:
+            seg = p.segment
+            base = seg.offset - seg.file_offset  # type: ignore[operator]
+            got = fresh.recover_segment(p.session_id, seg.file_id, seg.file_offset,  # type: ignore[arg-type]
+                                        seg.layout, seg.keys, seg.turn_index,
+                                        virtual_base=base)
+            assert got.base_address == seg.base_address  # same addresses after restart
+        for s in ("x", "y"):
+            a, b = cp.lookup(skeys(s, 9)), fresh.lookup(skeys(s, 9))
+            assert (a.num_blocks, a.num_ssd_blocks) == (b.num_blocks, b.num_ssd_blocks) == (9, 9)
+        assert fresh.stats().ssd_used_bytes == cp.stats().ssd_used_bytes
+        fresh.check_integrity()
+        # New writes continue after the recovered data, in fresh file ids.
+        p = fresh.prepare_store("x", skeys("x", 10), turn_index=3, context_tokens=10**6)
+        assert p is not None
+        last_x = max((q for q in found if q.session_id == "x"),
+                     key=lambda q: (q.file_id, q.file_offset))
+        assert (p.file_id, p.file_offset) > (last_x.file_id, last_x.file_offset)  # type: ignore[operator]
+        fresh.complete_store(p, True)
+        fresh.check_integrity()
+
+    def test_recover_rejects_a_foreign_geometry(self) -> None:
+        cp, _ = make()
+        with pytest.raises(ValueError, match="geometry"):
+            cp.recover_segment("s", 0, K, SegmentLayout.for_ssd(1, 3, 128), skeys("s", 1), 0)
+        with pytest.raises(ValueError, match=r"keys\[0\]"):
+            cp.recover_segment("s", 0, K, SegmentLayout.for_ssd(1, 2, 128), [b"x"], 0)
+
+
+class TestBadInput:
+    def test_session_ids_and_keys(self) -> None:
+        cp, _ = make()
+        with pytest.raises(ValueError, match="session_id"):
+            cp.prepare_store("", skeys("s", 1), turn_index=0, context_tokens=4)
+        with pytest.raises(ValueError, match="session_id"):
+            cp.prepare_store(7, skeys("s", 1), turn_index=0, context_tokens=4)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"keys\[1\]"):
+            cp.prepare_store("s", [skeys("s", 1)[0], b"short"], turn_index=0, context_tokens=4)
+        with pytest.raises(ValueError, match="turn_index"):
+            cp.prepare_store("s", skeys("s", 1), turn_index=-1, context_tokens=4)
+        assert cp.session_ids() == []  # nothing half-created
+
+    def test_loads(self) -> None:
+        cp, _ = make()
+        first_turn(cp, "s", 2)
+        hit = cp.lookup(skeys("s", 2))
+        cp.prepare_load("r", hit)
+        with pytest.raises(ValueError, match="'r' already"):
+            cp.prepare_load("r", hit)
+        cp.complete_load("r")
+        with pytest.raises(KeyError, match="'r'"):
+            cp.complete_load("r")
+        cp.drop_session("s")
+        with pytest.raises(ValueError, match="stale PrefixHit"):
+            cp.prepare_load("r2", hit)
+
+    def test_geometry_type(self) -> None:
+        with pytest.raises(ValueError, match="geometry"):
+            ControlPlane("llama")  # type: ignore[arg-type]
+
+
+class ControlMachine(RuleBasedStateMachine):
+    """Random stores (ok or failed), restores, reclaims, drops and clock steps on small
+    budgets: a pinned session is never reclaimed, budgets hold, integrity after every
+    step, and a block is visible only once its store completed."""
+
+    SESSIONS = ("s0", "s1", "s2", "s3", "s4")
+
+    @initialize(mem_pages=st.integers(0, 8), ssd_pages=st.integers(4, 60),
+                span_pages=st.integers(3, 16))
+    def setup(self, mem_pages: int, ssd_pages: int, span_pages: int) -> None:
+        self.cp, self.clock = make(mem_pages, ssd_pages, span_pages, high=0.8, low=0.4)
+        self.length = dict.fromkeys(self.SESSIONS, 0)
+        self.turn = dict.fromkeys(self.SESSIONS, 0)
+        self.pending: list[StorePlan] = []
+        self.loads: dict[str, frozenset[str]] = {}
+        self.next_rid = 0
+
+    def pinned(self) -> set[str]:
+        out = {p.session_id for p in self.pending}
+        for sessions in self.loads.values():
+            out |= sessions
+        return out
+
+    def check_actions(self, pinned: set[str]) -> None:
+        for a in self.cp.take_reclaim_actions():
+            assert a.session_id not in pinned, f"reclaimed pinned session {a.session_id}"
+
+    @rule(s=st.sampled_from(SESSIONS), new=st.integers(1, 12),
+          reply=st.sampled_from([None, 10, 1000, 5000]), shared=st.sampled_from([1, 1, 2]),
+          big_context=st.booleans())
+    def store(self, s: str, new: int, reply: int | None, shared: int,
+              big_context: bool) -> None:
+        n = self.length[s] + new
+        pinned = self.pinned() | {s}
+        try:
+            plan = self.cp.prepare_store(
+                s, skeys(s, n), turn_index=self.turn[s],
+                context_tokens=10**6 if big_context else 4 * n,
+                prev_reply_tokens=reply if self.turn[s] else None, shared_refcount=shared)
+        except CapacityError:
+            self.check_actions(pinned)
+            return
+        self.check_actions(pinned)
+        self.length[s], self.turn[s] = n, self.turn[s] + 1
+        if plan is None:
+            return
+        # Allocated, not yet visible.
+        assert self.cp.lookup(skeys(s, n)).num_blocks <= plan.first_block
+        self.pending.append(plan)
+
+    @precondition(lambda self: self.pending)
+    @rule(data=st.data(), ok=st.booleans())
+    def complete(self, data: st.DataObject, ok: bool) -> None:
+        plan = data.draw(st.sampled_from(self.pending))
+        self.pending.remove(plan)
+        self.cp.complete_store(plan, ok)
+        if ok:
+            hit = self.cp.lookup(plan.segment.keys)
+            assert hit.num_blocks == plan.segment.num_blocks
+
+    @rule(s=st.sampled_from(SESSIONS))
+    def load(self, s: str) -> None:
+        rid = f"r{self.next_rid}"
+        self.next_rid += 1
+        lp = self.cp.prepare_load(rid, skeys(s, self.length[s]))
+        assert lp.read_plan.num_commands <= GEOM.num_layers * len(lp.hit.runs)
+        self.loads[rid] = lp.session_ids
+
+    @precondition(lambda self: self.loads)
+    @rule(data=st.data())
+    def finish_load(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.loads)))
+        del self.loads[rid]
+        self.cp.complete_load(rid)
+
+    @rule()
+    def reclaim(self) -> None:
+        pinned = self.pinned()
+        for a in self.cp.reclaim():
+            assert a.session_id not in pinned
+
+    @rule(s=st.sampled_from(SESSIONS))
+    def drop(self, s: str) -> None:
+        if s in self.pinned() or s not in self.cp.session_ids():
+            return
+        self.cp.drop_session(s)
+
+    @rule(dt=st.floats(0, 10))
+    def tick(self, dt: float) -> None:
+        self.clock.advance(dt)
+
+    @invariant()
+    def books(self) -> None:
+        self.cp.check_integrity()
+        st_ = self.cp.stats()
+        assert st_.memory_used_bytes <= st_.memory_capacity_bytes
+        assert st_.ssd_used_bytes <= st_.ssd_capacity_bytes
+        for s in self.pinned():
+            assert s in self.cp.session_ids()
+
+
+TestControlMachine = ControlMachine.TestCase
+TestControlMachine.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
