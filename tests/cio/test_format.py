@@ -44,7 +44,7 @@ def _segment(seq: int, first_block: int, num_blocks: int, rng: random.Random,
     layout = SegmentLayout.for_ssd(num_blocks, num_layers, bbpl)
     data = rng.randbytes(layout.data_bytes)
     keys = tuple(rng.randbytes(32) for _ in range(num_blocks))
-    header = SegmentHeader(file_id, seq, first_block, num_blocks, num_layers, bbpl, keys,
+    header = SegmentHeader(file_id, seq, seq + 10, first_block, num_blocks, num_layers, bbpl, keys,
                            compute_layer_crcs(data, layout))
     raw = encode_segment_header(header) + data
     return header, raw + bytes(layout.total_bytes - len(raw))
@@ -79,7 +79,7 @@ def test_file_header_round_trip(sid: str, file_id: int) -> None:
 def test_segment_header_round_trip(num_blocks: int, num_layers: int, bbpl: int,
                                    seed: int) -> None:
     rng = random.Random(seed)
-    header = SegmentHeader(9, 4, 100, num_blocks, num_layers, bbpl,
+    header = SegmentHeader(9, 4, 3, 100, num_blocks, num_layers, bbpl,
                            tuple(rng.randbytes(32) for _ in range(num_blocks)),
                            tuple(rng.getrandbits(32) for _ in range(num_layers)))
     raw = encode_segment_header(header)
@@ -117,11 +117,11 @@ def test_bad_header_fields_name_the_field() -> None:
     with pytest.raises(ValueError, match="session_id"):
         _file_header("")
     with pytest.raises(ValueError, match="keys"):
-        SegmentHeader(1, 0, 0, 2, 1, 10, (bytes(32),), (0,))
+        SegmentHeader(1, 0, 0, 0, 2, 1, 10, (bytes(32),), (0,))
     with pytest.raises(ValueError, match=r"keys\[0\]"):
-        SegmentHeader(1, 0, 0, 1, 1, 10, (b"short",), (0,))
+        SegmentHeader(1, 0, 0, 0, 1, 1, 10, (b"short",), (0,))
     with pytest.raises(ValueError, match="layer_crcs"):
-        SegmentHeader(1, 0, 0, 1, 2, 10, (bytes(32),), (0,))
+        SegmentHeader(1, 0, 0, 0, 1, 2, 10, (bytes(32),), (0,))
 
 
 def test_scan_returns_segments_in_order_and_stops_at_zeros(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def test_scan_rejects_damaged_file_header(tmp_path: Path) -> None:
 def test_scan_rejects_out_of_order_segments(tmp_path: Path) -> None:
     rng = random.Random(4)
     path = tmp_path / session_file_name(7)
-    _write_file(path, [_segment(0, 0, 2, rng)[1], _segment(1, 5, 2, rng)[1]])
+    _write_file(path, [_segment(1, 0, 2, rng)[1], _segment(1, 2, 2, rng)[1]])
     _, ok, damaged = scan_session_file(path)
     assert len(ok) == 1 and "follow" in damaged[0].reason
 
@@ -206,7 +206,7 @@ def test_writer_segments_scan_back_byte_exact(tmp_path: Path, chunk_bytes: int) 
         for seq, ids in enumerate(turns):
             keys = [bytes([seq, i]) * 16 for i in range(len(ids))]
             w = writer.write_ssd(fd, offset, paged, paged.block_table(ids, unique=False), keys,
-                                 file_id=7, seq=seq, first_block=first)
+                                 file_id=7, seq=seq, turn_index=seq, first_block=first)
             offset += w.total_bytes
             first += len(ids)
     finally:

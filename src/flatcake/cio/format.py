@@ -15,7 +15,7 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            | segment 0 (turn 0)                           |  laid out by
            |   segment header (4 KiB multiple):           |  SegmentLayout.for_ssd
            |     magic "FLCKSEGM" | version | header bytes |
-           |     file_id | seq | first_block              |
+           |     file_id | seq | turn | first_block       |
            |     num_blocks | num_layers | block bytes    |
            |     data bytes | header crc32                 |
            |     key[0..num_blocks)      32 bytes each    |
@@ -68,9 +68,9 @@ FILE_SUFFIX = ".fcs"
 _FILE_FIXED = struct.Struct("<8sIIQIQQIQI")
 _FILE_CRC_OFFSET = FILE_HEADER_BYTES - 4
 
-# magic, version, header_bytes, file_id, seq, first_block, num_blocks, num_layers,
-# block_bytes_per_layer, data_bytes, header_crc
-_SEG_FIXED = struct.Struct("<8sIIQQQIIQQI")
+# magic, version, header_bytes, file_id, seq, turn_index, first_block, num_blocks,
+# num_layers, block_bytes_per_layer, data_bytes, header_crc
+_SEG_FIXED = struct.Struct("<8sIIQQQQIIQQI")
 _SEG_CRC_OFFSET = _SEG_FIXED.size - 4
 
 
@@ -188,8 +188,11 @@ class SegmentHeader:
 
     Attributes:
         file_id: the file the segment was written into (a stale copy elsewhere fails).
-        seq: segment number within the session, 0-based (= the turn that wrote it).
-        first_block: index in the session's block sequence of the segment's block 0.
+        seq: position of the segment in its file; strictly increasing along the file
+            (a stale segment left behind a rewritten tail does not pass for the next).
+        turn_index: the session turn that wrote it.
+        first_block: request block index of the segment's block 0 (the prefix length
+            before it when it was written).
         num_blocks, num_layers, block_bytes_per_layer: the segment's geometry.
         keys: one 32-byte key per block, in block order.
         layer_crcs: crc32 of each layer's data bytes.
@@ -197,6 +200,7 @@ class SegmentHeader:
 
     file_id: int
     seq: int
+    turn_index: int
     first_block: int
     num_blocks: int
     num_layers: int
@@ -230,7 +234,8 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
     buf = bytearray(layout.header_bytes)
     _SEG_FIXED.pack_into(
         buf, 0, SEGMENT_MAGIC, FORMAT_VERSION, layout.header_bytes, header.file_id,
-        header.seq, header.first_block, header.num_blocks, header.num_layers,
+        header.seq, header.turn_index, header.first_block, header.num_blocks,
+        header.num_layers,
         header.block_bytes_per_layer, layout.data_bytes, 0,
     )
     pos = SEGMENT_FIXED_HEADER_BYTES
@@ -265,8 +270,8 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
     if len(data) < header_bytes:
         raise FormatError(f"segment header truncated: {len(data)} of {header_bytes} bytes")
     buf = bytearray(data[:header_bytes])
-    (_magic, _version, _hb, file_id, seq, first_block, num_blocks, num_layers, bbpl,
-     data_bytes, stored) = _SEG_FIXED.unpack_from(buf, 0)
+    (_magic, _version, _hb, file_id, seq, turn_index, first_block, num_blocks, num_layers,
+     bbpl, data_bytes, stored) = _SEG_FIXED.unpack_from(buf, 0)
     struct.pack_into("<I", buf, _SEG_CRC_OFFSET, 0)
     if crc32(buf) != stored:
         raise FormatError("segment header crc32 mismatch")
@@ -282,8 +287,8 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
                  for i in range(num_blocks))
     pos += num_blocks * KEY_BYTES
     crcs = struct.unpack_from(f"<{num_layers}I", buf, pos)
-    return SegmentHeader(file_id, seq, first_block, num_blocks, num_layers, bbpl, keys,
-                         tuple(crcs))
+    return SegmentHeader(file_id, seq, turn_index, first_block, num_blocks, num_layers,
+                         bbpl, keys, tuple(crcs))
 
 
 def compute_layer_crcs(segment_data: memoryview | bytes | bytearray,
@@ -386,11 +391,8 @@ def _check_segment(fd: int, offset: int, seg: SegmentHeader, header: FileHeader,
     if offset + layout.total_bytes > min(file_bytes, header.span_bytes):
         return (f"segment is torn: needs {layout.total_bytes} bytes, file has "
                 f"{file_bytes - offset} after its start")
-    if previous:
-        last = previous[-1].header
-        if seg.seq <= last.seq or seg.first_block != last.first_block + last.num_blocks:
-            return (f"segment seq {seg.seq}/first_block {seg.first_block} does not follow "
-                    f"seq {last.seq}")
+    if previous and seg.seq <= previous[-1].header.seq:
+        return f"segment seq {seg.seq} does not follow seq {previous[-1].header.seq}"
     if not verify_data:
         return ""
     base = offset + layout.data_offset

@@ -46,15 +46,15 @@ class WrittenSegment:
 
 class SegmentWriter:
     """Builds and writes segments through one reusable aligned buffer of at most
-    ``chunk_bytes`` (+ one block). Thread-safe: writes are serialised on its lock, which
-    also guards the buffer."""
+    ``chunk_bytes`` (+ one block). Thread-safe: writes are serialised on ``lock``, which
+    also guards the buffer; holding ``lock`` from outside holds writes off (fsck)."""
 
     def __init__(self, chunk_bytes: int = DEFAULT_WRITE_CHUNK_BYTES) -> None:
         if chunk_bytes < ALIGN or chunk_bytes % ALIGN:
             raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN}, "
                              f"got {chunk_bytes}")
         self.chunk_bytes = chunk_bytes
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._buf: torch.Tensor | None = None
 
     def _buffer(self, num_bytes: int) -> torch.Tensor:
@@ -63,7 +63,7 @@ class SegmentWriter:
         return self._buf
 
     def write_ssd(self, fd: int, file_offset: int, paged: PagedKV, ids: torch.Tensor,
-                  keys: Sequence[bytes], *, file_id: int, seq: int,
+                  keys: Sequence[bytes], *, file_id: int, seq: int, turn_index: int,
                   first_block: int) -> WrittenSegment:
         """Write blocks ``ids`` of every layer as one segment at ``file_offset`` and
         fdatasync. ``file_offset`` must be 4 KiB aligned and the file's allocation must
@@ -72,18 +72,18 @@ class SegmentWriter:
             raise ValueError(f"segment file_offset must be 4096-aligned, got {file_offset}")
         n = int(ids.numel())
         layout = SegmentLayout.for_ssd(n, paged.num_layers, paged.block_bytes_per_layer)
-        with self._lock:
+        with self.lock:
             if layout.total_bytes <= self.chunk_bytes:
                 buf = self._buffer(layout.total_bytes)
                 crcs = self._gather_all(paged, ids, layout, buf)
-                header = SegmentHeader(file_id, seq, first_block, n, layout.num_layers,
+                header = SegmentHeader(file_id, seq, turn_index, first_block, n, layout.num_layers,
                                        layout.block_bytes_per_layer, tuple(keys), crcs)
                 raw = encode_segment_header(header)
                 buf[:len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
                 calls = pwrite_all(fd, writable_view(buf[:layout.total_bytes]), file_offset)
             else:
                 crcs, calls = self._stream_data(fd, file_offset, paged, ids, layout)
-                header = SegmentHeader(file_id, seq, first_block, n, layout.num_layers,
+                header = SegmentHeader(file_id, seq, turn_index, first_block, n, layout.num_layers,
                                        layout.block_bytes_per_layer, tuple(keys), crcs)
                 raw = encode_segment_header(header)
                 buf = self._buffer(len(raw))

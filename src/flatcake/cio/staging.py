@@ -1,0 +1,335 @@
+"""Staging window (FC-CIO data path): restore a read plan layer by layer into paged KV.
+
+One window holds two layer slots, double-buffered. A restore runs on one thread (the
+window's owner for the restore's duration)::
+
+    submit reads of layer 0 -> slot 0
+    for l in 0..L-1:
+        submit reads of layer l+1 -> slot (l+1) % 2     # in flight on the reader's pool
+        wait layer l's reads; verify its segment crcs    # ... while this thread
+        scatter layer l: slot -> paged KV slots           #     scatters layer l
+        (memory blocks: arena -> paged KV directly)
+        ready[l].set()                                    # engine may run layer l
+
+Slot ``(l+1) % 2`` last held layer ``l-1``, already scattered (scatter is synchronous),
+so reusing it is safe.
+
+The plan's *stream* of a layer is a sequence of block-sized positions (``cio.plan``).
+``RestoreJob.stream_slots`` maps each stream block to a paged KV slot, or to -1 for a
+block read only so that its whole segment layer can be checked against its crc32.
+Checks (``StreamCheck``) run before scatter; a failed check (or a read error) cuts the
+restore at the first request block of that segment: blocks from the cut on are *not*
+loaded, whatever layers they had reached, and the caller recomputes them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from flatcake.cio.direct import aligned_buffer, writable_view
+from flatcake.cio.format import crc32
+from flatcake.cio.layout import align_up
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.plan import LayerPlan, Piece, ReadPlan
+from flatcake.cio.readers import Reader, ReadRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCheck:
+    """One segment whose layer bytes are verified before they are scattered.
+
+    Attributes:
+        stream_start: first stream block of the whole segment (every layer).
+        num_blocks: the segment's blocks (all read, so the layer crc can be computed).
+        layer_crcs: expected crc32 of each layer's bytes of the segment.
+        request_start: first request block the segment serves (the cut on failure).
+        tag: what to report when it fails (the store's segment id).
+    """
+
+    stream_start: int
+    num_blocks: int
+    layer_crcs: tuple[int, ...]
+    request_start: int
+    tag: int
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFile:
+    """A session file a restore reads: its path and an open descriptor."""
+
+    path: str
+    fd: int
+
+
+@dataclass(slots=True)
+class RestoreJob:
+    """Everything one restore needs; built by the store, consumed by ``StagingWindow``.
+
+    Attributes:
+        plan: the read plan (its pieces address the stream).
+        paged: the destination paged KV.
+        stream_slots: (stream blocks,) int64 paged slot of each stream block, -1 = drop.
+        stream_request: request block index of each stream block, -1 = drop.
+        checks: segment crc checks.
+        files: file_id -> open file, for every file the plan reads.
+        arena: the host arena (source of memory copies).
+        num_request_blocks: blocks the restore would load if nothing fails.
+    """
+
+    plan: ReadPlan
+    paged: PagedKV
+    stream_slots: torch.Tensor
+    stream_request: list[int]
+    checks: tuple[StreamCheck, ...]
+    files: Mapping[int, OpenFile]
+    arena: torch.Tensor | None
+    num_request_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreOutcome:
+    """What a restore did.
+
+    Attributes:
+        num_blocks_loaded: request blocks ``[0, num_blocks_loaded)`` are in the paged KV.
+        failed_tags: checks that failed (damaged segments), plus tags of unreadable ones.
+        commands: SSD read commands issued.
+        bytes_read: SSD bytes read (useful + gap + verify-only).
+        memory_bytes: bytes copied out of the arena.
+        elapsed_s: wall time from start to the last layer ready.
+    """
+
+    num_blocks_loaded: int
+    failed_tags: tuple[int, ...]
+    commands: int
+    bytes_read: int
+    memory_bytes: int
+    elapsed_s: float
+
+
+class LayerReady:
+    """Per-layer "ready" signals of one restore, set by the restore thread."""
+
+    def __init__(self, num_layers: int) -> None:
+        self._events = [threading.Event() for _ in range(num_layers)]
+        self._error: BaseException | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._events)
+
+    def set(self, layer: int) -> None:
+        self._events[layer].set()
+
+    def fail(self, error: BaseException) -> None:
+        """Wake every waiter; they re-raise ``error``."""
+        self._error = error
+        for ev in self._events:
+            ev.set()
+
+    def wait_for_layer(self, layer: int, timeout: float | None = None) -> bool:
+        """Block until layer ``layer`` is in the paged KV (False on timeout). Blocks
+        past the restore's final cut may still be wrong: the final result is the truth.
+        """
+        if not 0 <= layer < len(self._events):
+            raise ValueError(f"layer must be in [0, {len(self._events)}), got {layer}")
+        ok = self._events[layer].wait(timeout)
+        if self._error is not None:
+            raise RuntimeError("restore failed") from self._error
+        return ok
+
+
+@dataclass(slots=True)
+class _Placement:
+    """Stream bytes ``[stream_offset, +length)`` sit at ``src[src_offset:]``."""
+
+    stream_offset: int
+    src_offset: int
+    length: int
+    memory: bool
+
+
+@dataclass(slots=True)
+class _LayerState:
+    futures: list[tuple[Future[int], tuple[Piece, ...]]] = field(default_factory=list)
+    placements: list[_Placement] = field(default_factory=list)
+
+
+class StagingWindow:
+    """Two layer slots and the pipeline that fills them. One restore at a time uses a
+    window (the store hands windows out from a pool; a restore that finds none waits).
+    """
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+        self._slots: list[torch.Tensor] = []
+
+    def _ensure_slots(self, slot_bytes: int) -> list[torch.Tensor]:
+        if not self._slots or self._slots[0].numel() < slot_bytes:
+            size = align_up(max(slot_bytes, 1))
+            if self.reader.device_type == "cpu":
+                self._slots = [aligned_buffer(size), aligned_buffer(size)]
+            else:
+                self._slots = [torch.empty(size, dtype=torch.uint8, device="cuda")
+                               for _ in range(2)]
+        return self._slots
+
+    def run(self, job: RestoreJob, ready: LayerReady) -> RestoreOutcome:
+        """Execute ``job``; sets ``ready`` per layer; returns when every layer is done."""
+        t0 = time.perf_counter()
+        plan = job.plan
+        slot_bytes = max((sum(op.length for op in lp.ssd_ops) for lp in plan.layers),
+                         default=0)
+        slots = self._ensure_slots(slot_bytes)
+        bbpl = plan.block_bytes_per_layer
+        cut = job.num_request_blocks
+        failed: list[int] = []
+        commands = 0
+        pending = self._submit(job, plan.layers[0], slots[0]) if plan.layers else None
+        for i, lp in enumerate(plan.layers):
+            nxt = None
+            if i + 1 < len(plan.layers):
+                nxt = self._submit(job, plan.layers[i + 1], slots[(i + 1) % 2])
+            state = pending if pending is not None else _LayerState()
+            commands += len(state.futures)
+            cut = self._finish_reads(job, state, cut)
+            cut = self._verify(job, lp.layer, state, slots[i % 2], bbpl, cut, failed)
+            self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut)
+            ready.set(lp.layer)
+            pending = nxt
+        return RestoreOutcome(cut, tuple(dict.fromkeys(failed)), commands, plan.bytes_read,
+                              plan.memory_bytes, time.perf_counter() - t0)
+
+    def _submit(self, job: RestoreJob, lp: LayerPlan, slot: torch.Tensor) -> _LayerState:
+        state = _LayerState()
+        pos = 0
+        for op in lp.ssd_ops:
+            f = job.files[op.file_id]
+            req = ReadRequest(f.path, f.fd, op.file_offset, op.length, pos)
+            state.futures.append((self.reader.submit(req, slot), op.pieces))
+            for p in op.pieces:
+                state.placements.append(_Placement(
+                    p.dest_offset(job.plan.block_bytes_per_layer), pos + p.offset_in_op,
+                    p.length, False))
+            pos += op.length
+        for cop in lp.memory_ops:
+            for p in cop.pieces:
+                state.placements.append(_Placement(
+                    p.dest_offset(job.plan.block_bytes_per_layer),
+                    cop.arena_offset + p.offset_in_op, p.length, True))
+        state.placements.sort(key=lambda pl: pl.stream_offset)
+        return state
+
+    def _request_floor(self, job: RestoreJob, pieces: Sequence[Piece], bbpl: int) -> int:
+        """Smallest request block that ``pieces`` would have delivered."""
+        low = job.num_request_blocks
+        for p in pieces:
+            first = p.dest_offset(bbpl) // bbpl
+            last = (p.dest_offset(bbpl) + p.length - 1) // bbpl
+            for b in range(first, last + 1):
+                r = job.stream_request[b]
+                if r >= 0:
+                    low = min(low, r)
+                    break
+        return low
+
+    def _finish_reads(self, job: RestoreJob, state: _LayerState, cut: int) -> int:
+        bbpl = job.plan.block_bytes_per_layer
+        for fut, pieces in state.futures:
+            try:
+                fut.result()
+            except OSError as exc:
+                logger.warning("restore read failed: %s", exc)
+                # The garbage left in the slot fails its crc check too, which names
+                # the segment; here only the cut matters.
+                cut = min(cut, self._request_floor(job, pieces, bbpl))
+        return cut
+
+    def _verify(self, job: RestoreJob, layer: int, state: _LayerState, slot: torch.Tensor,
+                bbpl: int, cut: int, failed: list[int]) -> int:
+        if not job.checks:
+            return cut
+        host = slot if slot.device.type == "cpu" else slot.cpu()
+        view = writable_view(host)
+        starts = [pl.stream_offset for pl in state.placements]
+        for check in job.checks:
+            if check.request_start >= cut:
+                continue
+            lo = check.stream_start * bbpl
+            hi = lo + check.num_blocks * bbpl
+            crc, covered = 0, 0
+            i = max(0, bisect.bisect_right(starts, lo) - 1)
+            while i < len(state.placements) and state.placements[i].stream_offset < hi:
+                pl = state.placements[i]
+                a = max(lo, pl.stream_offset)
+                b = min(hi, pl.stream_offset + pl.length)
+                if a < b and not pl.memory:
+                    off = pl.src_offset + (a - pl.stream_offset)
+                    crc = crc32(view[off:off + (b - a)], crc)
+                    covered += b - a
+                i += 1
+            expected = check.layer_crcs[layer] if layer < len(check.layer_crcs) else None
+            if covered != hi - lo or crc != expected:
+                logger.warning("segment %d layer %d failed its crc32 check; blocks from "
+                               "request block %d on are a miss", check.tag, layer,
+                               check.request_start)
+                failed.append(check.tag)
+                cut = min(cut, check.request_start)
+        return cut
+
+    def _scatter(self, job: RestoreJob, layer: int, state: _LayerState, slot: torch.Tensor,
+                 bbpl: int, cut: int) -> None:
+        # Whole blocks go straight from the slot (or the arena) to the paged KV; a block
+        # split across two reads (a max_read_bytes split inside it) is assembled first.
+        partial: dict[int, tuple[torch.Tensor, int]] = {}
+        for pl in state.placements:
+            src = slot if not pl.memory else job.arena
+            if src is None:
+                raise ValueError("the read plan copies from the host arena, but the "
+                                 "restore has no arena")
+            pos, end = pl.stream_offset, pl.stream_offset + pl.length
+            while pos < end:
+                block, inner = divmod(pos, bbpl)
+                s = pl.src_offset + (pos - pl.stream_offset)
+                if inner == 0 and end - pos >= bbpl:
+                    whole = (end - pos) // bbpl
+                    self._scatter_blocks(job, layer, block, src[s:s + whole * bbpl], cut)
+                    pos += whole * bbpl
+                    continue
+                n = min(bbpl - inner, end - pos)
+                buf, filled = partial.get(block) or (
+                    torch.empty(bbpl, dtype=torch.uint8, device=src.device), 0)
+                buf[inner:inner + n].copy_(src[s:s + n])
+                partial[block] = (buf, filled + n)
+                if filled + n == bbpl:
+                    self._scatter_blocks(job, layer, block, buf, cut)
+                    del partial[block]
+                pos += n
+
+    @staticmethod
+    def _scatter_blocks(job: RestoreJob, layer: int, first: int, src: torch.Tensor,
+                        cut: int) -> None:
+        """Scatter stream blocks ``[first, first + n)`` held in ``src``."""
+        bbpl = job.plan.block_bytes_per_layer
+        n = src.numel() // bbpl
+        slots = job.stream_slots[first:first + n]
+        req = job.stream_request[first:first + n]
+        keep = [0 <= r < cut for r in req]
+        if all(keep):
+            job.paged.scatter(layer, slots, src)
+            return
+        if not any(keep):
+            return
+        mask = torch.tensor(keep, dtype=torch.bool)
+        rows = src.view(n, bbpl)[mask.to(src.device)].reshape(-1)
+        job.paged.scatter(layer, slots[mask.to(slots.device)], rows)

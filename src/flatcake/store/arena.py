@@ -1,0 +1,30 @@
+"""The host-memory arena's bytes: one ``uint8`` tensor of ``memory_capacity_bytes``.
+
+The control plane's ``gva.alloc.HostArena`` decides offsets; this class only holds the
+bytes. The tensor comes from ``torch.empty``, so the kernel maps pages on first touch:
+a 64 GiB budget costs nothing until blocks are written into it. It is not pinned
+(pinning would touch and lock every page up front); host-to-GPU copies out of it go
+through the engine's stream like any pageable copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ArenaBuffer:
+    """Bytes of the host arena. Writers and readers touch disjoint ranges that the
+    control plane handed out, so the buffer itself needs no lock."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"store.memory_capacity_bytes must be >= 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.tensor = torch.empty(capacity_bytes, dtype=torch.uint8)
+
+    def view(self, offset: int, length: int) -> torch.Tensor:
+        """Bytes ``[offset, offset + length)`` (a view, no copy)."""
+        if offset < 0 or length < 0 or offset + length > self.capacity_bytes:
+            raise ValueError(f"arena range [{offset}, {offset + length}) is outside "
+                             f"[0, {self.capacity_bytes})")
+        return self.tensor[offset:offset + length]

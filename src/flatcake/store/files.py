@@ -1,0 +1,179 @@
+"""The store's session files on disk: create, adopt on restart, grow, delete, quarantine.
+
+Directory layout under the store root (directories 0700, files 0600)::
+
+    ROOT/
+      LOCK                       flock()ed by the one store that has ROOT open
+      sessions/<file_id>.fcs     live session files (cio.format)
+      quarantine/<file_id>.fcs   files pulled out of service after a checksum failure,
+                                 kept for inspection; never read by the store again
+
+File names are the 16 hex digits of a file id; session ids live only inside files.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from flatcake.cio.direct import FILE_MODE, ensure_dir, fsync_dir, open_file, preallocate
+from flatcake.cio.format import FileHeader, parse_session_file_name, session_file_name
+from flatcake.cio.staging import OpenFile
+from flatcake.cio.writer import write_file_header
+
+logger = logging.getLogger(__name__)
+
+SESSIONS_DIR = "sessions"
+QUARANTINE_DIR = "quarantine"
+LOCK_FILE = "LOCK"
+DEFAULT_GROWTH_BYTES = 64 << 20
+
+
+def session_files_in(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """``(file_id, path)`` of every session file in ``directory``, by file id."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    out = []
+    for entry in d.iterdir():
+        file_id = parse_session_file_name(entry.name)
+        if file_id is not None and entry.is_file():
+            out.append((file_id, entry))
+    return sorted(out)
+
+
+@dataclass(slots=True)
+class _LiveFile:
+    """One open session file (mutable; owned by ``SessionFiles`` under the store lock).
+
+    Attributes:
+        path, fd: the file and its descriptor (O_DIRECT in direct mode).
+        header: its file header.
+        allocated_bytes: bytes preallocated (the file's size).
+        next_seq: sequence number of the next segment appended.
+    """
+
+    path: str
+    fd: int
+    header: FileHeader
+    allocated_bytes: int
+    next_seq: int
+
+
+class SessionFiles:
+    """Open session files of one store root. Not thread-safe: the store calls it under
+    its lock (descriptors are then used for I/O outside the lock; a file is only closed
+    when its session is unpinned, so no I/O can be in flight on it)."""
+
+    def __init__(self, root: str | os.PathLike[str], io_mode: str,
+                 growth_bytes: int = DEFAULT_GROWTH_BYTES) -> None:
+        self.root = Path(root)
+        self.io_mode = io_mode
+        self.growth_bytes = growth_bytes
+        self.sessions_dir = self.root / SESSIONS_DIR
+        self.quarantine_dir = self.root / QUARANTINE_DIR
+        ensure_dir(self.sessions_dir)
+        self._files: dict[int, _LiveFile] = {}
+        self._lock_fd = -1
+
+    def lock_root(self) -> None:
+        """Take the root's exclusive lock (one store per root at a time)."""
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(f"store root {self.root} is already open in another store "
+                             f"(its {LOCK_FILE} file is locked)") from None
+        self._lock_fd = fd
+
+    def __contains__(self, file_id: int) -> bool:
+        return file_id in self._files
+
+    def open_file(self, file_id: int) -> OpenFile:
+        f = self._files[file_id]
+        return OpenFile(f.path, f.fd)
+
+    def header(self, file_id: int) -> FileHeader:
+        return self._files[file_id].header
+
+    def file_ids(self) -> list[int]:
+        return sorted(self._files)
+
+    def create(self, header: FileHeader) -> None:
+        """Create a new session file with its header, durable (file and directory)."""
+        path = self.sessions_dir / session_file_name(header.file_id)
+        fd = open_file(path, self.io_mode, create=True)
+        try:
+            allocated = preallocate(fd, 0, 1, self.growth_bytes, header.span_bytes)
+            write_file_header(fd, header)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        fsync_dir(self.sessions_dir)
+        self._files[header.file_id] = _LiveFile(str(path), fd, header, allocated, 0)
+
+    def adopt(self, path: Path, header: FileHeader, valid_end_bytes: int, next_seq: int,
+              cut: bool) -> None:
+        """Restart: keep serving ``path``; ``cut`` truncates a damaged tail at
+        ``valid_end_bytes`` so appends continue after the last valid segment."""
+        fd = open_file(path, self.io_mode)
+        if cut:
+            os.ftruncate(fd, valid_end_bytes)
+            os.fsync(fd)
+        size = os.fstat(fd).st_size
+        self._files[header.file_id] = _LiveFile(str(path), fd, header, size, next_seq)
+
+    def take_seq(self, file_id: int) -> int:
+        """Sequence number for the next segment of ``file_id`` (called in allocation
+        order, so seqs increase along the file)."""
+        f = self._files[file_id]
+        f.next_seq += 1
+        return f.next_seq - 1
+
+    def ensure_allocated(self, file_id: int, end_bytes: int) -> None:
+        """Grow the file (in ``growth_bytes`` steps, never past its span) to cover
+        ``[0, end_bytes)``."""
+        f = self._files[file_id]
+        f.allocated_bytes = preallocate(f.fd, f.allocated_bytes, end_bytes, self.growth_bytes,
+                                        f.header.span_bytes)
+
+    def _close(self, file_id: int) -> _LiveFile:
+        f = self._files.pop(file_id)
+        os.close(f.fd)
+        return f
+
+    def delete(self, file_id: int) -> None:
+        if file_id not in self._files:
+            return
+        f = self._close(file_id)
+        Path(f.path).unlink(missing_ok=True)
+
+    def quarantine(self, file_id: int) -> Path | None:
+        """Move a live file out of service, into ``quarantine/``."""
+        if file_id not in self._files:
+            return None
+        f = self._close(file_id)
+        ensure_dir(self.quarantine_dir)
+        dest = self.quarantine_dir / Path(f.path).name
+        os.replace(f.path, dest)
+        logger.warning("session file %s moved to %s after a checksum failure", f.path, dest)
+        return dest
+
+    def quarantine_path(self, path: Path) -> Path:
+        """Move a file that could not be opened as a session file into quarantine."""
+        ensure_dir(self.quarantine_dir)
+        dest = self.quarantine_dir / path.name
+        os.replace(path, dest)
+        return dest
+
+    def close(self) -> None:
+        for file_id in list(self._files):
+            self._close(file_id)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1

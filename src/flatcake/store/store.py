@@ -1,0 +1,584 @@
+"""``FlatCakeStore``: the public store, gluing the control plane to the data plane.
+
+The control plane (``control.ControlPlane``) keeps the books and plans; this class
+executes its plans with real bytes and reports back::
+
+    store_turn:  prepare_store -> gather + write (+ fdatasync) -> complete_store
+    load:        lookup -> prepare_load (reads widened to whole segments) ->
+                 staging window: read, verify crc32, scatter per layer -> complete_load
+    reclaim:     control.reclaim -> delete the files it names
+    open:        scan session files -> control.recover_segment for each valid segment
+
+Threads: any thread may call the public methods. ``self._lock`` serialises every call
+into the control plane and guards the store's own books (open files, segment
+checksums, damaged sessions); it is never held across I/O. Restores run on a pool of
+``scheduler.max_restores_in_flight`` threads, one staging window each: a restore that
+finds every window busy waits in the pool's queue; it is never cancelled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from flatcake.cio.direct import ensure_dir, resolve_io_mode
+from flatcake.cio.format import FileHeader, FormatError, scan_session_file
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.plan import ReadPlan, plan_reads
+from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
+from flatcake.cio.staging import (
+    LayerReady,
+    RestoreJob,
+    RestoreOutcome,
+    StagingWindow,
+    StreamCheck,
+)
+from flatcake.cio.writer import SegmentWriter
+from flatcake.clock import Clock, WallClock
+from flatcake.config import FlatCakeConfig, PlannerConfig
+from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
+from flatcake.geometry import KVGeometry, preset
+from flatcake.gva.address import Medium
+from flatcake.gva.index import HitRun, PrefixHit
+from flatcake.gva.keys import check_key
+from flatcake.store.arena import ArenaBuffer
+from flatcake.store.files import SessionFiles, session_files_in
+from flatcake.store.inspect import FsckReport, fsck_root
+from flatcake.store.results import (
+    LoadResult,
+    LookupResult,
+    ReclaimResult,
+    RecoveryReport,
+    StoreResult,
+    TurnSignals,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class LoadHandle:
+    """A restore in progress (``FlatCakeStore.start_load``).
+
+    ``wait_for_layer(l)`` returns once layer ``l`` of the loaded blocks is in the paged
+    KV, so an engine can run layer ``l`` while later layers are still being read;
+    ``wait()`` returns the final ``LoadResult``, whose ``num_blocks`` is authoritative
+    (a checksum failure in a later layer can still shorten the loaded prefix).
+    """
+
+    def __init__(self, num_hit_blocks: int, ready: LayerReady,
+                 future: Future[LoadResult]) -> None:
+        self.num_hit_blocks = num_hit_blocks
+        self._ready = ready
+        self._future = future
+
+    @property
+    def num_layers(self) -> int:
+        return self._ready.num_layers
+
+    def wait_for_layer(self, layer: int, timeout: float | None = None) -> bool:
+        return self._ready.wait_for_layer(layer, timeout)
+
+    def wait(self, timeout: float | None = None) -> LoadResult:
+        return self._future.result(timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class _StreamPlanner:
+    """``prepare_load``'s planner: widens each SSD run to its whole segment (every byte
+    served is checked against its segment's layer crc32, which covers the whole layer
+    range) and records where each stream block goes. Called once, under the store lock.
+    """
+
+    def __init__(self, crcs: dict[int, tuple[int, ...]]) -> None:
+        self._crcs = crcs
+        self.stream_request: list[int] = []
+        self.checks: list[StreamCheck] = []
+
+    def __call__(self, runs: Sequence[HitRun], num_layers: int, resolve: Any,
+                 cfg: PlannerConfig) -> ReadPlan:
+        widened: list[HitRun] = []
+        request: list[int] = []
+        by_segment: dict[int, list[HitRun]] = {}
+        for run in runs:
+            seg, start_pos, count, prefix_start = run
+            if seg.medium == Medium.MEMORY:
+                widened.append(HitRun(seg, start_pos, count, len(request)))
+                request.extend(range(prefix_start, prefix_start + count))
+            else:
+                by_segment.setdefault(seg.segment_id, []).append(run)
+        for seg_runs in by_segment.values():
+            seg = seg_runs[0].segment
+            start = len(request)
+            part = [-1] * seg.num_blocks
+            for _, start_pos, count, prefix_start in seg_runs:
+                part[start_pos:start_pos + count] = range(prefix_start, prefix_start + count)
+            request.extend(part)
+            widened.append(HitRun(seg, 0, seg.num_blocks, start))
+            crcs = self._crcs.get(seg.segment_id, ())
+            self.checks.append(StreamCheck(start, seg.num_blocks, crcs,
+                                           min(r.prefix_start for r in seg_runs),
+                                           seg.segment_id))
+        self.stream_request = request
+        return plan_reads(widened, num_layers, resolve, cfg)
+
+
+class FlatCakeStore:
+    """A FlatCake KV store rooted at a directory. Open it with ``FlatCakeStore.open``."""
+
+    def __init__(self, root: Path, geometry: KVGeometry, config: FlatCakeConfig,
+                 clock: Clock, verify_on_open: bool) -> None:
+        self.root = root
+        self.geometry = geometry
+        self.config = config
+        ensure_dir(root)
+        self.io_mode = resolve_io_mode(root, config.store.io_mode)
+        self._files = SessionFiles(root, self.io_mode)
+        self._files.lock_root()
+        self._lock = threading.Lock()
+        self.control = ControlPlane(geometry, config, clock)
+        self.arena = ArenaBuffer(config.store.memory_capacity_bytes)
+        self._writer = SegmentWriter()
+        self.reader: Reader = (GdsReader(config.store.read_threads)
+                               if self.io_mode == "direct" and kvikio_available()
+                               else DirectReader(config.store.read_threads))
+        num_windows = config.scheduler.max_restores_in_flight
+        self._windows: queue.Queue[StagingWindow] = queue.Queue()
+        for _ in range(num_windows):
+            self._windows.put(StagingWindow(self.reader))
+        self._restores = ThreadPoolExecutor(max_workers=num_windows,
+                                            thread_name_prefix="flatcake-restore")
+        self._crcs: dict[int, tuple[int, ...]] = {}  # SSD segment id -> layer crcs
+        self._damaged_segments: set[int] = set()
+        self._damaged_sessions: set[str] = set()
+        self._request_ids = itertools.count()
+        self._closed = False
+        try:
+            self.recovery = self._recover(verify_on_open)
+        except BaseException:
+            self._shutdown()
+            raise
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str], geometry: KVGeometry | str,
+             config: FlatCakeConfig | None = None, *, clock: Clock | None = None,
+             verify_on_open: bool = False) -> FlatCakeStore:
+        """Open (or create) the store at ``root`` for blocks of ``geometry`` (a
+        ``KVGeometry`` or a preset name).
+
+        Rebuilds the index from the session files found there (restart recovery):
+        torn or corrupt segments are skipped, counted in ``store.recovery``, and the
+        file is cut before them. ``verify_on_open`` checks every data crc now (slow on
+        big stores); otherwise data crcs are checked on every load. ``root`` wins over
+        ``config.store.root``.
+        """
+        if isinstance(geometry, str):
+            geometry = preset(geometry)
+        if not isinstance(geometry, KVGeometry):
+            raise ValueError(f"geometry must be a KVGeometry or a preset name, got "
+                             f"{type(geometry).__name__}")
+        config = config if config is not None else FlatCakeConfig()
+        if not isinstance(config, FlatCakeConfig):
+            raise ValueError(f"config must be a FlatCakeConfig, got {type(config).__name__}")
+        return cls(Path(root).absolute(), geometry, config,
+                   clock if clock is not None else WallClock(), verify_on_open)
+
+    # -- restart ---------------------------------------------------------------------
+
+    def _recover(self, verify_data: bool) -> RecoveryReport:
+        g = self.geometry
+        files = sessions = segments = blocks = damaged = bad_files = 0
+        seen: set[str] = set()
+        wall_now, clock_now = time.time(), self.control.clock.now()
+        for file_id, path in session_files_in(self._files.sessions_dir):
+            files += 1
+            try:
+                header, ok, bad = scan_session_file(path, verify_data=verify_data)
+            except FormatError as exc:
+                dest = self._files.quarantine_path(path)
+                logger.warning("session file %s has a damaged header (%s); moved to %s",
+                               path, exc, dest)
+                bad_files += 1
+                continue
+            if (header.num_layers, header.block_bytes_per_layer) != (
+                    g.num_layers, g.block_bytes_per_layer) or header.file_id != file_id:
+                raise ValueError(
+                    f"session file {path} holds {header.num_layers} layers x "
+                    f"{header.block_bytes_per_layer} B blocks, but geometry {g.name!r} has "
+                    f"{g.num_layers} x {g.block_bytes_per_layer} B")
+            if header.span_bytes != self.config.store.session_file_bytes:
+                raise ValueError(
+                    f"store.session_file_bytes={self.config.store.session_file_bytes} but "
+                    f"session file {path} was written with span {header.span_bytes}")
+            age_s = max(0.0, wall_now - path.stat().st_mtime)
+            end = ok[-1].end_offset if ok else 4096
+            next_seq = ok[-1].header.seq + 1 if ok else 0
+            if bad:
+                logger.warning("session file %s: %d valid segments, cut at offset %d (%s)",
+                               path, len(ok), bad[0].file_offset, bad[0].reason)
+            damaged += len(bad)
+            self._files.adopt(path, header, end, next_seq, cut=bool(bad))
+            for scanned in ok:
+                sh = scanned.header
+                seg = self.control.recover_segment(
+                    header.session_id, file_id, scanned.file_offset, sh.layout, sh.keys,
+                    sh.turn_index, virtual_base=header.virtual_base,
+                    last_access=clock_now - age_s)
+                self._crcs[seg.segment_id] = sh.layer_crcs
+                segments += 1
+                blocks += sh.num_blocks
+            if ok:
+                seen.add(header.session_id)
+            sessions = len(seen)
+        report = RecoveryReport(files, sessions, segments, blocks, damaged, bad_files)
+        if files:
+            logger.info("recovered %s", report)
+        return report
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"store {self.root} is closed")
+
+    @staticmethod
+    def _check_keys(keys: Sequence[bytes]) -> tuple[bytes, ...]:
+        if isinstance(keys, bytes | str) or not isinstance(keys, Sequence):
+            raise ValueError(f"keys must be a sequence of 32-byte keys, got "
+                             f"{type(keys).__name__}")
+        return tuple(check_key(k, f"keys[{i}]") for i, k in enumerate(keys))
+
+    def _paged(self, kv_caches: Sequence[torch.Tensor], block_ids: Any, num_keys: int,
+               unique: bool) -> tuple[PagedKV, torch.Tensor]:
+        paged = PagedKV(kv_caches, self.geometry.block_bytes_per_layer)
+        if paged.num_layers != self.geometry.num_layers:
+            raise ValueError(f"kv_caches has {paged.num_layers} layers, geometry "
+                             f"{self.geometry.name!r} has {self.geometry.num_layers}")
+        table = paged.block_table(block_ids, unique=False)
+        if table.numel() < num_keys:
+            raise ValueError(f"block_ids has {table.numel()} entries for {num_keys} keys")
+        table = table[:num_keys]
+        if unique:
+            paged.block_table(table.cpu(), unique=True)
+        return paged, table
+
+    def _apply_actions(self, actions: Sequence[ReclaimAction]) -> ReclaimResult:
+        """Delete (or quarantine, for damaged sessions) the files reclaim dropped.
+        Called under ``self._lock``."""
+        deleted = 0
+        for action in actions:
+            damaged = action.session_id in self._damaged_sessions
+            for seg in action.ssd_segments:
+                self._crcs.pop(seg.segment_id, None)
+                self._damaged_segments.discard(seg.segment_id)
+            for file_id in action.file_ids:
+                if file_id in self._files and isinstance(self.reader, GdsReader):
+                    self.reader.forget_file(self._files.open_file(file_id).path)
+                if damaged:
+                    self._files.quarantine(file_id)
+                else:
+                    self._files.delete(file_id)
+                deleted += 1
+            if action.session_dropped:
+                self._damaged_sessions.discard(action.session_id)
+        return ReclaimResult(tuple(a.session_id for a in actions), deleted,
+                             sum(a.memory_bytes for a in actions),
+                             sum(len(a.ssd_segments) for a in actions))
+
+    def _drop_damaged(self) -> None:
+        """Drop sessions with a damaged segment once nothing pins them (under lock)."""
+        for sid in list(self._damaged_sessions):
+            try:
+                rec = self.control.session(sid)
+            except KeyError:
+                self._damaged_sessions.discard(sid)
+                continue
+            if rec.num_pins == 0:
+                self._apply_actions([self.control.drop_session(sid)])
+
+    # -- store -----------------------------------------------------------------------
+
+    def store_turn(self, session_id: str, keys: Sequence[bytes],
+                   kv_caches: Sequence[torch.Tensor], block_ids: Any,
+                   signals: TurnSignals) -> StoreResult:
+        """Store the blocks of ``keys`` not stored yet, from the paged KV.
+
+        ``keys``: the request's block keys, history first (``gva.keys``);
+        ``block_ids[i]`` is the paged KV slot of block ``i`` (extra entries, e.g. a
+        partial last block, are ignored). The new blocks are placed (memory or SSD, by
+        the rule in ``signals``), gathered layer by layer, written, made durable, and
+        only then published. Raises ``CapacityError`` when no medium can take them.
+        """
+        self._check_open()
+        if not isinstance(signals, TurnSignals):
+            raise ValueError(f"signals must be a TurnSignals, got {type(signals).__name__}")
+        keys = self._check_keys(keys)
+        paged, table = self._paged(kv_caches, block_ids, len(keys), unique=False)
+        t0 = time.perf_counter()
+        with self._lock:
+            self._drop_damaged()
+            plan = self.control.prepare_store(
+                session_id, keys, turn_index=signals.turn_index,
+                context_tokens=signals.context_tokens,
+                prev_reply_tokens=signals.prev_reply_tokens,
+                shared_refcount=signals.shared_refcount)
+            self._apply_actions(self.control.take_reclaim_actions())
+            if plan is None:
+                return StoreResult(session_id, 0, len(keys), None, "", None, 0, 0, 0.0)
+            try:
+                seq = self._prepare_file(plan)
+            except BaseException:
+                self.control.complete_store(plan, False)
+                raise
+        ok = False
+        calls = 0
+        try:
+            ids = table[plan.first_block:plan.first_block + plan.segment.num_blocks]
+            if plan.medium == Medium.MEMORY:
+                dest = self.arena.view(plan.segment.offset, plan.segment.total_bytes)
+                self._writer.write_memory(dest, paged, ids)
+            else:
+                f = self._files.open_file(int(plan.file_id or 0))
+                written = self._writer.write_ssd(
+                    f.fd, int(plan.file_offset or 0), paged, ids, plan.segment.keys,
+                    file_id=int(plan.file_id or 0), seq=seq,
+                    turn_index=plan.segment.turn_index, first_block=plan.first_block)
+                calls = written.write_calls
+                with self._lock:
+                    self._crcs[plan.segment.segment_id] = written.header.layer_crcs
+            ok = True
+        finally:
+            with self._lock:
+                self.control.complete_store(plan, ok)
+        elapsed = time.perf_counter() - t0
+        seg = plan.segment
+        logger.debug("stored %d blocks of %r on %s (%s)", seg.num_blocks, session_id,
+                     plan.medium.name, plan.placement.rule.value)
+        return StoreResult(session_id, seg.num_blocks, plan.first_block, plan.medium,
+                           plan.placement.rule.value, seg.base_address, seg.total_bytes,
+                           calls, elapsed)
+
+    def _prepare_file(self, plan: StorePlan) -> int:
+        """SSD: create the file if new, grow it to cover the segment, and take the
+        segment's sequence number (under ``self._lock``, in allocation order)."""
+        if plan.medium != Medium.SSD:
+            return 0
+        file_id = int(plan.file_id or 0)
+        if plan.new_file:
+            self._files.create(FileHeader(
+                plan.session_id, file_id, self.config.store.node_id,
+                int(plan.file_base_offset or 0), int(plan.span_bytes or 0),
+                self.geometry.num_layers, self.geometry.block_bytes_per_layer))
+        self._files.ensure_allocated(file_id, int(plan.file_offset or 0)
+                                     + plan.segment.total_bytes)
+        return self._files.take_seq(file_id)
+
+    # -- lookup and load ---------------------------------------------------------------
+
+    def lookup(self, keys: Sequence[bytes]) -> LookupResult:
+        """How long a prefix of ``keys`` is stored, and where."""
+        self._check_open()
+        keys = self._check_keys(keys)
+        with self._lock:
+            hit = self._usable_hit(self.control.lookup(keys))
+        return LookupResult(hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks)
+
+    def _usable_hit(self, hit: PrefixHit) -> PrefixHit:
+        """``hit`` cut before the first segment known to be damaged."""
+        if not self._damaged_segments:
+            return hit
+        runs = []
+        for run in hit.runs:
+            if run.segment.segment_id in self._damaged_segments:
+                break
+            runs.append(run)
+        if len(runs) == len(hit.runs):
+            return hit
+        mem = sum(count for seg, _, count, _ in runs if seg.medium == Medium.MEMORY)
+        ssd = sum(count for seg, _, count, _ in runs if seg.medium == Medium.SSD)
+        return PrefixHit(mem + ssd, mem, ssd, tuple(runs))
+
+    def load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
+             block_ids: Any) -> LoadResult:
+        """Restore the stored prefix of ``keys`` into the paged KV slots ``block_ids``
+        (``block_ids[i]`` receives block ``i``) and wait for it."""
+        return self.start_load(keys, kv_caches, block_ids).wait()
+
+    def start_load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
+                   block_ids: Any) -> LoadHandle:
+        """Start restoring the stored prefix of ``keys``; returns at once."""
+        self._check_open()
+        keys = self._check_keys(keys)
+        paged, table = self._paged(kv_caches, block_ids, len(keys), unique=True)
+        planner = _StreamPlanner(self._crcs)
+        with self._lock:
+            self._drop_damaged()
+            hit = self._usable_hit(self.control.lookup(keys))
+            request_id = ("load", next(self._request_ids))
+            plan = self.control.prepare_load(request_id, hit, planner=planner)
+        request = planner.stream_request
+        req = torch.tensor(request, dtype=torch.int64)
+        slots = torch.full_like(req, -1)
+        wanted = req >= 0
+        slots[wanted] = table.cpu()[req[wanted]]
+        slots = slots.to(paged.device)
+        files = {}
+        with self._lock:
+            for lp in plan.read_plan.layers:
+                for op in lp.ssd_ops:
+                    if op.file_id not in files:
+                        files[op.file_id] = self._files.open_file(op.file_id)
+        job = RestoreJob(plan.read_plan, paged, slots, request, tuple(planner.checks), files,
+                         self.arena.tensor, hit.num_blocks)
+        ready = LayerReady(self.geometry.num_layers)
+        future = self._restores.submit(self._run_restore, job, plan, ready)
+        return LoadHandle(hit.num_blocks, ready, future)
+
+    def _run_restore(self, job: RestoreJob, plan: LoadPlan, ready: LayerReady) -> LoadResult:
+        window = self._windows.get()
+        try:
+            outcome = window.run(job, ready)
+        except BaseException as exc:
+            ready.fail(exc)
+            with self._lock:
+                self.control.complete_load(plan.request_id)
+            raise
+        finally:
+            self._windows.put(window)
+        for layer in range(ready.num_layers):
+            ready.set(layer)  # a plan with no reads has no layers to signal
+        with self._lock:
+            self.control.complete_load(plan.request_id)
+            for seg_id in outcome.failed_tags:
+                self._mark_damaged(seg_id)
+            self._drop_damaged()
+        return self._result(plan, outcome)
+
+    def _mark_damaged(self, segment_id: int) -> None:
+        try:
+            seg = self.control.index.segment(segment_id)
+        except KeyError:
+            return
+        self._damaged_segments.add(segment_id)
+        self._damaged_sessions.add(seg.session_id)
+
+    def _result(self, plan: LoadPlan, outcome: RestoreOutcome) -> LoadResult:
+        loaded = outcome.num_blocks_loaded
+        mem = ssd = 0
+        for seg, _, count, prefix_start in plan.hit.runs:
+            n = max(0, min(count, loaded - prefix_start))
+            if seg.medium == Medium.MEMORY:
+                mem += n
+            else:
+                ssd += n
+        layer_bytes = self.geometry.block_bytes_per_layer * self.geometry.num_layers
+        return LoadResult(
+            num_blocks=loaded, num_hit_blocks=plan.hit.num_blocks, num_memory_blocks=mem,
+            num_ssd_blocks=ssd, commands=outcome.commands, bytes_read=outcome.bytes_read,
+            useful_bytes=ssd * layer_bytes, memory_bytes=outcome.memory_bytes,
+            damaged_segments=len(outcome.failed_tags), elapsed_s=outcome.elapsed_s)
+
+    # -- reclaim, reports, lifecycle ---------------------------------------------------
+
+    def reclaim(self) -> ReclaimResult:
+        """Drop whole sessions, oldest last access first, from every medium above its
+        high watermark until it is under its low watermark; delete their files."""
+        self._check_open()
+        with self._lock:
+            self._drop_damaged()
+            return self._apply_actions(self.control.reclaim())
+
+    def drop_session(self, session_id: str) -> ReclaimResult:
+        """Forget a session now (it ended); refuses one a restore or write is using."""
+        self._check_open()
+        with self._lock:
+            return self._apply_actions([self.control.drop_session(session_id)])
+
+    def inspect(self) -> dict[str, Any]:
+        """A JSON-able snapshot: media use and watermarks, sessions, placements."""
+        self._check_open()
+        with self._lock:
+            st = self.control.stats()
+            now = self.control.clock.now()
+            sessions = []
+            for sid in self.control.session_ids():
+                rec = self.control.session(sid)
+                sessions.append({
+                    "session_id": sid,
+                    "files": self.control.ssd.files_of(sid),
+                    "memory_segments": len(rec.memory_segment_ids),
+                    "ssd_segments": len(rec.ssd_segment_ids),
+                    "memory_bytes": rec.memory_bytes,
+                    "ssd_bytes": rec.ssd_bytes,
+                    "idle_s": round(now - rec.last_access, 3),
+                    "pinned": rec.num_pins > 0,
+                    "damaged": sid in self._damaged_sessions,
+                })
+            reads = self.reader.stats()
+        return {
+            "root": str(self.root),
+            "io_mode": self.io_mode,
+            "reader": self.reader.name,
+            "geometry": {"name": self.geometry.name, "num_layers": self.geometry.num_layers,
+                         "block_bytes_per_layer": self.geometry.block_bytes_per_layer},
+            "media": {
+                "memory": {"used_bytes": st.memory_used_bytes,
+                           "capacity_bytes": st.memory_capacity_bytes,
+                           "high": st.memory_high, "low": st.memory_low,
+                           "segments": st.num_memory_segments},
+                "ssd": {"used_bytes": st.ssd_used_bytes, "capacity_bytes": st.ssd_capacity_bytes,
+                        "high": st.ssd_high, "low": st.ssd_low,
+                        "segments": st.num_ssd_segments, "files": st.num_files},
+            },
+            "num_keys": st.num_keys,
+            "placements_by_rule": st.placements_by_rule,
+            "sessions": sessions,
+            "recovery": {
+                "num_segments": self.recovery.num_segments,
+                "damaged_segments": self.recovery.damaged_segments,
+                "damaged_files": self.recovery.damaged_files,
+            },
+            "reads": {"commands": reads.commands, "bytes": reads.bytes_read},
+        }
+
+    def fsck(self) -> FsckReport:
+        """Verify every checksum of every file under the root (writes are held off)."""
+        self._check_open()
+        with self._lock, self._writer.lock:
+            return fsck_root(self.root)
+
+    def close(self) -> None:
+        """Wait for restores in flight, then close every file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._restores.shutdown(wait=True)
+        self.reader.close()
+        with self._lock:
+            self._files.close()
+
+    def __enter__(self) -> FlatCakeStore:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"FlatCakeStore(root={str(self.root)!r}, geometry={self.geometry.name!r}, "
+                f"io_mode={self.io_mode!r})")
