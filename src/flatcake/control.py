@@ -300,7 +300,10 @@ class ControlPlane:
         mem_layout = SegmentLayout.for_memory(n, g.num_layers, g.block_bytes_per_layer)
         rc = self.config.reclaim
         tentative = decide_placement(signals, self.config.placement)
-        if tentative.medium == Medium.MEMORY:
+        # Reclaim memory only for a write that would go there, and only if the segment
+        # could fit in the arena at all (no point dropping sessions otherwise).
+        if tentative.medium == Medium.MEMORY and \
+                mem_layout.total_bytes <= self.arena.capacity_bytes:
             projected = self.arena.used_bytes + mem_layout.total_bytes
             if projected > rc.memory_high * self.arena.capacity_bytes or \
                     not self.arena.can_fit(mem_layout.total_bytes):

@@ -33,7 +33,8 @@ class SessionRecord:
         memory_segment_ids: published memory segments, oldest first.
         ssd_segment_ids: published SSD segments, oldest first.
         memory_bytes: arena bytes held (published and in-flight writes).
-        ssd_bytes: SSD segment bytes held (published and in-flight writes).
+        ssd_bytes: SSD bytes held: segments (published and in-flight writes) plus the
+            4 KiB header of each of its session files.
     """
 
     session_id: str
