@@ -27,7 +27,6 @@ the whole Claude Code trace (71.4 M accesses) is analysed with a few sorts.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,13 +103,15 @@ class TraceAnalysis:
 
     ``reuse_distance_cdf``: ``(CDF_POINTS,)`` reuse distances at quantiles
     ``linspace(0, 1, CDF_POINTS)`` (empty without hashes); ``session_context_tokens``:
-    per session (empty without sessions); ``input_tokens``: per request.
+    per session (empty without sessions); ``input_tokens`` / ``output_tokens``: per
+    request.
     """
 
     stats: TraceStats
     reuse_distance_cdf: np.ndarray
     session_context_tokens: np.ndarray
     input_tokens: np.ndarray
+    output_tokens: np.ndarray
 
 
 def _pct(a: np.ndarray, q: float) -> float | None:
@@ -196,7 +197,7 @@ def _hash_figures(trace: Trace) -> _HashFigures:
     if trace.num_sessions and trace.clock == "session":
         keep = trace.session[r1] == trace.session[r2]
         r1, r2 = r1[keep], r2[keep]
-    dist = r2 - r1
+    dist = np.subtract(r2, r1, dtype=np.int64)
     gap = np.floor(trace.time_s[r2] - trace.time_s[r1]).astype(np.int64)
     del r1, r2
     qs = np.linspace(0, 100, CDF_POINTS)
@@ -205,8 +206,10 @@ def _hash_figures(trace: Trace) -> _HashFigures:
     return _HashFigures(
         block_accesses=n, unique_blocks=unique, share_once=share_once,
         hit_blocks=hit_blocks, hit_tokens=hit_tok, share_requests_hit=share_req_hit,
-        dist_median=dist_q[0] if len(dist) else None, dist_p90=dist_q[1] if len(dist) else None,
-        gap_median=gap_q[0] if len(gap) else None, gap_p90=gap_q[1] if len(gap) else None,
+        dist_median=float(dist_q[0]) if len(dist) else None,
+        dist_p90=float(dist_q[1]) if len(dist) else None,
+        gap_median=float(gap_q[0]) if len(gap) else None,
+        gap_p90=float(gap_q[1]) if len(gap) else None,
         dist_cdf=dist_q[2:], shared_across_sessions=shared_across)
 
 
@@ -373,9 +376,6 @@ def analyze_trace(trace: Trace, geometry: KVGeometry) -> TraceAnalysis:
         reuse_distance_cdf=hf.dist_cdf if hf else np.zeros(0),
         session_context_tokens=sf.contexts if sf else np.zeros(0, dtype=np.int64),
         input_tokens=trace.input_tokens,
+        output_tokens=trace.output_tokens,
     )
 
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
-        float(value))

@@ -20,19 +20,12 @@ import warnings
 from typing import Any
 
 import numpy as np
+import orjson
 
 from flatcake.traces.model import MAX_LOCAL_BLOCK_ID, SESSION_SHIFT
 
-try:  # orjson is a declared dependency; json keeps the reader usable without it.
-    import orjson
-
-    loads = orjson.loads
-    JSONDecodeError: type[Exception] = orjson.JSONDecodeError
-except ImportError:  # pragma: no cover - exercised only without orjson
-    import json
-
-    loads = json.loads
-    JSONDecodeError = json.JSONDecodeError
+loads = orjson.loads
+JSONDecodeError = orjson.JSONDecodeError
 
 _HASH_LIST = re.compile(rb'"hash_ids"\s*:\s*\[([^\]]*)\]')
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -75,12 +68,12 @@ def parse_int_list(text: bytes) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         try:
-            arr = np.fromstring(text, dtype=np.int64, sep=",")  # type: ignore[call-overload]
+            arr = np.fromstring(text, dtype=np.int64, sep=",")
         except ValueError:
             return _parse_exact(text)
     if len(arr) != text.count(b",") + 1:
         return _parse_exact(text)
-    return arr  # type: ignore[no-any-return]
+    return arr
 
 
 def _parse_exact(text: bytes) -> np.ndarray:

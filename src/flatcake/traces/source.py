@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ def open_binary(path: str | Path) -> Iterator[IO[bytes]]:
     with open(p, "rb") as probe:
         magic = probe.read(2)
     if magic == GZIP_MAGIC:
-        with gzip.open(p, "rb") as f:
-            yield f
+        with gzip.open(p, "rb") as gz:
+            yield cast(IO[bytes], gz)
     else:
         with open(p, "rb") as f:
             yield f

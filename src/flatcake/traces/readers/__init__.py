@@ -1,0 +1,1 @@
+"""One reader per trace format; ``flatcake.traces.read_trace`` picks among them."""

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from flatcake.traces.hashlists import (
-    JSONDecodeError,
     HashListDecoder,
+    JSONDecodeError,
     check_global_ids,
     lift_hash_lists,
     loads,
@@ -175,7 +175,8 @@ def read_claude_code(path: str | Path, *, skip_bad: bool = False) -> Trace:
 def _parse_line(path: str | Path, lineno: int, line: bytes, index: int,
                 block_size: int | None, decoder: HashListDecoder
                 ) -> tuple[str, int, int, _Session]:
-    slim, spans = lift_hash_lists(line)
+    slim, lifted = lift_hash_lists(line)
+    spans: list[bytes] | None = lifted
     try:
         obj = loads(slim)
     except JSONDecodeError:

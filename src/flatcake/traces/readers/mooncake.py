@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from flatcake.traces.hashlists import (
-    JSONDecodeError,
     HashListDecoder,
+    JSONDecodeError,
     check_global_ids,
     lift_hash_lists,
     loads,
