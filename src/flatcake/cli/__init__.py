@@ -10,7 +10,9 @@ import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES: tuple[str, ...] = (
+    "flatcake.cli.analyze",
     "flatcake.cli.demo",
+    "flatcake.cli.bench",
 )
 
 
