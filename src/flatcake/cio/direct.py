@@ -136,7 +136,7 @@ def probe_direct_io(directory: str | os.PathLike[str]) -> DirectIOProbe:
 
 def resolve_io_mode(
     directory: str | os.PathLike[str], io_mode: str,
-    probe: Callable[[str], DirectIOProbe] = probe_direct_io,
+    probe: Callable[[str], DirectIOProbe] | None = None,
 ) -> str:
     """The I/O mode to use in ``directory``: "direct" or "buffered".
 
@@ -153,7 +153,7 @@ def resolve_io_mode(
             "store.io_mode=buffered: session files under %s use the page cache, not O_DIRECT; "
             "restores compete with host memory and timings include cache effects", directory)
         return "buffered"
-    result = probe(directory)
+    result = (probe if probe is not None else probe_direct_io)(directory)
     if result.supported:
         logger.debug("O_DIRECT supported in %s (%s)", directory, result.fs_type)
         return "direct"

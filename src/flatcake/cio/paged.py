@@ -32,6 +32,19 @@ def _per_block_bytes(t: torch.Tensor, layout: str) -> int:
     return -1
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t`` as int64 elements when its layout allows (last dim a multiple
+    of 8 bytes, contiguous, 8-byte aligned), else ``t``. torch's index kernels
+    (``index_select``, ``index_copy_``) move one element at a time, so moving 8-byte
+    elements instead of bytes is several times faster. Same memory, no copy."""
+    if t.dtype != torch.uint8 or t.dim() == 0 or t.shape[-1] % 8 or t.data_ptr() % 8:
+        return t
+    try:
+        return t.view(torch.int64)
+    except RuntimeError:
+        return t
+
+
 class PagedKV:
     """Byte-level view of ``kv_caches`` (one tensor per layer, same shape, dtype, device).
 
@@ -126,8 +139,11 @@ class PagedKV:
             return
         src = self._views[layer]
         if self.kv_layout == "blocks":
-            picked = src.index_select(0, ids)                       # (n, block_bytes)
-            out.view(n, -1).copy_(picked)
+            wide_src, wide_out = _wide(src), _wide(out.view(n, -1))
+            if wide_src.dtype == wide_out.dtype:
+                torch.index_select(wide_src, 0, ids, out=wide_out)  # (n, block_bytes)
+            else:
+                out.view(n, -1).copy_(src.index_select(0, ids))
         else:
             picked = src.index_select(1, ids)                       # (2, n, half)
             out.view(n, 2, -1).copy_(picked.permute(1, 0, 2))
@@ -146,8 +162,16 @@ class PagedKV:
         data = src.to(self.device, non_blocking=True)
         dst = self._views[layer]
         if self.kv_layout == "blocks":
-            dst.index_copy_(0, ids, data.view(n, -1))
+            wide_dst, wide_data = _wide(dst), _wide(data.view(n, -1))
+            if wide_dst.dtype == wide_data.dtype:
+                wide_dst.index_copy_(0, ids, wide_data)
+            else:
+                dst.index_copy_(0, ids, data.view(n, -1))
         else:
-            dst.index_copy_(1, ids, data.view(n, 2, -1).permute(1, 0, 2))
+            wide_dst, wide_data = _wide(dst), _wide(data.view(n, 2, -1))
+            if wide_dst.dtype == wide_data.dtype:
+                wide_dst.index_copy_(1, ids, wide_data.permute(1, 0, 2))
+            else:
+                dst.index_copy_(1, ids, data.view(n, 2, -1).permute(1, 0, 2))
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()

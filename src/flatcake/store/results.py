@@ -74,6 +74,7 @@ class LoadResult:
         num_hit_blocks: blocks the index held when the restore was planned.
         num_memory_blocks, num_ssd_blocks: of ``num_blocks``, per medium.
         commands: SSD read commands issued.
+        memory_copies: copies out of the host arena (one per merged range and layer).
         bytes_read: SSD bytes read (wanted + gaps + alignment + whole-segment checks).
         useful_bytes: SSD bytes of the loaded blocks.
         memory_bytes: bytes copied out of the host arena.
@@ -86,6 +87,7 @@ class LoadResult:
     num_memory_blocks: int
     num_ssd_blocks: int
     commands: int
+    memory_copies: int
     bytes_read: int
     useful_bytes: int
     memory_bytes: int

@@ -486,7 +486,8 @@ class FlatCakeStore:
         layer_bytes = self.geometry.block_bytes_per_layer * self.geometry.num_layers
         return LoadResult(
             num_blocks=loaded, num_hit_blocks=plan.hit.num_blocks, num_memory_blocks=mem,
-            num_ssd_blocks=ssd, commands=outcome.commands, bytes_read=outcome.bytes_read,
+            num_ssd_blocks=ssd, commands=outcome.commands,
+            memory_copies=plan.read_plan.num_copies, bytes_read=outcome.bytes_read,
             useful_bytes=ssd * layer_bytes, memory_bytes=outcome.memory_bytes,
             damaged_segments=len(outcome.failed_tags), elapsed_s=outcome.elapsed_s)
 

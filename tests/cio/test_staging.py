@@ -1,0 +1,247 @@
+"""Staging window: double-buffered layer pipeline, per-layer ready signals, crc checks.
+
+Scenarios build real session files with ``SegmentWriter``, plan them with the real
+planner, and restore them through ``StagingWindow`` into a paged KV tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from flatcake.cio.direct import open_file, resolve_io_mode
+from flatcake.cio.format import FILE_HEADER_BYTES, FileHeader
+from flatcake.cio.layout import SegmentLayout
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.plan import ReadPlan, plan_reads
+from flatcake.cio.readers import DirectReader, ReaderStats, ReadRequest
+from flatcake.cio.staging import (
+    LayerReady,
+    OpenFile,
+    RestoreJob,
+    StagingWindow,
+    StreamCheck,
+)
+from flatcake.cio.writer import SegmentWriter, write_file_header
+from flatcake.config import PlannerConfig
+from flatcake.gva.address import Medium, encode_address
+from flatcake.gva.index import HitRun, Segment
+
+
+@dataclass
+class History:
+    """A session file holding ``turns`` segments, and the source KV it came from."""
+
+    path: str
+    fd: int
+    src: list[torch.Tensor]
+    segments: list[Segment]
+    crcs: list[tuple[int, ...]]
+    bbpl: int
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(s.num_blocks for s in self.segments)
+
+
+def _history(tmp_path: Path, turns: list[int], num_layers: int = 3, bbpl: int = 300,
+             ) -> History:
+    total = sum(turns)
+    g = torch.Generator().manual_seed(len(turns) * 7 + bbpl)
+    src = [torch.randint(0, 256, (total, bbpl), dtype=torch.uint8, generator=g)
+           for _ in range(num_layers)]
+    paged = PagedKV(src, bbpl)
+    path = str(tmp_path / "0000000000000000.fcs")
+    fd = open_file(path, resolve_io_mode(tmp_path, "auto"), create=True)
+    os.posix_fallocate(fd, 0, 1 << 20)
+    write_file_header(fd, FileHeader("s", 0, 0, 0, 1 << 20, num_layers, bbpl))
+    writer = SegmentWriter()
+    offset, first = FILE_HEADER_BYTES, 0
+    segments, crcs = [], []
+    for seq, n in enumerate(turns):
+        ids = torch.arange(first, first + n)
+        keys = [i.to_bytes(32, "big") for i in range(first, first + n)]
+        w = writer.write_ssd(fd, offset, paged, ids, keys, file_id=0, seq=seq,
+                             turn_index=seq, first_block=first)
+        layout = SegmentLayout.for_ssd(n, num_layers, bbpl)
+        segments.append(Segment(seq, "s", Medium.SSD, encode_address(Medium.SSD, 0, offset),
+                                layout, tuple(keys), seq, 0, offset))
+        crcs.append(w.header.layer_crcs)
+        offset += w.total_bytes
+        first += n
+    return History(path, fd, src, segments, crcs, bbpl)
+
+
+def _job(h: History, dst: list[torch.Tensor], cfg: PlannerConfig | None = None,
+         slots: list[int] | None = None) -> RestoreJob:
+    runs, checks, start = [], [], 0
+    for seg, crcs in zip(h.segments, h.crcs, strict=True):
+        runs.append(HitRun(seg, 0, seg.num_blocks, start))
+        checks.append(StreamCheck(start, seg.num_blocks, crcs, start, seg.segment_id))
+        start += seg.num_blocks
+    plan = plan_reads(runs, len(h.src), None, cfg)
+    slots = slots if slots is not None else list(range(h.num_blocks))
+    return RestoreJob(plan, PagedKV(dst, h.bbpl), torch.tensor(slots), list(range(start)),
+                      tuple(checks), {0: OpenFile(h.path, h.fd)}, None, start)
+
+
+@pytest.fixture
+def history(tmp_path: Path):  # type: ignore[no-untyped-def]
+    h = _history(tmp_path, [5, 1, 9, 4])
+    yield h
+    os.close(h.fd)
+
+
+def test_restore_is_byte_exact_even_when_reads_split_inside_blocks(history: History) -> None:
+    # 4 KiB reads of 300-byte blocks: most blocks straddle two reads.
+    n = history.num_blocks
+    dst = [torch.zeros(n + 5, history.bbpl, dtype=torch.uint8) for _ in history.src]
+    slots = list(range(n + 4, 4, -1))  # reversed, offset slots
+    job = _job(history, dst, PlannerConfig(gap_limit_bytes=0, max_read_bytes=4096), slots)
+    reader = DirectReader(3)
+    try:
+        outcome = StagingWindow(reader).run(job, LayerReady(len(dst)))
+    finally:
+        reader.close()
+    assert outcome.num_blocks_loaded == n and outcome.failed_tags == ()
+    assert outcome.commands == job.plan.num_commands == reader.stats().commands
+    for layer in range(len(dst)):
+        assert torch.equal(dst[layer][slots], history.src[layer])
+        assert not dst[layer][:5].any()
+
+
+class RecordingReader(DirectReader):
+    """Logs the layer of every read as it is submitted."""
+
+    def __init__(self, plan: ReadPlan, log: list[tuple[str, int]]) -> None:
+        super().__init__(2)
+        # The window submits each layer's ops in plan order, layer after layer.
+        self._layers = iter([lp.layer for lp in plan.layers for _ in lp.ssd_ops])
+        self._log = log
+
+    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
+        self._log.append(("read", next(self._layers)))
+        return super().submit(request, dest)
+
+
+class RecordingPaged(PagedKV):
+    def __init__(self, inner: PagedKV, log: list[tuple[str, int]]) -> None:
+        self.__dict__.update(inner.__dict__)
+        self._log = log
+
+    def scatter(self, layer: int, ids: torch.Tensor, src: torch.Tensor) -> None:
+        self._log.append(("scatter", layer))
+        super().scatter(layer, ids, src)
+
+
+def test_layer_l_plus_1_is_read_before_layer_l_is_scattered(history: History) -> None:
+    dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
+           for _ in history.src]
+    job = _job(history, dst)
+    log: list[tuple[str, int]] = []
+    job.paged = RecordingPaged(job.paged, log)
+    reader = RecordingReader(job.plan, log)
+    try:
+        StagingWindow(reader).run(job, LayerReady(len(dst)))
+    finally:
+        reader.close()
+    num_layers = len(dst)
+    for layer in range(num_layers):
+        first_scatter = log.index(("scatter", layer))
+        if layer + 1 < num_layers:
+            assert log.index(("read", layer + 1)) < first_scatter
+        if layer + 2 < num_layers:  # only two slots: l+2 waits until l is scattered
+            assert log.index(("read", layer + 2)) > first_scatter
+
+
+class GatedReader:
+    """Holds every read until the test releases it (a slow SSD the test controls)."""
+
+    name = "gated"
+    device_type = "cpu"
+
+    def __init__(self) -> None:
+        self._inner = DirectReader(1)
+        self._cv = threading.Condition()
+        self._pending: list[tuple[ReadRequest, torch.Tensor, Future[int]]] = []
+
+    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
+        fut: Future[int] = Future()
+        with self._cv:
+            self._pending.append((request, dest, fut))
+            self._cv.notify_all()
+        return fut
+
+    def release(self, count: int) -> None:
+        for _ in range(count):
+            with self._cv:
+                self._cv.wait_for(lambda: bool(self._pending), timeout=5)
+                request, dest, fut = self._pending.pop(0)
+            fut.set_result(self._inner.submit(request, dest).result())
+
+    def stats(self) -> ReaderStats:
+        return self._inner.stats()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_each_layer_is_signalled_as_soon_as_it_lands(history: History) -> None:
+    dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
+           for _ in history.src]
+    job = _job(history, dst)
+    per_layer = [len(lp.ssd_ops) for lp in job.plan.layers]
+    reader = GatedReader()
+    ready = LayerReady(len(dst))
+    runner = threading.Thread(target=StagingWindow(reader).run, args=(job, ready))
+    runner.start()
+    try:
+        reader.release(per_layer[0])
+        assert ready.wait_for_layer(0, timeout=5)
+        # Layer 0 is in place, byte for byte, while layer 1 is still on "disk".
+        assert torch.equal(dst[0], history.src[0])
+        assert not ready.wait_for_layer(1, timeout=0.05)
+        assert not dst[1].any()
+        reader.release(per_layer[1])
+        assert ready.wait_for_layer(1, timeout=5)
+        assert not ready.wait_for_layer(2, timeout=0.05)
+        reader.release(sum(per_layer[2:]))
+        assert ready.wait_for_layer(2, timeout=5)
+    finally:
+        reader.release(0)
+        runner.join(timeout=10)
+        reader.close()
+    assert all(torch.equal(d, s) for d, s in zip(dst, history.src, strict=True))
+    with pytest.raises(ValueError, match="layer"):
+        ready.wait_for_layer(len(dst))
+
+
+@pytest.mark.parametrize("flip_layer", [0, 2])
+def test_crc_failure_cuts_the_restore_at_the_damaged_segment(history: History,
+                                                             flip_layer: int) -> None:
+    seg = history.segments[2]  # request blocks [6, 15)
+    at = seg.file_offset + seg.layout.block_offset(flip_layer, 4)  # type: ignore[operator]
+    with open(history.path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x01]))
+    dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
+           for _ in history.src]
+    reader = DirectReader(2)
+    try:
+        outcome = StagingWindow(reader).run(_job(history, dst), LayerReady(len(dst)))
+    finally:
+        reader.close()
+    assert outcome.num_blocks_loaded == 6
+    assert outcome.failed_tags == (2,)
+    for layer in range(len(dst)):
+        assert torch.equal(dst[layer][:6], history.src[layer][:6])
+        if layer >= flip_layer:  # damaged bytes are never scattered
+            assert not dst[layer][6:15].any()

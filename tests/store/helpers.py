@@ -1,0 +1,65 @@
+"""Builders shared by the store tests: small geometries, configs and paged KV caches."""
+
+from __future__ import annotations
+
+import torch
+
+from flatcake.config import FlatCakeConfig, load_config
+from flatcake.geometry import KVGeometry
+from flatcake.gva.keys import chain_block_keys
+from flatcake.store import TurnSignals
+
+SMALL = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
+                   dtype="float16", name="small")  # 256 bytes per block per layer
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
+                "float32": torch.float32, "uint8": torch.uint8, "int8": torch.int8}
+
+# Placement signals that force each medium (see gva.placement).
+TO_SSD = TurnSignals(turn_index=0, context_tokens=0)
+TO_MEMORY = TurnSignals(turn_index=1, context_tokens=0, prev_reply_tokens=1)
+
+
+def small_config(*overrides: str) -> FlatCakeConfig:
+    base = ["store.memory_capacity_bytes=4194304", "store.ssd_capacity_bytes=268435456",
+            "store.session_file_bytes=16777216"]
+    return load_config(env={}, overrides=[*base, *overrides])
+
+
+def kv_shape(g: KVGeometry, num_slots: int, layout: str) -> tuple[int, ...]:
+    if g.is_mla:
+        return (num_slots, g.tokens_per_block, g.mla_latent_dim)
+    if layout == "kv_blocks":
+        return (2, num_slots, g.tokens_per_block, g.num_kv_heads, g.head_dim)
+    return (num_slots, 2, g.tokens_per_block, g.num_kv_heads, g.head_dim)
+
+
+def random_kv(g: KVGeometry, num_slots: int, layout: str = "kv_blocks",
+              seed: int = 0) -> list[torch.Tensor]:
+    """Random bytes in the engine's paged layout, one tensor per layer."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = kv_shape(g, num_slots, layout)
+    dtype = TORCH_DTYPES[g.dtype]
+    out = []
+    for _ in range(g.num_layers):
+        raw = torch.randint(0, 256, (*shape[:-1], shape[-1] * g.dtype_bytes),
+                            dtype=torch.uint8, generator=gen)
+        out.append(raw.view(dtype))
+    return out
+
+
+def empty_kv(g: KVGeometry, num_slots: int, layout: str = "kv_blocks") -> list[torch.Tensor]:
+    return [torch.zeros(kv_shape(g, num_slots, layout), dtype=TORCH_DTYPES[g.dtype])
+            for _ in range(g.num_layers)]
+
+
+def block_bytes(kv: list[torch.Tensor], layer: int, slot: int, layout: str) -> bytes:
+    """The opaque bytes of one block of one layer, as the store sees them."""
+    t = kv[layer]
+    part = t[:, slot] if layout == "kv_blocks" else t[slot]
+    return part.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def session_keys(session: int, num_blocks: int, g: KVGeometry = SMALL) -> list[bytes]:
+    tokens = [session * 1_000_003 + i for i in range(num_blocks * g.tokens_per_block)]
+    return chain_block_keys(tokens, g.tokens_per_block, "test-model")
