@@ -117,7 +117,7 @@ def test_interrupted_write_is_never_served(tmp_path: Path) -> None:
 def test_torn_data_over_preallocated_space_is_a_miss(tmp_path: Path) -> None:
     # The header reached the disk, the data did not (the file was preallocated, so its
     # size does not tell). A header-only scan adopts it; the load's crc check refuses it.
-    src, (keys,) = _write_history(tmp_path)
+    _, (keys,) = _write_history(tmp_path)
     path = _only_file(tmp_path)
     _, segs, _ = scan_session_file(path)
     lay = segs[1].header.layout
