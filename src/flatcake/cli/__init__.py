@@ -12,6 +12,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "flatcake.cli.analyze",
     "flatcake.cli.demo",
+    "flatcake.cli.bench",
 )
 
 

@@ -1,0 +1,228 @@
+"""Results of ``flatcake bench``: value types, the bars, the table and the JSON document.
+
+Units: throughput in decimal GB/s (1e9 B/s, as fio reports), times in seconds unless
+the name says ``_ms``. A layout's ``gbps`` is the *useful* bytes of the restored request
+over its restore time: what an engine waiting for the KV gets, whatever the layout had
+to read to deliver it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutResult:
+    """One layout's restore of the request, over all rounds.
+
+    Attributes:
+        layout: ``device``, ``flatcake``, ``scattered`` or ``per-chunk-files``.
+        restore_s: median restore time over the rounds.
+        restore_s_runs: every round's restore time, in round order.
+        gbps: ``bytes_useful / restore_s``.
+        ratio_to_device: ``gbps`` over the device row's ``gbps`` (same run).
+        read_commands: read commands of one restore (from the reader's counters).
+        bytes_read: bytes one restore read (useful + gaps + alignment + checks).
+        bytes_useful: bytes of the request (every block, every layer).
+        staging_bytes: largest staging buffer the restore needed (one of two).
+        verified: every round's restored bytes equal the bytes written.
+    """
+
+    layout: str
+    restore_s: float
+    restore_s_runs: tuple[float, ...]
+    gbps: float
+    ratio_to_device: float
+    read_commands: int
+    bytes_read: int
+    bytes_useful: int
+    staging_bytes: int
+    verified: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFigures:
+    """The disk under ``--dir``, measured in this run.
+
+    Attributes:
+        seq_read_gbps: median in-process sequential O_DIRECT read (the ``device`` row).
+        seq_write_gbps: in-process sequential O_DIRECT write + fsync of the device file.
+        chunk_bytes: command size of the sequential runs.
+        in_flight: commands outstanding in the sequential runs.
+        rand_read_gbps: random O_DIRECT reads of ``rand_op_bytes`` (one block of one
+            layer: the scattered layout's command), ``in_flight`` outstanding.
+        rand_read_iops: the same run's commands per second.
+        rand_op_bytes: the random reads' size.
+        fio: fio's figures by job name (``read``, ``write``, ``randread``), decimal
+            GB/s; empty without fio.
+    """
+
+    seq_read_gbps: float
+    seq_write_gbps: float
+    chunk_bytes: int
+    in_flight: int
+    rand_read_gbps: float
+    rand_read_iops: float
+    rand_op_bytes: int
+    fio: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPlaneCost:
+    """Lookup + read planning of one request, no I/O (median of repeats).
+
+    Attributes:
+        context_tokens: tokens of the request.
+        num_blocks: blocks looked up.
+        num_turns: segments (turns) the history is stored in.
+        lookup_and_plan_ms: index lookup of the request's keys + ``plan_reads``.
+        restore_s: the request's restore time (measured, or estimated when ``estimated``).
+        estimated: ``restore_s`` is the request's bytes at the flatcake row's measured
+            GB/s, because the request is too large to restore on this machine.
+        fraction_of_restore: ``lookup_and_plan_ms / 1000 / restore_s``.
+    """
+
+    context_tokens: int
+    num_blocks: int
+    num_turns: int
+    lookup_and_plan_ms: float
+    restore_s: float
+    estimated: bool
+    fraction_of_restore: float
+
+
+@dataclass(frozen=True, slots=True)
+class WritePath:
+    """FlatCake writing the session's turns (gather from paged KV + O_DIRECT segment write).
+
+    Attributes:
+        bytes_written: segment bytes written (headers and padding included).
+        write_s: wall time of all turn writes.
+        write_gbps: ``bytes_written / write_s``.
+        device_write_gbps: the device's sequential write in the same run.
+        ratio_to_device: ``write_gbps / device_write_gbps``.
+    """
+
+    bytes_written: int
+    write_s: float
+    write_gbps: float
+    device_write_gbps: float
+    ratio_to_device: float
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One acceptance bar: ``value`` compared with ``threshold`` (``op`` is >= or <=)."""
+
+    name: str
+    value: float
+    op: str
+    threshold: float
+
+    @property
+    def passed(self) -> bool:
+        return self.value >= self.threshold if self.op == ">=" else self.value <= self.threshold
+
+
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    """Everything one ``flatcake bench`` run measured."""
+
+    command: str
+    directory: str
+    model: str
+    num_layers: int
+    block_bytes_per_layer: int
+    tokens_per_block: int
+    context_tokens: int
+    num_turns: int
+    num_blocks: int
+    rounds: int
+    layouts: tuple[LayoutResult, ...]
+    device: DeviceFigures
+    control_plane: tuple[ControlPlaneCost, ...]
+    write: WritePath
+    bars: tuple[Bar, ...]
+    elapsed_s: float
+    notes: tuple[str, ...] = ()
+
+    def layout(self, name: str) -> LayoutResult:
+        for row in self.layouts:
+            if row.layout == name:
+                return row
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["bars"] = [dict(dataclasses.asdict(b), passed=b.passed) for b in self.bars]
+        return doc
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _size(num_bytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes} B"
+
+
+def format_table(report: BenchReport) -> str:
+    """The human-readable report (a fixed-width table plus the side figures)."""
+    lines = [
+        f"flatcake bench: {report.model}, {report.context_tokens} tokens in "
+        f"{report.num_turns} turns ({report.num_blocks} blocks x {report.num_layers} layers x "
+        f"{_size(report.block_bytes_per_layer)}), dir {report.directory}, "
+        f"{report.rounds} rounds (median)",
+        "",
+        f"{'layout':<16} {'gbps':>7} {'ratio':>6} {'read_commands':>13} {'bytes_read':>12} "
+        f"{'bytes_useful':>12} {'restore_s':>9} {'staging':>10} {'verified':>8}",
+    ]
+    for r in report.layouts:
+        lines.append(
+            f"{r.layout:<16} {r.gbps:>7.3f} {r.ratio_to_device:>6.2f} {r.read_commands:>13} "
+            f"{_size(r.bytes_read):>12} {_size(r.bytes_useful):>12} {r.restore_s:>9.3f} "
+            f"{_size(r.staging_bytes):>10} {'yes' if r.verified else 'NO':>8}"
+        )
+    d = report.device
+    lines += [
+        "",
+        f"device: seq read {d.seq_read_gbps:.3f} GB/s, seq write {d.seq_write_gbps:.3f} GB/s "
+        f"({_size(d.chunk_bytes)} x {d.in_flight} in flight); random "
+        f"{_size(d.rand_op_bytes)} reads {d.rand_read_gbps:.3f} GB/s "
+        f"({d.rand_read_iops:.0f} IOPS)",
+    ]
+    if d.fio:
+        lines.append("fio:    " + ", ".join(
+            f"{name} {fig['gbps']:.3f} GB/s ({fig['iops']:.0f} IOPS)"
+            for name, fig in d.fio.items()))
+    else:
+        lines.append("fio:    not installed (make fio, or apt-get install fio)")
+    w = report.write
+    lines.append(
+        f"write:  flatcake {w.write_gbps:.3f} GB/s ({_size(w.bytes_written)} in {w.write_s:.2f} s)"
+        f" = {w.ratio_to_device:.2f} x device sequential write")
+    for c in report.control_plane:
+        lines.append(
+            f"control plane: {c.context_tokens} tokens ({c.num_blocks} blocks, {c.num_turns} "
+            f"turns): lookup_and_plan {c.lookup_and_plan_ms:.2f} ms = "
+            f"{100 * c.fraction_of_restore:.2f}% of its restore "
+            f"({c.restore_s:.2f} s{', estimated' if c.estimated else ''})")
+    lines.append("")
+    for b in report.bars:
+        lines.append(f"bar {'PASS' if b.passed else 'MISS'}: {b.name}: {b.value:.3f} {b.op} "
+                     f"{b.threshold:g}")
+    lines += [f"note: {n}" for n in report.notes]
+    lines.append(f"elapsed {report.elapsed_s:.1f} s")
+    return "\n".join(lines)
+
+
+def dump_json(report: BenchReport) -> str:
+    return json.dumps(report.to_json(), indent=2, sort_keys=False)

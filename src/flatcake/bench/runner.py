@@ -1,0 +1,308 @@
+"""``flatcake bench``: one run that restores the same request from every layout on the
+disk under ``--dir`` and compares each with the device ceiling.
+
+Order of a run::
+
+    prepare   make the request's KV (one session, context_tokens, num_turns turns)
+              device file   <- sequential O_DIRECT write        (device seq write)
+              fio           <- read / write / randread on it    (when fio is installed)
+              flatcake      <- the store writes the turns      (write path, timed)
+              scattered     <- eviction-order bucket files
+              per-chunk     <- one file per chunk
+    rounds    for each round, every layer in a rotated order:
+                  zero the destination paged KV               (untimed)
+                  restore                                      (timed)
+                  compare every restored block with its source (untimed)
+    control   lookup + plan of the restored request, and of a 219K-token request
+    report    medians over rounds; bars; files removed unless --keep
+
+Interleaving the layouts round by round means a noisy neighbour on a shared disk
+slows all of them alike, so the ratios stay meaningful when the absolute figures drift.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flatcake.bench import device as dev
+from flatcake.bench.control_cost import control_plane_at_scale
+from flatcake.bench.flatcake_side import FlatcakeSide
+from flatcake.bench.layouts import ScatteredConfig, write_per_chunk_files, write_scattered
+from flatcake.bench.program import ProgramRun, RestoreProgram, run_program, verify_restore
+from flatcake.bench.report import (
+    Bar,
+    BenchReport,
+    ControlPlaneCost,
+    DeviceFigures,
+    LayoutResult,
+    WritePath,
+    median,
+)
+from flatcake.bench.source import empty_kv, make_kv, shuffled_slots
+from flatcake.cio.direct import probe_direct_io
+from flatcake.cio.layout import align_up
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.readers import DirectReader
+from flatcake.geometry import preset
+
+logger = logging.getLogger(__name__)
+
+LAYOUTS = ("device", "flatcake", "scattered", "per-chunk-files")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """What to measure.
+
+    Attributes:
+        directory: where the files go (the disk under test); a fresh sub-directory is
+            made inside and removed at the end unless ``keep_files``.
+        model: geometry preset (``geometry.PRESETS``).
+        context_tokens: tokens of the restored session's history.
+        num_turns: turns the history was written in (appended segments).
+        rounds: restores per layout; figures are medians over rounds.
+        chunk_tokens: tokens per file of ``per-chunk-files`` (LMCache default 256).
+        scattered_sessions: sessions interleaved in the eviction-order tier.
+        read_threads: threads of the one ``DirectReader`` type every layout uses
+            (FlatCake's store gets the same number).
+        device_in_flight: commands outstanding in the device-ceiling runs.
+        scale_tokens: request size of the control-plane-at-scale check (0: skip).
+        use_fio: run fio when it is installed.
+        keep_files: leave the files for inspection.
+        seed: seeds every random choice.
+    """
+
+    directory: str
+    model: str = "llama-3.1-8b"
+    context_tokens: int = 16384
+    num_turns: int = 4
+    rounds: int = 3
+    chunk_tokens: int = 256
+    scattered_sessions: int = 4
+    read_threads: int = 16
+    device_in_flight: int = 16
+    scale_tokens: int = 219_000
+    use_fio: bool = True
+    keep_files: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("context_tokens", self.context_tokens, 1),
+            ("turns", self.num_turns, 1),
+            ("rounds", self.rounds, 1),
+            ("chunk_tokens", self.chunk_tokens, 1),
+            ("scattered_sessions", self.scattered_sessions, 1),
+            ("read_threads", self.read_threads, 1),
+            ("device_in_flight", self.device_in_flight, 1),
+            ("scale_tokens", self.scale_tokens, 0),
+        )
+        for name, value, low in checks:
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be an int >= {low}, "
+                                 f"got {value!r}")
+
+
+def _check_space(directory: str, need_bytes: int) -> None:
+    free = shutil.disk_usage(directory).free
+    if free < need_bytes * 1.1:
+        raise ValueError(f"--dir {directory!r} has {free >> 20} MiB free; this run needs "
+                         f"about {need_bytes >> 20} MiB (lower --context-tokens or "
+                         f"--scattered-sessions)")
+
+
+def run_bench(options: BenchOptions, command: str = "flatcake bench") -> BenchReport:
+    """Run the whole bench (see the module docstring) and return its report."""
+    t_start = time.perf_counter()
+    geometry = preset(options.model)
+    tpb = geometry.tokens_per_block
+    num_blocks = options.context_tokens // tpb
+    if num_blocks < options.num_turns:
+        raise ValueError(f"--context-tokens {options.context_tokens} holds {num_blocks} blocks "
+                         f"of {tpb} tokens, fewer than --turns {options.num_turns}")
+    num_layers, bbl = geometry.num_layers, geometry.block_bytes_per_layer
+    useful = num_blocks * num_layers * bbl
+    os.makedirs(options.directory, exist_ok=True)
+    probe = probe_direct_io(options.directory)
+    if not probe.supported:
+        raise ValueError(f"--dir {options.directory!r} ({probe.fs_type}) does not support "
+                         f"O_DIRECT ({probe.reason}); the bench measures direct reads only")
+    _check_space(options.directory, useful * (options.scattered_sessions + 3))
+    root = os.path.join(options.directory, f"flatcake-bench-{os.getpid()}")
+    os.makedirs(root, mode=0o700)
+    notes: list[str] = []
+    try:
+        return _run(options, command, geometry.name, root, num_blocks, notes, t_start)
+    finally:
+        if options.keep_files:
+            logger.info("files kept under %s", root)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks: int,
+         notes: list[str], t_start: float) -> BenchReport:
+    geometry = preset(model)
+    num_layers, bbl = geometry.num_layers, geometry.block_bytes_per_layer
+    useful = num_blocks * num_layers * bbl
+    logger.info("making %d MiB of KV", useful >> 20)
+    source = make_kv(num_layers, num_blocks, bbl, seed=options.seed)
+
+    # -- device ceiling (file of the request's size) ----------------------------------
+    chunk = dev.DEFAULT_CHUNK_BYTES
+    device_path = os.path.join(root, "device.bin")
+    device_bytes = max(chunk, useful // chunk * chunk)
+    seq_write = dev.write_sequential(device_path, device_bytes, chunk_bytes=chunk,
+                                     in_flight=options.device_in_flight, seed=options.seed)
+    rand_op = align_up(bbl)
+    rand = dev.read_random(device_path, op_bytes=rand_op,
+                           num_ops=min(num_blocks * num_layers, 20_000),
+                           in_flight=options.device_in_flight, seed=options.seed)
+    logger.info("device: write %.3f GB/s, random %d B reads %.3f GB/s", seq_write.gbps,
+                rand_op, rand.gbps)
+    fio: dict[str, dict[str, float]] = {}
+    if options.use_fio and dev.fio_available():
+        jobs = (("write", chunk, None), ("read", chunk, None), ("randread", rand_op, 5.0))
+        for rw, bs, runtime in jobs:
+            res = dev.run_fio(device_path, rw=rw, block_bytes=bs, iodepth=32,
+                              runtime_s=runtime)
+            if res is not None:
+                fio[rw] = {"gbps": res.gbps, "iops": res.iops, "block_bytes": float(bs),
+                           "iodepth": float(res.iodepth)}
+    elif options.use_fio:
+        notes.append("fio not installed: device figures are in-process only")
+
+    logger.info("fio: %s", fio)
+    # -- write every layout -----------------------------------------------------------
+    reader = DirectReader(options.read_threads)
+    fc = FlatcakeSide(os.path.join(root, "store"), geometry, source,
+                      num_turns=options.num_turns, read_threads=options.read_threads,
+                      seed=options.seed)
+    try:
+        written_bytes, write_s = fc.write_turns()
+        logger.info("flatcake wrote %d MiB in %.2f s", written_bytes >> 20, write_s)
+        scattered = write_scattered(
+            os.path.join(root, "scattered"), source,
+            ScatteredConfig(num_sessions=options.scattered_sessions, seed=options.seed))
+        logger.info("scattered written (%d MiB)", scattered.files_bytes >> 20)
+        blocks_per_chunk = max(1, options.chunk_tokens // geometry.tokens_per_block)
+        chunks = write_per_chunk_files(os.path.join(root, "chunks"), source,
+                                       blocks_per_chunk=blocks_per_chunk)
+
+        logger.info("per-chunk files written (%d MiB)", chunks.files_bytes >> 20)
+        # -- rounds -------------------------------------------------------------------
+        num_slots = num_blocks + num_blocks // 4 + 1
+        dest = empty_kv(num_layers, num_slots, bbl)
+        paged = PagedKV(dest, bbl)
+        table = shuffled_slots(num_blocks, num_slots, seed=options.seed + 1)
+        runs: dict[str, list[ProgramRun]] = {name: [] for name in LAYOUTS}
+        staging: dict[str, int] = {"device": chunk * options.device_in_flight,
+                                   "scattered": scattered.max_staging_bytes,
+                                   "per-chunk-files": chunks.max_staging_bytes}
+        verified = {name: True for name in LAYOUTS}
+
+        def restore_program(program: RestoreProgram) -> Callable[[], ProgramRun]:
+            return lambda: run_program(program, reader, paged, table)
+
+        restorers: dict[str, Callable[[], ProgramRun]] = {
+            "flatcake": lambda: fc.restore(dest, table),
+            "scattered": restore_program(scattered),
+            "per-chunk-files": restore_program(chunks),
+        }
+        for rnd in range(options.rounds):
+            order = LAYOUTS[rnd % len(LAYOUTS):] + LAYOUTS[:rnd % len(LAYOUTS)]
+            for name in order:
+                if name == "device":
+                    t = dev.read_sequential(device_path, chunk_bytes=chunk,
+                                            in_flight=options.device_in_flight)
+                    runs[name].append(ProgramRun(t.seconds, t.num_commands, t.num_bytes))
+                    continue
+                for t_dest in dest:
+                    t_dest.zero_()
+                runs[name].append(restorers[name]())
+                bad = verify_restore(dest, source, table)
+                if bad:
+                    verified[name] = False
+                    notes.append(f"{name} round {rnd}: {bad} (block, layer) pairs differ "
+                                 f"from what was written")
+                logger.info("round %d %s: %.3f s", rnd, name, runs[name][-1].seconds)
+        staging["flatcake"] = fc.staging_bytes()
+
+        # -- control plane ------------------------------------------------------------
+        cp_ms = fc.lookup_and_plan_ms(repeats=5)
+    finally:
+        fc.close()
+        reader.close()
+
+    layouts = _layout_rows(runs, staging, verified, useful, device_bytes)
+    fc_row = next(r for r in layouts if r.layout == "flatcake")
+    controls = [ControlPlaneCost(options.context_tokens, num_blocks, options.num_turns,
+                                 cp_ms, fc_row.restore_s, False,
+                                 cp_ms / 1000 / fc_row.restore_s)]
+    if options.scale_tokens:
+        scale_turns = max(options.num_turns, 8)
+        ms, blocks, _ = control_plane_at_scale(geometry, options.scale_tokens, scale_turns,
+                                               seed=options.seed)
+        est = geometry.kv_bytes(blocks * geometry.tokens_per_block) / (fc_row.gbps * 1e9)
+        controls.append(ControlPlaneCost(options.scale_tokens, blocks, scale_turns, ms, est,
+                                         True, ms / 1000 / est))
+    write = WritePath(written_bytes, write_s, written_bytes / write_s / 1e9,
+                      seq_write.gbps, written_bytes / write_s / 1e9 / seq_write.gbps)
+    device = DeviceFigures(
+        seq_read_gbps=next(r.gbps for r in layouts if r.layout == "device"),
+        seq_write_gbps=seq_write.gbps, chunk_bytes=chunk, in_flight=options.device_in_flight,
+        rand_read_gbps=rand.gbps, rand_read_iops=rand.iops, rand_op_bytes=rand_op, fio=fio)
+    bars = _bars(layouts, controls, num_layers, options.num_turns)
+    return BenchReport(
+        command=command, directory=os.path.abspath(options.directory), model=model,
+        num_layers=num_layers, block_bytes_per_layer=bbl,
+        tokens_per_block=geometry.tokens_per_block, context_tokens=options.context_tokens,
+        num_turns=options.num_turns, num_blocks=num_blocks, rounds=options.rounds,
+        layouts=tuple(layouts), device=device, control_plane=tuple(controls), write=write,
+        bars=tuple(bars), elapsed_s=time.perf_counter() - t_start, notes=tuple(notes))
+
+
+def _layout_rows(runs: dict[str, list[ProgramRun]], staging: dict[str, int],
+                 verified: dict[str, bool], useful: int, device_bytes: int
+                 ) -> list[LayoutResult]:
+    rows: list[LayoutResult] = []
+    device_gbps = 0.0
+    for name in LAYOUTS:
+        times = tuple(r.seconds for r in runs[name])
+        restore_s = median(times)
+        last = runs[name][-1]
+        moved = device_bytes if name == "device" else useful
+        gbps = moved / restore_s / 1e9 if restore_s > 0 else 0.0
+        if name == "device":
+            device_gbps = gbps
+        rows.append(LayoutResult(
+            layout=name, restore_s=restore_s, restore_s_runs=times, gbps=gbps,
+            ratio_to_device=gbps / device_gbps if device_gbps else 0.0,
+            read_commands=last.read_commands, bytes_read=last.bytes_read,
+            bytes_useful=moved, staging_bytes=staging.get(name, 0),
+            verified=verified[name]))
+    return rows
+
+
+def _bars(layouts: list[LayoutResult], controls: list[ControlPlaneCost], num_layers: int,
+          num_turns: int) -> list[Bar]:
+    by = {r.layout: r for r in layouts}
+    fc, sc = by["flatcake"], by["scattered"]
+    bars = [
+        Bar("flatcake restore / device sequential read", fc.ratio_to_device, ">=", 0.90),
+        Bar("flatcake speed-up over scattered", fc.gbps / sc.gbps if sc.gbps else 0.0,
+            ">=", 2.0),
+        Bar("flatcake read_commands / (layers x turns)",
+            fc.read_commands / (num_layers * num_turns), "<=", 1.0),
+    ]
+    for c in controls:
+        bars.append(Bar(f"control plane / restore at {c.context_tokens} tokens",
+                        c.fraction_of_restore, "<=", 0.05))
+    bars.append(Bar("every restore verified",
+                    float(all(r.verified for r in layouts)), ">=", 1.0))
+    return bars

@@ -1,0 +1,56 @@
+"""The bench's KV bytes and paged KV tensors.
+
+The request's blocks live in an "engine" paged KV (one ``(num_slots, block_bytes)``
+uint8 tensor per layer, the ``blocks`` layout of ``cio.paged``), request block ``i`` in
+slot ``i``; FlatCake writes its turns from there and every baseline is written from the
+same bytes. Every restore lands in a second paged KV at shuffled slots, so the scatter
+is real and a block restored into the wrong slot, or from the wrong layer, is caught.
+
+Bytes are random but cheap to make: a 64 MiB random pool tiled with a per-layer
+rotation, and the first 8 bytes of every block stamped with ``(layer << 32) | block``,
+so no two (block, layer) pairs are equal.
+"""
+
+from __future__ import annotations
+
+import torch
+
+POOL_BYTES = 64 << 20
+
+
+def make_kv(num_layers: int, num_blocks: int, block_bytes: int, *, seed: int = 0
+            ) -> list[torch.Tensor]:
+    """``num_layers`` tensors ``(num_blocks, block_bytes)`` uint8 of distinct blocks."""
+    if num_layers < 1 or num_blocks < 1 or block_bytes < 8:
+        raise ValueError(f"make_kv needs num_layers >= 1, num_blocks >= 1, block_bytes >= 8; "
+                         f"got {num_layers}, {num_blocks}, {block_bytes}")
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.empty(POOL_BYTES // 8, dtype=torch.int64).random_(generator=gen)
+    pool_bytes = pool.view(torch.uint8)
+    size = pool_bytes.numel()
+    stamps = torch.arange(num_blocks, dtype=torch.int64)
+    out = []
+    for layer in range(num_layers):
+        t = torch.empty(num_blocks, block_bytes, dtype=torch.uint8)
+        flat = t.view(-1)
+        pos, start = 0, (layer * 7919 * 4096) % size
+        while pos < flat.numel():
+            n = min(size - start, flat.numel() - pos)
+            flat[pos:pos + n].copy_(pool_bytes[start:start + n])
+            pos, start = pos + n, 0
+        t[:, :8].view(torch.int64)[:, 0] = stamps + (layer << 32)
+        out.append(t)
+    return out
+
+
+def empty_kv(num_layers: int, num_slots: int, block_bytes: int) -> list[torch.Tensor]:
+    """A zeroed destination paged KV (pages touched now, not inside a timed restore)."""
+    return [torch.zeros(num_slots, block_bytes, dtype=torch.uint8) for _ in range(num_layers)]
+
+
+def shuffled_slots(num_blocks: int, num_slots: int, *, seed: int = 1) -> torch.Tensor:
+    """A block table: ``num_blocks`` distinct slots of ``[0, num_slots)`` in random order."""
+    if num_slots < num_blocks:
+        raise ValueError(f"num_slots {num_slots} < num_blocks {num_blocks}")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(num_slots, generator=gen)[:num_blocks].contiguous()

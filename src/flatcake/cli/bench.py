@@ -1,0 +1,85 @@
+"""``flatcake bench``: real restores on the disk at hand (see ``flatcake.bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from flatcake.bench.report import dump_json, format_table
+from flatcake.bench.runner import BenchOptions, run_bench
+from flatcake.geometry import PRESETS
+
+QUICK = {"context_tokens": 1024, "num_turns": 2, "rounds": 1, "scattered_sessions": 2,
+         "scale_tokens": 0, "use_fio": False}
+"""``--quick``: a smoke run of a few seconds (CI): small request, one round, no fio and
+no at-scale control-plane check. Explicit flags still win."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="restore one session from every layout on a real disk",
+        description="Restore the same multi-turn session from FlatCake's session files, "
+                    "from an eviction-order (scattered) tier and from per-chunk files, "
+                    "all with the same O_DIRECT reader, next to the device's sequential "
+                    "ceiling; report GB/s, read commands and bytes per layout.")
+    p.add_argument("--dir", default=".", help="directory on the disk to test (default: .)")
+    p.add_argument("--model", default=None, choices=sorted(PRESETS),
+                   help="geometry preset (default llama-3.1-8b)")
+    p.add_argument("--context-tokens", type=int, default=None,
+                   help="tokens of the restored session's history (default 16384)")
+    p.add_argument("--turns", type=int, default=None, dest="num_turns",
+                   help="turns the history was appended in (default 4)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="restores per layout, interleaved; medians reported (default 3)")
+    p.add_argument("--chunk-tokens", type=int, default=None,
+                   help="tokens per file of per-chunk-files (default 256, LMCache's)")
+    p.add_argument("--scattered-sessions", type=int, default=None,
+                   help="sessions interleaved in the eviction-order tier (default 4)")
+    p.add_argument("--read-threads", type=int, default=None,
+                   help="reader threads, the same for every layout (default 16)")
+    p.add_argument("--scale-tokens", type=int, default=None,
+                   help="request size of the control-plane-at-scale check, 0 to skip "
+                        "(default 219000)")
+    p.add_argument("--no-fio", action="store_false", dest="use_fio", default=None,
+                   help="do not run fio even when it is installed")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run in a few seconds (1024 tokens, 1 round, no fio)")
+    p.add_argument("--keep", action="store_true", dest="keep_files",
+                   help="keep the files written under --dir")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    """Defaults < ``--quick`` < explicit flags."""
+    values: dict[str, object] = dict(QUICK) if args.quick else {}
+    for name in ("model", "context_tokens", "num_turns", "rounds", "chunk_tokens",
+                 "scattered_sessions", "read_threads", "scale_tokens", "use_fio", "seed"):
+        value = getattr(args, name)
+        if value is not None:
+            values[name] = value
+    return BenchOptions(directory=args.dir, keep_files=args.keep_files,
+                        **values)  # type: ignore[arg-type]
+
+
+def command_line(options: BenchOptions, *, json_out: bool = False) -> str:
+    """The explicit command that reproduces ``options`` (written into the report)."""
+    parts = ["flatcake", "bench", "--dir", options.directory, "--model", options.model,
+             "--context-tokens", str(options.context_tokens), "--turns",
+             str(options.num_turns), "--rounds", str(options.rounds), "--chunk-tokens",
+             str(options.chunk_tokens), "--scattered-sessions", str(options.scattered_sessions),
+             "--read-threads", str(options.read_threads), "--scale-tokens",
+             str(options.scale_tokens), "--seed", str(options.seed)]
+    if not options.use_fio:
+        parts.append("--no-fio")
+    if json_out:
+        parts.append("--json")
+    return shlex.join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    report = run_bench(options, command=command_line(options, json_out=args.json))
+    print(dump_json(report) if args.json else format_table(report))
+    return 0 if all(r.verified for r in report.layouts) else 1
