@@ -13,6 +13,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flatcake.cli.analyze",
     "flatcake.cli.demo",
     "flatcake.cli.bench",
+    "flatcake.cli.inspect",
+    "flatcake.cli.fsck",
 )
 
 

@@ -1,0 +1,44 @@
+"""``flatcake inspect ROOT``: what a store root holds (sessions, segments, bytes per
+medium, watermarks), from the session file headers; ``--json`` for machines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from flatcake.config import load_config
+from flatcake.store.inspect import inspect_root
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="sessions, segments, bytes per medium, watermarks")
+    p.add_argument("root", help="store root directory")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--config", default=None, help="TOML config file (budgets, watermarks)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="config override, repeatable")
+    p.set_defaults(func=run)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def run(args: argparse.Namespace) -> int:
+    report = inspect_root(args.root, load_config(args.config, overrides=args.set))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    print(f"store {report['root']}")
+    for medium, m in report["media"].items():
+        cap = m["capacity_bytes"]
+        share = m["used_bytes"] / cap if cap else 0.0
+        print(f"  {medium:6s} used {_mib(m['used_bytes'])} of {_mib(cap)} ({share:.1%}); "
+              f"reclaim above {m['high']:.0%} down to {m['low']:.0%}")
+    print(f"  {len(report['sessions'])} sessions")
+    for s in report["sessions"]:
+        print(f"    {s['session_id']!r}: {s['segments']} segments, {s['blocks']} blocks, "
+              f"{_mib(s['ssd_bytes'])} in files {s['files']}")
+    for path in report["damaged_files"]:
+        print(f"  damaged or quarantined: {path} (run flatcake fsck)")
+    return 0

@@ -1,0 +1,90 @@
+"""``flatcake demo``, ``flatcake inspect`` and ``flatcake fsck`` on real store roots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flatcake.cio.format import scan_session_file
+from flatcake.cli import main
+from flatcake.store import FlatCakeStore
+from flatcake.store.files import SESSIONS_DIR
+from tests.store.helpers import SMALL, TO_MEMORY, TO_SSD, random_kv, session_keys, small_config
+
+# Segment bytes on SSD: a 4 KiB header + 3 layers x 256 B per block, 4 KiB aligned.
+SMALL_SEGMENT_BYTES = {n: 4096 + -(-(n * 3 * 256) // 4096) * 4096 for n in (4, 8)}
+SIZES = ["--set", "store.memory_capacity_bytes=4194304",
+         "--set", "store.ssd_capacity_bytes=268435456"]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    src = random_kv(SMALL, 12)
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        for s in range(2):
+            keys = session_keys(s, 12)
+            store.store_turn(f"chat-{s}", keys[:8], src, range(8), TO_SSD)
+            store.store_turn(f"chat-{s}", keys, src, range(12), TO_SSD)
+            # One more block in host memory: not persistent, so not on disk.
+            store.store_turn(f"chat-{s}", keys + session_keys(9, 1), src,
+                             [*range(12), 0], TO_MEMORY)
+    return tmp_path
+
+
+def test_inspect_json(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(root), "--json", *SIZES]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [s["session_id"] for s in report["sessions"]] == ["chat-0", "chat-1"]
+    assert all(s["segments"] == 2 and s["blocks"] == 12 for s in report["sessions"])
+    ssd = report["media"]["ssd"]
+    assert ssd["files"] == 2 and ssd["capacity_bytes"] == 268435456
+    assert ssd["high"] == 0.9 and ssd["low"] == 0.8
+    # Two files, each: file header + an 8-block and a 4-block segment.
+    per_file = 4096 + sum(SMALL_SEGMENT_BYTES[n] for n in (8, 4))
+    assert ssd["used_bytes"] == 2 * per_file
+    assert report["media"]["memory"]["used_bytes"] == 0  # memory is not persistent
+    assert report["damaged_files"] == []
+
+
+def test_inspect_text(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "2 sessions" in out and "'chat-0': 2 segments, 12 blocks" in out
+    assert "reclaim above 90% down to 80%" in out
+
+
+def test_fsck_exit_codes(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fsck", str(root)]) == 0
+    assert "2 files, 0 damaged" in capsys.readouterr().out
+    path = sorted((root / SESSIONS_DIR).iterdir())[1]
+    _, segs, _ = scan_session_file(path)
+    with open(path, "r+b") as fh:
+        at = segs[1].file_offset + segs[1].header.layout.data_offset + 5
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 1]))
+    assert main(["fsck", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and "layer 0 crc32 mismatch" in out and "1 damaged" in out
+    assert main(["fsck", str(root), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and [f["ok"] for f in report["files"]] == [True, False]
+
+
+def test_missing_root_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fsck", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_demo_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["demo", "--layers", "4", "--first-tokens", "256", "--turn-tokens", "64",
+                 "--turns", "4", "--root", str(tmp_path / "demo")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "verify: bytes equal" in out
+    assert "by first_turn" in out and "by short_reply" in out and "by long_reply" in out
+    assert "restore: 28 of 28 blocks (24 ssd, 4 memory)" in out
+    assert main(["fsck", str(tmp_path / "demo")]) == 0
