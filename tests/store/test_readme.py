@@ -1,0 +1,23 @@
+"""The README's Public API example runs as written and checks its own bytes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_public_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    text = README.read_text()
+    section = text.split("## Public API", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    monkeypatch.chdir(tmp_path)  # the example keeps its store under "."
+    exec(compile(code, str(README), "exec"), {"__name__": "readme_example"})
+    out = capsys.readouterr().out
+    assert "SSD first_turn MEMORY short_reply" in out
+    assert "LookupResult(num_blocks=10, num_memory_blocks=4, num_ssd_blocks=6)" in out
+    assert list(tmp_path.iterdir()) == []  # the temporary store is gone
