@@ -34,3 +34,18 @@ typecheck: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+# fio's figures for the disk under FIO_DIR: the jobs `flatcake bench` runs itself when fio
+# is installed (libaio, O_DIRECT, queue depth 32): 4 MiB sequential write and read, then
+# 64 KiB random reads (one block of one Llama-3.1-8B layer). Needs fio (apt-get install fio).
+FIO_DIR ?= .
+FIO_SIZE ?= 2G
+FIO_FILE = $(FIO_DIR)/flatcake-fio.bin
+FIO_JOB = --filename=$(FIO_FILE) --size=$(FIO_SIZE) --ioengine=libaio --direct=1 --iodepth=32
+.PHONY: fio
+fio:
+	@command -v fio >/dev/null || { echo "fio is not installed: apt-get install -y fio"; exit 1; }
+	fio --name=seq-write --rw=write --bs=4M --end_fsync=1 $(FIO_JOB)
+	fio --name=seq-read --rw=read --bs=4M $(FIO_JOB)
+	fio --name=rand-read-64k --rw=randread --bs=64k --time_based --runtime=10 $(FIO_JOB)
+	rm -f $(FIO_FILE)

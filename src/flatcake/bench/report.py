@@ -181,6 +181,7 @@ def format_table(report: BenchReport) -> str:
         f"{report.num_turns} turns ({report.num_blocks} blocks x {report.num_layers} layers x "
         f"{_size(report.block_bytes_per_layer)}), dir {report.directory}, "
         f"{report.rounds} rounds (median)",
+        f"command: {report.command}",
         "",
         f"{'layout':<16} {'gbps':>7} {'ratio':>6} {'read_commands':>13} {'bytes_read':>12} "
         f"{'bytes_useful':>12} {'restore_s':>9} {'staging':>10} {'verified':>8}",
@@ -204,7 +205,7 @@ def format_table(report: BenchReport) -> str:
             f"{name} {fig['gbps']:.3f} GB/s ({fig['iops']:.0f} IOPS)"
             for name, fig in d.fio.items()))
     else:
-        lines.append("fio:    not installed (make fio, or apt-get install fio)")
+        lines.append("fio:    not run")
     w = report.write
     lines.append(
         f"write:  flatcake {w.write_gbps:.3f} GB/s ({_size(w.bytes_written)} in {w.write_s:.2f} s)"

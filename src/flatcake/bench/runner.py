@@ -175,7 +175,8 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                 fio[rw] = {"gbps": res.gbps, "iops": res.iops, "block_bytes": float(bs),
                            "iodepth": float(res.iodepth)}
     elif options.use_fio:
-        notes.append("fio not installed: device figures are in-process only")
+        notes.append("fio is not installed (apt-get install fio; make fio runs the same jobs): "
+                     "device figures are in-process only")
 
     logger.info("fio: %s", fio)
     # -- write every layout -----------------------------------------------------------

@@ -9,7 +9,7 @@ from flatcake.bench.report import dump_json, format_table
 from flatcake.bench.runner import BenchOptions, run_bench
 from flatcake.geometry import PRESETS
 
-QUICK = {"context_tokens": 1024, "num_turns": 2, "rounds": 1, "scattered_sessions": 2,
+QUICK = {"context_tokens": 512, "num_turns": 2, "rounds": 1, "scattered_sessions": 2,
          "scale_tokens": 0, "use_fio": False}
 """``--quick``: a smoke run of a few seconds (CI): small request, one round, no fio and
 no at-scale control-plane check. Explicit flags still win."""
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-fio", action="store_false", dest="use_fio", default=None,
                    help="do not run fio even when it is installed")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run in a few seconds (1024 tokens, 1 round, no fio)")
+                   help="smoke run in a few seconds (512 tokens, 2 turns, 1 round, no fio)")
     p.add_argument("--keep", action="store_true", dest="keep_files",
                    help="keep the files written under --dir")
     p.add_argument("--seed", type=int, default=None)
