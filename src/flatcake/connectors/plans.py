@@ -1,0 +1,156 @@
+"""What crosses between the connector's two halves each engine step (picklable values).
+
+::
+
+    scheduler side (control plane)                     worker side (data plane)
+    ──────────────────────────────                     ────────────────────────
+    build_connector_meta ── StepPlan ──────────────►   loads: read + verify + scatter
+                             loads / stores / drops    stores: gather + write + sync
+                                                       drops: delete / quarantine files
+    update_connector_output ◄── WorkerReport ───────   StoreDone / LoadDone per task
+
+A worker reports each task exactly once, in the step its I/O finished; with tensor
+parallelism every worker reports and the scheduler side combines them (a store is good
+only if every worker wrote it; a load delivered the shortest prefix any worker did).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flatcake.cio.plan import ReadPlan
+from flatcake.cio.staging import StreamCheck
+from flatcake.control import StorePlan
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTask:
+    """Restore a request's stored prefix into its paged KV slots.
+
+    Attributes:
+        request_id: the engine's request id.
+        read_plan: per-layer SSD reads and arena copies (stream layout, ``cio.plan``).
+        stream_request: request block index of each stream block, -1 for a block read
+            only so its segment's crc32 can be checked (or already computed locally).
+        checks: crc32 checks of the SSD segments read, *without* their crcs: each
+            worker fills them in from its own files' segment headers.
+        check_files: ``(segment_id, file_id, file_offset)`` of each check's segment.
+        block_ids: paged KV slot of each request block ``[0, num_blocks)``.
+        num_blocks: request blocks the hit covers.
+        first_block: blocks before it are already computed and are not loaded.
+        sync: all-memory hit, loaded in this step before the forward pass; otherwise
+            an SSD restore the request waits for (``WAITING_FOR_REMOTE_KVS``).
+    """
+
+    request_id: str
+    read_plan: ReadPlan
+    stream_request: tuple[int, ...]
+    checks: tuple[StreamCheck, ...]
+    check_files: tuple[tuple[int, int, int], ...]
+    block_ids: tuple[int, ...]
+    num_blocks: int
+    first_block: int
+    sync: bool
+
+    def __post_init__(self) -> None:
+        if len(self.block_ids) < self.num_blocks:
+            raise ValueError(f"LoadTask {self.request_id!r}: {len(self.block_ids)} block_ids "
+                             f"for num_blocks={self.num_blocks}")
+        if not 0 <= self.first_block <= self.num_blocks:
+            raise ValueError(f"LoadTask {self.request_id!r}: first_block={self.first_block} "
+                             f"outside [0, {self.num_blocks}]")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTask:
+    """Write one turn's new blocks as the segment the control plane allocated.
+
+    Attributes:
+        request_id: the finished request whose blocks are written (its blocks stay
+            allocated until every worker reports the write).
+        plan: the allocation (segment, address, medium, file) from ``prepare_store``.
+        block_ids: paged KV slot of each block of the segment, in segment order.
+    """
+
+    request_id: str
+    plan: StorePlan
+    block_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.block_ids) != self.plan.segment.num_blocks:
+            raise ValueError(f"StoreTask {self.request_id!r}: {len(self.block_ids)} block_ids "
+                             f"for a segment of {self.plan.segment.num_blocks} blocks")
+
+
+@dataclass(frozen=True, slots=True)
+class FileDrop:
+    """A session file reclaim dropped: delete it, or move it to quarantine when the
+    session was dropped for a checksum failure."""
+
+    file_id: int
+    quarantine: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """Everything the worker side does in one engine step."""
+
+    loads: tuple[LoadTask, ...] = ()
+    stores: tuple[StoreTask, ...] = ()
+    drops: tuple[FileDrop, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (self.loads or self.stores or self.drops)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDone:
+    """A store task finished on one worker.
+
+    Attributes:
+        request_id, segment_id: the task.
+        ok: the bytes are durable (SSD: written and fdatasync'ed).
+        bytes_written: bytes written (SSD) or copied into the arena (memory).
+    """
+
+    request_id: str
+    segment_id: int
+    ok: bool
+    bytes_written: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadDone:
+    """A load task finished on one worker.
+
+    Attributes:
+        request_id: the task.
+        num_blocks_loaded: request blocks ``[0, num_blocks_loaded)`` are in the paged KV
+            (verified); the rest of the hit must be recomputed.
+        num_blocks: request blocks the task meant to load up to.
+        failed_segments: segment ids whose bytes failed their crc32 or could not be read.
+        bytes_read: SSD bytes read; memory_bytes: bytes copied out of the arena.
+        elapsed_s: wall time of the restore.
+    """
+
+    request_id: str
+    num_blocks_loaded: int
+    num_blocks: int
+    failed_segments: tuple[int, ...] = ()
+    bytes_read: int = 0
+    memory_bytes: int = 0
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """Task completions of one step (one worker, or several combined)."""
+
+    stores: tuple[StoreDone, ...] = ()
+    loads: tuple[LoadDone, ...] = ()
+
+    def merged(self, other: WorkerReport) -> WorkerReport:
+        return WorkerReport(self.stores + other.stores, self.loads + other.loads)
+
+    def is_empty(self) -> bool:
+        return not (self.stores or self.loads)

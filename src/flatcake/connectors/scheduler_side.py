@@ -1,0 +1,515 @@
+"""The connector's scheduler half: FlatCake's control plane inside the engine scheduler.
+
+No I/O except the header scan at start-up (restart recovery). Engine-neutral: it sees
+requests as ``RequestView`` values, so it runs in tests without vLLM. Per request::
+
+    num_matched_tokens   lookup of the request's block keys; a store still in flight
+                         for its next block -> "ask again" (None); all-memory hit ->
+                         sync load; any SSD block -> async load (request waits)
+    after_alloc          prepare_load (sessions pinned); sync -> this step's plan;
+                         SSD -> FC-MAS queue (priority 1 + wait / kv bytes)
+    build_step           sync loads + SSD restores FC-MAS starts now (at most
+                         max_restores_in_flight in flight; the rest wait, never
+                         cancelled) + stores + file drops -> StepPlan
+    on_report            complete_store / complete_load, restore_done; damaged
+                         segments stop being served, their sessions are dropped
+    request_finished     placement with the session signals, prepare_store (address
+                         allocated, published only once every worker wrote it)
+
+Single-threaded: the engine's scheduler thread calls everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flatcake.cio.format import FormatError, scan_session_file
+from flatcake.clock import Clock, WallClock
+from flatcake.connectors.plans import (
+    FileDrop,
+    LoadDone,
+    LoadTask,
+    StepPlan,
+    StoreDone,
+    StoreTask,
+    WorkerReport,
+)
+from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker, TurnInfo
+from flatcake.connectors.settings import ConnectorSettings
+from flatcake.control import ControlPlane, ReclaimAction, StorePlan
+from flatcake.errors import CapacityError
+from flatcake.geometry import KVGeometry
+from flatcake.gva.address import Medium
+from flatcake.gva.index import EMPTY_HIT, PrefixHit
+from flatcake.store.files import SESSIONS_DIR, session_files_in
+from flatcake.store.store import _StreamPlanner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What the connector reads off an engine request.
+
+    Attributes:
+        request_id: the engine's id.
+        keys: FlatCake block keys of the request's full blocks (prompt and output).
+        num_tokens: prompt + output tokens so far.
+        num_prompt_tokens: prompt tokens (the turn's context).
+        num_output_tokens: tokens generated (the turn's reply).
+        num_computed_tokens: tokens whose KV is in the paged cache.
+        session_param: ``kv_transfer_params["session_id"]``, ``None`` when absent.
+    """
+
+    request_id: str
+    keys: tuple[bytes, ...]
+    num_tokens: int
+    num_prompt_tokens: int
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    session_param: object = None
+
+
+@dataclass(slots=True)
+class _Request:
+    """Books of one live request (mutable, scheduler thread)."""
+
+    turn: TurnInfo
+    hit: PrefixHit = EMPTY_HIT
+    local_blocks: int = 0
+    load: LoadTask | None = None
+    loading: bool = False
+    loaded_memory_blocks: int = 0
+    loaded_ssd_blocks: int = 0
+    load_error_blocks: int = 0
+    stored: dict[str, Any] = field(default_factory=dict)
+
+
+COUNTER_KEYS = (  # counters the connector reports, per stats interval
+    "prompt_tokens",            # prompt tokens looked up (the hit rate's denominator)
+    "hit_tokens",               # tokens the index held when the request was admitted
+    "loaded_tokens_memory",     # tokens delivered to the engine's KV from host memory
+    "loaded_tokens_ssd",        # tokens delivered from SSD (verified)
+    "load_error_blocks",        # hit blocks not delivered (corrupt / unreadable): recomputed
+    "damaged_segments",         # segments that failed their crc32
+    "restores_started",         # SSD restores started by FC-MAS
+    "staging_slot_waits",       # SSD restores that found every staging window busy
+    "stores_ok",
+    "stores_failed",
+    "stores_rejected",          # no medium could take the turn (CapacityError)
+    "stored_blocks_memory",
+    "stored_blocks_ssd",
+    "lookup_waits",             # lookups deferred behind a store of the same prefix
+)
+
+
+class SchedulerSide:
+    """Control plane of one vLLM instance (see the module docstring).
+
+    Attributes:
+        control: the FlatCake control plane (index, placement, allocation, FC-MAS).
+        geometry: per-worker KV geometry of the engine.
+        settings: connector settings.
+        world_size: workers that each report every task (tensor parallel size).
+    """
+
+    def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
+                 *, world_size: int = 1, clock: Clock | None = None) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.geometry = geometry
+        self.settings = settings
+        self.world_size = world_size
+        self.store_dir = Path(store_dir)
+        self.control = ControlPlane(geometry, settings.config,
+                                    clock if clock is not None else WallClock())
+        self.sessions = SessionTracker(settings.infer_sessions)
+        self.refcount = PrefixRefcount()
+        self._reqs: dict[str, _Request] = {}
+        self._damaged_segments: set[int] = set()
+        self._damaged_sessions: set[str] = set()
+        self._sync_loads: list[LoadTask] = []
+        self._queued_loads: dict[str, LoadTask] = {}  # SSD loads waiting in FC-MAS
+        self._loads: dict[str, LoadTask] = {}  # every load planned and not yet reported
+        self._new_stores: list[StoreTask] = []
+        self._stores: dict[int, tuple[StoreTask, list[bool]]] = {}  # seg id -> task, oks
+        self._pending_keys: Counter[bytes] = Counter()  # keys of stores in flight
+        self._load_reports: dict[str, list[LoadDone]] = {}
+        self._drops: list[FileDrop] = []
+        self._stats: Counter[str] = Counter()
+        self._total: Counter[str] = Counter()
+        self._placements: Counter[str] = Counter()
+        self.recovered_segments = self._recover()
+
+    # -- restart ---------------------------------------------------------------------
+
+    def _recover(self) -> int:
+        """Re-index every valid segment of the session files under ``store_dir``.
+
+        Headers only: data crcs are checked on every load, so a segment damaged on disk
+        is found when read and recomputed, never served."""
+        g = self.geometry
+        count = 0
+        clock_now = self.control.clock.now()
+        wall_now = time.time()
+        for file_id, path in session_files_in(self.store_dir / SESSIONS_DIR):
+            try:
+                header, ok, _bad = scan_session_file(path, verify_data=False)
+            except FormatError as exc:
+                logger.warning("session file %s is unreadable (%s); not served", path, exc)
+                continue
+            if (header.num_layers, header.block_bytes_per_layer) != (
+                    g.num_layers, g.block_bytes_per_layer) or header.file_id != file_id:
+                raise ValueError(
+                    f"session file {path} holds {header.num_layers} layers x "
+                    f"{header.block_bytes_per_layer} B blocks, but the engine's KV cache has "
+                    f"{g.num_layers} x {g.block_bytes_per_layer} B: point store.root at a "
+                    f"directory of this model and block size")
+            if header.span_bytes != self.settings.config.store.session_file_bytes:
+                raise ValueError(
+                    f"store.session_file_bytes={self.settings.config.store.session_file_bytes}"
+                    f" but session file {path} was written with span {header.span_bytes}")
+            age_s = max(0.0, wall_now - path.stat().st_mtime)
+            for scanned in ok:
+                sh = scanned.header
+                self.control.recover_segment(
+                    header.session_id, file_id, scanned.file_offset, sh.layout, sh.keys,
+                    sh.turn_index, virtual_base=header.virtual_base,
+                    last_access=clock_now - age_s)
+                count += 1
+        if count:
+            logger.info("FlatCake recovered %d segments from %s", count, self.store_dir)
+        return count
+
+    # -- lookup ----------------------------------------------------------------------
+
+    def _usable_hit(self, hit: PrefixHit) -> PrefixHit:
+        """``hit`` cut before the first segment known to be damaged."""
+        if not self._damaged_segments:
+            return hit
+        runs = []
+        for run in hit.runs:
+            if run.segment.segment_id in self._damaged_segments:
+                break
+            runs.append(run)
+        if len(runs) == len(hit.runs):
+            return hit
+        mem = sum(r.num_blocks for r in runs if r.segment.medium == Medium.MEMORY)
+        ssd = sum(r.num_blocks for r in runs if r.segment.medium == Medium.SSD)
+        return PrefixHit(mem + ssd, mem, ssd, tuple(runs))
+
+    def _owner(self, hit: PrefixHit) -> HitOwner | None:
+        if not hit.runs:
+            return None
+        last = hit.runs[-1]
+        sid = last.segment.session_id
+        try:
+            rec = self.control.session(sid)
+        except KeyError:
+            return None
+        turns = [self.control.index.segment(i).turn_index
+                 for i in (*rec.memory_segment_ids, *rec.ssd_segment_ids)]
+        newest = max(turns, default=-1)
+        return HitOwner(sid, last.segment.turn_index == newest, newest + 1)
+
+    def num_matched_tokens(self, req: RequestView, num_local_tokens: int
+                           ) -> tuple[int | None, bool]:
+        """``get_num_new_matched_tokens``: tokens FlatCake can load beyond the
+        ``num_local_tokens`` the engine already has, and whether the load is async.
+
+        ``(None, False)`` asks the engine to try again next step: a store of this
+        prefix is still being written, and its blocks will hit once durable."""
+        bs = self.geometry.tokens_per_block
+        # Leave at least one token to compute: the engine samples from its logits.
+        max_blocks = min(len(req.keys), max(req.num_tokens - 1, 0) // bs)
+        keys = req.keys[:max_blocks]
+        hit = self._usable_hit(self.control.lookup(keys))
+        if hit.num_blocks < max_blocks and self._pending_keys.get(keys[hit.num_blocks]):
+            self._stats["lookup_waits"] += 1
+            return None, False
+        state = self._reqs.get(req.request_id)
+        if state is None:
+            turn = self.sessions.resolve(req.session_param, hit.num_blocks, self._owner(hit))
+            state = self._reqs[req.request_id] = _Request(turn)
+            self.refcount.add(req.request_id, req.keys)
+        local_blocks = num_local_tokens // bs
+        state.hit, state.local_blocks = hit, local_blocks
+        num_blocks = hit.num_blocks - local_blocks
+        if num_blocks < self.settings.min_hit_blocks:
+            return 0, False
+        return num_blocks * bs, hit.needs_ssd
+
+    def hit_sources(self, request_id: str) -> tuple[int, int]:
+        """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD."""
+        state = self._reqs.get(request_id)
+        if state is None or state.load is None:
+            return 0, 0
+        mem = ssd = 0
+        for seg, _, count, start in state.hit.runs:
+            n = max(0, start + count - max(start, state.local_blocks))
+            if seg.medium == Medium.MEMORY:
+                mem += n
+            else:
+                ssd += n
+        bs = self.geometry.tokens_per_block
+        return mem * bs, ssd * bs
+
+    def after_alloc(self, request_id: str, block_ids: Sequence[int],
+                    num_external_tokens: int) -> None:
+        """``update_state_after_alloc``: plan the load of an admitted hit."""
+        if num_external_tokens <= 0:
+            return
+        state = self._reqs[request_id]
+        bs = self.geometry.tokens_per_block
+        hit = state.hit
+        num_blocks = state.local_blocks + num_external_tokens // bs
+        if num_blocks != hit.num_blocks:
+            raise ValueError(f"request {request_id!r}: the engine admitted "
+                             f"{num_external_tokens} external tokens, the hit has "
+                             f"{hit.num_blocks - state.local_blocks} blocks")
+        if len(block_ids) < num_blocks:
+            raise ValueError(f"request {request_id!r}: {len(block_ids)} block ids for "
+                             f"{num_blocks} hit blocks")
+        # Checks carry no crcs here: each worker verifies against the crcs of its own
+        # files (tensor-parallel workers hold different bytes of the same blocks).
+        planner = _StreamPlanner({})
+        plan = self.control.prepare_load(request_id, hit, planner=planner)
+        first = state.local_blocks
+        stream_request = tuple(r if r >= first else -1 for r in planner.stream_request)
+        where = {}
+        for run in hit.runs:
+            seg = run.segment
+            if seg.medium == Medium.SSD:
+                where[seg.segment_id] = (int(seg.file_id or 0), int(seg.file_offset or 0))
+        check_files = tuple((c.tag, *where[c.tag]) for c in planner.checks)
+        task = LoadTask(request_id, plan.read_plan, stream_request, tuple(planner.checks),
+                        check_files, tuple(int(b) for b in block_ids[:num_blocks]),
+                        num_blocks, first, sync=not hit.needs_ssd)
+        state.load, state.loading = task, True
+        self._loads[request_id] = task
+        self._stats["hit_tokens"] += (num_blocks - first) * bs
+        if task.sync:
+            self._sync_loads.append(task)
+        else:
+            self._queued_loads[request_id] = task
+            self.control.scheduler.submit(plan.restore_request(self.control.clock.now()))
+
+    # -- steps -----------------------------------------------------------------------
+
+    def build_step(self) -> StepPlan:
+        """``build_connector_meta``: this step's loads, stores and file drops."""
+        before = self.control.scheduler.stats.num_slot_waits
+        started = self.control.scheduler.next_restores()
+        self._stats["staging_slot_waits"] += (self.control.scheduler.stats.num_slot_waits
+                                              - before)
+        self._stats["restores_started"] += len(started)
+        loads = self._sync_loads + [self._queued_loads.pop(str(r.request_id))
+                                    for r in started]
+        self._sync_loads = []
+        stores, self._new_stores = self._new_stores, []
+        self._drop_damaged()
+        drops, self._drops = self._drops, []
+        return StepPlan(tuple(loads), tuple(stores), tuple(drops))
+
+    def on_report(self, report: WorkerReport) -> None:
+        """``update_connector_output``: completions reported by the workers."""
+        for stored in report.stores:
+            self._store_done(stored)
+        for done in report.loads:
+            reports = self._load_reports.setdefault(done.request_id, [])
+            reports.append(done)
+            if len(reports) == self.world_size:
+                del self._load_reports[done.request_id]
+                self._load_done(reports)
+        self._drop_damaged()
+
+    def _store_done(self, done: StoreDone) -> None:
+        entry = self._stores.get(done.segment_id)
+        if entry is None:
+            logger.warning("report for unknown store of segment %d", done.segment_id)
+            return
+        task, oks = entry
+        oks.append(done.ok)
+        if len(oks) < self.world_size:
+            return
+        del self._stores[done.segment_id]
+        ok = all(oks)
+        plan = task.plan
+        for key in plan.segment.keys:
+            n = self._pending_keys[key] - 1
+            if n:
+                self._pending_keys[key] = n
+            else:
+                del self._pending_keys[key]
+        self.control.complete_store(plan, ok)
+        medium = "memory" if plan.medium == Medium.MEMORY else "ssd"
+        self._stats["stores_ok" if ok else "stores_failed"] += 1
+        if ok:
+            self._stats[f"stored_blocks_{medium}"] += plan.segment.num_blocks
+
+    def _load_done(self, reports: list[LoadDone]) -> None:
+        request_id = reports[0].request_id
+        loaded = min(r.num_blocks_loaded for r in reports)
+        failed = {s for r in reports for s in r.failed_segments}
+        self.control.complete_load(request_id)
+        task = self._loads.pop(request_id)
+        state = self._reqs.get(request_id)
+        if not task.sync:
+            self.control.scheduler.restore_done(request_id)
+            while self.control.scheduler.pop_ready() is not None:
+                pass  # the engine's own waiting queue runs the request
+        for seg_id in failed:
+            self._mark_damaged(seg_id)
+        if state is None:
+            return
+        state.loading = False
+        mem = ssd = 0
+        for seg, _, count, start in state.hit.runs:
+            n = max(0, min(start + count, loaded) - max(start, task.first_block))
+            if seg.medium == Medium.MEMORY:
+                mem += n
+            else:
+                ssd += n
+        bs = self.geometry.tokens_per_block
+        errors = task.num_blocks - max(loaded, task.first_block)
+        state.loaded_memory_blocks += mem
+        state.loaded_ssd_blocks += ssd
+        state.load_error_blocks += errors
+        self._stats["loaded_tokens_memory"] += mem * bs
+        self._stats["loaded_tokens_ssd"] += ssd * bs
+        self._stats["load_error_blocks"] += errors
+        self._stats["damaged_segments"] += len(failed)
+
+    def _mark_damaged(self, segment_id: int) -> None:
+        try:
+            seg = self.control.index.segment(segment_id)
+        except KeyError:
+            return
+        logger.warning("segment %d of session %r failed its checksum; it is not served "
+                       "again and the session is dropped", segment_id, seg.session_id)
+        self._damaged_segments.add(segment_id)
+        self._damaged_sessions.add(seg.session_id)
+
+    def _drop_damaged(self) -> None:
+        for sid in list(self._damaged_sessions):
+            try:
+                rec = self.control.session(sid)
+            except KeyError:
+                self._damaged_sessions.discard(sid)
+                continue
+            if rec.num_pins == 0:
+                self._apply([self.control.drop_session(sid)])
+                self.sessions.forget(sid)
+        self._apply(self.control.take_reclaim_actions())
+
+    def _apply(self, actions: Sequence[ReclaimAction]) -> None:
+        for action in actions:
+            quarantine = action.session_id in self._damaged_sessions
+            for seg in action.ssd_segments:
+                self._damaged_segments.discard(seg.segment_id)
+            self._drops.extend(FileDrop(f, quarantine) for f in action.file_ids)
+            if action.session_dropped:
+                self._damaged_sessions.discard(action.session_id)
+
+    # -- finish ----------------------------------------------------------------------
+
+    def request_finished(self, req: RequestView, block_ids: Sequence[int], store: bool
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        """``request_finished``: place and allocate the turn's new blocks.
+
+        Returns ``(delay_free, kv_transfer_params)``: ``delay_free`` keeps the request's
+        blocks until the workers report the write (or, for a request that finished
+        while its restore was in flight, the restore)."""
+        state = self._reqs.pop(req.request_id, None)
+        if state is None:
+            self.refcount.remove(req.request_id)
+            return False, None
+        if state.loading:
+            # Aborted while its restore runs: the blocks are the restore's target until
+            # the worker reports it; nothing of this turn is stored.
+            # A restore still queued in FC-MAS runs all the same (never cancelled);
+            # the worker's report of it frees the blocks.
+            self.refcount.remove(req.request_id)
+            return True, self._params(state, None)
+        bs = self.geometry.tokens_per_block
+        n = min(len(req.keys), req.num_computed_tokens // bs, len(block_ids))
+        plan: StorePlan | None = None
+        if store and n > 0:
+            keys = req.keys[:n]
+            first_new = self._usable_hit(self.control.lookup(keys)).num_blocks
+            shared = self.refcount.refcount(keys[first_new]) if first_new < n else 1
+            turn = state.turn
+            try:
+                plan = self.control.prepare_store(
+                    turn.session_id, keys, turn_index=turn.turn_index,
+                    context_tokens=req.num_prompt_tokens,
+                    prev_reply_tokens=turn.prev_reply_tokens,
+                    shared_refcount=max(shared, 1))
+            except CapacityError as exc:
+                self._stats["stores_rejected"] += 1
+                logger.warning("FlatCake cannot store request %s: %s", req.request_id, exc)
+            self._apply(self.control.take_reclaim_actions())
+        self.refcount.remove(req.request_id)
+        self.sessions.finish_turn(state.turn, req.num_output_tokens,
+                                  req.num_prompt_tokens // bs)
+        if plan is None:
+            return False, self._params(state, None)
+        first = plan.first_block
+        task = StoreTask(req.request_id, plan,
+                         tuple(int(b) for b in block_ids[first:first + plan.segment.num_blocks]))
+        self._new_stores.append(task)
+        self._stores[plan.segment.segment_id] = (task, [])
+        self._pending_keys.update(plan.segment.keys)
+        self._placements[plan.placement.rule.value] += 1
+        return True, self._params(state, plan)
+
+    def _params(self, state: _Request, plan: StorePlan | None) -> dict[str, Any]:
+        """What the connector did for the request, returned to the client in the
+        output's ``kv_transfer_params``."""
+        bs = self.geometry.tokens_per_block
+        out: dict[str, Any] = {
+            "session_id": state.turn.session_id,
+            "turn_index": state.turn.turn_index,
+            "session_inferred": state.turn.inferred,
+            "hit_tokens": max(0, state.hit.num_blocks - state.local_blocks) * bs
+            if state.load is not None else 0,
+            "loaded_tokens_memory": state.loaded_memory_blocks * bs,
+            "loaded_tokens_ssd": state.loaded_ssd_blocks * bs,
+            "load_error_blocks": state.load_error_blocks,
+        }
+        if plan is not None:
+            out["stored_blocks"] = plan.segment.num_blocks
+            out["placement"] = f"{plan.medium.name.lower()}:{plan.placement.rule.value}"
+        return {"flatcake": out}
+
+    # -- reporting -------------------------------------------------------------------
+
+    def observe_prompt(self, num_prompt_tokens: int) -> None:
+        """Count a new request's prompt tokens (the hit rate's denominator)."""
+        self._stats["prompt_tokens"] += num_prompt_tokens
+
+    def take_stats(self) -> dict[str, int | float]:
+        """Counters since the last call (for the engine's stats interval), plus the
+        gauges of now; placements are counted under ``placements.<rule>``."""
+        out: dict[str, int | float] = {k: v for k, v in self._stats.items() if v}
+        out.update({f"placements.{r}": n for r, n in self._placements.items() if n})
+        self._total.update(self._stats)
+        self._total.update({f"placements.{r}": n for r, n in self._placements.items()})
+        self._stats.clear()
+        self._placements.clear()
+        out["restores_in_flight"] = self.control.scheduler.num_in_flight
+        out["restores_waiting"] = len(self._queued_loads)
+        return out
+
+    def totals(self) -> dict[str, int]:
+        """Counters since start (what ``take_stats`` handed out plus what it has not)."""
+        total = Counter(self._total)
+        total.update(self._stats)
+        total.update({f"placements.{r}": n for r, n in self._placements.items()})
+        return dict(total)

@@ -1,0 +1,114 @@
+"""Connector settings: ``kv_connector_extra_config`` -> a validated ``ConnectorSettings``.
+
+The store's own configuration keeps its names (``flatcake.config``): a section is a
+nested object or dotted keys, and a TOML file may be named too::
+
+    {"store": {"root": "/nvme/flatcake", "memory_capacity_bytes": 8589934592},
+     "placement.short_reply_threshold_tokens": 256,
+     "config_file": "/etc/flatcake.toml",
+     "tenant_salt": "team-a", "infer_sessions": true}
+
+Sources merge as in ``config.load_config``: defaults, then ``config_file``, then
+``FLATCAKE_<SECTION>__<FIELD>`` environment variables, then the extra config itself.
+The geometry never comes from configuration: the connector reads it off the engine's
+KV cache, so ``model`` is refused. Any other unknown key is a ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flatcake.config import FlatCakeConfig, load_config
+
+SECTIONS = ("placement", "reclaim", "planner", "scheduler", "store")
+"""``FlatCakeConfig`` sections accepted in the extra config."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorSettings:
+    """Everything the vLLM connector is configured with.
+
+    Attributes:
+        config: the store's configuration (placement, reclaim, planner, scheduler, store).
+        tenant_salt: mixed into every block key's namespace (with the model name), so
+            two deployments sharing a store root never read each other's blocks.
+        infer_sessions: when a request carries no ``session_id``, attribute it to the
+            session whose stored history it extends (``sessions.SessionTracker``);
+            ``False`` makes each such request a session of its own.
+        min_hit_blocks: hits shorter than this many blocks are recomputed instead of
+            loaded (a restore has a fixed cost).
+    """
+
+    config: FlatCakeConfig = field(default_factory=FlatCakeConfig)
+    tenant_salt: str = ""
+    infer_sessions: bool = True
+    min_hit_blocks: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tenant_salt, str):
+            raise ValueError(f"kv_connector_extra_config.tenant_salt must be a string, got "
+                             f"{self.tenant_salt!r}")
+        if not isinstance(self.infer_sessions, bool):
+            raise ValueError(f"kv_connector_extra_config.infer_sessions must be a boolean, "
+                             f"got {self.infer_sessions!r}")
+        n = self.min_hit_blocks
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"kv_connector_extra_config.min_hit_blocks must be an int >= 1, "
+                             f"got {n!r}")
+
+
+_CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks")
+
+
+def _override(section: str, name: str, value: Any) -> str:
+    if isinstance(value, Mapping | list | tuple):
+        raise ValueError(f"kv_connector_extra_config {section}.{name} must be a scalar, got "
+                         f"{value!r}")
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return f"{section}.{name}={value}"
+
+
+def parse_extra_config(extra: Mapping[str, Any] | None,
+                       env: Mapping[str, str] | None = None) -> ConnectorSettings:
+    """Validate ``kv_connector_extra_config`` and build the settings.
+
+    ``env`` defaults to ``os.environ`` (``FLATCAKE_*`` variables); bad values raise
+    ``ValueError`` naming the key and the value.
+    """
+    extra = {} if extra is None else extra
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"kv_connector_extra_config must be a JSON object, got "
+                         f"{type(extra).__name__}")
+    overrides: list[str] = []
+    kwargs: dict[str, Any] = {}
+    config_file = None
+    for key, value in extra.items():
+        if not isinstance(key, str):
+            raise ValueError(f"kv_connector_extra_config keys must be strings, got {key!r}")
+        if key == "config_file":
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"kv_connector_extra_config.config_file must be a path, "
+                                 f"got {value!r}")
+            config_file = value
+        elif key in _CONNECTOR_KEYS:
+            kwargs[key] = value
+        elif key == "model":
+            raise ValueError("kv_connector_extra_config.model is not accepted: the connector "
+                             "takes the KV geometry from the engine's KV cache")
+        elif key in SECTIONS:
+            if not isinstance(value, Mapping):
+                raise ValueError(f"kv_connector_extra_config.{key} must be an object of "
+                                 f"{key} fields, got {value!r}")
+            overrides.extend(_override(key, str(name), v) for name, v in value.items())
+        elif "." in key and key.split(".", 1)[0] in SECTIONS:
+            section, name = key.split(".", 1)
+            overrides.append(_override(section, name, value))
+        else:
+            known = sorted((*_CONNECTOR_KEYS, *SECTIONS))
+            raise ValueError(f"unknown kv_connector_extra_config key {key!r}; known keys: "
+                             f"{known} (or 'section.field')")
+    config = load_config(config_file, env, overrides)
+    return ConnectorSettings(config=config, **kwargs)

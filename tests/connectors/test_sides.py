@@ -1,0 +1,282 @@
+"""The connector's two halves driven step by step without vLLM: the scheduler half plans
+on a real control plane, the worker half moves real bytes between session files, the
+host arena and a paged KV made of torch tensors. Each test is a scripted scenario."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from flatcake.clock import ManualClock
+from flatcake.config import load_config
+from flatcake.connectors.plans import StepPlan
+from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
+from flatcake.connectors.settings import ConnectorSettings
+from flatcake.connectors.worker_side import WorkerSide
+from flatcake.geometry import KVGeometry
+from flatcake.gva.keys import chain_block_keys
+
+G = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
+               dtype="float32", name="tiny")  # 512 bytes per block per layer
+SLOTS = 64
+
+
+def settings(*overrides: str, infer: bool = True) -> ConnectorSettings:
+    base = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
+            "store.session_file_bytes=16777216"]
+    return ConnectorSettings(load_config(env={}, overrides=[*base, *overrides]),
+                             infer_sessions=infer)
+
+
+class Harness:
+    """One engine: a scheduler half, a worker half, and its paged KV (random bytes)."""
+
+    def __init__(self, root: Path, s: ConnectorSettings | None = None, seed: int = 0,
+                 clock: ManualClock | None = None) -> None:
+        self.s = s if s is not None else settings()
+        self.worker = WorkerSide(G, self.s.config, root)
+        self.sched = SchedulerSide(G, self.s, root, clock=clock)
+        gen = torch.Generator().manual_seed(seed)
+        self.kv = [torch.rand((SLOTS, 2, 4, 2, 8), generator=gen) for _ in range(G.num_layers)]
+        self.worker.register(self.kv)
+        self.reports: list[tuple[set[str], set[str], set[int]]] = []
+
+    def step(self) -> tuple[StepPlan, set[str], set[str], set[int]]:
+        """One engine step: plan, execute (sync loads per layer), wait for background
+        I/O, report back."""
+        plan = self.sched.build_step()
+        self.worker.start_step(plan)
+        for layer in range(G.num_layers):
+            self.worker.wait_for_layer(layer)
+        self.worker.end_step()
+        deadline = time.monotonic() + 30
+        while self.worker.pending() and time.monotonic() < deadline:
+            sending, recving, invalid, report = self.worker.poll()
+            self.sched.on_report(report)
+            self.reports.append((sending, recving, invalid))
+            time.sleep(0.01)
+        sending, recving, invalid, report = self.worker.poll()
+        self.sched.on_report(report)
+        self.reports.append((sending, recving, invalid))
+        all_s = set().union(*(r[0] for r in self.reports))
+        all_r = set().union(*(r[1] for r in self.reports))
+        all_i = set().union(*(r[2] for r in self.reports))
+        self.reports = []
+        return plan, all_s, all_r, all_i
+
+    def block(self, layer: int, slot: int) -> bytes:
+        return self.kv[layer][slot].contiguous().view(torch.uint8).numpy().tobytes()
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def tokens(prefix: list[int], n: int, start: int) -> list[int]:
+    return prefix + list(range(start, start + n))
+
+
+def view(rid: str, toks: list[int], *, prompt: int | None = None, out: int = 0,
+         computed: int = 0, session: str | None = None) -> RequestView:
+    keys = tuple(chain_block_keys(toks, G.tokens_per_block, "tiny"))
+    return RequestView(rid, keys, len(toks), prompt if prompt is not None else len(toks),
+                       out, computed, session)
+
+
+def finish(h: Harness, rid: str, toks: list[int], slots: list[int], *, out: int,
+           session: str | None = None) -> dict:
+    """The request ran: lookup (it missed), then it finished with ``toks`` computed."""
+    v = view(rid, toks, prompt=len(toks) - out, out=out, computed=len(toks), session=session)
+    h.sched.num_matched_tokens(v, 0)
+    delay, params = h.sched.request_finished(v, slots, store=True)
+    assert params is not None
+    return params["flatcake"] | {"delay": delay}
+
+
+def test_first_turn_goes_to_ssd_and_next_turn_restores_its_bytes(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 113))  # 3 full blocks + 1 token
+    # Turn 0 finishes; FIRST_TURN places it on SSD; blocks stay held until written.
+    p = finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
+    assert p["placement"] == "ssd:first_turn" and p["delay"] and p["stored_blocks"] == 3
+    plan, sending, _, _ = h.step()
+    assert len(plan.stores) == 1 and sending == {"a"}
+    want = {(layer, j): h.block(layer, s) for layer in range(3) for j, s in enumerate([5, 6, 7])}
+    # Turn 1 extends it: the 3 blocks hit on SSD -> async load.
+    turn1 = tokens(turn0, 8, 200)
+    v = view("b", turn1, session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (12, True)
+    h.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    plan, _, recving, invalid = h.step()
+    assert [t.request_id for t in plan.loads] == ["b"] and not plan.loads[0].sync
+    assert recving == {"b"} and invalid == set()
+    for (layer, j), raw in want.items():
+        assert h.block(layer, 20 + j) == raw
+    _, params = h.sched.request_finished(
+        RequestView("b", v.keys, len(turn1), len(turn1), 0, 12, "s"), [20, 21, 22, 23], True)
+    assert params is not None and params["flatcake"]["loaded_tokens_ssd"] == 12
+    assert params["flatcake"]["turn_index"] == 1
+    totals = h.sched.totals()
+    assert totals["loaded_tokens_ssd"] == 12 and totals["restores_started"] == 1
+    h.close()
+
+
+def test_corrupt_segment_is_detected_reported_and_never_served_again(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 117))  # 4 full blocks + 1
+    finish(h, "a", turn0, [1, 2, 3, 4], out=1, session="s")
+    h.step()
+    # Flip one byte of layer 1's data in the only session file.
+    (path,) = (tmp_path / "sessions").iterdir()
+    data = bytearray(path.read_bytes())
+    seg_data = 4096 + 4096  # file header + this segment's 4 KiB header
+    pos = seg_data + 1 * 4 * G.block_bytes_per_layer + 100
+    data[pos] ^= 0xFF
+    path.write_bytes(bytes(data))
+    v = view("b", tokens(turn0, 4, 300), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (16, True)
+    h.sched.after_alloc("b", [10, 11, 12, 13, 14, 15], 16)
+    _, _, recving, invalid = h.step()
+    # Every block of the damaged segment is a load error: the engine recomputes them.
+    assert recving == {"b"} and invalid == {10, 11, 12, 13}
+    _, params = h.sched.request_finished(
+        RequestView("b", v.keys, v.num_tokens, v.num_tokens, 0, 0, "s"), [10], store=False)
+    assert params is not None and params["flatcake"]["load_error_blocks"] == 4
+    assert params["flatcake"]["loaded_tokens_ssd"] == 0
+    # The session is dropped (file quarantined) and the prefix is a miss from now on.
+    h.step()
+    assert h.sched.num_matched_tokens(view("c", tokens(turn0, 4, 300)), 0) == (0, False)
+    assert list((tmp_path / "quarantine").iterdir())
+    assert h.sched.totals()["damaged_segments"] == 1
+    h.close()
+
+
+def test_short_reply_turn_lands_in_memory_and_shared_prefix_loads_synchronously(
+        tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    system = list(range(1, 9))  # 2 blocks shared by every session
+    # Two sessions are live at once with the same system prompt.
+    va = view("a", tokens(system, 9, 100), session="A")
+    vb = view("b", tokens(system, 9, 500), session="B")
+    assert h.sched.num_matched_tokens(va, 0) == (0, False)
+    assert h.sched.num_matched_tokens(vb, 0) == (0, False)
+    # a finishes while b still runs: its first new block is held by 2 requests.
+    _, pa = h.sched.request_finished(
+        RequestView("a", va.keys, 17, 17, 0, 17, "A"), [1, 2, 3, 4, 5], True)
+    assert pa is not None and pa["flatcake"]["placement"] == "memory:shared_prefix"
+    h.step()
+    want = {(layer, j): h.block(layer, s) for layer in range(3) for j, s in enumerate([1, 2])}
+    # A third session shares only the system prompt: an all-memory hit, loaded
+    # synchronously in the step that runs it, layer by layer.
+    vc = view("c", tokens(system, 6, 900))
+    assert h.sched.num_matched_tokens(vc, 0) == (8, False)
+    h.sched.after_alloc("c", [30, 31, 32, 33], 8)
+    assert h.sched.hit_sources("c") == (8, 0)
+    plan, _, recving, invalid = h.step()
+    assert plan.loads[0].sync and recving == set() and invalid == set()
+    for (layer, j), raw in want.items():
+        assert h.block(layer, 30 + j) == raw
+    # c shared only an old part of session A: it starts a session of its own.
+    _, pc = h.sched.request_finished(
+        RequestView("c", vc.keys, 14, 14, 0, 8, None), [30, 31, 32], False)
+    assert pc is not None and pc["flatcake"]["session_id"].startswith("auto-")
+    assert pc["flatcake"]["loaded_tokens_memory"] == 8
+    # A short reply (chat) makes session A's next turn a memory segment.
+    va2 = view("a2", tokens(tokens(system, 9, 100), 9, 1000), session="A")
+    assert h.sched.num_matched_tokens(va2, 0)[0] == 16
+    h.sched.after_alloc("a2", list(range(40, 47)), 16)
+    h.step()
+    _, p2 = h.sched.request_finished(
+        RequestView("a2", va2.keys, 26, 20, 6, 26, "A"), list(range(40, 47)), True)
+    assert p2 is not None and p2["flatcake"]["turn_index"] == 1
+    assert p2["flatcake"]["placement"] == "memory:short_reply"
+    h.close()
+
+
+def test_store_in_flight_defers_lookup_until_durable(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 113))
+    finish(h, "a", turn0, [5, 6, 7, 8], out=1, session="s")
+    v = view("b", tokens(turn0, 8, 200), session="s")
+    # The write is planned but not executed yet: ask again later rather than miss.
+    assert h.sched.num_matched_tokens(v, 0) == (None, False)
+    h.step()
+    assert h.sched.num_matched_tokens(v, 0) == (12, True)
+    h.close()
+
+
+def test_restart_recovers_ssd_segments_and_infers_the_session(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 113))
+    finish(h, "a", turn0, [5, 6, 7, 8], out=1)  # no session id: auto session
+    h.step()
+    want = [h.block(layer, 6) for layer in range(3)]
+    h.close()
+    # A fresh process over the same directory: the index is rebuilt from headers.
+    h2 = Harness(tmp_path, seed=1)
+    assert h2.sched.recovered_segments == 1
+    v = view("b", tokens(turn0, 8, 200))
+    assert h2.sched.num_matched_tokens(v, 0) == (12, True)
+    h2.sched.after_alloc("b", [50, 51, 52, 53, 54], 12)
+    _, _, recving, invalid = h2.step()
+    assert recving == {"b"} and not invalid
+    assert [h2.block(layer, 51) for layer in range(3)] == want
+    _, params = h2.sched.request_finished(
+        RequestView("b", v.keys, 21, 21, 0, 21, None), [50, 51, 52, 53, 54], True)
+    assert params is not None
+    p = params["flatcake"]
+    # Inferred from the longest stored prefix: the recovered session's turn 1.
+    assert p["session_inferred"] and p["turn_index"] == 1 and p["session_id"].startswith("auto-")
+    h2.close()
+
+
+def test_fc_mas_bounds_restores_in_flight_and_counts_slot_waits(tmp_path: Path) -> None:
+    clock = ManualClock()
+    h = Harness(tmp_path, settings("scheduler.max_restores_in_flight=1"), clock=clock)
+    big = list(range(100, 141))   # 10 blocks
+    small = list(range(300, 309))  # 2 blocks
+    finish(h, "a", big, list(range(0, 11)), out=1, session="big")
+    finish(h, "b", small, [20, 21, 22], out=1, session="small")
+    h.step()
+    vb = view("b2", tokens(big, 4, 1000), session="big")
+    vs = view("s2", tokens(small, 4, 2000), session="small")
+    assert h.sched.num_matched_tokens(vb, 0) == (40, True)
+    h.sched.after_alloc("b2", list(range(30, 41)), 40)
+    assert h.sched.num_matched_tokens(vs, 0) == (8, True)
+    h.sched.after_alloc("s2", [45, 46, 47], 8)
+    clock.advance(1.0)
+    # One staging window: the small restore goes first (priority = 1 + wait / bytes),
+    # the big one waits for the slot and starts in the next step.
+    plan, _, recving, _ = h.step()
+    assert [t.request_id for t in plan.loads] == ["s2"] and recving == {"s2"}
+    plan, _, recving, _ = h.step()
+    assert [t.request_id for t in plan.loads] == ["b2"] and recving == {"b2"}
+    totals = h.sched.totals()
+    assert totals["staging_slot_waits"] == 1 and totals["restores_started"] == 2
+    h.close()
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"store": {"memory_capacity_bytes": -1}}, "store.memory_capacity_bytes"),
+    ({"placement.short_reply_threshold_tokens": "lots"}, "placement.short_reply_threshold"),
+    ({"stroe": {}}, "stroe"),
+    ({"model": "llama-3.1-8b"}, "model"),
+    ({"min_hit_blocks": 0}, "min_hit_blocks"),
+    ({"store": 5}, "kv_connector_extra_config.store"),
+])
+def test_bad_extra_config_names_the_field(extra: dict, field: str) -> None:
+    from flatcake.connectors.settings import parse_extra_config
+
+    with pytest.raises(ValueError, match=field):
+        parse_extra_config(extra, env={})
+
+
+def test_extra_config_uses_the_store_names() -> None:
+    from flatcake.connectors.settings import parse_extra_config
+
+    s = parse_extra_config({"store": {"root": "/x", "memory_capacity_bytes": 4096},
+                            "scheduler.single_queue": True, "tenant_salt": "t"}, env={})
+    assert s.config.store.root == "/x" and s.config.store.memory_capacity_bytes == 4096
+    assert s.config.scheduler.single_queue is True and s.tenant_salt == "t"
