@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from flatcake.cio.format import scan_session_file
@@ -189,3 +190,31 @@ def test_damaged_file_header_quarantines_the_file(tmp_path: Path) -> None:
         assert store.lookup(keys).num_blocks == 0
     assert (tmp_path / QUARANTINE_DIR / path.name).exists()
     assert not fsck_root(tmp_path).ok
+
+
+def test_failed_write_is_rolled_back_and_never_served(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The segment's bytes reach the file but fdatasync fails: the write is not durable,
+    # so it is not published, its header is scrubbed, and its space is reused.
+    src = random_kv(SMALL, 12)
+    keys = session_keys(8, 12)
+    real_sync = os.fdatasync
+    failures = iter([True])
+
+    def flaky_sync(fd: int) -> None:
+        if next(failures, False):
+            raise OSError(5, "Input/output error")
+        real_sync(fd)
+
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        store.store_turn("s", keys[:4], src, range(4), TO_SSD)
+        monkeypatch.setattr("flatcake.cio.writer.os.fdatasync", flaky_sync)
+        with pytest.raises(OSError, match="Input/output"):
+            store.store_turn("s", keys[:8], src, range(8), TO_SSD)
+        assert store.lookup(keys).num_blocks == 4
+        store.control.check_integrity()
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        assert (store.recovery.num_segments, store.recovery.damaged_segments) == (1, 0)
+        assert store.store_turn("s", keys, src, range(12), TO_SSD).num_blocks == 8
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        _assert_prefix(store, keys, src, 12)

@@ -32,13 +32,21 @@ from typing import Any
 
 import torch
 
-from flatcake.cio.direct import ensure_dir, resolve_io_mode
+from flatcake.cio.direct import (
+    aligned_buffer,
+    ensure_dir,
+    pwrite_all,
+    resolve_io_mode,
+    writable_view,
+)
 from flatcake.cio.format import FileHeader, FormatError, scan_session_file
+from flatcake.cio.layout import ALIGN
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.plan import ReadPlan, plan_reads
 from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
 from flatcake.cio.staging import (
     LayerReady,
+    OpenFile,
     RestoreJob,
     RestoreOutcome,
     StagingWindow,
@@ -338,7 +346,7 @@ class FlatCakeStore:
             if plan is None:
                 return StoreResult(session_id, 0, len(keys), None, "", None, 0, 0, 0.0)
             try:
-                seq = self._prepare_file(plan)
+                seq, target = self._prepare_file(plan)
             except BaseException:
                 self.control.complete_store(plan, False)
                 raise
@@ -346,15 +354,18 @@ class FlatCakeStore:
         calls = 0
         try:
             ids = table[plan.first_block:plan.first_block + plan.segment.num_blocks]
-            if plan.medium == Medium.MEMORY:
+            if target is None:
                 dest = self.arena.view(plan.segment.offset, plan.segment.total_bytes)
                 self._writer.write_memory(dest, paged, ids)
             else:
-                f = self._files.open_file(int(plan.file_id or 0))
-                written = self._writer.write_ssd(
-                    f.fd, int(plan.file_offset or 0), paged, ids, plan.segment.keys,
-                    file_id=int(plan.file_id or 0), seq=seq,
-                    turn_index=plan.segment.turn_index, first_block=plan.first_block)
+                try:
+                    written = self._writer.write_ssd(
+                        target.fd, int(plan.file_offset or 0), paged, ids, plan.segment.keys,
+                        file_id=int(plan.file_id or 0), seq=seq,
+                        turn_index=plan.segment.turn_index, first_block=plan.first_block)
+                except BaseException:
+                    self._scrub(target.fd, int(plan.file_offset or 0))
+                    raise
                 calls = written.write_calls
                 with self._lock:
                     self._crcs[plan.segment.segment_id] = written.header.layer_crcs
@@ -370,11 +381,12 @@ class FlatCakeStore:
                            plan.placement.rule.value, seg.base_address, seg.total_bytes,
                            calls, elapsed)
 
-    def _prepare_file(self, plan: StorePlan) -> int:
+    def _prepare_file(self, plan: StorePlan) -> tuple[int, OpenFile | None]:
         """SSD: create the file if new, grow it to cover the segment, and take the
-        segment's sequence number (under ``self._lock``, in allocation order)."""
+        segment's sequence number (under ``self._lock``, in allocation order). Returns
+        (seq, the open file); (0, None) for memory."""
         if plan.medium != Medium.SSD:
-            return 0
+            return 0, None
         file_id = int(plan.file_id or 0)
         if plan.new_file:
             self._files.create(FileHeader(
@@ -383,7 +395,20 @@ class FlatCakeStore:
                 self.geometry.num_layers, self.geometry.block_bytes_per_layer))
         self._files.ensure_allocated(file_id, int(plan.file_offset or 0)
                                      + plan.segment.total_bytes)
-        return self._files.take_seq(file_id)
+        return self._files.take_seq(file_id), self._files.open_file(file_id)
+
+    @staticmethod
+    def _scrub(fd: int, file_offset: int) -> None:
+        """After a failed write, zero the segment's first 4 KiB (best effort) so a
+        header that did reach the disk cannot pass for a segment on restart. The range
+        is still this write's allocation, so nothing else writes there."""
+        zeros = aligned_buffer(ALIGN, pin=False).zero_()
+        try:
+            pwrite_all(fd, writable_view(zeros), file_offset)
+            os.fdatasync(fd)
+        except OSError as exc:
+            logger.warning("could not scrub a failed segment write at %d: %s",
+                           file_offset, exc)
 
     # -- lookup and load ---------------------------------------------------------------
 
