@@ -117,11 +117,11 @@ class AgentParams:
         growth_tokens: context appended per turn (reply, tool results, user text);
             measured context growth median 10, mean 27.1, p90 56 blocks of 64 tokens.
         output_tokens: README mean 443; measured median 220.
-        think_time_s: client delay before a request; measured ``think_time`` median
-            10 s. Its p90 (166 s) exceeds the p90 gap between requests (128 s), so the
-            field is not simply gap minus server time; the p90 here (115 s) makes the
-            generated gaps (server time + think time) match the measured gaps, median
-            17 s, p90 128 s.
+        think_time_s: client delay before a request, set so that the generated gaps
+            between requests (server time + think time) match the measured gaps,
+            median 17 s (18 s between parent requests) and p90 128 s. The trace's own
+            ``think_time`` field (median 10 s, p90 166 s) is not additive with its server
+            time (its p90 exceeds the gap p90), so it is not used directly.
         compact_above_tokens: a turn that would take the context past this compacts it
             instead; measured: compactions start from a median of 152K and a p90 of
             165K input tokens (auto-compaction of a 200K-token window).
@@ -149,7 +149,7 @@ class AgentParams:
         default_factory=lambda: LogNormal.from_median_mean(10 * 64, 27.1 * 64))
     output_tokens: LogNormal = field(
         default_factory=lambda: LogNormal.from_median_mean(220, 443))
-    think_time_s: LogNormal = field(default_factory=lambda: LogNormal.from_median_p90(10, 115))
+    think_time_s: LogNormal = field(default_factory=lambda: LogNormal.from_median_p90(7, 115))
     compact_above_tokens: int = 160_000
     long_window_share: float = 0.236
     long_window_compact_above_tokens: int = 800_000
