@@ -104,7 +104,7 @@ class LoadHandle:
         return self._future.done()
 
 
-class _StreamPlanner:
+class StreamPlanner:
     """``prepare_load``'s planner: widens each SSD run to its whole segment (every byte
     served is checked against its segment's layer crc32, which covers the whole layer
     range) and records where each stream block goes. Called once, under the store lock.
@@ -141,6 +141,9 @@ class _StreamPlanner:
                                            seg.segment_id))
         self.stream_request = request
         return plan_reads(widened, num_layers, resolve, cfg)
+
+
+_StreamPlanner = StreamPlanner  # the name the vLLM connector imported first
 
 
 class FlatCakeStore:
@@ -447,7 +450,7 @@ class FlatCakeStore:
         self._check_open()
         keys = self._check_keys(keys)
         paged, table = self._paged(kv_caches, block_ids, len(keys), unique=True)
-        planner = _StreamPlanner(self._crcs)
+        planner = StreamPlanner(self._crcs)
         with self._lock:
             self._drop_damaged()
             hit = self._usable_hit(self.control.lookup(keys))
