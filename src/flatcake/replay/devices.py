@@ -1,0 +1,234 @@
+"""Device models of the replay simulator: GPU compute and KV pool, host->GPU link, SSD,
+staging buffers. Only these are models; the control plane driven by the simulator is the
+real one.
+
+Every constant lives in a frozen spec below, documented where it is defined; presets
+(``replay.presets``) fill them in and name their sources. Units are in the names.
+
+Timing models, all deterministic:
+
+* **Prefill** of ``n`` new tokens on top of ``c`` cached tokens::
+
+      t = overhead + n / prefill_tokens_per_s + attn_s_per_token_pair * n * (c + n / 2)
+
+  The linear term is the weight FLOPs (MLP, projections); the quadratic term is
+  attention, each new token attending to everything before it.
+* **Decode** (continuous batching): one step of a batch of ``b`` sequences holding ``k``
+  KV bytes takes ``decode_step_base_s + b * decode_step_per_seq_s + k / hbm_bytes_per_s``
+  (weights are read once per step; every sequence's KV is read once per step). A request
+  decoding ``m`` tokens takes ``m`` steps at the step time seen when it joins the batch.
+* **SSD** reads and writes: a batch of ``n`` commands moving ``b`` bytes occupies one
+  worker's SSD channel for ``b / bandwidth + n * command_latency_s / queue_depth``
+  seconds, so with the same bytes, scattered small commands cost more than a few merged
+  large ones (the per-command latency is only hidden ``queue_depth`` commands at a time).
+  The channel serves jobs first come first served (``FifoServer``), so concurrent
+  restores queue behind each other.
+* **Host->GPU** copies: ``bytes / host_to_gpu_bytes_per_s`` on the worker's link, FIFO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+GB = 1e9
+ROUTINGS: tuple[str, ...] = ("round_robin", "session", "prefix")
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"invalid replay device spec {name}={value!r}: must be > 0")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"invalid replay device spec {name}={value!r}: must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One worker (GPU): its KV pool and its compute speed.
+
+    Attributes:
+        kv_capacity_bytes: KV pool of the engine on this GPU (running requests plus the
+            engine's own prefix cache, LRU).
+        prefill_tokens_per_s: linear prefill throughput (tokens/s) at short context.
+        attn_s_per_token_pair: attention cost per (new token, earlier token) pair.
+        prefill_overhead_s: fixed cost of one prefill (launch, scheduling, sampling).
+        decode_step_base_s: one decode step's fixed cost (reading the weights).
+        decode_step_per_seq_s: extra cost per sequence in the batch.
+        hbm_bytes_per_s: GPU memory bandwidth, for reading every sequence's KV per step.
+        max_batch_seqs: most sequences decoding at once on this worker.
+    """
+
+    kv_capacity_bytes: int
+    prefill_tokens_per_s: float
+    attn_s_per_token_pair: float
+    prefill_overhead_s: float
+    decode_step_base_s: float
+    decode_step_per_seq_s: float
+    hbm_bytes_per_s: float
+    max_batch_seqs: int = 256
+
+    def __post_init__(self) -> None:
+        _positive("gpu.kv_capacity_bytes", self.kv_capacity_bytes)
+        _positive("gpu.prefill_tokens_per_s", self.prefill_tokens_per_s)
+        _non_negative("gpu.attn_s_per_token_pair", self.attn_s_per_token_pair)
+        _non_negative("gpu.prefill_overhead_s", self.prefill_overhead_s)
+        _non_negative("gpu.decode_step_base_s", self.decode_step_base_s)
+        _non_negative("gpu.decode_step_per_seq_s", self.decode_step_per_seq_s)
+        _positive("gpu.hbm_bytes_per_s", self.hbm_bytes_per_s)
+        _positive("gpu.max_batch_seqs", self.max_batch_seqs)
+
+    def prefill_time_s(self, new_tokens: int, context_tokens: int) -> float:
+        """Seconds to prefill ``new_tokens`` on top of ``context_tokens`` cached ones."""
+        if new_tokens <= 0:
+            return self.prefill_overhead_s
+        attn = self.attn_s_per_token_pair * new_tokens * (context_tokens + new_tokens / 2)
+        return self.prefill_overhead_s + new_tokens / self.prefill_tokens_per_s + attn
+
+    def decode_step_s(self, batch_seqs: int, batch_kv_bytes: float) -> float:
+        """Seconds of one decode step of ``batch_seqs`` sequences holding that much KV."""
+        return (self.decode_step_base_s + batch_seqs * self.decode_step_per_seq_s
+                + batch_kv_bytes / self.hbm_bytes_per_s)
+
+
+@dataclass(frozen=True, slots=True)
+class SsdSpec:
+    """The node's SSDs.
+
+    Attributes:
+        capacity_bytes: KV budget on SSD for the whole node (every system gets the same).
+        read_bytes_per_s: sequential read bandwidth of one worker's SSD channel (the
+            drives behind that GPU's PCIe switch).
+        write_bytes_per_s: sequential write bandwidth of one worker's channel.
+        command_latency_s: device latency of one read or write command.
+        queue_depth: commands one channel keeps in flight; the latency of a batch of
+            ``n`` commands is paid ``n / queue_depth`` times.
+        align_bytes: O_DIRECT / GDS alignment; every command moves whole aligned units.
+    """
+
+    capacity_bytes: int
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    command_latency_s: float
+    queue_depth: int
+    align_bytes: int = 4096
+
+    def __post_init__(self) -> None:
+        _non_negative("ssd.capacity_bytes", self.capacity_bytes)
+        _positive("ssd.read_bytes_per_s", self.read_bytes_per_s)
+        _positive("ssd.write_bytes_per_s", self.write_bytes_per_s)
+        _non_negative("ssd.command_latency_s", self.command_latency_s)
+        _positive("ssd.queue_depth", self.queue_depth)
+        _positive("ssd.align_bytes", self.align_bytes)
+
+    def read_time_s(self, num_commands: int, num_bytes: float) -> float:
+        """Channel time of a batch of reads (see the module docstring)."""
+        return num_bytes / self.read_bytes_per_s + (
+            num_commands * self.command_latency_s / self.queue_depth)
+
+    def write_time_s(self, num_commands: int, num_bytes: float) -> float:
+        """Channel time of a batch of writes."""
+        return num_bytes / self.write_bytes_per_s + (
+            num_commands * self.command_latency_s / self.queue_depth)
+
+    def aligned(self, num_bytes: int) -> int:
+        """``num_bytes`` rounded up to whole alignment units."""
+        a = self.align_bytes
+        return (num_bytes + a - 1) // a * a
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One serving node: ``num_workers`` data-parallel GPUs, host memory and SSDs.
+
+    Attributes:
+        num_workers: GPUs, each running its own engine with its own KV pool (data
+            parallel attention); a session sticks to one worker.
+        gpu: per-worker GPU.
+        host_to_gpu_bytes_per_s: host memory -> GPU copy bandwidth per worker.
+        host_memory_bytes: host-memory KV budget of the whole node (every system gets
+            the same).
+        ssd: the node's SSDs.
+        staging_bytes_per_worker: host staging buffer of systems that stage SSD reads
+            through host memory (``tiered``); a restore must reserve its whole size.
+        routing: how requests pick a worker: ``round_robin`` (SGLang's data-parallel
+            default, ``--load-balance-method round_robin``), ``session`` (a session
+            sticks to the worker of its first request) or ``prefix`` (the worker whose
+            prefix cache holds the longest prefix, then the least loaded).
+    """
+
+    num_workers: int
+    gpu: GpuSpec
+    host_to_gpu_bytes_per_s: float
+    host_memory_bytes: int
+    ssd: SsdSpec
+    staging_bytes_per_worker: int
+    routing: str = "round_robin"
+
+    def __post_init__(self) -> None:
+        _positive("node.num_workers", self.num_workers)
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"invalid replay device spec node.routing={self.routing!r}: "
+                             f"choose one of {', '.join(ROUTINGS)}")
+        _positive("node.host_to_gpu_bytes_per_s", self.host_to_gpu_bytes_per_s)
+        _non_negative("node.host_memory_bytes", self.host_memory_bytes)
+        _non_negative("node.staging_bytes_per_worker", self.staging_bytes_per_worker)
+
+
+class FifoServer:
+    """A resource serving jobs one at a time, first come first served.
+
+    ``submit(now, work_s)`` returns the job's finish time. Also counts busy seconds,
+    bytes and commands, for bandwidth metrics. Owned by the event loop's thread.
+    """
+
+    __slots__ = ("busy_s", "busy_until_s", "num_bytes", "num_commands", "num_jobs")
+
+    def __init__(self) -> None:
+        self.busy_until_s = 0.0
+        self.busy_s = 0.0
+        self.num_bytes = 0
+        self.num_commands = 0
+        self.num_jobs = 0
+
+    def submit(self, now_s: float, work_s: float, num_bytes: int = 0,
+               num_commands: int = 0) -> float:
+        start = now_s if now_s > self.busy_until_s else self.busy_until_s
+        self.busy_until_s = start + work_s
+        self.busy_s += work_s
+        self.num_bytes += num_bytes
+        self.num_commands += num_commands
+        self.num_jobs += 1
+        return self.busy_until_s
+
+
+class StagingPool:
+    """A fixed-size host staging buffer (one per worker) that restores reserve whole.
+
+    ``try_reserve`` never waits: a restore that finds no room is refused, which is how a
+    tiered store's prefetch gets cancelled and its tokens recomputed.
+    """
+
+    __slots__ = ("capacity_bytes", "num_refused", "used_bytes")
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"StagingPool.capacity_bytes must be >= 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.used_bytes = 0
+        self.num_refused = 0
+
+    def try_reserve(self, num_bytes: int) -> bool:
+        if self.used_bytes + num_bytes > self.capacity_bytes:
+            self.num_refused += 1
+            return False
+        self.used_bytes += num_bytes
+        return True
+
+    def release(self, num_bytes: int) -> None:
+        if num_bytes > self.used_bytes:
+            raise ValueError(
+                f"StagingPool.release: {num_bytes} bytes exceeds the {self.used_bytes} in use")
+        self.used_bytes -= num_bytes

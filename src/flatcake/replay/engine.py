@@ -1,0 +1,428 @@
+"""The simulated serving node: workers, the request lifecycle, and the ``System`` hooks.
+
+A node has ``num_workers`` data-parallel GPUs. Each worker runs one engine: a KV pool
+with the engine's own LRU prefix cache, one prefill at a time, continuous-batching
+decode. A *system* (FlatCake, a tiered store, memory only) decides what is loaded from
+host memory and SSD, when, and where finished turns are stored. Request life::
+
+    arrive ──► system.on_arrival ──┬─ nothing to restore ───────────────► ready
+                                   └─ restore (host/SSD -> GPU) ─ done ─► ready
+    ready ──► (worker idle, GPU pool admits it) prefill ──► first token ──► decode
+          ──► done: system.on_complete (store) ──► the chain's next request arrives
+              think_s later
+
+GPU pool accounting (per worker, in blocks): a request admitted to the pool pins the
+blocks it shares with the prefix cache, inserts its other input blocks (restored or to
+be computed) and reserves its output blocks. Admission evicts unpinned cached blocks,
+least recently used first; when even that is not enough the request waits until a
+running request finishes. Requests that restore are admitted before their restore
+starts (the data lands in their GPU blocks); the others when their prefill starts.
+
+Hits: ``hit_blocks`` is the run of input blocks present in the GPU when the prefill
+starts: the prefix-cache hit at admission plus the blocks restored or loaded for it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from flatcake.geometry import KVGeometry
+from flatcake.replay.blockcache import BlockLru
+from flatcake.replay.devices import FifoServer, NodeSpec
+from flatcake.replay.metrics import Recorder
+from flatcake.replay.sim import EventLoop
+from flatcake.replay.types import IdArray
+from flatcake.replay.workload import Workload
+
+logger = logging.getLogger(__name__)
+
+
+class Request:
+    """One request's state during a run (one object per request, never per block)."""
+
+    __slots__ = ("admitted", "arrival_s", "chain", "done_s", "first_token_s", "gpu_prefix",
+                 "hit_blocks", "ids", "idx", "input_tokens", "load_s", "num_blocks",
+                 "output_tokens", "prefill_start_s", "ready_s", "restore_blocks",
+                 "restore_end_s", "restore_start_s", "session", "sys", "turn", "worker")
+
+    def __init__(self, idx: int, ids: IdArray, arrival_s: float, wl: Workload) -> None:
+        self.idx = idx
+        self.ids = ids
+        self.num_blocks = len(ids)
+        self.arrival_s = arrival_s
+        self.chain = int(wl.chain[idx])
+        self.session = int(wl.session[idx])
+        self.turn = int(wl.turn[idx])
+        self.input_tokens = int(wl.input_tokens[idx])
+        self.output_tokens = int(wl.output_tokens[idx])
+        self.worker = -1
+        self.admitted = False
+        self.gpu_prefix = 0  # prefix-cache hit at admission (blocks)
+        self.restore_blocks = 0  # blocks restored/loaded right after gpu_prefix
+        self.hit_blocks = 0
+        self.load_s = 0.0
+        self.ready_s = math.nan
+        self.prefill_start_s = math.nan
+        self.first_token_s = math.nan
+        self.done_s = math.nan
+        self.restore_start_s = math.nan
+        self.restore_end_s = math.nan
+        self.sys: Any = None  # the system's per-request state
+
+
+class Worker:
+    """One GPU: KV pool with prefix cache, prefill server, decode batch, links."""
+
+    __slots__ = ("busy", "decode_kv_bytes", "decoding", "gpu", "held", "idx", "link",
+                 "num_sessions", "outstanding", "reserved_blocks", "ssd", "waiting_admit")
+
+    def __init__(self, idx: int, num_ids: int, capacity_blocks: int) -> None:
+        self.idx = idx
+        self.gpu = BlockLru(num_ids, capacity_blocks, name=f"gpu{idx}")
+        self.reserved_blocks = 0  # output blocks of admitted requests
+        self.busy = False  # prefill server
+        # Ready requests popped from the system's queue that did not fit the GPU pool
+        # yet, in queue order; they are offered again first.
+        self.held: list[Request] = []
+        self.waiting_admit: list[tuple[Request, Any]] = []  # restores waiting for memory
+        self.decoding = 0
+        self.decode_kv_bytes = 0.0
+        self.link = FifoServer()  # host -> GPU
+        self.ssd = FifoServer()  # this worker's SSD channel
+        self.num_sessions = 0
+        self.outstanding = 0
+
+
+class System(ABC):
+    """What differs between FlatCake and its baselines.
+
+    Contract: called from the node's event loop only. ``on_arrival`` must eventually
+    make the request ready through ``node.make_ready`` (at once, or when a restore ends);
+    ``pop_ready`` hands the worker its next ready request; ``prefill_load`` is asked at
+    prefill start of a request that did not restore (what else can be loaded, and how
+    long the copy takes); ``on_complete`` stores the finished turn.
+    """
+
+    name = "system"
+
+    def __init__(self) -> None:
+        self.node: Node | None = None
+
+    def attach(self, node: Node) -> None:
+        self.node = node
+
+    @abstractmethod
+    def on_arrival(self, req: Request) -> None: ...
+
+    @abstractmethod
+    def pop_ready(self, worker: Worker) -> Request | None: ...
+
+    def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
+        """Blocks loaded right after the GPU prefix at prefill start, and the copy time
+        (overlapped with compute). Default: nothing."""
+        return 0, 0.0
+
+    def on_prefill_start(self, req: Request) -> None:  # noqa: B027 - optional hook
+        """Called once the hit is final, before compute."""
+
+    @abstractmethod
+    def on_complete(self, req: Request) -> None: ...
+
+    def extra_metrics(self) -> dict[str, Any]:
+        return {}
+
+
+class ArrivalQueue:
+    """Ready requests of one worker in arrival order (ties: submission order)."""
+
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Request]] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, req: Request) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (req.arrival_s, self._seq, req))
+
+    def pop(self) -> Request | None:
+        return heapq.heappop(self._heap)[2] if self._heap else None
+
+
+class Node:
+    """One replay run of ``workload`` on ``spec`` with ``system`` at ``rate_req_s``."""
+
+    def __init__(self, workload: Workload, system: System, spec: NodeSpec,
+                 geometry: KVGeometry, rate_req_s: float, seed: int = 0) -> None:
+        if not rate_req_s > 0:
+            raise ValueError(f"rate_req_s must be > 0, got {rate_req_s!r}")
+        if geometry.tokens_per_block != workload.block_tokens:
+            raise ValueError(
+                f"geometry.tokens_per_block={geometry.tokens_per_block} differs from the "
+                f"trace's block size {workload.block_tokens}")
+        self.wl = workload
+        self.spec = spec
+        self.geometry = geometry
+        self.block_bytes = geometry.block_bytes
+        self.rate_req_s = float(rate_req_s)
+        self.seed = int(seed)
+        self.loop = EventLoop()
+        cap_blocks = spec.gpu.kv_capacity_bytes // self.block_bytes
+        self.workers = [Worker(i, workload.num_ids, cap_blocks) for i in range(spec.num_workers)]
+        self.rec = Recorder(workload.num_requests, spec.num_workers)
+        self.seen = np.zeros(workload.num_ids, dtype=bool)
+        self.session_worker = np.full(max(workload.num_sessions, 1), -1, dtype=np.int32)
+        self.session_open = np.zeros(max(workload.num_sessions, 1), dtype=np.int32)
+        self.system = system
+        self.num_done = 0
+        self.num_arrived = 0
+        self._rr = -1
+        system.attach(self)
+
+    # ---- time --------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.loop.clock.now()
+
+    # ---- load --------------------------------------------------------------------
+    def _schedule_arrivals(self) -> None:
+        wl = self.wl
+        rng = np.random.default_rng(self.seed)
+        if wl.global_clock:
+            t = wl.time_s
+            span = float(t.max() - t.min()) if len(t) > 1 else 0.0
+            if span > 0:
+                recorded_rate = (len(t) - 1) / span
+                times = (t - t.min()) * (recorded_rate / self.rate_req_s)
+            else:
+                times = np.cumsum(rng.exponential(1.0 / self.rate_req_s, len(t)))
+            for i in np.argsort(times, kind="stable"):
+                self.loop.at(float(times[i]), self._arrive_global, int(i))
+            return
+        # Sessions start as a Poisson process whose rate gives rate_req_s requests/s on
+        # average; a session's chains start at their recorded offsets.
+        num_sessions = wl.num_sessions
+        session_rate = self.rate_req_s * num_sessions / max(wl.num_requests, 1)
+        order = rng.permutation(num_sessions)
+        gaps = rng.exponential(1.0 / session_rate, num_sessions)
+        gaps[0] = 0.0
+        starts = np.empty(num_sessions)
+        starts[order] = np.cumsum(gaps)
+        self.session_start_s = starts
+        for c in range(wl.num_chains):
+            s = int(wl.chain_session[c])
+            t0 = float(starts[s] + wl.chain_offset_s[c])
+            first = int(wl.chain_req[wl.chain_ptr[c]])
+            self.loop.at(t0, self._arrive_chain, first)
+
+    def _arrive_chain(self, i: int) -> None:
+        self._arrive(i)
+
+    def _arrive_global(self, i: int) -> None:
+        self._arrive(i)
+
+    def _arrive(self, i: int) -> None:
+        wl = self.wl
+        ids = wl.blocks(i)
+        req = Request(i, ids, self.now, wl)
+        self.num_arrived += 1
+        # Infinite-cache bound: the run of blocks seen by any earlier request.
+        if len(ids):
+            seen = self.seen[ids]
+            self.rec.max_hit_blocks[i] = len(ids) if seen.all() else int(seen.argmin())
+            self.seen[ids] = True
+        self.rec.num_blocks[i] = len(ids)
+        self.rec.arrival_s[i] = req.arrival_s
+        req.worker = self._route(req)
+        w = self.workers[req.worker]
+        w.outstanding += 1
+        self.system.on_arrival(req)
+
+    def _route(self, req: Request) -> int:
+        routing = self.spec.routing
+        if routing == "round_robin":
+            self._rr = (self._rr + 1) % len(self.workers)
+            return self._rr
+        s = req.session
+        if routing == "session" and s >= 0:
+            w = int(self.session_worker[s])
+            if w < 0:
+                w = min(range(len(self.workers)),
+                        key=lambda k: (self.workers[k].num_sessions, self.workers[k].outstanding,
+                                       k))
+                self.session_worker[s] = w
+                self.workers[w].num_sessions += 1
+            return w
+        # Cache-aware: the worker whose prefix cache holds the longest prefix, then the
+        # least loaded.
+        best = 0
+        best_key: tuple[int, int, int] | None = None
+        for k, wk in enumerate(self.workers):
+            key = (-wk.gpu.prefix_hits(req.ids), wk.outstanding, k)
+            if best_key is None or key < best_key:
+                best, best_key = k, key
+        return best
+
+    # ---- GPU pool ----------------------------------------------------------------
+    def out_blocks(self, req: Request) -> int:
+        return -(-req.output_tokens // self.geometry.tokens_per_block)
+
+    def admit(self, req: Request) -> bool:
+        """Reserve the request's blocks in its worker's GPU pool (see module docstring).
+
+        Sets ``req.gpu_prefix``. Returns False (nothing changed) when it cannot fit even
+        after evicting every unpinned cached block."""
+        w = self.workers[req.worker]
+        gpu = w.gpu
+        ids = req.ids
+        present = gpu.count_present(ids)
+        need = (len(ids) - present) + self.out_blocks(req)
+        free = gpu.capacity_blocks - gpu.size - w.reserved_blocks
+        if need > free:
+            # Protect this request's own cached blocks while making room.
+            gpu.pin(ids)
+            evicted = gpu.evict(need - free)
+            gpu.pins[ids] -= 1
+            self.rec.gpu_evicted_blocks += len(evicted)
+            self.system_evicted(w, evicted)
+            free += len(evicted)
+            if need > free:
+                return False
+        req.gpu_prefix = gpu.prefix_hits(ids)
+        gpu.touch(ids)
+        gpu.pin(ids)
+        w.reserved_blocks += self.out_blocks(req)
+        req.admitted = True
+        return True
+
+    def system_evicted(self, w: Worker, evicted: IdArray) -> None:
+        """Hook point for GPU evictions (all systems drop them; kept for clarity)."""
+
+    def admit_or_wait(self, req: Request, then: Any) -> None:
+        """Admit now and call ``then(req)``, or queue until GPU memory frees."""
+        w = self.workers[req.worker]
+        if not w.waiting_admit and self.admit(req):
+            then(req)
+            return
+        w.waiting_admit.append((req, then))
+
+    def _retry_admissions(self, w: Worker) -> None:
+        while w.waiting_admit:
+            req, then = w.waiting_admit[0]
+            if not self.admit(req):
+                return
+            w.waiting_admit.pop(0)
+            then(req)
+
+    # ---- ready / prefill ---------------------------------------------------------
+    def make_ready(self, req: Request) -> None:
+        """The system calls this when ``req`` may run (its restore, if any, is done)."""
+        req.ready_s = self.now
+        self.kick(self.workers[req.worker])
+
+    def kick(self, w: Worker) -> None:
+        """Start the next prefill on ``w`` if its prefill server is idle.
+
+        The next request in the system's order runs if it fits the GPU pool; one that
+        does not is held (keeping its place) and later ones may pass it, so requests
+        already holding their memory (restored ones) can always drain the pool."""
+        if w.busy:
+            return
+        for k, req in enumerate(w.held):
+            if self._try_prefill(req, w):
+                del w.held[k]
+                return
+        while True:
+            req = self.system.pop_ready(w)
+            if req is None:
+                return
+            if self._try_prefill(req, w):
+                return
+            w.held.append(req)
+
+    def _try_prefill(self, req: Request, w: Worker) -> bool:
+        if not req.admitted:
+            if not self.admit(req):
+                return False
+            n, load_s = self.system.prefill_load(req, w)
+            req.restore_blocks = n
+            req.load_s = load_s
+        self._start_prefill(req, w)
+        return True
+
+    def _start_prefill(self, req: Request, w: Worker) -> None:
+        w.busy = True
+        now = self.now
+        req.prefill_start_s = now
+        hit = min(req.gpu_prefix + req.restore_blocks, req.num_blocks)
+        req.hit_blocks = hit
+        self.system.on_prefill_start(req)
+        bt = self.geometry.tokens_per_block
+        cached_tokens = min(hit * bt, req.input_tokens)
+        new_tokens = req.input_tokens - cached_tokens
+        compute_s = self.spec.gpu.prefill_time_s(new_tokens, cached_tokens)
+        wall = max(compute_s, req.load_s)
+        rec = self.rec
+        rec.hit_blocks[req.idx] = hit
+        rec.recomputed_tokens += max(0, min(int(rec.max_hit_blocks[req.idx]) * bt,
+                                            req.input_tokens) - cached_tokens)
+        rec.prefill_tokens += new_tokens
+        self.loop.after(wall, self._prefill_done, req)
+
+    def _prefill_done(self, req: Request) -> None:
+        w = self.workers[req.worker]
+        now = self.now
+        req.first_token_s = now
+        self.rec.first_token_s[req.idx] = now
+        w.busy = False
+        # Join the decode batch; its step time is taken at join time.
+        kv = req.input_tokens * self.geometry.bytes_per_token
+        w.decoding += 1
+        w.decode_kv_bytes += kv
+        step = self.spec.gpu.decode_step_s(w.decoding, w.decode_kv_bytes)
+        self.loop.after(max(req.output_tokens - 1, 0) * step, self._done, req)
+        self.kick(w)
+
+    def _done(self, req: Request) -> None:
+        w = self.workers[req.worker]
+        now = self.now
+        req.done_s = now
+        self.rec.done_s[req.idx] = now
+        w.decoding -= 1
+        w.decode_kv_bytes -= req.input_tokens * self.geometry.bytes_per_token
+        w.gpu.unpin(req.ids)
+        w.reserved_blocks -= self.out_blocks(req)
+        w.outstanding -= 1
+        self.num_done += 1
+        self.system.on_complete(req)
+        # The chain's next request follows this reply plus the recorded think time.
+        wl = self.wl
+        c = req.chain
+        if c >= 0:
+            nxt = req.turn + 1
+            if nxt < wl.chain_ptr[c + 1] - wl.chain_ptr[c]:
+                j = int(wl.chain_req[wl.chain_ptr[c] + nxt])
+                self.loop.after(float(wl.think_s[j]), self._arrive_chain, j)
+        self._retry_admissions(w)
+        self.kick(w)
+
+    # ---- run ---------------------------------------------------------------------
+    def run(self) -> Recorder:
+        self._schedule_arrivals()
+        self.loop.run()
+        if self.num_done != self.wl.num_requests:
+            raise RuntimeError(
+                f"replay stalled: {self.num_done} of {self.wl.num_requests} requests done "
+                f"({self.num_arrived} arrived); is the GPU pool smaller than one request?")
+        self.rec.num_events = self.loop.num_events
+        self.rec.link_busy_s = [w.link.busy_s for w in self.workers]
+        return self.rec

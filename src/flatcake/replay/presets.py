@@ -1,0 +1,207 @@
+"""Named settings of the replay: model geometry, node devices, budgets, store knobs.
+
+Every number is either sourced (a datasheet, a peer's default, a paper figure) or an
+*assumption*, and each preset lists its assumptions in ``assumptions`` so that
+``flatcake replay --explain`` and the README can print them.
+
+* ``paper``: the paper's setting as far as it is published. 8 workers; about 0.8 GiB of
+  KV per worker for a 219K-token request; about 5x memory-over-SSD bandwidth; a 4 TiB
+  SSD. Everything else is stated below as an assumption.
+* ``llama70b``: Llama-3.1-70B (80 layers, 8 KV heads, 128 dims, bf16: 320 KiB per
+  token) for the 16K vs 64K layout comparison of tiered-direct against FlatCake.
+* ``local``: the paper node's shape with the SSD constants measured on this machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from flatcake.config import FlatCakeConfig, PlannerConfig, SchedulerConfig, StoreConfig
+from flatcake.geometry import KVGeometry
+from flatcake.geometry import preset as geometry_preset
+from flatcake.replay.devices import GB, GIB, GpuSpec, NodeSpec, SsdSpec
+from flatcake.replay.systems.tiered import TieredConfig
+
+TIB = 1024 * GIB
+MIB = 1024**2
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPreset:
+    """One named setting.
+
+    Attributes:
+        name: preset name.
+        description: one line.
+        geometry: per-worker KV geometry; its block size is replaced by the trace's.
+        node: devices and budgets (same for every system).
+        flatcake: FlatCake's configuration (placement thresholds, planner, scheduler);
+            its store budgets are overwritten with the node's.
+        tiered: the tiered baselines' constants.
+        rates: the default sweep's request rates (req/s).
+        assumptions: every number not taken from a published source.
+    """
+
+    name: str
+    description: str
+    geometry: KVGeometry
+    node: NodeSpec
+    flatcake: FlatCakeConfig
+    tiered: TieredConfig
+    rates: tuple[float, ...]
+    assumptions: tuple[str, ...]
+
+    def flatcake_config(self) -> FlatCakeConfig:
+        """FlatCake's config with the node's memory and SSD budgets."""
+        store = dataclasses.replace(
+            self.flatcake.store,
+            memory_capacity_bytes=int(self.node.host_memory_bytes),
+            ssd_capacity_bytes=int(self.node.ssd.capacity_bytes))
+        return dataclasses.replace(self.flatcake, store=store)
+
+    def with_node(self, **changes: object) -> ReplayPreset:
+        """A copy with some ``NodeSpec`` fields replaced."""
+        return dataclasses.replace(self, node=dataclasses.replace(self.node, **changes))
+
+
+# ---------------------------------------------------------------------------- paper
+# A DeepSeek-V4-Flash-like MLA cache per worker: 61 layers x 64 bytes per token per
+# layer = 3,904 B/token, so a 219K-token request holds 0.80 GiB, the paper's figure.
+PAPER_GEOMETRY = KVGeometry(num_layers=61, tokens_per_block=64, mla_latent_dim=64,
+                            dtype="float8_e4m3fn", name="paper-mla-3904B")
+
+PAPER_SSD = SsdSpec(
+    capacity_bytes=4 * TIB,  # paper: 4 TiB SSD
+    read_bytes_per_s=6.0 * GB,  # assumption: one PCIe Gen4 NVMe drive per GPU (~6-7 GB/s)
+    write_bytes_per_s=4.0 * GB,  # assumption: same drive's sequential write
+    command_latency_s=80e-6,  # NVMe read latency at low queue depth (datasheets: 70-90 us)
+    queue_depth=32,  # assumption: commands one worker's restore path keeps in flight
+)
+
+PAPER_GPU = GpuSpec(
+    kv_capacity_bytes=16 * GIB,  # assumption (see PAPER_ASSUMPTIONS)
+    prefill_tokens_per_s=20_000.0,  # assumption: B200-class worker, MoE with ~13B active
+    attn_s_per_token_pair=2.0e-11,  # assumption: sparse attention, near-linear prefill
+    prefill_overhead_s=0.02,  # assumption: launch + sampling + scheduling
+    decode_step_base_s=0.015,  # assumption: weight read per step (expert-parallel)
+    decode_step_per_seq_s=0.0002,  # assumption
+    hbm_bytes_per_s=8.0e12,  # B200 HBM3e: 8 TB/s
+    max_batch_seqs=256,
+)
+
+PAPER_NODE = NodeSpec(
+    num_workers=8,  # paper: 8 GPUs
+    gpu=PAPER_GPU,
+    host_to_gpu_bytes_per_s=30.0 * GB,  # paper: ~5x the SSD's bandwidth (6 GB/s)
+    host_memory_bytes=128 * GIB,  # assumption (see PAPER_ASSUMPTIONS)
+    ssd=PAPER_SSD,
+    staging_bytes_per_worker=1280 * MIB,  # Mooncake FileStorageConfig.local_buffer_size
+)
+
+PAPER_ASSUMPTIONS: tuple[str, ...] = (
+    "KV geometry: 61 layers x 64 B per token per layer (an fp8 MLA-style latent), chosen so "
+    "a 219K-token request is 0.80 GiB per worker as the paper states; DeepSeek-V4-Flash's "
+    "own layer count and latent size are not published in the summary.",
+    "8 data-parallel workers (DP attention: each GPU holds the KV of its own requests); "
+    "a session sticks to the worker that served its first request.",
+    "GPU KV pool 16 GiB per worker (about 20 of the paper's 0.8 GiB requests); the paper "
+    "does not publish it.",
+    "Host-memory KV budget 128 GiB for the node (16 GiB per worker, HiCache's "
+    "--hicache-ratio 1x of the GPU pool); the paper gives every system the same budget "
+    "but not its size.",
+    "SSD: 6 GB/s read, 4 GB/s write per worker channel (one PCIe Gen4 NVMe drive per GPU), "
+    "80 us command latency, 32 commands in flight (2.5 us per command, 400K IOPS).",
+    "Host->GPU 30 GB/s per worker: the paper's 'about 5x memory-over-SSD bandwidth'.",
+    "Prefill 20K tokens/s per worker plus 2e-11 s per (new, earlier) token pair; decode "
+    "15 ms + 0.2 ms per sequence per step plus the KV read at 8 TB/s.",
+    "Staging buffer of the tiered baseline: 1280 MiB per worker (Mooncake's default "
+    "local_buffer_size), on top of the host budget.",
+    "FlatCake: two restores in flight per worker (the two-layer window per stream, "
+    "SchedulerConfig default), 64 KiB gap limit, 64 MiB largest read.",
+)
+
+PAPER = ReplayPreset(
+    name="paper",
+    description="the paper's node (8 workers, 0.8 GiB per 219K-token request, 4 TiB SSD)",
+    geometry=PAPER_GEOMETRY,
+    node=PAPER_NODE,
+    flatcake=FlatCakeConfig(model="paper-mla-3904B",
+                            scheduler=SchedulerConfig(max_restores_in_flight=2),
+                            planner=PlannerConfig(), store=StoreConfig()),
+    tiered=TieredConfig(),
+    rates=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    assumptions=PAPER_ASSUMPTIONS,
+)
+
+# ------------------------------------------------------------------------- llama70b
+LLAMA70B_GPU = GpuSpec(
+    kv_capacity_bytes=64 * GIB,  # assumption: 8xH100 TP engine, 640 GB minus 140 GB
+                                 # of bf16 weights minus activations, per-engine share
+    prefill_tokens_per_s=8_000.0,  # assumption: 70B dense on 8xH100, ~2*70e9 FLOP/token
+    attn_s_per_token_pair=1.0e-9,  # assumption: dense attention, 80 layers x 64 heads
+    prefill_overhead_s=0.03,
+    decode_step_base_s=0.02,
+    decode_step_per_seq_s=0.0005,
+    hbm_bytes_per_s=8 * 3.35e12,  # 8 x H100 HBM3
+    max_batch_seqs=256,
+)
+
+LLAMA70B = ReplayPreset(
+    name="llama70b",
+    description="Llama-3.1-70B, one 8-GPU tensor-parallel engine per worker",
+    geometry=geometry_preset("llama-3.1-70b"),
+    node=NodeSpec(
+        num_workers=2,  # assumption: two engines on one node's SSDs
+        gpu=LLAMA70B_GPU,
+        host_to_gpu_bytes_per_s=8 * 25.0 * GB,  # 8 GPUs x ~25 GB/s PCIe Gen5
+        host_memory_bytes=256 * GIB,  # assumption
+        ssd=dataclasses.replace(PAPER_SSD, read_bytes_per_s=8 * 6.0 * GB,
+                                write_bytes_per_s=8 * 4.0 * GB,
+                                queue_depth=8 * 32),  # one drive per GPU, 8 per engine
+        staging_bytes_per_worker=8 * 1280 * MIB,
+    ),
+    flatcake=FlatCakeConfig(model="llama-3.1-70b",
+                            scheduler=SchedulerConfig(max_restores_in_flight=2)),
+    tiered=TieredConfig(),
+    rates=(0.2, 0.4, 0.6, 0.8, 1.0),
+    assumptions=(
+        "Geometry: Llama-3.1-70B config.json (80 layers, 8 KV heads, head dim 128, bf16), "
+        "block size taken from the trace.",
+        "Each worker is one 8xH100 tensor-parallel engine with a 64 GiB KV pool; two "
+        "engines share the node's 256 GiB host budget and 4 TiB SSD.",
+        "Each engine reads from 8 NVMe drives (one per GPU): 48 GB/s read, 32 GB/s write, "
+        "256 commands in flight; host->GPU 200 GB/s (8 x PCIe Gen5).",
+        "Prefill 8K tokens/s plus 1e-9 s per token pair (dense attention).",
+        "Context is capped per run (16K or 64K tokens) with --context-tokens.",
+    ),
+)
+
+# ---------------------------------------------------------------------------- local
+LOCAL_SSD = SsdSpec(
+    capacity_bytes=4 * TIB,
+    read_bytes_per_s=1.0 * GB,  # replaced by measure-local figures (see README)
+    write_bytes_per_s=0.8 * GB,
+    command_latency_s=200e-6,
+    queue_depth=8,
+)
+
+LOCAL = dataclasses.replace(
+    PAPER,
+    name="local",
+    description="the paper's node with this machine's measured SSD",
+    node=dataclasses.replace(PAPER_NODE, ssd=LOCAL_SSD,
+                             host_to_gpu_bytes_per_s=5 * LOCAL_SSD.read_bytes_per_s),
+    assumptions=(*PAPER_ASSUMPTIONS,
+                 "SSD constants measured on this machine (README 'Benchmark report: replay')."),
+)
+
+PRESETS: dict[str, ReplayPreset] = {p.name: p for p in (PAPER, LLAMA70B, LOCAL)}
+
+
+def get_preset(name: str) -> ReplayPreset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown replay preset {name!r}; choose one of "
+                         f"{', '.join(PRESETS)}") from None

@@ -1,0 +1,41 @@
+"""One replay run: a workload, a system, a rate, a preset -> ``RunMetrics``."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from flatcake.replay.engine import Node
+from flatcake.replay.metrics import RunMetrics, summarize
+from flatcake.replay.presets import ReplayPreset
+from flatcake.replay.systems import make_system
+from flatcake.replay.workload import Workload
+
+logger = logging.getLogger(__name__)
+
+
+def run_replay(workload: Workload, system: str, rate_req_s: float, preset: ReplayPreset,
+               seed: int = 0) -> RunMetrics:
+    """Replay ``workload`` on ``system`` at ``rate_req_s`` requests per second."""
+    geometry = preset.geometry.with_block_size(workload.block_tokens)
+    max_blocks = int(workload.blocks_per_request().max(initial=0))
+    max_out = int(workload.output_tokens.max(initial=0))
+    need = (max_blocks + -(-max_out // workload.block_tokens)) * geometry.block_bytes
+    if need > preset.node.gpu.kv_capacity_bytes:
+        raise ValueError(
+            f"preset {preset.name!r}: gpu.kv_capacity_bytes={preset.node.gpu.kv_capacity_bytes}"
+            f" is smaller than the trace's largest request ({need} bytes)")
+    sysobj = make_system(system, preset.flatcake_config(), preset.tiered)
+    node = Node(workload, sysobj, preset.node, geometry, rate_req_s, seed)
+    start = time.perf_counter()
+    rec = node.run()
+    wall = time.perf_counter() - start
+    extra = sysobj.extra_metrics()
+    placements = extra.pop("placements", {})
+    extra["num_events"] = rec.num_events
+    m = summarize(rec, system=system, rate_req_s=rate_req_s, preset=preset.name,
+                  trace=workload.name, seed=seed, input_tokens=workload.input_tokens,
+                  output_tokens=workload.output_tokens, placements=placements, wall_s=wall,
+                  extra=extra)
+    logger.info("%s at %g req/s: %.1f s wall", system, rate_req_s, wall)
+    return m

@@ -1,0 +1,280 @@
+"""FlatCake in the simulator: the real control plane on the simulated clock.
+
+Everything that decides is FlatCake's own code, unchanged: ``ControlPlane`` (block
+index lookups by runs, write-time placement with ``decide_placement``, host-arena and
+session-file allocation, per-session reclaim with ``choose_victims``) and one
+``MasScheduler`` per worker (ready queue + SSD-preparing queue with ``1 + wait/kv``
+priority and a bounded number of restores in flight that wait, never cancel; or the
+one-FIFO ablation). Only the devices are models:
+
+* a restore reads its SSD part with the plan's merged commands (``planfast.plan_totals``,
+  the bulk twin of ``cio.plan.plan_reads``) on the worker's SSD channel, straight into
+  the GPU through the two-layer window (no host staging), and copies its memory part
+  over the host->GPU link;
+* a request whose missing blocks are all in memory runs at once; its memory copy
+  overlaps its prefill;
+* a finished turn's new blocks are placed and allocated by ``prepare_store``; a memory
+  segment is published at once, an SSD segment after its write occupies the worker's
+  SSD channel (``complete_store``).
+
+Keys: dense block ids map to 32-byte keys (the id, little endian, in the first 8
+bytes); a session is ``str(session index)`` (a request of a global-clock trace is its
+own session).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+from flatcake.config import FlatCakeConfig
+from flatcake.control import ControlPlane, StorePlan
+from flatcake.errors import CapacityError
+from flatcake.gva.address import Medium
+from flatcake.gva.index import HitRun, PrefixHit
+from flatcake.mas.queues import RestoreRequest
+from flatcake.mas.scheduler import MasScheduler
+from flatcake.replay.engine import Node, Request, System, Worker
+from flatcake.replay.planfast import plan_totals
+
+logger = logging.getLogger(__name__)
+
+
+def make_keys(num_ids: int) -> np.ndarray:
+    """An object array of 32-byte keys, one per dense block id."""
+    raw = np.zeros((num_ids, 4), dtype="<u8")
+    raw[:, 0] = np.arange(num_ids, dtype=np.uint64)
+    raw[:, 1] = 0x666C6174_63616B65  # "flatcake": keeps keys away from all-zero bytes
+    blob = raw.tobytes()
+    keys = np.empty(num_ids, dtype=object)
+    keys[:] = [blob[i:i + 32] for i in range(0, len(blob), 32)]
+    return keys
+
+
+def trim_hit(hit: PrefixHit, start: int) -> tuple[HitRun, ...]:
+    """The runs of ``hit`` covering request blocks ``[start, hit.num_blocks)``."""
+    out: list[HitRun] = []
+    # HitRun is a NamedTuple whose ``count`` field is shadowed by ``tuple.count``:
+    # unpack it instead of reading the attribute.
+    for run in hit.runs:
+        seg, start_pos, count, prefix_start = run
+        end = prefix_start + count
+        if end <= start:
+            continue
+        if prefix_start >= start:
+            out.append(run)
+        else:
+            cut = start - prefix_start
+            out.append(HitRun(seg, start_pos + cut, count - cut, start))
+    return tuple(out)
+
+
+def memory_run(hit: PrefixHit, start: int) -> int:
+    """How many blocks from ``start`` on the hit holds in host memory, contiguously."""
+    n = 0
+    pos = start
+    for seg, _start_pos, count, prefix_start in hit.runs:
+        end = prefix_start + count
+        if end <= pos:
+            continue
+        if seg.medium != Medium.MEMORY:
+            break
+        n += end - pos
+        pos = end
+    return n
+
+
+class _FcState:
+    __slots__ = ("hit", "keys", "load_pinned", "needs_ssd")
+
+    def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...]) -> None:
+        self.hit = hit
+        self.keys = keys
+        self.needs_ssd = False
+        self.load_pinned = False
+
+
+class FlatCakeSystem(System):
+    """``flatcake`` (two queues) and ``flatcake-1q`` (``single_queue=True``)."""
+
+    def __init__(self, config: FlatCakeConfig, name: str = "flatcake") -> None:
+        super().__init__()
+        self.name = name
+        self.config = config
+        self.cp: ControlPlane | None = None
+        self.scheds: list[MasScheduler] = []
+        self.reqs: dict[Hashable, Request] = {}
+        self.keys = np.empty(0, dtype=object)
+        self.prev_reply: dict[int, int] = {}
+        self.active_refs = np.zeros(0, dtype=np.int16)
+        self.num_store_rejected = 0
+        self.num_reclaim_actions = 0
+
+    def attach(self, node: Node) -> None:
+        super().attach(node)
+        clock = node.loop.clock
+        self.cp = ControlPlane(node.geometry, self.config, clock)
+        self.scheds = [MasScheduler(self.config.scheduler, clock) for _ in node.workers]
+        self.keys = make_keys(node.wl.num_ids)
+        self.active_refs = np.zeros(node.wl.num_ids, dtype=np.int16)
+
+    # ---- arrival ------------------------------------------------------------------
+    def _session_id(self, req: Request) -> str:
+        return str(req.session) if req.session >= 0 else f"r{req.idx}"
+
+    def on_arrival(self, req: Request) -> None:
+        node, cp = self.node, self.cp
+        assert node is not None and cp is not None
+        w = node.workers[req.worker]
+        sched = self.scheds[req.worker]
+        self.reqs[req.idx] = req
+        keys = tuple(self.keys[req.ids])
+        hit = cp.lookup(keys)
+        st = _FcState(hit, keys)
+        req.sys = st
+        g = w.gpu.prefix_hits(req.ids)
+        if hit.num_blocks <= g:
+            sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
+            node.make_ready(req)
+            return
+        runs = trim_hit(hit, g)
+        ssd_blocks = sum(r[2] for r in runs if r.segment.medium == Medium.SSD)
+        needs_ssd = ssd_blocks > 0
+        part = PrefixHit(hit.num_blocks - g, hit.num_blocks - g - ssd_blocks, ssd_blocks, runs)
+        lp = cp.prepare_load(req.idx, part, planner=plan_totals)
+        st.load_pinned = True
+        if not needs_ssd:
+            sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
+            node.make_ready(req)
+            return
+        st.needs_ssd = True
+        sched.submit(RestoreRequest(req.idx, req.arrival_s, lp.read_plan.useful_bytes, True))
+        self._pump(req.worker)
+
+    def _pump(self, worker: int) -> None:
+        node = self.node
+        assert node is not None
+        for rr in self.scheds[worker].next_restores():
+            req = self.reqs[rr.request_id]
+            req.restore_start_s = node.now
+            node.admit_or_wait(req, self._start_restore)
+
+    def _start_restore(self, req: Request) -> None:
+        node = self.node
+        assert node is not None
+        w = node.workers[req.worker]
+        st: _FcState = req.sys
+        g = req.gpu_prefix
+        runs = trim_hit(st.hit, g)
+        plan = plan_totals(runs, node.geometry.num_layers, None, self.config.planner)
+        now = node.now
+        spec = node.spec
+        end = now
+        if plan.bytes_read:
+            t = spec.ssd.read_time_s(plan.num_commands, plan.bytes_read)
+            end = w.ssd.submit(now, t, plan.bytes_read, plan.num_commands)
+            node.rec.ssd_read(plan.num_commands, plan.bytes_read, t)
+        if plan.memory_bytes:
+            end = max(end, w.link.submit(now, plan.memory_bytes / spec.host_to_gpu_bytes_per_s,
+                                         plan.memory_bytes))
+        req.restore_blocks = max(st.hit.num_blocks - g, 0)
+        node.loop.at(end, self._restore_done, (req, plan.useful_bytes))
+
+    def _restore_done(self, arg: tuple[Request, int]) -> None:
+        req, useful = arg
+        node, cp = self.node, self.cp
+        assert node is not None and cp is not None
+        req.restore_end_s = node.now
+        node.rec.prefetch_s.append(node.now - req.arrival_s)
+        node.rec.ssd_useful_bytes += useful
+        self.scheds[req.worker].restore_done(req.idx)
+        cp.complete_load(req.idx)
+        req.sys.load_pinned = False
+        self._pump(req.worker)
+        node.make_ready(req)
+
+    # ---- ready / prefill ----------------------------------------------------------
+    def pop_ready(self, worker: Worker) -> Request | None:
+        rr = self.scheds[worker.idx].pop_ready()
+        return None if rr is None else self.reqs[rr.request_id]
+
+    def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
+        node, cp = self.node, self.cp
+        assert node is not None and cp is not None
+        st: _FcState = req.sys
+        if not st.load_pinned:
+            return 0, 0.0
+        n = memory_run(st.hit, req.gpu_prefix)
+        cp.complete_load(req.idx)
+        st.load_pinned = False
+        if n == 0:
+            return 0, 0.0
+        nbytes = n * node.block_bytes
+        now = node.now
+        end = worker.link.submit(now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
+        return n, end - now
+
+    def on_prefill_start(self, req: Request) -> None:
+        self.active_refs[req.ids] += 1
+
+    # ---- store --------------------------------------------------------------------
+    def on_complete(self, req: Request) -> None:
+        node, cp = self.node, self.cp
+        assert node is not None and cp is not None
+        self.reqs.pop(req.idx, None)
+        self.active_refs[req.ids] -= 1
+        if req.num_blocks == 0:
+            return
+        sid = self._session_id(req)
+        key = req.chain if req.chain >= 0 else -1 - req.idx
+        prev = self.prev_reply.get(key)
+        self.prev_reply[key] = req.output_tokens
+        turn = req.turn if req.session >= 0 else 1 if req.hit_blocks else 0
+        st: _FcState = req.sys
+        # The connector hands the store the blocks after what the store already held
+        # when the request arrived (the engine knows what it loaded); prepare_store
+        # looks them up again and writes those it does not hold.
+        start = max(min(st.hit.num_blocks, req.num_blocks - 1), 0)
+        keys = st.keys[start:] if start else st.keys
+        shared = int(self.active_refs[req.ids[start]]) + 1
+        try:
+            plan = cp.prepare_store(sid, keys, turn_index=turn,
+                                    context_tokens=req.input_tokens,
+                                    prev_reply_tokens=prev, shared_refcount=shared)
+        except CapacityError:
+            st.keys = ()
+            self.num_store_rejected += 1
+            return
+        st.keys = ()
+        self.num_reclaim_actions += len(cp.take_reclaim_actions())
+        if plan is None:
+            return
+        if plan.medium == Medium.MEMORY:
+            cp.complete_store(plan, True)
+            return
+        w = node.workers[req.worker]
+        nbytes = plan.segment.total_bytes
+        cmds = -(-nbytes // self.config.planner.max_read_bytes)
+        t = node.spec.ssd.write_time_s(cmds, nbytes)
+        end = w.ssd.submit(node.now, t, nbytes, cmds)
+        node.rec.ssd_write(cmds, nbytes)
+        node.loop.at(end, self._store_done, plan)
+
+    def _store_done(self, plan: StorePlan) -> None:
+        assert self.cp is not None
+        self.cp.complete_store(plan, True)
+
+    def extra_metrics(self) -> dict[str, Any]:
+        assert self.cp is not None
+        st = self.cp.stats()
+        return {
+            "placements": dict(st.placements_by_rule),
+            "sessions_reclaimed_memory": st.sessions_reclaimed_memory,
+            "sessions_reclaimed_ssd": st.sessions_reclaimed_ssd,
+            "stores_rejected": self.num_store_rejected,
+            "memory_used_bytes": st.memory_used_bytes,
+            "ssd_used_bytes": st.ssd_used_bytes,
+        }

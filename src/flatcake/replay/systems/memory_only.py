@@ -1,0 +1,73 @@
+"""``memory-only``: GPU + host-memory LRU, no SSD (SGLang HiCache with L1 and L2 only).
+
+* Every computed page is backed up to host memory when its request finishes
+  (``--hicache-write-policy write_through``, the documented default in HiCache's best
+  practices); the host pool is an LRU that drops what overflows (there is no L3).
+* A request's GPU prefix-cache hit is extended by the run of blocks found in host
+  memory right after it; those are copied host->GPU when its prefill starts
+  (``load_back``, overlapped layer by layer with the compute).
+* No prefetch, no SSD, nothing is ever cancelled.
+
+Sources read: sgl-project/sglang ``docs/advanced_features/hicache_best_practices.md``
+(tiers, ``--hicache-ratio``, write policies) and ``python/sglang/srt/mem_cache/
+hiradix_cache.py`` (``match_prefix`` host hit length, ``load_back``, ``evict_host``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flatcake.replay.blockcache import BlockLru
+from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker
+
+
+class MemoryOnlySystem(System):
+    """GPU prefix cache plus a node-wide host LRU of ``host_memory_bytes``."""
+
+    name = "memory-only"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queues: list[ArrivalQueue] = []
+        self.host: BlockLru | None = None
+        self.blocks_dropped = 0
+
+    def attach(self, node: Node) -> None:
+        super().attach(node)
+        self.queues = [ArrivalQueue() for _ in node.workers]
+        self.host = BlockLru(node.wl.num_ids, node.spec.host_memory_bytes // node.block_bytes,
+                             name="host")
+
+    def on_arrival(self, req: Request) -> None:
+        assert self.node is not None
+        self.queues[req.worker].push(req)
+        self.node.make_ready(req)
+
+    def pop_ready(self, worker: Worker) -> Request | None:
+        return self.queues[worker.idx].pop()
+
+    def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
+        node, host = self.node, self.host
+        assert node is not None and host is not None
+        g = req.gpu_prefix
+        hm = host.prefix_hits(req.ids, g)
+        if not hm:
+            return 0, 0.0
+        host.touch(req.ids[g:g + hm])
+        nbytes = hm * node.block_bytes
+        now = node.now
+        end = worker.link.submit(now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
+        return hm, end - now
+
+    def on_complete(self, req: Request) -> None:
+        host = self.host
+        assert host is not None
+        if not len(req.ids):
+            return
+        host.touch(req.ids)
+        over = host.size - host.capacity_blocks
+        if over > 0:
+            self.blocks_dropped += len(host.evict(over))
+
+    def extra_metrics(self) -> dict[str, Any]:
+        return {"host_blocks_dropped": self.blocks_dropped}

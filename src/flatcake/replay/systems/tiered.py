@@ -1,0 +1,343 @@
+"""Tiered baselines: ``tiered`` (Mooncake-style) and ``tiered-direct`` (Mooncake-GDS).
+
+What the model does, and where each behaviour comes from:
+
+* **New blocks enter host memory.** A finished turn's blocks that the store does not
+  hold yet are put into the host tier (Mooncake Store ``Put`` into its memory segment;
+  the vLLM/SGLang connectors save every computed page, and skip keys that exist).
+* **LRU demotes to SSD, in eviction order.** When host memory is full, the least
+  recently used blocks leave it; a block without an SSD copy is written to SSD, in the
+  order it was evicted, into the open *bucket*. Mooncake's ``BucketStorageBackend``
+  groups offloaded objects into bucket files and seals a bucket at
+  ``bucket_size_limit`` = 256 MB or ``bucket_keys_limit`` = 500 keys (defaults in
+  ``mooncake-store/include/storage_backend.h`` / ``bucket_backend_config``).
+* **Buckets are recycled FIFO.** When the SSD budget is full, the oldest bucket is
+  deleted whole (``PrepareEviction`` picks the oldest bucket; policy FIFO), so its
+  blocks, which belong to many sessions, all disappear at once.
+* **SSD hits are staged through host memory** (``tiered``): a prefetch reserves its
+  whole size in the worker's staging buffer (Mooncake client ``local_buffer_size``,
+  default 1280 MB), reads one object (one block, all layers) per command into it, then
+  copies to the GPU and releases the buffer. A prefetch that finds no room is
+  cancelled and its tokens recomputed (SGLang HiCache ``prefetch_from_storage``
+  returns without prefetching when host memory cannot be allocated or
+  ``prefetch_rate_limited()``). Prefetches shorter than ``prefetch_threshold`` = 256
+  tokens are not issued (HiCache default). Restored blocks are refilled into the host
+  tier (HiCache inserts prefetched pages into its host radix tree).
+* **tiered-direct** keeps the placement, eviction order and buckets but reads SSD hits
+  straight into the GPU (GDS), with no staging and so no cancellation. Paged KV in the
+  GPU is one tensor per layer, so each (block, layer) lands in a different place: one
+  read command per block per layer (``direct_reads_per_layer``), each of
+  ``block_bytes_per_layer`` at an eviction-order offset.
+
+Both keep the engine's usual order: requests restoring are set aside and rejoin the
+ready queue at their arrival position (vLLM ``WAITING_FOR_REMOTE_KVS``); restores do
+not block other requests.
+
+Sources read: kvcache-ai/Mooncake ``mooncake-store/include/storage_backend.h``
+(``BucketStorageBackend``, ``FileStorageConfig::local_buffer_size``, bucket eviction);
+sgl-project/sglang ``python/sglang/srt/mem_cache/hiradix_cache.py``
+(``prefetch_from_storage``, ``can_terminate_prefetch``) and ``managers/cache_controller.py``
+(``prefetch_rate_limited``, ``prefetch_capacity_limit``); LMCache local-disk backend
+(one file per 256-token chunk, LRU) as another per-chunk layout.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flatcake.replay.blockcache import BlockLru
+from flatcake.replay.devices import StagingPool
+from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker
+from flatcake.replay.types import IdArray
+
+MB = 1000**2
+
+
+@dataclass(frozen=True, slots=True)
+class TieredConfig:
+    """Constants of the tiered baselines (sources in the module docstring).
+
+    Attributes:
+        bucket_bytes: a bucket is sealed at this size (Mooncake default 256 MB).
+        bucket_keys: ... or at this many objects (Mooncake default 500).
+        prefetch_threshold_tokens: shorter SSD prefetches are not issued (HiCache 256).
+        refill_host_on_ssd_hit: restored blocks are inserted into the host tier.
+        direct: read SSD hits straight into the GPU (tiered-direct), no staging.
+        direct_reads_per_layer: direct reads issue one command per block per layer.
+    """
+
+    bucket_bytes: int = 256 * MB
+    bucket_keys: int = 500
+    prefetch_threshold_tokens: int = 256
+    refill_host_on_ssd_hit: bool = True
+    direct: bool = False
+    direct_reads_per_layer: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("bucket_bytes", "bucket_keys"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"invalid tiered.{name}={getattr(self, name)!r}: must be > 0")
+        if self.prefetch_threshold_tokens < 0:
+            raise ValueError(f"invalid tiered.prefetch_threshold_tokens="
+                             f"{self.prefetch_threshold_tokens!r}: must be >= 0")
+
+
+class HostTier:
+    """The host-memory LRU tier shared by the node's workers."""
+
+    def __init__(self, num_ids: int, capacity_blocks: int) -> None:
+        self.lru = BlockLru(num_ids, capacity_blocks, name="host")
+
+    def prefix(self, ids: IdArray, start: int) -> int:
+        return self.lru.prefix_hits(ids, start)
+
+
+class _TState:
+    __slots__ = ("host_pinned", "staged_bytes")
+
+    def __init__(self) -> None:
+        self.host_pinned: IdArray | None = None
+        self.staged_bytes = 0
+
+
+class TieredSystem(System):
+    """``tiered`` (staged, Mooncake-style) or ``tiered-direct`` (``cfg.direct``)."""
+
+    def __init__(self, cfg: TieredConfig, name: str | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.name = name or ("tiered-direct" if cfg.direct else "tiered")
+        self.queues: list[ArrivalQueue] = []
+        self.staging: list[StagingPool] = []
+        self.host: HostTier | None = None
+        self.bucket_of = np.zeros(0, dtype=np.int32)
+        self.buckets: deque[tuple[int, IdArray, int]] = deque()  # sealed, oldest first
+        self.open_ids: list[IdArray] = []
+        self.open_count = 0
+        self.open_bytes = 0
+        self.next_bucket = 0
+        self.ssd_used_bytes = 0
+        self.obj_bytes = 0
+        self.num_buckets_recycled = 0
+        self.blocks_lost_to_recycling = 0
+        self.blocks_demoted = 0
+
+    def attach(self, node: Node) -> None:
+        super().attach(node)
+        n = node.wl.num_ids
+        self.queues = [ArrivalQueue() for _ in node.workers]
+        self.staging = [StagingPool(node.spec.staging_bytes_per_worker) for _ in node.workers]
+        self.host = HostTier(n, node.spec.host_memory_bytes // node.block_bytes)
+        self.bucket_of = np.full(n, -1, dtype=np.int32)
+        self.obj_bytes = node.spec.ssd.aligned(node.block_bytes)
+
+    # ---- host tier and SSD buckets --------------------------------------------------
+    def _host_put(self, ids: IdArray) -> None:
+        """Put/refresh ``ids`` in the host tier, then demote what overflows."""
+        assert self.host is not None
+        lru = self.host.lru
+        lru.touch(ids)
+        over = lru.size - lru.capacity_blocks
+        if over > 0:
+            self._demote(lru.evict(over))
+
+    def _demote(self, evicted: IdArray) -> None:
+        if not len(evicted):
+            return
+        node = self.node
+        assert node is not None
+        ssd_cap = node.spec.ssd.capacity_bytes
+        if ssd_cap <= 0:
+            return
+        todo = evicted[self.bucket_of[evicted] < 0]
+        if not len(todo):
+            return
+        self.blocks_demoted += len(todo)
+        per_bucket = max(1, min(self.cfg.bucket_keys, self.cfg.bucket_bytes // self.obj_bytes))
+        pos = 0
+        while pos < len(todo):
+            room = per_bucket - self.open_count
+            take = todo[pos:pos + room]
+            pos += len(take)
+            nbytes = len(take) * self.obj_bytes
+            # FIFO recycling: drop the oldest sealed buckets until the write fits.
+            while self.ssd_used_bytes + nbytes > ssd_cap and self.buckets:
+                self._recycle_oldest()
+            if self.ssd_used_bytes + nbytes > ssd_cap:
+                return  # the budget is smaller than one bucket: nothing more fits
+            self.bucket_of[take] = self.next_bucket
+            self.open_ids.append(take)
+            self.open_count += len(take)
+            self.open_bytes += nbytes
+            self.ssd_used_bytes += nbytes
+            w = node.workers[self.next_bucket % len(node.workers)]
+            t = node.spec.ssd.write_time_s(1, nbytes)
+            w.ssd.submit(node.now, t, nbytes, 1)
+            node.rec.ssd_write(1, nbytes)
+            if self.open_count >= per_bucket:
+                self._seal()
+
+    def _seal(self) -> None:
+        ids = np.concatenate(self.open_ids) if len(self.open_ids) > 1 else self.open_ids[0]
+        self.buckets.append((self.next_bucket, ids, self.open_bytes))
+        self.next_bucket += 1
+        self.open_ids = []
+        self.open_count = 0
+        self.open_bytes = 0
+
+    def _recycle_oldest(self) -> None:
+        bucket, ids, nbytes = self.buckets.popleft()
+        live = ids[self.bucket_of[ids] == bucket]
+        self.bucket_of[live] = -1
+        self.ssd_used_bytes -= nbytes
+        self.num_buckets_recycled += 1
+        assert self.host is not None
+        self.blocks_lost_to_recycling += len(live) - self.host.lru.count_present(live)
+
+    def _ssd_run(self, ids: IdArray, start: int) -> int:
+        if start >= len(ids):
+            return 0
+        on = self.bucket_of[ids[start:]] >= 0
+        return len(on) if on.all() else int(on.argmin())
+
+    # ---- arrival / restore ----------------------------------------------------------
+    def on_arrival(self, req: Request) -> None:
+        node = self.node
+        assert node is not None and self.host is not None
+        w = node.workers[req.worker]
+        ids = req.ids
+        g = w.gpu.prefix_hits(ids)
+        hm = self.host.prefix(ids, g)
+        s = self._ssd_run(ids, g + hm)
+        if s * node.geometry.tokens_per_block < self.cfg.prefetch_threshold_tokens:
+            s = 0
+        if s == 0:
+            self._ready(req)
+            return
+        st = _TState()
+        req.sys = st
+        if not self.cfg.direct:
+            nbytes = s * self.obj_bytes
+            if not self.staging[req.worker].try_reserve(nbytes):
+                node.rec.prefetch_cancellations += 1
+                self._ready(req)
+                return
+            st.staged_bytes = nbytes
+        if hm:
+            st.host_pinned = ids[g:g + hm]
+            self.host.lru.pin(st.host_pinned)
+        req.restore_start_s = node.now
+        node.admit_or_wait(req, self._start_io)
+
+    def _start_io(self, req: Request) -> None:
+        node = self.node
+        assert node is not None and self.host is not None
+        st: _TState = req.sys
+        w = node.workers[req.worker]
+        ids = req.ids
+        g = req.gpu_prefix
+        hm = self.host.prefix(ids, g)
+        s = self._ssd_run(ids, g + hm)
+        if not self.cfg.direct:
+            s = min(s, st.staged_bytes // self.obj_bytes)
+        now = node.now
+        spec = node.spec
+        bb = node.block_bytes
+        host_end = now
+        if hm:
+            host_end = w.link.submit(now, hm * bb / spec.host_to_gpu_bytes_per_s, hm * bb)
+        req.restore_blocks = hm + s
+        if s == 0:
+            node.loop.at(host_end, self._restore_done, (req, 0, 0))
+            return
+        if self.cfg.direct:
+            L = node.geometry.num_layers
+            if self.cfg.direct_reads_per_layer:
+                cmds = s * L
+                nbytes = cmds * spec.ssd.aligned(node.geometry.block_bytes_per_layer)
+            else:
+                cmds = s
+                nbytes = s * self.obj_bytes
+            t = spec.ssd.read_time_s(cmds, nbytes)
+            end = w.ssd.submit(now, t, nbytes, cmds)
+            node.rec.ssd_read(cmds, nbytes, t)
+            node.loop.at(max(end, host_end), self._restore_done, (req, s, s * bb))
+            return
+        nbytes = s * self.obj_bytes
+        t = spec.ssd.read_time_s(s, nbytes)
+        end = w.ssd.submit(now, t, nbytes, s)
+        node.rec.ssd_read(s, nbytes, t)
+        node.loop.at(end, self._staged_copy, (req, s, host_end))
+
+    def _staged_copy(self, arg: tuple[Request, int, float]) -> None:
+        req, s, host_end = arg
+        node = self.node
+        assert node is not None
+        w = node.workers[req.worker]
+        nbytes = s * node.block_bytes
+        end = w.link.submit(node.now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
+        node.loop.at(max(end, host_end), self._restore_done, (req, s, nbytes))
+
+    def _restore_done(self, arg: tuple[Request, int, int]) -> None:
+        req, s, useful = arg
+        node = self.node
+        assert node is not None and self.host is not None
+        st: _TState = req.sys
+        req.restore_end_s = node.now
+        if s:
+            node.rec.prefetch_s.append(node.now - req.arrival_s)
+            node.rec.ssd_useful_bytes += useful
+        if st.staged_bytes:
+            self.staging[req.worker].release(st.staged_bytes)
+            st.staged_bytes = 0
+        if st.host_pinned is not None:
+            self.host.lru.unpin(st.host_pinned)
+            st.host_pinned = None
+        if s and self.cfg.refill_host_on_ssd_hit and not self.cfg.direct:
+            g = req.gpu_prefix
+            hm = req.restore_blocks - s
+            self._host_put(req.ids[g + hm:g + hm + s])
+        self._ready(req)
+
+    # ---- prefill / store --------------------------------------------------------------
+    def _ready(self, req: Request) -> None:
+        assert self.node is not None
+        self.queues[req.worker].push(req)
+        self.node.make_ready(req)
+
+    def pop_ready(self, worker: Worker) -> Request | None:
+        return self.queues[worker.idx].pop()
+
+    def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
+        node = self.node
+        assert node is not None and self.host is not None
+        g = req.gpu_prefix
+        hm = self.host.prefix(req.ids, g)
+        if not hm:
+            return 0, 0.0
+        self.host.lru.touch(req.ids[g:g + hm])
+        nbytes = hm * node.block_bytes
+        now = node.now
+        end = worker.link.submit(now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
+        return hm, end - now
+
+    def on_complete(self, req: Request) -> None:
+        assert self.host is not None
+        ids = req.ids
+        if not len(ids):
+            return
+        keep = self.host.lru.present(ids) | (self.bucket_of[ids] < 0)
+        self._host_put(ids if keep.all() else ids[keep])
+
+    def extra_metrics(self) -> dict[str, Any]:
+        return {
+            "buckets_recycled": self.num_buckets_recycled,
+            "blocks_lost_to_recycling": self.blocks_lost_to_recycling,
+            "blocks_demoted": self.blocks_demoted,
+            "staging_refusals": sum(p.num_refused for p in self.staging),
+            "ssd_used_bytes": self.ssd_used_bytes,
+        }
