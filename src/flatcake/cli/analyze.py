@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
+import sys
 import time
 
 from flatcake.config import GIB, FlatCakeConfig, load_config
@@ -81,6 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="PNG", help="write reuse-distance and session-size plots")
     p.add_argument("--save", metavar="PATH",
                    help="also write the trace in FlatCake's native format (.jsonl[.gz])")
+    p.add_argument("--timing", action="store_true",
+                   help="print read and analysis time and peak memory (to stderr)")
     g = p.add_argument_group("built-in workload (without TRACE)")
     g.add_argument("--workload", choices=WORKLOAD_KINDS, default="agent")
     g.add_argument("--sessions", type=int, default=WorkloadSpec().num_sessions)
@@ -105,9 +109,14 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     trace = _load(args)
     read_s = time.perf_counter() - start
+    read_peak = _peak_rss_bytes()
     analysis = analyze_trace(trace, geometry)
     analyze_s = time.perf_counter() - start - read_s
     logger.info("read %.1f s, analysed %.1f s", read_s, analyze_s)
+    if args.timing:
+        print(f"timing: read {read_s:.2f} s (peak RSS {read_peak / GIB:.2f} GiB), "
+              f"analyze {analyze_s:.2f} s (peak RSS {_peak_rss_bytes() / GIB:.2f} GiB)",
+              file=sys.stderr)
     advice = recommend(analysis, geometry, memory_bytes, cfg.placement,
                        memory_sessions=args.memory_sessions, ssd_read_gbps=args.ssd_gbps)
     if args.save:
@@ -130,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
         if args.save:
             print(f"trace written to {args.save}")
     return 0
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def format_report(trace: Trace, analysis: TraceAnalysis, advice: Recommendation) -> str:
