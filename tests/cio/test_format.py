@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import zlib
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from flatcake.cio.format import (
     FormatError,
     SegmentHeader,
     compute_layer_crcs,
+    crc32_combine,
+    crc32_shift_operator,
     decode_file_header,
     decode_segment_header,
     encode_file_header,
@@ -220,3 +223,10 @@ def test_writer_segments_scan_back_byte_exact(tmp_path: Path, chunk_bytes: int) 
             for j, slot in enumerate(ids):
                 at = seg.file_offset + lay.block_offset(layer, j)
                 assert raw[at:at + bbpl] == kv[layer][slot].view(torch.uint8).numpy().tobytes()
+
+
+@settings(max_examples=40)
+@given(a=st.binary(max_size=3000), b=st.binary(max_size=3000))
+def test_crc32_combine_matches_zlib(a: bytes, b: bytes) -> None:
+    op = crc32_shift_operator(len(b))
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), op) == zlib.crc32(a + b)

@@ -98,16 +98,21 @@ def history(tmp_path: Path):  # type: ignore[no-untyped-def]
     os.close(h.fd)
 
 
-def test_restore_is_byte_exact_even_when_reads_split_inside_blocks(history: History) -> None:
+@pytest.mark.parametrize("crc_threads", [1, 3])
+def test_restore_is_byte_exact_even_when_reads_split_inside_blocks(history: History,
+                                                                   crc_threads: int) -> None:
     # 4 KiB reads of 300-byte blocks: most blocks straddle two reads.
     n = history.num_blocks
     dst = [torch.zeros(n + 5, history.bbpl, dtype=torch.uint8) for _ in history.src]
     slots = list(range(n + 4, 4, -1))  # reversed, offset slots
     job = _job(history, dst, PlannerConfig(gap_limit_bytes=0, max_read_bytes=4096), slots)
     reader = DirectReader(3)
+    # Checksums in 1000-byte chunks on three threads, combined: same verdict.
+    window = StagingWindow(reader, crc_threads=crc_threads, crc_chunk_bytes=1000)
     try:
-        outcome = StagingWindow(reader).run(job, LayerReady(len(dst)))
+        outcome = window.run(job, LayerReady(len(dst)))
     finally:
+        window.close()
         reader.close()
     assert outcome.num_blocks_loaded == n and outcome.failed_tags == ()
     assert outcome.commands == job.plan.num_commands == reader.stats().commands
@@ -222,9 +227,10 @@ def test_each_layer_is_signalled_as_soon_as_it_lands(history: History) -> None:
         ready.wait_for_layer(len(dst))
 
 
-@pytest.mark.parametrize("flip_layer", [0, 2])
+@pytest.mark.parametrize(("flip_layer", "crc_threads"), [(0, 1), (2, 1), (2, 3)])
 def test_crc_failure_cuts_the_restore_at_the_damaged_segment(history: History,
-                                                             flip_layer: int) -> None:
+                                                             flip_layer: int,
+                                                             crc_threads: int) -> None:
     seg = history.segments[2]  # request blocks [6, 15)
     at = seg.file_offset + seg.layout.block_offset(flip_layer, 4)  # type: ignore[operator]
     with open(history.path, "r+b") as fh:
@@ -235,9 +241,11 @@ def test_crc_failure_cuts_the_restore_at_the_damaged_segment(history: History,
     dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
            for _ in history.src]
     reader = DirectReader(2)
+    window = StagingWindow(reader, crc_threads=crc_threads, crc_chunk_bytes=1000)
     try:
-        outcome = StagingWindow(reader).run(_job(history, dst), LayerReady(len(dst)))
+        outcome = window.run(_job(history, dst), LayerReady(len(dst)))
     finally:
+        window.close()
         reader.close()
     assert outcome.num_blocks_loaded == 6
     assert outcome.failed_tags == (2,)

@@ -168,7 +168,8 @@ class FlatCakeStore:
         num_windows = config.scheduler.max_restores_in_flight
         self._windows: queue.Queue[StagingWindow] = queue.Queue()
         for _ in range(num_windows):
-            self._windows.put(StagingWindow(self.reader))
+            self._windows.put(StagingWindow(self.reader,
+                                            crc_threads=config.store.read_threads))
         self._restores = ThreadPoolExecutor(max_workers=num_windows,
                                             thread_name_prefix="flatcake-restore")
         self._crcs: dict[int, tuple[int, ...]] = {}  # SSD segment id -> layer crcs
@@ -597,6 +598,8 @@ class FlatCakeStore:
 
     def _shutdown(self) -> None:
         self._restores.shutdown(wait=True)
+        while not self._windows.empty():
+            self._windows.get_nowait().close()
         self.reader.close()
         with self._lock:
             self._files.close()
