@@ -1,22 +1,25 @@
-"""An LRU set of KV blocks over dense block ids, in bulk numpy operations.
+"""An LRU set of KV blocks over dense block ids, worked on by runs of ids.
 
-Used for the models of caches that really are LRU: each engine's GPU prefix cache, and
-the host-memory tier of the tiered and memory-only baselines. FlatCake's own store does
-not use it (its placement and reclaim are the control plane's).
+Used for the caches that really are LRU: each engine's GPU prefix cache, and the host
+tier of the tiered and memory-only baselines. FlatCake's own store does not use it (its
+placement and reclaim are the control plane's).
 
 Representation (no per-block Python objects):
 
 * ``tick[id]``: 0 when the block is absent, else the tick of its last touch;
 * ``pins[id]``: how many running requests hold the block (pinned blocks never leave);
-* a queue of touch events ``(tick, ids in eviction order)``, oldest first. A touch puts
-  a whole request's blocks at the same tick, leaf first (a request's last block is
-  evicted before its first, the order of a radix tree's leaf-first LRU). Eviction pops
-  events from the oldest and keeps only entries whose tick still matches (later touches
-  made the old entry stale), so a block's place is found in amortised O(1).
+* a queue of touch events ``(tick, runs)``, oldest first. A touch puts a whole
+  request's blocks at one tick; eviction takes an event's blocks leaf first (its last
+  block first, the order of a radix tree's leaf-first LRU), and only entries whose tick
+  still matches (a later touch made the old entry stale), so a block's place is found
+  in amortised O(1).
+
+Every per-block operation is a slice over a run (``tick[s:e]``), so a request costs a
+few numpy calls whatever its length.
 
 Invariant: every present, unpinned block has a queued event carrying its current tick.
 ``unpin`` therefore re-touches, and a pinned block skipped by eviction is re-queued by
-that touch. Block ids inside one touch must be distinct (true of chained prefix hashes).
+that touch. Runs passed to one touch must not overlap (true of chained prefix ids).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections import deque
 
 import numpy as np
 
+from flatcake.replay.runs import Runs
 from flatcake.replay.types import IdArray
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -33,9 +37,9 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 class BlockLru:
     """LRU set of up to ``capacity_blocks`` blocks out of ids ``[0, num_ids)``.
 
-    The cache never evicts on its own: callers ask ``free_blocks()`` and call ``evict``
-    (the caller decides what eviction means: drop, demote to SSD, ...). Owned by the
-    simulator's single thread.
+    The cache never evicts on its own: callers check ``free_blocks()`` and call
+    ``evict`` (the caller decides what eviction means: drop, demote to SSD, ...). Owned
+    by the simulator's single thread.
     """
 
     __slots__ = ("_events", "_queued", "_tick", "capacity_blocks", "name", "pins", "size",
@@ -51,7 +55,7 @@ class BlockLru:
         self.tick = np.zeros(num_ids, dtype=np.int32)
         self.pins = np.zeros(num_ids, dtype=np.int16)
         self.size = 0
-        self._events: deque[tuple[int, IdArray]] = deque()
+        self._events: deque[tuple[int, Runs]] = deque()
         self._queued = 0
         self._tick = 0
 
@@ -59,62 +63,80 @@ class BlockLru:
     def free_blocks(self) -> int:
         return self.capacity_blocks - self.size
 
-    def present(self, ids: IdArray) -> np.ndarray:
-        return self.tick[ids] != 0
+    def count_present(self, runs: Runs) -> int:
+        tick = self.tick
+        return sum(int(np.count_nonzero(tick[s:e])) for s, e in runs)
 
-    def count_present(self, ids: IdArray) -> int:
-        return int(np.count_nonzero(self.tick[ids]))
-
-    def prefix_hits(self, ids: IdArray, start: int = 0) -> int:
-        """Length of the run of present blocks in ``ids`` beginning at ``start``."""
-        if start >= len(ids):
-            return 0
-        p = self.tick[ids[start:]] != 0
-        if p.all():
-            return len(p)
-        return int(p.argmin())
+    def prefix_hits(self, runs: Runs, start: int = 0) -> int:
+        """Length of the run of present blocks beginning at position ``start``."""
+        tick = self.tick
+        skip = start
+        total = 0
+        for s, e in runs:
+            n = e - s
+            if skip >= n:
+                skip -= n
+                continue
+            a = s + skip
+            skip = 0
+            seg = tick[a:e]
+            if seg.all():
+                total += e - a
+                continue
+            return total + int(np.argmin(seg != 0))
+        return total
 
     # ---- updates -----------------------------------------------------------------
-    def touch(self, ids: IdArray) -> int:
-        """Insert or refresh ``ids`` (most recent now); returns how many were new.
+    def touch(self, runs: Runs) -> int:
+        """Insert or refresh ``runs`` (most recent now); returns how many were new.
 
         May leave the cache above capacity; the caller evicts.
         """
-        if len(ids) == 0:
+        if not runs:
             return 0
         self._tick += 1
         t = self._tick
-        cur = self.tick[ids]
-        new = len(ids) - int(np.count_nonzero(cur))
+        tick = self.tick
+        new = 0
+        n = 0
+        for s, e in runs:
+            new += (e - s) - int(np.count_nonzero(tick[s:e]))
+            tick[s:e] = t
+            n += e - s
         self.size += new
-        self.tick[ids] = t
-        self._events.append((t, ids[::-1]))
-        self._queued += len(ids)
+        self._events.append((t, runs))
+        self._queued += n
         if self._queued > 4 * self.capacity_blocks + 65536:
             self._compact()
         return new
 
-    def pin(self, ids: IdArray) -> None:
-        """Hold ``ids`` (which must be present) against eviction."""
-        self.pins[ids] += 1
+    def pin(self, runs: Runs) -> None:
+        """Hold ``runs`` (which must be present) against eviction."""
+        pins = self.pins
+        for s, e in runs:
+            pins[s:e] += 1
 
-    def unpin(self, ids: IdArray) -> None:
+    def unpin(self, runs: Runs) -> None:
         """Release a hold taken by ``pin`` and refresh the blocks' recency."""
-        self.pins[ids] -= 1
-        self.touch(ids)
+        pins = self.pins
+        for s, e in runs:
+            pins[s:e] -= 1
+        self.touch(runs)
 
-    def remove(self, ids: IdArray) -> int:
-        """Drop whichever of ``ids`` are present (pinned or not); returns the count."""
-        cur = self.tick[ids]
-        gone = int(np.count_nonzero(cur))
-        if gone:
-            self.tick[ids] = 0
-            self.size -= gone
+    def remove(self, runs: Runs) -> int:
+        """Drop whichever of ``runs`` are present (pinned or not); returns the count."""
+        tick = self.tick
+        gone = 0
+        for s, e in runs:
+            gone += int(np.count_nonzero(tick[s:e]))
+            tick[s:e] = 0
+        self.size -= gone
         return gone
 
     def evict(self, num_blocks: int) -> IdArray:
-        """Remove up to ``num_blocks`` unpinned blocks, least recent first; returns
-        them in eviction order (fewer if everything else is pinned)."""
+        """Remove up to ``num_blocks`` unpinned blocks, least recent first (leaf first
+        inside one touch); returns them in eviction order (fewer when everything else
+        is pinned)."""
         need = int(num_blocks)
         if need <= 0:
             return _EMPTY
@@ -123,36 +145,43 @@ class BlockLru:
         tick = self.tick
         pins = self.pins
         while need > 0 and events:
-            t, ids = events[0]
-            alive = ids[(tick[ids] == t) & (pins[ids] == 0)]
-            if len(alive) <= need:
+            t, runs = events[0]
+            k = len(runs)
+            while k > 0 and need > 0:
+                s, e = runs[k - 1]
+                cand = np.flatnonzero((tick[s:e] == t) & (pins[s:e] == 0))
+                if len(cand) <= need:
+                    take = cand[::-1] + s
+                    k -= 1
+                    self._queued -= e - s
+                else:
+                    take = cand[len(cand) - need:][::-1] + s
+                    cut = int(cand[len(cand) - need]) + s
+                    self._queued -= e - cut
+                    runs = (*runs[:k - 1], (s, cut))
+                if len(take):
+                    tick[take] = 0
+                    self.size -= len(take)
+                    need -= len(take)
+                    out.append(take.astype(np.int32, copy=False))
+            if k == 0:
                 events.popleft()
-                self._queued -= len(ids)
-                take = alive
             else:
-                take = alive[:need]
-                rest = alive[need:]
-                events[0] = (t, rest)
-                self._queued -= len(ids) - len(rest)
-            if len(take):
-                tick[take] = 0
-                self.size -= len(take)
-                need -= len(take)
-                out.append(take)
+                events[0] = (t, runs[:k])
         if not out:
             return _EMPTY
         return out[0] if len(out) == 1 else np.concatenate(out)
 
     def _compact(self) -> None:
-        """Drop stale entries from the event queue (bounded memory)."""
+        """Drop fully stale events from the queue (bounded memory and work)."""
         tick = self.tick
-        kept: deque[tuple[int, IdArray]] = deque()
+        kept: deque[tuple[int, Runs]] = deque()
         queued = 0
-        for t, ids in self._events:
-            alive = ids[tick[ids] == t]
-            if len(alive):
-                kept.append((t, alive))
-                queued += len(alive)
+        for t, runs in self._events:
+            live = tuple((s, e) for s, e in runs if (tick[s:e] == t).any())
+            if live:
+                kept.append((t, live))
+                queued += sum(e - s for s, e in live)
         self._events = kept
         self._queued = queued
 

@@ -36,6 +36,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.replay.blockcache import BlockLru
 from flatcake.replay.devices import FifoServer, NodeSpec
 from flatcake.replay.metrics import Recorder
+from flatcake.replay.runs import Runs, runs_len
 from flatcake.replay.sim import EventLoop
 from flatcake.replay.types import IdArray
 from flatcake.replay.workload import Workload
@@ -47,14 +48,15 @@ class Request:
     """One request's state during a run (one object per request, never per block)."""
 
     __slots__ = ("admitted", "arrival_s", "chain", "done_s", "first_token_s", "gpu_prefix",
-                 "hit_blocks", "ids", "idx", "input_tokens", "load_s", "num_blocks",
+                 "hit_blocks", "idx", "input_tokens", "load_s", "num_blocks",
                  "output_tokens", "prefill_start_s", "ready_s", "restore_blocks",
-                 "restore_end_s", "restore_start_s", "session", "sys", "turn", "worker")
+                 "restore_end_s", "restore_start_s", "runs", "session", "sys", "turn",
+                 "worker")
 
-    def __init__(self, idx: int, ids: IdArray, arrival_s: float, wl: Workload) -> None:
+    def __init__(self, idx: int, runs: Runs, arrival_s: float, wl: Workload) -> None:
         self.idx = idx
-        self.ids = ids
-        self.num_blocks = len(ids)
+        self.runs = runs  # the request's blocks, in prefix order
+        self.num_blocks = runs_len(runs)
         self.arrival_s = arrival_s
         self.chain = int(wl.chain[idx])
         self.session = int(wl.session[idx])
@@ -232,15 +234,23 @@ class Node:
 
     def _arrive(self, i: int) -> None:
         wl = self.wl
-        ids = wl.blocks(i)
-        req = Request(i, ids, self.now, wl)
+        runs = wl.runs(i)
+        req = Request(i, runs, self.now, wl)
         self.num_arrived += 1
         # Infinite-cache bound: the run of blocks seen by any earlier request.
-        if len(ids):
-            seen = self.seen[ids]
-            self.rec.max_hit_blocks[i] = len(ids) if seen.all() else int(seen.argmin())
-            self.seen[ids] = True
-        self.rec.num_blocks[i] = len(ids)
+        seen = self.seen
+        hit = 0
+        for s, e in runs:
+            seg = seen[s:e]
+            if seg.all():
+                hit += e - s
+                continue
+            hit += int(np.argmin(seg))
+            break
+        for s, e in runs:
+            seen[s:e] = True
+        self.rec.max_hit_blocks[i] = hit
+        self.rec.num_blocks[i] = req.num_blocks
         self.rec.arrival_s[i] = req.arrival_s
         req.worker = self._route(req)
         w = self.workers[req.worker]
@@ -267,7 +277,7 @@ class Node:
         best = 0
         best_key: tuple[int, int, int] | None = None
         for k, wk in enumerate(self.workers):
-            key = (-wk.gpu.prefix_hits(req.ids), wk.outstanding, k)
+            key = (-wk.gpu.prefix_hits(req.runs), wk.outstanding, k)
             if best_key is None or key < best_key:
                 best, best_key = k, key
         return best
@@ -283,24 +293,26 @@ class Node:
         after evicting every unpinned cached block."""
         w = self.workers[req.worker]
         gpu = w.gpu
-        ids = req.ids
-        present = gpu.count_present(ids)
-        need = (len(ids) - present) + self.out_blocks(req)
+        runs = req.runs
+        present = gpu.count_present(runs)
+        out_blocks = self.out_blocks(req)
+        need = (req.num_blocks - present) + out_blocks
         free = gpu.capacity_blocks - gpu.size - w.reserved_blocks
         if need > free:
             # Protect this request's own cached blocks while making room.
-            gpu.pin(ids)
+            gpu.pin(runs)
             evicted = gpu.evict(need - free)
-            gpu.pins[ids] -= 1
+            for s, e in runs:
+                gpu.pins[s:e] -= 1
             self.rec.gpu_evicted_blocks += len(evicted)
             self.system_evicted(w, evicted)
             free += len(evicted)
             if need > free:
                 return False
-        req.gpu_prefix = gpu.prefix_hits(ids)
-        gpu.touch(ids)
-        gpu.pin(ids)
-        w.reserved_blocks += self.out_blocks(req)
+        req.gpu_prefix = gpu.prefix_hits(runs)
+        gpu.touch(runs)
+        gpu.pin(runs)
+        w.reserved_blocks += out_blocks
         req.admitted = True
         return True
 
@@ -342,12 +354,12 @@ class Node:
                 del w.held[k]
                 return
         while True:
-            req = self.system.pop_ready(w)
-            if req is None:
+            nxt = self.system.pop_ready(w)
+            if nxt is None:
                 return
-            if self._try_prefill(req, w):
+            if self._try_prefill(nxt, w):
                 return
-            w.held.append(req)
+            w.held.append(nxt)
 
     def _try_prefill(self, req: Request, w: Worker) -> bool:
         if not req.admitted:
@@ -399,7 +411,7 @@ class Node:
         self.rec.done_s[req.idx] = now
         w.decoding -= 1
         w.decode_kv_bytes -= req.input_tokens * self.geometry.bytes_per_token
-        w.gpu.unpin(req.ids)
+        w.gpu.unpin(req.runs)
         w.reserved_blocks -= self.out_blocks(req)
         w.outstanding -= 1
         self.num_done += 1

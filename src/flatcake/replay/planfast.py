@@ -43,35 +43,40 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     mem: list[tuple[int, int, int]] = []
     bbpl = 0
     num_blocks = 0
+    ssd_medium = Medium.SSD
     for seg, start, count, _prefix_start in runs:
         lay = seg.layout
-        if bbpl == 0:
+        if bbpl != lay.block_bytes_per_layer or lay.num_layers != num_layers:
+            if bbpl:
+                raise ValueError(f"segment {seg.segment_id} has geometry {lay.num_layers}x"
+                                 f"{lay.block_bytes_per_layer} B, expected {num_layers}x"
+                                 f"{bbpl} B")
             bbpl = lay.block_bytes_per_layer
             if lay.num_layers != num_layers:
                 raise ValueError(f"num_layers={num_layers} but the segments hold "
                                  f"{lay.num_layers} layers")
-        elif lay.block_bytes_per_layer != bbpl or lay.num_layers != num_layers:
-            raise ValueError(f"segment {seg.segment_id} has geometry {lay.num_layers}x"
-                             f"{lay.block_bytes_per_layer} B, expected {num_layers}x{bbpl} B")
-        if count <= 0 or start < 0 or start + count > lay.num_blocks:
+        n_seg = lay.num_blocks
+        if count <= 0 or start < 0 or start + count > n_seg:
             raise ValueError(f"run start_pos={start} count={count} is outside segment "
-                             f"{seg.segment_id} of {lay.num_blocks} blocks")
+                             f"{seg.segment_id} of {n_seg} blocks")
         num_blocks += count
-        rel = lay.block_offset(0, start)
-        if seg.medium == Medium.SSD:
+        # layout.block_offset(0, start), inlined
+        rel = lay.header_bytes + start * bbpl
+        layer_stride = n_seg * bbpl
+        if seg.medium is ssd_medium:
             if resolve is None:
-                file_id, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
+                fid, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
             else:
-                file_id, file_offset = resolve(seg.offset)
-            ssd.append((file_id, file_offset + rel, lay.layer_bytes, count * bbpl))
+                fid, file_offset = resolve(seg.offset)
+            ssd.append((fid, file_offset + rel, layer_stride, count * bbpl))
         else:
-            mem.append((seg.offset + rel, lay.layer_bytes, count * bbpl))
+            mem.append((seg.offset + rel, layer_stride, count * bbpl))
     layers = np.arange(num_layers, dtype=np.int64)[:, None]
     num_commands = bytes_read = useful = 0
     if ssd:
         ssd.sort()
-        a = np.asarray(ssd, dtype=np.int64)
-        file_id, base, stride, length = a[:, 0], a[:, 1], a[:, 2], a[:, 3]
+        arr = np.asarray(ssd, dtype=np.int64)
+        file_id, base, stride, length = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
         _reject_overlaps(file_id, base, length)
         want_lo = base[None, :] + layers * stride[None, :]
         want_hi = want_lo + length[None, :]

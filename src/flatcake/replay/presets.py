@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from flatcake.config import FlatCakeConfig, PlannerConfig, SchedulerConfig, StoreConfig
 from flatcake.geometry import KVGeometry
@@ -60,7 +61,7 @@ class ReplayPreset:
             ssd_capacity_bytes=int(self.node.ssd.capacity_bytes))
         return dataclasses.replace(self.flatcake, store=store)
 
-    def with_node(self, **changes: object) -> ReplayPreset:
+    def with_node(self, **changes: Any) -> ReplayPreset:
         """A copy with some ``NodeSpec`` fields replaced."""
         return dataclasses.replace(self, node=dataclasses.replace(self.node, **changes))
 

@@ -17,6 +17,13 @@ logger = logging.getLogger(__name__)
 def run_replay(workload: Workload, system: str, rate_req_s: float, preset: ReplayPreset,
                seed: int = 0) -> RunMetrics:
     """Replay ``workload`` on ``system`` at ``rate_req_s`` requests per second."""
+    return replay_node(workload, system, rate_req_s, preset, seed)[0]
+
+
+def replay_node(workload: Workload, system: str, rate_req_s: float, preset: ReplayPreset,
+                seed: int = 0) -> tuple[RunMetrics, Node]:
+    """Like ``run_replay`` but also returns the finished ``Node`` (per-request columns in
+    ``node.rec``, the system's state in ``node.system``), for tests and analysis."""
     geometry = preset.geometry.with_block_size(workload.block_tokens)
     max_blocks = int(workload.blocks_per_request().max(initial=0))
     max_out = int(workload.output_tokens.max(initial=0))
@@ -38,4 +45,4 @@ def run_replay(workload: Workload, system: str, rate_req_s: float, preset: Repla
                   output_tokens=workload.output_tokens, placements=placements, wall_s=wall,
                   extra=extra)
     logger.info("%s at %g req/s: %.1f s wall", system, rate_req_s, wall)
-    return m
+    return m, node

@@ -121,6 +121,13 @@ class Workload:
             return np.zeros(0, dtype=np.int32)
         return expand_runs(self.run_start[a:b], self.run_len[a:b])
 
+    def runs(self, i: int) -> tuple[tuple[int, int], ...]:
+        """Request ``i``'s blocks as half-open id ranges, in prefix order."""
+        a, b = int(self.run_ptr[i]), int(self.run_ptr[i + 1])
+        starts = self.run_start[a:b].tolist()
+        lens = self.run_len[a:b].tolist()
+        return tuple((s, s + n) for s, n in zip(starts, lens, strict=True))
+
     def summary(self) -> str:
         kind = "global clock" if self.global_clock else f"{self.num_sessions} sessions"
         return (f"{self.name}: {self.num_requests} requests ({kind}, {self.num_chains} chains), "

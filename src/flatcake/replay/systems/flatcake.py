@@ -24,12 +24,14 @@ own session).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 
+from flatcake.cio.plan import ReadPlan
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.errors import CapacityError
@@ -39,19 +41,26 @@ from flatcake.mas.queues import RestoreRequest
 from flatcake.mas.scheduler import MasScheduler
 from flatcake.replay.engine import Node, Request, System, Worker
 from flatcake.replay.planfast import plan_totals
+from flatcake.replay.runs import Runs, slice_runs
 
 logger = logging.getLogger(__name__)
 
 
-def make_keys(num_ids: int) -> np.ndarray:
-    """An object array of 32-byte keys, one per dense block id."""
+def make_keys(num_ids: int) -> list[bytes]:
+    """32-byte keys, one per dense block id (list slices are C-speed)."""
     raw = np.zeros((num_ids, 4), dtype="<u8")
     raw[:, 0] = np.arange(num_ids, dtype=np.uint64)
     raw[:, 1] = 0x666C6174_63616B65  # "flatcake": keeps keys away from all-zero bytes
     blob = raw.tobytes()
-    keys = np.empty(num_ids, dtype=object)
-    keys[:] = [blob[i:i + 32] for i in range(0, len(blob), 32)]
-    return keys
+    return [blob[i:i + 32] for i in range(0, len(blob), 32)]
+
+
+def keys_of(keys: list[bytes], runs: Runs) -> tuple[bytes, ...]:
+    """The keys of a request's blocks, in prefix order."""
+    if len(runs) == 1:
+        s, e = runs[0]
+        return tuple(keys[s:e])
+    return tuple(itertools.chain.from_iterable(keys[s:e] for s, e in runs))
 
 
 def trim_hit(hit: PrefixHit, start: int) -> tuple[HitRun, ...]:
@@ -88,13 +97,15 @@ def memory_run(hit: PrefixHit, start: int) -> int:
 
 
 class _FcState:
-    __slots__ = ("hit", "keys", "load_pinned", "needs_ssd")
+    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan")
 
     def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...]) -> None:
         self.hit = hit
         self.keys = keys
         self.needs_ssd = False
         self.load_pinned = False
+        self.gpu_prefix = 0  # GPU prefix when the load was planned
+        self.plan: ReadPlan | None = None
 
 
 class FlatCakeSystem(System):
@@ -107,7 +118,7 @@ class FlatCakeSystem(System):
         self.cp: ControlPlane | None = None
         self.scheds: list[MasScheduler] = []
         self.reqs: dict[Hashable, Request] = {}
-        self.keys = np.empty(0, dtype=object)
+        self.keys: list[bytes] = []
         self.prev_reply: dict[int, int] = {}
         self.active_refs = np.zeros(0, dtype=np.int16)
         self.num_store_rejected = 0
@@ -131,11 +142,11 @@ class FlatCakeSystem(System):
         w = node.workers[req.worker]
         sched = self.scheds[req.worker]
         self.reqs[req.idx] = req
-        keys = tuple(self.keys[req.ids])
+        keys = keys_of(self.keys, req.runs)
         hit = cp.lookup(keys)
         st = _FcState(hit, keys)
         req.sys = st
-        g = w.gpu.prefix_hits(req.ids)
+        g = w.gpu.prefix_hits(req.runs)
         if hit.num_blocks <= g:
             sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
             node.make_ready(req)
@@ -146,6 +157,8 @@ class FlatCakeSystem(System):
         part = PrefixHit(hit.num_blocks - g, hit.num_blocks - g - ssd_blocks, ssd_blocks, runs)
         lp = cp.prepare_load(req.idx, part, planner=plan_totals)
         st.load_pinned = True
+        st.gpu_prefix = g
+        st.plan = lp.read_plan
         if not needs_ssd:
             sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
             node.make_ready(req)
@@ -168,8 +181,12 @@ class FlatCakeSystem(System):
         w = node.workers[req.worker]
         st: _FcState = req.sys
         g = req.gpu_prefix
-        runs = trim_hit(st.hit, g)
-        plan = plan_totals(runs, node.geometry.num_layers, None, self.config.planner)
+        plan = st.plan
+        if plan is None or g != st.gpu_prefix:
+            # The GPU prefix changed while the request waited: plan what is missing now.
+            plan = plan_totals(trim_hit(st.hit, g), node.geometry.num_layers, None,
+                               self.config.planner)
+        st.plan = None
         now = node.now
         spec = node.spec
         end = now
@@ -218,14 +235,18 @@ class FlatCakeSystem(System):
         return n, end - now
 
     def on_prefill_start(self, req: Request) -> None:
-        self.active_refs[req.ids] += 1
+        refs = self.active_refs
+        for a, b in req.runs:
+            refs[a:b] += 1
 
     # ---- store --------------------------------------------------------------------
     def on_complete(self, req: Request) -> None:
         node, cp = self.node, self.cp
         assert node is not None and cp is not None
         self.reqs.pop(req.idx, None)
-        self.active_refs[req.ids] -= 1
+        refs = self.active_refs
+        for a, b in req.runs:
+            refs[a:b] -= 1
         if req.num_blocks == 0:
             return
         sid = self._session_id(req)
@@ -239,7 +260,8 @@ class FlatCakeSystem(System):
         # looks them up again and writes those it does not hold.
         start = max(min(st.hit.num_blocks, req.num_blocks - 1), 0)
         keys = st.keys[start:] if start else st.keys
-        shared = int(self.active_refs[req.ids[start]]) + 1
+        first_new = slice_runs(req.runs, start, start + 1)[0][0]
+        shared = int(refs[first_new]) + 1
         try:
             plan = cp.prepare_store(sid, keys, turn_index=turn,
                                     context_tokens=req.input_tokens,

@@ -19,6 +19,7 @@ from typing import Any
 
 from flatcake.replay.blockcache import BlockLru
 from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker
+from flatcake.replay.runs import slice_runs
 
 
 class MemoryOnlySystem(System):
@@ -50,10 +51,10 @@ class MemoryOnlySystem(System):
         node, host = self.node, self.host
         assert node is not None and host is not None
         g = req.gpu_prefix
-        hm = host.prefix_hits(req.ids, g)
+        hm = host.prefix_hits(req.runs, g)
         if not hm:
             return 0, 0.0
-        host.touch(req.ids[g:g + hm])
+        host.touch(slice_runs(req.runs, g, g + hm))
         nbytes = hm * node.block_bytes
         now = node.now
         end = worker.link.submit(now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
@@ -62,9 +63,9 @@ class MemoryOnlySystem(System):
     def on_complete(self, req: Request) -> None:
         host = self.host
         assert host is not None
-        if not len(req.ids):
+        if not req.runs:
             return
-        host.touch(req.ids)
+        host.touch(req.runs)
         over = host.size - host.capacity_blocks
         if over > 0:
             self.blocks_dropped += len(host.evict(over))

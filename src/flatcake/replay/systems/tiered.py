@@ -52,6 +52,7 @@ import numpy as np
 from flatcake.replay.blockcache import BlockLru
 from flatcake.replay.devices import StagingPool
 from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker
+from flatcake.replay.runs import Runs, runs_of, slice_runs
 from flatcake.replay.types import IdArray
 
 MB = 1000**2
@@ -92,15 +93,15 @@ class HostTier:
     def __init__(self, num_ids: int, capacity_blocks: int) -> None:
         self.lru = BlockLru(num_ids, capacity_blocks, name="host")
 
-    def prefix(self, ids: IdArray, start: int) -> int:
-        return self.lru.prefix_hits(ids, start)
+    def prefix(self, runs: Runs, start: int) -> int:
+        return self.lru.prefix_hits(runs, start)
 
 
 class _TState:
     __slots__ = ("host_pinned", "staged_bytes")
 
     def __init__(self) -> None:
-        self.host_pinned: IdArray | None = None
+        self.host_pinned: Runs | None = None
         self.staged_bytes = 0
 
 
@@ -136,11 +137,11 @@ class TieredSystem(System):
         self.obj_bytes = node.spec.ssd.aligned(node.block_bytes)
 
     # ---- host tier and SSD buckets --------------------------------------------------
-    def _host_put(self, ids: IdArray) -> None:
-        """Put/refresh ``ids`` in the host tier, then demote what overflows."""
+    def _host_put(self, runs: Runs) -> None:
+        """Put/refresh ``runs`` in the host tier, then demote what overflows."""
         assert self.host is not None
         lru = self.host.lru
-        lru.touch(ids)
+        lru.touch(runs)
         over = lru.size - lru.capacity_blocks
         if over > 0:
             self._demote(lru.evict(over))
@@ -196,23 +197,36 @@ class TieredSystem(System):
         self.ssd_used_bytes -= nbytes
         self.num_buckets_recycled += 1
         assert self.host is not None
-        self.blocks_lost_to_recycling += len(live) - self.host.lru.count_present(live)
+        self.blocks_lost_to_recycling += len(live) - int(
+            np.count_nonzero(self.host.lru.tick[live]))
 
-    def _ssd_run(self, ids: IdArray, start: int) -> int:
-        if start >= len(ids):
-            return 0
-        on = self.bucket_of[ids[start:]] >= 0
-        return len(on) if on.all() else int(on.argmin())
+    def _ssd_run(self, runs: Runs, start: int) -> int:
+        """Length of the run of blocks with an SSD copy from position ``start``."""
+        bucket_of = self.bucket_of
+        skip = start
+        total = 0
+        for s, e in runs:
+            n = e - s
+            if skip >= n:
+                skip -= n
+                continue
+            on = bucket_of[s + skip:e] >= 0
+            skip = 0
+            if on.all():
+                total += len(on)
+                continue
+            return total + int(np.argmin(on))
+        return total
 
     # ---- arrival / restore ----------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
         node = self.node
         assert node is not None and self.host is not None
         w = node.workers[req.worker]
-        ids = req.ids
-        g = w.gpu.prefix_hits(ids)
-        hm = self.host.prefix(ids, g)
-        s = self._ssd_run(ids, g + hm)
+        runs = req.runs
+        g = w.gpu.prefix_hits(runs)
+        hm = self.host.prefix(runs, g)
+        s = self._ssd_run(runs, g + hm)
         if s * node.geometry.tokens_per_block < self.cfg.prefetch_threshold_tokens:
             s = 0
         if s == 0:
@@ -228,7 +242,7 @@ class TieredSystem(System):
                 return
             st.staged_bytes = nbytes
         if hm:
-            st.host_pinned = ids[g:g + hm]
+            st.host_pinned = slice_runs(runs, g, g + hm)
             self.host.lru.pin(st.host_pinned)
         req.restore_start_s = node.now
         node.admit_or_wait(req, self._start_io)
@@ -238,10 +252,10 @@ class TieredSystem(System):
         assert node is not None and self.host is not None
         st: _TState = req.sys
         w = node.workers[req.worker]
-        ids = req.ids
+        runs = req.runs
         g = req.gpu_prefix
-        hm = self.host.prefix(ids, g)
-        s = self._ssd_run(ids, g + hm)
+        hm = self.host.prefix(runs, g)
+        s = self._ssd_run(runs, g + hm)
         if not self.cfg.direct:
             s = min(s, st.staged_bytes // self.obj_bytes)
         now = node.now
@@ -300,7 +314,7 @@ class TieredSystem(System):
         if s and self.cfg.refill_host_on_ssd_hit and not self.cfg.direct:
             g = req.gpu_prefix
             hm = req.restore_blocks - s
-            self._host_put(req.ids[g + hm:g + hm + s])
+            self._host_put(slice_runs(req.runs, g + hm, g + hm + s))
         self._ready(req)
 
     # ---- prefill / store --------------------------------------------------------------
@@ -316,10 +330,10 @@ class TieredSystem(System):
         node = self.node
         assert node is not None and self.host is not None
         g = req.gpu_prefix
-        hm = self.host.prefix(req.ids, g)
+        hm = self.host.prefix(req.runs, g)
         if not hm:
             return 0, 0.0
-        self.host.lru.touch(req.ids[g:g + hm])
+        self.host.lru.touch(slice_runs(req.runs, g, g + hm))
         nbytes = hm * node.block_bytes
         now = node.now
         end = worker.link.submit(now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
@@ -327,11 +341,19 @@ class TieredSystem(System):
 
     def on_complete(self, req: Request) -> None:
         assert self.host is not None
-        ids = req.ids
-        if not len(ids):
-            return
-        keep = self.host.lru.present(ids) | (self.bucket_of[ids] < 0)
-        self._host_put(ids if keep.all() else ids[keep])
+        # Put the blocks the store does not hold (and refresh those in memory); blocks
+        # that only have an SSD copy are not put again.
+        tick = self.host.lru.tick
+        bucket_of = self.bucket_of
+        put: list[tuple[int, int]] = []
+        for s, e in req.runs:
+            keep = (tick[s:e] != 0) | (bucket_of[s:e] < 0)
+            if keep.all():
+                put.append((s, e))
+            elif keep.any():
+                put.extend(runs_of(np.flatnonzero(keep).astype(np.int32) + s))
+        if put:
+            self._host_put(tuple(put))
 
     def extra_metrics(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,102 @@
+"""planfast.plan_totals gives exactly plan_reads' totals (commands, bytes, copies)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flatcake.cio.layout import SegmentLayout
+from flatcake.cio.plan import plan_reads
+from flatcake.config import PlannerConfig
+from flatcake.gva.address import Medium, encode_address
+from flatcake.gva.index import HitRun, Segment
+from flatcake.replay.planfast import plan_totals
+
+
+def _key(i: int) -> bytes:
+    return i.to_bytes(32, "big")
+
+
+@st.composite
+def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
+    num_layers = draw(st.integers(1, 5))
+    bbpl = draw(st.sampled_from([512, 4096, 6144, 65536]))
+    runs: list[HitRun] = []
+    prefix = 0
+    seg_id = 0
+    key = 0
+    arena = 0
+    for file_id in range(draw(st.integers(0, 3))):
+        offset = 4096
+        for _ in range(draw(st.integers(1, 4))):
+            n = draw(st.integers(1, 9))
+            lay = SegmentLayout.for_ssd(n, num_layers, bbpl)
+            seg = Segment(seg_id, "s", Medium.SSD,
+                          encode_address(Medium.SSD, 0, (file_id << 30) + offset), lay,
+                          tuple(_key(key + j) for j in range(n)), 0, file_id, offset)
+            seg_id += 1
+            key += n
+            offset += lay.total_bytes + draw(st.sampled_from([0, 4096, 1 << 20]))
+            if draw(st.booleans()):
+                a = draw(st.integers(0, n - 1))
+                b = draw(st.integers(a + 1, n))
+                runs.append(HitRun(seg, a, b - a, prefix))
+                prefix += b - a
+    for _ in range(draw(st.integers(0, 3))):
+        n = draw(st.integers(1, 6))
+        lay = SegmentLayout.for_memory(n, num_layers, bbpl)
+        seg = Segment(seg_id, "s", Medium.MEMORY, encode_address(Medium.MEMORY, 0, arena),
+                      lay, tuple(_key(key + j) for j in range(n)), 0)
+        seg_id += 1
+        key += n
+        arena += lay.total_bytes + draw(st.sampled_from([0, 4096]))
+        a = draw(st.integers(0, n - 1))
+        runs.append(HitRun(seg, a, n - a, prefix))
+        prefix += n - a
+    cfg = PlannerConfig(gap_limit_bytes=draw(st.sampled_from([0, 4096, 65536, 1 << 22])),
+                        max_read_bytes=draw(st.sampled_from([4096, 65536, 64 << 20])))
+    order = draw(st.permutations(runs))
+    return list(order), num_layers, cfg
+
+
+@settings(max_examples=300, deadline=None)
+@given(hits())
+def test_totals_equal_plan_reads(case: tuple[list[HitRun], int, PlannerConfig]) -> None:
+    runs, num_layers, cfg = case
+    want = plan_reads(runs, num_layers, None, cfg)
+    got = plan_totals(runs, num_layers, None, cfg)
+    assert got.layers == ()
+    for field in ("num_blocks", "num_commands", "useful_bytes", "gap_bytes", "bytes_read",
+                  "num_copies", "memory_bytes"):
+        assert getattr(got, field) == getattr(want, field), field
+
+
+def test_overlapping_runs_are_rejected_like_plan_reads() -> None:
+    lay = SegmentLayout.for_ssd(4, 2, 4096)
+    seg = Segment(0, "s", Medium.SSD, encode_address(Medium.SSD, 0, 4096), lay,
+                  tuple(_key(j) for j in range(4)), 0, 0, 4096)
+    runs = [HitRun(seg, 0, 3, 0), HitRun(seg, 2, 2, 3)]
+    with pytest.raises(ValueError):
+        plan_reads(runs, 2)
+    with pytest.raises(ValueError):
+        plan_totals(runs, 2)
+
+
+def test_a_history_written_in_turns_restores_in_layers_times_turns_commands() -> None:
+    # Three turns of one session, each segment read whole: per layer, the three ranges
+    # are separated by the other layers (megabytes), so 4 layers x 3 turns commands.
+    num_layers, bbpl = 4, 65536
+    runs = []
+    offset = 4096
+    prefix = 0
+    for t, n in enumerate((30, 5, 7)):
+        lay = SegmentLayout.for_ssd(n, num_layers, bbpl)
+        seg = Segment(t, "s", Medium.SSD, encode_address(Medium.SSD, 0, offset), lay,
+                      tuple(_key(100 * t + j) for j in range(n)), t, 0, offset)
+        runs.append(HitRun(seg, 0, n, prefix))
+        prefix += n
+        offset += lay.total_bytes
+    got = plan_totals(runs, num_layers)
+    assert got.num_commands == num_layers * 3
+    assert got.useful_bytes == 42 * num_layers * bbpl
