@@ -73,10 +73,8 @@ def test_matches_a_reference_lru(ops: list[tuple[int, int, bool]], cap: int) -> 
     """Against a dict-based LRU with the same leaf-first tie rule."""
     lru = BlockLru(80, capacity_blocks=cap)
     ref: dict[int, tuple[int, int]] = {}  # id -> (tick, -position)
-    tick = 0
-    for start, n, evict in ops:
+    for tick, (start, n, evict) in enumerate(ops, start=1):
         ids = list(range(start, min(start + n, 80)))
-        tick += 1
         lru.touch(((ids[0], ids[-1] + 1),))
         for pos, i in enumerate(ids):
             ref[i] = (tick, -pos)
