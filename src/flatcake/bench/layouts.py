@@ -47,12 +47,14 @@ from dataclasses import dataclass
 import torch
 
 from flatcake.bench.program import FileRead, ReadPass, RestoreProgram, ScatterRun
+from flatcake.bench.source import make_kv
 from flatcake.cio.direct import aligned_buffer, writable_view
 from flatcake.cio.layout import ALIGN, align_up
 
 MOONCAKE_BUCKET_KEYS_LIMIT = 500
 MOONCAKE_BUCKET_SIZE_LIMIT_BYTES = 256 * 1024 * 1024
 LMCACHE_CHUNK_TOKENS = 256
+FILLER_POOL_BLOCKS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +126,9 @@ def write_scattered(directory: str, source: Sequence[torch.Tensor],
     slot = align_up(bbl)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    # The other sessions' objects: slices of a random pool (never read back, only
+    # there to occupy their places in the buckets; incompressible all the same).
+    pool = make_kv(1, FILLER_POOL_BLOCKS, bbl, seed=cfg.seed + 1)[0]
 
     # Demotion order: round-robin over sessions, one block (all layer objects) each.
     # Session 0 is the restored request. An object is (session, block, layer).
@@ -136,7 +140,7 @@ def write_scattered(directory: str, source: Sequence[torch.Tensor],
 
     where: dict[tuple[int, int], tuple[str, int]] = {}  # (block, layer) -> (path, offset)
     files_bytes = 0
-    filler = torch.empty(0, dtype=torch.uint8)
+    num_filler = 0
     for bucket_id, start in enumerate(range(0, len(order), per_bucket)):
         objects = order[start:start + per_bucket]
         rng.shuffle(objects)  # unordered_map iteration order inside one bucket
@@ -145,17 +149,13 @@ def write_scattered(directory: str, source: Sequence[torch.Tensor],
         rows = buf.view(len(objects), slot)
         if slot != bbl:
             rows[:, bbl:].zero_()
-        others = sum(1 for o in objects if o[0] != 0)
-        if others:
-            filler = torch.randint(0, 256, (others, bbl), dtype=torch.uint8, generator=gen)
-        k = 0
         for i, (session, block, layer) in enumerate(objects):
             if session == 0:
                 rows[i, :bbl].copy_(source[layer][block])
                 where[(block, layer)] = (path, i * slot)
             else:
-                rows[i, :bbl].copy_(filler[k])
-                k += 1
+                rows[i, :bbl].copy_(pool[num_filler % FILLER_POOL_BLOCKS])
+                num_filler += 1
         _write_file(path, buf)
         files_bytes += buf.numel()
 

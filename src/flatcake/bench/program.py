@@ -197,7 +197,14 @@ def verify_restore(paged_views: Sequence[torch.Tensor], source: Sequence[torch.T
     """
     bad = 0
     for layer, src in enumerate(source):
-        got = paged_views[layer].index_select(0, block_table)
-        if not torch.equal(got, src):
-            bad += int((got != src).any(dim=1).sum())
+        got = _as_words(paged_views[layer]).index_select(0, block_table)
+        want = _as_words(src)
+        if not torch.equal(got, want):
+            bad += int((got != want).any(dim=1).sum())
     return bad
+
+
+def _as_words(rows: torch.Tensor) -> torch.Tensor:
+    """Rows of bytes as rows of int64 when they divide evenly: torch's index kernels copy
+    per element, so 8-byte elements compare and gather several times faster."""
+    return rows.view(torch.int64) if rows.shape[-1] % 8 == 0 else rows

@@ -22,6 +22,7 @@ slows all of them alike, so the ratios stay meaningful when the absolute figures
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -53,6 +54,7 @@ from flatcake.geometry import preset
 logger = logging.getLogger(__name__)
 
 LAYOUTS = ("device", "flatcake", "scattered", "per-chunk-files")
+FIO_RUNTIME_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +138,13 @@ def run_bench(options: BenchOptions, command: str = "flatcake bench") -> BenchRe
     root = os.path.join(options.directory, f"flatcake-bench-{os.getpid()}")
     os.makedirs(root, mode=0o700)
     notes: list[str] = []
+    load_start = os.getloadavg()[0]
     try:
-        return _run(options, command, geometry.name, root, num_blocks, notes, t_start)
+        report = _run(options, command, geometry.name, root, num_blocks, notes, t_start)
+        # Other work on the machine slows every layout; the ratios are what to read.
+        load_note = (f"1-minute load average {load_start:.2f} at start, "
+                     f"{os.getloadavg()[0]:.2f} at end, on {os.cpu_count()} CPUs")
+        return dataclasses.replace(report, notes=(*report.notes, load_note))
     finally:
         if options.keep_files:
             logger.info("files kept under %s", root)
@@ -167,10 +174,9 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                 rand_op, rand.gbps)
     fio: dict[str, dict[str, float]] = {}
     if options.use_fio and dev.fio_available():
-        jobs = (("write", chunk, None), ("read", chunk, None), ("randread", rand_op, 5.0))
-        for rw, bs, runtime in jobs:
+        for rw, bs in (("write", chunk), ("read", chunk), ("randread", rand_op)):
             res = dev.run_fio(device_path, rw=rw, block_bytes=bs, iodepth=32,
-                              runtime_s=runtime)
+                              runtime_s=FIO_RUNTIME_S)
             if res is not None:
                 fio[rw] = {"gbps": res.gbps, "iops": res.iops, "block_bytes": float(bs),
                            "iodepth": float(res.iodepth)}
