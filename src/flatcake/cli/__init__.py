@@ -15,6 +15,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flatcake.cli.bench",
     "flatcake.cli.inspect",
     "flatcake.cli.fsck",
+    "flatcake.cli.replay",
+    "flatcake.cli.sweep",
 )
 
 

@@ -1,0 +1,60 @@
+"""Where a replay's workload comes from: a trace file (converted once and cached) or
+the built-in generated workload."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from flatcake.replay.workload import Workload, cached_path, from_trace
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SESSIONS = 64
+"""Sessions of the built-in agent workload (about 4,500 requests and 9 M block accesses);
+a (system, rate) run of it takes a few seconds."""
+
+
+def load_workload(trace: str | Path | None, *, format: str | None = None,
+                  sessions: int = DEFAULT_SESSIONS, kind: str = "agent", seed: int = 0,
+                  use_cache: bool = True) -> tuple[Workload, dict[str, float]]:
+    """The workload of ``trace`` (any format ``flatcake.traces`` reads), or the built-in
+    generated one when ``trace`` is None. Returns it with timings (seconds)."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    if trace is None:
+        from flatcake.traces.generator import WorkloadSpec, generate_workload
+
+        spec = WorkloadSpec(kind=kind, num_sessions=sessions, seed=seed)  # type: ignore[arg-type]
+        wl = from_trace(generate_workload(spec))
+        timings["generate_s"] = time.perf_counter() - start
+        return wl, timings
+    path = Path(trace)
+    if not path.is_file():
+        raise FileNotFoundError(f"trace file not found: {path}")
+    cache = cached_path(path) if use_cache and format is None else None
+    if cache is not None and cache.is_file():
+        try:
+            wl = Workload.load(cache)
+            timings["load_cached_s"] = time.perf_counter() - start
+            return wl, timings
+        except (OSError, ValueError, KeyError) as exc:
+            logger.warning("ignoring unreadable workload cache %s: %s", cache, exc)
+    from flatcake.traces.load import read_trace
+
+    tr = read_trace(path, format=format)
+    timings["read_trace_s"] = time.perf_counter() - start
+    t1 = time.perf_counter()
+    wl = from_trace(tr)
+    del tr
+    timings["convert_s"] = time.perf_counter() - t1
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(".tmp.npz")
+            wl.save(tmp)
+            tmp.replace(cache)
+        except OSError as exc:
+            logger.warning("cannot cache the converted trace at %s: %s", cache, exc)
+    return wl, timings

@@ -1,0 +1,218 @@
+"""``flatcake sweep``: a grid of (system, rate) replays on all cores, written as a table
+(Markdown, CSV, JSON) and plots.
+
+Each run is one process task that loads the workload from a small ``.npz`` (the
+converted trace, a few MB) and replays it; nothing is shared between runs, so results do
+not depend on the number of processes or the order they finish in.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flatcake.replay.metrics import METRIC_COLUMNS
+from flatcake.replay.presets import get_preset
+from flatcake.replay.run import run_replay
+from flatcake.replay.workload import Workload
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepTask:
+    """One (system, rate) run, as sent to a worker process."""
+
+    workload_path: str
+    system: str
+    rate_req_s: float
+    preset: str
+    seed: int
+    preset_overrides: tuple[tuple[str, Any], ...] = ()
+
+
+def run_task(task: SweepTask) -> dict[str, Any]:
+    """Worker entry point: load the workload, replay, return the metrics as a dict."""
+    wl = Workload.load(task.workload_path)
+    preset = get_preset(task.preset)
+    if task.preset_overrides:
+        preset = preset.with_node(**dict(task.preset_overrides))
+    return run_replay(wl, task.system, task.rate_req_s, preset, task.seed).to_dict()
+
+
+@dataclass(slots=True)
+class SweepResult:
+    """Every run of a sweep plus what produced it."""
+
+    runs: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def by(self, system: str) -> list[dict[str, Any]]:
+        return sorted((r for r in self.runs if r["system"] == system),
+                      key=lambda r: r["rate_req_s"])
+
+
+def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float],
+              preset: str, out_dir: str | Path, *, seed: int = 0, jobs: int | None = None,
+              progress: bool = True, plots: bool = True,
+              preset_overrides: tuple[tuple[str, Any], ...] = (),
+              meta: dict[str, Any] | None = None) -> SweepResult:
+    """Replay every (system, rate), write ``sweep.{md,csv,json}`` and plots in
+    ``out_dir``, and return the results."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wl_path = out / "workload.npz"
+    workload.save(wl_path)
+    tasks = [SweepTask(str(wl_path), s, float(r), preset, seed, preset_overrides)
+             for s in systems for r in rates]
+    # Slow runs first (FlatCake plans reads, high rates restore more) for better packing.
+    tasks.sort(key=lambda t: (not t.system.startswith("flatcake"), -t.rate_req_s))
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
+    start = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    bar = _progress(len(tasks), progress)
+    try:
+        if jobs == 1:
+            for t in tasks:
+                runs.append(run_task(t))
+                bar.update(1)
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as ex:
+                futures = [ex.submit(run_task, t) for t in tasks]
+                for f in as_completed(futures):
+                    runs.append(f.result())
+                    bar.update(1)
+    finally:
+        bar.close()
+    wall = time.perf_counter() - start
+    runs.sort(key=lambda r: (list(systems).index(r["system"]), r["rate_req_s"]))
+    info = {
+        "trace": workload.name,
+        "workload": workload.summary(),
+        "preset": preset,
+        "preset_overrides": [list(kv) for kv in preset_overrides],
+        "systems": list(systems),
+        "rates": [float(r) for r in rates],
+        "seed": seed,
+        "jobs": jobs,
+        "wall_s": wall,
+        "run_wall_s_max": max((r["wall_s"] for r in runs), default=0.0),
+        "assumptions": list(get_preset(preset).assumptions),
+        **(meta or {}),
+    }
+    result = SweepResult(runs, info)
+    write_tables(result, out)
+    wl_path.unlink(missing_ok=True)
+    if plots:
+        from flatcake.replay.plots import write_plots
+
+        write_plots(result, out)
+    return result
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if enabled:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="replay runs", unit="run")
+
+    class _Null:
+        def update(self, n: int) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    return _Null()
+
+
+# ------------------------------------------------------------------------- tables
+_PIVOTS: tuple[tuple[str, str, float, str], ...] = (
+    ("hit_rate_gpu", "Hit rate delivered to the GPU (%)", 100.0, "{:.2f}"),
+    ("ttft_mean_s", "Mean TTFT (s)", 1.0, "{:.3f}"),
+    ("ttft_p99_s", "P99 TTFT (s)", 1.0, "{:.3f}"),
+    ("prefetch_time_mean_s", "SSD prefetch time, mean (s)", 1.0, "{:.3f}"),
+    ("prefetch_time_p99_s", "SSD prefetch time, P99 (s)", 1.0, "{:.3f}"),
+    ("ssd_read_gbps_per_worker", "SSD read bandwidth per worker (GB/s)", 1.0, "{:.2f}"),
+    ("read_amplification", "Read amplification (SSD bytes read / restored byte)", 1.0,
+     "{:.2f}"),
+    ("prefetch_cancellations", "Prefetches cancelled (recomputed)", 1.0, "{:.0f}"),
+    ("throughput_req_s", "Throughput (req/s, steady window)", 1.0, "{:.3f}"),
+)
+
+
+def _fmt(v: Any, pattern: str, scale: float) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return pattern.format(v * scale)
+
+
+def markdown(result: SweepResult) -> str:
+    """The sweep as Markdown: one pivot table per metric (rates x systems)."""
+    meta = result.meta
+    systems = meta["systems"]
+    rates = meta["rates"]
+    cell = {(r["system"], r["rate_req_s"]): r for r in result.runs}
+    lines = [f"# Replay sweep: {meta['trace']} on preset `{meta['preset']}`", "",
+             f"{meta['workload']}. Seed {meta['seed']}; {len(result.runs)} runs on "
+             f"{meta['jobs']} processes in {meta['wall_s']:.0f} s (slowest run "
+             f"{meta['run_wall_s_max']:.1f} s).", ""]
+    for key, title, scale, pattern in _PIVOTS:
+        lines.append(f"## {title}")
+        lines.append("")
+        head = ["rate (req/s)", *systems]
+        if key == "hit_rate_gpu":
+            head.append("max (∞ cache)")
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "|".join(["---:"] * len(head)) + "|")
+        for rate in rates:
+            row = [f"{rate:g}"]
+            for s in systems:
+                r = cell.get((s, rate))
+                row.append(_fmt(r[key] if r else None, pattern, scale))
+            if key == "hit_rate_gpu":
+                any_run = next((cell[(s, rate)] for s in systems if (s, rate) in cell), None)
+                row.append(_fmt(any_run["max_hit_rate"] if any_run else None, pattern, scale))
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    placements = [r for r in result.runs if r.get("placements")]
+    if placements:
+        rules = sorted({k for r in placements for k in r["placements"]})
+        lines.append("## FlatCake placements by rule (turns)")
+        lines.append("")
+        lines.append("| system | rate | " + " | ".join(rules) + " |")
+        lines.append("|---|---:|" + "|".join(["---:"] * len(rules)) + "|")
+        for r in placements:
+            lines.append(f"| {r['system']} | {r['rate_req_s']:g} | " + " | ".join(
+                str(r["placements"].get(k, 0)) for k in rules) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_tables(result: SweepResult, out: Path) -> None:
+    (out / "sweep.md").write_text(markdown(result))
+    (out / "sweep.json").write_text(json.dumps({"meta": result.meta, "runs": result.runs},
+                                               indent=1, sort_keys=True))
+    rules = sorted({k for r in result.runs for k in (r.get("placements") or {})})
+    with open(out / "sweep.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([*METRIC_COLUMNS, *(f"placement_{k}" for k in rules), "wall_s"])
+        for r in result.runs:
+            w.writerow([r.get(c) for c in METRIC_COLUMNS]
+                       + [(r.get("placements") or {}).get(k, 0) for k in rules]
+                       + [f"{r['wall_s']:.2f}"])
+
+
+def load_result(path: str | Path) -> SweepResult:
+    """Read a ``sweep.json`` back (e.g. to redraw plots)."""
+    data = json.loads(Path(path).read_text())
+    return SweepResult(data["runs"], data["meta"])

@@ -1,0 +1,73 @@
+"""The sweep writes its tables and plots, gives the same numbers on 1 or 2 processes,
+and the CLI commands work end to end on the built-in workload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flatcake.cli import main
+from flatcake.replay.load import load_workload
+from flatcake.replay.metrics import METRIC_COLUMNS
+from flatcake.replay.sweep import load_result, run_sweep
+
+
+def test_sweep_tables_plots_and_process_count_independence(tmp_path: Path) -> None:
+    wl, _ = load_workload(None, sessions=4, seed=3)
+    systems = ["flatcake", "tiered", "memory-only"]
+    rates = [0.05, 0.2]
+    one = run_sweep(wl, systems, rates, "paper", tmp_path / "one", jobs=1, progress=False)
+    two = run_sweep(wl, systems, rates, "paper", tmp_path / "two", jobs=2, progress=False,
+                    plots=False)
+    assert len(one.runs) == 6
+    strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in one.runs]
+    assert strip == [{k: v for k, v in r.items() if k != "wall_s"} for r in two.runs]
+    out = tmp_path / "one"
+    for name in ("sweep.md", "sweep.csv", "sweep.json", "hit_rate.png", "ttft.png",
+                 "prefetch.png", "read_amplification.png"):
+        assert (out / name).stat().st_size > 0, name
+    md = (out / "sweep.md").read_text()
+    assert "Hit rate delivered to the GPU" in md and "max (∞ cache)" in md
+    header = (out / "sweep.csv").read_text().splitlines()[0].split(",")
+    assert header[:len(METRIC_COLUMNS)] == list(METRIC_COLUMNS)
+    back = load_result(out / "sweep.json")
+    assert back.meta["systems"] == systems
+    assert [r["hit_rate_gpu"] for r in back.by("flatcake")] == [
+        r["hit_rate_gpu"] for r in one.by("flatcake")]
+
+
+def test_replay_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--sessions", "3", "--system", "tiered", "--rate", "0.1",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for key in ("hit_rate_gpu", "max_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s",
+                "throughput_req_s", "throughput_tokens_s", "ssd_read_gbps_per_worker",
+                "read_amplification", "read_commands", "prefetch_time_mean_s",
+                "prefetch_time_p99_s", "prefetch_cancellations", "recomputed_tokens",
+                "placements"):
+        assert key in d
+    assert d["system"] == "tiered"
+    assert d["num_requests"] > 0
+
+
+def test_replay_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str],
+                                      tmp_path: Path) -> None:
+    assert main(["replay", "--sessions", "2", "--rate", "-1"]) == 2
+    assert "--rate" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "missing.jsonl")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["sweep", "--sessions", "2", "--systems", "nope", "--out",
+                 str(tmp_path / "s")]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_sweep_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--sessions", "3", "--rates", "0.1", "--systems",
+                 "flatcake,flatcake-1q", "--out", str(out), "--jobs", "1", "--quiet",
+                 "--no-plots"]) == 0
+    assert "2 runs" in capsys.readouterr().out
+    data = json.loads((out / "sweep.json").read_text())
+    assert {r["system"] for r in data["runs"]} == {"flatcake", "flatcake-1q"}
