@@ -52,7 +52,7 @@ import numpy as np
 from flatcake.replay.blockcache import BlockLru
 from flatcake.replay.devices import StagingPool
 from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker
-from flatcake.replay.runs import Runs, runs_of, slice_runs
+from flatcake.replay.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
 from flatcake.replay.types import IdArray
 
 MB = 1000**2
@@ -98,10 +98,11 @@ class HostTier:
 
 
 class _TState:
-    __slots__ = ("host_pinned", "staged_bytes")
+    __slots__ = ("host_pinned", "ssd_parts", "staged_bytes")
 
     def __init__(self) -> None:
         self.host_pinned: Runs | None = None
+        self.ssd_parts: Runs = EMPTY_RUNS
         self.staged_bytes = 0
 
 
@@ -200,23 +201,46 @@ class TieredSystem(System):
         self.blocks_lost_to_recycling += len(live) - int(
             np.count_nonzero(self.host.lru.tick[live]))
 
-    def _ssd_run(self, runs: Runs, start: int) -> int:
-        """Length of the run of blocks with an SSD copy from position ``start``."""
+    def _lookup(self, runs: Runs, start: int) -> tuple[int, Runs, Runs]:
+        """From position ``start``, the run of blocks the store holds (host memory or
+        SSD, like a key-existence check over both tiers): its length, its host-resident
+        pieces and its SSD-only pieces."""
+        assert self.host is not None
+        tick = self.host.lru.tick
         bucket_of = self.bucket_of
-        skip = start
         total = 0
-        for s, e in runs:
-            n = e - s
-            if skip >= n:
-                skip -= n
-                continue
-            on = bucket_of[s + skip:e] >= 0
-            skip = 0
-            if on.all():
-                total += len(on)
-                continue
-            return total + int(np.argmin(on))
-        return total
+        host_parts: list[tuple[int, int]] = []
+        ssd_parts: list[tuple[int, int]] = []
+        for s, e in slice_runs(runs, start, 1 << 62):
+            in_host = tick[s:e] != 0
+            held = in_host | (bucket_of[s:e] >= 0)
+            stop = not held.all()
+            n = int(np.argmin(held)) if stop else e - s
+            if n:
+                h = in_host[:n]
+                if h.all():
+                    host_parts.append((s, s + n))
+                elif not h.any():
+                    ssd_parts.append((s, s + n))
+                else:
+                    host_parts.extend(runs_of(np.flatnonzero(h).astype(np.int32) + s))
+                    ssd_parts.extend(runs_of(np.flatnonzero(~h).astype(np.int32) + s))
+            total += n
+            if stop:
+                break
+        return total, tuple(host_parts), tuple(ssd_parts)
+
+    def _plan(self, runs: Runs, g: int) -> tuple[int, Runs, Runs]:
+        """What to restore after a GPU prefix of ``g``: SSD prefetches shorter than the
+        threshold are not issued, so the hit then stops at the host-memory prefix."""
+        assert self.node is not None and self.host is not None
+        total, host_parts, ssd_parts = self._lookup(runs, g)
+        n_ssd = runs_len(ssd_parts)
+        bt = self.node.geometry.tokens_per_block
+        if n_ssd and n_ssd * bt < self.cfg.prefetch_threshold_tokens:
+            hm = self.host.prefix(runs, g)
+            return hm, slice_runs(runs, g, g + hm), EMPTY_RUNS
+        return total, host_parts, ssd_parts
 
     # ---- arrival / restore ----------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
@@ -225,25 +249,23 @@ class TieredSystem(System):
         w = node.workers[req.worker]
         runs = req.runs
         g = w.gpu.prefix_hits(runs)
-        hm = self.host.prefix(runs, g)
-        s = self._ssd_run(runs, g + hm)
-        if s * node.geometry.tokens_per_block < self.cfg.prefetch_threshold_tokens:
-            s = 0
-        if s == 0:
-            self._ready(req)
+        _total, host_parts, ssd_parts = self._plan(runs, g)
+        n_ssd = runs_len(ssd_parts)
+        if n_ssd == 0:
+            self._ready(req)  # host-memory hits are loaded when the prefill starts
             return
         st = _TState()
         req.sys = st
         if not self.cfg.direct:
-            nbytes = s * self.obj_bytes
+            nbytes = n_ssd * self.obj_bytes
             if not self.staging[req.worker].try_reserve(nbytes):
                 node.rec.prefetch_cancellations += 1
                 self._ready(req)
                 return
             st.staged_bytes = nbytes
-        if hm:
-            st.host_pinned = slice_runs(runs, g, g + hm)
-            self.host.lru.pin(st.host_pinned)
+        if host_parts:
+            st.host_pinned = host_parts
+            self.host.lru.pin(host_parts)
         req.restore_start_s = node.now
         node.admit_or_wait(req, self._start_io)
 
@@ -254,17 +276,20 @@ class TieredSystem(System):
         w = node.workers[req.worker]
         runs = req.runs
         g = req.gpu_prefix
-        hm = self.host.prefix(runs, g)
-        s = self._ssd_run(runs, g + hm)
-        if not self.cfg.direct:
-            s = min(s, st.staged_bytes // self.obj_bytes)
+        total, _host_parts, ssd_parts = self._plan(runs, g)
+        s = runs_len(ssd_parts)
+        if not self.cfg.direct and s * self.obj_bytes > st.staged_bytes:
+            # The GPU lost part of the prefix while waiting: more to read than reserved.
+            total, ssd_parts, s = self.host.prefix(runs, g), EMPTY_RUNS, 0
+        hm = total - s
+        st.ssd_parts = ssd_parts
         now = node.now
         spec = node.spec
         bb = node.block_bytes
         host_end = now
         if hm:
             host_end = w.link.submit(now, hm * bb / spec.host_to_gpu_bytes_per_s, hm * bb)
-        req.restore_blocks = hm + s
+        req.restore_blocks = total
         if s == 0:
             node.loop.at(host_end, self._restore_done, (req, 0, 0))
             return
@@ -312,9 +337,8 @@ class TieredSystem(System):
             self.host.lru.unpin(st.host_pinned)
             st.host_pinned = None
         if s and self.cfg.refill_host_on_ssd_hit and not self.cfg.direct:
-            g = req.gpu_prefix
-            hm = req.restore_blocks - s
-            self._host_put(slice_runs(req.runs, g + hm, g + hm + s))
+            self._host_put(st.ssd_parts)
+        st.ssd_parts = EMPTY_RUNS
         self._ready(req)
 
     # ---- prefill / store --------------------------------------------------------------
