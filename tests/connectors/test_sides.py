@@ -280,3 +280,55 @@ def test_extra_config_uses_the_store_names() -> None:
                             "scheduler.single_queue": True, "tenant_salt": "t"}, env={})
     assert s.config.store.root == "/x" and s.config.store.memory_capacity_bytes == 4096
     assert s.config.scheduler.single_queue is True and s.tenant_salt == "t"
+
+
+def test_step_plan_and_report_survive_pickling(tmp_path: Path) -> None:
+    """Scheduler and worker may be different processes (vLLM pickles the metadata)."""
+    import pickle
+
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 113))
+    finish(h, "a", turn0, [5, 6, 7, 8], out=1, session="s")
+    plan = h.sched.build_step()
+    copy = pickle.loads(pickle.dumps(plan))
+    assert copy == plan and copy.stores[0].plan.segment.keys == plan.stores[0].plan.segment.keys
+    h.worker.start_step(copy)
+    h.worker.end_step()
+    deadline = time.monotonic() + 30
+    while h.worker.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sending, _, _, report = h.worker.poll()
+    h.sched.on_report(pickle.loads(pickle.dumps(report)))
+    assert sending == {"a"} and h.sched.num_pending_stores() == 0
+    assert h.sched.control.lookup(view("x", turn0).keys).num_blocks == 3
+    h.close()
+
+
+def test_session_rules_and_prefix_refcount() -> None:
+    from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker
+
+    t = SessionTracker()
+    first = t.resolve("chat-1", 0, None)
+    assert (first.session_id, first.turn_index, first.prev_reply_tokens) == ("chat-1", 0, None)
+    t.finish_turn(first, reply_tokens=40, prompt_blocks=5)
+    second = t.resolve("chat-1", 5, HitOwner("chat-1", True, 1))
+    assert (second.turn_index, second.prev_reply_tokens, second.inferred) == (1, 40, False)
+    # No session id: covering the session's latest prompt continues it ...
+    cont = t.resolve(None, 6, HitOwner("chat-1", True, 1))
+    assert (cont.session_id, cont.turn_index, cont.inferred) == ("chat-1", 1, True)
+    # ... sharing only part of it (a system prompt) starts a new session.
+    other = t.resolve(None, 2, HitOwner("chat-1", True, 1))
+    assert other.session_id.startswith("auto-") and other.turn_index == 0
+    # A session only the store knows (after a restart) continues at its newest segment.
+    assert t.resolve(None, 3, HitOwner("old", True, 4)).turn_index == 4
+    assert t.resolve(None, 3, HitOwner("old", False, 4)).session_id != "old"
+    assert SessionTracker(infer_sessions=False).resolve(
+        None, 6, HitOwner("chat-1", True, 1)).session_id.startswith("auto-")
+    with pytest.raises(ValueError, match="session_id"):
+        t.resolve(7, 0, None)
+    rc = PrefixRefcount()
+    rc.add("r1", [b"a" * 32, b"b" * 32])
+    rc.add("r2", [b"a" * 32])
+    assert (rc.refcount(b"a" * 32), rc.refcount(b"b" * 32)) == (2, 1)
+    rc.remove("r1")
+    assert (rc.refcount(b"a" * 32), rc.refcount(b"b" * 32), len(rc)) == (1, 0, 1)

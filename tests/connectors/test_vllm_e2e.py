@@ -166,6 +166,7 @@ def test_flatcake_serves_multi_turn_sessions_across_a_restart(tmp_path: Path) ->
     # B's next turn found its (inferred) session on disk, read it, caught the damage,
     # and recomputed: two blocks reported as load errors, nothing loaded, same output.
     assert fc2["B1"]["session_id"] == fc["B0"]["session_id"] and fc2["B1"]["turn_index"] == 1
+    assert fc2["B1"]["hit_tokens"] == 2 * BLOCK
     assert fc2["B1"]["load_error_blocks"] == 2 and fc2["B1"]["loaded_tokens_ssd"] == 0
     t2 = r2["totals"]
     assert t2["damaged_segments"] == 1 and t2["load_error_blocks"] == 2

@@ -48,7 +48,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium
 from flatcake.gva.index import EMPTY_HIT, PrefixHit
 from flatcake.store.files import SESSIONS_DIR, session_files_in
-from flatcake.store.store import _StreamPlanner
+from flatcake.store.store import StreamPlanner
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ class _Request:
     local_blocks: int = 0
     load: LoadTask | None = None
     loading: bool = False
+    hit_blocks: int = 0
     loaded_memory_blocks: int = 0
     loaded_ssd_blocks: int = 0
     load_error_blocks: int = 0
@@ -278,7 +279,7 @@ class SchedulerSide:
                              f"{num_blocks} hit blocks")
         # Checks carry no crcs here: each worker verifies against the crcs of its own
         # files (tensor-parallel workers hold different bytes of the same blocks).
-        planner = _StreamPlanner({})
+        planner = StreamPlanner({})
         plan = self.control.prepare_load(request_id, hit, planner=planner)
         first = state.local_blocks
         stream_request = tuple(r if r >= first else -1 for r in planner.stream_request)
@@ -294,6 +295,7 @@ class SchedulerSide:
         state.load, state.loading = task, True
         self._loads[request_id] = task
         self._stats["hit_tokens"] += (num_blocks - first) * bs
+        state.hit_blocks += num_blocks - first
         if task.sync:
             self._sync_loads.append(task)
         else:
@@ -477,8 +479,7 @@ class SchedulerSide:
             "session_id": state.turn.session_id,
             "turn_index": state.turn.turn_index,
             "session_inferred": state.turn.inferred,
-            "hit_tokens": max(0, state.hit.num_blocks - state.local_blocks) * bs
-            if state.load is not None else 0,
+            "hit_tokens": state.hit_blocks * bs,
             "loaded_tokens_memory": state.loaded_memory_blocks * bs,
             "loaded_tokens_ssd": state.loaded_ssd_blocks * bs,
             "load_error_blocks": state.load_error_blocks,

@@ -84,7 +84,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-logger = logging.getLogger(__name__)
+# Under vLLM's logger, so these lines land in the engine's log with its format.
+logger = logging.getLogger("vllm.flatcake")
 
 _STORED_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 GAUGE_KEYS = ("restores_in_flight", "restores_waiting")

@@ -98,7 +98,8 @@ class WorkerSide:
         num_windows = config.scheduler.max_restores_in_flight
         self._windows: queue.Queue[StagingWindow] = queue.Queue()
         for _ in range(num_windows):
-            self._windows.put(StagingWindow(self.reader))
+            self._windows.put(StagingWindow(self.reader,
+                                            crc_threads=config.store.read_threads))
         self._sync_window = StagingWindow(self.reader)
         self._restores = ThreadPoolExecutor(num_windows, thread_name_prefix="flatcake-restore")
         self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-sync-load")
@@ -365,6 +366,9 @@ class WorkerSide:
         self._write_pool.shutdown(wait=True)
         self._restores.shutdown(wait=True)
         self._sync_pool.shutdown(wait=True)
+        while not self._windows.empty():
+            self._windows.get_nowait().close()
+        self._sync_window.close()
         self.reader.close()
         with self._lock:
             self._files.close()
