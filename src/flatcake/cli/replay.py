@@ -29,6 +29,11 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="kind of built-in workload (default agent)")
     p.add_argument("--routing", default=None, choices=("round_robin", "session", "prefix"),
                    help="override the preset's request routing")
+    p.add_argument("--context-tokens", type=int, default=None,
+                   help="built-in workload: cap agent contexts at this many tokens "
+                        "(compaction), e.g. 16384 or 65536 for the llama70b comparison")
+    p.add_argument("--block-tokens", type=int, default=None,
+                   help="built-in workload: tokens per block (default: the preset's)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         for a in preset.assumptions:
             print(f"  - {a}")
     wl, timings = load_workload(args.trace, format=args.format, sessions=args.sessions,
-                                kind=args.workload, seed=args.seed)
+                                kind=args.workload, seed=args.seed,
+                                block_tokens=args.block_tokens or preset.builtin_block_tokens,
+                                context_tokens=args.context_tokens)
     start = time.perf_counter()
     m = run_replay(wl, args.system, args.rate, preset, seed=args.seed)
     total = time.perf_counter() - start

@@ -56,11 +56,14 @@ def run(args: argparse.Namespace) -> int:
         overrides = (("routing", args.routing),)
     start = time.perf_counter()
     wl, timings = load_workload(args.trace, format=args.format, sessions=args.sessions,
-                                kind=args.workload, seed=args.seed)
+                                kind=args.workload, seed=args.seed,
+                                block_tokens=args.block_tokens or preset.builtin_block_tokens,
+                                context_tokens=args.context_tokens)
     print(wl.summary())
     result = run_sweep(wl, systems, rates, preset.name, args.out, seed=args.seed,
                        jobs=args.jobs, progress=not args.quiet, plots=not args.no_plots,
-                       preset_overrides=overrides, meta={"load_timings": timings})
+                       preset_overrides=overrides,
+                       meta={"load_timings": timings, "context_tokens": args.context_tokens})
     total = time.perf_counter() - start
     print(f"{len(result.runs)} runs on {result.meta['jobs']} processes: sweep "
           f"{result.meta['wall_s']:.1f} s, slowest run {result.meta['run_wall_s_max']:.1f} s, "

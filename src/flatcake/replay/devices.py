@@ -157,6 +157,10 @@ class NodeSpec:
             default, ``--load-balance-method round_robin``), ``session`` (a session
             sticks to the worker of its first request) or ``prefix`` (the worker whose
             prefix cache holds the longest prefix, then the least loaded).
+        gpus_per_worker: GPUs of one worker's tensor-parallel engine. Each GPU holds
+            its share of every block (its KV heads) and reads it from its own drive, so
+            a read command moves one GPU's share; the worker's SSD channel is the
+            aggregate of its GPUs' drives (``ssd`` figures are per worker).
     """
 
     num_workers: int
@@ -166,9 +170,11 @@ class NodeSpec:
     ssd: SsdSpec
     staging_bytes_per_worker: int
     routing: str = "round_robin"
+    gpus_per_worker: int = 1
 
     def __post_init__(self) -> None:
         _positive("node.num_workers", self.num_workers)
+        _positive("node.gpus_per_worker", self.gpus_per_worker)
         if self.routing not in ROUTINGS:
             raise ValueError(f"invalid replay device spec node.routing={self.routing!r}: "
                              f"choose one of {', '.join(ROUTINGS)}")

@@ -3,9 +3,11 @@ the built-in generated workload."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from flatcake.replay.workload import Workload, cached_path, from_trace
 
@@ -16,20 +18,47 @@ DEFAULT_SESSIONS = 64
 a (system, rate) run of it takes a few seconds."""
 
 
+def builtin_spec(sessions: int = DEFAULT_SESSIONS, kind: str = "agent", seed: int = 0,
+                 block_tokens: int = 64, context_tokens: int | None = None) -> Any:
+    """The generator spec of the built-in workload.
+
+    ``context_tokens`` caps agent contexts (the llama70b 16K/64K comparison): sessions
+    start from a 2K-token prefix and a few K tokens of history, grow as the Claude Code
+    sessions do, and compact to 30% when the next turn would pass the cap.
+    """
+    from flatcake.traces.generator import AgentParams, LogNormal, WorkloadSpec
+
+    agent = AgentParams()
+    if context_tokens is not None:
+        if context_tokens < 8192:
+            raise ValueError(f"context_tokens must be >= 8192, got {context_tokens}")
+        agent = dataclasses.replace(
+            agent, prefix_tokens=2048,
+            first_history_fresh=LogNormal(min(4000.0, context_tokens / 4), 0.8),
+            resumed_share=0.0, compact_above_tokens=context_tokens,
+            long_window_share=0.0, long_window_compact_above_tokens=context_tokens)
+    return WorkloadSpec(kind=kind, num_sessions=sessions, seed=seed,  # type: ignore[arg-type]
+                        block_size_tokens=block_tokens, agent=agent)
+
+
 def load_workload(trace: str | Path | None, *, format: str | None = None,
                   sessions: int = DEFAULT_SESSIONS, kind: str = "agent", seed: int = 0,
+                  block_tokens: int = 64, context_tokens: int | None = None,
                   use_cache: bool = True) -> tuple[Workload, dict[str, float]]:
     """The workload of ``trace`` (any format ``flatcake.traces`` reads), or the built-in
     generated one when ``trace`` is None. Returns it with timings (seconds)."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     if trace is None:
-        from flatcake.traces.generator import WorkloadSpec, generate_workload
+        from flatcake.traces.generator import generate_workload
 
-        spec = WorkloadSpec(kind=kind, num_sessions=sessions, seed=seed)  # type: ignore[arg-type]
+        spec = builtin_spec(sessions, kind, seed, block_tokens, context_tokens)
         wl = from_trace(generate_workload(spec))
         timings["generate_s"] = time.perf_counter() - start
         return wl, timings
+    if context_tokens is not None:
+        raise ValueError("--context-tokens shapes the built-in workload; it does not apply "
+                         "to a trace file")
     path = Path(trace)
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")

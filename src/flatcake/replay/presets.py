@@ -42,6 +42,7 @@ class ReplayPreset:
         tiered: the tiered baselines' constants.
         rates: the default sweep's request rates (req/s).
         assumptions: every number not taken from a published source.
+        builtin_block_tokens: block size of the built-in generated workload.
     """
 
     name: str
@@ -52,6 +53,7 @@ class ReplayPreset:
     tiered: TieredConfig
     rates: tuple[float, ...]
     assumptions: tuple[str, ...]
+    builtin_block_tokens: int = 64
 
     def flatcake_config(self) -> FlatCakeConfig:
         """FlatCake's config with the node's memory and SSD budgets."""
@@ -81,7 +83,7 @@ PAPER_SSD = SsdSpec(
 )
 
 PAPER_GPU = GpuSpec(
-    kv_capacity_bytes=16 * GIB,  # assumption (see PAPER_ASSUMPTIONS)
+    kv_capacity_bytes=6 * GIB,  # assumption (see PAPER_ASSUMPTIONS)
     prefill_tokens_per_s=20_000.0,  # assumption: B200-class worker, MoE with ~13B active
     attn_s_per_token_pair=2.0e-11,  # assumption: sparse attention, near-linear prefill
     prefill_overhead_s=0.02,  # assumption: launch + sampling + scheduling
@@ -95,7 +97,7 @@ PAPER_NODE = NodeSpec(
     num_workers=8,  # paper: 8 GPUs
     gpu=PAPER_GPU,
     host_to_gpu_bytes_per_s=30.0 * GB,  # paper: ~5x the SSD's bandwidth (6 GB/s)
-    host_memory_bytes=128 * GIB,  # assumption (see PAPER_ASSUMPTIONS)
+    host_memory_bytes=32 * GIB,  # assumption (see PAPER_ASSUMPTIONS)
     ssd=PAPER_SSD,
     staging_bytes_per_worker=1280 * MIB,  # Mooncake FileStorageConfig.local_buffer_size
 )
@@ -105,12 +107,16 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "a 219K-token request is 0.80 GiB per worker as the paper states; DeepSeek-V4-Flash's "
     "own layer count and latent size are not published in the summary.",
     "8 data-parallel workers (DP attention: each GPU holds the KV of its own requests); "
-    "a session sticks to the worker that served its first request.",
-    "GPU KV pool 16 GiB per worker (about 20 of the paper's 0.8 GiB requests); the paper "
-    "does not publish it.",
-    "Host-memory KV budget 128 GiB for the node (16 GiB per worker, HiCache's "
-    "--hicache-ratio 1x of the GPU pool); the paper gives every system the same budget "
-    "but not its size.",
+    "requests are spread round robin (SGLang's --load-balance-method default), so a "
+    "session's next turn usually lands on another GPU and its history must come from "
+    "the shared host memory / SSD store.",
+    "GPU KV pool 6 GiB per worker: about 7 of the paper's 0.8 GiB requests, just above "
+    "the Claude Code trace's largest request (880K tokens = 3.4 GB); the paper does not "
+    "publish it, and says a few concurrent sessions exceed memory.",
+    "Host-memory KV budget 32 GiB for the node (4 GiB per worker): it holds the live "
+    "sessions of the Claude Code trace at 0.1 req/s (about 13 sessions) but not at 1 "
+    "req/s (about 130), the regime the paper describes; the paper gives every system the "
+    "same budget but not its size.",
     "SSD: 6 GB/s read, 4 GB/s write per worker channel (one PCIe Gen4 NVMe drive per GPU), "
     "80 us command latency, 32 commands in flight (2.5 us per command, 400K IOPS).",
     "Host->GPU 30 GB/s per worker: the paper's 'about 5x memory-over-SSD bandwidth'.",
@@ -136,45 +142,54 @@ PAPER = ReplayPreset(
 )
 
 # ------------------------------------------------------------------------- llama70b
+# Llama-3.1-70B served by four tensor-parallel engines of 2 x H100 each (fp8 weights, 70
+# GB, fit two GPUs). KV: 80 layers x 8 heads x 128 dims x (K, V) x 2 bytes = 320 KiB per
+# token per engine, split over the engine's two GPUs; vLLM's 16-token blocks.
 LLAMA70B_GPU = GpuSpec(
-    kv_capacity_bytes=64 * GIB,  # assumption: 8xH100 TP engine, 640 GB minus 140 GB
-                                 # of bf16 weights minus activations, per-engine share
-    prefill_tokens_per_s=8_000.0,  # assumption: 70B dense on 8xH100, ~2*70e9 FLOP/token
-    attn_s_per_token_pair=1.0e-9,  # assumption: dense attention, 80 layers x 64 heads
-    prefill_overhead_s=0.03,
-    decode_step_base_s=0.02,
-    decode_step_per_seq_s=0.0005,
-    hbm_bytes_per_s=8 * 3.35e12,  # 8 x H100 HBM3
+    kv_capacity_bytes=64 * GIB,  # assumption: 2 x 80 GB minus 70 GB of fp8 weights and
+                                 # activation/graph memory
+    prefill_tokens_per_s=11_000.0,  # assumption: 2*70e9 FLOP/token at 40% of 2 x 1979
+                                    # TFLOP/s (H100 fp8 dense)
+    attn_s_per_token_pair=1.7e-9,  # 4 x 8192 x 80 FLOP per (token, earlier token) pair
+                                   # at the same rate
+    prefill_overhead_s=0.03,  # assumption
+    decode_step_base_s=0.012,  # 70 GB of weights read at 2 x 3.35 TB/s, plus overhead
+    decode_step_per_seq_s=0.0003,  # assumption
+    hbm_bytes_per_s=2 * 3.35e12,  # H100 SXM HBM3
     max_batch_seqs=256,
 )
 
 LLAMA70B = ReplayPreset(
     name="llama70b",
-    description="Llama-3.1-70B, one 8-GPU tensor-parallel engine per worker",
+    description="Llama-3.1-70B on 4 engines of 2 x H100 (TP2), 16-token blocks",
     geometry=geometry_preset("llama-3.1-70b"),
     node=NodeSpec(
-        num_workers=2,  # assumption: two engines on one node's SSDs
+        num_workers=4,
         gpu=LLAMA70B_GPU,
-        host_to_gpu_bytes_per_s=8 * 25.0 * GB,  # 8 GPUs x ~25 GB/s PCIe Gen5
+        host_to_gpu_bytes_per_s=2 * 25.0 * GB,  # 2 GPUs x ~25 GB/s PCIe Gen5 x16
         host_memory_bytes=256 * GIB,  # assumption
-        ssd=dataclasses.replace(PAPER_SSD, read_bytes_per_s=8 * 6.0 * GB,
-                                write_bytes_per_s=8 * 4.0 * GB,
-                                queue_depth=8 * 32),  # one drive per GPU, 8 per engine
-        staging_bytes_per_worker=8 * 1280 * MIB,
+        ssd=dataclasses.replace(PAPER_SSD, read_bytes_per_s=2 * 6.0 * GB,
+                                write_bytes_per_s=2 * 4.0 * GB,
+                                queue_depth=2 * 32),  # one drive per GPU
+        staging_bytes_per_worker=2 * 1280 * MIB,  # Mooncake default, one client per GPU
+        gpus_per_worker=2,
     ),
     flatcake=FlatCakeConfig(model="llama-3.1-70b",
                             scheduler=SchedulerConfig(max_restores_in_flight=2)),
     tiered=TieredConfig(),
-    rates=(0.2, 0.4, 0.6, 0.8, 1.0),
+    rates=(0.25, 0.5, 1.0, 1.5, 2.0),
+    builtin_block_tokens=16,
     assumptions=(
-        "Geometry: Llama-3.1-70B config.json (80 layers, 8 KV heads, head dim 128, bf16), "
-        "block size taken from the trace.",
-        "Each worker is one 8xH100 tensor-parallel engine with a 64 GiB KV pool; two "
-        "engines share the node's 256 GiB host budget and 4 TiB SSD.",
-        "Each engine reads from 8 NVMe drives (one per GPU): 48 GB/s read, 32 GB/s write, "
-        "256 commands in flight; host->GPU 200 GB/s (8 x PCIe Gen5).",
-        "Prefill 8K tokens/s plus 1e-9 s per token pair (dense attention).",
-        "Context is capped per run (16K or 64K tokens) with --context-tokens.",
+        "Geometry: Llama-3.1-70B config.json (80 layers, 8 KV heads, head dim 128, bf16): "
+        "320 KiB per token; the built-in workload uses vLLM's 16-token blocks.",
+        "4 workers, each a tensor-parallel engine of 2 x H100 (fp8 weights): 64 GiB KV "
+        "pool per engine; every GPU stores and reads its half of each block from its own "
+        "NVMe drive (12 GB/s read, 8 GB/s write, 64 commands in flight per engine).",
+        "Host budget 256 GiB for the node (every system), host->GPU 50 GB/s per engine.",
+        "Prefill 11K tokens/s plus 1.7e-9 s per token pair (dense attention), per engine.",
+        "Contexts capped with --context-tokens (16384 or 65536): built-in agent sessions "
+        "compact to 30% when the next turn would pass the cap.",
+        "Tiered staging: Mooncake's default 1280 MiB per GPU (2.5 GiB per engine).",
     ),
 )
 

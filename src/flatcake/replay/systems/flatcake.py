@@ -191,9 +191,11 @@ class FlatCakeSystem(System):
         spec = node.spec
         end = now
         if plan.bytes_read:
-            t = spec.ssd.read_time_s(plan.num_commands, plan.bytes_read)
-            end = w.ssd.submit(now, t, plan.bytes_read, plan.num_commands)
-            node.rec.ssd_read(plan.num_commands, plan.bytes_read, t)
+            # Each GPU of a tensor-parallel worker reads its share with the same plan.
+            cmds = plan.num_commands * spec.gpus_per_worker
+            t = spec.ssd.read_time_s(cmds, plan.bytes_read)
+            end = w.ssd.submit(now, t, plan.bytes_read, cmds)
+            node.rec.ssd_read(cmds, plan.bytes_read, t)
         if plan.memory_bytes:
             end = max(end, w.link.submit(now, plan.memory_bytes / spec.host_to_gpu_bytes_per_s,
                                          plan.memory_bytes))
@@ -279,7 +281,7 @@ class FlatCakeSystem(System):
             return
         w = node.workers[req.worker]
         nbytes = plan.segment.total_bytes
-        cmds = -(-nbytes // self.config.planner.max_read_bytes)
+        cmds = -(-nbytes // self.config.planner.max_read_bytes) * node.spec.gpus_per_worker
         t = node.spec.ssd.write_time_s(cmds, nbytes)
         end = w.ssd.submit(node.now, t, nbytes, cmds)
         node.rec.ssd_write(cmds, nbytes)

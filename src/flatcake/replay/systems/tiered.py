@@ -28,6 +28,8 @@ What the model does, and where each behaviour comes from:
   GPU is one tensor per layer, so each (block, layer) lands in a different place: one
   read command per block per layer (``direct_reads_per_layer``), each of
   ``block_bytes_per_layer`` at an eviction-order offset.
+* On a tensor-parallel worker (``gpus_per_worker`` > 1) every GPU stores and reads its
+  own share of each object, so commands multiply by the GPU count and shrink by it.
 
 Both keep the engine's usual order: requests restoring are set aside and rejoin the
 ready queue at their arrival position (vLLM ``WAITING_FOR_REMOTE_KVS``); restores do
@@ -124,6 +126,7 @@ class TieredSystem(System):
         self.next_bucket = 0
         self.ssd_used_bytes = 0
         self.obj_bytes = 0
+        self.gpw = 1
         self.num_buckets_recycled = 0
         self.blocks_lost_to_recycling = 0
         self.blocks_demoted = 0
@@ -135,7 +138,10 @@ class TieredSystem(System):
         self.staging = [StagingPool(node.spec.staging_bytes_per_worker) for _ in node.workers]
         self.host = HostTier(n, node.spec.host_memory_bytes // node.block_bytes)
         self.bucket_of = np.full(n, -1, dtype=np.int32)
-        self.obj_bytes = node.spec.ssd.aligned(node.block_bytes)
+        gpw = node.spec.gpus_per_worker
+        self.gpw = gpw
+        # One object per block per GPU of the worker (its share of the KV heads).
+        self.obj_bytes = gpw * node.spec.ssd.aligned(-(-node.block_bytes // gpw))
 
     # ---- host tier and SSD buckets --------------------------------------------------
     def _host_put(self, runs: Runs) -> None:
@@ -295,11 +301,12 @@ class TieredSystem(System):
             return
         if self.cfg.direct:
             L = node.geometry.num_layers
+            gpw = self.gpw
             if self.cfg.direct_reads_per_layer:
-                cmds = s * L
-                nbytes = cmds * spec.ssd.aligned(node.geometry.block_bytes_per_layer)
+                cmds = s * L * gpw
+                nbytes = cmds * spec.ssd.aligned(-(-node.geometry.block_bytes_per_layer // gpw))
             else:
-                cmds = s
+                cmds = s * gpw
                 nbytes = s * self.obj_bytes
             t = spec.ssd.read_time_s(cmds, nbytes)
             end = w.ssd.submit(now, t, nbytes, cmds)
@@ -307,9 +314,10 @@ class TieredSystem(System):
             node.loop.at(max(end, host_end), self._restore_done, (req, s, s * bb))
             return
         nbytes = s * self.obj_bytes
-        t = spec.ssd.read_time_s(s, nbytes)
-        end = w.ssd.submit(now, t, nbytes, s)
-        node.rec.ssd_read(s, nbytes, t)
+        cmds = s * self.gpw
+        t = spec.ssd.read_time_s(cmds, nbytes)
+        end = w.ssd.submit(now, t, nbytes, cmds)
+        node.rec.ssd_read(cmds, nbytes, t)
         node.loop.at(end, self._staged_copy, (req, s, host_end))
 
     def _staged_copy(self, arg: tuple[Request, int, float]) -> None:
