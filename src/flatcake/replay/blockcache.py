@@ -137,10 +137,21 @@ class BlockLru:
         """Remove up to ``num_blocks`` unpinned blocks, least recent first (leaf first
         inside one touch); returns them in eviction order (fewer when everything else
         is pinned)."""
+        out: list[IdArray] = []
+        self._evict(num_blocks, out)
+        if not out:
+            return _EMPTY
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def drop(self, num_blocks: int) -> int:
+        """Like ``evict`` when the caller does not need the ids; returns the count."""
+        return self._evict(num_blocks, None)
+
+    def _evict(self, num_blocks: int, out: list[IdArray] | None) -> int:
         need = int(num_blocks)
         if need <= 0:
-            return _EMPTY
-        out: list[IdArray] = []
+            return 0
+        done = 0
         events = self._events
         tick = self.tick
         pins = self.pins
@@ -149,7 +160,18 @@ class BlockLru:
             k = len(runs)
             while k > 0 and need > 0:
                 s, e = runs[k - 1]
-                cand = np.flatnonzero((tick[s:e] == t) & (pins[s:e] == 0))
+                live = (tick[s:e] == t) & (pins[s:e] == 0)
+                if e - s <= need and live.all():
+                    # The whole run leaves: slices, no index arrays.
+                    tick[s:e] = 0
+                    self._queued -= e - s
+                    need -= e - s
+                    done += e - s
+                    if out is not None:
+                        out.append(np.arange(e - 1, s - 1, -1, dtype=np.int32))
+                    k -= 1
+                    continue
+                cand = np.flatnonzero(live)
                 if len(cand) <= need:
                     take = cand[::-1] + s
                     k -= 1
@@ -161,16 +183,16 @@ class BlockLru:
                     runs = (*runs[:k - 1], (s, cut))
                 if len(take):
                     tick[take] = 0
-                    self.size -= len(take)
                     need -= len(take)
-                    out.append(take.astype(np.int32, copy=False))
+                    done += len(take)
+                    if out is not None:
+                        out.append(take.astype(np.int32, copy=False))
             if k == 0:
                 events.popleft()
             else:
                 events[0] = (t, runs[:k])
-        if not out:
-            return _EMPTY
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        self.size -= done
+        return done
 
     def _compact(self) -> None:
         """Drop fully stale events from the queue (bounded memory and work)."""

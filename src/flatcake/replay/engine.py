@@ -38,7 +38,6 @@ from flatcake.replay.devices import FifoServer, NodeSpec
 from flatcake.replay.metrics import Recorder
 from flatcake.replay.runs import Runs, runs_len
 from flatcake.replay.sim import EventLoop
-from flatcake.replay.types import IdArray
 from flatcake.replay.workload import Workload
 
 logger = logging.getLogger(__name__)
@@ -301,12 +300,11 @@ class Node:
         if need > free:
             # Protect this request's own cached blocks while making room.
             gpu.pin(runs)
-            evicted = gpu.evict(need - free)
+            evicted = gpu.drop(need - free)  # every system drops GPU evictions
             for s, e in runs:
                 gpu.pins[s:e] -= 1
-            self.rec.gpu_evicted_blocks += len(evicted)
-            self.system_evicted(w, evicted)
-            free += len(evicted)
+            self.rec.gpu_evicted_blocks += evicted
+            free += evicted
             if need > free:
                 return False
         req.gpu_prefix = gpu.prefix_hits(runs)
@@ -315,9 +313,6 @@ class Node:
         w.reserved_blocks += out_blocks
         req.admitted = True
         return True
-
-    def system_evicted(self, w: Worker, evicted: IdArray) -> None:
-        """Hook point for GPU evictions (all systems drop them; kept for clarity)."""
 
     def admit_or_wait(self, req: Request, then: Any) -> None:
         """Admit now and call ``then(req)``, or queue until GPU memory frees."""
