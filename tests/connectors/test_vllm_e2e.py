@@ -89,6 +89,7 @@ def same_output(got: dict, want: dict) -> None:
     assert got["logprobs"] == pytest.approx(want["logprobs"], abs=1e-5)
 
 
+@pytest.mark.timeout(1500)  # three engine processes, ~1 min each on 2 idle cores
 def test_flatcake_serves_multi_turn_sessions_across_a_restart(tmp_path: Path) -> None:
     rng = random.Random(0)
 

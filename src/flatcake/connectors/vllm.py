@@ -17,7 +17,8 @@ Turn it on with one flag::
     get_num_new_matched_tokens  lookup         register_kv_caches   paged KV view
     update_state_after_alloc    plan loads     start_load_kv        run the step's plan
     build_connector_meta  ── StepPlan ──────►  wait_for_layer_load  sync loads, per layer
-    request_finished            place + alloc  wait_for_save        join sync loads
+    request_finished            place + alloc  wait_for_save        join sync loads, start
+                                                                    the step's writes
     update_connector_output ◄─ WorkerReport ─  get_finished / get_block_ids_with_load_errors
 
 Blocks move as opaque bytes per layer (the paged block's bytes, whatever the backend
@@ -432,6 +433,7 @@ class FlatCakeConnector(KVConnectorBase_V1):
         return
 
     def wait_for_save(self) -> None:
+        # Joins this step's sync loads and hands its turn writes to the writer thread.
         self._work().end_step()
 
     def get_finished(self, finished_req_ids: set[str]

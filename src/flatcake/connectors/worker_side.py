@@ -9,8 +9,8 @@ directory, the host arena, the staging windows, and a view of the engine's paged
                          read layer l+1 while layer l is verified and scattered)
                        sync (all-memory) loads: a restore thread whose layers the
                          forward pass waits for (wait_for_layer)
-                       stores: queued to the writer thread (gather + write + sync)
-    end_step()         joins this step's sync loads
+    end_step()         joins this step's sync loads; hands the step's stores to the
+                       writer thread (gather + write + sync), after the forward pass
     poll()             finished stores / SSD loads, block ids that failed to load
 
 A load never hands over unverified bytes as good: a segment whose crc32 fails (or
@@ -109,6 +109,7 @@ class WorkerSide:
         self._sync_errors: set[int] = set()
         self._sync_done: list[LoadDone] = []
         self._stores_left: Counter[str] = Counter()
+        self._stores_to_start: list[StoreTask] = []
         self._loads_in_flight = 0
         self._stats: Counter[str] = Counter()
         self.paged: PagedKV | None = None
@@ -160,7 +161,7 @@ class WorkerSide:
             self._drop(drop)
         for store in plan.stores:
             self._stores_left[store.request_id] += 1
-            self._write_pool.submit(self._run_store, store)
+        self._stores_to_start.extend(plan.stores)
         for task in plan.loads:
             job, cut_tags = self._job(task)
             ready = LayerReady(self.geometry.num_layers)
@@ -184,7 +185,9 @@ class WorkerSide:
                 logger.debug("sync load failed before layer %d", layer)
 
     def end_step(self) -> None:
-        """Join this step's sync loads; their failed blocks go to ``poll``."""
+        """Join this step's sync loads (their failed blocks go to ``poll``), then hand the
+        step's stores to the writer thread: off the forward pass, which they would only
+        slow down, and from blocks their finished requests keep until reported."""
         for task, _ready, fut in self._sync:
             done = fut.result()
             if done.load is not None:
@@ -192,6 +195,9 @@ class WorkerSide:
                 self._sync_done.append(done.load)
                 self._count_load(done.load)
         self._sync = []
+        for store in self._stores_to_start:
+            self._write_pool.submit(self._run_store, store)
+        self._stores_to_start = []
 
     def poll(self) -> tuple[set[str], set[str], set[int], WorkerReport]:
         """``(finished_sending, finished_recving, failed block ids, report)`` since the
