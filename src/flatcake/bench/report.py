@@ -31,6 +31,9 @@ class LayoutResult:
         bytes_useful: bytes of the request (every block, every layer).
         staging_bytes: largest staging buffer the restore needed (one of two).
         verified: every round's restored bytes equal the bytes written.
+        cpu_s: median CPU seconds of this process (all threads) during one restore;
+            ``cpu_s / bytes_useful`` says whether a restore is bound by the CPU (on a
+            2-core machine, more than ~1 ns per byte cannot keep up with 2 GB/s).
     """
 
     layout: str
@@ -43,6 +46,11 @@ class LayoutResult:
     bytes_useful: int
     staging_bytes: int
     verified: bool
+    cpu_s: float = 0.0
+
+    @property
+    def cpu_ns_per_byte(self) -> float:
+        return 1e9 * self.cpu_s / self.bytes_useful if self.bytes_useful else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,13 +192,15 @@ def format_table(report: BenchReport) -> str:
         f"command: {report.command}",
         "",
         f"{'layout':<16} {'gbps':>7} {'ratio':>6} {'read_commands':>13} {'bytes_read':>12} "
-        f"{'bytes_useful':>12} {'restore_s':>9} {'staging':>10} {'verified':>8}",
+        f"{'bytes_useful':>12} {'restore_s':>9} {'staging':>10} {'cpu_ns/B':>8} "
+        f"{'verified':>8}",
     ]
     for r in report.layouts:
         lines.append(
             f"{r.layout:<16} {r.gbps:>7.3f} {r.ratio_to_device:>6.2f} {r.read_commands:>13} "
             f"{_size(r.bytes_read):>12} {_size(r.bytes_useful):>12} {r.restore_s:>9.3f} "
-            f"{_size(r.staging_bytes):>10} {'yes' if r.verified else 'NO':>8}"
+            f"{_size(r.staging_bytes):>10} {r.cpu_ns_per_byte:>8.2f} "
+            f"{'yes' if r.verified else 'NO':>8}"
         )
     d = report.device
     lines += [

@@ -168,7 +168,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                                      in_flight=options.device_in_flight, seed=options.seed)
     rand_op = align_up(bbl)
     rand = dev.read_random(device_path, op_bytes=rand_op,
-                           num_ops=min(num_blocks * num_layers, 20_000),
+                           num_ops=min(num_blocks * num_layers, 5_000),
                            in_flight=options.device_in_flight, seed=options.seed)
     logger.info("device: write %.3f GB/s, random %d B reads %.3f GB/s", seq_write.gbps,
                 rand_op, rand.gbps)
@@ -212,6 +212,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                                    "scattered": scattered.max_staging_bytes,
                                    "per-chunk-files": chunks.max_staging_bytes}
         verified = {name: True for name in LAYOUTS}
+        cpu: dict[str, list[float]] = {name: [] for name in LAYOUTS}
 
         def restore_program(program: RestoreProgram) -> Callable[[], ProgramRun]:
             return lambda: run_program(program, reader, paged, table)
@@ -225,13 +226,17 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
             order = LAYOUTS[rnd % len(LAYOUTS):] + LAYOUTS[:rnd % len(LAYOUTS)]
             for name in order:
                 if name == "device":
+                    cpu0 = _cpu_s()
                     t = dev.read_sequential(device_path, chunk_bytes=chunk,
                                             in_flight=options.device_in_flight)
+                    cpu[name].append(_cpu_s() - cpu0)
                     runs[name].append(ProgramRun(t.seconds, t.num_commands, t.num_bytes))
                     continue
                 for t_dest in dest:
                     t_dest.zero_()
+                cpu0 = _cpu_s()
                 runs[name].append(restorers[name]())
+                cpu[name].append(_cpu_s() - cpu0)
                 bad = verify_restore(dest, source, table)
                 if bad:
                     verified[name] = False
@@ -246,7 +251,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         fc.close()
         reader.close()
 
-    layouts = _layout_rows(runs, staging, verified, useful, device_bytes)
+    layouts = _layout_rows(runs, cpu, staging, verified, useful, device_bytes)
     fc_row = by_name(layouts, "flatcake")
     controls = [ControlPlaneCost(options.context_tokens, num_blocks, options.num_turns,
                                  cp_ms, fc_row.restore_s, False,
@@ -283,11 +288,18 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         bars=tuple(bars), elapsed_s=time.perf_counter() - t_start, notes=tuple(notes))
 
 
+def _cpu_s() -> float:
+    """CPU seconds this process used so far, all threads (user + system)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def by_name(rows: list[LayoutResult], name: str) -> LayoutResult:
     return next(r for r in rows if r.layout == name)
 
 
-def _layout_rows(runs: dict[str, list[ProgramRun]], staging: dict[str, int],
+def _layout_rows(runs: dict[str, list[ProgramRun]], cpu: dict[str, list[float]],
+                 staging: dict[str, int],
                  verified: dict[str, bool], useful: int, device_bytes: int
                  ) -> list[LayoutResult]:
     rows: list[LayoutResult] = []
@@ -304,7 +316,7 @@ def _layout_rows(runs: dict[str, list[ProgramRun]], staging: dict[str, int],
             layout=name, restore_s=restore_s, restore_s_runs=times, gbps=gbps,
             ratio_to_device=gbps / device_gbps if device_gbps else 0.0,
             read_commands=last.read_commands, bytes_read=last.bytes_read,
-            bytes_useful=moved, staging_bytes=staging.get(name, 0),
+            bytes_useful=moved, staging_bytes=staging.get(name, 0), cpu_s=median(cpu[name]),
             verified=verified[name]))
     return rows
 
