@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from flatcake.cio.layout import SegmentLayout
 from flatcake.clock import ManualClock
 from flatcake.config import FlatCakeConfig, ReclaimConfig, StoreConfig
-from flatcake.control import ControlPlane, StorePlan
+from flatcake.control import ControlPlane, FileCut, LoadPlan, StorePlan
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium
@@ -227,6 +227,103 @@ class TestReclaim:
             cp.touch("s")
 
 
+def ssd_turns(cp: ControlPlane, session: str, sizes: list[int]) -> list[StorePlan]:
+    """Store one SSD turn per entry of ``sizes`` (new blocks per turn)."""
+    plans, done = [], 0
+    for turn, n in enumerate(sizes):
+        done += n
+        p = cp.prepare_store(session, skeys(session, done), turn_index=turn,
+                             context_tokens=10**6)
+        assert p is not None and p.medium == Medium.SSD
+        cp.complete_store(p, True)
+        plans.append(p)
+    return plans
+
+
+class TestTruncate:
+    """A damaged segment cuts its session there; the earlier segments stay."""
+
+    def test_cut_drops_the_segment_and_the_later_ones_keeps_the_earlier(self) -> None:
+        cp, _ = make()
+        p = ssd_turns(cp, "s", [2, 1, 3, 1, 2])  # one file; 9 blocks
+        chat_turn(cp, "s", 11, turn=5)  # a memory turn after them
+        used = cp.stats().ssd_used_bytes
+        action = cp.truncate_session("s", p[2].segment.segment_id)
+        assert [s.segment_id for s in action.ssd_segments] == [
+            q.segment.segment_id for q in p[2:]]
+        assert action.cut_files == (FileCut(p[0].file_id, p[2].file_offset),)  # type: ignore[arg-type]
+        assert action.file_ids == () and action.memory_segments == ()
+        assert not action.session_dropped and action.medium is None
+        hit = cp.lookup(skeys("s", 11))
+        assert (hit.num_blocks, hit.num_ssd_blocks) == (3, 3)  # turns 1-2
+        freed = sum(q.segment.total_bytes for q in p[2:])
+        assert cp.stats().ssd_used_bytes == used - freed
+        assert cp.session("s").ssd_bytes == K + p[0].segment.total_bytes \
+            + p[1].segment.total_bytes
+        assert len(cp.session("s").memory_segment_ids) == 1  # memory turns stay
+        assert cp.stats().sessions_truncated == 1
+        cp.check_integrity()
+        # The recomputed turns append right after the last good segment.
+        again = cp.prepare_store("s", skeys("s", 9), turn_index=6, context_tokens=10**6)
+        assert again is not None and again.first_block == 3
+        assert (again.file_id, again.file_offset) == (p[2].file_id, p[2].file_offset)
+        cp.complete_store(again, True)
+        assert cp.lookup(skeys("s", 11)).num_blocks == 11  # the memory turn is back
+        cp.check_integrity()
+
+    def test_cut_releases_later_files_and_empty_ones(self) -> None:
+        # Every turn is a 2-page segment; a 5-page span holds a file header and two.
+        cp, _ = make(span_pages=5)
+        p = ssd_turns(cp, "s", [1, 5, 5, 5, 5])
+        files = cp.ssd.files_of("s")
+        assert [q.file_id for q in p] == [files[0]] * 2 + [files[1]] * 2 + [files[2]]
+        action = cp.truncate_session("s", p[2].segment.segment_id)  # first of file 1
+        assert action.file_ids == (files[1], files[2]) and action.cut_files == ()
+        assert cp.ssd.files_of("s") == [files[0]]
+        assert cp.lookup(skeys("s", 21)).num_blocks == 6
+        cp.check_integrity()
+        # Cut at the very first segment: nothing is left, the session is forgotten.
+        action = cp.truncate_session("s", p[0].segment.segment_id)
+        assert action.file_ids == (files[0],) and action.session_dropped
+        assert cp.session_ids() == [] and cp.stats().ssd_used_bytes == 0
+        cp.check_integrity()
+
+    def test_cut_waits_for_restores_and_writes_of_the_tail(self) -> None:
+        cp, _ = make()
+        p = ssd_turns(cp, "s", [2, 2, 2])
+        tail = p[1].segment.segment_id
+        cp.prepare_load("head", skeys("s", 2))  # reads turn 1 only: no conflict
+        assert not cp.tail_in_use("s", tail)
+        cp.prepare_load("all", skeys("s", 6))
+        assert cp.tail_in_use("s", tail)
+        with pytest.raises(ValueError, match=r"'s'.*in flight"):
+            cp.truncate_session("s", tail)
+        cp.complete_load("all")
+        w = cp.prepare_store("s", skeys("s", 8), turn_index=3, context_tokens=10**6)
+        assert w is not None and cp.tail_in_use("s", tail)  # a write lands in the tail
+        cp.complete_store(w, True)
+        action = cp.truncate_session("s", tail)
+        assert len(action.ssd_segments) == 3
+        assert cp.lookup(skeys("s", 8)).num_blocks == 2
+        cp.complete_load("head")
+        cp.check_integrity()
+
+    def test_bad_input(self) -> None:
+        cp, _ = make()
+        p = ssd_turns(cp, "s", [2])
+        m = chat_turn(cp, "s", 3)
+        ssd_turns(cp, "t", [1])
+        with pytest.raises(KeyError, match="'nope'"):
+            cp.truncate_session("nope", p[0].segment.segment_id)
+        with pytest.raises(KeyError, match="not a live SSD segment"):
+            cp.truncate_session("s", m.segment.segment_id)
+        with pytest.raises(KeyError, match="not a live SSD segment"):
+            cp.truncate_session("t", p[0].segment.segment_id)
+        with pytest.raises(KeyError, match="not a live SSD segment"):
+            cp.tail_in_use("s", 999)
+        cp.check_integrity()
+
+
 class TestRecovery:
     def test_rebuild_from_scanned_segments(self) -> None:
         cp, clock = make(span_pages=4)
@@ -301,9 +398,10 @@ class TestBadInput:
 
 
 class ControlMachine(RuleBasedStateMachine):
-    """Random stores (ok or failed), restores, reclaims, drops and clock steps on small
-    budgets: a pinned session is never reclaimed, budgets hold, integrity after every
-    step, and a block is visible only once its store completed."""
+    """Random stores (ok or failed), restores, reclaims, drops, cuts at a damaged
+    segment and clock steps on small budgets: a pinned session is never reclaimed, a
+    segment a restore reads or an extent a write fills is never cut, budgets hold,
+    integrity after every step, and a block is visible only once its store completed."""
 
     SESSIONS = ("s0", "s1", "s2", "s3", "s4")
 
@@ -315,6 +413,7 @@ class ControlMachine(RuleBasedStateMachine):
         self.turn = dict.fromkeys(self.SESSIONS, 0)
         self.pending: list[StorePlan] = []
         self.loads: dict[str, frozenset[str]] = {}
+        self.plans: dict[str, LoadPlan] = {}
         self.next_rid = 0
 
     def pinned(self) -> set[str]:
@@ -350,6 +449,23 @@ class ControlMachine(RuleBasedStateMachine):
         assert self.cp.lookup(skeys(s, n)).num_blocks <= plan.first_block
         self.pending.append(plan)
 
+    @rule(s=st.sampled_from(SESSIONS), new=st.integers(1, 6))
+    def ssd_turn(self, s: str, new: int) -> None:
+        """A long-context turn, written and completed at once (SSD history to cut)."""
+        n = self.length[s] + new
+        pinned = self.pinned() | {s}
+        try:
+            plan = self.cp.prepare_store(s, skeys(s, n), turn_index=self.turn[s],
+                                         context_tokens=10**6)
+        except CapacityError:
+            self.check_actions(pinned)
+            return
+        self.check_actions(pinned)
+        self.length[s], self.turn[s] = n, self.turn[s] + 1
+        if plan is not None:
+            assert plan.medium == Medium.SSD
+            self.cp.complete_store(plan, True)
+
     @precondition(lambda self: self.pending)
     @rule(data=st.data(), ok=st.booleans())
     def complete(self, data: st.DataObject, ok: bool) -> None:
@@ -367,12 +483,14 @@ class ControlMachine(RuleBasedStateMachine):
         lp = self.cp.prepare_load(rid, skeys(s, self.length[s]))
         assert lp.read_plan.num_commands <= GEOM.num_layers * len(lp.hit.runs)
         self.loads[rid] = lp.session_ids
+        self.plans[rid] = lp
 
     @precondition(lambda self: self.loads)
     @rule(data=st.data())
     def finish_load(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.loads)))
         del self.loads[rid]
+        del self.plans[rid]
         self.cp.complete_load(rid)
 
     @rule()
@@ -386,6 +504,38 @@ class ControlMachine(RuleBasedStateMachine):
         if s in self.pinned() or s not in self.cp.session_ids():
             return
         self.cp.drop_session(s)
+
+    @rule(data=st.data())
+    def truncate(self, data: st.DataObject) -> None:
+        """A segment fails its checksum: cut its session there (or learn it must wait)."""
+        found = [(s, i) for s in self.cp.session_ids()
+                 for i in self.cp.session(s).ssd_segment_ids]
+        if not found:
+            return
+        s, seg_id = data.draw(st.sampled_from(found))
+        seg = self.cp.index.segment(seg_id)
+        cut = (seg.file_id, seg.file_offset)
+        tail = {i for i in self.cp.session(s).ssd_segment_ids
+                if (self.cp.index.segment(i).file_id,
+                    self.cp.index.segment(i).file_offset) >= cut}  # type: ignore[operator]
+        busy = any(p.session_id == s and p.medium == Medium.SSD
+                   and (p.file_id, p.file_offset) >= cut  # type: ignore[operator]
+                   for p in self.pending) or any(
+            run.segment.segment_id in tail for lp in self.plans.values()
+            for run in lp.hit.runs)
+        assert self.cp.tail_in_use(s, seg_id) == busy
+        if busy:
+            with pytest.raises(ValueError, match="in flight"):
+                self.cp.truncate_session(s, seg_id)
+            return
+        kept = [i for i in self.cp.session(s).ssd_segment_ids if i not in tail]
+        action = self.cp.truncate_session(s, seg_id)
+        assert {x.segment_id for x in action.ssd_segments} == tail
+        for i in tail:
+            with pytest.raises(KeyError):
+                self.cp.index.segment(i)
+        if not action.session_dropped:
+            assert self.cp.session(s).ssd_segment_ids == kept
 
     @rule(dt=st.floats(0, 10))
     def tick(self, dt: float) -> None:

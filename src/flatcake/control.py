@@ -13,11 +13,15 @@ clock) and tests. The data plane executes what it plans and reports back::
     complete_load(request) ───────────────────► sessions unpinned and touched
     reclaim() / take_reclaim_actions() ───────► [ReclaimAction] (files to delete, arena
                                                  ranges now free); index already updated
+    truncate_session(session, segment) ───────► ReclaimAction: a damaged segment and the
+                                                 session's later SSD segments unpublished,
+                                                 their file tails freed (files to cut)
     recover_segment(...) ─────────────────────► restart: rebuild from scanned files
 
 Invariants: an address is published only once its bytes are durable (``complete_store``
 with ``ok=True``); a pinned session (restore reading it, or a write into it in flight)
-is never reclaimed; the host and SSD budgets are never exceeded by an allocation.
+is never reclaimed; a segment a restore in flight reads, or an extent a write in flight
+fills, is never truncated; the host and SSD budgets are never exceeded by an allocation.
 
 Single-threaded: the owner (store, engine scheduler, simulator loop) serialises calls.
 """
@@ -136,17 +140,35 @@ class LoadPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class FileCut:
+    """A session file cut by ``truncate_session``: the data plane truncates it to
+    ``end_bytes`` (the end of its last segment kept), so a restart never finds the
+    segments that were cut off, and the next append lands there.
+
+    Attributes:
+        file_id: the session file.
+        end_bytes: its new size (a 4 KiB multiple, at least the file header).
+    """
+
+    file_id: int
+    end_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReclaimAction:
-    """A session (or its memory part) dropped from the books; the data plane now
-    deletes ``file_ids`` and may reuse the arena ranges of ``memory_segments``.
+    """A session (or part of it) dropped from the books; the data plane now deletes
+    ``file_ids``, truncates ``cut_files`` and may reuse the arena ranges of
+    ``memory_segments``.
 
     Attributes:
         session_id: the session.
-        medium: the medium whose watermark triggered it; ``None`` for ``drop_session``.
+        medium: the medium whose watermark triggered it; ``None`` for ``drop_session``
+            and ``truncate_session``.
         memory_segments: memory segments dropped (their arena ranges are free).
         ssd_segments: SSD segments dropped.
         file_ids: session files to delete.
         session_dropped: the session has nothing left and is forgotten.
+        cut_files: session files to truncate (``truncate_session`` only).
     """
 
     session_id: str
@@ -155,6 +177,7 @@ class ReclaimAction:
     ssd_segments: tuple[Segment, ...]
     file_ids: tuple[int, ...]
     session_dropped: bool
+    cut_files: tuple[FileCut, ...] = ()
 
     @property
     def memory_bytes(self) -> int:
@@ -185,6 +208,7 @@ class ControlStats:
     sessions_reclaimed_memory: int
     sessions_reclaimed_ssd: int
     stores_rejected: int
+    sessions_truncated: int = 0
 
 
 class ControlPlane:
@@ -222,6 +246,7 @@ class ControlPlane:
         self._next_segment_id = 0
         self._reclaimed = {Medium.MEMORY: 0, Medium.SSD: 0}
         self._rejected = 0
+        self._truncated = 0
 
     # -- queries ---------------------------------------------------------------------
 
@@ -487,6 +512,85 @@ class ControlPlane:
             return True
         return False
 
+    # -- damage ----------------------------------------------------------------------
+
+    def _tail_segment(self, session_id: str, from_segment_id: int) -> Segment:
+        rec = self.session(session_id)
+        if from_segment_id not in rec.ssd_segment_ids:
+            raise KeyError(f"segment_id {from_segment_id!r} is not a live SSD segment of "
+                           f"session_id {session_id!r}")
+        return self.index.segment(from_segment_id)
+
+    @staticmethod
+    def _in_tail(seg: Segment, cut: tuple[int, int]) -> bool:
+        """Whether ``seg`` (of the cut session) sits at or after ``cut`` = (file id,
+        file offset). A session's files have increasing ids and its segments append
+        along its newest file, so file order then offset order is write order."""
+        return seg.medium == Medium.SSD and \
+            (int(seg.file_id or 0), int(seg.file_offset or 0)) >= cut
+
+    def tail_in_use(self, session_id: str, from_segment_id: int) -> bool:
+        """Whether ``truncate_session(session_id, from_segment_id)`` must wait: a
+        restore in flight reads a segment it would drop, or a write in flight fills an
+        extent in the tail. Restores of the earlier segments do not block it."""
+        seg = self._tail_segment(session_id, from_segment_id)
+        cut = (int(seg.file_id or 0), int(seg.file_offset or 0))
+        for p in self._pending_stores.values():
+            if p.session_id == session_id and self._in_tail(p.segment, cut):
+                return True
+        for lp in self._loads.values():
+            if session_id in lp.session_ids and any(
+                    run.segment.session_id == session_id and self._in_tail(run.segment, cut)
+                    for run in lp.hit.runs):
+                return True
+        return False
+
+    def truncate_session(self, session_id: str, from_segment_id: int) -> ReclaimAction:
+        """Cut a session at a damaged SSD segment: unpublish it and every later SSD
+        segment of the session (the rest of its file and the session's later files),
+        give their space back to the SSD budget, and keep the earlier segments served.
+
+        The returned action (not queued) names the file to truncate (``cut_files``; a
+        file left with no segment is deleted instead) and the later files to delete;
+        the next ``prepare_store`` of the session appends after its last good segment.
+        Memory segments stay (their blocks are findable again once the missing turns
+        are stored again). Raises ``KeyError`` when the segment is not a live SSD
+        segment of the session, ``ValueError`` while ``tail_in_use``.
+        """
+        seg = self._tail_segment(session_id, from_segment_id)
+        if self.tail_in_use(session_id, from_segment_id):
+            raise ValueError(f"session_id {session_id!r}: a restore or write in flight uses "
+                             f"segment {from_segment_id} or a later one; retry after it")
+        rec = self._sessions[session_id]
+        file_id, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
+        cut = (file_id, file_offset)
+        kept: list[int] = []
+        dropped: list[Segment] = []
+        for seg_id in rec.ssd_segment_ids:
+            if self._in_tail(self.index.segment(seg_id), cut):
+                dropped.append(self.index.remove_segment(seg_id))
+            else:
+                kept.append(seg_id)
+        rec.ssd_segment_ids = kept
+        freed = self.ssd.truncate_file(file_id, file_offset)
+        deleted: list[int] = []
+        cuts: tuple[FileCut, ...] = ()
+        if self.ssd.file(file_id).extents:
+            cuts = (FileCut(file_id, self.ssd.file(file_id).end_bytes),)
+        else:
+            freed += self.ssd.release_file(file_id)
+            deleted.append(file_id)
+        for later in self.ssd.files_of(session_id):
+            if later > file_id:  # tail_in_use guarantees nothing in flight there
+                freed += self.ssd.release_file(later)
+                deleted.append(later)
+        rec.ssd_bytes -= freed
+        self._truncated += 1
+        logger.debug("session %r cut at segment %d: %d segments, %d bytes dropped",
+                     session_id, from_segment_id, len(dropped), freed)
+        gone = self._forget_if_empty(rec)
+        return ReclaimAction(session_id, None, (), tuple(dropped), tuple(deleted), gone, cuts)
+
     # -- restart ---------------------------------------------------------------------
 
     def recover_segment(self, session_id: str, file_id: int, file_offset: int,
@@ -553,6 +657,7 @@ class ControlPlane:
             sessions_reclaimed_memory=self._reclaimed[Medium.MEMORY],
             sessions_reclaimed_ssd=self._reclaimed[Medium.SSD],
             stores_rejected=self._rejected,
+            sessions_truncated=self._truncated,
         )
 
     def check_integrity(self) -> None:

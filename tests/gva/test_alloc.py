@@ -165,6 +165,23 @@ class TestSsdSpace:
         assert s.allocate("a", K).file_offset == e3.file_offset + K
         s.check_integrity()
 
+    def test_cut_gives_the_tail_back_and_appends_resume_there(self) -> None:
+        s = SsdSpace(0, 1 << 30, 64 * K)
+        e = [s.allocate("a", n * K) for n in (1, 2, 3, 1)]  # at K, 2K, 4K, 7K
+        used = s.used_bytes
+        assert s.truncate_file(0, e[2].file_offset) == 4 * K  # extents 2 and 3 go
+        assert s.used_bytes == used - 4 * K and s.file(0).end_bytes == 4 * K
+        assert s.allocate("a", K).file_offset == e[2].file_offset
+        with pytest.raises(ValueError, match="inside the extent"):
+            s.truncate_file(0, 3 * K)
+        with pytest.raises(ValueError, match="aligned"):
+            s.truncate_file(0, 0)
+        with pytest.raises(KeyError, match="file_id"):
+            s.truncate_file(9, K)
+        assert s.truncate_file(0, K) == 4 * K and s.file(0).end_bytes == K
+        assert s.used_bytes == K  # the header stays until the file is released
+        s.check_integrity()
+
     def test_adopt_keeps_recorded_base(self) -> None:
         s = SsdSpace(0, 1 << 30, 8 * K)
         e = s.adopt_extent("a", 7, 2 * K, K, base_offset=3 * 8 * K)
@@ -187,7 +204,7 @@ class TestSsdSpace:
 
 
 class SsdMachine(RuleBasedStateMachine):
-    """Random appends, failed writes and session drops: the budget is never exceeded,
+    """Random appends, failed writes, cuts and session drops: the budget is never exceeded,
     files never overlap in the virtual space, every extent resolves to itself."""
 
     @initialize(cap_pages=st.integers(2, 200), span_pages=st.integers(2, 24))
@@ -217,6 +234,16 @@ class SsdMachine(RuleBasedStateMachine):
         fid, off = data.draw(st.sampled_from(sorted(self.extents)))
         _, _, size = self.extents.pop((fid, off))
         assert self.s.free_extent(fid, off) == size
+
+    @precondition(lambda self: self.extents)
+    @rule(data=st.data())
+    def cut(self, data: st.DataObject) -> None:
+        fid, off = data.draw(st.sampled_from(sorted(self.extents)))
+        tail = [k for k in self.extents if k[0] == fid and k[1] >= off]
+        freed = sum(self.extents.pop(k)[2] for k in tail)
+        assert self.s.truncate_file(fid, off) == freed
+        ends = [o + self.extents[(f, o)][2] for f, o in self.extents if f == fid]
+        assert self.s.file(fid).end_bytes == max(ends, default=K)
 
     @rule(session=st.sampled_from("abcd"))
     def drop(self, session: str) -> None:

@@ -142,32 +142,6 @@ def test_torn_data_over_preallocated_space_is_a_miss(tmp_path: Path) -> None:
         assert not any(dst[layer][:, 4:7].any() for layer in range(SMALL.num_layers))
 
 
-def test_corruption_found_while_serving(tmp_path: Path) -> None:
-    src, (keys,) = _write_history(tmp_path)
-    path = _only_file(tmp_path)
-    _, segs, _ = scan_session_file(path)
-    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
-        _assert_prefix(store, keys, src, 12)
-        lay = segs[1].header.layout
-        _flip(path, segs[1].file_offset + lay.block_offset(2, 1))  # last layer, block 5
-        assert not fsck_root(tmp_path).ok
-        dst = empty_kv(SMALL, 12)
-        res = store.load(keys, dst, range(12))
-        # Blocks from the damaged segment on are a miss; the caller recomputes them.
-        assert (res.num_blocks, res.num_hit_blocks, res.damaged_segments) == (4, 12, 1)
-        assert not dst[2][:, 4:12].any()
-        # The session is pulled out of service (its file kept in quarantine for fsck) ...
-        assert store.lookup(keys).num_blocks == 0
-        assert list((tmp_path / SESSIONS_DIR).iterdir()) == []
-        assert len(list((tmp_path / QUARANTINE_DIR).iterdir())) == 1
-        # ... and the recomputed KV is stored again from scratch.
-        assert store.store_turn("session 0/../x", keys, src, range(12), TO_SSD).num_blocks == 12
-        _assert_prefix(store, keys, src, 12)
-    report = fsck_root(tmp_path)
-    assert not report.ok and report.num_damaged == 1
-    assert [f.quarantined for f in report.files if not f.ok] == [True]
-
-
 def test_header_damage_is_found_on_restart(tmp_path: Path) -> None:
     src, (keys,) = _write_history(tmp_path)
     path = _only_file(tmp_path)

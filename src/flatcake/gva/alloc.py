@@ -19,7 +19,9 @@ Each session file is mapped at a fixed span when it is created, so the address o
 block never changes and ``offset -> (file_id, file_offset)`` is a range lookup. A
 session's segments append inside its current file; one that does not fit opens a new
 file (new ``file_id``, new span). Freed spans are reused lowest first; file ids never
-are. The SSD budget counts file headers plus allocated segment bytes.
+are. The SSD budget counts file headers plus allocated segment bytes. A file can be cut
+(``truncate_file``) at a damaged segment: its tail is given back and appends resume
+after the last good segment.
 """
 
 from __future__ import annotations
@@ -367,6 +369,27 @@ class SsdSpace:
             f.end_bytes = max((o + n for o, n in f.extents.items()),
                               default=self.file_header_bytes)
         return size
+
+    def truncate_file(self, file_id: int, file_offset: int) -> int:
+        """Cut a file at ``file_offset`` (a damaged segment's start): every extent from
+        there on is given back, and the append pointer rolls back to the end of the last
+        extent left (or the file header), so the next append lands right after the last
+        good segment. ``file_offset`` must not fall inside an extent. Returns the bytes
+        given back to the budget (the file itself stays mapped)."""
+        f = self.file(file_id)
+        if file_offset < self.file_header_bytes or file_offset % ALIGN:
+            raise ValueError(f"file_offset={file_offset!r} is not a 4 KiB aligned offset in "
+                             f"file {file_id}'s segment area")
+        freed = 0
+        for o in [o for o in f.extents if o + f.extents[o] > file_offset]:
+            if o < file_offset:
+                raise ValueError(f"file_offset={file_offset!r} falls inside the extent at "
+                                 f"{o} of file {file_id}")
+            freed += f.extents.pop(o)
+        self._used -= freed
+        f.end_bytes = max((o + n for o, n in f.extents.items()),
+                          default=self.file_header_bytes)
+        return freed
 
     def release_file(self, file_id: int) -> int:
         """Unmap a file (its span becomes free); returns the bytes given back."""

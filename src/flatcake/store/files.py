@@ -1,12 +1,16 @@
-"""The store's session files on disk: create, adopt on restart, grow, delete, quarantine.
+"""The store's session files on disk: create, adopt on restart, grow, cut, delete,
+quarantine.
 
 Directory layout under the store root (directories 0700, files 0600)::
 
     ROOT/
       LOCK                       flock()ed by the one store that has ROOT open
       sessions/<file_id>.fcs     live session files (cio.format)
-      quarantine/<file_id>.fcs   files pulled out of service after a checksum failure,
-                                 kept for inspection; never read by the store again
+      quarantine/<file_id>.fcs   files whose file header is damaged, pulled out of
+                                 service and kept for inspection; never read again
+
+A damaged *segment* does not send its file to quarantine: the file is cut before it
+(``truncate``), so the turns before it stay served.
 
 File names are the 16 hex digits of a file id; session ids live only inside files.
 """
@@ -19,8 +23,25 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from flatcake.cio.direct import FILE_MODE, ensure_dir, fsync_dir, open_file, preallocate
-from flatcake.cio.format import FileHeader, parse_session_file_name, session_file_name
+from flatcake.cio.direct import (
+    FILE_MODE,
+    aligned_buffer,
+    ensure_dir,
+    fsync_dir,
+    open_file,
+    preallocate,
+    pwrite_all,
+    writable_view,
+)
+from flatcake.cio.format import (
+    FILE_HEADER_BYTES,
+    FileHeader,
+    FormatError,
+    decode_file_header,
+    parse_session_file_name,
+    session_file_name,
+)
+from flatcake.cio.layout import ALIGN
 from flatcake.cio.staging import OpenFile
 from flatcake.cio.writer import write_file_header
 
@@ -142,6 +163,37 @@ class SessionFiles:
         f.allocated_bytes = preallocate(f.fd, f.allocated_bytes, end_bytes, self.growth_bytes,
                                         f.header.span_bytes)
 
+    def header_damage(self, file_id: int) -> str:
+        """Why the file header on disk is not this file's header, or "" if it is.
+        (Restores never read the header, so a damaged one is found here or on restart.)"""
+        f = self._files[file_id]
+        buf = aligned_buffer(FILE_HEADER_BYTES, pin=False)
+        try:
+            n = os.preadv(f.fd, [writable_view(buf)], 0)
+            header = decode_file_header(writable_view(buf)[:n])
+        except (OSError, FormatError) as exc:
+            return str(exc)
+        if header != f.header:
+            return "file header differs from the one the file was opened with"
+        return ""
+
+    def truncate(self, file_id: int, end_bytes: int) -> None:
+        """Cut the file at ``end_bytes`` (durably) so the segments after it are gone on
+        disk too: a restart cannot find them, and appends continue there. If the
+        filesystem refuses, the first 4 KiB at ``end_bytes`` are zeroed instead, which
+        a scan reads as the clean end of the file."""
+        f = self._files[file_id]
+        try:
+            os.ftruncate(f.fd, end_bytes)
+            os.fsync(f.fd)
+            f.allocated_bytes = end_bytes
+        except OSError as exc:
+            logger.warning("could not truncate %s at %d (%s); scrubbing instead", f.path,
+                           end_bytes, exc)
+            pwrite_all(f.fd, writable_view(aligned_buffer(ALIGN, pin=False).zero_()),
+                       end_bytes)
+            os.fsync(f.fd)
+
     def _close(self, file_id: int) -> _LiveFile:
         f = self._files.pop(file_id)
         os.close(f.fd)
@@ -161,7 +213,7 @@ class SessionFiles:
         ensure_dir(self.quarantine_dir)
         dest = self.quarantine_dir / Path(f.path).name
         os.replace(f.path, dest)
-        logger.warning("session file %s moved to %s after a checksum failure", f.path, dest)
+        logger.warning("session file %s moved to %s: its file header is damaged", f.path, dest)
         return dest
 
     def quarantine_path(self, path: Path) -> Path:

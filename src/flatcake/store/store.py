@@ -7,11 +7,23 @@ executes its plans with real bytes and reports back::
     load:        lookup -> prepare_load (reads widened to whole segments) ->
                  staging window: read, verify crc32, scatter per layer -> complete_load
     reclaim:     control.reclaim -> delete the files it names
+    damage:      a segment fails its crc32 -> it and the rest of the load are a miss ->
+                 control.truncate_session -> cut the file before it, delete later files
     open:        scan session files -> control.recover_segment for each valid segment
+
+Damage while serving: a segment that fails its checksum is never returned as KV. Its
+session is cut there once no restore or write in flight touches the cut-off part
+(until then lookups stop before it): the damaged segment and the session's later
+segments are unpublished, their SSD space given back, the file truncated on disk (so a
+restart cannot resurrect them), and later turns append after the last good segment.
+The earlier turns stay served. Only a damaged *file header* (checked before the cut)
+sends the session's files to ``quarantine/``.
 
 Threads: any thread may call the public methods. ``self._lock`` serialises every call
 into the control plane and guards the store's own books (open files, segment
-checksums, damaged sessions); it is never held across I/O. Restores run on a pool of
+checksums, pending cuts); it is never held across I/O except the small, rare file
+cuts. ``self._unpinned`` (on the same lock) is notified whenever a restore or write
+ends, which is what a pending cut waits for. Restores run on a pool of
 ``scheduler.max_restores_in_flight`` threads, one staging window each: a restore that
 finds every window busy waits in the pool's queue; it is never cancelled.
 """
@@ -173,8 +185,11 @@ class FlatCakeStore:
         self._restores = ThreadPoolExecutor(max_workers=num_windows,
                                             thread_name_prefix="flatcake-restore")
         self._crcs: dict[int, tuple[int, ...]] = {}  # SSD segment id -> layer crcs
+        # Segments that failed a crc check and are not cut off yet (lookups stop there),
+        # and per session the first of them: where its pending cut goes.
         self._damaged_segments: set[int] = set()
-        self._damaged_sessions: set[str] = set()
+        self._cuts: dict[str, int] = {}
+        self._unpinned = threading.Condition(self._lock)
         self._request_ids = itertools.count()
         self._closed = False
         try:
@@ -286,39 +301,60 @@ class FlatCakeStore:
             paged.block_table(table.cpu(), unique=True)
         return paged, table
 
-    def _apply_actions(self, actions: Sequence[ReclaimAction]) -> ReclaimResult:
-        """Delete (or quarantine, for damaged sessions) the files reclaim dropped.
-        Called under ``self._lock``."""
+    def _apply_actions(self, actions: Sequence[ReclaimAction],
+                       quarantine: bool = False) -> ReclaimResult:
+        """Cut, delete (or quarantine) the files the control plane dropped. Called
+        under ``self._lock``."""
         deleted = 0
         for action in actions:
-            damaged = action.session_id in self._damaged_sessions
             for seg in action.ssd_segments:
                 self._crcs.pop(seg.segment_id, None)
                 self._damaged_segments.discard(seg.segment_id)
+            for cut in action.cut_files:
+                self._files.truncate(cut.file_id, cut.end_bytes)
             for file_id in action.file_ids:
                 if file_id in self._files and isinstance(self.reader, GdsReader):
                     self.reader.forget_file(self._files.open_file(file_id).path)
-                if damaged:
+                if quarantine:
                     self._files.quarantine(file_id)
                 else:
                     self._files.delete(file_id)
                 deleted += 1
             if action.session_dropped:
-                self._damaged_sessions.discard(action.session_id)
+                self._cuts.pop(action.session_id, None)
         return ReclaimResult(tuple(a.session_id for a in actions), deleted,
                              sum(a.memory_bytes for a in actions),
                              sum(len(a.ssd_segments) for a in actions))
 
-    def _drop_damaged(self) -> None:
-        """Drop sessions with a damaged segment once nothing pins them (under lock)."""
-        for sid in list(self._damaged_sessions):
+    def _settle_damage(self) -> None:
+        """Apply every pending cut that nothing in flight blocks (under lock): cut the
+        session before its damaged segment, or, when the damaged segment's file header
+        is damaged too, drop the session and quarantine its files."""
+        for sid, seg_id in list(self._cuts.items()):
             try:
-                rec = self.control.session(sid)
-            except KeyError:
-                self._damaged_sessions.discard(sid)
+                seg = self.control.index.segment(seg_id)
+                blocked = self.control.tail_in_use(sid, seg_id)
+            except KeyError:  # the session was dropped or reclaimed meanwhile
+                del self._cuts[sid]
                 continue
-            if rec.num_pins == 0:
-                self._apply_actions([self.control.drop_session(sid)])
+            if blocked:
+                continue
+            reason = self._files.header_damage(int(seg.file_id or 0))
+            if not reason:
+                action, quarantine = self.control.truncate_session(sid, seg_id), False
+            elif self.control.session(sid).num_pins == 0:
+                logger.warning("session %r: file %d has a damaged header (%s); the session "
+                               "is dropped", sid, seg.file_id, reason)
+                action, quarantine = self.control.drop_session(sid), True
+            else:
+                continue
+            self._cuts.pop(sid, None)
+            try:
+                self._apply_actions([action], quarantine=quarantine)
+            except OSError as exc:
+                # The books are already cut; a segment left on disk fails its crc again
+                # if a restart brings it back. The caller's own call is not failed.
+                logger.error("session %r: could not cut its files on disk: %s", sid, exc)
 
     # -- store -----------------------------------------------------------------------
 
@@ -340,7 +376,13 @@ class FlatCakeStore:
         paged, table = self._paged(kv_caches, block_ids, len(keys), unique=False)
         t0 = time.perf_counter()
         with self._lock:
-            self._drop_damaged()
+            self._settle_damage()
+            while session_id in self._cuts:
+                # The session is being cut before a damaged segment: append only after
+                # the cut, right behind the last good segment (waits for the restores
+                # or writes still using the cut-off part).
+                self._unpinned.wait()
+                self._settle_damage()
             plan = self.control.prepare_store(
                 session_id, keys, turn_index=signals.turn_index,
                 context_tokens=signals.context_tokens,
@@ -377,6 +419,7 @@ class FlatCakeStore:
         finally:
             with self._lock:
                 self.control.complete_store(plan, ok)
+                self._unpinned.notify_all()
         elapsed = time.perf_counter() - t0
         seg = plan.segment
         logger.debug("stored %d blocks of %r on %s (%s)", seg.num_blocks, session_id,
@@ -453,7 +496,7 @@ class FlatCakeStore:
         paged, table = self._paged(kv_caches, block_ids, len(keys), unique=True)
         planner = StreamPlanner(self._crcs)
         with self._lock:
-            self._drop_damaged()
+            self._settle_damage()
             hit = self._usable_hit(self.control.lookup(keys))
             request_id = ("load", next(self._request_ids))
             plan = self.control.prepare_load(request_id, hit, planner=planner)
@@ -483,6 +526,7 @@ class FlatCakeStore:
             ready.fail(exc)
             with self._lock:
                 self.control.complete_load(plan.request_id)
+                self._unpinned.notify_all()
             raise
         finally:
             self._windows.put(window)
@@ -492,16 +536,29 @@ class FlatCakeStore:
             self.control.complete_load(plan.request_id)
             for seg_id in outcome.failed_tags:
                 self._mark_damaged(seg_id)
-            self._drop_damaged()
+            self._settle_damage()
+            self._unpinned.notify_all()
         return self._result(plan, outcome)
 
     def _mark_damaged(self, segment_id: int) -> None:
+        """Record a segment that failed its crc; its session's cut goes before the
+        earliest damaged segment (under lock)."""
         try:
             seg = self.control.index.segment(segment_id)
         except KeyError:
-            return
+            return  # already cut off or reclaimed
         self._damaged_segments.add(segment_id)
-        self._damaged_sessions.add(seg.session_id)
+        sid = seg.session_id
+        first = self._cuts.get(sid)
+        if first is not None:
+            try:
+                old = self.control.index.segment(first)
+            except KeyError:
+                old = None
+            if old is not None and (old.file_id or 0, old.file_offset or 0) <= (
+                    seg.file_id or 0, seg.file_offset or 0):
+                return
+        self._cuts[sid] = segment_id
 
     def _result(self, plan: LoadPlan, outcome: RestoreOutcome) -> LoadResult:
         loaded = outcome.num_blocks_loaded
@@ -527,7 +584,7 @@ class FlatCakeStore:
         high watermark until it is under its low watermark; delete their files."""
         self._check_open()
         with self._lock:
-            self._drop_damaged()
+            self._settle_damage()
             return self._apply_actions(self.control.reclaim())
 
     def drop_session(self, session_id: str) -> ReclaimResult:
@@ -554,7 +611,7 @@ class FlatCakeStore:
                     "ssd_bytes": rec.ssd_bytes,
                     "idle_s": round(now - rec.last_access, 3),
                     "pinned": rec.num_pins > 0,
-                    "damaged": sid in self._damaged_sessions,
+                    "damaged": sid in self._cuts,
                 })
             reads = self.reader.stats()
         return {
