@@ -129,6 +129,9 @@ class StoreConfig:
     continues in a fresh span). ``io_mode``: ``direct`` requires O_DIRECT and fails with a
     clear error where the filesystem refuses it; ``buffered`` uses the page cache and says
     so in the log; ``auto`` tries direct and falls back to buffered with a warning.
+    ``read_threads``: threads of the store's one reader (``preadv`` calls running at
+    once, over all restores). ``reads_in_flight``: read commands one restore keeps with
+    that reader at once; the rest of its reads wait in order (``cio.readers.ReadQueue``).
     """
 
     root: str = "./flatcake-data"

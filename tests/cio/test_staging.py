@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from flatcake.cio.staging import (
     LayerReady,
     OpenFile,
     RestoreJob,
+    RestoreOutcome,
     StagingWindow,
     StreamCheck,
 )
@@ -175,13 +177,25 @@ class GatedReader:
         self._inner = DirectReader(1)
         self._cv = threading.Condition()
         self._pending: list[tuple[ReadRequest, torch.Tensor, Future[int]]] = []
+        self.peak_pending = 0
 
     def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
         fut: Future[int] = Future()
         with self._cv:
             self._pending.append((request, dest, fut))
+            self.peak_pending = max(self.peak_pending, len(self._pending))
             self._cv.notify_all()
         return fut
+
+    def wait_pending(self, count: int, timeout: float = 5) -> bool:
+        """Wait until exactly ``count`` reads are held."""
+        with self._cv:
+            return self._cv.wait_for(lambda: len(self._pending) == count, timeout)
+
+    @property
+    def num_pending(self) -> int:
+        with self._cv:
+            return len(self._pending)
 
     def release(self, count: int) -> None:
         for _ in range(count):
@@ -225,6 +239,51 @@ def test_each_layer_is_signalled_as_soon_as_it_lands(history: History) -> None:
     assert all(torch.equal(d, s) for d, s in zip(dst, history.src, strict=True))
     with pytest.raises(ValueError, match="layer"):
         ready.wait_for_layer(len(dst))
+
+
+@pytest.mark.parametrize("limit", [1, 3, None])
+def test_reads_in_flight_bounds_the_commands_of_a_restore(history: History,
+                                                         limit: int | None) -> None:
+    # 4 KiB reads: every layer is many commands, so the bound is what holds them back.
+    dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
+           for _ in history.src]
+    job = _job(history, dst, PlannerConfig(gap_limit_bytes=0, max_read_bytes=4096))
+    per_layer = [len(lp.ssd_ops) for lp in job.plan.layers]
+    assert min(per_layer) > 3
+    reader = GatedReader()
+    window = StagingWindow(reader, reads_in_flight=limit)
+    outcomes: list[RestoreOutcome] = []
+    runner = threading.Thread(
+        target=lambda: outcomes.append(window.run(job, LayerReady(len(dst)))))
+    runner.start()
+    # Nothing has completed: the window has planned layers 0 and 1, and hands the
+    # reader only ``limit`` commands of them (all of them without a limit).
+    expected = per_layer[0] + per_layer[1] if limit is None else limit
+    try:
+        assert reader.wait_pending(expected)
+        time.sleep(0.05)
+        assert reader.num_pending == expected
+        reader.release(sum(per_layer))  # one at a time, each making room for the next
+    finally:
+        runner.join(timeout=10)
+        reader.close()
+    (outcome,) = outcomes
+    if limit is None:  # later, layer l+2's reads may join layer l+1's: at least that
+        assert outcome.peak_reads_in_flight >= reader.peak_pending >= expected
+    else:
+        assert reader.peak_pending == outcome.peak_reads_in_flight == limit
+    assert outcome.num_blocks_loaded == history.num_blocks
+    assert outcome.commands == sum(per_layer)
+    assert all(torch.equal(d, s) for d, s in zip(dst, history.src, strict=True))
+
+
+def test_reads_in_flight_is_validated() -> None:
+    reader = DirectReader(1)
+    try:
+        with pytest.raises(ValueError, match="reads_in_flight"):
+            StagingWindow(reader, reads_in_flight=0)
+    finally:
+        reader.close()
 
 
 @pytest.mark.parametrize(("flip_layer", "crc_threads"), [(0, 1), (2, 1), (2, 3)])

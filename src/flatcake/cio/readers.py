@@ -6,15 +6,24 @@ Two implementations of one contract:
   (pinned when CUDA is present), several reads in flight. Works on every Linux box.
 - ``GdsReader``: kvikio / GPUDirect Storage straight into a GPU buffer, used when CUDA
   and kvikio are present. kvikio is imported lazily here and nowhere else.
+
+A reader is shared by every restore of a store. ``ReadQueue`` sits between one restore
+and the reader and bounds how many of that restore's commands are in flight at once
+(``store.reads_in_flight``): enough to keep the device's queue busy, without one large
+restore flooding the reader's queue ahead of every other restore (or, with GDS,
+handing kvikio an unbounded number of commands).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import sys
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -161,6 +170,99 @@ class DirectReader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+class ReadQueue:
+    """At most ``max_in_flight`` commands of one restore with the reader at once.
+
+    ``submit`` has the reader's contract (returns at once with a future, never
+    cancels). Up to ``max_in_flight`` requests go to the reader immediately; later ones
+    wait here, in submission order, and are handed over as earlier ones complete (by
+    the thread that completes them). ``max_in_flight=None`` sets no bound. One restore
+    owns a queue; ``submit`` and the completion callbacks may run on different threads
+    (``self._lock`` guards the waiting list and the counts).
+    """
+
+    def __init__(self, reader: Reader, max_in_flight: int | None) -> None:
+        if max_in_flight is not None and (not isinstance(max_in_flight, int)
+                                          or max_in_flight < 1):
+            raise ValueError(f"store.reads_in_flight must be an int >= 1, got "
+                             f"{max_in_flight!r}")
+        self.reader = reader
+        self.max_in_flight = max_in_flight
+        self._limit = sys.maxsize if max_in_flight is None else max_in_flight
+        self._lock = threading.Lock()
+        self._waiting: deque[tuple[ReadRequest, torch.Tensor, Future[int]]] = deque()
+        self._in_flight = 0
+        self._peak = 0
+        self._pumping = False
+        self._idle = threading.Condition(self._lock)
+
+    @property
+    def peak_in_flight(self) -> int:
+        """Most commands this queue has had with the reader at once."""
+        with self._lock:
+            return self._peak
+
+    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
+        _check_dest(request, dest, self.reader.device_type)  # fail now, as the reader does
+        out: Future[int] = Future()
+        with self._lock:
+            self._waiting.append((request, dest, out))
+        self._pump()
+        return out
+
+    def _pump(self) -> None:
+        """Hand waiting requests to the reader while there is room. One thread pumps at
+        a time; a completion that finds a pump running leaves the work to it, so a
+        reader that completes synchronously never recurses."""
+        with self._lock:
+            if self._pumping:
+                return
+            self._pumping = True
+        while True:
+            with self._lock:
+                if not self._waiting or self._in_flight >= self._limit:
+                    self._pumping = False
+                    return
+                request, dest, out = self._waiting.popleft()
+                self._in_flight += 1
+                self._peak = max(self._peak, self._in_flight)
+            try:
+                inner = self.reader.submit(request, dest)
+            except BaseException as exc:  # a bad request fails its own future only
+                out.set_exception(exc)
+                self._done()
+                continue
+            inner.add_done_callback(partial(self._complete, out))
+
+    def _complete(self, out: Future[int], inner: Future[int]) -> None:
+        exc = inner.exception()
+        self._done()  # room first, so a waiter woken by ``out`` sees it
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(inner.result())
+        self._pump()
+
+    def _done(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if not self._in_flight and not self._waiting:
+                self._idle.notify_all()
+
+    def abandon(self) -> None:
+        """The restore gave up: fail the requests not handed over yet, and wait until
+        the reader is done with the ones that were (they write into buffers the restore
+        is about to hand to the next one)."""
+        with self._lock:
+            dropped = list(self._waiting)
+            self._waiting.clear()
+        for _, _, out in dropped:
+            out.set_exception(RuntimeError("restore abandoned before this read started"))
+        with self._idle:
+            while self._in_flight:
+                self._idle.wait()
 
 
 def kvikio_available() -> bool:

@@ -12,7 +12,10 @@ window's owner for the restore's duration)::
         ready[l].set()                                    # engine may run layer l
 
 Slot ``(l+1) % 2`` last held layer ``l-1``, already scattered (scatter is synchronous),
-so reusing it is safe.
+so reusing it is safe. The reads of a restore go through a ``ReadQueue``: at most
+``reads_in_flight`` of its commands are with the reader at once (``store.
+reads_in_flight``), the rest wait in order, so layer ``l``'s reads always go out before
+layer ``l+1``'s.
 
 The plan's *stream* of a layer is a sequence of block-sized positions (``cio.plan``).
 ``RestoreJob.stream_slots`` maps each stream block to a paged KV slot, or to -1 for a
@@ -39,7 +42,7 @@ from flatcake.cio.format import crc32, crc32_combine, crc32_shift_operator
 from flatcake.cio.layout import align_up
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.plan import LayerPlan, Piece, ReadPlan
-from flatcake.cio.readers import Reader, ReadRequest
+from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +112,8 @@ class RestoreOutcome:
         bytes_read: SSD bytes read (useful + gap + verify-only).
         memory_bytes: bytes copied out of the arena.
         elapsed_s: wall time from start to the last layer ready.
+        peak_reads_in_flight: most read commands the restore had with the reader at
+            once (never above the window's ``reads_in_flight``).
     """
 
     num_blocks_loaded: int
@@ -117,6 +122,7 @@ class RestoreOutcome:
     bytes_read: int
     memory_bytes: int
     elapsed_s: float
+    peak_reads_in_flight: int = 0
 
 
 class LayerReady:
@@ -170,14 +176,22 @@ class _LayerState:
 class StagingWindow:
     """Two layer slots and the pipeline that fills them. One restore at a time uses a
     window (the store hands windows out from a pool; a restore that finds none waits).
+
+    ``reads_in_flight`` bounds the read commands one restore has with the shared reader
+    at once (``None``: no bound; every command of the next layer is handed over as soon
+    as it is planned).
     """
 
     def __init__(self, reader: Reader, crc_threads: int = 1,
-                 crc_chunk_bytes: int = DEFAULT_CRC_CHUNK_BYTES) -> None:
+                 crc_chunk_bytes: int = DEFAULT_CRC_CHUNK_BYTES,
+                 reads_in_flight: int | None = None) -> None:
         if crc_threads < 1 or crc_chunk_bytes < 1:
             raise ValueError(f"crc_threads and crc_chunk_bytes must be >= 1, got "
                              f"{crc_threads} and {crc_chunk_bytes}")
+        if reads_in_flight is not None and reads_in_flight < 1:
+            raise ValueError(f"store.reads_in_flight must be >= 1, got {reads_in_flight}")
         self.reader = reader
+        self.reads_in_flight = reads_in_flight
         self.crc_chunk_bytes = crc_chunk_bytes
         self._slots: list[torch.Tensor] = []
         # Checksums are the CPU cost of a restore (zlib crc32: ~1.5 GB/s a core); with
@@ -211,28 +225,36 @@ class StagingWindow:
         cut = job.num_request_blocks
         failed: list[int] = []
         commands = 0
-        pending = self._submit(job, plan.layers[0], slots[0]) if plan.layers else None
-        for i, lp in enumerate(plan.layers):
-            nxt = None
-            if i + 1 < len(plan.layers):
-                nxt = self._submit(job, plan.layers[i + 1], slots[(i + 1) % 2])
-            state = pending if pending is not None else _LayerState()
-            commands += len(state.futures)
-            cut = self._finish_reads(job, state, cut)
-            cut = self._verify(job, lp.layer, state, slots[i % 2], bbpl, cut, failed)
-            self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut)
-            ready.set(lp.layer)
-            pending = nxt
+        reads = ReadQueue(self.reader, self.reads_in_flight)
+        try:
+            pending = (self._submit(job, reads, plan.layers[0], slots[0])
+                       if plan.layers else None)
+            for i, lp in enumerate(plan.layers):
+                nxt = None
+                if i + 1 < len(plan.layers):
+                    nxt = self._submit(job, reads, plan.layers[i + 1], slots[(i + 1) % 2])
+                state = pending if pending is not None else _LayerState()
+                commands += len(state.futures)
+                cut = self._finish_reads(job, state, cut)
+                cut = self._verify(job, lp.layer, state, slots[i % 2], bbpl, cut, failed)
+                self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut)
+                ready.set(lp.layer)
+                pending = nxt
+        except BaseException:
+            reads.abandon()  # no read may still land in the slots once the window is free
+            raise
         return RestoreOutcome(cut, tuple(dict.fromkeys(failed)), commands, plan.bytes_read,
-                              plan.memory_bytes, time.perf_counter() - t0)
+                              plan.memory_bytes, time.perf_counter() - t0,
+                              reads.peak_in_flight)
 
-    def _submit(self, job: RestoreJob, lp: LayerPlan, slot: torch.Tensor) -> _LayerState:
+    def _submit(self, job: RestoreJob, reads: ReadQueue, lp: LayerPlan,
+                slot: torch.Tensor) -> _LayerState:
         state = _LayerState()
         pos = 0
         for op in lp.ssd_ops:
             f = job.files[op.file_id]
             req = ReadRequest(f.path, f.fd, op.file_offset, op.length, pos)
-            state.futures.append((self.reader.submit(req, slot), op.pieces))
+            state.futures.append((reads.submit(req, slot), op.pieces))
             for p in op.pieces:
                 state.placements.append(_Placement(
                     p.dest_offset(job.plan.block_bytes_per_layer), pos + p.offset_in_op,

@@ -181,7 +181,8 @@ class FlatCakeStore:
         self._windows: queue.Queue[StagingWindow] = queue.Queue()
         for _ in range(num_windows):
             self._windows.put(StagingWindow(self.reader,
-                                            crc_threads=config.store.read_threads))
+                                            crc_threads=config.store.read_threads,
+                                            reads_in_flight=config.store.reads_in_flight))
         self._restores = ThreadPoolExecutor(max_workers=num_windows,
                                             thread_name_prefix="flatcake-restore")
         self._crcs: dict[int, tuple[int, ...]] = {}  # SSD segment id -> layer crcs
