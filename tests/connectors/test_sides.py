@@ -123,32 +123,55 @@ def test_first_turn_goes_to_ssd_and_next_turn_restores_its_bytes(tmp_path: Path)
     h.close()
 
 
-def test_corrupt_segment_is_detected_reported_and_never_served_again(tmp_path: Path) -> None:
+def test_corrupt_segment_is_recomputed_and_the_session_cut_before_it(tmp_path: Path) -> None:
+    from flatcake.cio.format import scan_session_file
+
     h = Harness(tmp_path)
     turn0 = list(range(100, 117))  # 4 full blocks + 1
-    finish(h, "a", turn0, [1, 2, 3, 4], out=1, session="s")
+    v0 = view("a", turn0, session="s")
+    h.sched.num_matched_tokens(v0, 0)
+    # Turn 0 (SSD, first turn) ends with a 600-token reply (only its length matters
+    # here), so turn 1 falls to the DEFAULT rule: SSD, appended to the same file.
+    h.sched.request_finished(RequestView("a", v0.keys, 17, 17, 600, 17, "s"),
+                             [1, 2, 3, 4, 5], True)
     h.step()
-    # Flip one byte of layer 1's data in the only session file.
+    turn1 = [*tokens(turn0[:16], 16, 300), 7]
+    v1 = view("b", turn1, session="s")
+    assert h.sched.num_matched_tokens(v1, 0) == (16, True)
+    h.sched.after_alloc("b", [10, 11, 12, 13, 14, 15, 16, 17, 18], 16)
+    h.step()
+    _, p1 = h.sched.request_finished(RequestView("b", v1.keys, 33, 30, 3, 33, "s"),
+                                     [10, 11, 12, 13, 14, 15, 16, 17, 18], True)
+    assert p1 is not None and p1["flatcake"]["placement"] == "ssd:default"
+    h.step()
     (path,) = (tmp_path / "sessions").iterdir()
+    _, segments, _ = scan_session_file(path)
+    assert [s.header.num_blocks for s in segments] == [4, 4]
+    # The second segment rots on disk (one byte of its layer 1).
+    second = segments[1]
     data = bytearray(path.read_bytes())
-    seg_data = 4096 + 4096  # file header + this segment's 4 KiB header
-    pos = seg_data + 1 * 4 * G.block_bytes_per_layer + 100
+    pos = (second.file_offset + second.header.layout.data_offset
+           + second.header.layout.layer_offset(1) - second.header.layout.header_bytes + 100)
     data[pos] ^= 0xFF
     path.write_bytes(bytes(data))
-    v = view("b", tokens(turn0, 4, 300), session="s")
-    assert h.sched.num_matched_tokens(v, 0) == (16, True)
-    h.sched.after_alloc("b", [10, 11, 12, 13, 14, 15], 16)
+    # A request extending both turns: 8 blocks hit, the second segment's 4 fail.
+    v2 = view("c", tokens(turn1[:32], 8, 900), session="s")
+    assert h.sched.num_matched_tokens(v2, 0) == (32, True)
+    slots = list(range(30, 41))
+    h.sched.after_alloc("c", slots, 32)
     _, _, recving, invalid = h.step()
-    # Every block of the damaged segment is a load error: the engine recomputes them.
-    assert recving == {"b"} and invalid == {10, 11, 12, 13}
+    assert recving == {"c"} and invalid == set(slots[4:8])
     _, params = h.sched.request_finished(
-        RequestView("b", v.keys, v.num_tokens, v.num_tokens, 0, 0, "s"), [10], store=False)
+        RequestView("c", v2.keys, 40, 40, 0, 0, "s"), slots, store=False)
     assert params is not None and params["flatcake"]["load_error_blocks"] == 4
-    assert params["flatcake"]["loaded_tokens_ssd"] == 0
-    # The session is dropped (file quarantined) and the prefix is a miss from now on.
+    assert params["flatcake"]["loaded_tokens_ssd"] == 16
+    # The session is cut before the damaged segment: on disk too, and the first turn
+    # is still served.
     h.step()
-    assert h.sched.num_matched_tokens(view("c", tokens(turn0, 4, 300)), 0) == (0, False)
-    assert list((tmp_path / "quarantine").iterdir())
+    assert h.sched.num_matched_tokens(view("d", tokens(turn1[:32], 8, 900)), 0) == (16, True)
+    _, segments, damaged = scan_session_file(path)
+    assert [s.header.num_blocks for s in segments] == [4] and not damaged
+    assert path.stat().st_size == segments[0].end_offset
     assert h.sched.totals()["damaged_segments"] == 1
     h.close()
 

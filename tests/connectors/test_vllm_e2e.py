@@ -11,7 +11,8 @@ Three engine processes over one tiny random Llama built here (nothing downloaded
    rule) and a third that loads that prefix synchronously from memory;
 2. run 2, a fresh process over the same store directory (restart recovery): session A
    turn 3 hits its first turn from SSD; session B's segment was corrupted on disk in
-   between, so its next turn detects it (crc32), recomputes, and still answers the same.
+   between, so its next turn detects it (crc32), recomputes, and still answers the same;
+   the session is cut before the damaged segment (on disk too).
 
 Every FlatCake output must equal the baseline's, token for token and logprob for
 logprob; hits must show as fewer prompt tokens computed (``num_cached_tokens``).
@@ -171,7 +172,10 @@ def test_flatcake_serves_multi_turn_sessions_across_a_restart(tmp_path: Path) ->
     assert fc2["B1"]["load_error_blocks"] == 2 and fc2["B1"]["loaded_tokens_ssd"] == 0
     t2 = r2["totals"]
     assert t2["damaged_segments"] == 1 and t2["load_error_blocks"] == 2
-    assert (store / "quarantine" / damaged.name).exists()
+    # B was cut before its damaged (and only) segment, so its file is gone; B's turn 1
+    # was stored again as the session's first segment, in a new file.
+    assert not damaged.exists()
+    assert fc2["B1"]["placement"].startswith("ssd:")
 
 
 def test_stats_reach_prometheus_series() -> None:

@@ -5,8 +5,10 @@
     scheduler side (control plane)                     worker side (data plane)
     ──────────────────────────────                     ────────────────────────
     build_connector_meta ── StepPlan ──────────────►   loads: read + verify + scatter
-                             loads / stores / drops    stores: gather + write + sync
-                                                       drops: delete / quarantine files
+                             loads / stores /          stores: gather + write + sync
+                             drops / cuts              drops: delete files; cuts:
+                                                       truncate a file after its last
+                                                       good segment
     update_connector_output ◄── WorkerReport ───────   StoreDone / LoadDone per task
 
 A worker reports each task exactly once, in the step its I/O finished; with tensor
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from flatcake.cio.plan import ReadPlan
 from flatcake.cio.staging import StreamCheck
-from flatcake.control import StorePlan
+from flatcake.control import FileCut, StorePlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +86,10 @@ class StoreTask:
 
 @dataclass(frozen=True, slots=True)
 class FileDrop:
-    """A session file reclaim dropped: delete it, or move it to quarantine when the
-    session was dropped for a checksum failure."""
+    """A session file the control plane dropped (reclaim, or a session cut before a
+    damaged segment): delete it."""
 
     file_id: int
-    quarantine: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +99,10 @@ class StepPlan:
     loads: tuple[LoadTask, ...] = ()
     stores: tuple[StoreTask, ...] = ()
     drops: tuple[FileDrop, ...] = ()
+    cuts: tuple[FileCut, ...] = ()
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.stores or self.drops)
+        return not (self.loads or self.stores or self.drops or self.cuts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ requests as ``RequestView`` values, so it runs in tests without vLLM. Per reques
     build_step           sync loads + SSD restores FC-MAS starts now (at most
                          max_restores_in_flight in flight; the rest wait, never
                          cancelled) + stores + file drops -> StepPlan
-    on_report            complete_store / complete_load, restore_done; damaged
-                         segments stop being served, their sessions are dropped
+    on_report            complete_store / complete_load, restore_done; a damaged
+                         segment stops being served and its session is cut before it
     request_finished     placement with the session signals, prepare_store (address
                          allocated, published only once every worker wrote it)
 
@@ -42,7 +42,7 @@ from flatcake.connectors.plans import (
 )
 from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker, TurnInfo
 from flatcake.connectors.settings import ConnectorSettings
-from flatcake.control import ControlPlane, ReclaimAction, StorePlan
+from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium
@@ -134,7 +134,7 @@ class SchedulerSide:
         self.refcount = PrefixRefcount()
         self._reqs: dict[str, _Request] = {}
         self._damaged_segments: set[int] = set()
-        self._damaged_sessions: set[str] = set()
+        self._cuts: dict[str, int] = {}  # session -> damaged segment to cut it before
         self._sync_loads: list[LoadTask] = []
         self._queued_loads: dict[str, LoadTask] = {}  # SSD loads waiting in FC-MAS
         self._loads: dict[str, LoadTask] = {}  # every load planned and not yet reported
@@ -143,6 +143,7 @@ class SchedulerSide:
         self._pending_keys: Counter[bytes] = Counter()  # keys of stores in flight
         self._load_reports: dict[str, list[LoadDone]] = {}
         self._drops: list[FileDrop] = []
+        self._file_cuts: list[FileCut] = []
         self._stats: Counter[str] = Counter()
         self._total: Counter[str] = Counter()
         self._placements: Counter[str] = Counter()
@@ -315,9 +316,10 @@ class SchedulerSide:
                                     for r in started]
         self._sync_loads = []
         stores, self._new_stores = self._new_stores, []
-        self._drop_damaged()
+        self._settle_damage()
         drops, self._drops = self._drops, []
-        return StepPlan(tuple(loads), tuple(stores), tuple(drops))
+        cuts, self._file_cuts = self._file_cuts, []
+        return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts))
 
     def on_report(self, report: WorkerReport) -> None:
         """``update_connector_output``: completions reported by the workers."""
@@ -329,7 +331,7 @@ class SchedulerSide:
             if len(reports) == self.world_size:
                 del self._load_reports[done.request_id]
                 self._load_done(reports)
-        self._drop_damaged()
+        self._settle_damage()
 
     def _store_done(self, done: StoreDone) -> None:
         entry = self._stores.get(done.segment_id)
@@ -389,35 +391,42 @@ class SchedulerSide:
         self._stats["damaged_segments"] += len(failed)
 
     def _mark_damaged(self, segment_id: int) -> None:
+        """Stop serving a segment that failed its checksum; the session is cut before
+        it (``truncate_session``) as soon as no restore or write uses its tail."""
         try:
             seg = self.control.index.segment(segment_id)
         except KeyError:
             return
-        logger.warning("segment %d of session %r failed its checksum; it is not served "
-                       "again and the session is dropped", segment_id, seg.session_id)
+        logger.warning("segment %d of session %r failed its checksum; the session is cut "
+                       "before it", segment_id, seg.session_id)
         self._damaged_segments.add(segment_id)
-        self._damaged_sessions.add(seg.session_id)
+        earlier = self._cuts.get(seg.session_id)
+        if earlier is not None:
+            other = self.control.index.segment(earlier)
+            if (other.file_id, other.file_offset) <= (seg.file_id, seg.file_offset):
+                return
+        self._cuts[seg.session_id] = segment_id
 
-    def _drop_damaged(self) -> None:
-        for sid in list(self._damaged_sessions):
+    def _settle_damage(self) -> None:
+        for sid, seg_id in list(self._cuts.items()):
             try:
-                rec = self.control.session(sid)
-            except KeyError:
-                self._damaged_sessions.discard(sid)
+                blocked = self.control.tail_in_use(sid, seg_id)
+            except KeyError:  # dropped or reclaimed meanwhile
+                del self._cuts[sid]
                 continue
-            if rec.num_pins == 0:
-                self._apply([self.control.drop_session(sid)])
-                self.sessions.forget(sid)
+            if not blocked:
+                del self._cuts[sid]
+                self._apply([self.control.truncate_session(sid, seg_id)])
         self._apply(self.control.take_reclaim_actions())
 
     def _apply(self, actions: Sequence[ReclaimAction]) -> None:
         for action in actions:
-            quarantine = action.session_id in self._damaged_sessions
             for seg in action.ssd_segments:
                 self._damaged_segments.discard(seg.segment_id)
-            self._drops.extend(FileDrop(f, quarantine) for f in action.file_ids)
+            self._file_cuts.extend(action.cut_files)
+            self._drops.extend(FileDrop(f) for f in action.file_ids)
             if action.session_dropped:
-                self._damaged_sessions.discard(action.session_id)
+                self._cuts.pop(action.session_id, None)
 
     # -- finish ----------------------------------------------------------------------
 

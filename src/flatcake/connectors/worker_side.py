@@ -4,7 +4,8 @@ It executes the ``StepPlan`` the scheduler half sends each step and reports what
 finished (``WorkerReport``). It owns the bytes: the session files under its store
 directory, the host arena, the staging windows, and a view of the engine's paged KV::
 
-    start_step(plan)   drops: delete / quarantine files
+    start_step(plan)   cuts: truncate a file after its last good segment;
+                       drops: delete files
                        SSD loads: one restore thread each (two-layer staging window:
                          read layer l+1 while layer l is verified and scattered)
                        sync (all-memory) loads: a restore thread whose layers the
@@ -58,6 +59,7 @@ from flatcake.connectors.plans import (
     StoreTask,
     WorkerReport,
 )
+from flatcake.control import FileCut
 from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium
 from flatcake.store.arena import ArenaBuffer
@@ -157,6 +159,8 @@ class WorkerSide:
 
     def start_step(self, plan: StepPlan) -> None:
         """Start everything ``plan`` asks for; sync loads are waited for per layer."""
+        for cut in plan.cuts:
+            self._cut(cut)
         for drop in plan.drops:
             self._drop(drop)
         for store in plan.stores:
@@ -349,10 +353,20 @@ class WorkerSide:
                 del self._crcs[key]
             if isinstance(self.reader, GdsReader) and drop.file_id in self._files:
                 self.reader.forget_file(self._files.open_file(drop.file_id).path)
-            if drop.quarantine:
-                self._files.quarantine(drop.file_id)
-            else:
-                self._files.delete(drop.file_id)
+            self._files.delete(drop.file_id)
+
+    def _cut(self, cut: FileCut) -> None:
+        """Truncate a file after its last good segment (a damaged one and everything
+        after it are gone on disk too; the next append of the session lands there)."""
+        with self._lock:
+            for key in [k for k in self._crcs if k[0] == cut.file_id and k[1] >= cut.end_bytes]:
+                del self._crcs[key]
+            if cut.file_id in self._files:
+                try:
+                    self._files.truncate(cut.file_id, cut.end_bytes)
+                except OSError as exc:  # the books are cut; a restart re-checks the crcs
+                    logger.error("could not cut session file %d at %d: %s", cut.file_id,
+                                 cut.end_bytes, exc)
 
     # -- reporting and lifecycle -----------------------------------------------------
 
