@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-tokens", type=int, default=None,
                    help="tokens per file of per-chunk-files (default 256, LMCache's)")
     p.add_argument("--scattered-sessions", type=int, default=None,
-                   help="sessions interleaved in the eviction-order tier (default 4)")
+                   help="sessions interleaved in the eviction-order tier (default 3)")
     p.add_argument("--read-threads", type=int, default=None,
                    help="reader threads, the same for every layout (default 16)")
     p.add_argument("--scale-tokens", type=int, default=None,

@@ -67,6 +67,24 @@ class BlockLru:
         tick = self.tick
         return sum(int(np.count_nonzero(tick[s:e])) for s, e in runs)
 
+    def presence(self, runs: Runs) -> tuple[int, int]:
+        """``(count_present(runs), prefix_hits(runs))`` in one pass."""
+        tick = self.tick
+        present = 0
+        prefix = 0
+        in_prefix = True
+        for s, e in runs:
+            seg = tick[s:e]
+            nz = int(np.count_nonzero(seg))
+            present += nz
+            if in_prefix:
+                if nz == e - s:
+                    prefix += nz
+                else:
+                    prefix += int(np.argmin(seg != 0))
+                    in_prefix = False
+        return present, prefix
+
     def prefix_hits(self, runs: Runs, start: int = 0) -> int:
         """Length of the run of present blocks beginning at position ``start``."""
         tick = self.tick
@@ -102,6 +120,28 @@ class BlockLru:
         for s, e in runs:
             new += (e - s) - int(np.count_nonzero(tick[s:e]))
             tick[s:e] = t
+            n += e - s
+        self.size += new
+        self._events.append((t, runs))
+        self._queued += n
+        if self._queued > 4 * self.capacity_blocks + 65536:
+            self._compact()
+        return new
+
+    def touch_pin(self, runs: Runs) -> int:
+        """``touch`` then ``pin`` in one pass; returns how many were new."""
+        if not runs:
+            return 0
+        self._tick += 1
+        t = self._tick
+        tick = self.tick
+        pins = self.pins
+        new = 0
+        n = 0
+        for s, e in runs:
+            new += (e - s) - int(np.count_nonzero(tick[s:e]))
+            tick[s:e] = t
+            pins[s:e] += 1
             n += e - s
         self.size += new
         self._events.append((t, runs))

@@ -293,7 +293,7 @@ class Node:
         w = self.workers[req.worker]
         gpu = w.gpu
         runs = req.runs
-        present = gpu.count_present(runs)
+        present, prefix = gpu.presence(runs)
         out_blocks = self.out_blocks(req)
         need = (req.num_blocks - present) + out_blocks
         free = gpu.capacity_blocks - gpu.size - w.reserved_blocks
@@ -307,9 +307,8 @@ class Node:
             free += evicted
             if need > free:
                 return False
-        req.gpu_prefix = gpu.prefix_hits(runs)
-        gpu.touch(runs)
-        gpu.pin(runs)
+        req.gpu_prefix = prefix  # eviction spared this request's own (pinned) blocks
+        gpu.touch_pin(runs)
         w.reserved_blocks += out_blocks
         req.admitted = True
         return True

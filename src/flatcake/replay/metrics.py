@@ -104,6 +104,7 @@ class RunMetrics:
     num_restores: int = 0
     simulated_s: float = 0.0
     wall_s: float = 0.0
+    cpu_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,7 +118,7 @@ class RunMetrics:
 def summarize(rec: Recorder, *, system: str, rate_req_s: float, preset: str, trace: str,
               seed: int, input_tokens: np.ndarray, output_tokens: np.ndarray,
               placements: dict[str, int] | None = None, wall_s: float = 0.0,
-              extra: dict[str, Any] | None = None) -> RunMetrics:
+              cpu_s: float = 0.0, extra: dict[str, Any] | None = None) -> RunMetrics:
     """Reduce a finished run's recorder to its ``RunMetrics``."""
     total_blocks = int(rec.num_blocks.sum())
     ttft = rec.first_token_s - rec.arrival_s
@@ -164,6 +165,7 @@ def summarize(rec: Recorder, *, system: str, rate_req_s: float, preset: str, tra
         num_restores=len(pf),
         simulated_s=span,
         wall_s=wall_s,
+        cpu_s=cpu_s,
         extra=dict(extra or {}),
     )
 
@@ -203,5 +205,5 @@ def format_metrics(m: RunMetrics) -> str:
         lines.append("  placements by rule       " + ", ".join(
             f"{k} {v}" for k, v in m.placements.items() if v))
     lines.append(f"  {m.num_requests} requests, {m.simulated_s:.0f} s simulated, "
-                 f"{m.wall_s:.1f} s wall")
+                 f"{m.wall_s:.1f} s wall ({m.cpu_s:.1f} s CPU)")
     return "\n".join(lines)

@@ -31,82 +31,106 @@ from flatcake.config import PlannerConfig
 from flatcake.gva.address import Medium
 from flatcake.gva.index import HitRun
 
+SegmentCache = dict[int, tuple[bool, int, int, int, int, int, int]]
+"""segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, block_bytes_per_layer,
+num_layers); ``base`` is the file offset (SSD, after ``resolve``) or arena offset. A live
+segment's address never changes and segment ids are never reused, so entries stay true
+for as long as the segment lives."""
+
 
 def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None = None,
-                cfg: PlannerConfig | None = None) -> ReadPlan:
+                cfg: PlannerConfig | None = None, *,
+                segment_cache: SegmentCache | None = None) -> ReadPlan:
     """The totals of ``plan_reads(runs, num_layers, resolve, cfg)`` as a ``ReadPlan``
-    whose ``layers`` is empty (every count and byte total is filled in)."""
+    whose ``layers`` is empty (every count and byte total is filled in).
+
+    ``segment_cache`` (optional) remembers each segment's static geometry between calls.
+    """
     cfg = cfg if cfg is not None else PlannerConfig()
     if not isinstance(num_layers, int) or num_layers <= 0:
         raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    if not runs:
+        return ReadPlan((), 0, 0, 0, 0, 0, 0, 0, 0)
+    cache = segment_cache if segment_cache is not None else {}
     ssd: list[tuple[int, int, int, int]] = []
     mem: list[tuple[int, int, int]] = []
     bbpl = 0
     num_blocks = 0
     ssd_medium = Medium.SSD
     for seg, start, count, _prefix_start in runs:
-        lay = seg.layout
-        if bbpl != lay.block_bytes_per_layer or lay.num_layers != num_layers:
+        info = cache.get(seg.segment_id)
+        if info is None:
+            lay = seg.layout
+            on_ssd = seg.medium is ssd_medium
+            if on_ssd:
+                if resolve is None:
+                    fid, base = int(seg.file_id or 0), int(seg.file_offset or 0)
+                else:
+                    fid, base = resolve(seg.offset)
+            else:
+                fid, base = -1, seg.offset
+            info = (on_ssd, fid, base, lay.header_bytes, lay.num_blocks,
+                    lay.block_bytes_per_layer, lay.num_layers)
+            cache[seg.segment_id] = info
+        on_ssd, fid, base, header, n_seg, seg_bbpl, seg_layers = info
+        if seg_bbpl != bbpl or seg_layers != num_layers:
+            if seg_layers != num_layers:
+                raise ValueError(f"num_layers={num_layers} but segment {seg.segment_id} "
+                                 f"holds {seg_layers} layers")
             if bbpl:
-                raise ValueError(f"segment {seg.segment_id} has geometry {lay.num_layers}x"
-                                 f"{lay.block_bytes_per_layer} B, expected {num_layers}x"
-                                 f"{bbpl} B")
-            bbpl = lay.block_bytes_per_layer
-            if lay.num_layers != num_layers:
-                raise ValueError(f"num_layers={num_layers} but the segments hold "
-                                 f"{lay.num_layers} layers")
-        n_seg = lay.num_blocks
+                raise ValueError(f"segment {seg.segment_id} has geometry {seg_layers}x"
+                                 f"{seg_bbpl} B, expected {num_layers}x{bbpl} B")
+            bbpl = seg_bbpl
         if count <= 0 or start < 0 or start + count > n_seg:
             raise ValueError(f"run start_pos={start} count={count} is outside segment "
                              f"{seg.segment_id} of {n_seg} blocks")
         num_blocks += count
-        # layout.block_offset(0, start), inlined
-        rel = lay.header_bytes + start * bbpl
-        layer_stride = n_seg * bbpl
-        if seg.medium is ssd_medium:
-            if resolve is None:
-                fid, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
-            else:
-                fid, file_offset = resolve(seg.offset)
-            ssd.append((fid, file_offset + rel, layer_stride, count * bbpl))
+        # layout.block_offset(0, start), inlined; the layer stride is the segment's.
+        if on_ssd:
+            ssd.append((fid, base + header + start * bbpl, n_seg * bbpl, count * bbpl))
         else:
-            mem.append((seg.offset + rel, layer_stride, count * bbpl))
+            mem.append((base + header + start * bbpl, n_seg * bbpl, count * bbpl))
     layers = np.arange(num_layers, dtype=np.int64)[:, None]
     num_commands = bytes_read = useful = 0
     if ssd:
         ssd.sort()
         arr = np.asarray(ssd, dtype=np.int64)
-        file_id, base, stride, length = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
-        _reject_overlaps(file_id, base, length)
-        want_lo = base[None, :] + layers * stride[None, :]
-        want_hi = want_lo + length[None, :]
-        lo = want_lo - want_lo % ALIGN
-        hi = -(-want_hi // ALIGN) * ALIGN
-        new = np.ones(lo.shape, dtype=bool)
-        if lo.shape[1] > 1:
-            same = (file_id[1:] == file_id[:-1])[None, :]
-            hole = lo[:, 1:] - hi[:, :-1]
-            new[:, 1:] = ~(same & ((hole <= 0) | (hole < cfg.gap_limit_bytes)))
-        flat_new = new.ravel()
-        starts = np.flatnonzero(flat_new)
-        ends = np.append(starts[1:], flat_new.size) - 1
-        glen = hi.ravel()[ends] - lo.ravel()[starts]
-        num_commands = int((-(-glen // cfg.max_read_bytes)).sum())
-        bytes_read = int(glen.sum())
+        file_id, base_a, stride, length = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
+        _reject_overlaps(file_id, base_a, length)
+        want_lo = layers * stride + base_a  # (layers, spans)
+        lo = want_lo & -ALIGN
+        hi = (want_lo + (length + ALIGN - 1)) & -ALIGN
+        width = hi - lo
         useful = int(length.sum()) * num_layers
+        max_len = cfg.max_read_bytes
+        merge = None
+        if len(ssd) > 1:
+            hole = lo[:, 1:] - hi[:, :-1]
+            # Overlapping or touching ranges merge, and holes under the gap limit.
+            merge = (file_id[1:] == file_id[:-1]) & (hole < max(cfg.gap_limit_bytes, 1))
+        if merge is None or not merge.any():
+            bytes_read = int(width.sum())
+            num_commands = int((-(-width // max_len)).sum())
+        else:
+            new = np.ones(lo.shape, dtype=bool)
+            new[:, 1:] = ~merge
+            flat_new = new.ravel()
+            starts = np.flatnonzero(flat_new)
+            ends = np.append(starts[1:], flat_new.size) - 1
+            glen = hi.ravel()[ends] - lo.ravel()[starts]
+            num_commands = int((-(-glen // max_len)).sum())
+            bytes_read = int(glen.sum())
     num_copies = memory_bytes = 0
     if mem:
         mem.sort()
         m = np.asarray(mem, dtype=np.int64)
-        base, stride, length = m[:, 0], m[:, 1], m[:, 2]
-        _reject_overlaps(np.zeros(len(m), dtype=np.int64), base, length)
-        lo = base[None, :] + layers * stride[None, :]
-        hi = lo + length[None, :]
-        joins = int(np.count_nonzero(lo[:, 1:] == hi[:, :-1])) if len(mem) > 1 else 0
+        mbase, mstride, mlength = m[:, 0], m[:, 1], m[:, 2]
+        _reject_overlaps(np.zeros(len(m), dtype=np.int64), mbase, mlength)
+        mlo = layers * mstride + mbase
+        mhi = mlo + mlength
+        joins = int(np.count_nonzero(mlo[:, 1:] == mhi[:, :-1])) if len(mem) > 1 else 0
         num_copies = num_layers * len(mem) - joins
-        memory_bytes = int(length.sum()) * num_layers
-    if not runs:
-        return ReadPlan((), 0, 0, 0, 0, 0, 0, 0, 0)
+        memory_bytes = int(mlength.sum()) * num_layers
     return ReadPlan(
         layers=(),
         num_blocks=num_blocks,

@@ -35,14 +35,16 @@ def replay_node(workload: Workload, system: str, rate_req_s: float, preset: Repl
     sysobj = make_system(system, preset.flatcake_config(), preset.tiered)
     node = Node(workload, sysobj, preset.node, geometry, rate_req_s, seed)
     start = time.perf_counter()
+    cpu0 = time.process_time()
     rec = node.run()
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu0
     extra = sysobj.extra_metrics()
     placements = extra.pop("placements", {})
     extra["num_events"] = rec.num_events
     m = summarize(rec, system=system, rate_req_s=rate_req_s, preset=preset.name,
                   trace=workload.name, seed=seed, input_tokens=workload.input_tokens,
                   output_tokens=workload.output_tokens, placements=placements, wall_s=wall,
-                  extra=extra)
+                  cpu_s=cpu, extra=extra)
     logger.info("%s at %g req/s: %.1f s wall", system, rate_req_s, wall)
     return m, node

@@ -106,6 +106,7 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
         "jobs": jobs,
         "wall_s": wall,
         "run_wall_s_max": max((r["wall_s"] for r in runs), default=0.0),
+        "run_cpu_s_max": max((r.get("cpu_s", 0.0) for r in runs), default=0.0),
         "assumptions": list(get_preset(preset).assumptions),
         **(meta or {}),
     }
@@ -165,7 +166,8 @@ def markdown(result: SweepResult) -> str:
     lines = [f"# Replay sweep: {meta['trace']} on preset `{meta['preset']}`", "",
              f"{meta['workload']}. Seed {meta['seed']}; {len(result.runs)} runs on "
              f"{meta['jobs']} processes in {meta['wall_s']:.0f} s (slowest run "
-             f"{meta['run_wall_s_max']:.1f} s).", ""]
+             f"{meta['run_wall_s_max']:.1f} s wall, {meta.get('run_cpu_s_max', 0.0):.1f} s "
+             f"CPU).", ""]
     for key, title, scale, pattern in _PIVOTS:
         lines.append(f"## {title}")
         lines.append("")
@@ -205,11 +207,11 @@ def write_tables(result: SweepResult, out: Path) -> None:
     rules = sorted({k for r in result.runs for k in (r.get("placements") or {})})
     with open(out / "sweep.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow([*METRIC_COLUMNS, *(f"placement_{k}" for k in rules), "wall_s"])
+        w.writerow([*METRIC_COLUMNS, *(f"placement_{k}" for k in rules), "wall_s", "cpu_s"])
         for r in result.runs:
             w.writerow([r.get(c) for c in METRIC_COLUMNS]
                        + [(r.get("placements") or {}).get(k, 0) for k in rules]
-                       + [f"{r['wall_s']:.2f}"])
+                       + [f"{r['wall_s']:.2f}", f"{r.get('cpu_s', 0.0):.2f}"])
 
 
 def load_result(path: str | Path) -> SweepResult:

@@ -24,6 +24,7 @@ own session).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Hashable
@@ -40,7 +41,7 @@ from flatcake.gva.index import HitRun, PrefixHit
 from flatcake.mas.queues import RestoreRequest
 from flatcake.mas.scheduler import MasScheduler
 from flatcake.replay.engine import Node, Request, System, Worker
-from flatcake.replay.planfast import plan_totals
+from flatcake.replay.planfast import SegmentCache, plan_totals
 from flatcake.replay.runs import Runs, slice_runs
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,9 @@ class FlatCakeSystem(System):
         self.active_refs = np.zeros(0, dtype=np.int16)
         self.num_store_rejected = 0
         self.num_reclaim_actions = 0
+        # Static geometry of live segments for the planner (ids are never reused).
+        self.segment_cache: SegmentCache = {}
+        self._planner = functools.partial(plan_totals, segment_cache=self.segment_cache)
 
     def attach(self, node: Node) -> None:
         super().attach(node)
@@ -151,11 +155,16 @@ class FlatCakeSystem(System):
             sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
             node.make_ready(req)
             return
-        runs = trim_hit(hit, g)
-        ssd_blocks = sum(r[2] for r in runs if r.segment.medium == Medium.SSD)
+        if g == 0:
+            part = hit
+            ssd_blocks = hit.num_ssd_blocks
+        else:
+            runs = trim_hit(hit, g)
+            ssd_blocks = sum(r[2] for r in runs if r.segment.medium is Medium.SSD)
+            part = PrefixHit(hit.num_blocks - g, hit.num_blocks - g - ssd_blocks, ssd_blocks,
+                             runs)
         needs_ssd = ssd_blocks > 0
-        part = PrefixHit(hit.num_blocks - g, hit.num_blocks - g - ssd_blocks, ssd_blocks, runs)
-        lp = cp.prepare_load(req.idx, part, planner=plan_totals)
+        lp = cp.prepare_load(req.idx, part, planner=self._planner)
         st.load_pinned = True
         st.gpu_prefix = g
         st.plan = lp.read_plan
@@ -185,7 +194,7 @@ class FlatCakeSystem(System):
         if plan is None or g != st.gpu_prefix:
             # The GPU prefix changed while the request waited: plan what is missing now.
             plan = plan_totals(trim_hit(st.hit, g), node.geometry.num_layers, None,
-                               self.config.planner)
+                               self.config.planner, segment_cache=self.segment_cache)
         st.plan = None
         now = node.now
         spec = node.spec
