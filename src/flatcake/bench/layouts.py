@@ -128,7 +128,10 @@ def write_scattered(directory: str, source: Sequence[torch.Tensor],
     rng = random.Random(cfg.seed)
     # The other sessions' objects: slices of a random pool (never read back, only
     # there to occupy their places in the buckets; incompressible all the same).
-    pool = make_kv(1, FILLER_POOL_BLOCKS, bbl, seed=cfg.seed + 1)[0]
+    pool_rows = make_kv(1, FILLER_POOL_BLOCKS, bbl, seed=cfg.seed + 1)[0].numpy()
+    # Many small copies go through numpy: a torch copy of a 64 KiB row is an intra-op
+    # parallel region, which costs milliseconds when the other core is busy.
+    src_rows = [t.numpy() for t in source]
 
     # Demotion order: round-robin over sessions, one block (all layer objects) each.
     # Session 0 is the restored request. An object is (session, block, layer).
@@ -141,20 +144,21 @@ def write_scattered(directory: str, source: Sequence[torch.Tensor],
     where: dict[tuple[int, int], tuple[str, int]] = {}  # (block, layer) -> (path, offset)
     files_bytes = 0
     num_filler = 0
+    # One buffer for every bucket: its pages are faulted in once, not once per bucket.
+    bucket_buf = aligned_buffer(per_bucket * slot)
     for bucket_id, start in enumerate(range(0, len(order), per_bucket)):
         objects = order[start:start + per_bucket]
         rng.shuffle(objects)  # unordered_map iteration order inside one bucket
         path = os.path.join(directory, f"bucket-{bucket_id:06d}.bin")
-        buf = aligned_buffer(len(objects) * slot)
-        rows = buf.view(len(objects), slot)
-        if slot != bbl:
-            rows[:, bbl:].zero_()
+        buf = bucket_buf[:len(objects) * slot]
+        rows = buf.numpy().reshape(len(objects), slot)
+        rows[:, bbl:] = 0
         for i, (session, block, layer) in enumerate(objects):
             if session == 0:
-                rows[i, :bbl].copy_(source[layer][block])
+                rows[i, :bbl] = src_rows[layer][block]
                 where[(block, layer)] = (path, i * slot)
             else:
-                rows[i, :bbl].copy_(pool[num_filler % FILLER_POOL_BLOCKS])
+                rows[i, :bbl] = pool_rows[num_filler % FILLER_POOL_BLOCKS]
                 num_filler += 1
         _write_file(path, buf)
         files_bytes += buf.numel()
@@ -178,6 +182,7 @@ def write_per_chunk_files(directory: str, source: Sequence[torch.Tensor], *,
     num_blocks, bbl = _check_source(source)
     num_layers = len(source)
     os.makedirs(directory, mode=0o700, exist_ok=True)
+    src_rows = [t.numpy() for t in source]
     passes = []
     files_bytes = 0
     for chunk, first in enumerate(range(0, num_blocks, blocks_per_chunk)):
@@ -185,10 +190,11 @@ def write_per_chunk_files(directory: str, source: Sequence[torch.Tensor], *,
         layer_bytes = n * bbl
         size = align_up(num_layers * layer_bytes)
         buf = aligned_buffer(size)
-        buf[num_layers * layer_bytes:].zero_()
+        flat = buf.numpy()
+        flat[num_layers * layer_bytes:] = 0
         for layer in range(num_layers):
-            buf[layer * layer_bytes:(layer + 1) * layer_bytes].copy_(
-                source[layer][first:first + n].reshape(-1))
+            flat[layer * layer_bytes:(layer + 1) * layer_bytes] = \
+                src_rows[layer][first:first + n].reshape(-1)
         path = os.path.join(directory, f"chunk-{chunk:06d}.bin")
         _write_file(path, buf)
         files_bytes += size

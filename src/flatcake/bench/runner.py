@@ -85,7 +85,7 @@ class BenchOptions:
     num_turns: int = 4
     rounds: int = 3
     chunk_tokens: int = 256
-    scattered_sessions: int = 4
+    scattered_sessions: int = 3
     read_threads: int = 16
     device_in_flight: int = 16
     scale_tokens: int = 219_000
@@ -157,7 +157,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
     geometry = preset(model)
     num_layers, bbl = geometry.num_layers, geometry.block_bytes_per_layer
     useful = num_blocks * num_layers * bbl
-    logger.info("making %d MiB of KV", useful >> 20)
+    logger.info("%.1f s: making %d MiB of KV", time.perf_counter() - t_start, useful >> 20)
     source = make_kv(num_layers, num_blocks, bbl, seed=options.seed)
 
     # -- device ceiling (file of the request's size) ----------------------------------
@@ -170,8 +170,8 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
     rand = dev.read_random(device_path, op_bytes=rand_op,
                            num_ops=min(num_blocks * num_layers, 5_000),
                            in_flight=options.device_in_flight, seed=options.seed)
-    logger.info("device: write %.3f GB/s, random %d B reads %.3f GB/s", seq_write.gbps,
-                rand_op, rand.gbps)
+    logger.info("%.1f s: device write %.3f GB/s, random %d B reads %.3f GB/s",
+                time.perf_counter() - t_start, seq_write.gbps, rand_op, rand.gbps)
     fio: dict[str, dict[str, float]] = {}
     if options.use_fio and dev.fio_available():
         for rw, bs in (("write", chunk), ("read", chunk), ("randread", rand_op)):
@@ -184,7 +184,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         notes.append("fio is not installed (apt-get install fio; make fio runs the same jobs): "
                      "device figures are in-process only")
 
-    logger.info("fio: %s", fio)
+    logger.info("%.1f s: fio %s", time.perf_counter() - t_start, fio)
     # -- write every layout -----------------------------------------------------------
     reader = DirectReader(options.read_threads)
     fc = FlatcakeSide(os.path.join(root, "store"), geometry, source,
@@ -192,16 +192,19 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                       seed=options.seed)
     try:
         written_bytes, write_s = fc.write_turns()
-        logger.info("flatcake wrote %d MiB in %.2f s", written_bytes >> 20, write_s)
+        logger.info("%.1f s: flatcake wrote %d MiB in %.2f s", time.perf_counter() - t_start,
+                    written_bytes >> 20, write_s)
         scattered = write_scattered(
             os.path.join(root, "scattered"), source,
             ScatteredConfig(num_sessions=options.scattered_sessions, seed=options.seed))
-        logger.info("scattered written (%d MiB)", scattered.files_bytes >> 20)
+        logger.info("%.1f s: scattered written (%d MiB)", time.perf_counter() - t_start,
+                    scattered.files_bytes >> 20)
         blocks_per_chunk = max(1, options.chunk_tokens // geometry.tokens_per_block)
         chunks = write_per_chunk_files(os.path.join(root, "chunks"), source,
                                        blocks_per_chunk=blocks_per_chunk)
 
-        logger.info("per-chunk files written (%d MiB)", chunks.files_bytes >> 20)
+        logger.info("%.1f s: per-chunk files written (%d MiB)", time.perf_counter() - t_start,
+                    chunks.files_bytes >> 20)
         # -- rounds -------------------------------------------------------------------
         num_slots = num_blocks + num_blocks // 4 + 1
         dest = empty_kv(num_layers, num_slots, bbl)
@@ -242,7 +245,8 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                     verified[name] = False
                     notes.append(f"{name} round {rnd}: {bad} (block, layer) pairs differ "
                                  f"from what was written")
-                logger.info("round %d %s: %.3f s", rnd, name, runs[name][-1].seconds)
+                logger.info("%.1f s: round %d %s restored in %.3f s",
+                            time.perf_counter() - t_start, rnd, name, runs[name][-1].seconds)
         staging["flatcake"] = fc.staging_bytes()
 
         # -- control plane ------------------------------------------------------------
