@@ -179,7 +179,7 @@ LLAMA70B = ReplayPreset(
     flatcake=FlatCakeConfig(model="llama-3.1-70b",
                             scheduler=SchedulerConfig(max_restores_in_flight=2)),
     tiered=TieredConfig(),
-    rates=(0.25, 0.5, 1.0, 1.5, 2.0),
+    rates=(0.05, 0.1, 0.2, 0.4),
     builtin_block_tokens=16,
     assumptions=(
         "Geometry: Llama-3.1-70B config.json (80 layers, 8 KV heads, head dim 128, bf16): "

@@ -27,7 +27,7 @@ from typing import Any
 from flatcake.replay.load import load_workload
 from flatcake.replay.presets import get_preset
 from flatcake.replay.run import run_replay
-from flatcake.replay.sweep import SweepResult, markdown, run_sweep
+from flatcake.replay.sweep import SweepResult, load_result, markdown, run_sweep
 from flatcake.replay.systems import SYSTEMS
 
 CLAUDE_CODE = "../shared/traces/weka-claude-code/weka_claude_code_traces.jsonl.gz"
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--rates", default=None, help="override the paper rates (comma list)")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse sweep.json files already in --out instead of rerunning them")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,26 +123,41 @@ def main(argv: list[str] | None = None) -> int:
         for system in SYSTEMS:
             m = run_replay(wl, system, max(rates), paper)
             speed[f"replay_{system}_s"] = m.wall_s
+            speed[f"replay_{system}_cpu_s"] = m.cpu_s
             print(f"speed: {system} at {max(rates):g} req/s on the whole trace: "
                   f"{m.wall_s:.1f} s", flush=True)
-    wl, _ = load_workload(args.trace)
-    t0 = time.perf_counter()
-    cc = run_sweep(wl, list(SYSTEMS), rates, "paper", out / "claude-code", jobs=args.jobs)
-    speed["claude_code_sweep_s"] = time.perf_counter() - t0
+    def reused(name: str) -> SweepResult | None:
+        path = out / name / "sweep.json"
+        return load_result(path) if args.reuse and path.is_file() else None
+
+    cc = reused("claude-code")
+    if cc is None:
+        wl, _ = load_workload(args.trace)
+        t0 = time.perf_counter()
+        cc = run_sweep(wl, list(SYSTEMS), rates, "paper", out / "claude-code", jobs=args.jobs)
+        speed["claude_code_sweep_s"] = time.perf_counter() - t0
     llama: dict[int, SweepResult] = {}
     lp = get_preset("llama70b")
     for ctx in (16384, 65536):
-        lw, _ = load_workload(None, block_tokens=lp.builtin_block_tokens, context_tokens=ctx)
-        llama[ctx] = run_sweep(lw, ["flatcake", "tiered-direct"], list(lp.rates), "llama70b",
-                               out / f"llama70b-{ctx // 1024}k", jobs=args.jobs,
-                               meta={"context_tokens": ctx})
-    t0 = time.perf_counter()
-    bw, _ = load_workload(None)
-    builtin = run_sweep(bw, list(SYSTEMS), rates, "paper", out / "builtin", jobs=args.jobs)
-    speed["builtin_sweep_s"] = time.perf_counter() - t0
+        got = reused(f"llama70b-{ctx // 1024}k")
+        if got is None:
+            lw, _ = load_workload(None, block_tokens=lp.builtin_block_tokens,
+                                  context_tokens=ctx)
+            got = run_sweep(lw, ["flatcake", "tiered-direct"], list(lp.rates), "llama70b",
+                            out / f"llama70b-{ctx // 1024}k", jobs=args.jobs,
+                            meta={"context_tokens": ctx})
+        llama[ctx] = got
+    builtin = reused("builtin")
+    if builtin is None:
+        t0 = time.perf_counter()
+        bw, _ = load_workload(None)
+        builtin = run_sweep(bw, list(SYSTEMS), rates, "paper", out / "builtin", jobs=args.jobs)
+        speed["builtin_sweep_s"] = time.perf_counter() - t0
+    speed_path = out / "speed.json"
+    shown = {**(json.loads(speed_path.read_text()) if speed_path.is_file() else {}), **speed}
     lines += ["## Speed (this machine)", "",
               "| measurement | seconds |", "|---|---:|"]
-    lines += [f"| {k} | {v:.1f} |" for k, v in speed.items()]
+    lines += [f"| {k} | {v:.1f} |" for k, v in shown.items()]
     lines += ["", *bars(cc, llama), *mechanisms(cc)]
     lines += ["## Claude Code trace, preset `paper`", "",
               markdown(cc).split("\n", 2)[2], ""]
@@ -150,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["## Built-in workload (`make demo`), preset `paper`", "",
               markdown(builtin).split("\n", 2)[2], ""]
     (out / "report.md").write_text("\n".join(lines))
-    (out / "speed.json").write_text(json.dumps(speed, indent=1))
+    if speed:
+        old = out / "speed.json"
+        merged = {**(json.loads(old.read_text()) if old.is_file() else {}), **speed}
+        old.write_text(json.dumps(merged, indent=1))
     print(f"wrote {out / 'report.md'}")
     return 0
 
