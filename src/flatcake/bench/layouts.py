@@ -69,7 +69,7 @@ class ScatteredConfig:
         seed: seeds the in-bucket hash order and the other sessions' bytes.
     """
 
-    num_sessions: int = 4
+    num_sessions: int = 3
     bucket_keys_limit: int = MOONCAKE_BUCKET_KEYS_LIMIT
     bucket_size_limit_bytes: int = MOONCAKE_BUCKET_SIZE_LIMIT_BYTES
     seed: int = 0
