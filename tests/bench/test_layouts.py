@@ -11,7 +11,7 @@ import torch
 
 from flatcake.bench.layouts import ScatteredConfig, write_per_chunk_files, write_scattered
 from flatcake.bench.program import ProgramRun, RestoreProgram, run_program, verify_restore
-from flatcake.bench.source import empty_kv, make_kv, shuffled_slots
+from flatcake.bench.source import empty_kv, make_kv, shifted_table, shuffled_slots
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader
 
@@ -109,3 +109,29 @@ def test_scattered_config_rejects_bad_fields(kwargs: dict[str, int], field: str)
 def test_per_chunk_rejects_empty_chunks(direct_dir: Path, source: list[torch.Tensor]) -> None:
     with pytest.raises(ValueError, match="blocks_per_chunk"):
         write_per_chunk_files(str(direct_dir), source, blocks_per_chunk=0)
+
+
+def test_a_skipped_restore_is_caught_without_zeroing(direct_dir: Path,
+                                                     source: list[torch.Tensor]) -> None:
+    # The bench never zeroes its destination: restore k uses the base table shifted by
+    # k, so what restore k-1 left behind can never pass for restore k's bytes.
+    program = write_per_chunk_files(str(direct_dir / "pc"), source, blocks_per_chunk=8)
+    num_slots = BLOCKS + 5
+    base = shuffled_slots(BLOCKS, num_slots, seed=7)
+    dest = empty_kv(LAYERS, num_slots, BBL)
+    paged = PagedKV(dest, BBL)
+    reader = DirectReader(2)
+    try:
+        first = shifted_table(base, 0, num_slots)
+        run_program(program, reader, paged, first)
+        assert verify_restore(dest, source, first) == 0
+        # Restore 1 "forgets" to read anything: every (block, layer) is caught.
+        assert verify_restore(dest, source, shifted_table(base, 1, num_slots)) == \
+            LAYERS * BLOCKS
+        second = shifted_table(base, 1, num_slots)
+        run_program(program, reader, paged, second)
+        assert verify_restore(dest, source, second) == 0
+    finally:
+        reader.close()
+    with pytest.raises(ValueError, match="restore index"):
+        shifted_table(base, num_slots, num_slots)

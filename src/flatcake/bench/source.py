@@ -54,3 +54,13 @@ def shuffled_slots(num_blocks: int, num_slots: int, *, seed: int = 1) -> torch.T
         raise ValueError(f"num_slots {num_slots} < num_blocks {num_blocks}")
     gen = torch.Generator().manual_seed(seed)
     return torch.randperm(num_slots, generator=gen)[:num_blocks].contiguous()
+
+
+def shifted_table(base: torch.Tensor, index: int, num_slots: int) -> torch.Tensor:
+    """The block table of restore number ``index``: block ``i`` goes to slot
+    ``(base[i] + index) % num_slots``. For ``index`` < ``num_slots`` no block lands where
+    another restore put it, so (blocks being distinct) leftovers of earlier restores never
+    match what this one must deliver and the destination needs no zeroing."""
+    if not 0 <= index < num_slots:
+        raise ValueError(f"restore index must be in [0, {num_slots}), got {index}")
+    return (base + index) % num_slots
