@@ -127,7 +127,10 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "Staging buffer of the tiered baseline: 1280 MiB per worker (Mooncake's default "
     "local_buffer_size), on top of the host budget.",
     "FlatCake: two restores in flight per worker (the two-layer window per stream, "
-    "SchedulerConfig default), 64 KiB gap limit, 64 MiB largest read.",
+    "SchedulerConfig default), 64 KiB gap limit, 64 MiB largest read, 4 GiB session-file "
+    "spans (they must hold the largest single turn, 880K tokens = 3.4 GB; the 64 GiB "
+    "default leaves room for only 4,096 session files in the 48-bit SSD space, fewer "
+    "than the Mooncake chat trace's conversations).",
 )
 
 PAPER = ReplayPreset(
@@ -137,7 +140,8 @@ PAPER = ReplayPreset(
     node=PAPER_NODE,
     flatcake=FlatCakeConfig(model="paper-mla-3904B",
                             scheduler=SchedulerConfig(max_restores_in_flight=2),
-                            planner=PlannerConfig(), store=StoreConfig()),
+                            planner=PlannerConfig(),
+                            store=StoreConfig(session_file_bytes=4 * GIB)),
     tiered=TieredConfig(),
     rates=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     assumptions=PAPER_ASSUMPTIONS,

@@ -18,8 +18,9 @@ one-FIFO ablation). Only the devices are models:
   SSD channel (``complete_store``).
 
 Keys: dense block ids map to 32-byte keys (the id, little endian, in the first 8
-bytes); a session is ``str(session index)`` (a request of a global-clock trace is its
-own session).
+bytes); a session is ``str(session index)``. A global-clock trace has no sessions: a
+request whose hit goes past the first (shared) block joins the session of the segment
+its hit ends in (it continues that conversation), else it starts its own.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class FlatCakeSystem(System):
         self.scheds: list[MasScheduler] = []
         self.reqs: dict[Hashable, Request] = {}
         self.keys: list[bytes] = []
-        self.prev_reply: dict[int, int] = {}
+        self.prev_reply: dict[object, int] = {}
+        self.turns: dict[str, int] = {}
         self.active_refs = np.zeros(0, dtype=np.int16)
         self.num_store_rejected = 0
         self.num_reclaim_actions = 0
@@ -137,9 +139,6 @@ class FlatCakeSystem(System):
         self.active_refs = np.zeros(node.wl.num_ids, dtype=np.int16)
 
     # ---- arrival ------------------------------------------------------------------
-    def _session_id(self, req: Request) -> str:
-        return str(req.session) if req.session >= 0 else f"r{req.idx}"
-
     def on_arrival(self, req: Request) -> None:
         node, cp = self.node, self.cp
         assert node is not None and cp is not None
@@ -260,12 +259,22 @@ class FlatCakeSystem(System):
             refs[a:b] -= 1
         if req.num_blocks == 0:
             return
-        sid = self._session_id(req)
-        key = req.chain if req.chain >= 0 else -1 - req.idx
+        st: _FcState = req.sys
+        if req.session >= 0:
+            sid = str(req.session)
+            key: object = req.chain
+            turn = req.turn
+        else:
+            # No sessions in the trace (a global-clock chat trace): a request that
+            # continues an earlier request's conversation (its hit goes past the first,
+            # shared block) joins that conversation's session; otherwise it starts one.
+            hit = st.hit
+            sid = hit.runs[-1].segment.session_id if hit.num_blocks > 1 else f"r{req.idx}"
+            key = sid
+            turn = self.turns.get(sid, 0)
+        self.turns[sid] = turn + 1
         prev = self.prev_reply.get(key)
         self.prev_reply[key] = req.output_tokens
-        turn = req.turn if req.session >= 0 else 1 if req.hit_blocks else 0
-        st: _FcState = req.sys
         # The connector hands the store the blocks after what the store already held
         # when the request arrived (the engine knows what it loaded); prepare_store
         # looks them up again and writes those it does not hold.
