@@ -83,7 +83,7 @@ class BenchOptions:
 
     directory: str
     model: str = "llama-3.1-8b"
-    context_tokens: int = 16384
+    context_tokens: int = 8192
     num_turns: int = 4
     rounds: int = 3
     chunk_tokens: int = 256

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, choices=sorted(PRESETS),
                    help="geometry preset (default llama-3.1-8b)")
     p.add_argument("--context-tokens", type=int, default=None,
-                   help="tokens of the restored session's history (default 16384)")
+                   help="tokens of the restored session's history (default 8192)")
     p.add_argument("--turns", type=int, default=None, dest="num_turns",
                    help="turns the history was appended in (default 4)")
     p.add_argument("--rounds", type=int, default=None,
