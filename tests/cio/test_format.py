@@ -230,3 +230,19 @@ def test_writer_segments_scan_back_byte_exact(tmp_path: Path, chunk_bytes: int) 
 def test_crc32_combine_matches_zlib(a: bytes, b: bytes) -> None:
     op = crc32_shift_operator(len(b))
     assert crc32_combine(zlib.crc32(a), zlib.crc32(b), op) == zlib.crc32(a + b)
+
+
+def test_fast_crc32_equals_zlib_including_combine() -> None:
+    import random
+    import zlib
+
+    from flatcake.cio.format import crc32, crc32_combine, crc32_shift_operator
+
+    rng = random.Random(5)
+    for n in (0, 1, 4095, 4096, 1 << 20):
+        a = rng.randbytes(n)
+        b = rng.randbytes(rng.randrange(1, 70_000))
+        assert crc32(a) == zlib.crc32(a)
+        assert crc32(b, crc32(a)) == zlib.crc32(a + b)
+        combined = crc32_combine(crc32(a), crc32(b), crc32_shift_operator(len(b)))
+        assert combined == zlib.crc32(a + b)
