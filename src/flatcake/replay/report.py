@@ -77,6 +77,22 @@ def bars(cc: SweepResult, llama: dict[int, SweepResult]) -> list[str]:
     return out
 
 
+def bars_ablation(ab: SweepResult) -> list[str]:
+    """One queue vs two on a single worker (where requests do queue)."""
+    one = {r["rate_req_s"]: r for r in ab.by("flatcake-1q")}
+    parts = []
+    for r in ab.by("flatcake"):
+        q = one.get(r["rate_req_s"])
+        if q:
+            parts.append(f"{r['rate_req_s']:g} req/s: mean {_s(r['ttft_mean_s'])} vs "
+                         f"{_s(q['ttft_mean_s'])} s "
+                         f"({100 * (q['ttft_mean_s'] / r['ttft_mean_s'] - 1):+.1f}%), P99 "
+                         f"{_s(r['ttft_p99_s'])} vs {_s(q['ttft_p99_s'])} s "
+                         f"({100 * (q['ttft_p99_s'] / r['ttft_p99_s'] - 1):+.1f}%)")
+    return ["* **One queue vs two on one worker** (flatcake vs flatcake-1q, TTFT): "
+            + "; ".join(parts) + ".", ""]
+
+
 def mechanisms(cc: SweepResult) -> list[str]:
     """Per baseline and rate: what cost it hits."""
     out = ["## What costs the baselines hits", "",
@@ -147,6 +163,15 @@ def main(argv: list[str] | None = None) -> int:
                             out / f"llama70b-{ctx // 1024}k", jobs=args.jobs,
                             meta={"context_tokens": ctx})
         llama[ctx] = got
+    ablation = reused("ablation-1worker")
+    if ablation is None:
+        # One worker: the same trace on one GPU, so requests queue and the queue
+        # discipline can matter (on 8 workers a worker rarely holds two requests).
+        wl, _ = load_workload(args.trace)
+        ablation = run_sweep(wl, ["flatcake", "flatcake-1q"], [0.1, 0.2, 0.3, 0.4], "paper",
+                             out / "ablation-1worker", jobs=args.jobs,
+                             preset_overrides=(("num_workers", 1),), plots=False,
+                             meta={"note": "paper preset with num_workers=1"})
     builtin = reused("builtin")
     if builtin is None:
         t0 = time.perf_counter()
@@ -158,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["## Speed (this machine)", "",
               "| measurement | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in shown.items()]
-    lines += ["", *bars(cc, llama), *mechanisms(cc)]
+    lines += ["", *bars(cc, llama), *bars_ablation(ablation), *mechanisms(cc)]
     lines += ["## Claude Code trace, preset `paper`", "",
               markdown(cc).split("\n", 2)[2], ""]
     for ctx, res in sorted(llama.items()):
