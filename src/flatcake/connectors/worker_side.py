@@ -39,7 +39,7 @@ import torch
 from flatcake.cio.direct import ensure_dir, resolve_io_mode
 from flatcake.cio.format import FileHeader, FormatError, scan_session_file
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
+from flatcake.cio.readers import GdsReader, Reader
 from flatcake.cio.staging import (
     LayerReady,
     OpenFile,
@@ -64,6 +64,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium
 from flatcake.store.arena import ArenaBuffer
 from flatcake.store.files import SessionFiles, session_files_in
+from flatcake.store.store import build_restore_path
 
 logger = logging.getLogger(__name__)
 
@@ -94,14 +95,9 @@ class WorkerSide:
         self._crcs: dict[tuple[int, int], tuple[int, ...]] = {}
         self.arena = ArenaBuffer(config.store.memory_capacity_bytes)
         self._writer = SegmentWriter()
-        self.reader: Reader = (GdsReader(config.store.read_threads)
-                               if self.io_mode == "direct" and kvikio_available()
-                               else DirectReader(config.store.read_threads))
+        self.reader: Reader
+        self.reader, self._windows = build_restore_path(config, self.io_mode)
         num_windows = config.scheduler.max_restores_in_flight
-        self._windows: queue.Queue[StagingWindow] = queue.Queue()
-        for _ in range(num_windows):
-            self._windows.put(StagingWindow(self.reader,
-                                            crc_threads=config.store.read_threads))
         self._sync_window = StagingWindow(self.reader)
         self._restores = ThreadPoolExecutor(num_windows, thread_name_prefix="flatcake-restore")
         self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-sync-load")

@@ -87,6 +87,22 @@ from flatcake.store.results import (
 logger = logging.getLogger(__name__)
 
 
+def build_restore_path(
+    config: FlatCakeConfig, io_mode: str
+) -> tuple[Reader, queue.Queue[StagingWindow]]:
+    """The reader (GDS when CUDA + kvikio are usable on a direct-I/O root, else O_DIRECT
+    preadv) and ``scheduler.max_restores_in_flight`` staging windows over it, each
+    bounded by ``store.reads_in_flight``. Shared by the store and the vLLM worker."""
+    reader: Reader = (GdsReader(config.store.read_threads)
+                      if io_mode == "direct" and kvikio_available()
+                      else DirectReader(config.store.read_threads))
+    windows: queue.Queue[StagingWindow] = queue.Queue()
+    for _ in range(config.scheduler.max_restores_in_flight):
+        windows.put(StagingWindow(reader, crc_threads=config.store.read_threads,
+                                  reads_in_flight=config.store.reads_in_flight))
+    return reader, windows
+
+
 class LoadHandle:
     """A restore in progress (``FlatCakeStore.start_load``).
 
@@ -174,15 +190,8 @@ class FlatCakeStore:
         self.control = ControlPlane(geometry, config, clock)
         self.arena = ArenaBuffer(config.store.memory_capacity_bytes)
         self._writer = SegmentWriter()
-        self.reader: Reader = (GdsReader(config.store.read_threads)
-                               if self.io_mode == "direct" and kvikio_available()
-                               else DirectReader(config.store.read_threads))
+        self.reader, self._windows = build_restore_path(config, self.io_mode)
         num_windows = config.scheduler.max_restores_in_flight
-        self._windows: queue.Queue[StagingWindow] = queue.Queue()
-        for _ in range(num_windows):
-            self._windows.put(StagingWindow(self.reader,
-                                            crc_threads=config.store.read_threads,
-                                            reads_in_flight=config.store.reads_in_flight))
         self._restores = ThreadPoolExecutor(max_workers=num_windows,
                                             thread_name_prefix="flatcake-restore")
         self._crcs: dict[int, tuple[int, ...]] = {}  # SSD segment id -> layer crcs
