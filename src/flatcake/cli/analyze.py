@@ -12,15 +12,18 @@ import logging
 import resource
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from flatcake.config import GIB, FlatCakeConfig, load_config
 from flatcake.geometry import PRESETS, preset
-from flatcake.traces.analyze import TraceAnalysis, analyze_trace
-from flatcake.traces.generator import WORKLOAD_KINDS, WorkloadSpec, generate_workload
-from flatcake.traces.load import read_trace
-from flatcake.traces.model import Trace
-from flatcake.traces.recommend import DEFAULT_SSD_READ_GBPS, Recommendation, recommend
+from flatcake.traces.generator import WORKLOAD_KINDS, WorkloadSpec
+from flatcake.traces.recommend import DEFAULT_SSD_READ_GBPS
 from flatcake.traces.source import FORMATS
+
+if TYPE_CHECKING:
+    from flatcake.traces.analyze import TraceAnalysis
+    from flatcake.traces.model import Trace
+    from flatcake.traces.recommend import Recommendation
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +61,11 @@ _ROWS: tuple[tuple[str, str], ...] = (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "analyze", help="reuse statistics and placement advice for a trace",
-        description="Measure KV reuse in a request trace (or the built-in workload) and "
-                    "say what it means for memory, SSD and placement.")
+DESCRIPTION = ("Measure KV reuse in a request trace (or the built-in workload) and say "
+               "what it means for memory, SSD and placement.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", nargs="?", help="trace file (plain or .gz); default: the "
                    "built-in generated workload")
     p.add_argument("--format", choices=FORMATS, help="trace format (default: detected)")
@@ -90,10 +93,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--sessions", type=int, default=WorkloadSpec().num_sessions)
     g.add_argument("--chat-share", type=float, default=WorkloadSpec().chat_share)
     g.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run)
 
 
 def _load(args: argparse.Namespace) -> Trace:
+    from flatcake.traces.generator import generate_workload
+    from flatcake.traces.load import read_trace
+
     if args.trace:
         return read_trace(args.trace, format=args.format, skip_bad=args.skip_bad)
     spec = WorkloadSpec(kind=args.workload, num_sessions=args.sessions,
@@ -102,6 +107,9 @@ def _load(args: argparse.Namespace) -> Trace:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flatcake.traces.analyze import analyze_trace
+    from flatcake.traces.recommend import recommend
+
     cfg: FlatCakeConfig = load_config(args.config) if args.config else FlatCakeConfig()
     geometry = preset(args.model or cfg.model)
     memory_bytes = (int(args.memory_gib * GIB) if args.memory_gib is not None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from typing import TYPE_CHECKING
 
-from flatcake.bench.report import dump_json, format_table
-from flatcake.bench.runner import BenchOptions, run_bench
 from flatcake.geometry import PRESETS
+
+if TYPE_CHECKING:
+    from flatcake.bench.runner import BenchOptions
 
 QUICK = {"context_tokens": 512, "num_turns": 2, "rounds": 1, "scattered_sessions": 2,
          "scale_tokens": 0, "use_fio": False}
@@ -15,13 +17,13 @@ QUICK = {"context_tokens": 512, "num_turns": 2, "rounds": 1, "scattered_sessions
 no at-scale control-plane check. Explicit flags still win."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench", help="restore one session from every layout on a real disk",
-        description="Restore the same multi-turn session from FlatCake's session files, "
-                    "from an eviction-order (scattered) tier and from per-chunk files, "
-                    "all with the same O_DIRECT reader, next to the device's sequential "
-                    "ceiling; report GB/s, read commands and bytes per layout.")
+DESCRIPTION = ("Restore the same multi-turn session from FlatCake's session files, from "
+               "an eviction-order (scattered) tier and from per-chunk files, all with the "
+               "same O_DIRECT reader, next to the device's sequential ceiling; report GB/s, "
+               "read commands and bytes per layout.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=".", help="directory on the disk to test (default: .)")
     p.add_argument("--model", default=None, choices=sorted(PRESETS),
                    help="geometry preset (default llama-3.1-8b)")
@@ -48,11 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep the files written under --dir")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=run)
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
     """Defaults < ``--quick`` < explicit flags."""
+    from flatcake.bench.runner import BenchOptions
+
     values: dict[str, object] = dict(QUICK) if args.quick else {}
     for name in ("model", "context_tokens", "num_turns", "rounds", "chunk_tokens",
                  "scattered_sessions", "read_threads", "scale_tokens", "use_fio", "seed"):
@@ -79,6 +82,9 @@ def command_line(options: BenchOptions, *, json_out: bool = False) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flatcake.bench.report import dump_json, format_table
+    from flatcake.bench.runner import run_bench
+
     options = options_from_args(args)
     report = run_bench(options, command=command_line(options, json_out=args.json))
     print(dump_json(report) if args.json else format_table(report))

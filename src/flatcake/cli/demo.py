@@ -17,21 +17,21 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from flatcake.config import load_config
 from flatcake.geometry import PRESETS, KVGeometry, preset
-from flatcake.gva.keys import chain_block_keys
-from flatcake.store import FlatCakeStore, TurnSignals
 
 # prev_reply_tokens per turn after the first: a chat-like short reply (memory), a long
 # reply (SSD), a medium one (SSD by default), then again.
 _REPLIES = (200, 3000, 1000)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="store round trip: write a session, restore, verify")
+DESCRIPTION = ("Write a few turns of one session (random KV bytes of a preset model) into "
+               "a store on the disk at hand, restore the whole prefix into other slots, "
+               "check every byte, and print each turn's placement rule, the read and write "
+               "commands, bytes and GB/s. Takes a few seconds; the store lives in a "
+               "temporary directory under . unless --root is given.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3.1-8b", choices=sorted(PRESETS),
                    help="geometry preset (default: llama-3.1-8b)")
     p.add_argument("--turns", type=int, default=4, help="turns to write (default 4)")
@@ -47,7 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="config override, repeatable")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run)
 
 
 def _geometry(args: argparse.Namespace) -> KVGeometry:
@@ -72,6 +71,13 @@ def _gb_s(num_bytes: int, seconds: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from flatcake.config import load_config
+    from flatcake.gva.keys import chain_block_keys
+    from flatcake.store import FlatCakeStore, TurnSignals
+
     for name in ("turns", "first_tokens", "turn_tokens"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got "

@@ -7,17 +7,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from flatcake.store.inspect import fsck_root
+DESCRIPTION = ("Read every session file under a store root and verify every header and "
+               "data checksum (the store may be serving meanwhile). Exit status 0 when "
+               "everything is clean, 1 when anything is damaged or quarantined.")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fsck", help="verify every checksum; non-zero exit on damage")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", help="store root directory")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from flatcake.store.inspect import fsck_root
+
     report = fsck_root(args.root)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))

@@ -6,18 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from flatcake.config import load_config
-from flatcake.store.inspect import inspect_root
+DESCRIPTION = ("What a store root holds, from its session file headers: sessions, "
+               "segments, bytes per medium against the budgets, reclaim watermarks.")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("inspect", help="sessions, segments, bytes per medium, watermarks")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", help="store root directory")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--config", default=None, help="TOML config file (budgets, watermarks)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="config override, repeatable")
-    p.set_defaults(func=run)
 
 
 def _mib(n: int) -> str:
@@ -25,6 +23,9 @@ def _mib(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flatcake.config import load_config
+    from flatcake.store.inspect import inspect_root
+
     report = inspect_root(args.root, load_config(args.config, overrides=args.set))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))

@@ -7,11 +7,15 @@ import json
 import sys
 import time
 
-from flatcake.replay.load import DEFAULT_SESSIONS, load_workload
-from flatcake.replay.metrics import format_metrics
-from flatcake.replay.presets import PRESETS, get_preset
-from flatcake.replay.run import run_replay
+from flatcake.replay.load import DEFAULT_SESSIONS
+from flatcake.replay.presets import PRESETS, ReplayPreset
 from flatcake.replay.systems import SYSTEMS
+
+DESCRIPTION = ("Replay a trace (or the built-in agent workload) on a simulated node and "
+               "print hit rate, TTFT, SSD metrics. --explain alone prints the preset's "
+               "assumptions and exits.")
+DEFAULT_SYSTEM = "flatcake"
+DEFAULT_RATE = 0.5
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -36,35 +40,46 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="built-in workload: tokens per block (default: the preset's)")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="simulate one system at one load on a trace",
-                       description="Replay a trace (or the built-in agent workload) on a "
-                                   "simulated node and print hit rate, TTFT, SSD metrics.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_workload_args(p)
-    p.add_argument("--system", default="flatcake", choices=SYSTEMS)
-    p.add_argument("--rate", type=float, default=0.5, help="mean request rate (req/s)")
+    p.add_argument("--system", default=None, choices=SYSTEMS,
+                   help=f"system to simulate (default {DEFAULT_SYSTEM})")
+    p.add_argument("--rate", type=float, default=None,
+                   help=f"mean request rate in req/s (default {DEFAULT_RATE:g})")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.add_argument("--explain", action="store_true",
-                   help="print the preset's assumptions first")
-    p.set_defaults(func=run)
+                   help="print the preset's assumptions and exit; with TRACE, --rate or "
+                        "--system, print them and run (to stderr with --json)")
+
+
+def explain(preset: ReplayPreset) -> str:
+    """The preset's description and every assumption it makes, one per line."""
+    return "\n".join([f"preset {preset.name}: {preset.description}",
+                      *(f"  - {a}" for a in preset.assumptions)])
 
 
 def run(args: argparse.Namespace) -> int:
+    from flatcake.replay.load import load_workload
+    from flatcake.replay.metrics import format_metrics
+    from flatcake.replay.presets import get_preset
+    from flatcake.replay.run import run_replay
+
     preset = get_preset(args.preset)
     if args.routing:
         preset = preset.with_node(routing=args.routing)
-    if args.rate <= 0:
-        raise ValueError(f"--rate must be > 0, got {args.rate}")
+    rate = DEFAULT_RATE if args.rate is None else args.rate
+    if rate <= 0:
+        raise ValueError(f"--rate must be > 0, got {rate}")
     if args.explain:
-        print(f"preset {preset.name}: {preset.description}")
-        for a in preset.assumptions:
-            print(f"  - {a}")
+        print(explain(preset), file=sys.stderr if args.json else sys.stdout)
+        if args.trace is None and args.rate is None and args.system is None:
+            return 0
     wl, timings = load_workload(args.trace, format=args.format, sessions=args.sessions,
                                 kind=args.workload, seed=args.seed,
                                 block_tokens=args.block_tokens or preset.builtin_block_tokens,
                                 context_tokens=args.context_tokens)
     start = time.perf_counter()
-    m = run_replay(wl, args.system, args.rate, preset, seed=args.seed)
+    m = run_replay(wl, args.system or DEFAULT_SYSTEM, rate, preset, seed=args.seed)
     total = time.perf_counter() - start
     if args.json:
         d = m.to_dict()

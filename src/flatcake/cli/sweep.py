@@ -6,10 +6,11 @@ import argparse
 import time
 
 from flatcake.cli.replay import add_workload_args
-from flatcake.replay.load import load_workload
-from flatcake.replay.presets import get_preset
-from flatcake.replay.sweep import run_sweep
 from flatcake.replay.systems import SYSTEMS
+
+DESCRIPTION = ("Replay a trace (default: the built-in agent workload) for each system at "
+               "each request rate, on all cores, and write sweep.md, sweep.csv, sweep.json, "
+               "plots and report.html to --out.")
 
 
 def _floats(text: str) -> list[float]:
@@ -30,11 +31,7 @@ def _systems(text: str) -> list[str]:
     return names
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="replay every system at every load; tables and plots",
-                       description="Replay a trace (default: the built-in agent workload) for "
-                                   "each system at each request rate, on all cores, and write "
-                                   "sweep.md, sweep.csv, sweep.json and plots to --out.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_workload_args(p)
     p.add_argument("--rates", default=None,
                    help="comma-separated request rates (default: the preset's)")
@@ -44,10 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from flatcake.replay.load import load_workload
+    from flatcake.replay.presets import get_preset
+    from flatcake.replay.sweep import run_sweep
+
     preset = get_preset(args.preset)
     rates = _floats(args.rates) if args.rates else list(preset.rates)
     systems = _systems(args.systems)
