@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flatcake import progress
 from flatcake.bench import device as dev
 from flatcake.bench.control_cost import control_plane_at_scale
 from flatcake.bench.flatcake_side import FlatcakeSide
@@ -159,8 +160,11 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
     geometry = preset(model)
     num_layers, bbl = geometry.num_layers, geometry.block_bytes_per_layer
     useful = num_blocks * num_layers * bbl
+    # Steps: KV, device, fio, three layouts written, every restore, the control plane.
+    bar = progress.task("bench", 7 + options.rounds * len(LAYOUTS), "step")
     logger.info("%.1f s: making %d MiB of KV", time.perf_counter() - t_start, useful >> 20)
     source = make_kv(num_layers, num_blocks, bbl, seed=options.seed)
+    bar.update()
 
     # -- device ceiling (file of the request's size) ----------------------------------
     chunk = dev.DEFAULT_CHUNK_BYTES
@@ -174,6 +178,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                            in_flight=options.device_in_flight, seed=options.seed)
     logger.info("%.1f s: device write %.3f GB/s, random %d B reads %.3f GB/s",
                 time.perf_counter() - t_start, seq_write.gbps, rand_op, rand.gbps)
+    bar.update()
     fio: dict[str, dict[str, float]] = {}
     if options.use_fio and dev.fio_available():
         for rw, bs in (("write", chunk), ("read", chunk), ("randread", rand_op)):
@@ -187,6 +192,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                      "device figures are in-process only")
 
     logger.info("%.1f s: fio %s", time.perf_counter() - t_start, fio)
+    bar.update()
     # -- write every layout -----------------------------------------------------------
     reader = DirectReader(options.read_threads)
     fc = FlatcakeSide(os.path.join(root, "store"), geometry, source,
@@ -196,17 +202,20 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         written_bytes, write_s = fc.write_turns()
         logger.info("%.1f s: flatcake wrote %d MiB in %.2f s", time.perf_counter() - t_start,
                     written_bytes >> 20, write_s)
+        bar.update()
         scattered = write_scattered(
             os.path.join(root, "scattered"), source,
             ScatteredConfig(num_sessions=options.scattered_sessions, seed=options.seed))
         logger.info("%.1f s: scattered written (%d MiB)", time.perf_counter() - t_start,
                     scattered.files_bytes >> 20)
+        bar.update()
         blocks_per_chunk = max(1, options.chunk_tokens // geometry.tokens_per_block)
         chunks = write_per_chunk_files(os.path.join(root, "chunks"), source,
                                        blocks_per_chunk=blocks_per_chunk)
 
         logger.info("%.1f s: per-chunk files written (%d MiB)", time.perf_counter() - t_start,
                     chunks.files_bytes >> 20)
+        bar.update()
         # -- rounds -------------------------------------------------------------------
         # More slots than restores keeps every restore's shift (below) distinct.
         num_slots = max(num_blocks + num_blocks // 4 + 1, 3 * options.rounds + 1)
@@ -241,6 +250,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                                             in_flight=options.device_in_flight)
                     cpu[name].append(_cpu_s() - cpu0)
                     runs[name].append(ProgramRun(t.seconds, t.num_commands, t.num_bytes))
+                    bar.update()
                     continue
                 table = shifted_table(base_table, restore_index, num_slots)
                 restore_index += 1
@@ -254,11 +264,14 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                                  f"from what was written")
                 logger.info("%.1f s: round %d %s restored in %.3f s",
                             time.perf_counter() - t_start, rnd, name, runs[name][-1].seconds)
+                bar.update()
         staging["flatcake"] = fc.staging_bytes()
 
         # -- control plane ------------------------------------------------------------
         cp_ms = fc.lookup_and_plan_ms(repeats=5)
+        bar.update()
     finally:
+        bar.close()
         fc.close()
         reader.close()
 

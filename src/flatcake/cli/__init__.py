@@ -5,7 +5,8 @@ Each subcommand lives in its own module under ``cli`` and exposes ``DESCRIPTION`
 help) is the only shared place. Start-up stays fast: ``flatcake --help`` imports no
 subcommand module, and a command imports only its own module, which keeps its heavy
 imports (torch, the store, the simulator) inside ``run``. ``tests/test_cli_startup.py``
-checks that torch stays out of every command that does not move KV bytes.
+checks that torch stays out of every command that does not move KV bytes. Long work
+shows progress bars (``flatcake.progress``) only on a terminal and never with ``--json``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+
+from flatcake import progress
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("flatcake.cli.analyze", "reuse statistics and placement advice for a trace"),
@@ -64,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
+        # Bars (rate, ETA) on stderr only for a person at a terminal; never with --json.
+        with progress.shown(progress.on_terminal(getattr(args, "json", False))):
+            return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, PermissionError) as exc:
         print(f"flatcake {args.command}: error: {exc}", file=sys.stderr)
         return 2

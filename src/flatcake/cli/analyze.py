@@ -14,6 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from flatcake import progress
 from flatcake.config import GIB, FlatCakeConfig, load_config
 from flatcake.geometry import PRESETS, preset
 from flatcake.traces.generator import WORKLOAD_KINDS, WorkloadSpec
@@ -118,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     trace = _load(args)
     read_s = time.perf_counter() - start
     read_peak = _peak_rss_bytes()
+    if progress.is_shown():  # one vectorised pass: no steps to count, so say what runs
+        print(f"analysing {trace.summary()} ...", file=sys.stderr, flush=True)
     analysis = analyze_trace(trace, geometry)
     analyze_s = time.perf_counter() - start - read_s
     logger.info("read %.1f s, analysed %.1f s", read_s, analyze_s)

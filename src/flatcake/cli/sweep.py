@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from flatcake import progress
 from flatcake.cli.replay import add_workload_args
 from flatcake.replay.systems import SYSTEMS
 
@@ -40,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="replay-sweep", help="output directory")
     p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (there is none either when stdout is not a terminal)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
                                 context_tokens=args.context_tokens)
     print(wl.summary())
     result = run_sweep(wl, systems, rates, preset.name, args.out, seed=args.seed,
-                       jobs=args.jobs, progress=not args.quiet, plots=not args.no_plots,
+                       jobs=args.jobs,
+                       progress=not args.quiet and progress.is_shown(), plots=not args.no_plots,
                        preset_overrides=overrides,
                        meta={"load_timings": timings, "context_tokens": args.context_tokens})
     total = time.perf_counter() - start

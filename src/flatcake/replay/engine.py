@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from flatcake import progress
 from flatcake.geometry import KVGeometry
 from flatcake.replay.blockcache import BlockLru
 from flatcake.replay.devices import FifoServer, NodeSpec
@@ -41,6 +42,9 @@ from flatcake.replay.sim import EventLoop
 from flatcake.replay.workload import Workload
 
 logger = logging.getLogger(__name__)
+
+_PROGRESS_SLICE_S = 60.0
+"""Simulated seconds between progress-bar updates (only when a bar is shown)."""
 
 
 class Request:
@@ -424,7 +428,18 @@ class Node:
     # ---- run ---------------------------------------------------------------------
     def run(self) -> Recorder:
         self._schedule_arrivals()
-        self.loop.run()
+        if progress.is_shown():
+            # Run in slices of simulated time so a bar can count finished requests.
+            bar = progress.task(f"replay {self.system.name}", self.wl.num_requests, "req")
+            until, counted = 0.0, 0
+            while self.loop.pending():
+                until += _PROGRESS_SLICE_S
+                self.loop.run(until)
+                bar.update(self.num_done - counted)
+                counted = self.num_done
+            bar.close()
+        else:
+            self.loop.run()
         if self.num_done != self.wl.num_requests:
             raise RuntimeError(
                 f"replay stalled: {self.num_done} of {self.wl.num_requests} requests done "

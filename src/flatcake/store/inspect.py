@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flatcake import progress
 from flatcake.cio.format import DamagedSegment, FormatError, scan_session_file
 from flatcake.config import FlatCakeConfig
 from flatcake.store.files import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
@@ -96,10 +97,10 @@ def check_root(root: str | os.PathLike[str], verify_data: bool) -> FsckReport:
     root_path = Path(root)
     if not root_path.is_dir():
         raise FileNotFoundError(f"store root {root_path} does not exist")
-    files = [_check_file(fid, p, verify_data, False)
-             for fid, p in session_files_in(root_path / SESSIONS_DIR)]
-    files += [_check_file(fid, p, verify_data, True)
-              for fid, p in session_files_in(root_path / QUARANTINE_DIR)]
+    todo = [(fid, p, False) for fid, p in session_files_in(root_path / SESSIONS_DIR)]
+    todo += [(fid, p, True) for fid, p in session_files_in(root_path / QUARANTINE_DIR)]
+    files = [_check_file(fid, p, verify_data, quarantined) for fid, p, quarantined in
+             progress.track(todo, "fsck" if verify_data else "scan", unit="file")]
     return FsckReport(str(root_path), tuple(files))
 
 

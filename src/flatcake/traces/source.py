@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, cast
+
+from flatcake import progress
 
 logger = logging.getLogger(__name__)
 
@@ -55,22 +58,30 @@ class SkipLog:
 
 
 @contextmanager
-def open_binary(path: str | Path) -> Iterator[IO[bytes]]:
-    """Open ``path`` for binary reading, decompressing gzip by its magic bytes."""
+def open_binary(path: str | Path, *, show_progress: bool = True) -> Iterator[IO[bytes]]:
+    """Open ``path`` for binary reading, decompressing gzip by its magic bytes. A
+    progress bar counts the file's bytes when the caller turned bars on
+    (``flatcake.progress``) and ``show_progress``."""
     p = Path(path)
-    with open(p, "rb") as probe:
-        magic = probe.read(2)
-    if magic == GZIP_MAGIC:
-        with gzip.open(p, "rb") as gz:
-            yield cast(IO[bytes], gz)
-    else:
-        with open(p, "rb") as f:
-            yield f
+    with open(p, "rb") as f:
+        magic = f.read(2)
+        f.seek(0)
+        src = progress.reading(f, os.fstat(f.fileno()).st_size, f"reading {p.name}") \
+            if show_progress else f
+        try:
+            if magic == GZIP_MAGIC:
+                with gzip.open(src, "rb") as gz:
+                    yield cast(IO[bytes], gz)
+            else:
+                yield src
+        finally:
+            if src is not f:
+                src.close()
 
 
 def detect_format(path: str | Path) -> str:
     """Guess the format of ``path`` from its first line; raises ``TraceFormatError``."""
-    with open_binary(path) as f:
+    with open_binary(path, show_progress=False) as f:
         head = f.readline(1 << 16).lstrip()
     if not head:
         raise TraceFormatError(path, 1, "<format>", "file is empty")
