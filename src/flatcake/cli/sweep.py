@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(result.runs)} runs on {result.meta['jobs']} processes: sweep "
           f"{result.meta['wall_s']:.1f} s, slowest run {result.meta['run_wall_s_max']:.1f} s "
           f"({result.meta['run_cpu_s_max']:.1f} s CPU), total {total:.1f} s")
-    print(f"wrote {args.out}/sweep.md, sweep.csv, sweep.json"
-          + ("" if args.no_plots else ", hit_rate.png, ttft.png, prefetch.png, "
-                                      "read_amplification.png"))
+    print(f"wrote {args.out}/report.html (open it in a browser), sweep.md, sweep.csv, "
+          f"sweep.json" + ("" if args.no_plots else ", hit_rate.png, ttft.png, prefetch.png, "
+                                                    "read_amplification.png"))
     return 0

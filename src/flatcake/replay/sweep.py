@@ -108,15 +108,16 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
         "run_wall_s_max": max((r["wall_s"] for r in runs), default=0.0),
         "run_cpu_s_max": max((r.get("cpu_s", 0.0) for r in runs), default=0.0),
         "assumptions": list(get_preset(preset).assumptions),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
         **(meta or {}),
     }
     result = SweepResult(runs, info)
     write_tables(result, out)
     wl_path.unlink(missing_ok=True)
-    if plots:
-        from flatcake.replay.plots import write_plots
+    from flatcake.replay.html_report import write_html
+    from flatcake.replay.plots import write_plots
 
-        write_plots(result, out)
+    write_html(result, out, write_plots(result, out) if plots else ())
     return result
 
 
