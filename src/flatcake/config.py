@@ -32,6 +32,23 @@ def _check(cond: bool, name: str, value: object, why: str) -> None:
         raise ValueError(f"invalid config {name}={value!r}: {why}")
 
 
+_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,),
+                                       "bool": (bool,)}
+
+
+def _check_types(obj: object, section: str) -> None:
+    """Every field holds its declared type (``bool`` is not an ``int``, ``1.5`` is not
+    one either), so a wrong TOML or Python value fails here naming the field instead
+    of deep inside the store."""
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        want = _TYPES.get(str(f.type))
+        if want is None:
+            continue
+        value = getattr(obj, f.name)
+        ok = isinstance(value, want) and (bool in want or not isinstance(value, bool))
+        _check(ok, f"{section}.{f.name}", value, f"must be a {f.type}")
+
+
 @dataclass(frozen=True, slots=True)
 class PlacementConfig:
     """Write-time placement thresholds (FC-GVA); see ``gva.placement`` for the rule order.
@@ -47,6 +64,7 @@ class PlacementConfig:
     short_reply_threshold_tokens: int = 512
 
     def __post_init__(self) -> None:
+        _check_types(self, "placement")
         for name in (
             "agent_context_threshold_tokens",
             "long_reply_threshold_tokens",
@@ -76,6 +94,7 @@ class ReclaimConfig:
     memory_low: float = 0.80
 
     def __post_init__(self) -> None:
+        _check_types(self, "reclaim")
         for medium in ("ssd", "memory"):
             hi, lo = getattr(self, f"{medium}_high"), getattr(self, f"{medium}_low")
             _check(0.0 < hi <= 1.0, f"reclaim.{medium}_high", hi, "must be in (0, 1]")
@@ -95,6 +114,7 @@ class PlannerConfig:
     max_read_bytes: int = 64 * MIB
 
     def __post_init__(self) -> None:
+        _check_types(self, "planner")
         _check(self.gap_limit_bytes >= 0, "planner.gap_limit_bytes", self.gap_limit_bytes,
                "must be >= 0")
         _check(self.max_read_bytes >= 4 * KIB and self.max_read_bytes % (4 * KIB) == 0,
@@ -115,6 +135,7 @@ class SchedulerConfig:
     single_queue: bool = False
 
     def __post_init__(self) -> None:
+        _check_types(self, "scheduler")
         _check(self.max_restores_in_flight >= 1, "scheduler.max_restores_in_flight",
                self.max_restores_in_flight, "must be >= 1")
 
@@ -144,6 +165,7 @@ class StoreConfig:
     reads_in_flight: int = 8
 
     def __post_init__(self) -> None:
+        _check_types(self, "store")
         _check(0 <= self.node_id < 4096, "store.node_id", self.node_id, "must be in [0, 4096)")
         _check(self.memory_capacity_bytes >= 0, "store.memory_capacity_bytes",
                self.memory_capacity_bytes, "must be >= 0")

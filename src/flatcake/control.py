@@ -58,11 +58,19 @@ logger = logging.getLogger(__name__)
 
 
 def _check_keys(keys: tuple[bytes, ...], first_index: int) -> None:
-    """Every key is 32 bytes (checked in bulk; the slow scan only names the culprit)."""
-    if set(map(type, keys)) <= {bytes} and set(map(len, keys)) <= {KEY_BYTES}:
-        return
-    for i, k in enumerate(keys):
-        check_key(k, f"keys[{first_index + i}]")
+    """Every key is 32 bytes and none repeats (checked in bulk; the slow scans only
+    name the culprit). A repeated key would make a segment the index refuses, after its
+    bytes were written, and on every later restart."""
+    if not (set(map(type, keys)) <= {bytes} and set(map(len, keys)) <= {KEY_BYTES}):
+        for i, k in enumerate(keys):
+            check_key(k, f"keys[{first_index + i}]")
+    if len(set(keys)) != len(keys):
+        first: dict[bytes, int] = {}
+        for i, k in enumerate(keys):
+            if k in first:
+                raise ValueError(f"keys[{first_index + i}] repeats keys[{first_index + first[k]}]"
+                                 f": a request's block keys are a chain and never repeat")
+            first[k] = i
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,8 +393,13 @@ class ControlPlane:
             rec.memory_bytes -= self.arena.free(seg.offset)
         else:
             # Segment.__post_init__ guarantees both are set on SSD.
-            rec.ssd_bytes -= self.ssd.free_extent(int(seg.file_id or 0),
-                                                  int(seg.file_offset or 0))
+            file_id = int(seg.file_id or 0)
+            rec.ssd_bytes -= self.ssd.free_extent(file_id, int(seg.file_offset or 0))
+            if not self.ssd.file(file_id).extents:
+                # Nothing in it and nothing in flight into it (a write holds an
+                # extent): the file goes, so a creation that failed leaks nothing.
+                rec.ssd_bytes -= self.ssd.release_file(file_id)
+        self._forget_if_empty(rec)
         logger.debug("store of segment %d (session %r) failed; allocation freed",
                      seg.segment_id, plan.session_id)
 

@@ -49,11 +49,18 @@ class KVGeometry:
     name: str = "custom"
 
     def __post_init__(self) -> None:
+        for field_name in ("num_layers", "tokens_per_block", "num_kv_heads", "head_dim",
+                           "mla_latent_dim"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"KVGeometry.{field_name} must be an int, got {value!r}")
         for field_name in ("num_layers", "tokens_per_block"):
             value = getattr(self, field_name)
-            if not isinstance(value, int) or value <= 0:
+            if value <= 0:
                 raise ValueError(f"KVGeometry.{field_name} must be a positive int, got {value!r}")
-        if self.dtype not in DTYPE_BYTES:
+        if not isinstance(self.name, str):
+            raise ValueError(f"KVGeometry.name must be a str, got {self.name!r}")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise ValueError(
                 f"KVGeometry.dtype {self.dtype!r} is not supported; choose one of "
                 f"{sorted(DTYPE_BYTES)}"

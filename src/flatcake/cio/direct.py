@@ -169,20 +169,36 @@ def resolve_io_mode(
     return "buffered"
 
 
+class NotADirectory(ValueError):
+    """A path that must be a directory (a store root or one of its parents) is not."""
+
+
 def ensure_dir(path: str | os.PathLike[str]) -> None:
     """Create ``path`` and any missing parents with mode 0700; existing directories are
-    left as they are."""
+    left as they are. ``NotADirectory`` names a path on the way that is a file."""
     path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path):
         return
+    if os.path.lexists(path):
+        raise NotADirectory(f"{path} exists and is not a directory")
     ensure_dir(os.path.dirname(path))
     try:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
         if not os.path.isdir(path):
-            raise
+            raise NotADirectory(f"{path} exists and is not a directory") from None
         return
     os.chmod(path, DIR_MODE)  # exact mode whatever the umask
+
+
+def ensure_private_dir(path: str | os.PathLike[str]) -> None:
+    """``ensure_dir``, then tighten an existing directory that is readable or writable
+    by others to 0700 (a store's root and its subdirectories hold other tenants' KV)."""
+    ensure_dir(path)
+    mode = os.stat(path).st_mode & 0o777
+    if mode != DIR_MODE:
+        os.chmod(path, DIR_MODE)
+        logger.warning("directory %s had mode %o; set to %o", os.fspath(path), mode, DIR_MODE)
 
 
 def open_file(path: str | os.PathLike[str], io_mode: str, *, create: bool = False,

@@ -34,8 +34,15 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
 All integers are little-endian. Each header crc32 covers the whole header with its own
 crc field zeroed; ``layer_crc[l]`` covers layer ``l``'s data bytes (no padding). A
 segment is valid only if its header crc, its size (fits in the file) and every layer
-crc check out; a scan stops at the first segment that does not, because anything after
-a torn or corrupt segment cannot be trusted to start where it claims.
+crc check out.
+
+Where the walk meets something that is not a valid segment, the rest of the file tells
+a clean end from damage: zeros up to the end of the file are the clean end (space a
+write had reserved and never filled, e.g. after a crash); anything else is damage, and
+the scan looks on, 4 KiB page by page, for later segments (valid header crc, this
+file's id, a larger seq) to *count* them as lost with it. They are not served: the file
+is cut at the damage (a later segment's blocks hang off the damaged turn's prefix), but
+no intact turn disappears without being reported.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from flatcake.cio.layout import (
     SegmentLayout,
     segment_header_bytes,
 )
+from flatcake.gva.sessions import MAX_SESSION_ID_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +69,6 @@ FORMAT_VERSION = 1
 FILE_MAGIC = b"FLCKFILE"
 SEGMENT_MAGIC = b"FLCKSEGM"
 FILE_HEADER_BYTES = ALIGN
-MAX_SESSION_ID_BYTES = 2048
 FILE_SUFFIX = ".fcs"
 
 # magic, version, header_bytes, file_id, node_id, virtual_base, span_bytes,
@@ -369,11 +376,14 @@ class ScannedSegment:
 
 @dataclass(frozen=True, slots=True)
 class DamagedSegment:
-    """Where a scan stopped and why. ``seq`` is known when the header itself was valid."""
+    """Where a scan stopped and why. ``seq`` is known when the header itself was valid;
+    ``lost_segments`` counts the valid segments found after the damage (dropped with
+    it when the file is cut there)."""
 
     file_offset: int
     reason: str
     seq: int | None = None
+    lost_segments: int = 0
 
 
 def _read_exact(fd: int, offset: int, length: int) -> bytes:
@@ -391,44 +401,89 @@ def scan_session_file(
     chunk_bytes: int = 16 << 20,
 ) -> tuple[FileHeader, list[ScannedSegment], list[DamagedSegment]]:
     """Walk a session file and return its header, its valid segments in order, and the
-    damaged segment where the walk stopped (at most one entry).
+    damaged segment where the walk stopped (at most one entry; see the module docstring
+    for clean end versus damage, and ``DamagedSegment.lost_segments``).
 
-    A run of zero bytes where a segment header would start is the clean end of the
-    file (preallocated space). ``verify_data=False`` checks headers and sizes only
-    (fast restart); layer crcs are then verified when the data is read. Raises
-    ``FormatError`` if the file header itself is damaged (the whole file is unusable).
+    ``verify_data=False`` checks headers and sizes only (fast restart); layer crcs are
+    then verified when the data is read. Raises ``FormatError`` if the file header
+    itself is damaged (the whole file is unusable).
     """
     fd = os.open(os.fspath(path), os.O_RDONLY)
     try:
         file_bytes = os.fstat(fd).st_size
         header = decode_file_header(_read_exact(fd, 0, FILE_HEADER_BYTES))
+        end = min(file_bytes, header.span_bytes)
         segments: list[ScannedSegment] = []
         damaged: list[DamagedSegment] = []
         offset = FILE_HEADER_BYTES
-        while offset + ALIGN <= min(file_bytes, header.span_bytes):
-            first = _read_exact(fd, offset, ALIGN)
-            if first.count(0) == len(first):
-                break
+        while offset < end:
+            seq = None
             try:
-                size = segment_header_size(first)
-                raw = first if size == ALIGN else _read_exact(fd, offset, size)
-                seg = decode_segment_header(raw)
+                seg = _segment_at(fd, offset)
+                seq = seg.seq
+                reason = _check_segment(fd, offset, seg, header, file_bytes, segments,
+                                        verify_data, chunk_bytes)
             except FormatError as exc:
-                damaged.append(DamagedSegment(offset, str(exc)))
-                break
-            reason = _check_segment(fd, offset, seg, header, file_bytes, segments,
-                                    verify_data, chunk_bytes)
-            if reason:
-                damaged.append(DamagedSegment(offset, reason, seg.seq))
-                break
-            segments.append(ScannedSegment(offset, seg))
-            offset += seg.layout.total_bytes
+                reason = str(exc)
+            if not reason:
+                segments.append(ScannedSegment(offset, seg))
+                offset += seg.layout.total_bytes
+                continue
+            last_seq = segments[-1].header.seq if segments else -1
+            lost, clean = _look_past(fd, offset, header, end, last_seq)
+            if clean:
+                break  # zeros to the end of the file: the clean end
+            if lost:
+                reason += f"; followed by {lost} valid segments, cut off with it"
+            damaged.append(DamagedSegment(offset, reason, seq, lost))
+            break
         for d in damaged:
             logger.warning("session file %s: segment at offset %d damaged: %s",
                            os.fspath(path), d.file_offset, d.reason)
         return header, segments, damaged
     finally:
         os.close(fd)
+
+
+def _segment_at(fd: int, offset: int) -> SegmentHeader:
+    first = _read_exact(fd, offset, ALIGN)
+    size = segment_header_size(first)
+    return decode_segment_header(first if size == ALIGN else _read_exact(fd, offset, size))
+
+
+def _look_past(fd: int, offset: int, header: FileHeader, end: int,
+               last_seq: int) -> tuple[int, bool]:
+    """After a bad spot at ``offset``: (valid segments found later, whether everything
+    from ``offset`` to ``end`` is zero). Later segments are found by their magic on a
+    4 KiB page, then must pass the header crc, carry this file's id, follow ``last_seq``
+    and fit in the file; each one found is followed by its length."""
+    lost, zero, pos = 0, True, offset
+    step = 1 << 20
+    while pos < end:
+        chunk = _read_exact(fd, pos, min(step, end - pos))
+        if not chunk:
+            break
+        if zero and chunk.count(0) != len(chunk):
+            zero = False
+        hit = chunk.find(SEGMENT_MAGIC)
+        next_pos = pos + len(chunk)
+        while hit >= 0:
+            at = pos + hit
+            if at % ALIGN == 0 and at > offset:
+                try:
+                    seg = _segment_at(fd, at)
+                except FormatError:
+                    seg = None
+                if seg is not None and seg.file_id == header.file_id and \
+                        seg.seq > last_seq and at + seg.layout.total_bytes <= end:
+                    lost += 1
+                    last_seq = seg.seq
+                    next_pos = at + seg.layout.total_bytes
+                    zero = False
+                    break
+            hit = chunk.find(SEGMENT_MAGIC, hit + 1)
+        pos = next_pos
+    return lost, zero
 
 
 def _check_segment(fd: int, offset: int, seg: SegmentHeader, header: FileHeader,

@@ -20,9 +20,13 @@ layer ``l+1``'s.
 The plan's *stream* of a layer is a sequence of block-sized positions (``cio.plan``).
 ``RestoreJob.stream_slots`` maps each stream block to a paged KV slot, or to -1 for a
 block read only so that its whole segment layer can be checked against its crc32.
-Checks (``StreamCheck``) run before scatter; a failed check (or a read error) cuts the
-restore at the first request block of that segment: blocks from the cut on are *not*
-loaded, whatever layers they had reached, and the caller recomputes them.
+Checks (``StreamCheck``) run before scatter; a failed check cuts the restore at the
+first request block of that segment: blocks from the cut on are *not* loaded, whatever
+layers they had reached, and the caller recomputes them. A read command that fails
+(EIO, a short read past a torn end of file) is read again in halves down to single
+pages, so one bad spot in a merged read fails only the checks of the segments it
+touches (which the store then cuts off) and the intact segments merged with it are
+still served.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import torch
 
 from flatcake.cio.direct import aligned_buffer, writable_view
 from flatcake.cio.format import crc32, crc32_combine, crc32_shift_operator
-from flatcake.cio.layout import align_up
+from flatcake.cio.layout import ALIGN, align_up
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.plan import LayerPlan, Piece, ReadPlan
 from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
@@ -169,8 +173,10 @@ class _Placement:
 
 @dataclass(slots=True)
 class _LayerState:
-    futures: list[tuple[Future[int], tuple[Piece, ...]]] = field(default_factory=list)
+    futures: list[tuple[Future[int], tuple[Piece, ...], ReadRequest]] = field(
+        default_factory=list)
     placements: list[_Placement] = field(default_factory=list)
+    unreadable: list[tuple[int, int]] = field(default_factory=list)  # slot [start, end)
 
 
 class StagingWindow:
@@ -235,7 +241,7 @@ class StagingWindow:
                     nxt = self._submit(job, reads, plan.layers[i + 1], slots[(i + 1) % 2])
                 state = pending if pending is not None else _LayerState()
                 commands += len(state.futures)
-                cut = self._finish_reads(job, state, cut)
+                cut = self._finish_reads(job, reads, state, slots[i % 2], cut)
                 cut = self._verify(job, lp.layer, state, slots[i % 2], bbpl, cut, failed)
                 self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut)
                 ready.set(lp.layer)
@@ -254,7 +260,7 @@ class StagingWindow:
         for op in lp.ssd_ops:
             f = job.files[op.file_id]
             req = ReadRequest(f.path, f.fd, op.file_offset, op.length, pos)
-            state.futures.append((reads.submit(req, slot), op.pieces))
+            state.futures.append((reads.submit(req, slot), op.pieces, req))
             for p in op.pieces:
                 state.placements.append(_Placement(
                     p.dest_offset(job.plan.block_bytes_per_layer), pos + p.offset_in_op,
@@ -281,17 +287,44 @@ class StagingWindow:
                     break
         return low
 
-    def _finish_reads(self, job: RestoreJob, state: _LayerState, cut: int) -> int:
+    def _finish_reads(self, job: RestoreJob, reads: ReadQueue, state: _LayerState,
+                      slot: torch.Tensor, cut: int) -> int:
         bbpl = job.plan.block_bytes_per_layer
-        for fut, pieces in state.futures:
+        for fut, pieces, req in state.futures:
             try:
                 fut.result()
             except OSError as exc:
-                logger.warning("restore read failed: %s", exc)
-                # The garbage left in the slot fails its crc check too, which names
-                # the segment; here only the cut matters.
-                cut = min(cut, self._request_floor(job, pieces, bbpl))
+                logger.warning("restore read failed: %s; reading it again in parts", exc)
+                state.unreadable += self._read_in_parts(reads, req, slot)
+                if not job.checks:  # nothing can tell the good parts: cut at the first
+                    cut = min(cut, self._request_floor(job, pieces, bbpl))
         return cut
+
+    @staticmethod
+    def _read_in_parts(reads: ReadQueue, req: ReadRequest,
+                       slot: torch.Tensor) -> list[tuple[int, int]]:
+        """Re-read a failed command in 4 KiB-aligned halves, down to single pages;
+        returns the slot ranges ``[start, end)`` that still cannot be read."""
+        bad: list[tuple[int, int]] = []
+        stack = [req]
+        first = True
+        while stack:
+            r = stack.pop()
+            if not first:
+                try:
+                    reads.submit(r, slot).result()
+                    continue
+                except OSError:
+                    pass
+            first = False
+            if r.length <= ALIGN:
+                bad.append((r.dest_offset, r.dest_offset + r.length))
+                continue
+            half = align_up(r.length // 2)
+            stack.append(ReadRequest(r.path, r.fd, r.file_offset + half, r.length - half,
+                                     r.dest_offset + half))
+            stack.append(ReadRequest(r.path, r.fd, r.file_offset, half, r.dest_offset))
+        return bad
 
     def _verify(self, job: RestoreJob, layer: int, state: _LayerState, slot: torch.Tensor,
                 bbpl: int, cut: int, failed: list[int]) -> int:
@@ -315,7 +348,8 @@ class StagingWindow:
                 if a < b and not pl.memory:
                     ranges.append((pl.src_offset + (a - pl.stream_offset), b - a))
                 i += 1
-            if sum(n for _, n in ranges) != hi - lo:
+            if sum(n for _, n in ranges) != hi - lo or any(
+                    a < e and s < a + n for a, n in ranges for s, e in state.unreadable):
                 ranges = []  # not all of the segment layer was read: cannot pass
             checks.append((check, ranges))
         for (check, ranges), crc in zip(checks, self._crcs(view, [r for _, r in checks]),

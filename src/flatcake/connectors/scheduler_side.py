@@ -161,6 +161,7 @@ class SchedulerSide:
         clock_now = self.control.clock.now()
         wall_now = time.time()
         for file_id, path in session_files_in(self.store_dir / SESSIONS_DIR):
+            self.control.ssd.reserve_file_id(file_id)  # even an empty file keeps its id
             try:
                 header, ok, _bad = scan_session_file(path, verify_data=False)
             except FormatError as exc:

@@ -414,6 +414,11 @@ class SsdSpace:
             self.release_file(file_id)
         return ids
 
+    def reserve_file_id(self, file_id: int) -> None:
+        """Restart: a file with this id exists on disk (served, empty or quarantined),
+        so no new file may take it."""
+        self._next_file_id = max(self._next_file_id, file_id + 1)
+
     def adopt_extent(self, session_id: str, file_id: int, file_offset: int, size_bytes: int,
                      base_offset: int | None = None) -> SsdExtent:
         """Restart recovery: record a segment found in an existing file.

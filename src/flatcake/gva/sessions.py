@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from flatcake.gva.address import Medium
 
+MAX_SESSION_ID_BYTES = 2048  # UTF-8 bytes; the session file header holds the id
+
 
 def check_session_id(session_id: object, field_name: str = "session_id") -> str:
     """Return ``session_id`` if it is a non-empty str; else raise ``ValueError``.
@@ -19,6 +21,14 @@ def check_session_id(session_id: object, field_name: str = "session_id") -> str:
     named by ``file_id``)."""
     if not isinstance(session_id, str) or not session_id:
         raise ValueError(f"{field_name} must be a non-empty str, got {session_id!r}")
+    try:
+        size = len(session_id.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field_name} must be valid text (UTF-8 encodable), got "
+                         f"{session_id[:64]!r}: {exc.reason}") from None
+    if size > MAX_SESSION_ID_BYTES:
+        raise ValueError(f"{field_name} must be at most {MAX_SESSION_ID_BYTES} UTF-8 bytes "
+                         f"(it is stored in the session file header), got {size}")
     return session_id
 
 

@@ -6,11 +6,20 @@ Directory layout under the store root (directories 0700, files 0600)::
     ROOT/
       LOCK                       flock()ed by the one store that has ROOT open
       sessions/<file_id>.fcs     live session files (cio.format)
+      sessions/.<name>.tmp       a file being created (header written and synced,
+                                 then renamed into place); left over only by a
+                                 crash, removed when the root is next locked
       quarantine/<file_id>.fcs   files whose file header is damaged, pulled out of
                                  service and kept for inspection; never read again
 
 A damaged *segment* does not send its file to quarantine: the file is cut before it
 (``truncate``), so the turns before it stay served.
+
+Crash consistency: a file appears under its name only once its header is durable
+(temp name, fdatasync, rename, fsync of the directory), so a crash while creating one
+leaves at most a temp file. Files are allocated exactly as far as their segments reach
+(``ensure_allocated`` in 4 KiB steps, ``shrink`` after a failed write, ``adopt`` trims
+an unfilled tail), so the bytes on disk are the bytes the SSD budget counts.
 
 File names are the 16 hex digits of a file id; session ids live only inside files.
 """
@@ -27,6 +36,7 @@ from flatcake.cio.direct import (
     FILE_MODE,
     aligned_buffer,
     ensure_dir,
+    ensure_private_dir,
     fsync_dir,
     open_file,
     preallocate,
@@ -50,7 +60,11 @@ logger = logging.getLogger(__name__)
 SESSIONS_DIR = "sessions"
 QUARANTINE_DIR = "quarantine"
 LOCK_FILE = "LOCK"
-DEFAULT_GROWTH_BYTES = 64 << 20
+TEMP_SUFFIX = ".tmp"
+# Files grow exactly as far as their segments reach: a larger step would preallocate
+# disk the SSD budget does not count (64 MiB per file made 10 tiny sessions take 80x
+# an 8 MiB budget).
+DEFAULT_GROWTH_BYTES = ALIGN
 
 
 def session_files_in(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
@@ -96,7 +110,8 @@ class SessionFiles:
         self.growth_bytes = growth_bytes
         self.sessions_dir = self.root / SESSIONS_DIR
         self.quarantine_dir = self.root / QUARANTINE_DIR
-        ensure_dir(self.sessions_dir)
+        ensure_private_dir(self.root)
+        ensure_private_dir(self.sessions_dir)
         self._files: dict[int, _LiveFile] = {}
         self._lock_fd = -1
 
@@ -110,6 +125,10 @@ class SessionFiles:
             raise ValueError(f"store root {self.root} is already open in another store "
                              f"(its {LOCK_FILE} file is locked)") from None
         self._lock_fd = fd
+        for entry in self.sessions_dir.iterdir():
+            if entry.name.startswith(".") and entry.name.endswith(TEMP_SUFFIX):
+                logger.warning("removing %s, left by a crash while it was created", entry)
+                entry.unlink(missing_ok=True)
 
     def __contains__(self, file_id: int) -> bool:
         return file_id in self._files
@@ -125,28 +144,48 @@ class SessionFiles:
         return sorted(self._files)
 
     def create(self, header: FileHeader) -> None:
-        """Create a new session file with its header, durable (file and directory)."""
-        path = self.sessions_dir / session_file_name(header.file_id)
-        fd = open_file(path, self.io_mode, create=True)
+        """Create a new session file holding just its header, durable: written under a
+        temp name, synced, renamed into place, directory synced. Never replaces a file
+        that exists (``FileExistsError``)."""
+        name = session_file_name(header.file_id)
+        path = self.sessions_dir / name
+        tmp = self.sessions_dir / f".{name}{TEMP_SUFFIX}"
+        if path.exists() or header.file_id in self._files:
+            raise FileExistsError(f"session file {path} already exists")
+        tmp.unlink(missing_ok=True)
+        fd = open_file(tmp, self.io_mode, create=True)
         try:
-            allocated = preallocate(fd, 0, 1, self.growth_bytes, header.span_bytes)
+            allocated = preallocate(fd, 0, FILE_HEADER_BYTES, ALIGN, header.span_bytes)
             write_file_header(fd, header)
+            os.rename(tmp, path)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        try:
+            fsync_dir(self.sessions_dir)
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        fsync_dir(self.sessions_dir)
         self._files[header.file_id] = _LiveFile(str(path), fd, header, allocated, 0)
 
     def adopt(self, path: Path, header: FileHeader, valid_end_bytes: int, next_seq: int,
-              cut: bool) -> None:
-        """Restart: keep serving ``path``; ``cut`` truncates a damaged tail at
-        ``valid_end_bytes`` so appends continue after the last valid segment."""
+              cut: bool = False) -> None:
+        """Restart: keep serving ``path``, truncated at ``valid_end_bytes`` (a damaged
+        tail, ``cut``, or space a crashed write reserved) so appends continue after the
+        last valid segment and the disk holds only what the budget counts."""
         fd = open_file(path, self.io_mode)
-        if cut:
-            os.ftruncate(fd, valid_end_bytes)
-            os.fsync(fd)
-        size = os.fstat(fd).st_size
+        try:
+            if os.fstat(fd).st_size > valid_end_bytes:
+                if cut:
+                    logger.warning("session file %s cut at %d", path, valid_end_bytes)
+                os.ftruncate(fd, valid_end_bytes)
+                os.fsync(fd)
+            size = os.fstat(fd).st_size
+        except BaseException:
+            os.close(fd)
+            raise
         self._files[header.file_id] = _LiveFile(str(path), fd, header, size, next_seq)
 
     def take_seq(self, file_id: int) -> int:
@@ -162,6 +201,18 @@ class SessionFiles:
         f = self._files[file_id]
         f.allocated_bytes = preallocate(f.fd, f.allocated_bytes, end_bytes, self.growth_bytes,
                                         f.header.span_bytes)
+
+    def shrink(self, file_id: int, end_bytes: int) -> None:
+        """After a failed write: give back the allocation past ``end_bytes`` (the books'
+        append pointer), best effort."""
+        f = self._files[file_id]
+        if f.allocated_bytes <= end_bytes:
+            return
+        try:
+            os.ftruncate(f.fd, end_bytes)
+            f.allocated_bytes = end_bytes
+        except OSError as exc:
+            logger.warning("could not shrink %s to %d: %s", f.path, end_bytes, exc)
 
     def header_damage(self, file_id: int) -> str:
         """Why the file header on disk is not this file's header, or "" if it is.

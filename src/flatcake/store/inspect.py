@@ -17,6 +17,10 @@ from flatcake.config import FlatCakeConfig
 from flatcake.store.files import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
 
 
+class NotAStore(ValueError):
+    """A path given as a store root that holds no store."""
+
+
 @dataclass(frozen=True, slots=True)
 class FileCheck:
     """One session file's verdict.
@@ -95,8 +99,11 @@ def _check_file(file_id: int, path: Path, verify_data: bool, quarantined: bool) 
 def check_root(root: str | os.PathLike[str], verify_data: bool) -> FsckReport:
     """Scan every session file (live and quarantined) under ``root``."""
     root_path = Path(root)
-    if not root_path.is_dir():
+    if not root_path.exists():
         raise FileNotFoundError(f"store root {root_path} does not exist")
+    if not root_path.is_dir() or not (root_path / SESSIONS_DIR).is_dir():
+        raise NotAStore(f"{root_path} is not a FlatCake store (no {SESSIONS_DIR}/ "
+                        f"directory in it)")
     todo = [(fid, p, False) for fid, p in session_files_in(root_path / SESSIONS_DIR)]
     todo += [(fid, p, True) for fid, p in session_files_in(root_path / QUARANTINE_DIR)]
     files = [_check_file(fid, p, verify_data, quarantined) for fid, p, quarantined in

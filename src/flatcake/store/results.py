@@ -38,6 +38,10 @@ class StoreResult:
         bytes_written: bytes written (segment header, data and padding).
         write_calls: write system calls (SSD; 0 for memory).
         elapsed_s: wall time of the gather + write + sync.
+        error: why the write failed ("" when it did not): an I/O error (ENOSPC, EIO)
+            while creating, growing or writing the file. Nothing was stored, the
+            allocation was given back, and the session stays usable; the engine
+            recomputes those blocks next time.
     """
 
     session_id: str
@@ -49,6 +53,7 @@ class StoreResult:
     bytes_written: int
     write_calls: int
     elapsed_s: float
+    error: str = ""
 
     @property
     def gb_per_s(self) -> float:
@@ -121,7 +126,11 @@ class RecoveryReport:
         num_segments: segments re-indexed.
         num_blocks: blocks re-indexed.
         damaged_segments: torn or corrupt segments skipped (the file is cut there).
-        damaged_files: files whose header was unreadable (moved to quarantine).
+        damaged_files: files moved to quarantine (unreadable header, or a stray: a
+            file whose header names another file id, geometry or span).
+        lost_segments: valid segments found after a damaged one and cut off with it
+            (their blocks hang off the damaged turn); counted, never silently gone.
+        damaged_file_ids: ids of the files with damaged segments or quarantined.
     """
 
     num_files: int
@@ -130,3 +139,5 @@ class RecoveryReport:
     num_blocks: int
     damaged_segments: int
     damaged_files: int
+    lost_segments: int = 0
+    damaged_file_ids: tuple[int, ...] = ()

@@ -51,7 +51,13 @@ from flatcake.cio.direct import (
     resolve_io_mode,
     writable_view,
 )
-from flatcake.cio.format import FileHeader, FormatError, scan_session_file
+from flatcake.cio.format import (
+    DamagedSegment,
+    FileHeader,
+    FormatError,
+    ScannedSegment,
+    scan_session_file,
+)
 from flatcake.cio.layout import ALIGN
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.plan import ReadPlan, plan_reads
@@ -235,54 +241,90 @@ class FlatCakeStore:
     # -- restart ---------------------------------------------------------------------
 
     def _recover(self, verify_data: bool) -> RecoveryReport:
-        g = self.geometry
-        files = sessions = segments = blocks = damaged = bad_files = 0
+        """Scan every session file and re-index its valid segments. Damage is cut off
+        and counted, never fatal: an unreadable header or a stray file (another file
+        id, geometry or span) goes to quarantine, a file with nothing valid left is
+        deleted. Only a root where *no* file matches the geometry is refused (the
+        store was opened with the wrong model)."""
+        g, span = self.geometry, self.config.store.session_file_bytes
+        found = session_files_in(self._files.sessions_dir)
+        for file_id, _ in [*found, *session_files_in(self._files.quarantine_dir)]:
+            self.control.ssd.reserve_file_id(file_id)  # never hand out an id on disk
+        scans = []
+        bad_ids: list[int] = []
+        for file_id, path in found:
+            try:
+                scans.append((file_id, path, *scan_session_file(path, verify_data)))
+            except FormatError as exc:
+                self._quarantine_on_open(path, f"unreadable ({exc})", bad_ids, file_id)
+
+        def fits(h: FileHeader) -> bool:
+            return (h.num_layers, h.block_bytes_per_layer, h.span_bytes) == (
+                g.num_layers, g.block_bytes_per_layer, span)
+
+        if scans and not any(fits(h) for _, _, h, _, _ in scans):
+            _, path, h, _, _ = scans[0]
+            if h.span_bytes != span:
+                raise ValueError(f"store.session_file_bytes={span} but session file {path} "
+                                 f"was written with span {h.span_bytes}")
+            raise ValueError(
+                f"session file {path} holds {h.num_layers} layers x "
+                f"{h.block_bytes_per_layer} B blocks, but geometry {g.name!r} has "
+                f"{g.num_layers} x {g.block_bytes_per_layer} B")
+        files = len(found)
+        segments = blocks = damaged = lost = 0
         seen: set[str] = set()
         wall_now, clock_now = time.time(), self.control.clock.now()
-        for file_id, path in session_files_in(self._files.sessions_dir):
-            files += 1
-            try:
-                header, ok, bad = scan_session_file(path, verify_data=verify_data)
-            except FormatError as exc:
-                dest = self._files.quarantine_path(path)
-                logger.warning("session file %s has a damaged header (%s); moved to %s",
-                               path, exc, dest)
-                bad_files += 1
+        for file_id, path, header, ok, bad in scans:
+            if header.file_id != file_id or not fits(header):
+                self._quarantine_on_open(path, "a stray: its header names file id "
+                                         f"{header.file_id}, {header.num_layers} layers x "
+                                         f"{header.block_bytes_per_layer} B, span "
+                                         f"{header.span_bytes}", bad_ids, file_id)
                 continue
-            if (header.num_layers, header.block_bytes_per_layer) != (
-                    g.num_layers, g.block_bytes_per_layer) or header.file_id != file_id:
-                raise ValueError(
-                    f"session file {path} holds {header.num_layers} layers x "
-                    f"{header.block_bytes_per_layer} B blocks, but geometry {g.name!r} has "
-                    f"{g.num_layers} x {g.block_bytes_per_layer} B")
-            if header.span_bytes != self.config.store.session_file_bytes:
-                raise ValueError(
-                    f"store.session_file_bytes={self.config.store.session_file_bytes} but "
-                    f"session file {path} was written with span {header.span_bytes}")
             age_s = max(0.0, wall_now - path.stat().st_mtime)
-            end = ok[-1].end_offset if ok else 4096
-            next_seq = ok[-1].header.seq + 1 if ok else 0
-            if bad:
-                logger.warning("session file %s: %d valid segments, cut at offset %d (%s)",
-                               path, len(ok), bad[0].file_offset, bad[0].reason)
-            damaged += len(bad)
-            self._files.adopt(path, header, end, next_seq, cut=bool(bad))
+            kept: list[ScannedSegment] = []
             for scanned in ok:
                 sh = scanned.header
-                seg = self.control.recover_segment(
-                    header.session_id, file_id, scanned.file_offset, sh.layout, sh.keys,
-                    sh.turn_index, virtual_base=header.virtual_base,
-                    last_access=clock_now - age_s)
+                try:
+                    seg = self.control.recover_segment(
+                        header.session_id, file_id, scanned.file_offset, sh.layout, sh.keys,
+                        sh.turn_index, virtual_base=header.virtual_base,
+                        last_access=clock_now - age_s)
+                except ValueError as exc:  # the books refuse it (e.g. a repeated key)
+                    logger.warning("session file %s: segment at %d refused (%s); cut there",
+                                   path, scanned.file_offset, exc)
+                    bad = [DamagedSegment(scanned.file_offset, str(exc), sh.seq,
+                                          len(ok) - len(kept) - 1)]
+                    break
                 self._crcs[seg.segment_id] = sh.layer_crcs
-                segments += 1
+                kept.append(scanned)
                 blocks += sh.num_blocks
-            if ok:
-                seen.add(header.session_id)
-            sessions = len(seen)
-        report = RecoveryReport(files, sessions, segments, blocks, damaged, bad_files)
+            segments += len(kept)
+            damaged += len(bad)
+            lost += sum(d.lost_segments for d in bad)
+            if bad:
+                bad_ids.append(file_id)
+            if not kept:
+                path.unlink(missing_ok=True)  # nothing servable: only a header was left
+                continue
+            seen.add(header.session_id)
+            self._files.adopt(path, header, kept[-1].end_offset, kept[-1].header.seq + 1,
+                              cut=bool(bad))
+        report = RecoveryReport(files, len(seen), segments, blocks, damaged,
+                                len(found) - len(scans) + sum(
+                                    1 for f, _, h, _, _ in scans
+                                    if h.file_id != f or not fits(h)),
+                                lost, tuple(sorted(bad_ids)))
         if files:
             logger.info("recovered %s", report)
         return report
+
+    def _quarantine_on_open(self, path: Path, why: str, bad_ids: list[int],
+                            file_id: int) -> None:
+        dest = self._files.quarantine_path(path)
+        logger.warning("session file %s is %s; moved to %s", path, why, dest)
+        bad_ids.append(file_id)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -403,11 +445,15 @@ class FlatCakeStore:
                 return StoreResult(session_id, 0, len(keys), None, "", None, 0, 0, 0.0)
             try:
                 seq, target = self._prepare_file(plan)
+            except OSError as exc:
+                self._store_failed(plan)
+                return self._failed_result(plan, exc, t0)
             except BaseException:
-                self.control.complete_store(plan, False)
+                self._store_failed(plan)
                 raise
         ok = False
         calls = 0
+        error: OSError | None = None
         try:
             ids = table[plan.first_block:plan.first_block + plan.segment.num_blocks]
             if target is None:
@@ -426,10 +472,17 @@ class FlatCakeStore:
                 with self._lock:
                     self._crcs[plan.segment.segment_id] = written.header.layer_crcs
             ok = True
+        except OSError as exc:  # ENOSPC, EIO: this turn is not stored, nothing breaks
+            error = exc
         finally:
             with self._lock:
-                self.control.complete_store(plan, ok)
+                if ok:
+                    self.control.complete_store(plan, True)
+                else:
+                    self._store_failed(plan)
                 self._unpinned.notify_all()
+        if error is not None:
+            return self._failed_result(plan, error, t0)
         elapsed = time.perf_counter() - t0
         seg = plan.segment
         logger.debug("stored %d blocks of %r on %s (%s)", seg.num_blocks, session_id,
@@ -437,6 +490,32 @@ class FlatCakeStore:
         return StoreResult(session_id, seg.num_blocks, plan.first_block, plan.medium,
                            plan.placement.rule.value, seg.base_address, seg.total_bytes,
                            calls, elapsed)
+
+    def _store_failed(self, plan: StorePlan) -> None:
+        """Give a failed write's allocation back (under ``self._lock``): the books
+        forget it, and on disk its file shrinks back to the books' append pointer, or
+        goes when the books released it (a new file whose first write failed)."""
+        self.control.complete_store(plan, False)
+        if plan.medium != Medium.SSD:
+            return
+        file_id = int(plan.file_id or 0)
+        if file_id not in self._files:
+            return
+        if file_id in self.control.ssd.files_of(plan.session_id):
+            self._files.shrink(file_id, self.control.ssd.file(file_id).end_bytes)
+            return
+        try:
+            self._files.delete(file_id)
+        except OSError as exc:
+            logger.warning("could not delete session file %d after a failed write: %s",
+                           file_id, exc)
+
+    @staticmethod
+    def _failed_result(plan: StorePlan, exc: OSError, t0: float) -> StoreResult:
+        logger.warning("store of %d blocks of session %r failed: %s; they are not stored",
+                       plan.segment.num_blocks, plan.session_id, exc)
+        return StoreResult(plan.session_id, 0, plan.first_block, None, "", None, 0, 0,
+                           time.perf_counter() - t0, error=str(exc) or type(exc).__name__)
 
     def _prepare_file(self, plan: StorePlan) -> tuple[int, OpenFile | None]:
         """SSD: create the file if new, grow it to cover the segment, and take the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,7 +72,11 @@ def open_binary(path: str | Path, *, show_progress: bool = True) -> Iterator[IO[
         try:
             if magic == GZIP_MAGIC:
                 with gzip.open(src, "rb") as gz:
-                    yield cast(IO[bytes], gz)
+                    try:
+                        yield cast(IO[bytes], gz)
+                    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                        raise TraceFormatError(p, 0, "<gzip>", f"compressed data is "
+                                               f"truncated or corrupt ({exc})") from None
             else:
                 yield src
         finally:
