@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from flatcake.replay.load import load_workload
     from flatcake.replay.presets import get_preset
-    from flatcake.replay.sweep import run_sweep
+    from flatcake.replay.sweep import run_sweep, verdict
 
     preset = get_preset(args.preset)
     rates = _floats(args.rates) if args.rates else list(preset.rates)
@@ -74,4 +74,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}/report.html (open it in a browser), sweep.md, sweep.csv, "
           f"sweep.json" + ("" if args.no_plots else ", hit_rate.png, ttft.png, prefetch.png, "
                                                     "read_amplification.png"))
+    print()
+    print(verdict(result))
     return 0

@@ -9,7 +9,12 @@ host memory and SSD, when, and where finished turns are stored. Request life::
                                    └─ restore (host/SSD -> GPU) ─ done ─► ready
     ready ──► (worker idle, GPU pool admits it) prefill ──► first token ──► decode
           ──► done: system.on_complete (store) ──► the chain's next request arrives
-              think_s later
+              think_s later (capped; see ``replay.arrivals`` for when sessions start)
+
+Prefill and decode share the GPU: a prefill starts after the decode step in progress
+(one step's time is added to it when a batch is decoding), and every sequence decoding
+on that worker is held back by the prefill's duration (no chunked prefill; SGLang and
+vLLM run a prefill batch between decode steps).
 
 GPU pool accounting (per worker, in blocks): a request admitted to the pool pins the
 blocks it shares with the prefix cache, inserts its other input blocks (restored or to
@@ -34,9 +39,11 @@ import numpy as np
 
 from flatcake import progress
 from flatcake.geometry import KVGeometry
+from flatcake.replay.arrivals import session_schedule, window_rate
 from flatcake.replay.blockcache import BlockLru
 from flatcake.replay.devices import FifoServer, NodeSpec
 from flatcake.replay.metrics import Recorder
+from flatcake.replay.occupancy import BusyTracker, LevelTracker
 from flatcake.replay.runs import Runs, runs_len
 from flatcake.replay.sim import EventLoop
 from flatcake.replay.workload import Workload
@@ -50,7 +57,8 @@ _PROGRESS_SLICE_S = 60.0
 class Request:
     """One request's state during a run (one object per request, never per block)."""
 
-    __slots__ = ("admitted", "arrival_s", "chain", "done_s", "first_token_s", "gpu_prefix",
+    __slots__ = ("admitted", "arrival_s", "chain", "decode_stall_s", "done_s",
+                 "first_token_s", "gpu_prefix",
                  "hit_blocks", "idx", "input_tokens", "load_s", "num_blocks",
                  "output_tokens", "prefill_start_s", "ready_s", "restore_blocks",
                  "restore_end_s", "restore_start_s", "runs", "session", "sys", "turn",
@@ -78,14 +86,16 @@ class Request:
         self.done_s = math.nan
         self.restore_start_s = math.nan
         self.restore_end_s = math.nan
+        self.decode_stall_s = 0.0  # the worker's prefill stall when last accounted
         self.sys: Any = None  # the system's per-request state
 
 
 class Worker:
     """One GPU: KV pool with prefix cache, prefill server, decode batch, links."""
 
-    __slots__ = ("busy", "decode_kv_bytes", "decoding", "gpu", "held", "idx", "link",
-                 "num_sessions", "outstanding", "reserved_blocks", "ssd", "waiting_admit")
+    __slots__ = ("busy", "decode_kv_bytes", "decoding", "gpu", "gpu_busy", "held", "idx",
+                 "link", "num_sessions", "outstanding", "queue", "reserved_blocks", "ssd",
+                 "stall_s", "waiting_admit")
 
     def __init__(self, idx: int, num_ids: int, capacity_blocks: int) -> None:
         self.idx = idx
@@ -102,6 +112,9 @@ class Worker:
         self.ssd = FifoServer()  # this worker's SSD channel
         self.num_sessions = 0
         self.outstanding = 0
+        self.queue = LevelTracker()  # requests arrived here that have not started prefill
+        self.gpu_busy = BusyTracker()  # prefilling or decoding
+        self.stall_s = 0.0  # total prefill time that held the decode batch back
 
 
 class System(ABC):
@@ -167,7 +180,8 @@ class Node:
     """One replay run of ``workload`` on ``spec`` with ``system`` at ``rate_req_s``."""
 
     def __init__(self, workload: Workload, system: System, spec: NodeSpec,
-                 geometry: KVGeometry, rate_req_s: float, seed: int = 0) -> None:
+                 geometry: KVGeometry, rate_req_s: float, seed: int = 0,
+                 think_cap_s: float = math.inf) -> None:
         if not rate_req_s > 0:
             raise ValueError(f"rate_req_s must be > 0, got {rate_req_s!r}")
         if geometry.tokens_per_block != workload.block_tokens:
@@ -180,6 +194,10 @@ class Node:
         self.block_bytes = geometry.block_bytes
         self.rate_req_s = float(rate_req_s)
         self.seed = int(seed)
+        self.think_cap_s = float(think_cap_s)
+        self.think_s = workload.think_s
+        self.offered_req_s = math.nan
+        self.offer_unreachable = False
         self.loop = EventLoop()
         cap_blocks = spec.gpu.kv_capacity_bytes // self.block_bytes
         self.workers = [Worker(i, workload.num_ids, cap_blocks) for i in range(spec.num_workers)]
@@ -201,33 +219,30 @@ class Node:
     # ---- load --------------------------------------------------------------------
     def _schedule_arrivals(self) -> None:
         wl = self.wl
-        rng = np.random.default_rng(self.seed)
         if wl.global_clock:
-            t = wl.time_s
-            span = float(t.max() - t.min()) if len(t) > 1 else 0.0
-            if span > 0:
-                recorded_rate = (len(t) - 1) / span
-                times = (t - t.min()) * (recorded_rate / self.rate_req_s)
-            else:
+            # Recorded timestamps, scaled so the measured window offers the rate.
+            t = wl.time_s - (wl.time_s.min() if len(wl.time_s) else 0.0)
+            own = window_rate(t) if len(t) > 1 else math.nan
+            if len(t) <= 1:
+                times = t
+            elif math.isfinite(own) and own > 0:
+                times = t * (own / self.rate_req_s)
+            else:  # every request at one instant: Poisson arrivals at the rate
+                rng = np.random.default_rng(self.seed)
                 times = np.cumsum(rng.exponential(1.0 / self.rate_req_s, len(t)))
+            self.offered_req_s = window_rate(times) if len(times) > 1 else self.rate_req_s
             for i in np.argsort(times, kind="stable"):
                 self.loop.at(float(times[i]), self._arrive_global, int(i))
             return
-        # Sessions start as a Poisson process whose rate gives rate_req_s requests/s on
-        # average; a session's chains start at their recorded offsets.
-        num_sessions = wl.num_sessions
-        session_rate = self.rate_req_s * num_sessions / max(wl.num_requests, 1)
-        order = rng.permutation(num_sessions)
-        gaps = rng.exponential(1.0 / session_rate, num_sessions)
-        gaps[0] = 0.0
-        starts = np.empty(num_sessions)
-        starts[order] = np.cumsum(gaps)
-        self.session_start_s = starts
+        sched = session_schedule(wl, self.rate_req_s, self.think_cap_s, self.spec.gpu,
+                                 self.geometry.bytes_per_token, self.seed)
+        self.think_s = sched.think_s
+        self.offered_req_s = sched.offered_req_s
+        self.offer_unreachable = sched.unreachable
+        self.session_start_s = sched.session_start_s
         for c in range(wl.num_chains):
-            s = int(wl.chain_session[c])
-            t0 = float(starts[s] + wl.chain_offset_s[c])
             first = int(wl.chain_req[wl.chain_ptr[c]])
-            self.loop.at(t0, self._arrive_chain, first)
+            self.loop.at(float(sched.chain_start_s[c]), self._arrive_chain, first)
 
     def _arrive_chain(self, i: int) -> None:
         self._arrive(i)
@@ -258,6 +273,7 @@ class Node:
         req.worker = self._route(req)
         w = self.workers[req.worker]
         w.outstanding += 1
+        w.queue.change(self.now, 1)
         self.system.on_arrival(req)
 
     def _route(self, req: Request) -> int:
@@ -372,6 +388,8 @@ class Node:
     def _start_prefill(self, req: Request, w: Worker) -> None:
         w.busy = True
         now = self.now
+        w.queue.change(now, -1)
+        w.gpu_busy.hold(now)
         req.prefill_start_s = now
         hit = min(req.gpu_prefix + req.restore_blocks, req.num_blocks)
         req.hit_blocks = hit
@@ -380,7 +398,11 @@ class Node:
         cached_tokens = min(hit * bt, req.input_tokens)
         new_tokens = req.input_tokens - cached_tokens
         compute_s = self.spec.gpu.prefill_time_s(new_tokens, cached_tokens)
+        if w.decoding:
+            # The decode step in progress finishes first.
+            compute_s += self.spec.gpu.decode_step_s(w.decoding, w.decode_kv_bytes)
         wall = max(compute_s, req.load_s)
+        w.stall_s += wall  # the decode batch waits for this prefill
         rec = self.rec
         rec.hit_blocks[req.idx] = hit
         rec.recomputed_tokens += max(0, min(int(rec.max_hit_blocks[req.idx]) * bt,
@@ -394,8 +416,12 @@ class Node:
         req.first_token_s = now
         self.rec.first_token_s[req.idx] = now
         w.busy = False
+        w.gpu_busy.release(now)
         # Join the decode batch; its step time is taken at join time.
         kv = req.input_tokens * self.geometry.bytes_per_token
+        if w.decoding == 0:
+            w.gpu_busy.hold(now)
+        req.decode_stall_s = w.stall_s
         w.decoding += 1
         w.decode_kv_bytes += kv
         step = self.spec.gpu.decode_step_s(w.decoding, w.decode_kv_bytes)
@@ -405,9 +431,17 @@ class Node:
     def _done(self, req: Request) -> None:
         w = self.workers[req.worker]
         now = self.now
+        held = w.stall_s - req.decode_stall_s
+        if held > 0:
+            # Prefills ran on this GPU while the request decoded: it finishes later.
+            req.decode_stall_s = w.stall_s
+            self.loop.after(held, self._done, req)
+            return
         req.done_s = now
         self.rec.done_s[req.idx] = now
         w.decoding -= 1
+        if w.decoding == 0:
+            w.gpu_busy.release(now)
         w.decode_kv_bytes -= req.input_tokens * self.geometry.bytes_per_token
         w.gpu.unpin(req.runs)
         w.reserved_blocks -= self.out_blocks(req)
@@ -421,7 +455,7 @@ class Node:
             nxt = req.turn + 1
             if nxt < wl.chain_ptr[c + 1] - wl.chain_ptr[c]:
                 j = int(wl.chain_req[wl.chain_ptr[c] + nxt])
-                self.loop.after(float(wl.think_s[j]), self._arrive_chain, j)
+                self.loop.after(float(self.think_s[j]), self._arrive_chain, j)
         self._retry_admissions(w)
         self.kick(w)
 
@@ -444,6 +478,15 @@ class Node:
             raise RuntimeError(
                 f"replay stalled: {self.num_done} of {self.wl.num_requests} requests done "
                 f"({self.num_arrived} arrived); is the GPU pool smaller than one request?")
-        self.rec.num_events = self.loop.num_events
-        self.rec.link_busy_s = [w.link.busy_s for w in self.workers]
-        return self.rec
+        rec = self.rec
+        rec.num_events = self.loop.num_events
+        rec.link_busy_s = [w.link.busy_s for w in self.workers]
+        now = self.now
+        for w in self.workers:
+            w.queue.close(now)
+        rec.queues = [w.queue for w in self.workers]
+        rec.gpu_busy_s = [w.gpu_busy.busy_s for w in self.workers]
+        rec.ssd_busy_s = [w.ssd.busy_s for w in self.workers]
+        rec.offered_req_s = self.offered_req_s
+        rec.offer_unreachable = self.offer_unreachable
+        return rec

@@ -11,6 +11,16 @@ Definitions (all over the whole run):
 * ``throughput_req_s`` / ``throughput_tokens_s``: requests and (input + output) tokens
   finished per second in the steady window between the 10th and the 90th percentile of
   arrival times (a finite trace ramps up and drains; long sessions make the drain long).
+  ``throughput_req_s`` is the *delivered* request rate.
+* ``offered_req_s``: the rate the arrival model offers in the same window (an ideal,
+  unloaded node; ``replay.arrivals``). ``load_status``: ``ok`` when the delivered rate is
+  within 5% of the requested one, ``saturated`` when the arrival model offered it but
+  the node delivered less (requests waited, so chains sent their next turns later),
+  ``unreachable`` when the trace cannot offer it at all.
+* ``gpu_busy_frac`` / ``ssd_busy_frac``: mean over workers of the time its GPU was
+  prefilling or decoding / its SSD channel was reading or writing, over the run's span.
+* ``queue_mean`` / ``queue_p99``: time-weighted mean and 99th percentile of a worker's
+  queue (requests arrived at it that have not started their prefill), all workers.
 * ``ssd_read_gbps_per_worker``: SSD bytes read over the seconds a worker's SSD channel
   spent reading them (the bandwidth a restore sees), in GB/s.
 * ``read_amplification``: SSD bytes read per byte delivered by completed SSD restores
@@ -32,6 +42,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from flatcake.replay.occupancy import LevelTracker, level_stats
+
+SATURATION_SLACK = 0.05
+"""Delivered more than this fraction below requested counts as saturation."""
 
 
 class Recorder:
@@ -59,6 +74,11 @@ class Recorder:
         self.gpu_evicted_blocks = 0
         self.num_events = 0
         self.link_busy_s: list[float] = []
+        self.gpu_busy_s: list[float] = []
+        self.ssd_busy_s: list[float] = []
+        self.queues: list[LevelTracker] = []
+        self.offered_req_s = math.nan
+        self.offer_unreachable = False
 
     def ssd_read(self, num_commands: int, num_bytes: int, busy_s: float) -> None:
         self.ssd_read_commands += num_commands
@@ -91,6 +111,12 @@ class RunMetrics:
     ttft_p99_s: float
     throughput_req_s: float
     throughput_tokens_s: float
+    offered_req_s: float
+    load_status: str
+    gpu_busy_frac: float
+    ssd_busy_frac: float
+    queue_mean: float
+    queue_p99: float
     ssd_read_gbps_per_worker: float
     read_amplification: float
     read_commands: int
@@ -135,6 +161,15 @@ def summarize(rec: Recorder, *, system: str, rate_req_s: float, preset: str, tra
     win_tokens = float(input_tokens[in_win].sum() + output_tokens[in_win].sum())
     pf = np.asarray(rec.prefetch_s)
     n = len(ttft)
+    delivered = win_reqs / window
+    if rec.offer_unreachable or rec.offered_req_s < rate_req_s * (1 - SATURATION_SLACK):
+        status = "unreachable"
+    elif delivered < rate_req_s * (1 - SATURATION_SLACK):
+        status = "saturated"
+    else:
+        status = "ok"
+    workers = max(rec.num_workers, 1)
+    q_mean, q_p99 = level_stats(rec.queues) if rec.queues else (math.nan, math.nan)
     return RunMetrics(
         system=system,
         rate_req_s=rate_req_s,
@@ -148,8 +183,14 @@ def summarize(rec: Recorder, *, system: str, rate_req_s: float, preset: str, tra
         ttft_mean_s=float(np.mean(ttft)) if n else math.nan,
         ttft_p50_s=_pct(ttft, 50),
         ttft_p99_s=_pct(ttft, 99),
-        throughput_req_s=win_reqs / window,
+        throughput_req_s=delivered,
         throughput_tokens_s=win_tokens / window,
+        offered_req_s=rec.offered_req_s,
+        load_status=status,
+        gpu_busy_frac=sum(rec.gpu_busy_s) / workers / span if rec.gpu_busy_s else math.nan,
+        ssd_busy_frac=sum(rec.ssd_busy_s) / workers / span if rec.ssd_busy_s else math.nan,
+        queue_mean=q_mean,
+        queue_p99=q_p99,
         ssd_read_gbps_per_worker=(rec.ssd_read_bytes / rec.ssd_read_busy_s / 1e9
                                   if rec.ssd_read_busy_s > 0 else math.nan),
         read_amplification=(rec.ssd_read_bytes / rec.ssd_useful_bytes
@@ -172,7 +213,9 @@ def summarize(rec: Recorder, *, system: str, rate_req_s: float, preset: str, tra
 
 METRIC_COLUMNS: tuple[str, ...] = (
     "system", "rate_req_s", "hit_rate_gpu", "max_hit_rate", "ttft_mean_s", "ttft_p50_s",
-    "ttft_p99_s", "throughput_req_s", "throughput_tokens_s", "ssd_read_gbps_per_worker",
+    "ttft_p99_s", "offered_req_s", "throughput_req_s", "load_status", "gpu_busy_frac",
+    "ssd_busy_frac", "queue_mean", "queue_p99", "throughput_tokens_s",
+    "ssd_read_gbps_per_worker",
     "read_amplification", "read_commands", "prefetch_time_mean_s", "prefetch_time_p99_s",
     "prefetch_cancellations", "recomputed_tokens",
 )
@@ -191,8 +234,12 @@ def format_metrics(m: RunMetrics) -> str:
         f"(max_hit_rate {f(100 * m.max_hit_rate, ' %', 2)})",
         f"  ttft mean / p50 / p99    {f(m.ttft_mean_s, ' s')} / {f(m.ttft_p50_s, ' s')} / "
         f"{f(m.ttft_p99_s, ' s')}",
-        f"  throughput               {f(m.throughput_req_s, ' req/s')}  "
-        f"{f(m.throughput_tokens_s, ' tok/s', 0)}",
+        f"  load                     requested {m.rate_req_s:g} req/s, offered "
+        f"{f(m.offered_req_s, '', 3)}, delivered {f(m.throughput_req_s, ' req/s')}  "
+        f"[{m.load_status}]  {f(m.throughput_tokens_s, ' tok/s', 0)}",
+        f"  busy (mean per worker)   GPU {f(100 * m.gpu_busy_frac, ' %', 1)}   SSD "
+        f"{f(100 * m.ssd_busy_frac, ' %', 1)}   queue per worker mean "
+        f"{f(m.queue_mean, '', 2)} / p99 {f(m.queue_p99, '', 0)}",
         f"  ssd read per worker      {f(m.ssd_read_gbps_per_worker, ' GB/s', 2)}   "
         f"read amplification {f(m.read_amplification, '', 2)}   "
         f"commands {m.read_commands}",

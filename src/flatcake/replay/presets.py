@@ -43,6 +43,8 @@ class ReplayPreset:
         rates: the default sweep's request rates (req/s).
         assumptions: every number not taken from a published source.
         builtin_block_tokens: block size of the built-in generated workload.
+        think_cap_s: longest think time replayed (``replay.arrivals``): longer gaps
+            in a session trace (a user away) are cut to this.
     """
 
     name: str
@@ -54,6 +56,7 @@ class ReplayPreset:
     rates: tuple[float, ...]
     assumptions: tuple[str, ...]
     builtin_block_tokens: int = 64
+    think_cap_s: float = 60.0
 
     def flatcake_config(self) -> FlatCakeConfig:
         """FlatCake's config with the node's memory and SSD budgets."""

@@ -33,7 +33,8 @@ def replay_node(workload: Workload, system: str, rate_req_s: float, preset: Repl
             f"preset {preset.name!r}: gpu.kv_capacity_bytes={preset.node.gpu.kv_capacity_bytes}"
             f" is smaller than the trace's largest request ({need} bytes)")
     sysobj = make_system(system, preset.flatcake_config(), preset.tiered)
-    node = Node(workload, sysobj, preset.node, geometry, rate_req_s, seed)
+    node = Node(workload, sysobj, preset.node, geometry, rate_req_s, seed,
+                think_cap_s=preset.think_cap_s)
     start = time.perf_counter()
     cpu0 = time.process_time()
     rec = node.run()

@@ -187,6 +187,7 @@ def markdown(result: SweepResult) -> str:
                 row.append(_fmt(any_run["max_hit_rate"] if any_run else None, pattern, scale))
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+    lines += load_table(result)
     placements = [r for r in result.runs if r.get("placements")]
     if placements:
         rules = sorted({k for r in placements for k in r["placements"]})
@@ -198,6 +199,53 @@ def markdown(result: SweepResult) -> str:
             lines.append(f"| {r['system']} | {r['rate_req_s']:g} | " + " | ".join(
                 str(r["placements"].get(k, 0)) for k in rules) + " |")
         lines.append("")
+    return "\n".join(lines)
+
+
+def load_table(result: SweepResult) -> list[str]:
+    """Offered vs delivered rate, busy fractions and queues of every run (Markdown)."""
+    lines = ["## Load: requested, offered, delivered; busy fractions; per-worker queue", "",
+             "| system | requested | offered | delivered | status | GPU busy % | SSD busy % "
+             "| queue mean | queue P99 |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for s in result.meta["systems"]:
+        for r in result.by(s):
+            lines.append(
+                f"| {s} | {r['rate_req_s']:g} | {_fmt(r.get('offered_req_s'), '{:.3f}', 1)} | "
+                f"{_fmt(r.get('throughput_req_s'), '{:.3f}', 1)} | "
+                f"{r.get('load_status', '–')} | "
+                f"{_fmt(r.get('gpu_busy_frac'), '{:.1f}', 100)} | "
+                f"{_fmt(r.get('ssd_busy_frac'), '{:.1f}', 100)} | "
+                f"{_fmt(r.get('queue_mean'), '{:.2f}', 1)} | "
+                f"{_fmt(r.get('queue_p99'), '{:.0f}', 1)} |")
+    lines.append("")
+    return lines
+
+
+def verdict(result: SweepResult) -> str:
+    """The short table ``make demo`` ends with: per system, hit rate and mean / P99 TTFT
+    at the lowest and the highest rate, and whether the node kept up there."""
+    rates = sorted(result.meta["rates"])
+    lo, hi = rates[0], rates[-1]
+    head = (f"{'system':<14} {'hit% @' + format(lo, 'g'):>10} {'hit% @' + format(hi, 'g'):>10}"
+            f" {'TTFT mean/P99 s @' + format(lo, 'g'):>22} "
+            f"{'TTFT mean/P99 s @' + format(hi, 'g'):>22}  load @{hi:g}")
+    lines = [head, "-" * len(head)]
+    cell = {(r["system"], r["rate_req_s"]): r for r in result.runs}
+    for s in result.meta["systems"]:
+        a, b = cell.get((s, lo)), cell.get((s, hi))
+        if a is None or b is None:
+            continue
+        def ttft(r: dict[str, Any]) -> str:
+            return (f"{_fmt(r['ttft_mean_s'], '{:.2f}', 1)} / "
+                    f"{_fmt(r['ttft_p99_s'], '{:.2f}', 1)}")
+        lines.append(f"{s:<14} {_fmt(a['hit_rate_gpu'], '{:.2f}', 100):>10} "
+                     f"{_fmt(b['hit_rate_gpu'], '{:.2f}', 100):>10} {ttft(a):>22} "
+                     f"{ttft(b):>22}  {b.get('load_status', '–')} "
+                     f"({_fmt(b.get('throughput_req_s'), '{:.2f}', 1)} req/s delivered)")
+    any_run = next(iter(result.runs), None)
+    if any_run is not None:
+        lines.append(f"max hit rate (infinite cache): {100 * any_run['max_hit_rate']:.2f} %")
     return "\n".join(lines)
 
 
