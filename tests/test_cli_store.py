@@ -88,3 +88,40 @@ def test_demo_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "by first_turn" in out and "by short_reply" in out and "by long_reply" in out
     assert "restore: 28 of 28 blocks (24 ssd, 4 memory)" in out
     assert main(["fsck", str(tmp_path / "demo")]) == 0
+
+
+def test_inspect_shows_the_budgets_the_store_recorded(
+        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The store wrote ROOT/config.json when it opened; inspect reads its budgets,
+    not the CLI's defaults; explicit --set still wins."""
+    from flatcake.store.record import RECORD_NAME, read_record
+
+    rec = read_record(root)
+    assert rec is not None and rec.config == small_config() and rec.geometry == SMALL
+    assert (root / RECORD_NAME).stat().st_mode & 0o777 == 0o600
+    assert main(["inspect", str(root), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config_source"].startswith("recorded by the store at ")
+    cap = small_config().store.memory_capacity_bytes
+    assert report["media"]["memory"]["capacity_bytes"] == cap != 4 * 2**30
+    assert report["geometry"]["num_layers"] == SMALL.num_layers
+    assert main(["inspect", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"of {cap / 2**20:.1f} MiB" in out and "config: recorded by the store" in out
+    assert main(["inspect", str(root), "--json", *SIZES]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert given["config_source"] == "given"
+    assert given["media"]["ssd"]["capacity_bytes"] == 268435456
+
+
+def test_inspect_without_a_record_says_it_uses_defaults(
+        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flatcake.store.record import RECORD_NAME
+
+    (root / RECORD_NAME).unlink()
+    assert main(["inspect", str(root), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config_source"] == "defaults (the store recorded no config)"
+    (root / RECORD_NAME).write_text("{not json")
+    assert main(["inspect", str(root)]) == 2
+    assert "unreadable store config record" in capsys.readouterr().err

@@ -51,7 +51,7 @@ def test_modes_and_names(tmp_path: Path) -> None:
     files = [p for p in root.rglob("*") if p.is_file()]
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
     names = sorted(p.name for p in files)
-    assert names == ["0000000000000000.fcs", "LOCK"]
+    assert names == ["0000000000000000.fcs", "LOCK", "config.json"]
     assert not any("passwd" in str(p) or "etc" in p.name for p in root.rglob("*"))
 
 

@@ -13,9 +13,11 @@ DESCRIPTION = ("What a store root holds, from its session file headers: sessions
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", help="store root directory")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--config", default=None, help="TOML config file (budgets, watermarks)")
+    p.add_argument("--config", default=None,
+                   help="TOML config file to compare against (default: the config the "
+                        "store recorded in ROOT/config.json when it last opened)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="config override, repeatable")
+                   help="config override, repeatable (also replaces the store's record)")
 
 
 def _mib(n: int) -> str:
@@ -26,11 +28,21 @@ def run(args: argparse.Namespace) -> int:
     from flatcake.config import load_config
     from flatcake.store.inspect import inspect_root
 
-    report = inspect_root(args.root, load_config(args.config, overrides=args.set))
+    given = load_config(args.config, overrides=args.set) if args.config or args.set else None
+    report = inspect_root(args.root, given)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
     print(f"store {report['root']}")
+    print(f"  config: {report['config_source']}")
+    g, pl = report["geometry"], report["config"]["placement"]
+    if g is not None:
+        print(f"  geometry: {g['name']}, {g['num_layers']} layers, {g['tokens_per_block']} "
+              f"tokens per block; io_mode {report['io_mode']}")
+    print(f"  placement thresholds (tokens): agent context "
+          f"{pl['agent_context_threshold_tokens']}, long reply "
+          f"{pl['long_reply_threshold_tokens']}, short reply "
+          f"{pl['short_reply_threshold_tokens']}")
     for medium, m in report["media"].items():
         cap = m["capacity_bytes"]
         share = m["used_bytes"] / cap if cap else 0.0

@@ -6,6 +6,7 @@ and neither takes its lock, so both work on a root another process is serving
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from flatcake import progress
 from flatcake.cio.format import DamagedSegment, FormatError, scan_session_file
 from flatcake.config import FlatCakeConfig
 from flatcake.store.files import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
+from flatcake.store.record import read_record
 
 
 class NotAStore(ValueError):
@@ -118,10 +120,17 @@ def fsck_root(root: str | os.PathLike[str]) -> FsckReport:
 
 def inspect_root(root: str | os.PathLike[str],
                  config: FlatCakeConfig | None = None) -> dict[str, Any]:
-    """What ``root`` holds on SSD, per session, against the configured budget and
-    watermarks (headers only; host memory is not persistent, so it is empty here)."""
-    config = config if config is not None else FlatCakeConfig()
+    """What ``root`` holds on SSD, per session, against the budgets and watermarks of
+    ``config``, or by default of the config the store recorded when it last opened
+    (``store.record``; defaults when there is none). Headers only; host memory is not
+    persistent, so it is empty here."""
     report = check_root(root, verify_data=False)
+    record = read_record(root) if config is None else None
+    source = ("given" if config is not None else
+              f"recorded by the store at {record.opened_at}" if record else
+              "defaults (the store recorded no config)")
+    if config is None:
+        config = record.config if record else FlatCakeConfig()
     sessions: dict[str, dict[str, Any]] = {}
     used = 0
     for f in report.files:
@@ -137,6 +146,10 @@ def inspect_root(root: str | os.PathLike[str],
     st, rc = config.store, config.reclaim
     return {
         "root": report.root,
+        "config_source": source,
+        "config": dataclasses.asdict(config),
+        "geometry": dataclasses.asdict(record.geometry) if record else None,
+        "io_mode": record.io_mode if record else None,
         "media": {
             "memory": {"used_bytes": 0, "capacity_bytes": st.memory_capacity_bytes,
                        "high": rc.memory_high, "low": rc.memory_low},

@@ -81,6 +81,7 @@ from flatcake.gva.keys import check_key
 from flatcake.store.arena import ArenaBuffer
 from flatcake.store.files import SessionFiles, session_files_in
 from flatcake.store.inspect import FsckReport, fsck_root
+from flatcake.store.record import write_record
 from flatcake.store.results import (
     LoadResult,
     LookupResult,
@@ -210,6 +211,7 @@ class FlatCakeStore:
         self._closed = False
         try:
             self.recovery = self._recover(verify_on_open)
+            write_record(root, geometry, config, self.io_mode)  # for offline `inspect`
         except BaseException:
             self._shutdown()
             raise
