@@ -6,6 +6,7 @@ rate ``(n - 1) / span``; each request is small enough to finish before the next.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from flatcake.replay.run import replay_node, run_replay
 from flatcake.replay.workload import from_requests, from_sessions
-from tests.replay.helpers import GEOMETRY, ids, tiny_preset
+from tests.replay.helpers import BLOCK_BYTES, GEOMETRY, ids, tiny_preset
 
 BT = GEOMETRY.tokens_per_block
 
@@ -35,29 +36,70 @@ TWO_RESTORES = [
 ]
 
 
-def _two_restores(system: str, **preset_kw: int) -> tuple[np.ndarray, object]:
+def _two_restores(system: str, host_blocks_override: int = 10,
+                  **preset_kw: int) -> tuple[np.ndarray, object]:
     wl = from_requests(TWO_RESTORES, BT)
-    preset = tiny_preset(gpu_blocks=14, host_blocks=10, **preset_kw)
+    preset = tiny_preset(gpu_blocks=14, host_blocks=host_blocks_override, **preset_kw)
     m, node = replay_node(wl, system, _own_rate(TWO_RESTORES), preset)
     return node.rec.hit_blocks.copy(), m
 
 
-def test_tiered_staging_of_one_restore_cancels_the_second() -> None:
-    hits, m = _two_restores("tiered", staging_blocks=10)
+def test_tiered_best_effort_uses_only_the_batches_finished_when_scheduled() -> None:
+    # One prefetch thread: A's batch is being read when A is scheduled at once (the
+    # engine is idle), so A's prefetch is terminated, its batch read and thrown away;
+    # B is scheduled after A's prefill, by when its own batch has finished.
+    hits, m = _two_restores("tiered")
+    assert hits[3:].tolist() == [0, 10]
+    ex = m.extra  # type: ignore[attr-defined]
+    assert ex["prefetch_issued"] == 2
+    assert ex["prefetch_terminated"] == 1
+    assert ex["prefetch_terminated_blocks"] == 10
+    assert ex["prefetch_terminated_batch_bytes"] == 10 * BLOCK_BYTES
     assert m.prefetch_cancellations == 1  # type: ignore[attr-defined]
-    assert hits[3] == 10  # A restored through the staging buffer
-    assert hits[4] == 0  # B found no staging room: recomputed
-    assert m.read_commands == 10  # type: ignore[attr-defined]  # one per object
+    assert m.read_commands == 20  # type: ignore[attr-defined]  # one per object
+    assert m.read_amplification == pytest.approx(2.0)  # type: ignore[attr-defined]
 
 
-def test_tiered_with_room_for_both_restores_both() -> None:
-    hits, m = _two_restores("tiered", staging_blocks=20)
-    assert m.prefetch_cancellations == 0  # type: ignore[attr-defined]
-    assert hits[3:].tolist() == [10, 10]
+def test_tiered_wait_complete_uses_every_ssd_hit() -> None:
+    # B comes 0.5 s after A, when A's host-pool reservation (the whole 10-block pool of
+    # the one engine) has been released by A's scheduling.
+    reqs = [*TWO_RESTORES[:4], _req(10.5, ids(100, 112))]
+    wl = from_requests(reqs, BT)
+    m, node = replay_node(wl, "tiered-wait", 1 / 0.5, tiny_preset(gpu_blocks=14,
+                                                                  host_blocks=10))
+    assert node.rec.hit_blocks[3:].tolist() == [10, 10]
+    assert m.prefetch_cancellations == 0
+    assert m.read_amplification == pytest.approx(1.0)
+    # A waited for its prefetch (one 10-object batch) before its prefill.
+    batch_s = 0.0005 + 10 * BLOCK_BYTES / 1e9
+    assert node.rec.first_token_s[3] - node.rec.arrival_s[3] > batch_s
+
+
+def test_tiered_prefetch_budget_refuses_and_truncates() -> None:
+    # Host pool of 8 blocks (one worker): A needs 10, gets 8 (truncated); its 8 reserved
+    # blocks pass half the pool, so B, arriving with A, is refused (rate limited) and
+    # keeps only the 3 blocks still in the GPU's prefix cache.
+    hits, m = _two_restores("tiered-wait", host_blocks_override=8)
+    ex = m.extra  # type: ignore[attr-defined]
+    assert ex["prefetch_truncated_blocks"] == 2
+    assert ex["prefetch_rate_limited"] == 1
+    assert hits[3:].tolist() == [8, 3]
+
+
+@pytest.mark.parametrize(("system", "qd"), [("tiered", 1), ("tiered-uring", 8)])
+def test_tiered_reads_a_batch_one_pread_at_a_time_unless_io_uring(system: str,
+                                                                  qd: int) -> None:
+    wl = from_requests(TWO_RESTORES, BT)
+    preset = tiny_preset(gpu_blocks=14, host_blocks=10, command_latency_s=1e-3)
+    preset = dataclasses.replace(preset, node=dataclasses.replace(
+        preset.node, ssd=dataclasses.replace(preset.node.ssd, queue_depth=8)))
+    m, node = replay_node(wl, system, _own_rate(TWO_RESTORES), preset)
+    batch_s = 0.0005 + 10 * 1e-3 / qd + 10 * BLOCK_BYTES / 1e9
+    assert node.rec.ssd_read_busy_s == pytest.approx(2 * batch_s)
 
 
 def test_tiered_direct_never_cancels_and_reads_per_block_per_layer() -> None:
-    hits, m = _two_restores("tiered-direct", staging_blocks=10)
+    hits, m = _two_restores("tiered-direct")
     assert m.prefetch_cancellations == 0  # type: ignore[attr-defined]
     assert hits[3:].tolist() == [10, 10]
     assert m.read_commands == 2 * 10 * GEOMETRY.num_layers  # type: ignore[attr-defined]
@@ -89,9 +131,9 @@ def test_tiered_buckets_are_recycled_fifo_and_cut_prefixes() -> None:
     # SSD budget of 10 objects, buckets of 10: demoting B (when C enters host memory)
     # recycles A's bucket. Two workers (round robin) so A and B restore side by side.
     wl = from_requests(TWO_RESTORES, BT)
-    preset = tiny_preset(workers=2, gpu_blocks=14, host_blocks=10, staging_blocks=20,
-                         ssd_blocks=10, bucket_keys=10)
-    m, node = replay_node(wl, "tiered", _own_rate(TWO_RESTORES), preset)
+    preset = tiny_preset(workers=2, gpu_blocks=14, host_blocks=10, ssd_blocks=10,
+                         bucket_keys=10)
+    m, node = replay_node(wl, "tiered-direct", _own_rate(TWO_RESTORES), preset)
     assert node.rec.hit_blocks[3] == 0  # A's bucket was recycled
     assert node.rec.hit_blocks[4] == 10  # B restored from its bucket
     assert m.extra["buckets_recycled"] >= 1
@@ -148,7 +190,8 @@ def _sessions(seed: int) -> list[list[tuple[list[int], int, int, float]]]:
     return out
 
 
-@pytest.mark.parametrize("system", ["flatcake", "flatcake-1q", "tiered", "tiered-direct",
+@pytest.mark.parametrize("system", ["flatcake", "flatcake-1q", "tiered", "tiered-wait",
+                                    "tiered-timeout", "tiered-uring", "tiered-direct",
                                     "memory-only"])
 def test_same_seed_same_numbers(system: str) -> None:
     wl = from_sessions(_sessions(1), BT)

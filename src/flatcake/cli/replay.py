@@ -9,7 +9,7 @@ import time
 
 from flatcake.replay.load import DEFAULT_SESSIONS
 from flatcake.replay.presets import PRESETS, ReplayPreset
-from flatcake.replay.systems import SYSTEMS
+from flatcake.replay.systems import ALL_SYSTEMS
 
 DESCRIPTION = ("Replay a trace (or the built-in agent workload) on a simulated node and "
                "print hit rate, TTFT, SSD metrics. --explain alone prints the preset's "
@@ -42,7 +42,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_workload_args(p)
-    p.add_argument("--system", default=None, choices=SYSTEMS,
+    p.add_argument("--system", default=None, choices=ALL_SYSTEMS,
                    help=f"system to simulate (default {DEFAULT_SYSTEM})")
     p.add_argument("--rate", type=float, default=None,
                    help=f"mean request rate in req/s (default {DEFAULT_RATE:g})")

@@ -7,7 +7,7 @@ import time
 
 from flatcake import progress
 from flatcake.cli.replay import add_workload_args
-from flatcake.replay.systems import SYSTEMS
+from flatcake.replay.systems import ALL_SYSTEMS, SYSTEMS
 
 DESCRIPTION = ("Replay a trace (default: the built-in agent workload) for each system at "
                "each request rate, on all cores, and write sweep.md, sweep.csv, sweep.json, "
@@ -26,9 +26,10 @@ def _floats(text: str) -> list[float]:
 
 def _systems(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in SYSTEMS]
+    bad = [n for n in names if n not in ALL_SYSTEMS]
     if bad or not names:
-        raise ValueError(f"--systems: unknown {bad or text!r}; choose from {', '.join(SYSTEMS)}")
+        raise ValueError(f"--systems: unknown {bad or text!r}; choose from "
+                         f"{', '.join(ALL_SYSTEMS)}")
     return names
 
 

@@ -1,10 +1,11 @@
-"""Tiered baselines: ``tiered`` (Mooncake-style) and ``tiered-direct`` (Mooncake-GDS).
+"""Tiered baselines: ``tiered`` (SGLang HiCache over Mooncake Store) and ``tiered-direct``
+(Mooncake with GDS reads).
 
 What the model does, and where each behaviour comes from:
 
 * **New blocks enter host memory.** A finished turn's blocks that the store does not
-  hold yet are put into the host tier (Mooncake Store ``Put`` into its memory segment;
-  the vLLM/SGLang connectors save every computed page, and skip keys that exist).
+  hold yet are put into the host tier (HiCache's write-through backup of computed
+  pages; Mooncake Store ``Put`` into its memory segment; keys that exist are skipped).
 * **LRU demotes to SSD, in eviction order.** When host memory is full, the least
   recently used blocks leave it; a block without an SSD copy is written to SSD, in the
   order it was evicted, into the open *bucket*. Mooncake's ``BucketStorageBackend``
@@ -14,32 +15,38 @@ What the model does, and where each behaviour comes from:
 * **Buckets are recycled FIFO.** When the SSD budget is full, the oldest bucket is
   deleted whole (``PrepareEviction`` picks the oldest bucket; policy FIFO), so its
   blocks, which belong to many sessions, all disappear at once.
-* **SSD hits are staged through host memory** (``tiered``): a prefetch reserves its
-  whole size in the worker's staging buffer (Mooncake client ``local_buffer_size``,
-  default 1280 MB), reads one object (one block, all layers) per command into it, then
-  copies to the GPU and releases the buffer. A prefetch that finds no room is
-  cancelled and its tokens recomputed (SGLang HiCache ``prefetch_from_storage``
-  returns without prefetching when host memory cannot be allocated or
-  ``prefetch_rate_limited()``). Prefetches shorter than ``prefetch_threshold`` = 256
-  tokens are not issued (HiCache default). Restored blocks are refilled into the host
-  tier (HiCache inserts prefetched pages into its host radix tree).
+* **SSD hits come back through HiCache's L3 prefetch** (``tiered``; the mechanics, with
+  their sources, are in ``replay/systems/prefetch.py``): issued at arrival into the
+  engine's host pool under a budget of half that pool, truncated to the pool's room, one
+  prefetch thread per engine reading 128-page batches, Mooncake's sequential ``pread``
+  per object (queue depth 1; ``tiered-uring`` keeps the drive's queue depth), and a
+  termination policy: ``best_effort`` (SGLang's default: the request runs as soon as it
+  can and uses the batches finished by then), ``wait_complete`` (``tiered-wait``) or
+  ``timeout`` (``tiered-timeout``). Prefetched pages join the host tier (HiCache inserts
+  them into its host radix tree) and are copied to the GPU when the prefill starts.
+  Prefetches shorter than ``prefetch_threshold`` = 256 tokens are not issued.
+* **Host-memory hits** (the run of blocks in the host tier right after the GPU prefix)
+  are copied host->GPU when the prefill starts (``load_back``, overlapped with compute).
+  The host tier is the node's whole host budget, shared by the engines: a
+  simplification in the baseline's favour (Mooncake's DRAM replicas on another engine's
+  node would also need the L3 prefetch).
 * **tiered-direct** keeps the placement, eviction order and buckets but reads SSD hits
-  straight into the GPU (GDS), with no staging and so no cancellation. Paged KV in the
+  straight into the GPU (GDS), with no host pool and so no termination. Paged KV in the
   GPU is one tensor per layer, so each (block, layer) lands in a different place: one
   read command per block per layer (``direct_reads_per_layer``), each of
   ``block_bytes_per_layer`` at an eviction-order offset.
 * On a tensor-parallel worker (``gpus_per_worker`` > 1) every GPU stores and reads its
   own share of each object, so commands multiply by the GPU count and shrink by it.
 
-Both keep the engine's usual order: requests restoring are set aside and rejoin the
-ready queue at their arrival position (vLLM ``WAITING_FOR_REMOTE_KVS``); restores do
-not block other requests.
+Requests restoring are set aside and rejoin the ready queue at their arrival position
+(vLLM ``WAITING_FOR_REMOTE_KVS``; SGLang skips a request whose prefetch may not end yet);
+restores do not block other requests.
 
 Sources read: kvcache-ai/Mooncake ``mooncake-store/include/storage_backend.h``
-(``BucketStorageBackend``, ``FileStorageConfig::local_buffer_size``, bucket eviction);
-sgl-project/sglang ``python/sglang/srt/mem_cache/hiradix_cache.py``
-(``prefetch_from_storage``, ``can_terminate_prefetch``) and ``managers/cache_controller.py``
-(``prefetch_rate_limited``, ``prefetch_capacity_limit``); LMCache local-disk backend
+(``BucketStorageBackend``, bucket eviction), ``mooncake-store/src/storage_backend.cpp``
+(``BatchLoad``), ``mooncake-store/src/file_storage.cpp`` (``AllocateBatch``);
+sgl-project/sglang ``python/sglang/srt/mem_cache/hiradix_cache.py`` and
+``managers/cache_controller.py`` (see ``prefetch.py``); LMCache local-disk backend
 (one file per 256-token chunk, LRU) as another per-chunk layout.
 """
 
@@ -52,7 +59,6 @@ from typing import Any
 import numpy as np
 
 from flatcake.replay.blockcache import BlockLru
-from flatcake.replay.devices import StagingPool
 from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker
 from flatcake.replay.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
 from flatcake.replay.types import IdArray
@@ -62,31 +68,58 @@ MB = 1000**2
 
 @dataclass(frozen=True, slots=True)
 class TieredConfig:
-    """Constants of the tiered baselines (sources in the module docstring).
+    """Constants of the tiered baselines (sources here and in ``prefetch.py``).
 
     Attributes:
         bucket_bytes: a bucket is sealed at this size (Mooncake default 256 MB).
         bucket_keys: ... or at this many objects (Mooncake default 500).
         prefetch_threshold_tokens: shorter SSD prefetches are not issued (HiCache 256).
-        refill_host_on_ssd_hit: restored blocks are inserted into the host tier.
-        direct: read SSD hits straight into the GPU (tiered-direct), no staging.
+        direct: read SSD hits straight into the GPU (tiered-direct), no host pool.
         direct_reads_per_layer: direct reads issue one command per block per layer.
+        prefetch_policy: ``best_effort`` (SGLang's default), ``wait_complete`` or
+            ``timeout`` (``--hicache-storage-prefetch-policy``).
+        batch_pages: pages per L3 read batch (SGLang ``STORAGE_BATCH_SIZE`` = 128).
+        prefetch_capacity_fraction: share of an engine's host pool that reserved
+            prefetches may hold before new ones are refused (SGLang
+            ``prefetch_capacity_limit`` = 0.5 x host pool).
+        read_queue_depth: commands in flight while reading a batch: 1 for Mooncake's
+            default sequential ``pread`` path; 0 means the drive's queue depth
+            (``MOONCAKE_OFFLOAD_USE_URING`` on).
+        batch_overhead_s: fixed cost of one ``BatchGet`` (metadata lookup at the
+            master, staging allocation, completion): an assumption, 0.5 ms.
+        timeout_base_s / timeout_per_ki_token_s / timeout_max_s: the ``timeout``
+            policy's limit, ``min(max, base + per_ki_token * tokens / 1024)``.
     """
 
     bucket_bytes: int = 256 * MB
     bucket_keys: int = 500
     prefetch_threshold_tokens: int = 256
-    refill_host_on_ssd_hit: bool = True
     direct: bool = False
     direct_reads_per_layer: bool = True
+    prefetch_policy: str = "best_effort"
+    batch_pages: int = 128
+    prefetch_capacity_fraction: float = 0.5
+    read_queue_depth: int = 1
+    batch_overhead_s: float = 0.0005
+    timeout_base_s: float = 2.0
+    timeout_per_ki_token_s: float = 0.1
+    timeout_max_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("bucket_bytes", "bucket_keys"):
+        for name in ("bucket_bytes", "bucket_keys", "batch_pages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"invalid tiered.{name}={getattr(self, name)!r}: must be > 0")
-        if self.prefetch_threshold_tokens < 0:
-            raise ValueError(f"invalid tiered.prefetch_threshold_tokens="
-                             f"{self.prefetch_threshold_tokens!r}: must be >= 0")
+        for name in ("prefetch_threshold_tokens", "read_queue_depth", "batch_overhead_s",
+                     "timeout_base_s", "timeout_per_ki_token_s", "timeout_max_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"invalid tiered.{name}={getattr(self, name)!r}: "
+                                 f"must be >= 0")
+        if not 0 < self.prefetch_capacity_fraction <= 1:
+            raise ValueError(f"invalid tiered.prefetch_capacity_fraction="
+                             f"{self.prefetch_capacity_fraction!r}: must be in (0, 1]")
+        if self.prefetch_policy not in ("best_effort", "wait_complete", "timeout"):
+            raise ValueError(f"invalid tiered.prefetch_policy={self.prefetch_policy!r}: "
+                             f"choose best_effort, wait_complete or timeout")
 
 
 class HostTier:
@@ -100,23 +133,25 @@ class HostTier:
 
 
 class _TState:
-    __slots__ = ("host_pinned", "ssd_parts", "staged_bytes")
+    __slots__ = ("host_pinned", "op", "ready", "ssd_parts")
 
     def __init__(self) -> None:
         self.host_pinned: Runs | None = None
         self.ssd_parts: Runs = EMPTY_RUNS
-        self.staged_bytes = 0
+        self.op: Any = None  # the request's L3 prefetch (staged systems)
+        self.ready = False
 
 
 class TieredSystem(System):
-    """``tiered`` (staged, Mooncake-style) or ``tiered-direct`` (``cfg.direct``)."""
+    """The tiered store (host tier, eviction-order buckets) with ``tiered-direct``'s
+    read path; ``HiCacheSystem`` (``hicache.py``) replaces the read path with SGLang's
+    L3 prefetch."""
 
     def __init__(self, cfg: TieredConfig, name: str | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.name = name or ("tiered-direct" if cfg.direct else "tiered")
+        self.name = name or "tiered-direct"
         self.queues: list[ArrivalQueue] = []
-        self.staging: list[StagingPool] = []
         self.host: HostTier | None = None
         self.bucket_of = np.zeros(0, dtype=np.int32)
         self.buckets: deque[tuple[int, IdArray, int]] = deque()  # sealed, oldest first
@@ -135,7 +170,6 @@ class TieredSystem(System):
         super().attach(node)
         n = node.wl.num_ids
         self.queues = [ArrivalQueue() for _ in node.workers]
-        self.staging = [StagingPool(node.spec.staging_bytes_per_worker) for _ in node.workers]
         self.host = HostTier(n, node.spec.host_memory_bytes // node.block_bytes)
         self.bucket_of = np.full(n, -1, dtype=np.int32)
         gpw = node.spec.gpus_per_worker
@@ -248,7 +282,7 @@ class TieredSystem(System):
             return hm, slice_runs(runs, g, g + hm), EMPTY_RUNS
         return total, host_parts, ssd_parts
 
-    # ---- arrival / restore ----------------------------------------------------------
+    # ---- arrival / restore (GDS straight into the GPU) ---------------------------
     def on_arrival(self, req: Request) -> None:
         node = self.node
         assert node is not None and self.host is not None
@@ -256,19 +290,11 @@ class TieredSystem(System):
         runs = req.runs
         g = w.gpu.prefix_hits(runs)
         _total, host_parts, ssd_parts = self._plan(runs, g)
-        n_ssd = runs_len(ssd_parts)
-        if n_ssd == 0:
+        if runs_len(ssd_parts) == 0:
             self._ready(req)  # host-memory hits are loaded when the prefill starts
             return
         st = _TState()
         req.sys = st
-        if not self.cfg.direct:
-            nbytes = n_ssd * self.obj_bytes
-            if not self.staging[req.worker].try_reserve(nbytes):
-                node.rec.prefetch_cancellations += 1
-                self._ready(req)
-                return
-            st.staged_bytes = nbytes
         if host_parts:
             st.host_pinned = host_parts
             self.host.lru.pin(host_parts)
@@ -280,13 +306,9 @@ class TieredSystem(System):
         assert node is not None and self.host is not None
         st: _TState = req.sys
         w = node.workers[req.worker]
-        runs = req.runs
         g = req.gpu_prefix
-        total, _host_parts, ssd_parts = self._plan(runs, g)
+        total, _host_parts, ssd_parts = self._plan(req.runs, g)
         s = runs_len(ssd_parts)
-        if not self.cfg.direct and s * self.obj_bytes > st.staged_bytes:
-            # The GPU lost part of the prefix while waiting: more to read than reserved.
-            total, ssd_parts, s = self.host.prefix(runs, g), EMPTY_RUNS, 0
         hm = total - s
         st.ssd_parts = ssd_parts
         now = node.now
@@ -299,35 +321,18 @@ class TieredSystem(System):
         if s == 0:
             node.loop.at(host_end, self._restore_done, (req, 0, 0))
             return
-        if self.cfg.direct:
-            L = node.geometry.num_layers
-            gpw = self.gpw
-            if self.cfg.direct_reads_per_layer:
-                cmds = s * L * gpw
-                nbytes = cmds * spec.ssd.aligned(-(-node.geometry.block_bytes_per_layer // gpw))
-            else:
-                cmds = s * gpw
-                nbytes = s * self.obj_bytes
-            t = spec.ssd.read_time_s(cmds, nbytes)
-            end = w.ssd.submit(now, t, nbytes, cmds)
-            node.rec.ssd_read(cmds, nbytes, t)
-            node.loop.at(max(end, host_end), self._restore_done, (req, s, s * bb))
-            return
-        nbytes = s * self.obj_bytes
-        cmds = s * self.gpw
+        L = node.geometry.num_layers
+        gpw = self.gpw
+        if self.cfg.direct_reads_per_layer:
+            cmds = s * L * gpw
+            nbytes = cmds * spec.ssd.aligned(-(-node.geometry.block_bytes_per_layer // gpw))
+        else:
+            cmds = s * gpw
+            nbytes = s * self.obj_bytes
         t = spec.ssd.read_time_s(cmds, nbytes)
         end = w.ssd.submit(now, t, nbytes, cmds)
         node.rec.ssd_read(cmds, nbytes, t)
-        node.loop.at(end, self._staged_copy, (req, s, host_end))
-
-    def _staged_copy(self, arg: tuple[Request, int, float]) -> None:
-        req, s, host_end = arg
-        node = self.node
-        assert node is not None
-        w = node.workers[req.worker]
-        nbytes = s * node.block_bytes
-        end = w.link.submit(node.now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
-        node.loop.at(max(end, host_end), self._restore_done, (req, s, nbytes))
+        node.loop.at(max(end, host_end), self._restore_done, (req, s, s * bb))
 
     def _restore_done(self, arg: tuple[Request, int, int]) -> None:
         req, s, useful = arg
@@ -338,14 +343,9 @@ class TieredSystem(System):
         if s:
             node.rec.prefetch_s.append(node.now - req.arrival_s)
             node.rec.ssd_useful_bytes += useful
-        if st.staged_bytes:
-            self.staging[req.worker].release(st.staged_bytes)
-            st.staged_bytes = 0
         if st.host_pinned is not None:
             self.host.lru.unpin(st.host_pinned)
             st.host_pinned = None
-        if s and self.cfg.refill_host_on_ssd_hit and not self.cfg.direct:
-            self._host_put(st.ssd_parts)
         st.ssd_parts = EMPTY_RUNS
         self._ready(req)
 
@@ -392,6 +392,5 @@ class TieredSystem(System):
             "buckets_recycled": self.num_buckets_recycled,
             "blocks_lost_to_recycling": self.blocks_lost_to_recycling,
             "blocks_demoted": self.blocks_demoted,
-            "staging_refusals": sum(p.num_refused for p in self.staging),
             "ssd_used_bytes": self.ssd_used_bytes,
         }
