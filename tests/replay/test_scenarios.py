@@ -93,7 +93,7 @@ def test_tiered_reads_a_batch_one_pread_at_a_time_unless_io_uring(system: str,
     preset = tiny_preset(gpu_blocks=14, host_blocks=10, command_latency_s=1e-3)
     preset = dataclasses.replace(preset, node=dataclasses.replace(
         preset.node, ssd=dataclasses.replace(preset.node.ssd, queue_depth=8)))
-    m, node = replay_node(wl, system, _own_rate(TWO_RESTORES), preset)
+    _, node = replay_node(wl, system, _own_rate(TWO_RESTORES), preset)
     batch_s = 0.0005 + 10 * 1e-3 / qd + 10 * BLOCK_BYTES / 1e9
     assert node.rec.ssd_read_busy_s == pytest.approx(2 * batch_s)
 

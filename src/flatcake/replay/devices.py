@@ -1,5 +1,5 @@
 """Device models of the replay simulator: GPU compute and KV pool, host->GPU link, SSD,
-staging buffers. Only these are models; the control plane driven by the simulator is the
+Mooncake's staging buffer. Only these are models; the control plane driven by the simulator is the
 real one.
 
 Every constant lives in a frozen spec below, documented where it is defined; presets
@@ -151,8 +151,9 @@ class NodeSpec:
         host_memory_bytes: host-memory KV budget of the whole node (every system gets
             the same).
         ssd: the node's SSDs.
-        staging_bytes_per_worker: host staging buffer of systems that stage SSD reads
-            through host memory (``tiered``); a restore must reserve its whole size.
+        staging_bytes_per_worker: Mooncake's client staging buffer per worker
+            (``local_buffer_size``); ``tiered`` allocates it per read batch
+            (``AllocateBatch``), so it caps a batch's size, never a whole restore.
         routing: how requests pick a worker: ``round_robin`` (SGLang's data-parallel
             default, ``--load-balance-method round_robin``), ``session`` (a session
             sticks to the worker of its first request) or ``prefix`` (the worker whose
@@ -208,33 +209,3 @@ class FifoServer:
         self.num_commands += num_commands
         self.num_jobs += 1
         return self.busy_until_s
-
-
-class StagingPool:
-    """A fixed-size host staging buffer (one per worker) that restores reserve whole.
-
-    ``try_reserve`` never waits: a restore that finds no room is refused, which is how a
-    tiered store's prefetch gets cancelled and its tokens recomputed.
-    """
-
-    __slots__ = ("capacity_bytes", "num_refused", "used_bytes")
-
-    def __init__(self, capacity_bytes: int) -> None:
-        if capacity_bytes < 0:
-            raise ValueError(f"StagingPool.capacity_bytes must be >= 0, got {capacity_bytes}")
-        self.capacity_bytes = capacity_bytes
-        self.used_bytes = 0
-        self.num_refused = 0
-
-    def try_reserve(self, num_bytes: int) -> bool:
-        if self.used_bytes + num_bytes > self.capacity_bytes:
-            self.num_refused += 1
-            return False
-        self.used_bytes += num_bytes
-        return True
-
-    def release(self, num_bytes: int) -> None:
-        if num_bytes > self.used_bytes:
-            raise ValueError(
-                f"StagingPool.release: {num_bytes} bytes exceeds the {self.used_bytes} in use")
-        self.used_bytes -= num_bytes

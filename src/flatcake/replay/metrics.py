@@ -29,7 +29,9 @@ Definitions (all over the whole run):
 * ``read_commands``: SSD read commands issued.
 * ``prefetch_time_*``: for requests whose SSD restore completed, arrival to restore
   end (waiting for a restore slot or the device included).
-* ``prefetch_cancellations``: SSD prefetches given up (no staging space) so their
+* ``prefetch_cancellations``: SSD prefetches that did not deliver every block they could
+  (``tiered``: refused by the prefetch budget, truncated to the host pool, or terminated
+  when the request was scheduled; causes in ``extra``), so the rest of
   tokens were recomputed.
 * ``recomputed_tokens``: tokens prefilled although an infinite cache would have held
   them (the cost of every miss below ``max_hit_rate``).

@@ -46,8 +46,11 @@ class HiCacheSystem(TieredSystem):
             node.block_bytes)
         self.limit_blocks = int(self.cfg.prefetch_capacity_fraction * self.pool_blocks)
         self.reserved = [0] * len(node.workers)
-        self.threads = [PrefetchThread(node.loop, self.cfg.batch_pages, self._read_batch,
-                                       self._batch_end, self._finished)
+        # Mooncake stages each batch in its client buffer: a batch never exceeds it.
+        batch = max(1, min(self.cfg.batch_pages,
+                           node.spec.staging_bytes_per_worker // self.obj_bytes))
+        self.threads = [PrefetchThread(node.loop, batch, self._read_batch, self._batch_end,
+                                       self._finished)
                         for _ in node.workers]
 
     # ---- issue ------------------------------------------------------------------------
