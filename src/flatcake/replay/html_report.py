@@ -21,8 +21,9 @@ body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1300px
        padding: 0 1em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
 .plots { display: flex; flex-wrap: wrap; gap: 12px; }
-.plots img { max-width: 100%; border: 1px solid #ddd; }
-.plots figure { margin: 0; } .plots .wide { flex-basis: 100%; }
+.plots figure { margin: 0; flex: 1 1 45%; min-width: 420px; }
+.plots .wide { flex-basis: 100%; }
+.plots img { width: 100%; border: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.4em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
