@@ -21,7 +21,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1300px
        padding: 0 1em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
 .plots { display: flex; flex-wrap: wrap; gap: 12px; }
-.plots figure { margin: 0; flex: 1 1 45%; min-width: 420px; }
+.plots figure { margin: 0; flex: 0 1 49%; min-width: 420px; }
 .plots .wide { flex-basis: 100%; }
 .plots img { width: 100%; border: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.4em 0; }
@@ -81,10 +81,11 @@ def render(result: SweepResult, plot_names: list[str]) -> str:
     meta = result.meta
     md = markdown(result)
     head, _, tables = md.partition("\n## ")
+    # Single-panel figures two to a row, the two-panel TTFT figure across the page.
     figures = "\n".join(
         f'<figure class="{"wide" if name == "ttft.png" else ""}">'
         f'<img src="{html.escape(name)}" alt="{html.escape(name)}"></figure>'
-        for name in plot_names)
+        for name in sorted(plot_names, key=lambda n: n == "ttft.png"))
     assumptions = "".join(f"<li>{_inline(a)}</li>" for a in meta.get("assumptions", []))
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
