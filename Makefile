@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # The main job on its built-in default: the replay sweep of the built-in agent workload
-# (every system at 0.1..1.0 req/s on the paper preset; tables and plots in replay-sweep/).
+# (128 sessions, every system at 0.1..1.5 req/s on the paper preset: tables and plots in
+# replay-sweep/, and a verdict table on the terminal).
 demo: $(STAMP)
 	$(BIN)/flatcake sweep --out replay-sweep
 
