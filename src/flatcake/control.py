@@ -86,7 +86,7 @@ class StorePlan:
             segment.num_blocks)``.
         file_base_offset: SSD only: the file's base in the node's SSD virtual space.
         span_bytes: SSD only: the file's span (the file never grows past it).
-        new_file: SSD only: the file is new; create (and preallocate) it first.
+        new_file: SSD only: the file is new; create it first.
     """
 
     session_id: str

@@ -1,4 +1,4 @@
-"""O_DIRECT plumbing: aligned buffers, probing, io_mode resolution, modes, preallocation."""
+"""O_DIRECT plumbing: aligned buffers, probing, io_mode resolution, modes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from flatcake.cio.direct import (
     ensure_dir,
     filesystem_type,
     open_file,
-    preallocate,
     probe_direct_io,
     pwrite_all,
     resolve_io_mode,
@@ -105,15 +104,3 @@ def test_files_0600_and_dirs_0700(tmp_path: Path) -> None:
         open_file(tmp_path / "a" / "b" / "f", "buffered", create=True)
 
 
-def test_preallocate_grows_in_steps_up_to_the_limit(tmp_path: Path) -> None:
-    fd = open_file(tmp_path / "f", "buffered", create=True)
-    try:
-        step = 64 * 1024
-        assert preallocate(fd, 0, 5000, step, 1 << 20) == step
-        assert os.fstat(fd).st_size == step
-        assert preallocate(fd, step, step, step, 1 << 20) == step  # already covered
-        assert preallocate(fd, step, step + 1, step, 100_000 + 4096) == 100_000 + 4096
-        with pytest.raises(ValueError, match="limit"):
-            preallocate(fd, step, 2 << 20, step, 1 << 20)
-    finally:
-        os.close(fd)

@@ -53,14 +53,14 @@ def _segment(seq: int, first_block: int, num_blocks: int, rng: random.Random,
     return header, raw + bytes(layout.total_bytes - len(raw))
 
 
-def _write_file(path: Path, segments: list[bytes], tail_zero_bytes: int = 8192) -> list[int]:
+def _write_file(path: Path, segments: list[bytes], tail_zero_bytes: int = 0) -> list[int]:
     offsets = []
     with open(path, "wb") as fh:
         fh.write(encode_file_header(_file_header()))
         for raw in segments:
             offsets.append(fh.tell())
             fh.write(raw)
-        fh.write(bytes(tail_zero_bytes))  # preallocated space
+        fh.write(bytes(tail_zero_bytes))  # an interrupted write's zeros
     return offsets
 
 
@@ -144,8 +144,7 @@ def test_scan_stops_at_first_damaged_segment(tmp_path: Path, where: str) -> None
     rng = random.Random(3)
     segs = [_segment(i, 4 * i, 4, rng) for i in range(3)]
     path = tmp_path / session_file_name(7)
-    offsets = _write_file(path, [raw for _, raw in segs],
-                          tail_zero_bytes=0 if where == "truncate" else 8192)
+    offsets = _write_file(path, [raw for _, raw in segs])
     layout = segs[1][0].layout
     with open(path, "r+b") as fh:
         if where == "data":
@@ -156,7 +155,7 @@ def test_scan_stops_at_first_damaged_segment(tmp_path: Path, where: str) -> None
         elif where == "header":
             fh.seek(offsets[1] + 70)
             fh.write(b"\x13")
-        elif where == "zeroed_data":  # torn write over preallocated space
+        elif where == "zeroed_data":  # the header landed, the data did not
             fh.seek(offsets[1] + layout.data_offset)
             fh.write(bytes(layout.data_bytes))
     if where == "truncate":
@@ -170,6 +169,17 @@ def test_scan_stops_at_first_damaged_segment(tmp_path: Path, where: str) -> None
         assert [s.header.seq for s in ok_fast] == [0] and len(damaged_fast) == 1
     else:
         assert len(ok_fast) == 3 and damaged_fast == []
+
+
+def test_zeros_to_the_end_of_the_file_are_damage_not_the_end(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    segs = [_segment(i, 4 * i, 4, rng) for i in range(2)]
+    path = tmp_path / session_file_name(7)
+    offsets = _write_file(path, [raw for _, raw in segs], tail_zero_bytes=8192)
+    _, ok, damaged = scan_session_file(path)
+    assert len(ok) == 2 and len(damaged) == 1
+    assert damaged[0].file_offset == offsets[1] + segs[1][0].layout.total_bytes
+    assert "zeros to the end" in damaged[0].reason and damaged[0].lost_segments == 0
 
 
 def test_scan_rejects_damaged_file_header(tmp_path: Path) -> None:

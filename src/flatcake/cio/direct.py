@@ -1,5 +1,5 @@
 """O_DIRECT plumbing: aligned buffers, direct-I/O probing, file and directory creation,
-preallocation and whole-buffer positional writes.
+and whole-buffer positional writes.
 
 Direct I/O needs three things aligned to 4096 bytes: the buffer address, the file
 offset and the length. ``aligned_buffer`` gives buffers that satisfy the first (pinned
@@ -237,16 +237,3 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> int:
             raise OSError(errno.EIO, f"pwrite wrote {n} bytes at offset {offset + done}")
         done += n
     return calls
-
-
-def preallocate(fd: int, allocated_bytes: int, needed_bytes: int, step_bytes: int,
-                limit_bytes: int) -> int:
-    """Grow a file's allocation to cover ``needed_bytes``, in multiples of ``step_bytes``
-    but never past ``limit_bytes``; return the new allocated size."""
-    if needed_bytes <= allocated_bytes:
-        return allocated_bytes
-    if needed_bytes > limit_bytes:
-        raise ValueError(f"needed_bytes {needed_bytes} exceeds the file limit {limit_bytes}")
-    new_bytes = min(limit_bytes, align_up(needed_bytes, max(step_bytes, ALIGN)))
-    os.posix_fallocate(fd, allocated_bytes, new_bytes - allocated_bytes)
-    return new_bytes

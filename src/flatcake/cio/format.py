@@ -28,21 +28,20 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            +---------------------------------------------+  4 KiB aligned
            | segment 1 (turn 1)                           |
            +---------------------------------------------+
-           | ... preallocated zeros (end of segments)     |
-           +---------------------------------------------+
+           end of file = end of the last segment (nothing is preallocated)
 
 All integers are little-endian. Each header crc32 covers the whole header with its own
 crc field zeroed; ``layer_crc[l]`` covers layer ``l``'s data bytes (no padding). A
 segment is valid only if its header crc, its size (fits in the file) and every layer
 crc check out.
 
-Where the walk meets something that is not a valid segment, the rest of the file tells
-a clean end from damage: zeros up to the end of the file are the clean end (space a
-write had reserved and never filled, e.g. after a crash); anything else is damage, and
-the scan looks on, 4 KiB page by page, for later segments (valid header crc, this
-file's id, a larger seq) to *count* them as lost with it. They are not served: the file
-is cut at the damage (a later segment's blocks hang off the damaged turn's prefix), but
-no intact turn disappears without being reported.
+The file's size is its clean end (writers never preallocate). Anything else where a
+segment should start is damage: a zeroed or corrupt header, a torn or corrupt segment,
+zeros to the end of the file (a write interrupted by a crash, or lost data). The scan
+then looks on, 4 KiB page by page, for later segments (valid header crc, this file's
+id, a larger seq) to *count* them as lost with it. They are not served: the file is cut
+at the damage (a later segment's blocks hang off the damaged turn's prefix), but no
+intact turn disappears without being reported.
 """
 
 from __future__ import annotations
@@ -430,9 +429,9 @@ def scan_session_file(
                 offset += seg.layout.total_bytes
                 continue
             last_seq = segments[-1].header.seq if segments else -1
-            lost, clean = _look_past(fd, offset, header, end, last_seq)
-            if clean:
-                break  # zeros to the end of the file: the clean end
+            lost, zeros = _look_past(fd, offset, header, end, last_seq)
+            if zeros:
+                reason = "zeros to the end of the file (an interrupted write, or lost data)"
             if lost:
                 reason += f"; followed by {lost} valid segments, cut off with it"
             damaged.append(DamagedSegment(offset, reason, seq, lost))

@@ -17,9 +17,13 @@ A damaged *segment* does not send its file to quarantine: the file is cut before
 
 Crash consistency: a file appears under its name only once its header is durable
 (temp name, fdatasync, rename, fsync of the directory), so a crash while creating one
-leaves at most a temp file. Files are allocated exactly as far as their segments reach
-(``ensure_allocated`` in 4 KiB steps, ``shrink`` after a failed write, ``adopt`` trims
-an unfilled tail), so the bytes on disk are the bytes the SSD budget counts.
+leaves at most a temp file. Nothing is preallocated: a file is exactly as long as its
+segments (writes extend it; ``shrink`` after a failed write and ``adopt`` on restart
+trim what a failed or interrupted write left), so the bytes on disk are the bytes the
+SSD budget counts, and the file's size is where its clean end is: zeros or garbage
+before it are damage, never "preallocated space" (a 64 MiB preallocation step used to
+let 10 tiny sessions take 80x an 8 MiB budget and made a zeroed header page look like
+the end of the file).
 
 File names are the 16 hex digits of a file id; session ids live only inside files.
 """
@@ -39,7 +43,6 @@ from flatcake.cio.direct import (
     ensure_private_dir,
     fsync_dir,
     open_file,
-    preallocate,
     pwrite_all,
     writable_view,
 )
@@ -61,10 +64,6 @@ SESSIONS_DIR = "sessions"
 QUARANTINE_DIR = "quarantine"
 LOCK_FILE = "LOCK"
 TEMP_SUFFIX = ".tmp"
-# Files grow exactly as far as their segments reach: a larger step would preallocate
-# disk the SSD budget does not count (64 MiB per file made 10 tiny sessions take 80x
-# an 8 MiB budget).
-DEFAULT_GROWTH_BYTES = ALIGN
 
 
 def session_files_in(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
@@ -87,7 +86,7 @@ class _LiveFile:
     Attributes:
         path, fd: the file and its descriptor (O_DIRECT in direct mode).
         header: its file header.
-        allocated_bytes: bytes preallocated (the file's size).
+        allocated_bytes: how far writes were allowed to extend the file.
         next_seq: sequence number of the next segment appended.
     """
 
@@ -103,11 +102,9 @@ class SessionFiles:
     its lock (descriptors are then used for I/O outside the lock; a file is only closed
     when its session is unpinned, so no I/O can be in flight on it)."""
 
-    def __init__(self, root: str | os.PathLike[str], io_mode: str,
-                 growth_bytes: int = DEFAULT_GROWTH_BYTES) -> None:
+    def __init__(self, root: str | os.PathLike[str], io_mode: str) -> None:
         self.root = Path(root)
         self.io_mode = io_mode
-        self.growth_bytes = growth_bytes
         self.sessions_dir = self.root / SESSIONS_DIR
         self.quarantine_dir = self.root / QUARANTINE_DIR
         ensure_private_dir(self.root)
@@ -155,7 +152,6 @@ class SessionFiles:
         tmp.unlink(missing_ok=True)
         fd = open_file(tmp, self.io_mode, create=True)
         try:
-            allocated = preallocate(fd, 0, FILE_HEADER_BYTES, ALIGN, header.span_bytes)
             write_file_header(fd, header)
             os.rename(tmp, path)
         except BaseException:
@@ -168,7 +164,7 @@ class SessionFiles:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        self._files[header.file_id] = _LiveFile(str(path), fd, header, allocated, 0)
+        self._files[header.file_id] = _LiveFile(str(path), fd, header, FILE_HEADER_BYTES, 0)
 
     def adopt(self, path: Path, header: FileHeader, valid_end_bytes: int, next_seq: int,
               cut: bool = False) -> None:
@@ -196,11 +192,13 @@ class SessionFiles:
         return f.next_seq - 1
 
     def ensure_allocated(self, file_id: int, end_bytes: int) -> None:
-        """Grow the file (in ``growth_bytes`` steps, never past its span) to cover
-        ``[0, end_bytes)``."""
+        """Let the next write extend the file to ``end_bytes`` (never past its span).
+        Nothing is preallocated (see the module docstring)."""
         f = self._files[file_id]
-        f.allocated_bytes = preallocate(f.fd, f.allocated_bytes, end_bytes, self.growth_bytes,
-                                        f.header.span_bytes)
+        if end_bytes > f.header.span_bytes:
+            raise ValueError(f"session file {f.path}: {end_bytes} bytes exceed its span "
+                             f"{f.header.span_bytes}")
+        f.allocated_bytes = max(f.allocated_bytes, end_bytes)
 
     def shrink(self, file_id: int, end_bytes: int) -> None:
         """After a failed write: give back the allocation past ``end_bytes`` (the books'
