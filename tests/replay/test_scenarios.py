@@ -207,3 +207,15 @@ def test_same_seed_same_numbers(system: str) -> None:
     assert a["ttft_mean_s"] != c["ttft_mean_s"]  # another seed, other arrival times
     assert a["hit_rate_gpu"] <= a["max_hit_rate"] + 1e-12
     assert not math.isnan(a["hit_rate_gpu"])
+
+
+@pytest.mark.parametrize("system", ["flatcake", "tiered-wait", "tiered-direct"])
+def test_every_system_pays_the_fixed_restore_cost(system: str) -> None:
+    wl = from_requests(TWO_RESTORES[:4], BT)
+    preset = tiny_preset(gpu_blocks=14, host_blocks=10)
+    slow = dataclasses.replace(preset, node=dataclasses.replace(preset.node,
+                                                                restore_overhead_s=0.05))
+    _, fast_node = replay_node(wl, system, 1.0, preset)
+    _, slow_node = replay_node(wl, system, 1.0, slow)
+    assert len(fast_node.rec.prefetch_s) == len(slow_node.rec.prefetch_s) == 1
+    assert slow_node.rec.prefetch_s[0] - fast_node.rec.prefetch_s[0] == pytest.approx(0.05)

@@ -162,6 +162,9 @@ class NodeSpec:
             its share of every block (its KV heads) and reads it from its own drive, so
             a read command moves one GPU's share; the worker's SSD channel is the
             aggregate of its GPUs' drives (``ssd`` figures are per worker).
+        restore_overhead_s: fixed latency of one restore or prefetch on top of its
+            device time (index lookup, submission, completion handling), the same for
+            every system.
     """
 
     num_workers: int
@@ -172,6 +175,7 @@ class NodeSpec:
     staging_bytes_per_worker: int
     routing: str = "round_robin"
     gpus_per_worker: int = 1
+    restore_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("node.num_workers", self.num_workers)
@@ -182,6 +186,7 @@ class NodeSpec:
         _positive("node.host_to_gpu_bytes_per_s", self.host_to_gpu_bytes_per_s)
         _non_negative("node.host_memory_bytes", self.host_memory_bytes)
         _non_negative("node.staging_bytes_per_worker", self.staging_bytes_per_worker)
+        _non_negative("node.restore_overhead_s", self.restore_overhead_s)
 
 
 class FifoServer:

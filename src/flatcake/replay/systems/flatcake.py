@@ -208,7 +208,8 @@ class FlatCakeSystem(System):
             end = max(end, w.link.submit(now, plan.memory_bytes / spec.host_to_gpu_bytes_per_s,
                                          plan.memory_bytes))
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
-        node.loop.at(end, self._restore_done, (req, plan.useful_bytes))
+        # Fixed cost of a restore (lookup, submission, completion), same for every system.
+        node.loop.at(end + spec.restore_overhead_s, self._restore_done, (req, plan.useful_bytes))
 
     def _restore_done(self, arg: tuple[Request, int]) -> None:
         req, useful = arg

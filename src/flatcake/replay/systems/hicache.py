@@ -115,7 +115,10 @@ class HiCacheSystem(TieredSystem):
              + cmds * spec.ssd.command_latency_s / qd)
         w = node.workers[op.req.worker]
         node.rec.ssd_read(cmds, nbytes, t)
-        return w.ssd.submit(node.now, t, nbytes, cmds)
+        end = w.ssd.submit(node.now, t, nbytes, cmds)
+        # A prefetch starts with its storage hit query (``batch_exists``): the fixed
+        # per-restore cost every system pays.
+        return end + (spec.restore_overhead_s if op.done_blocks == 0 else 0.0)
 
     def _batch_end(self, op: PrefetchOp, parts: Runs, used: bool) -> None:
         assert self.host is not None

@@ -332,7 +332,8 @@ class TieredSystem(System):
         t = spec.ssd.read_time_s(cmds, nbytes)
         end = w.ssd.submit(now, t, nbytes, cmds)
         node.rec.ssd_read(cmds, nbytes, t)
-        node.loop.at(max(end, host_end), self._restore_done, (req, s, s * bb))
+        node.loop.at(max(end, host_end) + spec.restore_overhead_s, self._restore_done,
+                     (req, s, s * bb))
 
     def _restore_done(self, arg: tuple[Request, int, int]) -> None:
         req, s, useful = arg
