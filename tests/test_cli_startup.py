@@ -64,6 +64,14 @@ def test_torch_free_commands_stay_torch_free() -> None:
     assert "torch" not in got["loaded"]
 
 
+def test_inspect_and_fsck_read_a_store_without_torch(tmp_path: Path) -> None:
+    (tmp_path / "sessions").mkdir()  # an empty store root
+    for command in ("inspect", "fsck"):
+        got = _probe(command, str(tmp_path))
+        assert got["rc"] == 0 and "0 " in str(got["out"])
+        assert got["loaded"] == [], command
+
+
 def test_full_parser_has_every_command() -> None:
     parser = build_parser()
     for name in COMMANDS:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flatcake import progress as progress_bars
 from flatcake.replay.metrics import METRIC_COLUMNS
 from flatcake.replay.presets import get_preset
 from flatcake.replay.run import run_replay
@@ -121,20 +122,9 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
     return result
 
 
-def _progress(total: int, enabled: bool) -> Any:
-    if enabled:
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc="replay runs", unit="run")
-
-    class _Null:
-        def update(self, n: int) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
-    return _Null()
+def _progress(total: int, enabled: bool) -> progress_bars.Bar:
+    with progress_bars.shown(enabled):
+        return progress_bars.task("replay runs", total, "run")
 
 
 # ------------------------------------------------------------------------- tables

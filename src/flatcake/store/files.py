@@ -51,32 +51,17 @@ from flatcake.cio.format import (
     FileHeader,
     FormatError,
     decode_file_header,
-    parse_session_file_name,
     session_file_name,
 )
 from flatcake.cio.layout import ALIGN
 from flatcake.cio.staging import OpenFile
 from flatcake.cio.writer import write_file_header
+from flatcake.store.names import LOCK_FILE, QUARANTINE_DIR, SESSIONS_DIR
+from flatcake.store.names import session_files_in as session_files_in  # its old home
 
 logger = logging.getLogger(__name__)
 
-SESSIONS_DIR = "sessions"
-QUARANTINE_DIR = "quarantine"
-LOCK_FILE = "LOCK"
 TEMP_SUFFIX = ".tmp"
-
-
-def session_files_in(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """``(file_id, path)`` of every session file in ``directory``, by file id."""
-    d = Path(directory)
-    if not d.is_dir():
-        return []
-    out = []
-    for entry in d.iterdir():
-        file_id = parse_session_file_name(entry.name)
-        if file_id is not None and entry.is_file():
-            out.append((file_id, entry))
-    return sorted(out)
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 from flatcake import progress
 from flatcake.cio.format import DamagedSegment, FormatError, scan_session_file
 from flatcake.config import FlatCakeConfig
-from flatcake.store.files import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
+from flatcake.store.names import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
 from flatcake.store.record import read_record
 
 

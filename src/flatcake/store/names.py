@@ -1,0 +1,29 @@
+"""Names under a store root, and the listing of its session files.
+
+Kept apart from ``store.files`` (which opens, grows and writes files, and needs torch for
+aligned buffers) so read-only tools (``flatcake inspect`` / ``fsck``) start without it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flatcake.cio.format import parse_session_file_name
+
+SESSIONS_DIR = "sessions"
+QUARANTINE_DIR = "quarantine"
+LOCK_FILE = "LOCK"
+
+
+def session_files_in(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """``(file_id, path)`` of every session file in ``directory``, by file id."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    out = []
+    for entry in d.iterdir():
+        file_id = parse_session_file_name(entry.name)
+        if file_id is not None and entry.is_file():
+            out.append((file_id, entry))
+    return sorted(out)
