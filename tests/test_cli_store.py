@@ -125,3 +125,14 @@ def test_inspect_without_a_record_says_it_uses_defaults(
     (root / RECORD_NAME).write_text("{not json")
     assert main(["inspect", str(root)]) == 2
     assert "unreadable store config record" in capsys.readouterr().err
+
+
+def test_a_record_that_cannot_be_written_does_not_stop_the_store(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from flatcake.store.record import RECORD_NAME
+
+    (tmp_path / RECORD_NAME).mkdir()  # os.replace onto a directory fails
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        assert store.lookup(session_keys(0, 2)).num_blocks == 0
+    assert "cannot record the store config" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LOCK", RECORD_NAME, "sessions"]

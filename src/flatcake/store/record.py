@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any, NamedTuple
 
 from flatcake.config import FlatCakeConfig
 from flatcake.geometry import KVGeometry
+
+logger = logging.getLogger(__name__)
 
 RECORD_NAME = "config.json"
 RECORD_VERSION = 1
@@ -38,18 +41,29 @@ class StoreRecord(NamedTuple):
 
 
 def write_record(root: str | os.PathLike[str], geometry: KVGeometry, config: FlatCakeConfig,
-                 io_mode: str) -> Path:
-    """Record the configuration of the store opening at ``root``."""
+                 io_mode: str) -> Path | None:
+    """Record the configuration of the store opening at ``root``. A record that cannot
+    be written is logged and skipped: it is for tools, the store does not need it."""
+    try:
+        return _write(Path(root) / RECORD_NAME, geometry, config, io_mode)
+    except (OSError, TypeError, ValueError) as exc:
+        logger.warning("cannot record the store config in %s: %s", root, exc)
+        return None
+
+
+def _write(path: Path, geometry: KVGeometry, config: FlatCakeConfig, io_mode: str) -> Path:
     data = {"flatcake_store_config": RECORD_VERSION,
             "opened_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
             "io_mode": io_mode, "geometry": dataclasses.asdict(geometry),
             "config": dataclasses.asdict(config)}
-    path = Path(root) / RECORD_NAME
     tmp = path.with_name(f".{RECORD_NAME}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -77,6 +91,10 @@ def _config(data: dict[str, Any]) -> FlatCakeConfig:
     for f in dataclasses.fields(FlatCakeConfig):
         value = data[f.name]
         default = getattr(defaults, f.name)
-        parts[f.name] = (dataclasses.replace(default, **value)  # type: ignore[type-var]
-                         if dataclasses.is_dataclass(default) else value)
+        if dataclasses.is_dataclass(default):
+            # JSON has lists where the config has tuples.
+            value = {k: tuple(v) if isinstance(getattr(default, k, None), tuple) else v
+                     for k, v in value.items()}
+            value = dataclasses.replace(default, **value)  # type: ignore[type-var]
+        parts[f.name] = value
     return FlatCakeConfig(**parts)
