@@ -113,7 +113,10 @@ def disk_bytes(root: Path) -> tuple[int, int]:
     total = files = 0
     for dirpath, _, names in os.walk(root):
         for name in names:
-            st = os.stat(os.path.join(dirpath, name))
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue  # deleted meanwhile (a store serving while we look)
             total += st.st_blocks * 512
             files += name.endswith(".fcs")
     return total, files
