@@ -327,3 +327,35 @@ def test_truncated_gzip_trace_is_a_one_line_error(tmp_path: Path,
     assert main(["analyze", str(path)]) == 2
     err = capsys.readouterr().err
     assert "truncated or corrupt" in err and "Traceback" not in err
+
+
+# fsck --repair -------------------------------------------------------------------------
+def test_fsck_repair_leaves_a_clean_store(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    src = random_kv(SMALL, 12)
+    keys = session_keys(1, 12)
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        for end in (4, 8, 12):
+            store.store_turn("s", keys[:end], src, range(end), TO_SSD)
+        store.store_turn("t", session_keys(2, 4), src, range(4), TO_SSD)
+    path, other = _files(tmp_path)
+    _, segs, _ = scan_session_file(path)
+    with open(path, "r+b") as fh:  # zero turn 1's header page: turn 2 is cut off too
+        fh.seek(segs[1].file_offset)
+        fh.write(bytes(4096))
+    with open(other, "r+b") as fh:  # a damaged file header
+        fh.write(b"XXXX")
+    (tmp_path / SESSIONS_DIR / ".00000000000000ff.fcs.tmp").write_bytes(b"half")
+    assert main(["fsck", str(tmp_path)]) == 1
+    capsys.readouterr()
+    assert main(["fsck", "--repair", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 cut after their last valid segment (1 damaged segments, 1 valid" in out
+    assert "1 quarantined" in out
+    assert not list((tmp_path / SESSIONS_DIR).glob(".*"))
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        assert store.recovery.damaged_segments == 0 and store.recovery.damaged_files == 0
+        _assert_prefix(store, keys, src, 4)
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        assert main(["fsck", "--repair", str(tmp_path)]) == 2  # a store serves it
+    assert "already open" in capsys.readouterr().err

@@ -52,11 +52,7 @@ from flatcake.cio.direct import (
     writable_view,
 )
 from flatcake.cio.format import (
-    DamagedSegment,
     FileHeader,
-    FormatError,
-    ScannedSegment,
-    scan_session_file,
 )
 from flatcake.cio.layout import ALIGN
 from flatcake.cio.paged import PagedKV
@@ -79,14 +75,14 @@ from flatcake.gva.address import Medium
 from flatcake.gva.index import HitRun, PrefixHit
 from flatcake.gva.keys import check_key
 from flatcake.store.arena import ArenaBuffer
-from flatcake.store.files import SessionFiles, session_files_in
+from flatcake.store.files import SessionFiles
 from flatcake.store.inspect import FsckReport, fsck_root
 from flatcake.store.record import write_record
+from flatcake.store.recovery import recover_root
 from flatcake.store.results import (
     LoadResult,
     LookupResult,
     ReclaimResult,
-    RecoveryReport,
     StoreResult,
     TurnSignals,
 )
@@ -210,7 +206,8 @@ class FlatCakeStore:
         self._request_ids = itertools.count()
         self._closed = False
         try:
-            self.recovery = self._recover(verify_on_open)
+            self.recovery = recover_root(self._files, self.control, verify_on_open,
+                                         self._crcs)
             write_record(root, geometry, config, self.io_mode)  # for offline `inspect`
         except BaseException:
             self._shutdown()
@@ -241,92 +238,6 @@ class FlatCakeStore:
                    clock if clock is not None else WallClock(), verify_on_open)
 
     # -- restart ---------------------------------------------------------------------
-
-    def _recover(self, verify_data: bool) -> RecoveryReport:
-        """Scan every session file and re-index its valid segments. Damage is cut off
-        and counted, never fatal: an unreadable header or a stray file (another file
-        id, geometry or span) goes to quarantine, a file with nothing valid left is
-        deleted. Only a root where *no* file matches the geometry is refused (the
-        store was opened with the wrong model)."""
-        g, span = self.geometry, self.config.store.session_file_bytes
-        found = session_files_in(self._files.sessions_dir)
-        for file_id, _ in [*found, *session_files_in(self._files.quarantine_dir)]:
-            self.control.ssd.reserve_file_id(file_id)  # never hand out an id on disk
-        scans = []
-        bad_ids: list[int] = []
-        for file_id, path in found:
-            try:
-                scans.append((file_id, path, *scan_session_file(path, verify_data)))
-            except FormatError as exc:
-                self._quarantine_on_open(path, f"unreadable ({exc})", bad_ids, file_id)
-
-        def fits(h: FileHeader) -> bool:
-            return (h.num_layers, h.block_bytes_per_layer, h.span_bytes) == (
-                g.num_layers, g.block_bytes_per_layer, span)
-
-        if scans and not any(fits(h) for _, _, h, _, _ in scans):
-            _, path, h, _, _ = scans[0]
-            if h.span_bytes != span:
-                raise ValueError(f"store.session_file_bytes={span} but session file {path} "
-                                 f"was written with span {h.span_bytes}")
-            raise ValueError(
-                f"session file {path} holds {h.num_layers} layers x "
-                f"{h.block_bytes_per_layer} B blocks, but geometry {g.name!r} has "
-                f"{g.num_layers} x {g.block_bytes_per_layer} B")
-        files = len(found)
-        segments = blocks = damaged = lost = 0
-        seen: set[str] = set()
-        wall_now, clock_now = time.time(), self.control.clock.now()
-        for file_id, path, header, ok, bad in scans:
-            if header.file_id != file_id or not fits(header):
-                self._quarantine_on_open(path, "a stray: its header names file id "
-                                         f"{header.file_id}, {header.num_layers} layers x "
-                                         f"{header.block_bytes_per_layer} B, span "
-                                         f"{header.span_bytes}", bad_ids, file_id)
-                continue
-            age_s = max(0.0, wall_now - path.stat().st_mtime)
-            kept: list[ScannedSegment] = []
-            for scanned in ok:
-                sh = scanned.header
-                try:
-                    seg = self.control.recover_segment(
-                        header.session_id, file_id, scanned.file_offset, sh.layout, sh.keys,
-                        sh.turn_index, virtual_base=header.virtual_base,
-                        last_access=clock_now - age_s)
-                except ValueError as exc:  # the books refuse it (e.g. a repeated key)
-                    logger.warning("session file %s: segment at %d refused (%s); cut there",
-                                   path, scanned.file_offset, exc)
-                    bad = [DamagedSegment(scanned.file_offset, str(exc), sh.seq,
-                                          len(ok) - len(kept) - 1)]
-                    break
-                self._crcs[seg.segment_id] = sh.layer_crcs
-                kept.append(scanned)
-                blocks += sh.num_blocks
-            segments += len(kept)
-            damaged += len(bad)
-            lost += sum(d.lost_segments for d in bad)
-            if bad:
-                bad_ids.append(file_id)
-            if not kept:
-                path.unlink(missing_ok=True)  # nothing servable: only a header was left
-                continue
-            seen.add(header.session_id)
-            self._files.adopt(path, header, kept[-1].end_offset, kept[-1].header.seq + 1,
-                              cut=bool(bad))
-        report = RecoveryReport(files, len(seen), segments, blocks, damaged,
-                                len(found) - len(scans) + sum(
-                                    1 for f, _, h, _, _ in scans
-                                    if h.file_id != f or not fits(h)),
-                                lost, tuple(sorted(bad_ids)))
-        if files:
-            logger.info("recovered %s", report)
-        return report
-
-    def _quarantine_on_open(self, path: Path, why: str, bad_ids: list[int],
-                            file_id: int) -> None:
-        dest = self._files.quarantine_path(path)
-        logger.warning("session file %s is %s; moved to %s", path, why, dest)
-        bad_ids.append(file_id)
 
     # -- helpers ---------------------------------------------------------------------
 
