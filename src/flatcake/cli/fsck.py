@@ -27,9 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flatcake.store.inspect import fsck_root
-    from flatcake.store.recovery import repair_root
 
-    repair = repair_root(args.root) if args.repair else None
+    repair = None
+    if args.repair:  # opens files for writing: needs torch, which a plain fsck does not
+        from flatcake.store.recovery import repair_root
+
+        repair = repair_root(args.root)
     report = fsck_root(args.root)
     ok = report.ok if repair is None else all(f.ok for f in report.files
                                               if not f.quarantined)
