@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from flatcake.cio.layout import SegmentLayout
 from flatcake.clock import ManualClock
-from flatcake.config import FlatCakeConfig, ReclaimConfig, StoreConfig
+from flatcake.config import FlatCakeConfig, PlacementConfig, ReclaimConfig, StoreConfig
 from flatcake.control import ControlPlane, FileCut, LoadPlan, StorePlan
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
@@ -27,8 +27,10 @@ GEOM = KVGeometry(num_layers=2, tokens_per_block=4, num_kv_heads=1, head_dim=8,
 
 
 def make(memory_pages: int = 64, ssd_pages: int = 1024, span_pages: int = 64,
-         high: float = 0.9, low: float = 0.5) -> tuple[ControlPlane, ManualClock]:
+         high: float = 0.9, low: float = 0.5,
+         copy_watermark: float = 0.0) -> tuple[ControlPlane, ManualClock]:
     cfg = FlatCakeConfig(
+        placement=PlacementConfig(memory_copy_watermark=copy_watermark),
         store=StoreConfig(memory_capacity_bytes=memory_pages * K,
                           ssd_capacity_bytes=ssd_pages * K,
                           session_file_bytes=span_pages * K),
@@ -154,6 +156,35 @@ class TestReclaim:
         assert cp.stats().sessions_reclaimed_memory == 2
         cp.check_integrity()
 
+    def test_memory_reclaim_cuts_the_later_ssd_turns_too(self) -> None:
+        # a: SSD first turn, a memory chat turn, then an SSD agent turn after it. When
+        # memory is reclaimed, the agent turn would sit behind the dropped chat turn:
+        # it goes too (its file cut there), the first turn stays.
+        cp, clock = make(memory_pages=2, high=0.9, low=0.4)
+        first = first_turn(cp, "a", 2)
+        chat_turn(cp, "a", 4)
+        agent = cp.prepare_store("a", skeys("a", 6), turn_index=2, context_tokens=10**6)
+        assert agent is not None and agent.medium == Medium.SSD
+        cp.complete_store(agent, True)
+        assert cp.lookup(skeys("a", 6)).num_blocks == 6
+        clock.set(5.0)
+        first_turn(cp, "b", 2)
+        chat_turn(cp, "b", 4)
+        chat_turn(cp, "b", 6, turn=2)  # 2 pages > 1.8: a is cut at its chat turn
+        [action] = cp.take_reclaim_actions()
+        assert action.session_id == "a" and action.medium == Medium.MEMORY
+        assert [s.segment_id for s in action.ssd_segments] == [agent.segment.segment_id]
+        assert action.cut_files == (FileCut(first.file_id, agent.file_offset),)  # type: ignore[arg-type]
+        assert action.file_ids == () and not action.session_dropped
+        hit = cp.lookup(skeys("a", 6))
+        assert (hit.num_blocks, hit.num_ssd_blocks) == (2, 2)
+        assert cp.session("a").ssd_bytes == K + first.segment.total_bytes
+        cp.check_integrity()
+        # The next turn of a appends right after its first turn.
+        again = cp.prepare_store("a", skeys("a", 6), turn_index=3, context_tokens=10**6)
+        assert again is not None and again.first_block == 2
+        assert again.file_offset == agent.file_offset
+
     def test_memory_full_falls_back_to_ssd(self) -> None:
         cp, clock = make(memory_pages=1)
         first_turn(cp, "a", 2)
@@ -246,13 +277,14 @@ class TestTruncate:
     def test_cut_drops_the_segment_and_the_later_ones_keeps_the_earlier(self) -> None:
         cp, _ = make()
         p = ssd_turns(cp, "s", [2, 1, 3, 1, 2])  # one file; 9 blocks
-        chat_turn(cp, "s", 11, turn=5)  # a memory turn after them
+        m = chat_turn(cp, "s", 11, turn=5)  # a memory turn after them
         used = cp.stats().ssd_used_bytes
         action = cp.truncate_session("s", p[2].segment.segment_id)
         assert [s.segment_id for s in action.ssd_segments] == [
             q.segment.segment_id for q in p[2:]]
         assert action.cut_files == (FileCut(p[0].file_id, p[2].file_offset),)  # type: ignore[arg-type]
-        assert action.file_ids == () and action.memory_segments == ()
+        # The later memory turn goes too: it would sit behind the hole.
+        assert action.file_ids == () and action.memory_segments == (m.segment,)
         assert not action.session_dropped and action.medium is None
         hit = cp.lookup(skeys("s", 11))
         assert (hit.num_blocks, hit.num_ssd_blocks) == (3, 3)  # turns 1-2
@@ -260,15 +292,16 @@ class TestTruncate:
         assert cp.stats().ssd_used_bytes == used - freed
         assert cp.session("s").ssd_bytes == K + p[0].segment.total_bytes \
             + p[1].segment.total_bytes
-        assert len(cp.session("s").memory_segment_ids) == 1  # memory turns stay
+        assert cp.session("s").memory_segment_ids == []
+        assert cp.stats().memory_used_bytes == 0
         assert cp.stats().sessions_truncated == 1
         cp.check_integrity()
         # The recomputed turns append right after the last good segment.
-        again = cp.prepare_store("s", skeys("s", 9), turn_index=6, context_tokens=10**6)
+        again = cp.prepare_store("s", skeys("s", 11), turn_index=6, context_tokens=10**6)
         assert again is not None and again.first_block == 3
         assert (again.file_id, again.file_offset) == (p[2].file_id, p[2].file_offset)
         cp.complete_store(again, True)
-        assert cp.lookup(skeys("s", 11)).num_blocks == 11  # the memory turn is back
+        assert cp.lookup(skeys("s", 11)).num_blocks == 11
         cp.check_integrity()
 
     def test_cut_releases_later_files_and_empty_ones(self) -> None:
@@ -399,16 +432,20 @@ class TestBadInput:
 
 class ControlMachine(RuleBasedStateMachine):
     """Random stores (ok or failed), restores, reclaims, drops, cuts at a damaged
-    segment and clock steps on small budgets: a pinned session is never reclaimed, a
-    segment a restore reads or an extent a write fills is never cut, budgets hold,
-    integrity after every step, and a block is visible only once its store completed."""
+    segment and clock steps on small budgets, with and without memory copies: a pinned
+    session is never reclaimed, a segment a restore reads or a write in flight after it
+    is never cut, budgets hold, integrity after every step, a block is visible only
+    once its store completed, and no reclaim or cut leaves a hole: every indexed block
+    of a session is reachable by the session's own keys."""
 
     SESSIONS = ("s0", "s1", "s2", "s3", "s4")
 
     @initialize(mem_pages=st.integers(0, 8), ssd_pages=st.integers(4, 60),
-                span_pages=st.integers(3, 16))
-    def setup(self, mem_pages: int, ssd_pages: int, span_pages: int) -> None:
-        self.cp, self.clock = make(mem_pages, ssd_pages, span_pages, high=0.8, low=0.4)
+                span_pages=st.integers(3, 16), copies=st.sampled_from([0.0, 0.5, 1.0]))
+    def setup(self, mem_pages: int, ssd_pages: int, span_pages: int, copies: float) -> None:
+        self.cp, self.clock = make(mem_pages, ssd_pages, span_pages, high=0.8, low=0.4,
+                                   copy_watermark=copies)
+        self.copy_watermark = copies
         self.length = dict.fromkeys(self.SESSIONS, 0)
         self.turn = dict.fromkeys(self.SESSIONS, 0)
         self.pending: list[StorePlan] = []
@@ -447,6 +484,10 @@ class ControlMachine(RuleBasedStateMachine):
             return
         # Allocated, not yet visible.
         assert self.cp.lookup(skeys(s, n)).num_blocks <= plan.first_block
+        if plan.copy is not None:  # only under the copy watermark, never for memory
+            assert plan.medium == Medium.SSD
+            assert self.cp.arena.used_bytes <= self.copy_watermark * \
+                self.cp.arena.capacity_bytes
         self.pending.append(plan)
 
     @rule(s=st.sampled_from(SESSIONS), new=st.integers(1, 6))
@@ -466,6 +507,24 @@ class ControlMachine(RuleBasedStateMachine):
             assert plan.medium == Medium.SSD
             self.cp.complete_store(plan, True)
 
+    @rule(s=st.sampled_from(SESSIONS), new=st.integers(1, 6))
+    def chat_turn(self, s: str, new: int) -> None:
+        """A short-reply turn (memory unless full), written and completed at once."""
+        if not self.turn[s]:
+            return
+        n = self.length[s] + new
+        pinned = self.pinned() | {s}
+        try:
+            plan = self.cp.prepare_store(s, skeys(s, n), turn_index=self.turn[s],
+                                         context_tokens=4 * n, prev_reply_tokens=10)
+        except CapacityError:
+            self.check_actions(pinned)
+            return
+        self.check_actions(pinned)
+        self.length[s], self.turn[s] = n, self.turn[s] + 1
+        if plan is not None:
+            self.cp.complete_store(plan, True)
+
     @precondition(lambda self: self.pending)
     @rule(data=st.data(), ok=st.booleans())
     def complete(self, data: st.DataObject, ok: bool) -> None:
@@ -482,6 +541,10 @@ class ControlMachine(RuleBasedStateMachine):
         self.next_rid += 1
         lp = self.cp.prepare_load(rid, skeys(s, self.length[s]))
         assert lp.read_plan.num_commands <= GEOM.num_layers * len(lp.hit.runs)
+        # A held memory copy is read in place of its SSD home.
+        for run in lp.hit.runs:
+            assert run.segment.medium == Medium.MEMORY or \
+                self.cp.copies.get(run.segment.segment_id) is None
         self.loads[rid] = lp.session_ids
         self.plans[rid] = lp
 
@@ -518,10 +581,11 @@ class ControlMachine(RuleBasedStateMachine):
         tail = {i for i in self.cp.session(s).ssd_segment_ids
                 if (self.cp.index.segment(i).file_id,
                     self.cp.index.segment(i).file_offset) >= cut}  # type: ignore[operator]
-        busy = any(p.session_id == s and p.medium == Medium.SSD
-                   and (p.file_id, p.file_offset) >= cut  # type: ignore[operator]
+        assert tail == {i for i in self.cp.session(s).ssd_segment_ids if i >= seg_id}
+        later = tail | {i for i in self.cp.session(s).memory_segment_ids if i > seg_id}
+        busy = any(p.session_id == s and p.segment.segment_id > seg_id
                    for p in self.pending) or any(
-            run.segment.segment_id in tail for lp in self.plans.values()
+            self.cp.copies.home_id(run.segment) in later for lp in self.plans.values()
             for run in lp.hit.runs)
         assert self.cp.tail_in_use(s, seg_id) == busy
         if busy:
@@ -529,8 +593,10 @@ class ControlMachine(RuleBasedStateMachine):
                 self.cp.truncate_session(s, seg_id)
             return
         kept = [i for i in self.cp.session(s).ssd_segment_ids if i not in tail]
+        copies = {c.segment_id for c in self.cp.copies}
         action = self.cp.truncate_session(s, seg_id)
         assert {x.segment_id for x in action.ssd_segments} == tail
+        assert {x.segment_id for x in action.memory_segments} - copies == later - tail
         for i in tail:
             with pytest.raises(KeyError):
                 self.cp.index.segment(i)
@@ -550,6 +616,18 @@ class ControlMachine(RuleBasedStateMachine):
         for s in self.pinned():
             assert s in self.cp.session_ids()
 
+    @invariant()
+    def no_holes(self) -> None:
+        """Each live segment's blocks are found by a lookup of its session's keys up to
+        its last block: nothing before it was dropped from under it."""
+        for s in self.cp.session_ids():
+            chain = skeys(s, self.length[s])
+            where = {k: i for i, k in enumerate(chain)}
+            ends = {where[seg.keys[-1]] + 1 for seg in self.cp.index.segments()
+                    if seg.session_id == s}
+            for end in ends:
+                assert self.cp.lookup(chain[:end]).num_blocks == end, f"hole in {s}"
+
 
 TestControlMachine = ControlMachine.TestCase
-TestControlMachine.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+TestControlMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

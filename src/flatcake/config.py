@@ -57,11 +57,18 @@ class PlacementConfig:
     211 tokens, Kimi chat 343), agent turns carry long histories (Claude Code mean input
     121K tokens, median session context 148K), so 32K tokens of context already marks an
     agent session whose KV (4 GiB on Llama-3.1-8B) no host arena holds for long.
+
+    ``memory_copy_watermark``: spare host memory. An SSD-homed turn also gets a memory
+    copy (clean: never written back, dropped before any memory-homed segment under
+    pressure; its home and address do not change) while host memory use, copy
+    included, stays at or under this fraction of the arena; restores read the copy.
+    ``0`` turns copies off.
     """
 
     agent_context_threshold_tokens: int = 32 * 1024
     long_reply_threshold_tokens: int = 2048
     short_reply_threshold_tokens: int = 512
+    memory_copy_watermark: float = 0.0
 
     def __post_init__(self) -> None:
         _check_types(self, "placement")
@@ -72,6 +79,9 @@ class PlacementConfig:
         ):
             v = getattr(self, name)
             _check(isinstance(v, int) and v >= 0, f"placement.{name}", v, "must be an int >= 0")
+        w = self.memory_copy_watermark
+        _check(isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 <= w <= 1.0,
+               "placement.memory_copy_watermark", w, "must be a number in [0, 1]")
         _check(
             self.short_reply_threshold_tokens <= self.long_reply_threshold_tokens,
             "placement.short_reply_threshold_tokens",

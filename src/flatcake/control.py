@@ -11,17 +11,35 @@ clock) and tests. The data plane executes what it plans and reports back::
     prepare_load(request, keys | hit) ────────► LoadPlan (hit + ReadPlan; sessions pinned)
         data plane reads the plan ...
     complete_load(request) ───────────────────► sessions unpinned and touched
-    reclaim() / take_reclaim_actions() ───────► [ReclaimAction] (files to delete, arena
-                                                 ranges now free); index already updated
+    reclaim() / take_reclaim_actions() ───────► [ReclaimAction] (files to delete or cut,
+                                                 arena ranges now free); index updated
     truncate_session(session, segment) ───────► ReclaimAction: a damaged segment and the
-                                                 session's later SSD segments unpublished,
+                                                 session's later segments unpublished,
                                                  their file tails freed (files to cut)
     recover_segment(...) ─────────────────────► restart: rebuild from scanned files
 
+Reclaim never leaves a hole in a session's prefix. A segment's blocks follow the
+blocks that were indexed when it was prepared, all in segments with smaller ids, so
+the unit of reclaim is a *cut*: a session's segments from some id on, on every medium.
+SSD above its high watermark: whole sessions go (the cut at the first segment).
+Memory above its high watermark: first memory copies (below), then sessions are cut
+at their first memory-homed segment, which frees all their memory-homed bytes and the
+SSD segments written after it (their files cut there) and keeps the earlier SSD turns
+served. Either way sessions go oldest last access first, never a pinned one, until
+use is at or under the low watermark; nothing is ever written back or moved. A damaged
+segment cuts its session the same way (``truncate_session``).
+
+Spare memory: while host memory use (the copy included) stays at or under
+``placement.memory_copy_watermark``, an SSD-homed turn also gets a *memory copy*
+(``StorePlan.copy``; the data plane writes it with the segment). It is published with
+its home, read by restores in place of the SSD (``lookup`` reports it), dropped with
+its home, and dropped first when memory is needed; the home never changes.
+
 Invariants: an address is published only once its bytes are durable (``complete_store``
 with ``ok=True``); a pinned session (restore reading it, or a write into it in flight)
-is never reclaimed; a segment a restore in flight reads, or an extent a write in flight
-fills, is never truncated; the host and SSD budgets are never exceeded by an allocation.
+is never reclaimed and its copies stay; a segment a restore in flight reads, or a write
+in flight after it, is never cut; every indexed block of a session is reachable by the
+keys that wrote it (no holes); the host and SSD budgets are never exceeded.
 
 Single-threaded: the owner (store, engine scheduler, simulator loop) serialises calls.
 """
@@ -41,6 +59,7 @@ from flatcake.errors import CapacityError, IntegrityError
 from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium, encode_address
 from flatcake.gva.alloc import HostArena, SsdSpace
+from flatcake.gva.copies import MemoryCopies
 from flatcake.gva.index import BlockIndex, PrefixHit, Segment
 from flatcake.gva.keys import check_key
 from flatcake.gva.placement import (
@@ -87,6 +106,8 @@ class StorePlan:
         file_base_offset: SSD only: the file's base in the node's SSD virtual space.
         span_bytes: SSD only: the file's span (the file never grows past it).
         new_file: SSD only: the file is new; create it first.
+        copy: SSD only: a memory copy to write too (same blocks in the memory layout at
+            ``copy.offset`` in the host arena), or ``None``.
     """
 
     session_id: str
@@ -96,6 +117,7 @@ class StorePlan:
     file_base_offset: int | None = None
     span_bytes: int | None = None
     new_file: bool = False
+    copy: Segment | None = None
 
     @property
     def medium(self) -> Medium:
@@ -172,7 +194,8 @@ class ReclaimAction:
         session_id: the session.
         medium: the medium whose watermark triggered it; ``None`` for ``drop_session``
             and ``truncate_session``.
-        memory_segments: memory segments dropped (their arena ranges are free).
+        memory_segments: memory segments and memory copies dropped (their arena
+            ranges are free).
         ssd_segments: SSD segments dropped.
         file_ids: session files to delete.
         session_dropped: the session has nothing left and is forgotten.
@@ -217,6 +240,10 @@ class ControlStats:
     sessions_reclaimed_ssd: int
     stores_rejected: int
     sessions_truncated: int = 0
+    num_memory_copies: int = 0
+    memory_copy_bytes: int = 0
+    memory_copies_made: int = 0
+    memory_copies_dropped: int = 0
 
 
 class ControlPlane:
@@ -255,12 +282,18 @@ class ControlPlane:
         self._reclaimed = {Medium.MEMORY: 0, Medium.SSD: 0}
         self._rejected = 0
         self._truncated = 0
+        self.copies = MemoryCopies()
+        self._copy_holders: set[str] = set()  # sessions with published copies
+        self._copies_made = 0
+        self._copies_dropped = 0
 
     # -- queries ---------------------------------------------------------------------
 
     def lookup(self, keys: Sequence[bytes]) -> PrefixHit:
-        """The longest indexed prefix of ``keys`` (published segments only)."""
-        return self.index.lookup(keys)
+        """The longest indexed prefix of ``keys`` (published segments only), with the
+        memory copy of an SSD segment in its place where one is held."""
+        hit = self.index.lookup(keys)
+        return self.copies.substitute(hit) if len(self.copies) else hit
 
     def session(self, session_id: str) -> SessionRecord:
         """The books of a session (``KeyError`` naming it when unknown)."""
@@ -340,7 +373,7 @@ class ControlPlane:
             projected = self.arena.used_bytes + mem_layout.total_bytes
             if projected > rc.memory_high * self.arena.capacity_bytes or \
                     not self.arena.can_fit(mem_layout.total_bytes):
-                self._reclaim_medium(Medium.MEMORY, projected)
+                self._reclaim_memory(projected, mem_layout.total_bytes)
         fits = self.arena.can_fit(mem_layout.total_bytes)
         signals = PlacementSignals(not fits, signals.shared_refcount, signals.turn_index,
                                    signals.context_tokens, signals.prev_reply_tokens)
@@ -358,7 +391,7 @@ class ControlPlane:
         size = ssd_layout.total_bytes
         projected = self.ssd.used_bytes + size + self.ssd.file_header_bytes
         if projected > rc.ssd_high * self.ssd.capacity_bytes:
-            self._reclaim_medium(Medium.SSD, projected)
+            self._reclaim_ssd(projected)
         ext = self.ssd.try_allocate(rec.session_id, size)
         if ext is None:
             self._rejected += 1
@@ -373,7 +406,36 @@ class ControlPlane:
                           ssd_layout, new_keys, turn_index, ext.file_id, ext.file_offset)
         rec.ssd_bytes += size + (self.ssd.file_header_bytes if ext.new_file else 0)
         return StorePlan(rec.session_id, segment, placement, first_block,
-                         ext.base_offset, self.ssd.span_bytes, ext.new_file)
+                         ext.base_offset, self.ssd.span_bytes, ext.new_file,
+                         self._allocate_copy(rec, segment, mem_layout))
+
+    def _allocate_copy(self, rec: SessionRecord, home: Segment,
+                       layout: SegmentLayout) -> Segment | None:
+        """A memory copy of ``home`` if memory use, the copy included, can stay at or
+        under ``placement.memory_copy_watermark``: copies are a cache of the newest
+        turns, so older copies (unpinned sessions, oldest last access first) make room,
+        down to the watermark less the reclaim hysteresis (``memory_high -
+        memory_low``). Never drops a memory-homed segment for a copy."""
+        limit = self.config.placement.memory_copy_watermark * self.arena.capacity_bytes
+        size = layout.total_bytes
+        projected = self.arena.used_bytes + size
+        if size > limit:
+            return None
+        if projected > limit:
+            evictable = sum(self._sessions[sid].copy_bytes for sid in self._copy_holders
+                            if not self._sessions[sid].num_pins)
+            if projected - evictable > limit:
+                return None
+            rc = self.config.reclaim
+            self._drop_copies(projected, size, limit * (1.0 - (rc.memory_high - rc.memory_low)))
+        offset = self.arena.try_alloc(size)
+        if offset is None:
+            return None
+        rec.copy_bytes += size
+        self._next_segment_id += 1
+        return Segment(self._next_segment_id - 1, rec.session_id, Medium.MEMORY,
+                       encode_address(Medium.MEMORY, self.node_id, offset), layout,
+                       home.keys, home.turn_index)
 
     def complete_store(self, plan: StorePlan, ok: bool) -> None:
         """The data plane finished writing ``plan``: publish it when ``ok`` (its bytes
@@ -388,7 +450,14 @@ class ControlPlane:
             self.index.publish(seg)
             rec.segment_ids_on(seg.medium).append(seg.segment_id)
             rec.last_access = self.clock.now()
+            if plan.copy is not None:
+                self.copies.add(seg, plan.copy)
+                rec.copy_ids.append(seg.segment_id)
+                self._copy_holders.add(rec.session_id)
+                self._copies_made += 1
             return
+        if plan.copy is not None:
+            rec.copy_bytes -= self.arena.free(plan.copy.offset)
         if seg.medium == Medium.MEMORY:
             rec.memory_bytes -= self.arena.free(seg.offset)
         else:
@@ -424,7 +493,7 @@ class ControlPlane:
                     raise ValueError(f"stale PrefixHit: segment {seg_id} was reclaimed; "
                                      f"look the keys up again")
         else:
-            hit = self.index.lookup(keys_or_hit)
+            hit = self.lookup(keys_or_hit)
         read_plan = planner(hit.runs, self.geometry.num_layers, self.ssd.resolve,
                             self.config.planner)
         sessions = hit.session_ids
@@ -435,6 +504,8 @@ class ControlPlane:
         return plan
 
     def _live_segment_ids(self, seg: Segment) -> tuple[int, ...]:
+        if self.copies.is_live(seg):
+            return (seg.segment_id,)
         try:
             return (seg.segment_id,) if self.index.segment(seg.segment_id) is seg else ()
         except KeyError:
@@ -462,9 +533,9 @@ class ControlPlane:
         not yet taken (including those ``prepare_store`` ran)."""
         rc = self.config.reclaim
         if self.ssd.used_bytes > rc.ssd_high * self.ssd.capacity_bytes:
-            self._reclaim_medium(Medium.SSD, self.ssd.used_bytes)
+            self._reclaim_ssd(self.ssd.used_bytes)
         if self.arena.used_bytes > rc.memory_high * self.arena.capacity_bytes:
-            self._reclaim_medium(Medium.MEMORY, self.arena.used_bytes)
+            self._reclaim_memory(self.arena.used_bytes, 0)
         return self.take_reclaim_actions()
 
     def take_reclaim_actions(self) -> list[ReclaimAction]:
@@ -472,7 +543,7 @@ class ControlPlane:
         out, self._actions = self._actions, []
         return out
 
-    def _reclaim_medium(self, medium: Medium, used_bytes: int) -> None:
+    def _victims(self, medium: Medium, used_bytes: int) -> list[SessionRecord]:
         rc = self.config.reclaim
         if medium == Medium.SSD:
             cap, high, low = self.ssd.capacity_bytes, rc.ssd_high, rc.ssd_low
@@ -481,17 +552,51 @@ class ControlPlane:
         usage = [SessionUsage(r.session_id, r.last_access, r.num_pins > 0, r.bytes_on(medium))
                  for r in self._sessions.values()]
         victims = choose_victims(usage, used_bytes, cap, high, low)
-        for sid in victims:
-            if medium == Medium.SSD:
-                # A session's prefix starts in its SSD files, so without them its memory
-                # segments are unreachable: the whole session goes.
-                action = self._drop(self._sessions[sid], Medium.SSD, whole=True)
-            else:
-                action = self._drop(self._sessions[sid], Medium.MEMORY, whole=False)
-            self._actions.append(action)
-            self._reclaimed[medium] += 1
+        self._reclaimed[medium] += len(victims)
         if victims:
-            logger.debug("reclaimed %d sessions on %s", len(victims), medium.name)
+            logger.debug("reclaiming %d sessions on %s", len(victims), medium.name)
+        return [self._sessions[sid] for sid in victims]
+
+    def _reclaim_ssd(self, used_bytes: int) -> None:
+        # A session's prefix starts in its SSD files: the whole session goes.
+        for rec in self._victims(Medium.SSD, used_bytes):
+            self._actions.append(self._drop(rec, Medium.SSD))
+
+    def _reclaim_memory(self, used_bytes: int, need_bytes: int) -> None:
+        """Memory use would be ``used_bytes`` (a write of ``need_bytes`` included): drop
+        memory copies, then cut sessions at their first memory-homed segment."""
+        used_bytes -= self._drop_copies(
+            used_bytes, need_bytes, self.config.reclaim.memory_low * self.arena.capacity_bytes)
+        for rec in self._victims(Medium.MEMORY, used_bytes):
+            self._actions.append(self._cut(rec, min(rec.memory_segment_ids), Medium.MEMORY))
+
+    def _drop_copies(self, used_bytes: int, need_bytes: int, target: float) -> int:
+        """Drop memory copies of unpinned sessions, oldest last access first, until use
+        (``used_bytes`` less what is freed) is at or under ``target`` and ``need_bytes``
+        fit; returns the bytes freed."""
+        recs = (self._sessions[sid] for sid in self._copy_holders)
+        holders = sorted((r for r in recs if not r.num_pins),
+                         key=lambda r: (r.last_access, r.session_id))
+        freed = 0
+        for rec in holders:
+            if used_bytes - freed <= target and self.arena.can_fit(need_bytes):
+                break
+            copies = tuple(self._free_copy(rec, home_id) for home_id in list(rec.copy_ids))
+            freed += sum(c.total_bytes for c in copies)
+            self._actions.append(ReclaimAction(rec.session_id, Medium.MEMORY, copies, (), (),
+                                               False))
+        return freed
+
+    def _free_copy(self, rec: SessionRecord, home_id: int) -> Segment:
+        copy = self.copies.pop(home_id)
+        if copy is None:
+            raise KeyError(f"segment {home_id} has no memory copy")
+        rec.copy_ids.remove(home_id)
+        if not rec.copy_ids:
+            self._copy_holders.discard(rec.session_id)
+        rec.copy_bytes -= self.arena.free(copy.offset)
+        self._copies_dropped += 1
+        return copy
 
     def drop_session(self, session_id: str) -> ReclaimAction:
         """Forget a whole session now (e.g. the engine says it ended). Refuses a pinned
@@ -500,23 +605,53 @@ class ControlPlane:
         if rec.num_pins:
             raise ValueError(f"session_id {session_id!r} is pinned by {rec.num_pins} "
                              f"restores or writes in flight")
-        return self._drop(rec, None, whole=True)
+        return self._drop(rec, None)
 
-    def _drop(self, rec: SessionRecord, medium: Medium | None, whole: bool) -> ReclaimAction:
-        mem = tuple(self.index.remove_segment(i) for i in rec.memory_segment_ids)
-        for seg in mem:
-            self.arena.free(seg.offset)
-        rec.memory_segment_ids = []
-        rec.memory_bytes = 0
-        ssd: tuple[Segment, ...] = ()
-        files: tuple[int, ...] = ()
-        if whole:
-            ssd = tuple(self.index.remove_segment(i) for i in rec.ssd_segment_ids)
-            files = tuple(self.ssd.release_session(rec.session_id))
-            rec.ssd_segment_ids = []
-            rec.ssd_bytes = 0
+    def _drop(self, rec: SessionRecord, medium: Medium | None) -> ReclaimAction:
+        """The whole session: every segment, copy and file."""
+        first = min((*rec.memory_segment_ids, *rec.ssd_segment_ids), default=0)
+        action = self._cut(rec, first, medium)
+        files = tuple(self.ssd.release_session(rec.session_id))
+        rec.ssd_bytes = 0
         dropped = self._forget_if_empty(rec)
-        return ReclaimAction(rec.session_id, medium, mem, ssd, files, dropped)
+        return ReclaimAction(rec.session_id, medium, action.memory_segments,
+                             action.ssd_segments, (*action.file_ids, *files), dropped)
+
+    def _cut(self, rec: SessionRecord, first_id: int, medium: Medium | None) -> ReclaimAction:
+        """Unpublish every segment of ``rec`` with id >= ``first_id`` on both media
+        (and their copies), give the SSD tail back: the file holding the first SSD
+        segment dropped is cut there (deleted when nothing is left in it) and the
+        session's later files are deleted. Nothing of it may be in flight."""
+        mem_ids = [i for i in rec.memory_segment_ids if i >= first_id]
+        ssd_ids = sorted(i for i in rec.ssd_segment_ids if i >= first_id)
+        memory: list[Segment] = []
+        for seg_id in mem_ids:
+            seg = self.index.remove_segment(seg_id)
+            rec.memory_bytes -= self.arena.free(seg.offset)
+            memory.append(seg)
+        memory.extend(self._free_copy(rec, i) for i in ssd_ids if i in rec.copy_ids)
+        ssd = tuple(self.index.remove_segment(i) for i in ssd_ids)
+        rec.memory_segment_ids = [i for i in rec.memory_segment_ids if i < first_id]
+        rec.ssd_segment_ids = [i for i in rec.ssd_segment_ids if i < first_id]
+        deleted: list[int] = []
+        cuts: tuple[FileCut, ...] = ()
+        if ssd:
+            # Live SSD segments of a session lie in file order = id order.
+            file_id, file_offset = int(ssd[0].file_id or 0), int(ssd[0].file_offset or 0)
+            freed = self.ssd.truncate_file(file_id, file_offset)
+            if self.ssd.file(file_id).extents:
+                cuts = (FileCut(file_id, self.ssd.file(file_id).end_bytes),)
+            else:
+                freed += self.ssd.release_file(file_id)
+                deleted.append(file_id)
+            for later in self.ssd.files_of(rec.session_id):
+                if later > file_id:
+                    freed += self.ssd.release_file(later)
+                    deleted.append(later)
+            rec.ssd_bytes -= freed
+        gone = self._forget_if_empty(rec)
+        return ReclaimAction(rec.session_id, medium, tuple(memory), ssd, tuple(deleted), gone,
+                             cuts)
 
     def _forget_if_empty(self, rec: SessionRecord) -> bool:
         if rec.num_pins == 0 and rec.num_segments == 0 and not self.ssd.files_of(
@@ -534,75 +669,43 @@ class ControlPlane:
                            f"session_id {session_id!r}")
         return self.index.segment(from_segment_id)
 
-    @staticmethod
-    def _in_tail(seg: Segment, cut: tuple[int, int]) -> bool:
-        """Whether ``seg`` (of the cut session) sits at or after ``cut`` = (file id,
-        file offset). A session's files have increasing ids and its segments append
-        along its newest file, so file order then offset order is write order."""
-        return seg.medium == Medium.SSD and \
-            (int(seg.file_id or 0), int(seg.file_offset or 0)) >= cut
-
     def tail_in_use(self, session_id: str, from_segment_id: int) -> bool:
         """Whether ``truncate_session(session_id, from_segment_id)`` must wait: a
-        restore in flight reads a segment it would drop, or a write in flight fills an
-        extent in the tail. Restores of the earlier segments do not block it."""
-        seg = self._tail_segment(session_id, from_segment_id)
-        cut = (int(seg.file_id or 0), int(seg.file_offset or 0))
+        restore in flight reads a segment it would drop (or its copy), or a write into
+        the session prepared after that segment is in flight (it would land behind the
+        cut). Restores of the earlier segments do not block it."""
+        self._tail_segment(session_id, from_segment_id)
         for p in self._pending_stores.values():
-            if p.session_id == session_id and self._in_tail(p.segment, cut):
+            if p.session_id == session_id and p.segment.segment_id > from_segment_id:
                 return True
         for lp in self._loads.values():
             if session_id in lp.session_ids and any(
-                    run.segment.session_id == session_id and self._in_tail(run.segment, cut)
+                    run.segment.session_id == session_id
+                    and self.copies.home_id(run.segment) >= from_segment_id
                     for run in lp.hit.runs):
                 return True
         return False
 
     def truncate_session(self, session_id: str, from_segment_id: int) -> ReclaimAction:
-        """Cut a session at a damaged SSD segment: unpublish it and every later SSD
-        segment of the session (the rest of its file and the session's later files),
-        give their space back to the SSD budget, and keep the earlier segments served.
+        """Cut a session at a damaged SSD segment: unpublish it and every later segment
+        of the session on either medium (so no later block sits behind the hole), give
+        their space back, and keep the earlier segments served.
 
         The returned action (not queued) names the file to truncate (``cut_files``; a
         file left with no segment is deleted instead) and the later files to delete;
         the next ``prepare_store`` of the session appends after its last good segment.
-        Memory segments stay (their blocks are findable again once the missing turns
-        are stored again). Raises ``KeyError`` when the segment is not a live SSD
-        segment of the session, ``ValueError`` while ``tail_in_use``.
+        Raises ``KeyError`` when the segment is not a live SSD segment of the session,
+        ``ValueError`` while ``tail_in_use``.
         """
-        seg = self._tail_segment(session_id, from_segment_id)
+        self._tail_segment(session_id, from_segment_id)
         if self.tail_in_use(session_id, from_segment_id):
             raise ValueError(f"session_id {session_id!r}: a restore or write in flight uses "
                              f"segment {from_segment_id} or a later one; retry after it")
-        rec = self._sessions[session_id]
-        file_id, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
-        cut = (file_id, file_offset)
-        kept: list[int] = []
-        dropped: list[Segment] = []
-        for seg_id in rec.ssd_segment_ids:
-            if self._in_tail(self.index.segment(seg_id), cut):
-                dropped.append(self.index.remove_segment(seg_id))
-            else:
-                kept.append(seg_id)
-        rec.ssd_segment_ids = kept
-        freed = self.ssd.truncate_file(file_id, file_offset)
-        deleted: list[int] = []
-        cuts: tuple[FileCut, ...] = ()
-        if self.ssd.file(file_id).extents:
-            cuts = (FileCut(file_id, self.ssd.file(file_id).end_bytes),)
-        else:
-            freed += self.ssd.release_file(file_id)
-            deleted.append(file_id)
-        for later in self.ssd.files_of(session_id):
-            if later > file_id:  # tail_in_use guarantees nothing in flight there
-                freed += self.ssd.release_file(later)
-                deleted.append(later)
-        rec.ssd_bytes -= freed
+        action = self._cut(self._sessions[session_id], from_segment_id, None)
         self._truncated += 1
-        logger.debug("session %r cut at segment %d: %d segments, %d bytes dropped",
-                     session_id, from_segment_id, len(dropped), freed)
-        gone = self._forget_if_empty(rec)
-        return ReclaimAction(session_id, None, (), tuple(dropped), tuple(deleted), gone, cuts)
+        logger.debug("session %r cut at segment %d: %d segments dropped", session_id,
+                     from_segment_id, len(action.memory_segments) + len(action.ssd_segments))
+        return action
 
     # -- restart ---------------------------------------------------------------------
 
@@ -671,6 +774,10 @@ class ControlPlane:
             sessions_reclaimed_ssd=self._reclaimed[Medium.SSD],
             stores_rejected=self._rejected,
             sessions_truncated=self._truncated,
+            num_memory_copies=len(self.copies),
+            memory_copy_bytes=sum(r.copy_bytes for r in recs),
+            memory_copies_made=self._copies_made,
+            memory_copies_dropped=self._copies_dropped,
         )
 
     def check_integrity(self) -> None:
@@ -679,6 +786,7 @@ class ControlPlane:
         self.arena.check_integrity()
         self.ssd.check_integrity()
         self.scheduler.check_integrity()
+        self.copies.check_integrity(self.index)
         pins: Counter[str] = Counter()
         for p in self._pending_stores.values():
             pins[p.session_id] += 1
@@ -703,20 +811,33 @@ class ControlPlane:
                         mem += seg.total_bytes
                     else:
                         ssd += seg.total_bytes
+            copy = 0
+            for seg_id in rec.copy_ids:
+                c = self.copies.get(seg_id)
+                if c is None or seg_id not in rec.ssd_segment_ids or c.session_id != sid:
+                    raise IntegrityError(f"session {sid!r} lists a memory copy of segment "
+                                         f"{seg_id} it does not hold")
+                copy += c.total_bytes
             for p in self._pending_stores.values():
                 if p.session_id == sid:
                     if p.medium == Medium.MEMORY:
                         mem += p.segment.total_bytes
                     else:
                         ssd += p.segment.total_bytes
+                    if p.copy is not None:
+                        copy += p.copy.total_bytes
             ssd += hdr * len(self.ssd.files_of(sid))
-            if (mem, ssd) != (rec.memory_bytes, rec.ssd_bytes):
+            if (mem, ssd, copy) != (rec.memory_bytes, rec.ssd_bytes, rec.copy_bytes):
                 raise IntegrityError(f"session {sid!r} bytes ({rec.memory_bytes}, "
-                                     f"{rec.ssd_bytes}) != segments ({mem}, {ssd})")
-            mem_total += mem
+                                     f"{rec.ssd_bytes}, {rec.copy_bytes}) != segments "
+                                     f"({mem}, {ssd}, {copy})")
+            mem_total += mem + copy
             ssd_total += ssd
         if owned != {s.segment_id for s in self.index.segments()}:
             raise IntegrityError("index holds segments no session owns")
+        if sum(len(r.copy_ids) for r in self._sessions.values()) != len(self.copies) or \
+                self._copy_holders != {sid for sid, r in self._sessions.items() if r.copy_ids}:
+            raise IntegrityError("memory copies no session owns")
         if mem_total != self.arena.used_bytes or ssd_total != self.ssd.used_bytes:
             raise IntegrityError(f"budgets ({self.arena.used_bytes}, {self.ssd.used_bytes}) "
                                  f"!= session books ({mem_total}, {ssd_total})")

@@ -317,6 +317,9 @@ class WorkerSide:
                                           paged, ids)
                 written_bytes = seg.layout.data_bytes
             else:
+                if plan.copy is not None:  # spare memory: a clean copy, published with it
+                    self._writer.write_memory(
+                        self.arena.view(plan.copy.offset, plan.copy.total_bytes), paged, ids)
                 file_id, offset = int(seg.file_id or 0), int(seg.file_offset or 0)
                 with self._lock:
                     if plan.new_file:

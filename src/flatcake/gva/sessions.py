@@ -1,8 +1,9 @@
 """Per-session books kept by the control plane (no I/O).
 
-A session owns its segments (in memory and on SSD) and its SSD files. Reclaim drops
-whole sessions, oldest ``last_access`` first, and never one with ``num_pins > 0`` (a
-restore is reading it, or one of its writes is still in flight).
+A session owns its segments (in memory and on SSD), its SSD files and the memory
+copies of some of its SSD segments. Reclaim takes sessions oldest ``last_access``
+first, and never one with ``num_pins > 0`` (a restore is reading it, or one of its
+writes is still in flight); see ``control.ControlPlane`` for the units it drops.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class SessionRecord:
         memory_bytes: arena bytes held (published and in-flight writes).
         ssd_bytes: SSD bytes held: segments (published and in-flight writes) plus the
             4 KiB header of each of its session files.
+        copy_ids: SSD segments (ids) that also have a published memory copy.
+        copy_bytes: arena bytes held by memory copies (published and in-flight writes);
+            not in ``memory_bytes``, which counts segments whose home is memory.
     """
 
     session_id: str
@@ -54,6 +58,8 @@ class SessionRecord:
     ssd_segment_ids: list[int] = field(default_factory=list)
     memory_bytes: int = 0
     ssd_bytes: int = 0
+    copy_ids: list[int] = field(default_factory=list)
+    copy_bytes: int = 0
 
     def bytes_on(self, medium: Medium) -> int:
         return self.memory_bytes if medium == Medium.MEMORY else self.ssd_bytes

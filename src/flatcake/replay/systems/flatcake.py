@@ -14,8 +14,12 @@ one-FIFO ablation). Only the devices are models:
 * a request whose missing blocks are all in memory runs at once; its memory copy
   overlaps its prefill;
 * a finished turn's new blocks are placed and allocated by ``prepare_store``; a memory
-  segment is published at once, an SSD segment after its write occupies the worker's
-  SSD channel (``complete_store``).
+  segment is published at once, an SSD segment (and its memory copy, if the control
+  plane made one) after its write occupies the worker's SSD channel (``complete_store``);
+* a request whose prefix continues into a segment still being written waits for that
+  write and then looks up again, as the vLLM connector does (``get_num_new_matched_tokens``
+  answers "ask again next step" while a store of the prefix is in flight), instead of
+  recomputing blocks that are about to be durable.
 
 Keys: dense block ids map to 32-byte keys (the id, little endian, in the first 8
 bytes); a session is ``str(session index)``. A global-clock trace has no sessions: a
@@ -126,6 +130,9 @@ class FlatCakeSystem(System):
         self.active_refs = np.zeros(0, dtype=np.int16)
         self.num_store_rejected = 0
         self.num_reclaim_actions = 0
+        self.num_store_waits = 0
+        # First key of each SSD segment being written -> (writes in flight, waiters).
+        self.writing: dict[bytes, tuple[int, list[Request]]] = {}
         # Static geometry of live segments for the planner (ids are never reused).
         self.segment_cache: SegmentCache = {}
         self._planner = functools.partial(plan_totals, segment_cache=self.segment_cache)
@@ -147,9 +154,15 @@ class FlatCakeSystem(System):
         self.reqs[req.idx] = req
         keys = keys_of(self.keys, req.runs)
         hit = cp.lookup(keys)
+        g = w.gpu.prefix_hits(req.runs)
+        if g <= hit.num_blocks < len(keys):
+            writing = self.writing.get(keys[hit.num_blocks])
+            if writing is not None:
+                writing[1].append(req)  # looks up again when the write is durable
+                self.num_store_waits += 1
+                return
         st = _FcState(hit, keys)
         req.sys = st
-        g = w.gpu.prefix_hits(req.runs)
         if hit.num_blocks <= g:
             sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
             node.make_ready(req)
@@ -304,11 +317,20 @@ class FlatCakeSystem(System):
         t = node.spec.ssd.write_time_s(cmds, nbytes)
         end = w.ssd.submit(node.now, t, nbytes, cmds)
         node.rec.ssd_write(cmds, nbytes)
+        first = plan.segment.keys[0]
+        count, waiters = self.writing.get(first, (0, []))
+        self.writing[first] = (count + 1, waiters)
         node.loop.at(end, self._store_done, plan)
 
     def _store_done(self, plan: StorePlan) -> None:
         assert self.cp is not None
         self.cp.complete_store(plan, True)
+        first = plan.segment.keys[0]
+        count, waiters = self.writing.pop(first)
+        if count > 1:
+            self.writing[first] = (count - 1, [])
+        for req in waiters:
+            self.on_arrival(req)
 
     def extra_metrics(self) -> dict[str, Any]:
         assert self.cp is not None
@@ -318,6 +340,9 @@ class FlatCakeSystem(System):
             "sessions_reclaimed_memory": st.sessions_reclaimed_memory,
             "sessions_reclaimed_ssd": st.sessions_reclaimed_ssd,
             "stores_rejected": self.num_store_rejected,
+            "store_waits": self.num_store_waits,
+            "memory_copies_made": st.memory_copies_made,
+            "memory_copies_dropped": st.memory_copies_dropped,
             "memory_used_bytes": st.memory_used_bytes,
             "ssd_used_bytes": st.ssd_used_bytes,
         }

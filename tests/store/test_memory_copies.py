@@ -1,0 +1,85 @@
+"""The store's spare memory and hole-free reclaim with real bytes: a memory copy of an
+SSD turn serves restores byte-exact without touching the SSD, leaves the turn's home
+on disk, and a memory reclaim that cuts a session cuts its file on disk too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flatcake.clock import ManualClock
+from flatcake.gva.address import Medium
+from flatcake.store import FlatCakeStore, TurnSignals
+from tests.store.helpers import (
+    SMALL,
+    TO_MEMORY,
+    TO_SSD,
+    block_bytes,
+    empty_kv,
+    random_kv,
+    session_keys,
+    small_config,
+)
+
+AGENT = TurnSignals(turn_index=2, context_tokens=10**6)  # a later turn homed on SSD
+
+
+def same(dst: list, src: list, n: int, dst_slot0: int = 0) -> bool:
+    return all(block_bytes(dst, layer, dst_slot0 + i, "kv_blocks")
+               == block_bytes(src, layer, i, "kv_blocks")
+               for layer in range(SMALL.num_layers) for i in range(n))
+
+
+def test_copy_serves_restores_and_the_home_stays_on_disk(tmp_path: Path) -> None:
+    src = random_kv(SMALL, 12)
+    keys = session_keys(7, 10)
+    cfg = small_config("placement.memory_copy_watermark=1.0")
+    with FlatCakeStore.open(tmp_path, SMALL, cfg) as store:
+        res = store.store_turn("s", keys[:6], src, range(6), TO_SSD)
+        assert res.medium == Medium.SSD and res.bytes_written > 0
+        store.store_turn("s", keys, src, range(10), AGENT)
+        hit = store.lookup(keys)
+        assert (hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks) == (10, 10, 0)
+        dst = empty_kv(SMALL, 12)
+        out = store.load(keys, dst, range(2, 12))
+        assert (out.num_blocks, out.num_memory_blocks, out.bytes_read) == (10, 10, 0)
+        assert same(dst, src, 10, dst_slot0=2)
+        assert store.control.stats().num_memory_copies == 2
+        store.control.check_integrity()
+    # A restart has no copies: the same bytes come from the segments' SSD home.
+    with FlatCakeStore.open(tmp_path, SMALL, cfg) as store:
+        hit = store.lookup(keys)
+        assert (hit.num_blocks, hit.num_ssd_blocks) == (10, 10)
+        dst = empty_kv(SMALL, 12)
+        out = store.load(keys, dst, range(10))
+        assert out.num_ssd_blocks == 10 and out.bytes_read > 0
+        assert same(dst, src, 10)
+
+
+def test_memory_reclaim_cuts_the_later_ssd_turn_on_disk(tmp_path: Path) -> None:
+    # Memory-homed segments of 2 blocks take one 4 KiB page; the arena has 3 pages.
+    clock = ManualClock()
+    cfg = small_config("store.memory_capacity_bytes=12288", "reclaim.memory_high=0.9",
+                       "reclaim.memory_low=0.5")
+    src = random_kv(SMALL, 8)
+    a, b = session_keys(8, 6), session_keys(9, 8)
+    with FlatCakeStore.open(tmp_path, SMALL, cfg, clock=clock) as store:
+        store.store_turn("a", a[:2], src, range(2), TO_SSD)
+        assert store.store_turn("a", a[:4], src, range(4), TO_MEMORY).medium == Medium.MEMORY
+        store.store_turn("a", a, src, range(6), AGENT)  # behind the memory turn
+        assert store.lookup(a).num_blocks == 6
+        clock.advance(10.0)
+        store.store_turn("b", b[:2], src, range(2), TO_SSD)
+        for n in (4, 6, 8):  # three memory turns: the third crosses the watermark
+            store.store_turn("b", b[:n], src, range(n), TO_MEMORY)
+        hit = store.lookup(a)
+        assert (hit.num_blocks, hit.num_ssd_blocks) == (2, 2)  # cut, not holed
+        assert store.control.index.get(a[4]) is None
+        assert store.lookup(b).num_blocks == 8
+        store.control.check_integrity()
+    with FlatCakeStore.open(tmp_path, SMALL, cfg) as store:
+        # The cut-off turn is gone from the file too: a restart cannot bring it back.
+        assert store.lookup(a).num_blocks == 2
+        assert store.control.index.get(a[4]) is None
+        dst = empty_kv(SMALL, 8)
+        assert store.load(a, dst, range(6)).num_blocks == 2
+        assert same(dst, src, 2)

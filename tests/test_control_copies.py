@@ -1,0 +1,149 @@
+"""ControlPlane memory copies (spare host memory) as scripted scenarios: made only
+under the watermark, published with their home, read by restores instead of the SSD,
+dropped first under pressure (never while pinned), and dropped with their home."""
+
+from __future__ import annotations
+
+from flatcake.control import ControlPlane, StorePlan
+from flatcake.gva.address import Medium
+from tests.test_control import K, chat_turn, make, skeys
+
+
+def agent_turn(cp: ControlPlane, session: str, n: int, turn: int = 1,
+               ok: bool = True) -> StorePlan:
+    plan = cp.prepare_store(session, skeys(session, n), turn_index=turn,
+                            context_tokens=10**6)
+    assert plan is not None and plan.medium == Medium.SSD
+    cp.complete_store(plan, ok)
+    return plan
+
+
+class TestCopies:
+    def test_copy_is_read_instead_of_the_ssd_home(self) -> None:
+        cp, _ = make(memory_pages=8, copy_watermark=0.5)
+        p = agent_turn(cp, "a", 3, turn=0)
+        assert p.copy is not None and p.copy.medium == Medium.MEMORY
+        assert p.copy.keys == p.segment.keys and p.copy.segment_id != p.segment.segment_id
+        # The home is unchanged: the index still maps the keys to the SSD segment.
+        loc = cp.index.get(skeys("a", 3)[0])
+        assert loc is not None and loc.segment is p.segment
+        hit = cp.lookup(skeys("a", 3))
+        assert (hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks) == (3, 3, 0)
+        lp = cp.prepare_load("r", skeys("a", 3))
+        assert lp.read_plan.bytes_read == 0 and lp.read_plan.num_copies > 0
+        assert lp.restore_request(0.0).needs_ssd is False
+        cp.complete_load("r")
+        st = cp.stats()
+        assert (st.num_memory_copies, st.memory_copy_bytes, st.memory_copies_made) == \
+            (1, p.copy.total_bytes, 1)
+        assert st.memory_used_bytes == p.copy.total_bytes
+        cp.check_integrity()
+
+    def test_copies_are_a_cache_of_the_newest_turns(self) -> None:
+        # 4 pages, copies up to 1.0, hysteresis 0.9 - 0.85: a new copy evicts the
+        # oldest sessions' copies down to 3.8 pages (its own included).
+        cp, clock = make(memory_pages=4, high=0.9, low=0.85, copy_watermark=1.0)
+        for t, s in enumerate("abcd"):
+            clock.set(float(t))
+            assert agent_turn(cp, s, 2, turn=0).copy is not None
+        clock.set(9.0)
+        e = agent_turn(cp, "e", 2, turn=0)
+        assert e.copy is not None
+        assert [(a.session_id, a.ssd_segments) for a in cp.take_reclaim_actions()] == \
+            [("a", ()), ("b", ())]
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abcde"] == [0, 0, 2, 2, 2]
+        assert cp.lookup(skeys("a", 2)).num_ssd_blocks == 2  # the home stays
+        cp.check_integrity()
+
+    def test_never_above_the_watermark_nor_for_memory_homed_bytes(self) -> None:
+        cp, clock = make(memory_pages=4, copy_watermark=0.5)
+        agent_turn(cp, "a", 2, turn=0)  # a copy: 1 page of the 2 allowed
+        chat_turn(cp, "a", 19)  # memory-homed: 17 blocks of 256 bytes = 2 pages
+        clock.set(1.0)
+        # 3 pages > 2 even without a's copy: no copy, and a's copy stays.
+        assert agent_turn(cp, "b", 2, turn=0).copy is None
+        assert cp.take_reclaim_actions() == []
+        assert cp.lookup(skeys("a", 19)).num_memory_blocks == 19
+        off, _ = make(memory_pages=4)
+        assert agent_turn(off, "a", 2, turn=0).copy is None
+        assert off.stats().memory_used_bytes == 0
+
+    def test_not_visible_before_the_write_and_freed_when_it_fails(self) -> None:
+        cp, _ = make(memory_pages=4, copy_watermark=1.0)
+        plan = cp.prepare_store("a", skeys("a", 2), turn_index=0, context_tokens=8)
+        assert plan is not None and plan.copy is not None
+        assert cp.lookup(skeys("a", 2)).num_blocks == 0
+        assert cp.stats().memory_used_bytes == K  # reserved while the write runs
+        cp.check_integrity()
+        cp.complete_store(plan, False)
+        assert cp.stats().memory_used_bytes == 0 and cp.stats().num_memory_copies == 0
+        cp.check_integrity()
+
+    def test_copies_go_first_under_pressure_oldest_first(self) -> None:
+        # 4 pages, watermarks 0.9 / 0.75, copies up to 0.5: a and b get copies.
+        cp, clock = make(memory_pages=4, low=0.75, copy_watermark=0.5)
+        agent_turn(cp, "a", 2, turn=0)
+        clock.set(1.0)
+        agent_turn(cp, "b", 2, turn=0)
+        clock.set(2.0)
+        chat_turn(cp, "b", 4)  # memory-homed: 3 pages
+        assert cp.stats().num_memory_copies == 2
+        clock.set(3.0)
+        # A shared prefix goes to memory: 4 pages > 3.6, copies go down to 3 pages.
+        p = cp.prepare_store("c", skeys("c", 2), turn_index=0, context_tokens=8,
+                             shared_refcount=2)
+        assert p is not None and p.medium == Medium.MEMORY
+        cp.complete_store(p, True)
+        actions = cp.take_reclaim_actions()
+        assert [(a.session_id, len(a.memory_segments), a.ssd_segments) for a in actions] \
+            == [("a", 1, ())]
+        # a's copy went, not b's memory-homed turn; a still restores from SSD.
+        assert cp.lookup(skeys("b", 4)).num_memory_blocks == 4
+        hit = cp.lookup(skeys("a", 2))
+        assert (hit.num_blocks, hit.num_ssd_blocks) == (2, 2)
+        assert cp.stats().sessions_reclaimed_memory == 0
+        assert cp.stats().memory_copies_dropped == 1
+        cp.check_integrity()
+
+    def test_a_pinned_sessions_copy_stays(self) -> None:
+        cp, clock = make(memory_pages=1, copy_watermark=1.0)
+        agent_turn(cp, "a", 2, turn=0)  # its copy fills the arena
+        lp = cp.prepare_load("reading-a", skeys("a", 2))
+        assert lp.hit.runs[0].segment.medium == Medium.MEMORY
+        clock.set(1.0)
+        agent_turn(cp, "b", 2, turn=0)
+        p = cp.prepare_store("b", skeys("b", 4), turn_index=1, context_tokens=16,
+                             prev_reply_tokens=10)
+        assert p is not None and p.medium == Medium.SSD  # memory_full: a's copy is read
+        assert cp.take_reclaim_actions() == []
+        cp.check_integrity()
+        cp.complete_load("reading-a")
+        cp.complete_store(p, True)
+        cp.check_integrity()
+
+    def test_copies_go_with_their_home(self) -> None:
+        cp, _ = make(memory_pages=8, copy_watermark=1.0)
+        first = agent_turn(cp, "a", 2, turn=0)
+        later = agent_turn(cp, "a", 4, turn=1)
+        assert first.copy is not None and later.copy is not None
+        action = cp.truncate_session("a", later.segment.segment_id)
+        assert action.memory_segments == (later.copy,)
+        assert cp.lookup(skeys("a", 4)).num_memory_blocks == 2  # first's copy stays
+        cp.check_integrity()
+        action = cp.drop_session("a")
+        assert action.memory_segments == (first.copy,) and action.session_dropped
+        assert cp.stats().memory_used_bytes == 0
+        cp.check_integrity()
+
+    def test_stale_hit_with_a_dropped_copy_is_refused(self) -> None:
+        cp, _ = make(memory_pages=8, copy_watermark=1.0)
+        agent_turn(cp, "a", 2, turn=0)
+        hit = cp.lookup(skeys("a", 2))
+        cp.drop_session("a")
+        agent_turn(cp, "a", 2, turn=0)
+        try:
+            cp.prepare_load("r", hit)
+        except ValueError as exc:
+            assert "stale" in str(exc)
+        else:
+            raise AssertionError("a hit on a dropped copy was accepted")
