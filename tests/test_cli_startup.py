@@ -28,7 +28,8 @@ except SystemExit as exc:
 heavy = ("torch", "matplotlib", "flatcake.store.store", "tqdm")
 print(json.dumps({"rc": rc, "out": out.getvalue(),
                   "loaded": sorted(m for m in heavy if m in sys.modules),
-                  "commands": sorted(m for m in sys.modules if m.startswith("flatcake.cli."))}))
+                  "commands": sorted(m for m in sys.modules if m.startswith("flatcake.cli.")),
+                  "flatcake": sorted(m for m in sys.modules if m.startswith("flatcake."))}))
 """
 
 
@@ -43,6 +44,8 @@ def test_top_level_help_imports_no_command() -> None:
     got = _probe("--help")
     assert got["rc"] == 0
     assert got["loaded"] == [] and got["commands"] == []
+    # Not even the control plane: the package exports resolve on first use.
+    assert set(got["flatcake"]) <= {"flatcake.cli", "flatcake.progress"}
     for name in COMMANDS:  # every command is still listed, with its help
         assert name in str(got["out"])
 
