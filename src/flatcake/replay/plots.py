@@ -35,6 +35,9 @@ STYLES: dict[str, Style] = {
     "flatcake": Style("tab:blue", "o", "-", 11, True),
     "flatcake-1q": Style("tab:cyan", "x", "--", 7, False),
     "tiered": Style("tab:red", "s", "-", 10, True),
+    "tiered-wait": Style("tab:purple", "D", (0, (3, 1, 1, 1, 1, 1)), 6, False),
+    "tiered-timeout": Style("tab:brown", "v", (0, (6, 2)), 7, False),
+    "tiered-uring": Style("tab:pink", "<", (0, (2, 2)), 7, False),
     "tiered-direct": Style("tab:orange", "P", "-.", 7, False),
     "memory-only": Style("dimgray", "^", (0, (5, 2, 1, 2)), 8, False),
 }
