@@ -167,8 +167,12 @@ class SchedulerSide:
             except FormatError as exc:
                 logger.warning("session file %s is unreadable (%s); not served", path, exc)
                 continue
+            if header.file_id != file_id:  # a stray copy: the worker does not serve it
+                logger.warning("session file %s names file id %d; not served", path,
+                               header.file_id)
+                continue
             if (header.num_layers, header.block_bytes_per_layer) != (
-                    g.num_layers, g.block_bytes_per_layer) or header.file_id != file_id:
+                    g.num_layers, g.block_bytes_per_layer):
                 raise ValueError(
                     f"session file {path} holds {header.num_layers} layers x "
                     f"{header.block_bytes_per_layer} B blocks, but the engine's KV cache has "
