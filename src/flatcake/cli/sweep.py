@@ -7,6 +7,7 @@ import time
 
 from flatcake import progress
 from flatcake.cli.replay import add_workload_args
+from flatcake.replay.presets import PRESETS
 from flatcake.replay.systems import ALL_SYSTEMS, SYSTEMS
 
 DESCRIPTION = ("Replay a trace (default: the built-in agent workload) for each system at "
@@ -36,7 +37,9 @@ def _systems(text: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_workload_args(p)
     p.add_argument("--rates", default=None,
-                   help="comma-separated request rates (default: the preset's)")
+                   help="comma-separated request rates (default: the preset's; " + "; ".join(
+                       f"{name}: {','.join(f'{r:g}' for r in pr.rates)}"
+                       for name, pr in sorted(PRESETS.items())) + ")")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated systems (default: {','.join(SYSTEMS)})")
     p.add_argument("--out", default="replay-sweep", help="output directory")
