@@ -3,14 +3,17 @@
     python engine_script.py model MODEL_DIR
         build a tiny random Llama and its tokenizer in MODEL_DIR (nothing downloaded)
     python engine_script.py serve MODEL_DIR PLAN.json OUT.json [STORE_DIR]
-        start vLLM in this process (FlatCake on when STORE_DIR is given), serve the
-        phases of PLAN.json in order, write every output to OUT.json; builds the model
+        start vLLM's offline ``LLM`` (FlatCake on when STORE_DIR is given: its
+        ``kv_transfer_config`` is the only FlatCake-specific thing), serve the phases of
+        PLAN.json in order, write every output to OUT.json and exit; builds the model
         first when MODEL_DIR does not exist yet
 
-A plan is ``{"phases": [[request, ...], ...]}``; a request is ``{"name", "prompt"
-(token ids) or "extend": [name, [new token ids]] (that request's prompt + its output
-+ new tokens), "session_id" (optional), "max_tokens"}``. One phase is one
-``generate`` call (its requests run concurrently).
+A plan is ``{"phases": [[request, ...], ...], "prefix_caching": bool (default true),
+"in_process": bool (default false: vLLM's default, the engine core in a child
+process)}``; a request is ``{"name", "prompt" (token ids) or "extend": [name, [new
+token ids]] (that request's prompt + its output + new tokens), "session_id" and
+"cache_salt" (optional), "max_tokens"}``. One phase is one ``generate`` call (its
+requests run concurrently).
 """
 
 from __future__ import annotations
@@ -56,15 +59,17 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
                           "ssd_capacity_bytes": 1 << 30, "session_file_bytes": 64 << 20},
             },
         }
+    with open(plan_path) as fh:
+        plan = json.load(fh)
+    in_process = plan.get("in_process", False)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     t0 = time.monotonic()
     if not os.path.isdir(model):
         build_model(model)
     llm = LLM(model=model, dtype="float32", enforce_eager=True, block_size=32,
-              enable_prefix_caching=False, max_model_len=1024, max_num_seqs=8, seed=0,
-              disable_log_stats=store is None, **kwargs)
+              enable_prefix_caching=plan.get("prefix_caching", True), max_model_len=1024,
+              max_num_seqs=8, seed=0, disable_log_stats=store is None, **kwargs)
     started_s = time.monotonic() - t0
-    with open(plan_path) as fh:
-        plan = json.load(fh)
     done: dict[str, dict] = {}
     phase_s = []
     for phase in plan["phases"]:
@@ -78,7 +83,10 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
                 ids = req["prompt"]
             extra = {"kv_transfer_params": {"session_id": req["session_id"]}} \
                 if req.get("session_id") else None
-            prompts.append({"prompt_token_ids": ids})
+            prompt = {"prompt_token_ids": ids}
+            if req.get("cache_salt"):
+                prompt["cache_salt"] = req["cache_salt"]
+            prompts.append(prompt)
             params.append(SamplingParams(temperature=0.0, max_tokens=req["max_tokens"],
                                          logprobs=1, ignore_eos=True, extra_args=extra))
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -86,6 +94,7 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
             comp = out.outputs[0]
             done[req["name"]] = {
                 "prompt": prompt["prompt_token_ids"],
+                "cache_salt": prompt.get("cache_salt"),
                 "tokens": list(comp.token_ids),
                 "logprobs": [lp[t].logprob for t, lp in zip(comp.token_ids, comp.logprobs,
                                                               strict=True)],
@@ -94,19 +103,14 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
             }
         phase_s.append(round(time.monotonic() - t1, 3))
     result: dict = {"requests": done, "started_s": started_s, "phase_s": phase_s}
-    if store is not None:
-        from flatcake.connectors.vllm import flush
-
-        result["flush_steps"] = flush(llm)
-        core = llm.llm_engine.engine_core.engine_core
-        result["totals"] = core.scheduler.get_kv_connector().scheduler_side.totals()
     with open(out_path, "w") as fh:
         json.dump(result, fh)
+    # Exit as a user's script does: no FlatCake call; writes still in flight drain in
+    # the connector's shutdown or its exit hook.
 
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if sys.argv[1] == "model":
         build_model(sys.argv[2])

@@ -43,10 +43,12 @@ class Harness:
         self.kv = [torch.rand((SLOTS, 2, 4, 2, 8), generator=gen) for _ in range(G.num_layers)]
         self.worker.register(self.kv)
         self.reports: list[tuple[set[str], set[str], set[int]]] = []
+        self.finished: set[str] = set()  # requests finished since the last step
 
     def step(self) -> tuple[StepPlan, set[str], set[str], set[int]]:
         """One engine step: plan, execute (sync loads per layer), wait for background
         I/O, report back."""
+        finished, self.finished = self.finished, set()
         plan = self.sched.build_step()
         self.worker.start_step(plan)
         for layer in range(G.num_layers):
@@ -54,11 +56,11 @@ class Harness:
         self.worker.end_step()
         deadline = time.monotonic() + 30
         while self.worker.pending() and time.monotonic() < deadline:
-            sending, recving, invalid, report = self.worker.poll()
+            sending, recving, invalid, report = self.worker.poll(finished)
             self.sched.on_report(report)
             self.reports.append((sending, recving, invalid))
             time.sleep(0.01)
-        sending, recving, invalid, report = self.worker.poll()
+        sending, recving, invalid, report = self.worker.poll(finished)
         self.sched.on_report(report)
         self.reports.append((sending, recving, invalid))
         all_s = set().union(*(r[0] for r in self.reports))
@@ -85,13 +87,24 @@ def view(rid: str, toks: list[int], *, prompt: int | None = None, out: int = 0,
                        out, computed, session)
 
 
+def end(h: Harness, v: RequestView, slots: list[int] | None = None) -> tuple[bool, dict]:
+    """``v``'s prompt was computed in the step just planned (its store is planned when
+    ``slots`` are given: the prompt's full blocks sit in them), then it finished."""
+    if slots is not None:
+        h.sched.prompt_computed(v, slots)
+    delay, params = h.sched.request_finished(v)
+    h.finished.add(v.request_id)
+    assert params is not None
+    return delay, params
+
+
 def finish(h: Harness, rid: str, toks: list[int], slots: list[int], *, out: int,
            session: str | None = None) -> dict:
-    """The request ran: lookup (it missed), then it finished with ``toks`` computed."""
-    v = view(rid, toks, prompt=len(toks) - out, out=out, computed=len(toks), session=session)
+    """A turn whose prompt is ``toks`` ran: lookup (it missed), its prompt computed and
+    its store planned, then it finished with an ``out``-token reply."""
+    v = view(rid, toks, out=out, computed=len(toks), session=session)
     h.sched.num_matched_tokens(v, 0)
-    delay, params = h.sched.request_finished(v, slots, store=True)
-    assert params is not None
+    delay, params = end(h, v, slots)
     return params["flatcake"] | {"delay": delay}
 
 
@@ -114,9 +127,8 @@ def test_first_turn_goes_to_ssd_and_next_turn_restores_its_bytes(tmp_path: Path)
     assert recving == {"b"} and invalid == set()
     for (layer, j), raw in want.items():
         assert h.block(layer, 20 + j) == raw
-    _, params = h.sched.request_finished(
-        RequestView("b", v.keys, len(turn1), len(turn1), 0, 12, "s"), [20, 21, 22, 23], True)
-    assert params is not None and params["flatcake"]["loaded_tokens_ssd"] == 12
+    _, params = end(h, RequestView("b", v.keys, len(turn1), len(turn1), 0, 12, "s"))
+    assert params["flatcake"]["loaded_tokens_ssd"] == 12
     assert params["flatcake"]["turn_index"] == 1
     totals = h.sched.totals()
     assert totals["loaded_tokens_ssd"] == 12 and totals["restores_started"] == 1
@@ -132,17 +144,16 @@ def test_corrupt_segment_is_recomputed_and_the_session_cut_before_it(tmp_path: P
     h.sched.num_matched_tokens(v0, 0)
     # Turn 0 (SSD, first turn) ends with a 600-token reply (only its length matters
     # here), so turn 1 falls to the DEFAULT rule: SSD, appended to the same file.
-    h.sched.request_finished(RequestView("a", v0.keys, 17, 17, 600, 17, "s"),
-                             [1, 2, 3, 4, 5], True)
+    end(h, RequestView("a", v0.keys, 17, 17, 600, 17, "s"), [1, 2, 3, 4, 5])
     h.step()
     turn1 = [*tokens(turn0[:16], 16, 300), 7]
     v1 = view("b", turn1, session="s")
     assert h.sched.num_matched_tokens(v1, 0) == (16, True)
     h.sched.after_alloc("b", [10, 11, 12, 13, 14, 15, 16, 17, 18], 16)
     h.step()
-    _, p1 = h.sched.request_finished(RequestView("b", v1.keys, 33, 30, 3, 33, "s"),
-                                     [10, 11, 12, 13, 14, 15, 16, 17, 18], True)
-    assert p1 is not None and p1["flatcake"]["placement"] == "ssd:default"
+    _, p1 = end(h, RequestView("b", v1.keys, 33, 33, 3, 33, "s"),
+                [10, 11, 12, 13, 14, 15, 16, 17, 18])
+    assert p1["flatcake"]["placement"] == "ssd:default"
     h.step()
     (path,) = (tmp_path / "sessions").iterdir()
     _, segments, _ = scan_session_file(path)
@@ -161,9 +172,8 @@ def test_corrupt_segment_is_recomputed_and_the_session_cut_before_it(tmp_path: P
     h.sched.after_alloc("c", slots, 32)
     _, _, recving, invalid = h.step()
     assert recving == {"c"} and invalid == set(slots[4:8])
-    _, params = h.sched.request_finished(
-        RequestView("c", v2.keys, 40, 40, 0, 0, "s"), slots, store=False)
-    assert params is not None and params["flatcake"]["load_error_blocks"] == 4
+    _, params = end(h, RequestView("c", v2.keys, 40, 40, 0, 0, "s"))
+    assert params["flatcake"]["load_error_blocks"] == 4
     assert params["flatcake"]["loaded_tokens_ssd"] == 16
     # The session is cut before the damaged segment: on disk too, and the first turn
     # is still served.
@@ -186,9 +196,8 @@ def test_short_reply_turn_lands_in_memory_and_shared_prefix_loads_synchronously(
     assert h.sched.num_matched_tokens(va, 0) == (0, False)
     assert h.sched.num_matched_tokens(vb, 0) == (0, False)
     # a finishes while b still runs: its first new block is held by 2 requests.
-    _, pa = h.sched.request_finished(
-        RequestView("a", va.keys, 17, 17, 0, 17, "A"), [1, 2, 3, 4, 5], True)
-    assert pa is not None and pa["flatcake"]["placement"] == "memory:shared_prefix"
+    _, pa = end(h, RequestView("a", va.keys, 17, 17, 0, 17, "A"), [1, 2, 3, 4, 5])
+    assert pa["flatcake"]["placement"] == "memory:shared_prefix"
     h.step()
     want = {(layer, j): h.block(layer, s) for layer in range(3) for j, s in enumerate([1, 2])}
     # A third session shares only the system prompt: an all-memory hit, loaded
@@ -202,18 +211,16 @@ def test_short_reply_turn_lands_in_memory_and_shared_prefix_loads_synchronously(
     for (layer, j), raw in want.items():
         assert h.block(layer, 30 + j) == raw
     # c shared only an old part of session A: it starts a session of its own.
-    _, pc = h.sched.request_finished(
-        RequestView("c", vc.keys, 14, 14, 0, 8, None), [30, 31, 32], False)
-    assert pc is not None and pc["flatcake"]["session_id"].startswith("auto-")
+    _, pc = end(h, RequestView("c", vc.keys, 14, 14, 0, 8, None))
+    assert pc["flatcake"]["session_id"].startswith("auto-")
     assert pc["flatcake"]["loaded_tokens_memory"] == 8
     # A short reply (chat) makes session A's next turn a memory segment.
     va2 = view("a2", tokens(tokens(system, 9, 100), 9, 1000), session="A")
     assert h.sched.num_matched_tokens(va2, 0)[0] == 16
     h.sched.after_alloc("a2", list(range(40, 47)), 16)
+    _, p2 = end(h, RequestView("a2", va2.keys, 26, 26, 6, 26, "A"), list(range(40, 47)))
     h.step()
-    _, p2 = h.sched.request_finished(
-        RequestView("a2", va2.keys, 26, 20, 6, 26, "A"), list(range(40, 47)), True)
-    assert p2 is not None and p2["flatcake"]["turn_index"] == 1
+    assert p2["flatcake"]["turn_index"] == 1
     assert p2["flatcake"]["placement"] == "memory:short_reply"
     h.close()
 
@@ -246,9 +253,7 @@ def test_restart_recovers_ssd_segments_and_infers_the_session(tmp_path: Path) ->
     _, _, recving, invalid = h2.step()
     assert recving == {"b"} and not invalid
     assert [h2.block(layer, 51) for layer in range(3)] == want
-    _, params = h2.sched.request_finished(
-        RequestView("b", v.keys, 21, 21, 0, 21, None), [50, 51, 52, 53, 54], True)
-    assert params is not None
+    _, params = end(h2, RequestView("b", v.keys, 21, 21, 0, 21, None), [50, 51, 52, 53, 54])
     p = params["flatcake"]
     # Inferred from the longest stored prefix: the recovered session's turn 1.
     assert p["session_inferred"] and p["turn_index"] == 1 and p["session_id"].startswith("auto-")
@@ -320,7 +325,7 @@ def test_step_plan_and_report_survive_pickling(tmp_path: Path) -> None:
     deadline = time.monotonic() + 30
     while h.worker.pending() and time.monotonic() < deadline:
         time.sleep(0.01)
-    sending, _, _, report = h.worker.poll()
+    sending, _, _, report = h.worker.poll({"a"})
     h.sched.on_report(pickle.loads(pickle.dumps(report)))
     assert sending == {"a"} and h.sched.num_pending_stores() == 0
     assert h.sched.control.lookup(view("x", turn0).keys).num_blocks == 3

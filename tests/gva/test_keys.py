@@ -131,3 +131,21 @@ class TestAsBlockKey:
 def test_check_key_names_field() -> None:
     with pytest.raises(ValueError, match=r"keys\[3\]"):
         check_key(b"x", "keys[3]")
+
+
+def test_request_salt_is_a_second_tenant_field() -> None:
+    from flatcake.gva.keys import engine_block_key
+
+    plain = namespace_key("llama", "deploy")
+    # Absent or empty request salt: the namespace of the deployment alone.
+    assert namespace_key("llama", "deploy", None) == plain == namespace_key("llama", "deploy", "")
+    a, b = namespace_key("llama", "deploy", "alice"), namespace_key("llama", "deploy", "bob")
+    assert len({plain, a, b}) == 3
+    # The fields are length-prefixed: moving bytes between the salts changes the namespace.
+    assert namespace_key("llama", "deployal", "ice") != namespace_key("llama", "deploy", "alice")
+    h = bytes(range(32))
+    assert engine_block_key(a, h) != engine_block_key(b, h) != engine_block_key(plain, h)
+    assert engine_block_key(a, h) == engine_block_key(a, bytearray(h))
+    for bad_ns, bad_hash in ((b"short", h), (a, b""), (a, "hex")):
+        with pytest.raises(ValueError):
+            engine_block_key(bad_ns, bad_hash)  # type: ignore[arg-type]

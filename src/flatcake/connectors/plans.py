@@ -68,7 +68,7 @@ class StoreTask:
     """Write one turn's new blocks as the segment the control plane allocated.
 
     Attributes:
-        request_id: the finished request whose blocks are written (its blocks stay
+        request_id: the request whose prompt blocks are written (its blocks stay
             allocated until every worker reports the write).
         plan: the allocation (segment, address, medium, file) from ``prepare_store``.
         block_ids: paged KV slot of each block of the segment, in segment order.
@@ -94,15 +94,19 @@ class FileDrop:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """Everything the worker side does in one engine step."""
+    """Everything the worker side does in one engine step.
+
+    ``preempted``: requests the engine preempted (their blocks may be reused in this
+    step): the worker finishes their stores before the step touches the paged KV."""
 
     loads: tuple[LoadTask, ...] = ()
     stores: tuple[StoreTask, ...] = ()
     drops: tuple[FileDrop, ...] = ()
     cuts: tuple[FileCut, ...] = ()
+    preempted: tuple[str, ...] = ()
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.stores or self.drops or self.cuts)
+        return not (self.loads or self.stores or self.drops or self.cuts or self.preempted)
 
 
 @dataclass(frozen=True, slots=True)

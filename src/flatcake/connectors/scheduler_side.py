@@ -8,13 +8,18 @@ requests as ``RequestView`` values, so it runs in tests without vLLM. Per reques
                          sync load; any SSD block -> async load (request waits)
     after_alloc          prepare_load (sessions pinned); sync -> this step's plan;
                          SSD -> FC-MAS queue (priority 1 + wait / kv bytes)
+    prompt_computed      the step that computes the rest of the prompt is scheduled:
+                         placement with the session signals (all known before the
+                         turn runs), prepare_store (address allocated, published only
+                         once every worker wrote it); the worker writes the prompt's
+                         new full blocks after that step's forward pass
     build_step           sync loads + SSD restores FC-MAS starts now (at most
                          max_restores_in_flight in flight; the rest wait, never
                          cancelled) + stores + file drops -> StepPlan
     on_report            complete_store / complete_load, restore_done; a damaged
                          segment stops being served and its session is cut before it
-    request_finished     placement with the session signals, prepare_store (address
-                         allocated, published only once every worker wrote it)
+    request_finished     the session learns the reply's length; a request with a
+                         store keeps its blocks until every worker wrote it
 
 Single-threaded: the engine's scheduler thread calls everything.
 """
@@ -25,7 +30,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +94,24 @@ class _Request:
     loaded_memory_blocks: int = 0
     loaded_ssd_blocks: int = 0
     load_error_blocks: int = 0
-    stored: dict[str, Any] = field(default_factory=dict)
+    store_planned: bool = False
+    store: StorePlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvent:
+    """Blocks FlatCake started or stopped serving (for KV-aware routers).
+
+    Attributes:
+        stored: ``True``: the blocks were published (durable); ``False``: dropped
+            (reclaim, or a session cut before a damaged segment).
+        keys: FlatCake keys of the blocks, in prefix order.
+        medium: where they live(d).
+    """
+
+    stored: bool
+    keys: tuple[bytes, ...]
+    medium: Medium
 
 
 COUNTER_KEYS = (  # counters the connector reports, per stats interval
@@ -147,6 +169,7 @@ class SchedulerSide:
         self._stats: Counter[str] = Counter()
         self._total: Counter[str] = Counter()
         self._placements: Counter[str] = Counter()
+        self._events: list[BlockEvent] = []
         self.recovered_segments = self._recover()
 
     # -- restart ---------------------------------------------------------------------
@@ -237,7 +260,13 @@ class SchedulerSide:
         max_blocks = min(len(req.keys), max(req.num_tokens - 1, 0) // bs)
         keys = req.keys[:max_blocks]
         hit = self._usable_hit(self.control.lookup(keys))
-        if hit.num_blocks < max_blocks and self._pending_keys.get(keys[hit.num_blocks]):
+        local_blocks = num_local_tokens // bs
+        pending_end = hit.num_blocks
+        while pending_end < max_blocks and self._pending_keys.get(keys[pending_end]):
+            pending_end += 1
+        if pending_end > max(hit.num_blocks, local_blocks):
+            # A store of this prefix is being written and reaches past what the
+            # engine holds itself: wait for it rather than recompute it.
             self._stats["lookup_waits"] += 1
             return None, False
         state = self._reqs.get(req.request_id)
@@ -245,7 +274,6 @@ class SchedulerSide:
             turn = self.sessions.resolve(req.session_param, hit.num_blocks, self._owner(hit))
             state = self._reqs[req.request_id] = _Request(turn)
             self.refcount.add(req.request_id, req.keys)
-        local_blocks = num_local_tokens // bs
         state.hit, state.local_blocks = hit, local_blocks
         num_blocks = hit.num_blocks - local_blocks
         if num_blocks < self.settings.min_hit_blocks:
@@ -310,8 +338,9 @@ class SchedulerSide:
 
     # -- steps -----------------------------------------------------------------------
 
-    def build_step(self) -> StepPlan:
-        """``build_connector_meta``: this step's loads, stores and file drops."""
+    def build_step(self, preempted: Sequence[str] = ()) -> StepPlan:
+        """``build_connector_meta``: this step's loads, stores and file drops;
+        ``preempted``: requests the engine preempted in this step."""
         before = self.control.scheduler.stats.num_slot_waits
         started = self.control.scheduler.next_restores()
         self._stats["staging_slot_waits"] += (self.control.scheduler.stats.num_slot_waits
@@ -324,7 +353,9 @@ class SchedulerSide:
         self._settle_damage()
         drops, self._drops = self._drops, []
         cuts, self._file_cuts = self._file_cuts, []
-        return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts))
+        writing = {task.request_id for task, _oks in self._stores.values()}
+        return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
+                        tuple(r for r in preempted if r in writing))
 
     def on_report(self, report: WorkerReport) -> None:
         """``update_connector_output``: completions reported by the workers."""
@@ -361,6 +392,7 @@ class SchedulerSide:
         self._stats["stores_ok" if ok else "stores_failed"] += 1
         if ok:
             self._stats[f"stored_blocks_{medium}"] += plan.segment.num_blocks
+            self._events.append(BlockEvent(True, plan.segment.keys, plan.medium))
 
     def _load_done(self, reports: list[LoadDone]) -> None:
         request_id = reports[0].request_id
@@ -428,6 +460,8 @@ class SchedulerSide:
         for action in actions:
             for seg in action.ssd_segments:
                 self._damaged_segments.discard(seg.segment_id)
+            for seg in (*action.memory_segments, *action.ssd_segments):
+                self._events.append(BlockEvent(False, seg.keys, seg.medium))
             self._file_cuts.extend(action.cut_files)
             self._drops.extend(FileDrop(f) for f in action.file_ids)
             if action.session_dropped:
@@ -435,57 +469,70 @@ class SchedulerSide:
 
     # -- finish ----------------------------------------------------------------------
 
-    def request_finished(self, req: RequestView, block_ids: Sequence[int], store: bool
-                         ) -> tuple[bool, dict[str, Any] | None]:
-        """``request_finished``: place and allocate the turn's new blocks.
-
-        Returns ``(delay_free, kv_transfer_params)``: ``delay_free`` keeps the request's
-        blocks until the workers report the write (or, for a request that finished
-        while its restore was in flight, the restore)."""
-        state = self._reqs.pop(req.request_id, None)
-        if state is None:
-            self.refcount.remove(req.request_id)
-            return False, None
-        if state.loading:
-            # Aborted while its restore runs: the blocks are the restore's target until
-            # the worker reports it; nothing of this turn is stored.
-            # A restore still queued in FC-MAS runs all the same (never cancelled);
-            # the worker's report of it frees the blocks.
-            self.refcount.remove(req.request_id)
-            return True, self._params(state, None)
+    def prompt_computed(self, req: RequestView, block_ids: Sequence[int]) -> StorePlan | None:
+        """The step that computes the rest of ``req``'s prompt is being scheduled: place
+        and allocate the prompt's full blocks FlatCake does not hold (one segment per
+        turn). The worker writes them after this step's forward pass; a reply's blocks
+        are stored as part of the next turn's prompt. At most once per request."""
+        state = self._reqs.get(req.request_id)
+        if state is None or state.store_planned:
+            return None
+        state.store_planned = True
         bs = self.geometry.tokens_per_block
-        n = min(len(req.keys), req.num_computed_tokens // bs, len(block_ids))
-        plan: StorePlan | None = None
-        if store and n > 0:
-            keys = req.keys[:n]
-            first_new = self._usable_hit(self.control.lookup(keys)).num_blocks
-            shared = self.refcount.refcount(keys[first_new]) if first_new < n else 1
-            turn = state.turn
-            try:
-                plan = self.control.prepare_store(
-                    turn.session_id, keys, turn_index=turn.turn_index,
-                    context_tokens=req.num_prompt_tokens,
-                    prev_reply_tokens=turn.prev_reply_tokens,
-                    shared_refcount=max(shared, 1))
-            except CapacityError as exc:
-                self._stats["stores_rejected"] += 1
-                logger.warning("FlatCake cannot store request %s: %s", req.request_id, exc)
-            self._apply(self.control.take_reclaim_actions())
-        self.refcount.remove(req.request_id)
-        self.sessions.finish_turn(state.turn, req.num_output_tokens,
-                                  req.num_prompt_tokens // bs)
+        n = min(len(req.keys), req.num_prompt_tokens // bs, len(block_ids))
+        if n <= 0:
+            return None
+        keys = req.keys[:n]
+        first_new = self._usable_hit(self.control.lookup(keys)).num_blocks
+        if all(self._pending_keys.get(k) for k in keys[first_new:]):
+            return None  # nothing new, or only blocks another request is writing now
+        shared = self.refcount.refcount(keys[first_new])
+        turn = state.turn
+        try:
+            plan = self.control.prepare_store(
+                turn.session_id, keys, turn_index=turn.turn_index,
+                context_tokens=req.num_prompt_tokens,
+                prev_reply_tokens=turn.prev_reply_tokens, shared_refcount=max(shared, 1))
+        except CapacityError as exc:
+            self._stats["stores_rejected"] += 1
+            logger.warning("FlatCake cannot store request %s: %s", req.request_id, exc)
+            plan = None
+        self._apply(self.control.take_reclaim_actions())
         if plan is None:
-            return False, self._params(state, None)
+            return None
         first = plan.first_block
         task = StoreTask(req.request_id, plan,
                          tuple(int(b) for b in block_ids[first:first + plan.segment.num_blocks]))
+        state.store = plan
         self._new_stores.append(task)
         self._stores[plan.segment.segment_id] = (task, [])
         self._pending_keys.update(plan.segment.keys)
         self._placements[plan.placement.rule.value] += 1
-        return True, self._params(state, plan)
+        return plan
 
-    def _params(self, state: _Request, plan: StorePlan | None) -> dict[str, Any]:
+    def request_finished(self, req: RequestView) -> tuple[bool, dict[str, Any] | None]:
+        """``request_finished``: the session learns the turn's reply length.
+
+        Returns ``(delay_free, kv_transfer_params)``: ``delay_free`` keeps the request's
+        blocks until the workers report its store (a request with a store planned
+        always waits for that report, even when the store is already durable, so both
+        halves agree without asking each other) or, for a request that finished while
+        its restore was in flight, the restore."""
+        state = self._reqs.pop(req.request_id, None)
+        self.refcount.remove(req.request_id)
+        if state is None:
+            return False, None
+        if state.loading:
+            # Aborted while its restore runs: the blocks are the restore's target until
+            # the worker reports it. A restore still queued in FC-MAS runs all the same
+            # (never cancelled); the worker's report of it frees the blocks.
+            return True, self._params(state)
+        bs = self.geometry.tokens_per_block
+        self.sessions.finish_turn(state.turn, req.num_output_tokens,
+                                  req.num_prompt_tokens // bs)
+        return state.store is not None, self._params(state)
+
+    def _params(self, state: _Request) -> dict[str, Any]:
         """What the connector did for the request, returned to the client in the
         output's ``kv_transfer_params``."""
         bs = self.geometry.tokens_per_block
@@ -498,6 +545,7 @@ class SchedulerSide:
             "loaded_tokens_ssd": state.loaded_ssd_blocks * bs,
             "load_error_blocks": state.load_error_blocks,
         }
+        plan = state.store
         if plan is not None:
             out["stored_blocks"] = plan.segment.num_blocks
             out["placement"] = f"{plan.medium.name.lower()}:{plan.placement.rule.value}"
@@ -508,6 +556,15 @@ class SchedulerSide:
     def num_pending_stores(self) -> int:
         """Turn segments planned and not yet reported by every worker."""
         return len(self._stores)
+
+    def has_pending_stores(self) -> bool:
+        """Stores planned and not yet reported: the engine must keep stepping."""
+        return bool(self._stores) or bool(self._new_stores)
+
+    def take_events(self) -> list[BlockEvent]:
+        """Blocks published and dropped since the last call, in order."""
+        out, self._events = self._events, []
+        return out
 
     def observe_prompt(self, num_prompt_tokens: int) -> None:
         """Count a new request's prompt tokens (the hit rate's denominator)."""

@@ -39,12 +39,18 @@ class ConnectorSettings:
             ``False`` makes each such request a session of its own.
         min_hit_blocks: hits shorter than this many blocks are recomputed instead of
             loaded (a restore has a fixed cost).
+        max_pending_stores: turn writes a worker queues behind the one it is writing;
+            a store beyond them is dropped (a later miss), never waited for.
+        shutdown_drain_s: how long a stopping worker waits for queued writes; what is
+            left is dropped, never published.
     """
 
     config: FlatCakeConfig = field(default_factory=FlatCakeConfig)
     tenant_salt: str = ""
     infer_sessions: bool = True
     min_hit_blocks: int = 1
+    max_pending_stores: int = 64
+    shutdown_drain_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tenant_salt, str):
@@ -53,13 +59,19 @@ class ConnectorSettings:
         if not isinstance(self.infer_sessions, bool):
             raise ValueError(f"kv_connector_extra_config.infer_sessions must be a boolean, "
                              f"got {self.infer_sessions!r}")
-        n = self.min_hit_blocks
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"kv_connector_extra_config.min_hit_blocks must be an int >= 1, "
-                             f"got {n!r}")
+        for name in ("min_hit_blocks", "max_pending_stores"):
+            n = getattr(self, name)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"kv_connector_extra_config.{name} must be an int >= 1, "
+                                 f"got {n!r}")
+        d = self.shutdown_drain_s
+        if not isinstance(d, int | float) or isinstance(d, bool) or not 0 <= d < float("inf"):
+            raise ValueError(f"kv_connector_extra_config.shutdown_drain_s must be a number "
+                             f">= 0, got {d!r}")
 
 
-_CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks")
+_CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks",
+                   "max_pending_stores", "shutdown_drain_s")
 
 
 def _override(section: str, name: str, value: Any) -> str:

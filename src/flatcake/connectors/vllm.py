@@ -1,8 +1,9 @@
 """FlatCake behind vLLM's KV connector API (V1 connector of vLLM 0.32).
 
-Turn it on with one flag::
+Turn it on with one flag (vLLM's own prefix cache stays on; FlatCake loads what lies
+beyond its hits)::
 
-    vllm serve MODEL --no-enable-prefix-caching --kv-transfer-config '{
+    vllm serve MODEL --kv-transfer-config '{
       "kv_connector": "FlatCakeConnector",
       "kv_connector_module_path": "flatcake.connectors.vllm",
       "kv_role": "kv_both",
@@ -16,29 +17,44 @@ Turn it on with one flag::
       = SchedulerSide (control plane)            = WorkerSide (data plane)
     get_num_new_matched_tokens  lookup         register_kv_caches   paged KV view
     update_state_after_alloc    plan loads     start_load_kv        run the step's plan
-    build_connector_meta  ── StepPlan ──────►  wait_for_layer_load  sync loads, per layer
-    request_finished            place + alloc  wait_for_save        join sync loads, start
+    build_connector_meta        plan the       wait_for_layer_load  sync loads, per layer
+      prompt's store ── StepPlan ────────────► wait_for_save        join sync loads, queue
                                                                     the step's writes
     update_connector_output ◄─ WorkerReport ─  get_finished / get_block_ids_with_load_errors
+    request_finished            reply length   shutdown             drain the writer
 
 Blocks move as opaque bytes per layer (the paged block's bytes, whatever the backend
 keeps inside: the CPU backend stores K transposed); the geometry is read off the
-engine's KV cache spec. Keys are the engine's own chained block hashes
-(``request.block_hashes``), namespaced with the model name and ``tenant_salt``.
+engine's KV cache spec.
 
-A turn is stored when its request finishes: the scheduler half decides its placement
-and allocates its address, the request keeps its blocks until the worker reports the
-segment durable, and only then is it published. With the offline ``LLM`` API the
-engine only steps inside ``generate``, so call ``flush(llm)`` before the process exits
-(``vllm serve`` keeps stepping by itself).
+Keys: block ``i`` of a request is ``gva.keys.engine_block_key(ns, block_hashes[i])``
+(vLLM's own chained block hash, which covers tokens, multimodal inputs and LoRA) with
+``ns = gva.keys.namespace_key(model, tenant_salt, request.cache_salt)``: the engine-wide
+``tenant_salt`` and the request's ``cache_salt`` (OpenAI API field ``cache_salt``,
+offline ``TokensPrompt(cache_salt=...)``) both name the tenant, so different salts never
+share a block, in memory or on SSD, before or after a restart.
+
+A turn's prompt is stored when it is computed: in the step that computes the rest of
+the prompt the scheduler half places the prompt's new full blocks (turn number,
+context length and previous reply length are known before the turn runs) and allocates
+their address; after that step's forward pass the worker queues the write (a bounded
+queue; a background thread gathers, writes and syncs). The address is published once
+every worker reports the bytes durable; the request keeps its blocks until then. A
+reply's blocks are stored as part of the next turn's prompt. No call is needed: a
+process that exits drains its writes in ``shutdown`` (vLLM calls it when a worker
+stops) or in an exit hook, for at most ``shutdown_drain_s``; what cannot finish is
+never published (a torn segment fails its crc32 at the next start). ``flush(llm)`` is
+an optional helper that also publishes them in the running process.
 
 Sessions come from ``kv_transfer_params={"session_id": ...}`` (in the OpenAI API, the
 request body's ``kv_transfer_params``; offline, ``SamplingParams(extra_args=
 {"kv_transfer_params": ...})``), otherwise they are inferred (``connectors.sessions``).
 Each output's ``kv_transfer_params["flatcake"]`` says what FlatCake did for it.
 
-Metrics go through vLLM's connector stats: logged with the engine's stats, and on
-``/metrics`` as ``vllm:flatcake_*`` (``FlatCakePromMetrics``).
+Metrics go through vLLM's connector stats (``connectors.vllm_metrics``): logged with
+the engine's stats, and on ``/metrics`` as ``vllm:flatcake_*``. KV cache events
+(``BlockStored``/``BlockRemoved``, media ``CPU``/``STORAGE``) go out with vLLM's own
+when ``--kv-events-config`` enables them (``connectors.vllm_events``).
 
 Limits: one KV cache group (no hybrid attention models), no pipeline parallelism;
 tensor-parallel workers each keep their own store directory (``<root>/tp<rank>``).
@@ -46,13 +62,11 @@ tensor-parallel workers each keep their own store directory (``<root>/tp<rank>``
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -66,17 +80,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
-from vllm.v1.request import RequestStatus
 
 from flatcake.connectors.plans import StepPlan, WorkerReport
 from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings, parse_extra_config
+from flatcake.connectors.vllm_events import EventBook
+from flatcake.connectors.vllm_metrics import FlatCakePromMetrics, FlatCakeStats
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.geometry import DTYPE_BYTES, KVGeometry
-from flatcake.gva.keys import namespace_key
+from flatcake.gva.keys import engine_block_key, namespace_key
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -87,9 +103,6 @@ if TYPE_CHECKING:
 
 # Under vLLM's logger, so these lines land in the engine's log with its format.
 logger = logging.getLogger("vllm.flatcake")
-
-_STORED_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
-GAUGE_KEYS = ("restores_in_flight", "restores_waiting")
 
 
 class FlatCakeMetadata(KVConnectorMetadata):
@@ -109,129 +122,6 @@ class FlatCakeWorkerMetadata(KVConnectorWorkerMetadata):
         if not isinstance(other, FlatCakeWorkerMetadata):
             raise TypeError(f"cannot aggregate FlatCake metadata with {type(other).__name__}")
         return FlatCakeWorkerMetadata(self.report.merged(other.report))
-
-
-@dataclass
-class FlatCakeStats(KVConnectorStats):
-    """Counters (summed over workers and intervals) and gauges (latest) of one interval;
-    ``data`` maps ``connectors.scheduler_side.COUNTER_KEYS``, worker byte counters,
-    ``placements.<rule>`` and ``GAUGE_KEYS`` to numbers."""
-
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def reset(self) -> None:
-        self.data = {}
-
-    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for key, value in other.data.items():
-            if key in GAUGE_KEYS:
-                self.data[key] = value
-            else:
-                self.data[key] = self.data.get(key, 0) + value
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        out = dict(self.data)
-        prompt = out.get("prompt_tokens", 0)
-        if prompt:
-            loaded = out.get("loaded_tokens_memory", 0) + out.get("loaded_tokens_ssd", 0)
-            out["delivered_hit_rate"] = round(loaded / prompt, 4)
-        return out
-
-    def is_empty(self) -> bool:
-        return not any(v for k, v in self.data.items() if k not in GAUGE_KEYS)
-
-
-class FlatCakePromMetrics(KVConnectorPromMetrics):
-    """``vllm:flatcake_*`` series on vLLM's ``/metrics``: the delivered hit rate's two
-    counters (and the rate itself), tokens loaded per medium, restores in flight and
-    waiting, staging-slot waits, placements by rule, load errors, stores."""
-
-    _COUNTERS: ClassVar[dict[str, tuple[str, str]]] = {
-        "prompt_tokens": ("vllm:flatcake_prompt_tokens",
-                          "Prompt tokens looked up in FlatCake (hit-rate denominator)."),
-        "hit_tokens": ("vllm:flatcake_hit_tokens",
-                       "Prompt tokens FlatCake held when their request was admitted."),
-        "load_error_blocks": ("vllm:flatcake_load_error_blocks",
-                              "Hit blocks not delivered (corrupt or unreadable): recomputed."),
-        "damaged_segments": ("vllm:flatcake_damaged_segments",
-                             "Stored segments that failed their crc32 check."),
-        "restores_started": ("vllm:flatcake_restores_started",
-                             "SSD restores started by the FC-MAS scheduler."),
-        "staging_slot_waits": ("vllm:flatcake_staging_slot_waits",
-                               "SSD restores that waited for a staging window."),
-        "lookup_waits": ("vllm:flatcake_lookup_waits",
-                         "Lookups deferred behind a store of the same prefix."),
-        "stores_ok": ("vllm:flatcake_stores_ok", "Turn segments written and published."),
-        "stores_failed": ("vllm:flatcake_stores_failed", "Turn segments whose write failed."),
-        "stores_rejected": ("vllm:flatcake_stores_rejected",
-                            "Turns no medium could take (capacity)."),
-    }
-
-    def __init__(self, vllm_config: VllmConfig, metric_types: Any, labelnames: list[str],
-                 per_engine_labelvalues: dict[int, list[object]]) -> None:
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._counters = {key: self._counter_cls(name=name, documentation=doc,
-                                                 labelnames=labelnames)
-                          for key, (name, doc) in self._COUNTERS.items()}
-        self._loaded = self._counter_cls(
-            name="vllm:flatcake_loaded_tokens",
-            documentation="Prompt tokens delivered to the engine's KV cache before prefill, "
-                          "per medium they came from.",
-            labelnames=[*labelnames, "medium"])
-        self._stored = self._counter_cls(
-            name="vllm:flatcake_stored_blocks",
-            documentation="Blocks written by FlatCake, per medium.",
-            labelnames=[*labelnames, "medium"])
-        self._placements = self._counter_cls(
-            name="vllm:flatcake_placements",
-            documentation="Turn placements, by the rule that decided them.",
-            labelnames=[*labelnames, "rule"])
-        self._bytes = self._counter_cls(
-            name="vllm:flatcake_io_bytes",
-            documentation="Bytes moved by FlatCake workers (read_ssd, copied_memory, "
-                          "written_ssd, written_memory).",
-            labelnames=[*labelnames, "kind"])
-        self._in_flight = self._gauge_cls(
-            name="vllm:flatcake_restores_in_flight",
-            documentation="SSD restores holding a staging window now.",
-            labelnames=labelnames, multiprocess_mode="mostrecent")
-        self._waiting = self._gauge_cls(
-            name="vllm:flatcake_restores_waiting",
-            documentation="SSD restores waiting in the FC-MAS queue now.",
-            labelnames=labelnames, multiprocess_mode="mostrecent")
-        self._hit_rate = self._gauge_cls(
-            name="vllm:flatcake_delivered_hit_rate",
-            documentation="Prompt tokens delivered to the engine's KV before prefill over "
-                          "prompt tokens looked up, since start.",
-            labelnames=labelnames, multiprocess_mode="mostrecent")
-        self._totals: dict[int, list[float]] = {}
-
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        labels = self.per_engine_labelvalues[engine_idx]
-        data = transfer_stats_data
-        for key, counter in self._counters.items():
-            if data.get(key):
-                counter.labels(*labels).inc(data[key])
-        for medium in ("memory", "ssd"):
-            if data.get(f"loaded_tokens_{medium}"):
-                self._loaded.labels(*labels, medium).inc(data[f"loaded_tokens_{medium}"])
-            if data.get(f"stored_blocks_{medium}"):
-                self._stored.labels(*labels, medium).inc(data[f"stored_blocks_{medium}"])
-        for key, value in data.items():
-            if key.startswith("placements.") and value:
-                self._placements.labels(*labels, key.split(".", 1)[1]).inc(value)
-            elif key.startswith(("bytes_read_", "bytes_copied_", "bytes_written_")) and value:
-                self._bytes.labels(*labels, key[len("bytes_"):]).inc(value)
-        if "restores_in_flight" in data:
-            self._in_flight.labels(*labels).set(data["restores_in_flight"])
-        if "restores_waiting" in data:
-            self._waiting.labels(*labels).set(data["restores_waiting"])
-        total = self._totals.setdefault(engine_idx, [0.0, 0.0])
-        total[0] += data.get("loaded_tokens_memory", 0) + data.get("loaded_tokens_ssd", 0)
-        total[1] += data.get("prompt_tokens", 0)
-        if total[1]:
-            self._hit_rate.labels(*labels).set(total[0] / total[1])
 
 
 def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> KVGeometry:
@@ -296,12 +186,17 @@ class FlatCakeConnector(KVConnectorBase_V1):
             raise ValueError(f"block_size={self.block_size} is not a multiple of the engine's "
                              f"hash block size {hash_block}")
         self._hashes_per_block = self.block_size // hash_block
-        self._namespace = namespace_key(self.geometry.name, self.settings.tenant_salt)
         self._world_size = int(parallel.tensor_parallel_size)
         root = Path(self.settings.config.store.root).absolute()
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
-        self._keys: dict[str, tuple[int, tuple[bytes, ...]]] = {}
+        # request -> (namespace, engine hashes converted, keys)
+        self._keys: dict[str, tuple[bytes, int, tuple[bytes, ...]]] = {}
+        # requests looked up whose prompt is not computed yet (scheduler side)
+        self._awaiting_prompt: dict[str, Request] = {}
+        events = vllm_config.kv_events_config
+        self._events = (EventBook(self.block_size) if events is not None
+                        and events.enable_kv_cache_events else None)
         self._layer_index: dict[str, int] = {}
         self._invalid: set[int] = set()
         self._report = WorkerReport()
@@ -317,8 +212,10 @@ class FlatCakeConnector(KVConnectorBase_V1):
             from vllm.distributed import get_tensor_model_parallel_rank
 
             rank = get_tensor_model_parallel_rank() if self._world_size > 1 else 0
-            self.worker_side = WorkerSide(self.geometry, self.settings.config,
-                                          self._rank_dir(root, rank))
+            self.worker_side = WorkerSide(
+                self.geometry, self.settings.config, self._rank_dir(root, rank),
+                max_pending_stores=self.settings.max_pending_stores,
+                drain_timeout_s=self.settings.shutdown_drain_s)
 
     def _rank_dir(self, root: Path, rank: int) -> Path:
         return root if self._world_size == 1 else root / f"tp{rank}"
@@ -336,19 +233,25 @@ class FlatCakeConnector(KVConnectorBase_V1):
     # -- scheduler side --------------------------------------------------------------
 
     def _request_keys(self, request: Request) -> tuple[bytes, ...]:
-        """FlatCake keys of the request's full blocks: its engine block hashes (one per
-        block), namespaced; converted incrementally as the request grows."""
+        """FlatCake keys of the request's full blocks: the engine block hash ending each
+        block, in the namespace of (model, tenant_salt, cache_salt) (``gva.keys``);
+        converted incrementally as the request grows."""
         hashes = request.block_hashes
         step = self._hashes_per_block
-        done, keys = self._keys.get(request.request_id, (0, ()))
+        entry = self._keys.get(request.request_id)
+        if entry is None:
+            entry = (namespace_key(self.geometry.name, self.settings.tenant_salt,
+                                   request.cache_salt), 0, ())
+        ns, done, keys = entry
         if done < len(hashes):
-            ns = self._namespace
-            new = tuple(hashlib.blake2b(bytes(h), digest_size=32, key=ns).digest()
-                        for h in hashes[done + step - 1::step])
+            new = tuple(engine_block_key(ns, bytes(h)) for h in hashes[done + step - 1::step])
             keys = keys + new
-            done = len(hashes) - len(hashes) % step if step > 1 else len(hashes)
-            self._keys[request.request_id] = (done, keys)
+            done = len(hashes) - len(hashes) % step
+        self._keys[request.request_id] = (ns, done, keys)
         return keys
+
+    def _engine_hash(self, request: Request, block: int) -> bytes:
+        return bytes(request.block_hashes[(block + 1) * self._hashes_per_block - 1])
 
     def _view(self, request: Request) -> RequestView:
         params = request.kv_transfer_params
@@ -363,6 +266,8 @@ class FlatCakeConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int
                                    ) -> tuple[int | None, bool]:
+        if request.num_computed_tokens < request.num_prompt_tokens:
+            self._awaiting_prompt[request.request_id] = request
         return self._sched().num_matched_tokens(self._view(request), num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
@@ -381,7 +286,45 @@ class FlatCakeConnector(KVConnectorBase_V1):
         return {k: v for k, v in out.items() if v}
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        return FlatCakeMetadata(self._sched().build_step())
+        sched = self._sched()
+        for rid, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request = self._awaiting_prompt.get(rid)
+            if request is None or (request.num_computed_tokens + num_tokens
+                                   < request.num_prompt_tokens):
+                continue
+            # This step computes the rest of the prompt: its new full blocks are written
+            # after the forward pass.
+            del self._awaiting_prompt[rid]
+            view = self._view(request)
+            block_ids = self._block_ids(rid)
+            plan = sched.prompt_computed(view, block_ids)
+            if plan is not None and self._events is not None:
+                first, n = plan.first_block, plan.segment.num_blocks
+                bs = self.block_size
+                self._events.planned(
+                    view.keys[first:first + n],
+                    [self._engine_hash(request, i) for i in range(first, first + n)],
+                    self._engine_hash(request, first - 1) if first else None,
+                    request.all_token_ids[first * bs:(first + n) * bs])
+        preempted = scheduler_output.preempted_req_ids or ()
+        for rid in preempted:  # computed again from scratch when resumed
+            self._awaiting_prompt.pop(rid, None)
+        return FlatCakeMetadata(sched.build_step(tuple(preempted)))
+
+    def _block_ids(self, request_id: str) -> list[int]:
+        if self._kv_cache_manager is None:
+            raise RuntimeError("FlatCakeConnector: vLLM did not bind its KV cache manager")
+        return list(self._kv_cache_manager.get_block_ids(request_id)[0])
+
+    def has_pending_push_work(self) -> bool:
+        # Keeps a serving engine stepping until every store is reported and published.
+        return self._sched().has_pending_stores()
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        events = self._sched().take_events()
+        if self._events is None or not events:
+            return ()
+        return self._events.convert(events)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         meta = connector_output.kv_connector_worker_meta
@@ -392,8 +335,8 @@ class FlatCakeConnector(KVConnectorBase_V1):
                          ) -> tuple[bool, dict[str, Any] | None]:
         view = self._view(request)
         self._keys.pop(request.request_id, None)
-        return self._sched().request_finished(view, block_ids,
-                                              request.status in _STORED_STATUSES)
+        self._awaiting_prompt.pop(request.request_id, None)
+        return self._sched().request_finished(view)
 
     def pending_stores(self) -> int:
         """Turn segments planned and not yet reported durable (scheduler side)."""
@@ -427,18 +370,18 @@ class FlatCakeConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
-        # Turns are stored whole when they finish: the writer gathers each layer of the
-        # turn's blocks into one layer-major segment (one write per turn, not per layer
-        # per step), from blocks the request keeps until the write is durable.
+        # A turn's prompt is stored whole after the forward pass that computed it: the
+        # writer gathers each layer of its blocks into one layer-major segment (one
+        # write per turn, not per layer), from blocks the request keeps until durable.
         return
 
     def wait_for_save(self) -> None:
-        # Joins this step's sync loads and hands its turn writes to the writer thread.
+        # Joins this step's sync loads and queues the writes of the prompts it computed.
         self._work().end_step()
 
     def get_finished(self, finished_req_ids: set[str]
                      ) -> tuple[set[str] | None, set[str] | None]:
-        sending, recving, invalid, report = self._work().poll()
+        sending, recving, invalid, report = self._work().poll(finished_req_ids)
         self._invalid |= invalid
         self._report = self._report.merged(report)
         return sending or None, recving or None
@@ -482,9 +425,10 @@ class FlatCakeConnector(KVConnectorBase_V1):
 
 
 def flush(llm: Any, timeout_s: float = 120.0) -> int:
-    """Step an in-process offline engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) until every
-    planned turn segment is durable; returns the steps taken. ``vllm serve`` needs no
-    flush: its engine keeps stepping while finished requests hold blocks."""
+    """Optional: step an in-process offline engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    until every planned segment is durable *and published in this process*; returns the
+    steps taken. Not needed for anything to be stored: writes finish in the background
+    and at exit, and a later request of the same prefix waits for them."""
     core = llm.llm_engine.engine_core.engine_core
     connector = core.scheduler.get_kv_connector()
     if not isinstance(connector, FlatCakeConnector):
@@ -501,4 +445,5 @@ def flush(llm: Any, timeout_s: float = 120.0) -> int:
     return steps
 
 
-__all__ = ["COUNTER_KEYS", "FlatCakeConnector", "FlatCakeStats", "flush"]
+__all__ = ["COUNTER_KEYS", "FlatCakeConnector", "FlatCakePromMetrics", "FlatCakeStats",
+           "flush"]

@@ -4,15 +4,24 @@ It executes the ``StepPlan`` the scheduler half sends each step and reports what
 finished (``WorkerReport``). It owns the bytes: the session files under its store
 directory, the host arena, the staging windows, and a view of the engine's paged KV::
 
-    start_step(plan)   cuts: truncate a file after its last good segment;
+    start_step(plan)   preempted requests: finish their stores first (their blocks
+                         may be reused by this step);
+                       cuts: truncate a file after its last good segment;
                        drops: delete files
                        SSD loads: one restore thread each (two-layer staging window:
                          read layer l+1 while layer l is verified and scattered)
                        sync (all-memory) loads: a restore thread whose layers the
                          forward pass waits for (wait_for_layer)
-    end_step()         joins this step's sync loads; hands the step's stores to the
-                       writer thread (gather + write + sync), after the forward pass
-    poll()             finished stores / SSD loads, block ids that failed to load
+    end_step()         joins this step's sync loads; hands the step's stores (the
+                       prompt blocks this forward pass computed) to the writer
+                       thread (gather + write + sync) through a bounded queue; a
+                       store the queue cannot take is reported failed at once
+    poll(finished)     finished stores / SSD loads, block ids that failed to load;
+                       a finished request whose stores are all done is released
+    close()            drain the writer within ``drain_timeout_s`` (also at
+                       interpreter exit); a store that cannot finish is dropped:
+                       never indexed here, and its torn segment fails its crc32
+                       at the next start, so it is never served
 
 A load never hands over unverified bytes as good: a segment whose crc32 fails (or
 whose read fails) cuts the loaded prefix at its first block, and every block from the
@@ -20,18 +29,22 @@ cut on is reported as a load error, so the engine recomputes it.
 
 Threads: the engine thread calls the public methods. Restore threads and the writer
 thread hand their results over through ``self._done`` (under ``self._lock``), which
-also guards the session files and the crc book.
+also guards the session files, the crc book and ``self._writing``.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
+import time
+import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -79,10 +92,77 @@ class _Finished:
     store: StoreDone | None = None
 
 
-class WorkerSide:
-    """Data plane of one engine worker (see the module docstring)."""
+class _Writer:
+    """One daemon thread that runs store tasks in order from a bounded queue.
 
-    def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path) -> None:
+    A daemon, so an exiting process never hangs on it: ``drain`` bounds the wait."""
+
+    def __init__(self, run: Callable[[StoreTask], None], max_pending: int) -> None:
+        self._run = run
+        self._queue: queue.Queue[StoreTask | None] = queue.Queue(max_pending)
+        self._thread = threading.Thread(target=self._loop, name="flatcake-write",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            task = self._queue.get()
+            try:
+                if task is None:
+                    return
+                self._run(task)
+            finally:
+                self._queue.task_done()
+
+    def submit(self, task: StoreTask) -> bool:
+        """Queue ``task``; ``False`` when the queue is full (never blocks)."""
+        try:
+            self._queue.put_nowait(task)
+        except queue.Full:
+            return False
+        return True
+
+    def drain(self, timeout_s: float) -> tuple[list[StoreTask], bool]:
+        """Wait up to ``timeout_s`` for every queued task, then stop the thread.
+
+        Returns the tasks that never started (removed from the queue) and whether
+        the thread has stopped (``False``: a task is still running)."""
+        q = self._queue
+        with q.all_tasks_done:
+            q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout_s)
+        dropped: list[StoreTask] = []
+        while True:
+            try:
+                task = q.get_nowait()
+            except queue.Empty:
+                break
+            q.task_done()
+            if task is not None:
+                dropped.append(task)
+        q.put(None)
+        self._thread.join(timeout=min(1.0, timeout_s))
+        return dropped, not self._thread.is_alive()
+
+
+def _drain_at_exit(ref: weakref.ref[WorkerSide]) -> None:
+    worker = ref()
+    if worker is not None:
+        worker.close()
+
+
+class WorkerSide:
+    """Data plane of one engine worker (see the module docstring).
+
+    Args:
+        max_pending_stores: stores the writer's queue holds; one more is dropped.
+        drain_timeout_s: how long ``close`` (and the exit hook) waits for stores.
+    """
+
+    def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
+                 max_pending_stores: int = 64, drain_timeout_s: float = 60.0) -> None:
+        if max_pending_stores < 1 or drain_timeout_s < 0:
+            raise ValueError(f"max_pending_stores must be >= 1 and drain_timeout_s >= 0, got "
+                             f"{max_pending_stores}, {drain_timeout_s}")
         self.geometry = geometry
         self.config = config
         self.store_dir = Path(store_dir)
@@ -101,7 +181,12 @@ class WorkerSide:
         self._sync_window = StagingWindow(self.reader)
         self._restores = ThreadPoolExecutor(num_windows, thread_name_prefix="flatcake-restore")
         self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-sync-load")
-        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-write")
+        self._writer_thread = _Writer(self._run_store, max_pending_stores)
+        self.drain_timeout_s = drain_timeout_s
+        self._writing: Counter[str] = Counter()  # request -> stores not yet finished
+        self._write_cond = threading.Condition(self._lock)
+        self._finished: set[str] = set()  # finished requests still holding stores
+        self._closed = False
         self._done: list[_Finished] = []
         self._sync: list[tuple[LoadTask, LayerReady, Future[_Finished]]] = []
         self._sync_errors: set[int] = set()
@@ -112,6 +197,8 @@ class WorkerSide:
         self._stats: Counter[str] = Counter()
         self.paged: PagedKV | None = None
         self._adopt_files()
+        self._exit_hook = partial(_drain_at_exit, weakref.ref(self))
+        atexit.register(self._exit_hook)
 
     # -- start-up --------------------------------------------------------------------
 
@@ -155,12 +242,16 @@ class WorkerSide:
 
     def start_step(self, plan: StepPlan) -> None:
         """Start everything ``plan`` asks for; sync loads are waited for per layer."""
+        if plan.preempted:
+            self._wait_for_stores(plan.preempted)
         for cut in plan.cuts:
             self._cut(cut)
         for drop in plan.drops:
             self._drop(drop)
-        for store in plan.stores:
-            self._stores_left[store.request_id] += 1
+        with self._lock:
+            for store in plan.stores:
+                self._stores_left[store.request_id] += 1
+                self._writing[store.request_id] += 1
         self._stores_to_start.extend(plan.stores)
         for task in plan.loads:
             job, cut_tags = self._job(task)
@@ -196,13 +287,26 @@ class WorkerSide:
                 self._count_load(done.load)
         self._sync = []
         for store in self._stores_to_start:
-            self._write_pool.submit(self._run_store, store)
+            if self._closed or not self._writer_thread.submit(store):
+                logger.warning("FlatCake writer queue is full; segment %d of request %s "
+                               "is not stored", store.plan.segment.segment_id,
+                               store.request_id)
+                self._finish_store(store, False, 0)
         self._stores_to_start = []
 
-    def poll(self) -> tuple[set[str], set[str], set[int], WorkerReport]:
+    def _wait_for_stores(self, request_ids: Sequence[str]) -> None:
+        """Block until every store of ``request_ids`` has finished (their blocks are
+        about to be reused)."""
+        with self._write_cond:
+            self._write_cond.wait_for(lambda: not any(self._writing[r] for r in request_ids))
+
+    def poll(self, finished: Iterable[str] = ()
+             ) -> tuple[set[str], set[str], set[int], WorkerReport]:
         """``(finished_sending, finished_recving, failed block ids, report)`` since the
-        last poll: requests whose stores are all durable, SSD loads finished, the slots
-        of blocks that failed to load (including this step's sync loads)."""
+        last poll. ``finished``: requests the engine finished since the last poll.
+        Sending: finished requests that had stores, now all done (durable or failed);
+        recving: SSD loads finished; failed: the slots of blocks that failed to load
+        (including this step's sync loads)."""
         with self._lock:
             done, self._done = self._done, []
         sending: set[str] = set()
@@ -211,20 +315,21 @@ class WorkerSide:
         self._sync_errors = set()
         stores: list[StoreDone] = []
         loads, self._sync_done = self._sync_done, []
+        self._finished.update(r for r in finished if r in self._stores_left)
         for item in done:
             if item.store is not None:
                 stores.append(item.store)
-                rid = item.store.request_id
-                self._stores_left[rid] -= 1
-                if self._stores_left[rid] <= 0:
-                    del self._stores_left[rid]
-                    sending.add(rid)
+                self._stores_left[item.store.request_id] -= 1
             elif item.load is not None and isinstance(item.task, LoadTask):
                 loads.append(item.load)
                 self._loads_in_flight -= 1
                 recving.add(item.load.request_id)
                 invalid.update(self._failed_block_ids(item.task, item.load))
                 self._count_load(item.load)
+        for rid in [r for r in self._finished if self._stores_left[r] <= 0]:
+            self._finished.discard(rid)
+            del self._stores_left[rid]
+            sending.add(rid)
         return sending, recving, invalid, WorkerReport(tuple(stores), tuple(loads))
 
     # -- loads -----------------------------------------------------------------------
@@ -340,11 +445,18 @@ class WorkerSide:
         except Exception as exc:  # the books roll the allocation back
             logger.warning("FlatCake store of segment %d (request %s) failed: %s",
                            seg.segment_id, task.request_id, exc)
-        done = StoreDone(task.request_id, seg.segment_id, ok, written_bytes)
-        with self._lock:
-            medium = "memory" if plan.medium == Medium.MEMORY else "ssd"
+        self._finish_store(task, ok, written_bytes)
+
+    def _finish_store(self, task: StoreTask, ok: bool, written_bytes: int) -> None:
+        done = StoreDone(task.request_id, task.plan.segment.segment_id, ok, written_bytes)
+        with self._write_cond:
+            medium = "memory" if task.plan.medium == Medium.MEMORY else "ssd"
             self._stats[f"bytes_written_{medium}"] += written_bytes
             self._done.append(_Finished(task, store=done))
+            self._writing[task.request_id] -= 1
+            if self._writing[task.request_id] <= 0:
+                del self._writing[task.request_id]
+            self._write_cond.notify_all()
 
     def _drop(self, drop: FileDrop) -> None:
         with self._lock:
@@ -381,13 +493,30 @@ class WorkerSide:
         return sum(self._stores_left.values()) + self._loads_in_flight
 
     def close(self) -> None:
-        """Finish writes and restores in flight, then close every file."""
-        self._write_pool.shutdown(wait=True)
+        """Drain the writer within ``drain_timeout_s``, finish restores in flight, then
+        close every file. Stores that never started are dropped (reported failed, so
+        the books roll them back); if one is still running at the deadline the files
+        stay open for it (the process is ending) and its segment, torn or not, is
+        checked by its crc32 at the next start. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._exit_hook)
+        t0 = time.monotonic()
+        dropped, stopped = self._writer_thread.drain(self.drain_timeout_s)
+        for task in dropped:
+            self._finish_store(task, False, 0)
+        if dropped or not stopped:
+            logger.warning("FlatCake stopped with %d stores not written (drain timeout "
+                           "%.1f s)", len(dropped) + (not stopped), self.drain_timeout_s)
+        else:
+            logger.debug("FlatCake writer drained in %.3f s", time.monotonic() - t0)
         self._restores.shutdown(wait=True)
         self._sync_pool.shutdown(wait=True)
         while not self._windows.empty():
             self._windows.get_nowait().close()
         self._sync_window.close()
         self.reader.close()
-        with self._lock:
-            self._files.close()
+        if stopped:
+            with self._lock:
+                self._files.close()

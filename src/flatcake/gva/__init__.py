@@ -10,7 +10,13 @@ from flatcake.gva.index import (
     PrefixHit,
     Segment,
 )
-from flatcake.gva.keys import BlockKey, as_block_key, chain_block_keys, namespace_key
+from flatcake.gva.keys import (
+    BlockKey,
+    as_block_key,
+    chain_block_keys,
+    engine_block_key,
+    namespace_key,
+)
 from flatcake.gva.placement import (
     Placement,
     PlacementRule,
@@ -46,6 +52,7 @@ __all__ = [
     "decide_placement",
     "decode_address",
     "encode_address",
+    "engine_block_key",
     "explain",
     "namespace_key",
 ]

@@ -1,18 +1,30 @@
 """Block keys (FC-GVA): 32-byte chained prefix hashes over token blocks.
 
 Block ``i``'s key is a keyed BLAKE2b digest of key ``i-1`` and block ``i``'s token ids,
-where the BLAKE2b key is itself a digest of the model name and the tenant salt::
+where the BLAKE2b key is itself a digest of the model name and the tenant::
 
-    ns      = blake2b(b"flatcake-ns-v1" | len(model) | model | len(salt) | salt)   # 32 B
+    ns      = blake2b(b"flatcake-ns-v1" | len(model) | model | len(salt) | salt
+                      [| len(request_salt) | request_salt])                    # 32 B
     key[-1] = parent or 32 zero bytes
     key[i]  = blake2b(key[i-1] | int64-le token ids of block i, key=ns)           # 32 B
 
-So a key names a whole prefix (not one block), two models or two tenants never share a
-key, and without the salt nobody can build a prefix that collides with another tenant's.
-Only full blocks get a key (a partial last block is recomputed, never stored).
+The tenant is two salts: ``tenant_salt`` (one per deployment) and ``request_salt``
+(one per request, e.g. vLLM's ``cache_salt``; left out of the digest when absent, so a
+store written without request salts keeps its keys). So a key names a whole prefix
+(not one block), two models or two tenants never share a key, and without the salts
+nobody can build a prefix that collides with another tenant's. Only full blocks get a
+key (a partial last block is recomputed, never stored).
 
-Engines that hash blocks themselves (vLLM, SGLang) hand their hashes in through
-``as_block_key``, which keeps them as they are when they already are 32 bytes.
+Engines that hash blocks themselves (vLLM, SGLang) keep their chained hashes (which
+carry what tokens alone do not: multimodal inputs, LoRA); ``engine_block_key`` puts
+each in the same namespace::
+
+    key[i]  = blake2b(engine_hash[i], key=ns)                                      # 32 B
+
+The vLLM connector does exactly that with ``ns = namespace_key(model, tenant_salt,
+cache_salt)``, one namespace per request's ``cache_salt``: different salts never share
+a key, in memory or on SSD, before or after a restart. ``as_block_key`` takes an
+engine's hash as the key itself (no namespace) for hosts that namespace their own.
 """
 
 from __future__ import annotations
@@ -39,14 +51,32 @@ def _as_bytes(value: str | bytes, field: str) -> bytes:
     raise ValueError(f"{field} must be str or bytes, got {type(value).__name__}")
 
 
-def namespace_key(model: str, tenant_salt: str | bytes = b"") -> bytes:
-    """The 32-byte BLAKE2b key that namespaces every block key of (model, tenant)."""
+def namespace_key(model: str, tenant_salt: str | bytes = b"",
+                  request_salt: str | bytes | None = None) -> bytes:
+    """The 32-byte BLAKE2b key that namespaces every block key of (model, tenant).
+
+    ``request_salt`` (vLLM's per-request ``cache_salt``) is a second tenant field;
+    ``None`` or empty leaves it out, so the namespace equals the one without it."""
     if not isinstance(model, str) or not model:
         raise ValueError(f"model must be a non-empty str, got {model!r}")
     m = model.encode("utf-8")
     s = _as_bytes(tenant_salt, "tenant_salt")
     raw = _NS_TAG + struct.pack("<Q", len(m)) + m + struct.pack("<Q", len(s)) + s
+    if request_salt is not None:
+        r = _as_bytes(request_salt, "request_salt")
+        if r:
+            raw += struct.pack("<Q", len(r)) + r
     return hashlib.blake2b(raw, digest_size=KEY_BYTES).digest()
+
+
+def engine_block_key(namespace: bytes, engine_hash: bytes) -> BlockKey:
+    """The key of a block an engine hashed itself (``engine_hash``: its chained block
+    hash, e.g. vLLM's ``request.block_hashes[i]``), in ``namespace``."""
+    if not isinstance(namespace, bytes) or len(namespace) != KEY_BYTES:
+        raise ValueError(f"namespace must be {KEY_BYTES} bytes, got {namespace!r}")
+    if not isinstance(engine_hash, bytes | bytearray | memoryview) or not engine_hash:
+        raise ValueError(f"engine_hash must be non-empty bytes, got {engine_hash!r}")
+    return hashlib.blake2b(bytes(engine_hash), digest_size=KEY_BYTES, key=namespace).digest()
 
 
 def chain_block_keys(

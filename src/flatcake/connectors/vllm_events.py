@@ -1,0 +1,72 @@
+"""FlatCake's block events as vLLM KV cache events (``BlockStored`` / ``BlockRemoved``).
+
+A KV-aware router that consumes vLLM's KV events (``--kv-events-config``) learns from
+these which engine holds a session's history in FlatCake, under the engine's own block
+hashes (the ones its GPU prefix-cache events carry), with medium ``CPU`` (host memory)
+or ``STORAGE`` (SSD). ``BlockStored`` is sent once the blocks are durable and indexed;
+``BlockRemoved`` when reclaim or a damaged segment drops them. Blocks recovered from
+disk at start-up were hashed by an earlier process and have no engine hashes here:
+their removal is not reported.
+
+Scheduler thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from vllm.distributed.kv_events import (
+    MEDIUM_CPU,
+    MEDIUM_STORAGE,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+
+from flatcake.connectors.scheduler_side import BlockEvent
+from flatcake.gva.address import Medium
+
+_MEDIUM = {Medium.MEMORY: MEDIUM_CPU, Medium.SSD: MEDIUM_STORAGE}
+
+
+class EventBook:
+    """FlatCake keys -> the engine block hashes (and tokens) they were stored under."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._hashes: dict[bytes, bytes] = {}  # key -> engine hash, while indexed
+        # first key of a planned store -> (parent hash, token ids of its blocks)
+        self._planned: dict[bytes, tuple[bytes | None, list[int]]] = {}
+
+    def planned(self, keys: Sequence[bytes], hashes: Sequence[bytes],
+                parent: bytes | None, token_ids: Sequence[int]) -> None:
+        """A store of ``keys`` (engine hashes ``hashes``, the block before them
+        ``parent``) was planned; its ``token_ids`` are reported once it is durable."""
+        if not keys:
+            return
+        self._hashes.update(zip(keys, hashes, strict=True))
+        self._planned[keys[0]] = (parent, list(token_ids))
+
+    def convert(self, events: Iterable[BlockEvent]) -> list[KVCacheEvent]:
+        out: list[KVCacheEvent] = []
+        for ev in events:
+            hashes = [self._hashes[k] for k in ev.keys if k in self._hashes]
+            if ev.stored:
+                parent, tokens = self._planned.pop(ev.keys[0], (None, []))
+                if len(hashes) != len(ev.keys) or len(tokens) != len(ev.keys) * self.block_size:
+                    continue
+                out.append(BlockStored(
+                    block_hashes=[maybe_convert_block_hash(BlockHash(h)) for h in hashes],
+                    parent_block_hash=(None if parent is None
+                                       else maybe_convert_block_hash(BlockHash(parent))),
+                    token_ids=tokens, block_size=self.block_size, lora_id=None,
+                    medium=_MEDIUM[ev.medium], lora_name=None))
+            else:
+                for k in ev.keys:
+                    self._hashes.pop(k, None)
+                if hashes:
+                    out.append(BlockRemoved(
+                        block_hashes=[maybe_convert_block_hash(BlockHash(h)) for h in hashes],
+                        medium=_MEDIUM[ev.medium]))
+        return out

@@ -1,0 +1,145 @@
+"""FlatCake's numbers in vLLM: connector stats per interval and ``vllm:flatcake_*`` series.
+
+The scheduler half's counters (``connectors.scheduler_side.COUNTER_KEYS``) and the
+workers' byte counters travel as ``FlatCakeStats`` with the engine's stats; vLLM logs
+them and hands them to ``FlatCakePromMetrics`` for its ``/metrics`` endpoint. Every
+series exists from start-up (zero until something happens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+GAUGE_KEYS = ("restores_in_flight", "restores_waiting")
+
+
+@dataclass
+class FlatCakeStats(KVConnectorStats):
+    """Counters (summed over workers and intervals) and gauges (latest) of one interval;
+    ``data`` maps ``connectors.scheduler_side.COUNTER_KEYS``, worker byte counters,
+    ``placements.<rule>`` and ``GAUGE_KEYS`` to numbers."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key, value in other.data.items():
+            if key in GAUGE_KEYS:
+                self.data[key] = value
+            else:
+                self.data[key] = self.data.get(key, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out = dict(self.data)
+        prompt = out.get("prompt_tokens", 0)
+        if prompt:
+            loaded = out.get("loaded_tokens_memory", 0) + out.get("loaded_tokens_ssd", 0)
+            out["delivered_hit_rate"] = round(loaded / prompt, 4)
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(v for k, v in self.data.items() if k not in GAUGE_KEYS)
+
+
+class FlatCakePromMetrics(KVConnectorPromMetrics):
+    """``vllm:flatcake_*`` series on vLLM's ``/metrics``: the delivered hit rate's two
+    counters (and the rate itself), tokens loaded per medium, restores in flight and
+    waiting, staging-slot waits, placements by rule, load errors, stores."""
+
+    _COUNTERS: ClassVar[dict[str, tuple[str, str]]] = {
+        "prompt_tokens": ("vllm:flatcake_prompt_tokens",
+                          "Prompt tokens looked up in FlatCake (hit-rate denominator)."),
+        "hit_tokens": ("vllm:flatcake_hit_tokens",
+                       "Prompt tokens FlatCake held when their request was admitted."),
+        "load_error_blocks": ("vllm:flatcake_load_error_blocks",
+                              "Hit blocks not delivered (corrupt or unreadable): recomputed."),
+        "damaged_segments": ("vllm:flatcake_damaged_segments",
+                             "Stored segments that failed their crc32 check."),
+        "restores_started": ("vllm:flatcake_restores_started",
+                             "SSD restores started by the FC-MAS scheduler."),
+        "staging_slot_waits": ("vllm:flatcake_staging_slot_waits",
+                               "SSD restores that waited for a staging window."),
+        "lookup_waits": ("vllm:flatcake_lookup_waits",
+                         "Lookups deferred behind a store of the same prefix."),
+        "stores_ok": ("vllm:flatcake_stores_ok", "Turn segments written and published."),
+        "stores_failed": ("vllm:flatcake_stores_failed", "Turn segments whose write failed."),
+        "stores_rejected": ("vllm:flatcake_stores_rejected",
+                            "Turns no medium could take (capacity)."),
+    }
+
+    def __init__(self, vllm_config: VllmConfig, metric_types: Any, labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {key: self._counter_cls(name=name, documentation=doc,
+                                                 labelnames=labelnames)
+                          for key, (name, doc) in self._COUNTERS.items()}
+        self._loaded = self._counter_cls(
+            name="vllm:flatcake_loaded_tokens",
+            documentation="Prompt tokens delivered to the engine's KV cache before prefill, "
+                          "per medium they came from.",
+            labelnames=[*labelnames, "medium"])
+        self._stored = self._counter_cls(
+            name="vllm:flatcake_stored_blocks",
+            documentation="Blocks written by FlatCake, per medium.",
+            labelnames=[*labelnames, "medium"])
+        self._placements = self._counter_cls(
+            name="vllm:flatcake_placements",
+            documentation="Turn placements, by the rule that decided them.",
+            labelnames=[*labelnames, "rule"])
+        self._bytes = self._counter_cls(
+            name="vllm:flatcake_io_bytes",
+            documentation="Bytes moved by FlatCake workers (read_ssd, copied_memory, "
+                          "written_ssd, written_memory).",
+            labelnames=[*labelnames, "kind"])
+        self._in_flight = self._gauge_cls(
+            name="vllm:flatcake_restores_in_flight",
+            documentation="SSD restores holding a staging window now.",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._waiting = self._gauge_cls(
+            name="vllm:flatcake_restores_waiting",
+            documentation="SSD restores waiting in the FC-MAS queue now.",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._hit_rate = self._gauge_cls(
+            name="vllm:flatcake_delivered_hit_rate",
+            documentation="Prompt tokens delivered to the engine's KV before prefill over "
+                          "prompt tokens looked up, since start.",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._totals: dict[int, list[float]] = {}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        labels = self.per_engine_labelvalues[engine_idx]
+        data = transfer_stats_data
+        for key, counter in self._counters.items():
+            if data.get(key):
+                counter.labels(*labels).inc(data[key])
+        for medium in ("memory", "ssd"):
+            if data.get(f"loaded_tokens_{medium}"):
+                self._loaded.labels(*labels, medium).inc(data[f"loaded_tokens_{medium}"])
+            if data.get(f"stored_blocks_{medium}"):
+                self._stored.labels(*labels, medium).inc(data[f"stored_blocks_{medium}"])
+        for key, value in data.items():
+            if key.startswith("placements.") and value:
+                self._placements.labels(*labels, key.split(".", 1)[1]).inc(value)
+            elif key.startswith(("bytes_read_", "bytes_copied_", "bytes_written_")) and value:
+                self._bytes.labels(*labels, key[len("bytes_"):]).inc(value)
+        if "restores_in_flight" in data:
+            self._in_flight.labels(*labels).set(data["restores_in_flight"])
+        if "restores_waiting" in data:
+            self._waiting.labels(*labels).set(data["restores_waiting"])
+        total = self._totals.setdefault(engine_idx, [0.0, 0.0])
+        total[0] += data.get("loaded_tokens_memory", 0) + data.get("loaded_tokens_ssd", 0)
+        total[1] += data.get("prompt_tokens", 0)
+        if total[1]:
+            self._hit_rate.labels(*labels).set(total[0] / total[1])
