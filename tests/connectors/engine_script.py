@@ -36,6 +36,10 @@ def build_model(out: str) -> None:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                    unk_token="<unk>")
+    # A chat template (for the OpenAI server's chat API): each message as "role text",
+    # so a conversation's next prompt extends its previous prompt and reply.
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} "
+                          "{% endfor %}{% if add_generation_prompt %}assistant{% endif %}")
     fast.save_pretrained(out)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,

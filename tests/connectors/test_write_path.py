@@ -134,3 +134,55 @@ def test_dropped_blocks_are_reported_removed(tmp_path: Path) -> None:
         (False, first.keys[:2], Medium.SSD)]
     assert h.sched.take_events() == []
     h.close()
+
+
+EXIT_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[2], sys.argv[3]]
+from tests.connectors.test_sides import Harness, view
+
+import time
+h = Harness(Path(sys.argv[1]))
+run = h.worker._writer_thread._run
+h.worker._writer_thread._run = lambda task: (time.sleep(1.0), run(task))[1]  # a slow disk
+v = view("a", list(range(100, 117)), session="s")
+h.sched.num_matched_tokens(v, 0)
+h.sched.prompt_computed(v, [1, 2, 3, 4, 5])
+h.worker.start_step(h.sched.build_step())
+h.worker.end_step()
+# The process ends here: no close, no report; the exit hook drains the write.
+"""
+
+
+def test_a_process_that_exits_without_closing_still_writes_its_turn(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), str(repo),
+                           str(repo / "src")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    h = Harness(tmp_path)
+    assert h.sched.recovered_segments == 1
+    assert h.sched.num_matched_tokens(view("b", [*range(100, 117), 5, 6]), 0) == (16, True)
+    h.close()
+
+
+def test_a_prefix_held_by_a_waiting_request_counts_as_shared(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    system = list(range(1, 9))  # 2 blocks
+    first, second = view("a", [*system, 50, 51]), view("b", [*system, 60, 61])
+    h.sched.new_request(first)
+    h.sched.new_request(second)  # added to the engine, not scheduled yet
+    h.sched.num_matched_tokens(first, 0)
+    plan = h.sched.prompt_computed(first, [1, 2, 3])
+    assert plan is not None and plan.placement.rule.value == "shared_prefix"
+    assert plan.medium == Medium.MEMORY
+    # b's blocks are being written by a: b waits for them instead of writing them again.
+    assert h.sched.num_matched_tokens(second, 0) == (None, False)
+    h.step()
+    assert h.sched.num_matched_tokens(second, 0) == (8, False)
+    assert h.sched.prompt_computed(second, [4, 5, 6]) is None
+    assert h.sched.totals()["prompt_tokens"] == 20
+    h.close()

@@ -273,7 +273,8 @@ class SchedulerSide:
         if state is None:
             turn = self.sessions.resolve(req.session_param, hit.num_blocks, self._owner(hit))
             state = self._reqs[req.request_id] = _Request(turn)
-            self.refcount.add(req.request_id, req.keys)
+            if not self.refcount.holds(req.request_id):
+                self.refcount.add(req.request_id, req.keys)
         state.hit, state.local_blocks = hit, local_blocks
         num_blocks = hit.num_blocks - local_blocks
         if num_blocks < self.settings.min_hit_blocks:
@@ -566,9 +567,13 @@ class SchedulerSide:
         out, self._events = self._events, []
         return out
 
-    def observe_prompt(self, num_prompt_tokens: int) -> None:
-        """Count a new request's prompt tokens (the hit rate's denominator)."""
-        self._stats["prompt_tokens"] += num_prompt_tokens
+    def new_request(self, req: RequestView) -> None:
+        """A request entered the engine (``on_new_request``): count its prompt tokens
+        (the hit rate's denominator) and its blocks in the prefix-tree refcount from
+        now on, waiting or running, so the shared-prefix rule sees every request that
+        holds a prefix when the first of them is written."""
+        self._stats["prompt_tokens"] += req.num_prompt_tokens
+        self.refcount.add(req.request_id, req.keys)
 
     def take_stats(self) -> dict[str, int | float]:
         """Counters since the last call (for the engine's stats interval), plus the

@@ -170,5 +170,8 @@ class PrefixRefcount:
             else:
                 del count[key]
 
+    def holds(self, request_id: Hashable) -> bool:
+        return request_id in self._held
+
     def refcount(self, key: bytes) -> int:
         return self._count.get(key, 0)

@@ -262,7 +262,7 @@ class FlatCakeConnector(KVConnectorBase_V1):
                            session)
 
     def on_new_request(self, request: Request) -> None:
-        self._sched().observe_prompt(int(request.num_prompt_tokens))
+        self._sched().new_request(self._view(request))
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int
                                    ) -> tuple[int | None, bool]:

@@ -16,10 +16,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
+from flatcake.gva.placement import PlacementRule
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 GAUGE_KEYS = ("restores_in_flight", "restores_waiting")
+MEDIA = ("memory", "ssd")
+IO_KINDS = ("read_ssd", "copied_memory", "written_ssd", "written_memory")
 
 
 @dataclass
@@ -117,6 +121,20 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
                           "prompt tokens looked up, since start.",
             labelnames=labelnames, multiprocess_mode="mostrecent")
         self._totals: dict[int, list[float]] = {}
+        # Every series and label value exists from the start (zero until it happens),
+        # so a dashboard or an alert never misses one.
+        for labels in per_engine_labelvalues.values():
+            for counter in self._counters.values():
+                counter.labels(*labels)
+            for medium in MEDIA:
+                self._loaded.labels(*labels, medium)
+                self._stored.labels(*labels, medium)
+            for rule in PlacementRule:
+                self._placements.labels(*labels, rule.value)
+            for kind in IO_KINDS:
+                self._bytes.labels(*labels, kind)
+            for gauge in (self._in_flight, self._waiting, self._hit_rate):
+                gauge.labels(*labels).set(0)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         labels = self.per_engine_labelvalues[engine_idx]
@@ -124,7 +142,7 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
         for key, counter in self._counters.items():
             if data.get(key):
                 counter.labels(*labels).inc(data[key])
-        for medium in ("memory", "ssd"):
+        for medium in MEDIA:
             if data.get(f"loaded_tokens_{medium}"):
                 self._loaded.labels(*labels, medium).inc(data[f"loaded_tokens_{medium}"])
             if data.get(f"stored_blocks_{medium}"):
