@@ -1,7 +1,8 @@
 """One engine process of the vLLM end-to-end test (run as a script by test_vllm_e2e.py).
 
     python engine_script.py model MODEL_DIR
-        build a tiny random Llama and its tokenizer in MODEL_DIR (nothing downloaded)
+        build a tiny random Llama and its tokenizer (with a chat template) in MODEL_DIR
+        (nothing downloaded); nothing to do when MODEL_DIR exists
     python engine_script.py serve MODEL_DIR PLAN.json OUT.json [STORE_DIR]
         start vLLM's offline ``LLM`` (FlatCake on when STORE_DIR is given: its
         ``kv_transfer_config`` is the only FlatCake-specific thing), serve the phases of
@@ -117,7 +118,8 @@ if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if sys.argv[1] == "model":
-        build_model(sys.argv[2])
+        if not os.path.isdir(sys.argv[2]):
+            build_model(sys.argv[2])
     elif sys.argv[1] == "serve":
         serve(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     else:

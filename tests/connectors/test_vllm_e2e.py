@@ -7,7 +7,8 @@ FlatCake-specific thing (no flush, no other call): each generates and exits.
 0. baseline: no connector (vLLM's prefix cache on, its default); fixes the prompts and
    the expected greedy tokens and logprobs of every turn;
 1. run 1 (FlatCake, empty store; vLLM's prefix cache off so FlatCake serves every
-   hit): session A turns 0-2 (turn 0 stored on SSD by the first-turn rule; turn 1
+   hit; the engine in this process, so concurrent requests arrive together): session
+   A turns 0-2 (turn 0 stored on SSD by the first-turn rule; turn 1
    restores it from SSD; turn 1's short reply puts its new block in host memory, so
    turn 2 hits both media), session B turn 0 (no session id), two concurrent requests
    sharing a system prompt (stored once, in memory, by the shared-prefix rule) and a
@@ -18,7 +19,9 @@ FlatCake-specific thing (no flush, no other call): each generates and exits.
    engine core in a child process): S0's prompt under ``cache_salt="bob"`` -> nothing
    cached; S1 (alice's next turn) -> S0's full blocks cached, from SSD; A0's prompt
    again -> all its full blocks cached; session B's segment was corrupted on disk in
-   between, so its next turn detects it (crc32), recomputes, and answers the same.
+   between, so its next turn detects it (crc32), recomputes, and answers the same;
+   last, Z0 with one output token: its segment is on disk, whole, once the process
+   (and its engine core child) has exited.
 
 Every FlatCake output must equal the baseline's, token for token and logprob for
 logprob; hits show as fewer prompt tokens computed (``num_cached_tokens``).
@@ -119,6 +122,7 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
         "C3": {"prompt": system + ids(30), "max_tokens": 4},
         "S0": {"prompt": ids(100), "cache_salt": "alice", "max_tokens": 1},
         "S1": {"extend": ["S0", ids(40)], "cache_salt": "alice", "max_tokens": 8},
+        "Z0": {"prompt": ids(100), "session_id": "Z", "max_tokens": 1},
     }
 
     def phases(*groups: tuple[str, ...], **options: object) -> dict:
@@ -128,13 +132,14 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
 
     # 0. Baseline: vLLM alone, with its defaults.
     base = run_engine(model, phases(("A0",), ("A1",), ("A2",), ("B0",), ("B1",),
-                                    ("C1", "C2"), ("C3",), ("S0",), ("S1",)),
+                                    ("C1", "C2"), ("C3",), ("S0",), ("S1",), ("Z0",)),
                       tmp_path / "baseline.json")
     want = base["requests"]
 
     # 1. FlatCake, empty store, vLLM's prefix cache off: every hit is FlatCake's.
     r1 = run_engine(model, explicit(phases(("A0",), ("A1",), ("A2",), ("B0",), ("C1", "C2"),
-                                           ("C3",), ("S0",), prefix_caching=False), want),
+                                           ("C3",), ("S0",), prefix_caching=False,
+                                           in_process=True), want),
                     tmp_path / "run1.json", store)
     got = r1["requests"]
     for name in got:
@@ -166,7 +171,7 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
     damaged = corrupt_session_file(store, fc["B0"]["session_id"])
 
     # 2. A fresh process over the same store, vLLM's defaults.
-    run2 = phases(("S0",), ("S1",), ("A0",), ("B1",))
+    run2 = phases(("S0",), ("S1",), ("A0",), ("B1",), ("Z0",))
     run2["phases"][0][0]["cache_salt"] = "bob"
     r2 = run_engine(model, explicit(run2, want), tmp_path / "run2.json", store)
     got2 = r2["requests"]
@@ -192,6 +197,20 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
     # was stored again as the session's first segment, in a new file.
     assert not damaged.exists()
     assert fc2["B1"]["placement"].startswith("ssd:")
+    # Z0's write was queued in its only step, just before the process exited.
+    assert fc2["Z0"]["placement"] == "ssd:first_turn" and fc2["Z0"]["stored_blocks"] == 3
+    assert session_segments(store, "Z") == [3]
+
+
+def session_segments(store: Path, session_id: str) -> list[int]:
+    """Blocks of each valid segment in ``session_id``'s file (crc32-checked)."""
+    from flatcake.cio.format import scan_session_file
+
+    for path in sorted((store / "sessions").iterdir()):
+        header, ok, _bad = scan_session_file(path)
+        if header.session_id == session_id:
+            return [s.header.num_blocks for s in ok]
+    return []
 
 
 def test_stats_reach_prometheus_series() -> None:
