@@ -60,7 +60,8 @@ class Walkthrough:
         return (readme_block(name).replace("/tmp/flatcake-demo", str(self.root))
                 .replace("127.0.0.1:8000", f"127.0.0.1:{self.port}")
                 .replace("--port 8000", f"--port {self.port}")
-                .replace(".venv-engine/bin/python", sys.executable))
+                .replace(".venv-engine/bin/python", sys.executable)
+                .replace(".venv/bin/flatcake", f"{sys.executable} -m flatcake.cli"))
 
     def start_server(self, log: Path) -> subprocess.Popen[bytes]:
         """The serve block (model build, then the server) in its own process group."""
@@ -103,6 +104,13 @@ class Walkthrough:
             raise AssertionError(f"client failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
         return [json.loads(line) for line in proc.stdout.splitlines()]
 
+    def inspect(self) -> str:
+        proc = subprocess.run(["bash", "-c", self.text("inspect")], cwd=REPO, env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise AssertionError(f"inspect failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
+        return proc.stdout
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
             return str(r.read().decode())
@@ -122,6 +130,8 @@ def test_readme_walkthrough_serves_and_restarts(tmp_path: Path) -> None:
         first = w.chat(3)
         print("first server:", *first, sep="\n")
         scraped = w.metrics()
+        inspected = w.inspect()
+        print(inspected)
     finally:
         rc = w.stop(server)
     assert rc in (0, -signal.SIGINT, 130), log.read_text()[-4000:]
@@ -139,6 +149,10 @@ def test_readme_walkthrough_serves_and_restarts(tmp_path: Path) -> None:
     names = set(re.findall(r"^(vllm:flatcake_\w+?)(?:_total)?[{ ]", scraped, re.M))
     want = {n.removesuffix("_total") for n in documented_series()}
     assert want and want <= names, sorted(want - names)
+    # The live store's own budgets (the serve block's), not the CLI's defaults.
+    assert "recorded by the store" in inspected
+    assert re.search(r"memory +used .* of 64\.0 MiB", inspected), inspected
+    assert re.search(r"ssd +used .* of 1024\.0 MiB", inspected), inspected
     stored = re.search(r'^vllm:flatcake_stores_ok_total\{[^}]*\} (\S+)', scraped, re.M)
     assert stored is not None and float(stored.group(1)) >= 3
 

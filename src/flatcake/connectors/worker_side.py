@@ -77,6 +77,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium
 from flatcake.store.arena import ArenaBuffer
 from flatcake.store.files import SessionFiles, session_files_in
+from flatcake.store.record import write_record
 from flatcake.store.store import build_restore_path
 
 logger = logging.getLogger(__name__)
@@ -197,6 +198,8 @@ class WorkerSide:
         self._stats: Counter[str] = Counter()
         self.paged: PagedKV | None = None
         self._adopt_files()
+        # What this store runs with, for offline tools (``flatcake inspect``).
+        write_record(self.store_dir, geometry, config, self.io_mode)
         self._exit_hook = partial(_drain_at_exit, weakref.ref(self))
         atexit.register(self._exit_hook)
 
