@@ -247,3 +247,29 @@ def test_stats_reach_prometheus_series() -> None:
             ("vllm:flatcake_io_bytes_total", {"kind": "read_ssd"}, 8192)):
         assert reg.get_sample_value(name, labels | extra) == pytest.approx(value), name
     assert "vllm:flatcake_prompt_tokens_total" in generate_latest(reg).decode()
+
+
+def test_block_events_become_vllm_kv_events() -> None:
+    """What FlatCake stored and dropped goes out under vLLM's own block hashes."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+    from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+
+    from flatcake.connectors.scheduler_side import BlockEvent
+    from flatcake.connectors.vllm_events import EventBook
+    from flatcake.gva.address import Medium
+
+    book = EventBook(block_size=2)
+    keys = (b"k" * 32, b"l" * 32)
+    hashes = [b"h" * 32, b"i" * 32]
+    book.planned(keys, hashes, parent=b"p" * 32, token_ids=[5, 6, 7, 8])
+    stored, removed = book.convert([BlockEvent(True, keys, Medium.SSD),
+                                    BlockEvent(False, keys[1:], Medium.SSD)])
+    assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
+    # vLLM's own conversion (64-bit ints by default, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
+    ext = [maybe_convert_block_hash(BlockHash(h)) for h in [*hashes, b"p" * 32]]
+    assert stored.block_hashes == ext[:2] and stored.parent_block_hash == ext[2]
+    assert stored.token_ids == [5, 6, 7, 8] and stored.medium == "STORAGE"
+    assert removed.block_hashes == ext[1:2]
+    # Blocks recovered from disk (no engine hashes known here): nothing to report.
+    assert book.convert([BlockEvent(False, (b"z" * 32,), Medium.MEMORY)]) == []
+    assert book.convert([BlockEvent(False, keys[1:], Medium.SSD)]) == []
