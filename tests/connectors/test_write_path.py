@@ -103,20 +103,20 @@ def test_preempted_request_store_finishes_before_its_blocks_are_reused(
     h = Harness(tmp_path)
     gate = threading.Event()
     real_run = h.worker._writer_thread._run
-    order: list[str] = []
-    h.worker._writer_thread._run = lambda task: (gate.wait(), real_run(task),
-                                                 order.append("written"))[1]
+    h.worker._writer_thread._run = lambda task: (gate.wait(), real_run(task))[1]
     v = view("a", list(range(100, 109)), session="s")
     h.sched.num_matched_tokens(v, 0)
     h.sched.prompt_computed(v, [3, 4])
     h.worker.start_step(h.sched.build_step())
     h.worker.end_step()
+    _, _, _, report = h.worker.poll()
+    assert report.stores == ()  # the write is held up
     plan = h.sched.build_step(preempted=["a", "other"])
     assert plan.preempted == ("a",)
     threading.Timer(0.2, gate.set).start()
     h.worker.start_step(plan)  # returns only once a's write is done
-    order.append("step")
-    assert order == ["written", "step"]
+    _, _, _, report = h.worker.poll()
+    assert [(d.request_id, d.ok) for d in report.stores] == [("a", True)]
     assert StepPlan(preempted=("a",)).is_empty() is False
     h.close()
 
