@@ -46,6 +46,7 @@ def test_inspect_json(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert ssd["used_bytes"] == 2 * per_file
     assert report["media"]["memory"]["used_bytes"] == 0  # memory is not persistent
     assert report["damaged_files"] == []
+    assert report["host_buffers"].startswith("host buffers >= 2 MiB: 2 MiB-aligned")
 
 
 def test_inspect_text(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,6 +54,7 @@ def test_inspect_text(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "2 sessions" in out and "'chat-0': 2 segments, 12 blocks" in out
     assert "reclaim above 90% down to 80%" in out
+    assert "kernel THP mode:" in out
 
 
 def test_fsck_exit_codes(root: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,6 +22,7 @@ from flatcake.cio.direct import (
     resolve_io_mode,
     writable_view,
 )
+from flatcake.cio.hugepages import HUGE_PAGE, huge_page_mode, huge_pages_note
 
 SHM = Path("/dev/shm")
 
@@ -34,6 +35,41 @@ def test_aligned_buffer(num_bytes: int) -> None:
     assert buf.is_pinned() == torch.cuda.is_available()
     with pytest.raises(ValueError, match="num_bytes"):
         aligned_buffer(-1)
+
+
+def _mapping_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds ``address``."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps", encoding="ascii") as f:
+        for line in f:
+            head = line.split(None, 1)
+            if not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                if inside:
+                    break
+                inside = lo <= address < hi
+            elif inside:
+                fields[head[0][:-1]] = head[1].strip() if len(head) > 1 else ""
+    return fields
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="no /proc/self/smaps")
+def test_large_buffers_are_advised_huge_pages() -> None:
+    buf = aligned_buffer(3 * HUGE_PAGE + 4096, pin=False)
+    assert buf.numel() == 3 * HUGE_PAGE + 4096
+    assert buf.data_ptr() % HUGE_PAGE == 0
+    assert int(buf.sum()) == 0  # a fresh mapping: zeros, untouched by anyone else
+    buf.fill_(5)
+    assert int(buf[-1]) == 5 and int(buf[0]) == 5
+    mapping = _mapping_of(buf.data_ptr())
+    mode = huge_page_mode()
+    assert mode in ("always", "madvise", "never", "unavailable")
+    if mode != "unavailable":
+        assert "hg" in mapping["VmFlags"].split()  # MADV_HUGEPAGE was applied
+    assert ("transparent huge pages" in huge_pages_note()) == (mode in ("always", "madvise"))
+    small = aligned_buffer(HUGE_PAGE - 4096, pin=False)  # below the size: heap memory
+    assert "hg" not in _mapping_of(small.data_ptr()).get("VmFlags", "").split()
 
 
 def test_probe_on_the_real_disk(tmp_path: Path) -> None:

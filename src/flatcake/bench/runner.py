@@ -49,6 +49,7 @@ from flatcake.bench.report import (
 )
 from flatcake.bench.source import empty_kv, make_kv, shifted_table, shuffled_slots
 from flatcake.cio.direct import probe_direct_io
+from flatcake.cio.hugepages import huge_pages_note
 from flatcake.cio.layout import align_up
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader
@@ -298,6 +299,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
     # whatever reader issues them; say how FlatCake compares with that ceiling too, so a
     # slow reader does not flatter FlatCake.
     rand_best = max(rand.gbps, fio.get("randread", {}).get("gbps", 0.0))
+    notes.append(huge_pages_note())
     notes.append(
         f"scattered's ceiling on this disk: random {rand_op >> 10} KiB reads reach "
         f"{rand_best:.3f} GB/s (best of in-process and fio); scattered restored at "

@@ -3,7 +3,8 @@ and whole-buffer positional writes.
 
 Direct I/O needs three things aligned to 4096 bytes: the buffer address, the file
 offset and the length. ``aligned_buffer`` gives buffers that satisfy the first (pinned
-when CUDA is present, so a later host-to-GPU copy is a DMA); the segment layout
+when CUDA is present, so a later host-to-GPU copy is a DMA; otherwise, from 2 MiB up,
+backed by transparent huge pages, see ``cio.hugepages``); the segment layout
 guarantees the other two.
 
 Whether a filesystem accepts O_DIRECT is probed, not guessed from its name (tmpfs
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import tempfile
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flatcake.cio.hugepages import HUGE_PAGE
 from flatcake.cio.layout import ALIGN, align_up
 
 logger = logging.getLogger(__name__)
@@ -44,14 +47,34 @@ def aligned_buffer(num_bytes: int, pin: bool | None = None) -> torch.Tensor:
     """A CPU ``uint8`` tensor of ``num_bytes`` whose first byte is 4096-aligned.
 
     ``pin=None`` pins when CUDA is available. The returned tensor is a view into a
-    slightly larger allocation, which it keeps alive.
+    slightly larger allocation, which it keeps alive. An unpinned buffer of at least
+    ``HUGE_PAGE`` bytes is a private anonymous mapping, 2 MiB-aligned and advised
+    ``MADV_HUGEPAGE``: the kernel backs it with huge pages where it offers them (THP
+    mode ``always`` or ``madvise``), so direct reads into it go to the device as a few
+    large requests instead of many 4 KiB-page-sized pieces.
     """
     if num_bytes < 0:
         raise ValueError(f"aligned_buffer num_bytes must be >= 0, got {num_bytes}")
     if pin is None:
         pin = cuda_available()
+    if not pin and num_bytes >= HUGE_PAGE:
+        return _huge_page_buffer(num_bytes)
     raw = torch.empty(align_up(max(num_bytes, 1)) + ALIGN, dtype=torch.uint8, pin_memory=pin)
     shift = (-raw.data_ptr()) % ALIGN
+    return raw[shift:shift + num_bytes]
+
+
+def _huge_page_buffer(num_bytes: int) -> torch.Tensor:
+    size = -(-num_bytes // HUGE_PAGE) * HUGE_PAGE
+    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping alive
+    shift = (-raw.data_ptr()) % HUGE_PAGE
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        try:
+            mapping.madvise(advice, shift, size)
+        except OSError as exc:  # a kernel without THP: plain pages, still aligned
+            logger.debug("madvise(MADV_HUGEPAGE) refused: %s", exc)
     return raw[shift:shift + num_bytes]
 
 

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if g is not None:
         print(f"  geometry: {g['name']}, {g['num_layers']} layers, {g['tokens_per_block']} "
               f"tokens per block; io_mode {report['io_mode']}")
+    print(f"  {report['host_buffers']}")
     print(f"  placement thresholds (tokens): agent context "
           f"{pl['agent_context_threshold_tokens']}, long reply "
           f"{pl['long_reply_threshold_tokens']}, short reply "

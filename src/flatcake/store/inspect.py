@@ -14,6 +14,7 @@ from typing import Any
 
 from flatcake import progress
 from flatcake.cio.format import DamagedSegment, FormatError, scan_session_file
+from flatcake.cio.hugepages import huge_pages_note
 from flatcake.config import FlatCakeConfig
 from flatcake.store.names import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
 from flatcake.store.record import read_record
@@ -150,6 +151,7 @@ def inspect_root(root: str | os.PathLike[str],
         "config": dataclasses.asdict(config),
         "geometry": dataclasses.asdict(record.geometry) if record else None,
         "io_mode": record.io_mode if record else None,
+        "host_buffers": huge_pages_note(),
         "media": {
             "memory": {"used_bytes": 0, "capacity_bytes": st.memory_capacity_bytes,
                        "high": rc.memory_high, "low": rc.memory_low},
