@@ -312,3 +312,71 @@ def test_crc_failure_cuts_the_restore_at_the_damaged_segment(history: History,
         assert torch.equal(dst[layer][:6], history.src[layer][:6])
         if layer >= flip_layer:  # damaged bytes are never scattered
             assert not dst[layer][6:15].any()
+
+
+class FailingOnceReader(DirectReader):
+    """Its first command fails with EIO (the window then reads it again in parts)."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self._failed = False
+
+    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
+        if self._failed:
+            return super().submit(request, dest)
+        self._failed = True
+        out: Future[int] = Future()
+        out.set_exception(OSError(5, "injected EIO"))
+        return out
+
+
+@pytest.mark.parametrize(("max_read_bytes", "flip", "fail_once"), [
+    (None, False, False), (4096, False, False), (None, True, False), (None, False, True)])
+def test_checksums_run_on_the_reader_threads(history: History,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             max_read_bytes: int | None, flip: bool,
+                                             fail_once: bool) -> None:
+    import flatcake.cio.staging as staging
+
+    calls: list[tuple[str, int]] = []  # (thread name, bytes) of every data crc
+    real = staging.crc32
+
+    def recording_crc32(data: memoryview, value: int = 0) -> int:
+        calls.append((threading.current_thread().name, len(data)))
+        return real(data, value)
+
+    monkeypatch.setattr(staging, "crc32", recording_crc32)
+    if flip:
+        seg = history.segments[2]  # request blocks [6, 15)
+        at = seg.file_offset + seg.layout.block_offset(1, 4)  # type: ignore[operator]
+        with open(history.path, "r+b") as fh:
+            fh.seek(at)
+            b = fh.read(1)
+            fh.seek(at)
+            fh.write(bytes([b[0] ^ 0x01]))
+    dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
+           for _ in history.src]
+    cfg = PlannerConfig(max_read_bytes=max_read_bytes) if max_read_bytes else None
+    job = _job(history, dst, cfg)
+    reader = FailingOnceReader() if fail_once else DirectReader(2)
+    window = StagingWindow(reader)
+    try:
+        outcome = window.run(job, LayerReady(len(dst)))
+    finally:
+        window.close()
+        reader.close()
+    loaded = 6 if flip else history.num_blocks
+    assert outcome.num_blocks_loaded == loaded
+    assert outcome.failed_tags == ((2,) if flip else ())
+    for layer in range(len(dst)):
+        assert torch.equal(dst[layer][:loaded], history.src[layer][:loaded])
+    here = [n for name, n in calls if not name.startswith("flatcake-read")]
+    there = [n for name, n in calls if name.startswith("flatcake-read")]
+    assert there  # the reader threads checked what they read
+    # Every segment-layer byte was checked exactly once. This thread checks a command
+    # that failed and was read again in parts, and one that completed before its
+    # callback was attached (tiny reads here; a real read takes longer than that).
+    checked = sum(there) + sum(here)
+    assert checked == history.num_blocks * history.bbpl * len(dst)
+    if fail_once:
+        assert here

@@ -12,7 +12,12 @@ window's owner for the restore's duration)::
         ready[l].set()                                    # engine may run layer l
 
 Slot ``(l+1) % 2`` last held layer ``l-1``, already scattered (scatter is synchronous),
-so reusing it is safe. The reads of a restore go through a ``ReadQueue``: at most
+so reusing it is safe. Checksums run beside the reads: the reader thread that completes
+a command computes the crc32 of each piece it delivered (the crc releases the GIL, so
+the reader threads check in parallel while this thread scatters); this thread only
+combines those per-piece crcs into segment-layer crcs. A piece without one (a command
+read again in parts after an error, a CUDA slot) is checked here from the slot.
+The reads of a restore go through a ``ReadQueue``: at most
 ``reads_in_flight`` of its commands are with the reader at once (``store.
 reads_in_flight``), the rest wait in order, so layer ``l``'s reads always go out before
 layer ``l+1``'s.
@@ -38,6 +43,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -173,8 +179,11 @@ class _Placement:
 
 @dataclass(slots=True)
 class _LayerState:
-    futures: list[tuple[Future[int], tuple[Piece, ...], ReadRequest]] = field(
-        default_factory=list)
+    # Each future resolves once the read landed *and* its pieces' crcs are known:
+    # (slot offset, length) -> crc32 (empty when nothing is checked).
+    futures: list[tuple[Future[dict[tuple[int, int], int]], tuple[Piece, ...],
+                        ReadRequest]] = field(default_factory=list)
+    crcs: dict[tuple[int, int], int] = field(default_factory=dict)
     placements: list[_Placement] = field(default_factory=list)
     unreadable: list[tuple[int, int]] = field(default_factory=list)  # slot [start, end)
 
@@ -257,10 +266,15 @@ class StagingWindow:
                 slot: torch.Tensor) -> _LayerState:
         state = _LayerState()
         pos = 0
+        view = writable_view(slot) if job.checks and slot.device.type == "cpu" else None
         for op in lp.ssd_ops:
             f = job.files[op.file_id]
             req = ReadRequest(f.path, f.fd, op.file_offset, op.length, pos)
-            state.futures.append((reads.submit(req, slot), op.pieces, req))
+            spans = tuple((pos + p.offset_in_op, p.length) for p in op.pieces)
+            checked: Future[dict[tuple[int, int], int]] = Future()
+            reads.submit(req, slot).add_done_callback(
+                partial(_crc_pieces, view, spans if view is not None else (), checked))
+            state.futures.append((checked, op.pieces, req))
             for p in op.pieces:
                 state.placements.append(_Placement(
                     p.dest_offset(job.plan.block_bytes_per_layer), pos + p.offset_in_op,
@@ -292,7 +306,7 @@ class StagingWindow:
         bbpl = job.plan.block_bytes_per_layer
         for fut, pieces, req in state.futures:
             try:
-                fut.result()
+                state.crcs.update(fut.result())
             except OSError as exc:
                 logger.warning("restore read failed: %s; reading it again in parts", exc)
                 state.unreadable += self._read_in_parts(reads, req, slot)
@@ -330,8 +344,6 @@ class StagingWindow:
                 bbpl: int, cut: int, failed: list[int]) -> int:
         if not job.checks:
             return cut
-        host = slot if slot.device.type == "cpu" else slot.cpu()
-        view = writable_view(host)
         starts = [pl.stream_offset for pl in state.placements]
         checks: list[tuple[StreamCheck, list[tuple[int, int]]]] = []
         for check in job.checks:
@@ -352,7 +364,7 @@ class StagingWindow:
                     a < e and s < a + n for a, n in ranges for s, e in state.unreadable):
                 ranges = []  # not all of the segment layer was read: cannot pass
             checks.append((check, ranges))
-        for (check, ranges), crc in zip(checks, self._crcs(view, [r for _, r in checks]),
+        for (check, ranges), crc in zip(checks, self._combined_crcs(state, slot, checks),
                                         strict=True):
             expected = check.layer_crcs[layer] if layer < len(check.layer_crcs) else None
             if not ranges or crc != expected:
@@ -362,6 +374,32 @@ class StagingWindow:
                 failed.append(check.tag)
                 cut = min(cut, check.request_start)
         return cut
+
+    def _combined_crcs(self, state: _LayerState, slot: torch.Tensor,
+                       checks: list[tuple[StreamCheck, list[tuple[int, int]]]]) -> list[int]:
+        """crc32 of each check's ranges (concatenated), from the crcs the reader threads
+        computed; ranges they did not cover are checked here from the slot."""
+        missing = list(dict.fromkeys(r for _, ranges in checks for r in ranges
+                                     if r not in state.crcs))
+        known = state.crcs
+        if missing:
+            view = writable_view(slot if slot.device.type == "cpu" else slot.cpu())
+            known = dict(known)
+            known.update(zip(missing, self._crcs(view, [[r] for r in missing]), strict=True))
+        out = []
+        for _, ranges in checks:
+            crc = 0
+            for i, (off, n) in enumerate(ranges):
+                crc = known[(off, n)] if i == 0 else crc32_combine(
+                    crc, known[(off, n)], self._shift_op(n))
+            out.append(crc)
+        return out
+
+    def _shift_op(self, n: int) -> tuple[int, ...]:
+        op = self._shift_ops.get(n)
+        if op is None:
+            op = self._shift_ops[n] = crc32_shift_operator(n)
+        return op
 
     def _crcs(self, view: memoryview, checks: list[list[tuple[int, int]]]) -> list[int]:
         """crc32 of each check's ranges (concatenated). With a crc pool, ranges are cut
@@ -381,17 +419,14 @@ class StagingWindow:
         crcs = self._crc_pool.map(lambda t: crc32(view[t[1]:t[1] + t[2]]), tasks)
         out = [0] * len(checks)
         for (i, _, n), crc in zip(tasks, crcs, strict=True):
-            op = self._shift_ops.get(n)
-            if op is None:
-                op = self._shift_ops[n] = crc32_shift_operator(n)
-            out[i] = crc32_combine(out[i], crc, op)
+            out[i] = crc32_combine(out[i], crc, self._shift_op(n))
         return out
 
     def _scatter(self, job: RestoreJob, layer: int, state: _LayerState, slot: torch.Tensor,
                  bbpl: int, cut: int) -> None:
         # Whole blocks go straight from the slot (or the arena) to the paged KV; a block
         # split across two reads (a max_read_bytes split inside it) is assembled first.
-        partial: dict[int, tuple[torch.Tensor, int]] = {}
+        assembling: dict[int, tuple[torch.Tensor, int]] = {}
         for pl in state.placements:
             src = slot if not pl.memory else job.arena
             if src is None:
@@ -407,13 +442,13 @@ class StagingWindow:
                     pos += whole * bbpl
                     continue
                 n = min(bbpl - inner, end - pos)
-                buf, filled = partial.get(block) or (
+                buf, filled = assembling.get(block) or (
                     torch.empty(bbpl, dtype=torch.uint8, device=src.device), 0)
                 buf[inner:inner + n].copy_(src[s:s + n])
-                partial[block] = (buf, filled + n)
+                assembling[block] = (buf, filled + n)
                 if filled + n == bbpl:
                     self._scatter_blocks(job, layer, block, buf, cut)
-                    del partial[block]
+                    del assembling[block]
                 pos += n
 
     @staticmethod
@@ -433,3 +468,20 @@ class StagingWindow:
         mask = torch.tensor(keep, dtype=torch.bool)
         rows = src.view(n, bbpl)[mask.to(src.device)].reshape(-1)
         job.paged.scatter(layer, slots[mask.to(slots.device)], rows)
+
+
+def _crc_pieces(view: memoryview | None, spans: tuple[tuple[int, int], ...],
+                out: Future[dict[tuple[int, int], int]], read: Future[int]) -> None:
+    """Runs on the reader thread that completed ``read``: crc32 of each piece it
+    delivered (slot ``(offset, length)`` spans), then resolves ``out`` with them, or
+    with the read's error."""
+    exc = read.exception()
+    if exc is not None:
+        out.set_exception(exc)
+        return
+    try:
+        crcs = {} if view is None else {(off, n): crc32(view[off:off + n]) for off, n in spans}
+    except BaseException as err:  # never leave the restore waiting on ``out``
+        out.set_exception(err)
+        return
+    out.set_result(crcs)
