@@ -40,6 +40,13 @@ def test_quick_run_end_to_end(direct_dir: Path, capsys: pytest.CaptureFixture[st
     # also cover segment padding.
     assert rows["scattered"]["bytes_read"] == useful
     assert rows["device"]["ratio_to_device"] == 1.0
+    for row in rows.values():
+        assert row["bytes_per_command"] == row["bytes_read"] // row["read_commands"]
+        assert row["cpu_ns_per_byte"] == pytest.approx(
+            1e9 * row["cpu_s"] / row["bytes_useful"])
+    assert doc["write"]["cpu_ns_per_byte"] == pytest.approx(
+        1e9 * doc["write"]["cpu_s"] / doc["write"]["bytes_written"])
+    assert any("transparent huge pages" in n or "4 KiB pages" in n for n in doc["notes"])
     control = doc["control_plane"][0]
     assert control["num_blocks"] == blocks and control["lookup_and_plan_ms"] > 0
     assert doc["write"]["write_gbps"] > 0 and doc["write"]["bytes_written"] >= useful
@@ -97,3 +104,12 @@ def test_too_few_blocks_for_the_turns(direct_dir: Path,
 def test_bar_directions() -> None:
     assert Bar("x", 0.95, ">=", 0.9).passed and not Bar("x", 0.85, ">=", 0.9).passed
     assert Bar("y", 0.01, "<=", 0.05).passed and not Bar("y", 0.06, "<=", 0.05).passed
+
+
+def test_strict_exit_follows_the_bars(direct_dir: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench", "--quick", "--dir", str(direct_dir), "--context-tokens", "64",
+               "--turns", "1", "--json", "--strict"])
+    doc = json.loads(capsys.readouterr().out)
+    assert all(r["verified"] for r in doc["layouts"])
+    assert rc == (0 if all(b["passed"] for b in doc["bars"]) else 1)

@@ -52,6 +52,11 @@ class LayoutResult:
     def cpu_ns_per_byte(self) -> float:
         return 1e9 * self.cpu_s / self.bytes_useful if self.bytes_useful else 0.0
 
+    @property
+    def bytes_per_command(self) -> int:
+        """Average size of one read command of a restore."""
+        return self.bytes_read // self.read_commands if self.read_commands else 0
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceFigures:
@@ -114,6 +119,7 @@ class WritePath:
         write_gbps: ``bytes_written / write_s``.
         device_write_gbps: the device's sequential write in the same run.
         ratio_to_device: ``write_gbps / device_write_gbps``.
+        cpu_s: CPU seconds of this process (all threads) during all turn writes.
     """
 
     bytes_written: int
@@ -121,6 +127,11 @@ class WritePath:
     write_gbps: float
     device_write_gbps: float
     ratio_to_device: float
+    cpu_s: float = 0.0
+
+    @property
+    def cpu_ns_per_byte(self) -> float:
+        return 1e9 * self.cpu_s / self.bytes_written if self.bytes_written else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +178,10 @@ class BenchReport:
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
+        for row, layout in zip(doc["layouts"], self.layouts, strict=True):
+            row["cpu_ns_per_byte"] = layout.cpu_ns_per_byte
+            row["bytes_per_command"] = layout.bytes_per_command
+        doc["write"]["cpu_ns_per_byte"] = self.write.cpu_ns_per_byte
         doc["bars"] = [dict(dataclasses.asdict(b), passed=b.passed) for b in self.bars]
         return doc
 
@@ -193,14 +208,14 @@ def format_table(report: BenchReport) -> str:
         "",
         f"{'layout':<16} {'gbps':>7} {'ratio':>6} {'read_commands':>13} {'bytes_read':>12} "
         f"{'bytes_useful':>12} {'restore_s':>9} {'staging':>10} {'cpu_ns/B':>8} "
-        f"{'verified':>8}",
+        f"{'verified':>8} {'avg_cmd':>10}",
     ]
     for r in report.layouts:
         lines.append(
             f"{r.layout:<16} {r.gbps:>7.3f} {r.ratio_to_device:>6.2f} {r.read_commands:>13} "
             f"{_size(r.bytes_read):>12} {_size(r.bytes_useful):>12} {r.restore_s:>9.3f} "
             f"{_size(r.staging_bytes):>10} {r.cpu_ns_per_byte:>8.2f} "
-            f"{'yes' if r.verified else 'NO':>8}"
+            f"{'yes' if r.verified else 'NO':>8} {_size(r.bytes_per_command):>10}"
         )
     d = report.device
     lines += [
@@ -219,7 +234,8 @@ def format_table(report: BenchReport) -> str:
     w = report.write
     lines.append(
         f"write:  flatcake {w.write_gbps:.3f} GB/s ({_size(w.bytes_written)} in {w.write_s:.2f} s)"
-        f" = {w.ratio_to_device:.2f} x device sequential write")
+        f" = {w.ratio_to_device:.2f} x device sequential write, "
+        f"{w.cpu_ns_per_byte:.2f} CPU ns/B")
     for c in report.control_plane:
         lines.append(
             f"control plane: {c.context_tokens} tokens ({c.num_blocks} blocks, {c.num_turns} "

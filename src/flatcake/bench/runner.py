@@ -200,7 +200,9 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                       num_turns=options.num_turns, read_threads=options.read_threads,
                       seed=options.seed)
     try:
+        cpu0 = _cpu_s()
         written_bytes, write_s = fc.write_turns()
+        write_cpu_s = _cpu_s() - cpu0
         logger.info("%.1f s: flatcake wrote %d MiB in %.2f s", time.perf_counter() - t_start,
                     written_bytes >> 20, write_s)
         bar.update()
@@ -289,7 +291,8 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         controls.append(ControlPlaneCost(options.scale_tokens, blocks, scale_turns, ms, est,
                                          True, ms / 1000 / est))
     write = WritePath(written_bytes, write_s, written_bytes / write_s / 1e9,
-                      seq_write.gbps, written_bytes / write_s / 1e9 / seq_write.gbps)
+                      seq_write.gbps, written_bytes / write_s / 1e9 / seq_write.gbps,
+                      write_cpu_s)
     device = DeviceFigures(
         seq_read_gbps=by_name(layouts, "device").gbps,
         seq_write_gbps=seq_write.gbps, chunk_bytes=chunk, in_flight=options.device_in_flight,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from flatcake.geometry import PRESETS
 
 if TYPE_CHECKING:
+    from flatcake.bench.report import BenchReport
     from flatcake.bench.runner import BenchOptions
 
 QUICK = {"context_tokens": 512, "num_turns": 2, "rounds": 1, "scattered_sessions": 2,
@@ -50,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the files written under --dir")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when a bar is missed too (default: only when a restore "
+                        "differs from the bytes written)")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
@@ -88,4 +92,11 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     report = run_bench(options, command=command_line(options, json_out=args.json))
     print(dump_json(report) if args.json else format_table(report))
-    return 0 if all(r.verified for r in report.layouts) else 1
+    return exit_status(report, strict=args.strict)
+
+
+def exit_status(report: BenchReport, *, strict: bool) -> int:
+    """1 when a restore was not byte-exact, or (``strict``) when a bar was missed."""
+    if not all(r.verified for r in report.layouts):
+        return 1
+    return 1 if strict and not all(b.passed for b in report.bars) else 0
