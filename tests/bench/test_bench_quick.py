@@ -47,6 +47,8 @@ def test_quick_run_end_to_end(direct_dir: Path, capsys: pytest.CaptureFixture[st
     assert doc["write"]["cpu_ns_per_byte"] == pytest.approx(
         1e9 * doc["write"]["cpu_s"] / doc["write"]["bytes_written"])
     assert any("transparent huge pages" in n or "4 KiB pages" in n for n in doc["notes"])
+    # The bench's paged KV is page-aligned and 64 KiB blocks: FlatCake reads into it.
+    assert "flatcake restore path: zero-copy" in doc["notes"]
     control = doc["control_plane"][0]
     assert control["num_blocks"] == blocks and control["lookup_and_plan_ms"] > 0
     assert doc["write"]["write_gbps"] > 0 and doc["write"]["bytes_written"] >= useful

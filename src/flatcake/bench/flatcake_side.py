@@ -51,6 +51,7 @@ class FlatcakeSide:
             session_file_bytes=max(64 * GIB, -(-(2 * need + GIB) // 4096) * 4096),
         )
         self.store = FlatCakeStore.open(root, geometry, FlatCakeConfig(store=store_cfg))
+        self.read_paths: set[str] = set()  # LoadResult.read_path of each restore
 
     def write_turns(self) -> tuple[int, float]:
         """Store every turn; returns (bytes written, wall seconds of all turns)."""
@@ -78,6 +79,8 @@ class FlatcakeSide:
         if res.num_blocks != self.num_blocks:
             raise RuntimeError(f"flatcake restored {res.num_blocks} of {self.num_blocks} "
                                f"blocks ({res.damaged_segments} damaged segments)")
+        self.read_paths.add(res.read_path if not res.staging_reason else
+                            f"{res.read_path} ({res.staging_reason})")
         return ProgramRun(seconds, after.commands - before.commands,
                           after.bytes_read - before.bytes_read)
 

@@ -277,6 +277,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         bar.close()
         fc.close()
         reader.close()
+    read_paths = fc.read_paths
 
     layouts = _layout_rows(runs, cpu, staging, verified, useful, device_bytes)
     fc_row = by_name(layouts, "flatcake")
@@ -303,6 +304,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
     # slow reader does not flatter FlatCake.
     rand_best = max(rand.gbps, fio.get("randread", {}).get("gbps", 0.0))
     notes.append(huge_pages_note())
+    notes.append("flatcake restore path: " + ", ".join(sorted(read_paths)))
     notes.append(
         f"scattered's ceiling on this disk: random {rand_op >> 10} KiB reads reach "
         f"{rand_best:.3f} GB/s (best of in-process and fio); scattered restored at "

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from flatcake.cio.direct import aligned_buffer
+
 POOL_BYTES = 64 << 20
 
 
@@ -44,8 +46,12 @@ def make_kv(num_layers: int, num_blocks: int, block_bytes: int, *, seed: int = 0
 
 
 def empty_kv(num_layers: int, num_slots: int, block_bytes: int) -> list[torch.Tensor]:
-    """A zeroed destination paged KV (pages touched now, not inside a timed restore)."""
-    return [torch.zeros(num_slots, block_bytes, dtype=torch.uint8) for _ in range(num_layers)]
+    """A zeroed destination paged KV (pages touched now, not inside a timed restore),
+    page-aligned and, from 2 MiB up, in transparent huge pages (``direct.
+    aligned_buffer``), as an engine's allocator can give it: FlatCake then reads
+    straight into the slots; the baselines copy into the same tensors."""
+    return [aligned_buffer(num_slots * block_bytes, pin=False).zero_()
+            .view(num_slots, block_bytes) for _ in range(num_layers)]
 
 
 def shuffled_slots(num_blocks: int, num_slots: int, *, seed: int = 1) -> torch.Tensor:

@@ -100,6 +100,10 @@ class PagedKV:
             self._views = [t.view(-1).view(torch.uint8).view(2, self.num_blocks, -1)
                            for t in kv_caches]
 
+    def layer_bytes(self) -> list[torch.Tensor]:
+        """Each layer's memory as one flat ``uint8`` tensor (the same storage)."""
+        return [v.view(-1) for v in self._views]
+
     def block_table(self, block_ids: Sequence[int] | torch.Tensor, *, unique: bool,
                     name: str = "block_ids") -> torch.Tensor:
         """Validate slot ids: 1-D ints in ``[0, num_blocks)``; ``unique`` for scatter

@@ -58,6 +58,19 @@ class ReadRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class IoVec:
+    """Destination of a vectored read (``preadv``): the request's bytes fill ``views``
+    in order. Every view's address and length is a multiple of 4096 (O_DIRECT), their
+    lengths sum to the request's length (whose ``dest_offset`` must be 0), and there
+    are at most ``IOV_MAX`` of them. Only ``DirectReader`` takes one."""
+
+    views: tuple[memoryview, ...]
+
+
+IOV_MAX = 1024  # Linux UIO_MAXIOV: most iovecs one preadv takes
+
+
+@dataclass(frozen=True, slots=True)
 class ReaderStats:
     """Counters since the reader was made: ``commands`` read calls issued to the kernel
     (or GDS), ``bytes_read`` bytes they returned."""
@@ -77,7 +90,9 @@ class Reader(Protocol):
           multiples of 4096 and ``dest``'s first byte is 4096-aligned (``direct.
           aligned_buffer`` or a CUDA allocation), as O_DIRECT and GDS
           require.
-        - ``dest`` is a contiguous ``uint8`` tensor in the reader's ``device_type``:
+        - ``dest`` is an ``IoVec`` (``DirectReader`` only: a vectored read into host
+          memory the caller owns), or a contiguous ``uint8`` tensor in the reader's
+          ``device_type``:
           pinned host memory for ``DirectReader``, CUDA memory for ``GdsReader``. The
           caller keeps it alive and untouched until the future resolves.
         - A read is never cancelled: the future resolves with the byte count
@@ -88,7 +103,7 @@ class Reader(Protocol):
     name: str
     device_type: str
 
-    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]: ...
+    def submit(self, request: ReadRequest, dest: torch.Tensor | IoVec) -> Future[int]: ...
 
     def stats(self) -> ReaderStats: ...
 
@@ -128,6 +143,15 @@ def _check_dest(request: ReadRequest, dest: torch.Tensor, device_type: str) -> N
         raise ValueError(f"read destination address {dest.data_ptr():#x} is not 4096-aligned")
 
 
+def _check_iovec(request: ReadRequest, dest: IoVec) -> None:
+    if request.dest_offset or sum(len(v) for v in dest.views) != request.length:
+        raise ValueError(f"a vectored read needs dest_offset 0 and views summing to "
+                         f"{request.length} bytes")
+    if len(dest.views) > IOV_MAX:
+        raise ValueError(f"a vectored read takes at most {IOV_MAX} views, got "
+                         f"{len(dest.views)}")
+
+
 class DirectReader:
     """``os.preadv`` on a pool of ``num_threads`` threads; one command per request (a
     short read, which the kernel may return for very large requests, is continued and
@@ -143,16 +167,19 @@ class DirectReader:
                                         thread_name_prefix="flatcake-read")
         self._counters = _Counters()
 
-    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
+    def submit(self, request: ReadRequest, dest: torch.Tensor | IoVec) -> Future[int]:
+        if isinstance(dest, IoVec):
+            _check_iovec(request, dest)
+            return self._pool.submit(self._read, request, list(dest.views))
         _check_dest(request, dest, self.device_type)
         view = writable_view(dest)[request.dest_offset:request.dest_offset + request.length]
-        return self._pool.submit(self._read, request, view)
+        return self._pool.submit(self._read, request, [view])
 
-    def _read(self, request: ReadRequest, view: memoryview) -> int:
+    def _read(self, request: ReadRequest, views: list[memoryview]) -> int:
         done, commands = 0, 0
         try:
             while done < request.length:
-                n = os.preadv(request.fd, [view[done:]], request.file_offset + done)
+                n = os.preadv(request.fd, views, request.file_offset + done)
                 commands += 1
                 if n == 0:
                     raise OSError(
@@ -161,6 +188,11 @@ class DirectReader:
                         f"wanted up to {request.file_offset + request.length}",
                     )
                 done += n
+                while n and views:  # drop what the call filled, go on from there
+                    if n >= len(views[0]):
+                        n -= len(views.pop(0))
+                    else:
+                        views[0], n = views[0][n:], 0
         finally:
             self._counters.add(commands, done)
         return done
@@ -192,7 +224,7 @@ class ReadQueue:
         self.max_in_flight = max_in_flight
         self._limit = sys.maxsize if max_in_flight is None else max_in_flight
         self._lock = threading.Lock()
-        self._waiting: deque[tuple[ReadRequest, torch.Tensor, Future[int]]] = deque()
+        self._waiting: deque[tuple[ReadRequest, torch.Tensor | IoVec, Future[int]]] = deque()
         self._in_flight = 0
         self._peak = 0
         self._pumping = False
@@ -204,8 +236,11 @@ class ReadQueue:
         with self._lock:
             return self._peak
 
-    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
-        _check_dest(request, dest, self.reader.device_type)  # fail now, as the reader does
+    def submit(self, request: ReadRequest, dest: torch.Tensor | IoVec) -> Future[int]:
+        if isinstance(dest, IoVec):  # fail now, as the reader does
+            _check_iovec(request, dest)
+        else:
+            _check_dest(request, dest, self.reader.device_type)
         out: Future[int] = Future()
         with self._lock:
             self._waiting.append((request, dest, out))
@@ -305,7 +340,9 @@ class GdsReader:
                 self._files[path] = handle
             return handle
 
-    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
+    def submit(self, request: ReadRequest, dest: torch.Tensor | IoVec) -> Future[int]:
+        if isinstance(dest, IoVec):
+            raise ValueError("GdsReader reads into one CUDA buffer, not host iovecs")
         _check_dest(request, dest, self.device_type)
         target = dest[request.dest_offset:request.dest_offset + request.length]
         io_future = self._file(request.path).pread(target, request.length,

@@ -11,6 +11,10 @@ window's owner for the restore's duration)::
         (memory blocks: arena -> paged KV directly)
         ready[l].set()                                    # engine may run layer l
 
+When the paged KV is page-aligned (``cio.zerocopy``), the reads go straight into its
+slots (``preadv`` iovec lists) and the scatter step is skipped; only bytes bound for no
+slot use the staging slot. Which path ran is in ``RestoreOutcome.zero_copy``.
+
 Slot ``(l+1) % 2`` last held layer ``l-1``, already scattered (scatter is synchronous),
 so reusing it is safe. Checksums run beside the reads: the reader thread that completes
 a command computes the crc32 of each piece it delivered (the crc releases the GIL, so
@@ -52,7 +56,8 @@ from flatcake.cio.format import crc32, crc32_combine, crc32_shift_operator
 from flatcake.cio.layout import ALIGN, align_up
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.plan import LayerPlan, Piece, ReadPlan
-from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
+from flatcake.cio.readers import IoVec, Reader, ReadQueue, ReadRequest
+from flatcake.cio.zerocopy import SlotViews, op_commands, zero_copy_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +129,8 @@ class RestoreOutcome:
         elapsed_s: wall time from start to the last layer ready.
         peak_reads_in_flight: most read commands the restore had with the reader at
             once (never above the window's ``reads_in_flight``).
+        zero_copy: the reads went straight into the paged KV slots (``cio.zerocopy``);
+            ``zero_copy_refusal`` says why not otherwise ("" when they did).
     """
 
     num_blocks_loaded: int
@@ -133,6 +140,8 @@ class RestoreOutcome:
     memory_bytes: int
     elapsed_s: float
     peak_reads_in_flight: int = 0
+    zero_copy: bool = False
+    zero_copy_refusal: str = ""
 
 
 class LayerReady:
@@ -184,6 +193,8 @@ class _LayerState:
     futures: list[tuple[Future[dict[tuple[int, int], int]], tuple[Piece, ...],
                         ReadRequest]] = field(default_factory=list)
     crcs: dict[tuple[int, int], int] = field(default_factory=dict)
+    commands: int = 0  # read commands submitted (one per op, or per IOV_MAX iovecs)
+    direct: bool = False  # read straight into the paged KV (no re-read in parts)
     placements: list[_Placement] = field(default_factory=list)
     unreadable: list[tuple[int, int]] = field(default_factory=list)  # slot [start, end)
 
@@ -241,18 +252,25 @@ class StagingWindow:
         failed: list[int] = []
         commands = 0
         reads = ReadQueue(self.reader, self.reads_in_flight)
+        refusal = zero_copy_refusal(
+            self.reader, job.paged, any(lp.memory_ops for lp in plan.layers),
+            all(p.dest_offset(bbpl) % bbpl == 0 and p.length % bbpl == 0
+                for lp in plan.layers for op in lp.ssd_ops for p in op.pieces))
+        direct = None if refusal else _Direct(SlotViews(job.paged), job.stream_slots.tolist())
         try:
-            pending = (self._submit(job, reads, plan.layers[0], slots[0])
+            pending = (self._submit(job, reads, plan.layers[0], slots[0], direct)
                        if plan.layers else None)
             for i, lp in enumerate(plan.layers):
                 nxt = None
                 if i + 1 < len(plan.layers):
-                    nxt = self._submit(job, reads, plan.layers[i + 1], slots[(i + 1) % 2])
+                    nxt = self._submit(job, reads, plan.layers[i + 1], slots[(i + 1) % 2],
+                                       direct)
                 state = pending if pending is not None else _LayerState()
-                commands += len(state.futures)
+                commands += state.commands
                 cut = self._finish_reads(job, reads, state, slots[i % 2], cut)
                 cut = self._verify(job, lp.layer, state, slots[i % 2], bbpl, cut, failed)
-                self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut)
+                if direct is None:
+                    self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut)
                 ready.set(lp.layer)
                 pending = nxt
         except BaseException:
@@ -260,20 +278,33 @@ class StagingWindow:
             raise
         return RestoreOutcome(cut, tuple(dict.fromkeys(failed)), commands, plan.bytes_read,
                               plan.memory_bytes, time.perf_counter() - t0,
-                              reads.peak_in_flight)
+                              reads.peak_in_flight, direct is not None, refusal)
 
     def _submit(self, job: RestoreJob, reads: ReadQueue, lp: LayerPlan,
-                slot: torch.Tensor) -> _LayerState:
-        state = _LayerState()
+                slot: torch.Tensor, direct: _Direct | None) -> _LayerState:
+        state = _LayerState(direct=direct is not None)
         pos = 0
-        view = writable_view(slot) if job.checks and slot.device.type == "cpu" else None
+        view = writable_view(slot) if slot.device.type == "cpu" else None
         for op in lp.ssd_ops:
             f = job.files[op.file_id]
             req = ReadRequest(f.path, f.fd, op.file_offset, op.length, pos)
-            spans = tuple((pos + p.offset_in_op, p.length) for p in op.pieces)
+            keys = [(pos + p.offset_in_op, p.length) for p in op.pieces]
             checked: Future[dict[tuple[int, int], int]] = Future()
-            reads.submit(req, slot).add_done_callback(
-                partial(_crc_pieces, view, spans if view is not None else (), checked))
+            if direct is not None and view is not None:  # zero-copy: always a CPU slot
+                gate = _OpGate(keys, bool(job.checks), checked)
+                for sub_req, iov, pieces in op_commands(
+                        op, lp.layer, pos, direct.slots, direct.views, view,
+                        job.plan.block_bytes_per_layer, f.path, f.fd):
+                    gate.expect(iov, pieces)
+                    state.commands += 1
+                    reads.submit(sub_req, iov).add_done_callback(gate.done)
+                gate.close()
+            else:
+                spans = (tuple((k, (view[k[0]:k[0] + k[1]],)) for k in keys)
+                         if view is not None and job.checks else ())
+                state.commands += 1
+                reads.submit(req, slot).add_done_callback(
+                    partial(_crc_pieces, spans, checked))
             state.futures.append((checked, op.pieces, req))
             for p in op.pieces:
                 state.placements.append(_Placement(
@@ -308,6 +339,11 @@ class StagingWindow:
             try:
                 state.crcs.update(fut.result())
             except OSError as exc:
+                if state.direct:  # the bytes went to the paged KV: the op is lost
+                    logger.warning("restore read failed: %s", exc)
+                    state.unreadable.append((req.dest_offset, req.dest_offset + req.length))
+                    cut = min(cut, self._request_floor(job, pieces, bbpl))
+                    continue
                 logger.warning("restore read failed: %s; reading it again in parts", exc)
                 state.unreadable += self._read_in_parts(reads, req, slot)
                 if not job.checks:  # nothing can tell the good parts: cut at the first
@@ -470,18 +506,82 @@ class StagingWindow:
         job.paged.scatter(layer, slots[mask.to(slots.device)], rows)
 
 
-def _crc_pieces(view: memoryview | None, spans: tuple[tuple[int, int], ...],
+def _crc_pieces(spans: tuple[tuple[tuple[int, int], tuple[memoryview, ...]], ...],
                 out: Future[dict[tuple[int, int], int]], read: Future[int]) -> None:
     """Runs on the reader thread that completed ``read``: crc32 of each piece it
-    delivered (slot ``(offset, length)`` spans), then resolves ``out`` with them, or
-    with the read's error."""
+    delivered (keyed by its staging ``(offset, length)``; its bytes are the views, in
+    order), then resolves ``out`` with them, or with the read's error."""
     exc = read.exception()
     if exc is not None:
         out.set_exception(exc)
         return
     try:
-        crcs = {} if view is None else {(off, n): crc32(view[off:off + n]) for off, n in spans}
+        crcs = {key: _crc_views(views) for key, views in spans}
     except BaseException as err:  # never leave the restore waiting on ``out``
         out.set_exception(err)
         return
     out.set_result(crcs)
+
+
+def _crc_views(views: Sequence[memoryview]) -> int:
+    crc = 0
+    for v in views:
+        crc = crc32(v, crc)
+    return crc
+
+
+@dataclass(frozen=True, slots=True)
+class _Direct:
+    """A zero-copy restore's destination: block-part views and each stream block's slot."""
+
+    views: SlotViews
+    slots: list[int]
+
+
+class _OpGate:
+    """One read op issued as several vectored commands: the thread completing the last
+    one computes the op's piece crcs (a piece may span commands) and resolves ``out``."""
+
+    def __init__(self, keys: list[tuple[int, int]], check: bool,
+                 out: Future[dict[tuple[int, int], int]]) -> None:
+        self._keys = keys
+        self._check = check
+        self._out = out
+        self._lock = threading.Lock()
+        self._pending = 1  # held until close(): no early finish while still submitting
+        self._error: BaseException | None = None
+        self._views: list[list[memoryview]] = [[] for _ in keys]
+
+    def expect(self, iov: IoVec, pieces: list[tuple[int, int, int]]) -> None:
+        with self._lock:
+            self._pending += 1
+        for k, lo, hi in pieces:
+            self._views[k].extend(iov.views[lo:hi])
+
+    def done(self, read: Future[int]) -> None:
+        exc = read.exception()
+        with self._lock:
+            if exc is not None and self._error is None:
+                self._error = exc
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._finish()
+
+    def close(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._error is not None:
+            self._out.set_exception(self._error)
+            return
+        _crc_pieces(tuple(zip(self._keys, map(tuple, self._views), strict=True))
+                    if self._check else (), self._out, _DONE)
+
+
+_DONE: Future[int] = Future()
+_DONE.set_result(0)

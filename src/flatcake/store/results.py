@@ -85,6 +85,11 @@ class LoadResult:
         memory_bytes: bytes copied out of the host arena.
         damaged_segments: segments that failed their checksum (served as a miss).
         elapsed_s: wall time from the start of the restore to the last layer ready.
+        read_path: ``"zero-copy"`` (reads straight into the paged KV slots) or
+            ``"staging"`` (reads into the staging window, one copy into the slots).
+        staging_reason: why the restore could not read straight into the slots ("" for
+            zero-copy). With zero-copy, slots past ``num_blocks`` may hold bytes of a
+            damaged segment or of blocks past the cut: use only ``num_blocks``.
     """
 
     num_blocks: int
@@ -98,6 +103,8 @@ class LoadResult:
     memory_bytes: int
     damaged_segments: int
     elapsed_s: float
+    read_path: str = "staging"
+    staging_reason: str = ""
 
     @property
     def gb_per_s(self) -> float:

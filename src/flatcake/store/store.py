@@ -580,7 +580,9 @@ class FlatCakeStore:
             num_ssd_blocks=ssd, commands=outcome.commands,
             memory_copies=plan.read_plan.num_copies, bytes_read=outcome.bytes_read,
             useful_bytes=ssd * layer_bytes, memory_bytes=outcome.memory_bytes,
-            damaged_segments=len(outcome.failed_tags), elapsed_s=outcome.elapsed_s)
+            damaged_segments=len(outcome.failed_tags), elapsed_s=outcome.elapsed_s,
+            read_path="zero-copy" if outcome.zero_copy else "staging",
+            staging_reason=outcome.zero_copy_refusal)
 
     # -- reclaim, reports, lifecycle ---------------------------------------------------
 

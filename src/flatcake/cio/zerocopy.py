@@ -1,0 +1,110 @@
+"""Zero-copy restores: read segment layers straight into the paged KV slots.
+
+When the destination allows it, a restore needs no staging copy: each read command is
+a ``preadv`` whose iovecs are the paged KV slots of the blocks it carries (a block is
+one iovec, or two for a ``kv_blocks`` layout: K at ``t[0, b]``, V at ``t[1, b]``),
+in file order. Bytes that go to no slot (gaps merged into a read, blocks read only to
+check their segment's crc) land in the staging slot at the offsets the staging path
+would use. At most ``IOV_MAX`` iovecs go in one command; a longer list is split.
+
+O_DIRECT needs every iovec's address and length aligned to the device's logical block
+size (4096 is asked here). Where the destination is not aligned (torch's CPU allocator
+returns 64-byte-aligned storage; a 300-byte block), or the plan copies from the host
+arena, or reads go to a GPU (GDS), the restore uses the staging window and one copy;
+``zero_copy_refusal`` says why, and the load result says which path ran.
+
+Damage: the reader thread checks each command's pieces as it completes; a segment
+layer that fails its crc cuts the restore there as on the staging path, but its bytes
+*are* already in the slots (so are those of any block past the cut): the engine must
+use only the ``num_blocks_loaded`` blocks the result reports, which it always must.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from flatcake.cio.direct import writable_view
+from flatcake.cio.layout import ALIGN
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.plan import ReadOp
+from flatcake.cio.readers import IOV_MAX, IoVec, Reader, ReadRequest
+
+
+def zero_copy_refusal(reader: Reader, paged: PagedKV, has_memory_ops: bool,
+                      pieces_whole_blocks: bool) -> str:
+    """Why a restore cannot read straight into ``paged`` ("" when it can)."""
+    if reader.name != "direct" or paged.device.type != "cpu":
+        return "reads go to a GPU buffer"
+    if has_memory_ops:
+        return "the plan copies blocks from the host arena"
+    if not pieces_whole_blocks:
+        return "a read splits a block"
+    part = paged.block_bytes_per_layer // (1 if paged.kv_layout == "blocks" else 2)
+    if part % ALIGN:
+        return f"a block part of {part} bytes is not a multiple of {ALIGN}"
+    misaligned = [i for i, v in enumerate(paged.layer_bytes()) if v.data_ptr() % ALIGN]
+    if misaligned:
+        return f"paged KV layer {misaligned[0]} is not {ALIGN}-aligned"
+    return ""
+
+
+class SlotViews:
+    """Writable byte views of each layer's paged KV memory, cut into block parts."""
+
+    def __init__(self, paged: PagedKV) -> None:
+        self._layers = [writable_view(t) for t in paged.layer_bytes()]
+        self._kv = paged.kv_layout == "kv_blocks"
+        self._part = paged.block_bytes_per_layer // (2 if self._kv else 1)
+        self._plane = paged.num_blocks * self._part
+
+    def block(self, layer: int, slot: int) -> tuple[memoryview, ...]:
+        """The iovecs of block ``slot`` of ``layer`` (its bytes in file order)."""
+        mv, at = self._layers[layer], slot * self._part
+        if not self._kv:
+            return (mv[at:at + self._part],)
+        return (mv[at:at + self._part], mv[self._plane + at:self._plane + at + self._part])
+
+
+def op_commands(op: ReadOp, layer: int, stream_pos: int, slots: list[int],
+                views: SlotViews, staging: memoryview, bbpl: int, path: str, fd: int,
+                ) -> Iterator[tuple[ReadRequest, IoVec, list[tuple[int, int, int]]]]:
+    """The vectored commands of one read op: ``(request, iovecs, pieces)``, where
+    ``pieces`` lists ``(piece index, first iovec, end iovec)`` of the iovecs of this
+    command that carry each piece (a piece may span commands). ``stream_pos`` is where
+    the op's bytes would sit in the staging slot; ``slots`` maps stream blocks to paged
+    slots (-1: read for its checksum only)."""
+    iov: list[memoryview] = []
+    owner: list[int] = []  # piece index of each iovec, -1 for gap bytes
+
+    def put(view: memoryview, piece: int) -> None:
+        iov.append(view)
+        owner.append(piece)
+
+    cur = 0
+    for k, p in enumerate(op.pieces):
+        if p.offset_in_op > cur:
+            put(staging[stream_pos + cur:stream_pos + p.offset_in_op], -1)
+        first = p.dest_offset(bbpl) // bbpl
+        for b in range(p.length // bbpl):
+            slot = slots[first + b]
+            at = stream_pos + p.offset_in_op + b * bbpl
+            for v in (views.block(layer, slot) if slot >= 0 else (staging[at:at + bbpl],)):
+                put(v, k)
+        cur = p.offset_in_op + p.length
+    if cur < op.length:
+        put(staging[stream_pos + cur:stream_pos + op.length], -1)
+    offset = 0
+    for start in range(0, len(iov), IOV_MAX):
+        chunk = iov[start:start + IOV_MAX]
+        length = sum(len(v) for v in chunk)
+        pieces: list[tuple[int, int, int]] = []
+        for i, k in enumerate(owner[start:start + IOV_MAX]):
+            if k < 0:
+                continue
+            if pieces and pieces[-1][0] == k:
+                pieces[-1] = (k, pieces[-1][1], i + 1)
+            else:
+                pieces.append((k, i, i + 1))
+        yield (ReadRequest(path, fd, op.file_offset + offset, length, 0), IoVec(tuple(chunk)),
+               pieces)
+        offset += length

@@ -1,0 +1,148 @@
+"""Zero-copy restores: reads land straight in aligned paged KV slots (``cio.zerocopy``),
+checked on the reader threads; anything unaligned takes the staging window."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import flatcake.cio.zerocopy as zerocopy
+from flatcake.cio.direct import aligned_buffer
+from flatcake.cio.readers import DirectReader
+from flatcake.cio.staging import LayerReady, RestoreOutcome, StagingWindow
+from tests.cio.test_staging import History, _history, _job
+
+BBPL = 8192
+
+
+@pytest.fixture
+def aligned_history(tmp_path: Path):  # type: ignore[no-untyped-def]
+    h = _history(tmp_path, [5, 1, 9, 4], bbpl=BBPL)
+    yield h
+    os.close(h.fd)
+
+
+def _dest(h: History, kv_blocks: bool, shift: int = 0) -> list[torch.Tensor]:
+    slots = h.num_blocks + 3
+    out = []
+    for _ in h.src:
+        flat = aligned_buffer(slots * BBPL + shift, pin=False)[shift:].zero_()
+        out.append(flat.view(2, slots, BBPL // 2) if kv_blocks else flat.view(slots, BBPL))
+    return out
+
+
+def _restore(h: History, dst: list[torch.Tensor], slots: list[int]
+             ) -> tuple[RestoreOutcome, int]:
+    reader = DirectReader(3)
+    window = StagingWindow(reader)
+    try:
+        outcome = window.run(_job(h, dst, slots=slots), LayerReady(len(dst)))
+    finally:
+        window.close()
+        reader.close()
+    return outcome, reader.stats().commands
+
+
+def _block(t: torch.Tensor, slot: int, kv_blocks: bool) -> torch.Tensor:
+    return torch.cat([t[0, slot], t[1, slot]]) if kv_blocks else t[slot]
+
+
+@pytest.mark.parametrize("kv_blocks", [False, True])
+@pytest.mark.parametrize("iov_max", [1024, 3])
+def test_reads_land_in_the_slots(aligned_history: History, kv_blocks: bool, iov_max: int,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zerocopy, "IOV_MAX", iov_max)  # 3: ops split into many commands
+    h = aligned_history
+    dst = _dest(h, kv_blocks)
+    slots = [(7 * i + 2) % (h.num_blocks + 3) for i in range(h.num_blocks)]
+    assert len(set(slots)) == len(slots)
+    outcome, commands = _restore(h, dst, slots)
+    assert outcome.zero_copy and outcome.zero_copy_refusal == ""
+    assert outcome.num_blocks_loaded == h.num_blocks and outcome.failed_tags == ()
+    assert outcome.commands == commands
+    ops = sum(len(lp.ssd_ops) for lp in _job(h, dst, slots=slots).plan.layers)
+    parts = 2 if kv_blocks else 1
+    if iov_max == 3:
+        assert commands > ops
+    else:
+        assert commands == ops
+    assert commands <= ops + h.num_blocks * parts * len(dst)
+    for layer, t in enumerate(dst):
+        for b, slot in enumerate(slots):
+            assert torch.equal(_block(t, slot, kv_blocks), h.src[layer][b])
+        unused = set(range(h.num_blocks + 3)) - set(slots)
+        assert all(not _block(t, s, kv_blocks).any() for s in unused)
+
+
+def test_damaged_segment_is_a_miss_from_there_on(aligned_history: History) -> None:
+    h = aligned_history
+    seg = h.segments[2]  # request blocks [6, 15)
+    at = seg.file_offset + seg.layout.block_offset(1, 4)  # type: ignore[operator]
+    with open(h.path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x01]))
+    dst = _dest(h, kv_blocks=False)
+    outcome, _ = _restore(h, dst, list(range(h.num_blocks)))
+    assert outcome.zero_copy
+    assert outcome.num_blocks_loaded == 6 and outcome.failed_tags == (2,)
+    for layer, t in enumerate(dst):
+        assert torch.equal(t[:6], h.src[layer][:6])
+
+
+def test_unaligned_destination_takes_the_staging_window(aligned_history: History) -> None:
+    h = aligned_history
+    dst = _dest(h, kv_blocks=False, shift=64)  # torch's allocator aligns to 64 bytes
+    slots = list(range(h.num_blocks, 0, -1))
+    outcome, _ = _restore(h, dst, slots)
+    assert not outcome.zero_copy
+    assert outcome.zero_copy_refusal == "paged KV layer 0 is not 4096-aligned"
+    assert outcome.num_blocks_loaded == h.num_blocks
+    for layer, t in enumerate(dst):
+        assert torch.equal(t[slots], h.src[layer])
+
+
+def test_small_blocks_take_the_staging_window(tmp_path: Path) -> None:
+    h = _history(tmp_path, [3, 2], bbpl=300)
+    try:
+        dst = [aligned_buffer(h.num_blocks * 300, pin=False).view(h.num_blocks, 300)
+               for _ in h.src]
+        outcome, _ = _restore(h, dst, list(range(h.num_blocks)))
+    finally:
+        os.close(h.fd)
+    assert not outcome.zero_copy
+    assert outcome.zero_copy_refusal == "a block part of 300 bytes is not a multiple of 4096"
+    for layer, t in enumerate(dst):
+        assert torch.equal(t, h.src[layer])
+
+
+def test_the_store_reports_the_read_path(tmp_path: Path) -> None:
+    from flatcake.geometry import KVGeometry
+    from flatcake.store import FlatCakeStore
+    from tests.store.helpers import TO_SSD, random_kv, small_config
+    from tests.store.test_async_and_reclaim import session_keys
+
+    g = KVGeometry(num_layers=2, tokens_per_block=16, num_kv_heads=1, head_dim=128,
+                   dtype="float16", name="k4")  # K and V halves of 4 KiB per block
+    src = random_kv(g, 6)
+    keys = session_keys(1, 6)
+
+    def dest(shift: int) -> list[torch.Tensor]:
+        half = g.block_bytes_per_layer // 2
+        return [aligned_buffer(6 * 2 * half + shift, pin=False)[shift:].zero_()
+                .view(torch.float16).view(2, 6, 16, 1, 128) for _ in range(g.num_layers)]
+
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        store.store_turn("s", keys, src, range(6), TO_SSD)
+        for shift, path, reason in ((0, "zero-copy", ""),
+                                    (64, "staging", "paged KV layer 0 is not 4096-aligned")):
+            dst = dest(shift)
+            res = store.load(keys, dst, [5, 4, 3, 2, 1, 0])
+            assert (res.num_blocks, res.read_path, res.staging_reason) == (6, path, reason)
+            for layer in range(g.num_layers):
+                assert torch.equal(dst[layer].flip(1).contiguous().view(torch.uint8),
+                                   src[layer].view(torch.uint8))  # bytes: NaN != NaN
