@@ -56,7 +56,8 @@ from flatcake.cio.format import crc32, crc32_combine, crc32_shift_operator
 from flatcake.cio.layout import ALIGN, align_up
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.plan import LayerPlan, Piece, ReadPlan
-from flatcake.cio.readers import IoVec, Reader, ReadQueue, ReadRequest
+from flatcake.cio.readcrc import OpGate, crc_pieces
+from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
 from flatcake.cio.zerocopy import SlotViews, op_commands, zero_copy_refusal
 
 logger = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ class StagingWindow:
             keys = [(pos + p.offset_in_op, p.length) for p in op.pieces]
             checked: Future[dict[tuple[int, int], int]] = Future()
             if direct is not None and view is not None:  # zero-copy: always a CPU slot
-                gate = _OpGate(keys, bool(job.checks), checked)
+                gate = OpGate(keys, bool(job.checks), checked)
                 for sub_req, iov, pieces in op_commands(
                         op, lp.layer, pos, direct.slots, direct.views, view,
                         job.plan.block_bytes_per_layer, f.path, f.fd):
@@ -304,7 +305,7 @@ class StagingWindow:
                          if view is not None and job.checks else ())
                 state.commands += 1
                 reads.submit(req, slot).add_done_callback(
-                    partial(_crc_pieces, spans, checked))
+                    partial(crc_pieces, spans, checked))
             state.futures.append((checked, op.pieces, req))
             for p in op.pieces:
                 state.placements.append(_Placement(
@@ -506,82 +507,9 @@ class StagingWindow:
         job.paged.scatter(layer, slots[mask.to(slots.device)], rows)
 
 
-def _crc_pieces(spans: tuple[tuple[tuple[int, int], tuple[memoryview, ...]], ...],
-                out: Future[dict[tuple[int, int], int]], read: Future[int]) -> None:
-    """Runs on the reader thread that completed ``read``: crc32 of each piece it
-    delivered (keyed by its staging ``(offset, length)``; its bytes are the views, in
-    order), then resolves ``out`` with them, or with the read's error."""
-    exc = read.exception()
-    if exc is not None:
-        out.set_exception(exc)
-        return
-    try:
-        crcs = {key: _crc_views(views) for key, views in spans}
-    except BaseException as err:  # never leave the restore waiting on ``out``
-        out.set_exception(err)
-        return
-    out.set_result(crcs)
-
-
-def _crc_views(views: Sequence[memoryview]) -> int:
-    crc = 0
-    for v in views:
-        crc = crc32(v, crc)
-    return crc
-
-
 @dataclass(frozen=True, slots=True)
 class _Direct:
     """A zero-copy restore's destination: block-part views and each stream block's slot."""
 
     views: SlotViews
     slots: list[int]
-
-
-class _OpGate:
-    """One read op issued as several vectored commands: the thread completing the last
-    one computes the op's piece crcs (a piece may span commands) and resolves ``out``."""
-
-    def __init__(self, keys: list[tuple[int, int]], check: bool,
-                 out: Future[dict[tuple[int, int], int]]) -> None:
-        self._keys = keys
-        self._check = check
-        self._out = out
-        self._lock = threading.Lock()
-        self._pending = 1  # held until close(): no early finish while still submitting
-        self._error: BaseException | None = None
-        self._views: list[list[memoryview]] = [[] for _ in keys]
-
-    def expect(self, iov: IoVec, pieces: list[tuple[int, int, int]]) -> None:
-        with self._lock:
-            self._pending += 1
-        for k, lo, hi in pieces:
-            self._views[k].extend(iov.views[lo:hi])
-
-    def done(self, read: Future[int]) -> None:
-        exc = read.exception()
-        with self._lock:
-            if exc is not None and self._error is None:
-                self._error = exc
-            self._pending -= 1
-            last = self._pending == 0
-        if last:
-            self._finish()
-
-    def close(self) -> None:
-        with self._lock:
-            self._pending -= 1
-            last = self._pending == 0
-        if last:
-            self._finish()
-
-    def _finish(self) -> None:
-        if self._error is not None:
-            self._out.set_exception(self._error)
-            return
-        _crc_pieces(tuple(zip(self._keys, map(tuple, self._views), strict=True))
-                    if self._check else (), self._out, _DONE)
-
-
-_DONE: Future[int] = Future()
-_DONE.set_result(0)
