@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import random
 import shutil
@@ -31,6 +30,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from flatcake.cio import direct
+from flatcake.cio.direct import writable_view
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +84,13 @@ class FioResult:
     iops: float
 
 
-def aligned_buffer(num_bytes: int) -> mmap.mmap:
-    """Anonymous, page-aligned, zero-filled memory usable for O_DIRECT transfers."""
+def aligned_buffer(num_bytes: int) -> memoryview:
+    """Page-aligned, zero-filled memory usable for O_DIRECT transfers, backed like
+    FlatCake's own buffers (``direct.aligned_buffer``: transparent huge pages from
+    2 MiB up), so the device ceiling is measured with the same memory advantage."""
     if num_bytes <= 0 or num_bytes % ALIGN:
         raise ValueError(f"num_bytes must be a positive multiple of {ALIGN}, got {num_bytes}")
-    return mmap.mmap(-1, num_bytes)
+    return writable_view(direct.aligned_buffer(num_bytes, pin=False).zero_())
 
 
 def open_direct(path: str, *, write: bool = False, create: bool = False) -> int:
