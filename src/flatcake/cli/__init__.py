@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("flatcake.cli.inspect", "sessions, segments, bytes per medium, watermarks"),
     "fsck": ("flatcake.cli.fsck", "verify every checksum; non-zero exit on damage"),
     "replay": ("flatcake.cli.replay", "simulate one system at one load on a trace"),
+    "tune": ("flatcake.cli.tune", "search the placement thresholds by replay on your trace; "
+             "prints the best [placement] as TOML"),
     "sweep": ("flatcake.cli.sweep", "replay every system at every load; tables, plots, "
               "report.html"),
 }

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from flatcake.replay.load import DEFAULT_SESSIONS
+from flatcake.replay.load import SESSIONS_BY_KIND
 from flatcake.replay.presets import PRESETS, ReplayPreset
 from flatcake.replay.systems import ALL_SYSTEMS
 
@@ -27,8 +27,9 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="node, budgets and model (default: paper)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds session arrivals (and the built-in workload)")
-    p.add_argument("--sessions", type=int, default=DEFAULT_SESSIONS,
-                   help=f"sessions of the built-in workload (default {DEFAULT_SESSIONS})")
+    p.add_argument("--sessions", type=int, default=None,
+                   help="sessions of the built-in workload (default: " + ", ".join(
+                       f"{n} {k}" for k, n in SESSIONS_BY_KIND.items()) + ")")
     p.add_argument("--workload", default="agent", choices=("agent", "chat", "mixed"),
                    help="kind of built-in workload (default agent)")
     p.add_argument("--routing", default=None, choices=("round_robin", "session", "prefix"),
@@ -47,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=None,
                    help=f"mean request rate in req/s (default {DEFAULT_RATE:g})")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.add_argument("--config", default=None,
+                   help="FlatCake TOML config whose [placement] and [reclaim] replace the "
+                        "preset's (e.g. the snippet 'flatcake tune' prints); budgets stay "
+                        "the preset's")
     p.add_argument("--explain", action="store_true",
                    help="print the preset's assumptions and exit; with TRACE, --rate or "
                         "--system, print them and run (to stderr with --json)")
@@ -67,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset)
     if args.routing:
         preset = preset.with_node(routing=args.routing)
+    if args.config:
+        from flatcake.config import load_config
+        from flatcake.tune import with_config
+
+        preset = with_config(preset, load_config(args.config))
     rate = DEFAULT_RATE if args.rate is None else args.rate
     if rate <= 0:
         raise ValueError(f"--rate must be > 0, got {rate}")

@@ -19,10 +19,21 @@ a (system, rate) run of it takes a few seconds. Fewer sessions cannot offer the 
 sweep's top rate (``replay.arrivals``: 64 sessions reach about 0.85 req/s, 128 about
 1.5 with the 60 s think cap)."""
 
+SESSIONS_BY_KIND = {"agent": DEFAULT_SESSIONS, "chat": 4096, "mixed": 1280}
+"""Default sessions of each built-in workload (``--workload``). ``chat``: Kimi-like
+chats (``traces.generator.ChatParams``), 1.8 requests per session, so 4,096 sessions
+give about 7,000 requests, enough to fill the paper node's 8 GiB host budget many times
+over at the sweep's rates. ``mixed``: 5% agent sessions (64, as many as the agent
+workload's first half) among chats, about two thirds of the requests agent turns."""
 
-def builtin_spec(sessions: int = DEFAULT_SESSIONS, kind: str = "agent", seed: int = 0,
+MIXED_CHAT_SHARE = 0.95
+"""Share of chat sessions in the built-in ``mixed`` workload."""
+
+
+def builtin_spec(sessions: int | None = None, kind: str = "agent", seed: int = 0,
                  block_tokens: int = 64, context_tokens: int | None = None) -> Any:
-    """The generator spec of the built-in workload.
+    """The generator spec of the built-in workload ``kind`` (``agent``, ``chat`` or
+    ``mixed``); ``sessions`` defaults to ``SESSIONS_BY_KIND[kind]``.
 
     ``context_tokens`` caps agent contexts (the llama70b 16K/64K comparison): sessions
     start from a 2K-token prefix and a few K tokens of history, grow as the Claude Code
@@ -39,12 +50,17 @@ def builtin_spec(sessions: int = DEFAULT_SESSIONS, kind: str = "agent", seed: in
             first_history_fresh=LogNormal(min(4000.0, context_tokens / 4), 0.8),
             resumed_share=0.0, compact_above_tokens=context_tokens,
             long_window_share=0.0, long_window_compact_above_tokens=context_tokens)
-    return WorkloadSpec(kind=kind, num_sessions=sessions, seed=seed,  # type: ignore[arg-type]
+    if kind not in SESSIONS_BY_KIND:
+        raise ValueError(f"unknown built-in workload {kind!r}; choose one of "
+                         f"{', '.join(SESSIONS_BY_KIND)}")
+    return WorkloadSpec(kind=kind,  # type: ignore[arg-type]
+                        num_sessions=SESSIONS_BY_KIND[kind] if sessions is None else sessions,
+                        chat_share=MIXED_CHAT_SHARE, seed=seed,
                         block_size_tokens=block_tokens, agent=agent)
 
 
 def load_workload(trace: str | Path | None, *, format: str | None = None,
-                  sessions: int = DEFAULT_SESSIONS, kind: str = "agent", seed: int = 0,
+                  sessions: int | None = None, kind: str = "agent", seed: int = 0,
                   block_tokens: int = 64, context_tokens: int | None = None,
                   use_cache: bool = True) -> tuple[Workload, dict[str, float]]:
     """The workload of ``trace`` (any format ``flatcake.traces`` reads), or the built-in
