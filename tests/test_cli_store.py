@@ -82,14 +82,23 @@ def test_missing_root_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_demo_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Every rule the demo's turns can hit, and every restore read from its home.
     code = main(["demo", "--layers", "4", "--first-tokens", "256", "--turn-tokens", "64",
-                 "--turns", "4", "--root", str(tmp_path / "demo")])
+                 "--turns", "4", "--root", str(tmp_path / "demo"),
+                 "--set", "placement.short_reply_threshold_tokens=512",
+                 "--set", "placement.memory_copy_watermark=0"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "verify: bytes equal" in out
     assert "by first_turn" in out and "by short_reply" in out and "by long_reply" in out
     assert "restore: 28 of 28 blocks (24 ssd, 4 memory)" in out
     assert main(["fsck", str(tmp_path / "demo")]) == 0
+    # The defaults: every turn homed on SSD, every restore from its memory copy.
+    code = main(["demo", "--layers", "4", "--first-tokens", "256", "--turn-tokens", "64",
+                 "--turns", "4", "--root", str(tmp_path / "demo-defaults")])
+    out = capsys.readouterr().out
+    assert code == 0 and "verify: bytes equal" in out
+    assert "-> memory" not in out and "restore: 28 of 28 blocks (0 ssd, 28 memory)" in out
 
 
 def test_inspect_shows_the_budgets_the_store_recorded(

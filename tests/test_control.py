@@ -30,7 +30,10 @@ def make(memory_pages: int = 64, ssd_pages: int = 1024, span_pages: int = 64,
          high: float = 0.9, low: float = 0.5,
          copy_watermark: float = 0.0) -> tuple[ControlPlane, ManualClock]:
     cfg = FlatCakeConfig(
-        placement=PlacementConfig(memory_copy_watermark=copy_watermark),
+        # The short-reply rule on (512 tokens, its value before memory copies) so that
+        # these scenarios have memory-homed turns.
+        placement=PlacementConfig(short_reply_threshold_tokens=512,
+                                  memory_copy_watermark=copy_watermark),
         store=StoreConfig(memory_capacity_bytes=memory_pages * K,
                           ssd_capacity_bytes=ssd_pages * K,
                           session_file_bytes=span_pages * K),

@@ -62,6 +62,8 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
             "kv_connector_extra_config": {
                 "store": {"root": store, "memory_capacity_bytes": 64 << 20,
                           "ssd_capacity_bytes": 1 << 30, "session_file_bytes": 64 << 20},
+                "placement": {"short_reply_threshold_tokens": 512,
+                              "memory_copy_watermark": 0.0},
             },
         }
     with open(plan_path) as fh:

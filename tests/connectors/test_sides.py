@@ -26,7 +26,8 @@ SLOTS = 64
 
 def settings(*overrides: str, infer: bool = True) -> ConnectorSettings:
     base = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
-            "store.session_file_bytes=16777216"]
+            "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
+            "placement.memory_copy_watermark=0"]
     return ConnectorSettings(load_config(env={}, overrides=[*base, *overrides]),
                              infer_sessions=infer)
 

@@ -87,7 +87,8 @@ class TestRuleTable:
     def test_thresholds_come_from_config(self) -> None:
         s = PlacementSignals(False, 1, 2, 5000, 50)
         assert decide_placement(s, CFG).rule == PlacementRule.AGENT_CONTEXT
-        loose = PlacementConfig(agent_context_threshold_tokens=10_000)
+        loose = PlacementConfig(agent_context_threshold_tokens=10_000,
+                                short_reply_threshold_tokens=512)
         assert decide_placement(s, loose).rule == PlacementRule.SHORT_REPLY
 
 

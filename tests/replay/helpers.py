@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from flatcake.config import FlatCakeConfig, SchedulerConfig
+from flatcake.config import FlatCakeConfig, PlacementConfig, SchedulerConfig
 from flatcake.geometry import KVGeometry
 from flatcake.replay.devices import GpuSpec, NodeSpec, SsdSpec
 from flatcake.replay.presets import ReplayPreset
@@ -30,7 +30,10 @@ def tiny_preset(*, workers: int = 1, gpu_blocks: int = 64, host_blocks: int = 10
     node = NodeSpec(num_workers=workers, gpu=gpu, host_to_gpu_bytes_per_s=1e10,
                     host_memory_bytes=host_blocks * BLOCK_BYTES, ssd=ssd,
                     staging_bytes_per_worker=staging_blocks * BLOCK_BYTES, routing=routing)
-    fc = FlatCakeConfig(model="tiny", scheduler=SchedulerConfig(max_restores_in_flight=slots))
+    # The short-reply rule on, no memory copies: the scenarios place turns by rule.
+    fc = FlatCakeConfig(model="tiny", scheduler=SchedulerConfig(max_restores_in_flight=slots),
+                        placement=PlacementConfig(short_reply_threshold_tokens=512,
+                                                  memory_copy_watermark=0.0))
     return ReplayPreset(name="tiny", description="test node", geometry=GEOMETRY, node=node,
                         flatcake=fc,
                         tiered=dataclasses.replace(TieredConfig(), bucket_keys=bucket_keys,

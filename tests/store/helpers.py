@@ -21,8 +21,11 @@ TO_MEMORY = TurnSignals(turn_index=1, context_tokens=0, prev_reply_tokens=1)
 
 
 def small_config(*overrides: str) -> FlatCakeConfig:
+    # The short-reply rule on and no memory copies, so that TO_MEMORY lands in memory
+    # and SSD turns are read from SSD (tests/store/test_memory_copies.py turns copies on).
     base = ["store.memory_capacity_bytes=4194304", "store.ssd_capacity_bytes=268435456",
-            "store.session_file_bytes=16777216"]
+            "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
+            "placement.memory_copy_watermark=0"]
     return load_config(env={}, overrides=[*base, *overrides])
 
 

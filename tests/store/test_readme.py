@@ -18,6 +18,6 @@ def test_public_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.chdir(tmp_path)  # the example keeps its store under "."
     exec(compile(code, str(README), "exec"), {"__name__": "readme_example"})
     out = capsys.readouterr().out
-    assert "SSD first_turn MEMORY short_reply" in out
-    assert "LookupResult(num_blocks=10, num_memory_blocks=4, num_ssd_blocks=6)" in out
+    assert "SSD first_turn SSD default" in out
+    assert "LookupResult(num_blocks=10, num_memory_blocks=10, num_ssd_blocks=0)" in out
     assert list(tmp_path.iterdir()) == []  # the temporary store is gone

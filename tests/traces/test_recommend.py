@@ -27,7 +27,8 @@ def _sessions(contexts: list[int]) -> TraceAnalysis:
 def test_sessions_that_do_not_fit_put_the_ssd_on_the_read_path() -> None:
     # 8192 tokens of KV = 1 GiB each; 3 sessions, 2 GiB of memory holds 2.
     analysis = _sessions([8192, 8192, 8192])
-    rec = recommend(analysis, GEOM, 2 * GIB, PlacementConfig(), memory_sessions=4)
+    rec = recommend(analysis, GEOM, 2 * GIB, PlacementConfig(short_reply_threshold_tokens=512),
+                    memory_sessions=4)
     assert rec.sessions_in_memory == 2 and rec.ssd_on_read_path is True
     text = "\n".join(rec.lines)
     assert "Sessions average 1.00 GiB" in text

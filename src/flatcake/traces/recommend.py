@@ -142,10 +142,14 @@ def recommend(analysis: TraceAnalysis, geometry: KVGeometry, memory_bytes: int,
     if len(outs):
         short = float(np.mean(outs <= placement.short_reply_threshold_tokens))
         long = float(np.mean(outs > placement.long_reply_threshold_tokens))
+        chat = (f"{short:.0%} of replies are at most short_reply_threshold_tokens = "
+                f"{placement.short_reply_threshold_tokens} (chat turns, kept in memory)"
+                if placement.short_reply_threshold_tokens else
+                "short_reply_threshold_tokens = 0: chat turns are homed on SSD and served "
+                "from their memory copies while memory has room ('flatcake tune' says "
+                "whether homing them in memory pays on this trace)")
         lines.append(
-            f"{short:.0%} of replies are at most short_reply_threshold_tokens = "
-            f"{placement.short_reply_threshold_tokens} (chat turns, kept in memory) and "
-            f"{long:.0%} exceed long_reply_threshold_tokens = "
+            f"{chat}; {long:.0%} exceed long_reply_threshold_tokens = "
             f"{placement.long_reply_threshold_tokens} (written to SSD).")
     suggested = {
         "agent_context_threshold_tokens": threshold,
