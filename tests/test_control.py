@@ -485,8 +485,9 @@ class ControlMachine(RuleBasedStateMachine):
         self.length[s], self.turn[s] = n, self.turn[s] + 1
         if plan is None:
             return
-        # Allocated, not yet visible.
-        assert self.cp.lookup(skeys(s, n)).num_blocks <= plan.first_block
+        # Allocated, not yet visible (an earlier turn's copy written ahead may be).
+        mine = {plan.segment.segment_id} | ({plan.copy.segment_id} if plan.copy else set())
+        assert not {r.segment.segment_id for r in self.cp.lookup(skeys(s, n)).runs} & mine
         if plan.copy is not None:  # only under the copy watermark, never for memory
             assert plan.medium == Medium.SSD
             assert self.cp.arena.used_bytes <= self.copy_watermark * \
@@ -527,6 +528,16 @@ class ControlMachine(RuleBasedStateMachine):
         self.length[s], self.turn[s] = n, self.turn[s] + 1
         if plan is not None:
             self.cp.complete_store(plan, True)
+
+    @precondition(lambda self: any(p.copy is not None for p in self.pending))
+    @rule(data=st.data())
+    def copy_written(self, data: st.DataObject) -> None:
+        """A memory copy lands before its segment: it is readable at once."""
+        plan = data.draw(st.sampled_from([p for p in self.pending if p.copy is not None]))
+        self.cp.complete_copy(plan)
+        hit = self.cp.lookup(skeys(plan.session_id, plan.first_block + plan.segment.num_blocks))
+        assert hit.num_blocks >= plan.first_block + plan.segment.num_blocks or \
+            hit.num_blocks < plan.first_block  # an earlier part is missing meanwhile
 
     @precondition(lambda self: self.pending)
     @rule(data=st.data(), ok=st.booleans())

@@ -4,6 +4,8 @@ dropped first under pressure (never while pinned), and dropped with their home."
 
 from __future__ import annotations
 
+import pytest
+
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.gva.address import Medium
 from tests.test_control import K, chat_turn, make, skeys
@@ -147,3 +149,42 @@ class TestCopies:
             assert "stale" in str(exc)
         else:
             raise AssertionError("a hit on a dropped copy was accepted")
+
+
+class TestCopyWrittenAhead:
+    def test_readable_before_the_segment_is_durable(self) -> None:
+        cp, _ = make(memory_pages=8, copy_watermark=1.0)
+        agent_turn(cp, "a", 2, turn=0)
+        plan = cp.prepare_store("a", skeys("a", 5), turn_index=1, context_tokens=10**6)
+        assert plan is not None and plan.copy is not None
+        assert cp.lookup(skeys("a", 5)).num_blocks == 2
+        cp.complete_copy(plan)
+        hit = cp.lookup(skeys("a", 5))
+        assert (hit.num_blocks, hit.num_memory_blocks) == (5, 5)
+        assert hit.runs[-1].segment is plan.copy
+        assert cp.index.get(skeys("a", 5)[4]) is None  # the home is not published yet
+        lp = cp.prepare_load("r", hit)
+        assert lp.read_plan.bytes_read == 0
+        cp.check_integrity()
+        cp.complete_store(plan, True)
+        cp.complete_load("r")
+        loc = cp.index.get(skeys("a", 5)[4])
+        assert loc is not None and loc.segment is plan.segment
+        assert cp.lookup(skeys("a", 5)).runs[-1].segment is plan.copy
+        cp.check_integrity()
+
+    def test_a_failed_write_leaves_the_copy_as_the_memory_home(self) -> None:
+        cp, _ = make(memory_pages=8, copy_watermark=1.0)
+        plan = cp.prepare_store("a", skeys("a", 3), turn_index=0, context_tokens=12)
+        assert plan is not None and plan.copy is not None
+        cp.complete_copy(plan)
+        lp = cp.prepare_load("r", skeys("a", 3))  # reads the copy
+        cp.complete_store(plan, False)
+        assert cp.stats().ssd_used_bytes == 0
+        loc = cp.index.get(skeys("a", 3)[0])
+        assert loc is not None and loc.segment is plan.copy  # now homed in memory
+        assert cp.session("a").memory_bytes == plan.copy.total_bytes
+        cp.check_integrity()  # the restore in flight still reads a live segment
+        cp.complete_load(lp.request_id)
+        with pytest.raises(KeyError, match="no store"):
+            cp.complete_copy(plan)

@@ -7,6 +7,7 @@ clock) and tests. The data plane executes what it plans and reports back::
     lookup(keys) ─────────────────────────────► PrefixHit
     prepare_store(session, keys, signals) ────► StorePlan (address allocated, unpublished)
         data plane writes the segment ...
+    complete_copy(plan) ──────────────────────► its memory copy is written: readable now
     complete_store(plan, ok) ─────────────────► published (ok) or allocation freed
     prepare_load(request, keys | hit) ────────► LoadPlan (hit + ReadPlan; sessions pinned)
         data plane reads the plan ...
@@ -31,9 +32,11 @@ segment cuts its session the same way (``truncate_session``).
 
 Spare memory: while host memory use (the copy included) stays at or under
 ``placement.memory_copy_watermark``, an SSD-homed turn also gets a *memory copy*
-(``StorePlan.copy``; the data plane writes it with the segment). It is published with
-its home, read by restores in place of the SSD (``lookup`` reports it), dropped with
-its home, and dropped first when memory is needed; the home never changes.
+(``StorePlan.copy``; the data plane writes it with the segment). Restores read it in
+place of the SSD (``lookup`` reports it) from ``complete_copy`` on, before the segment
+is durable (its session stays pinned until then, so the copy cannot go); it is dropped
+with its home and first when memory is needed; the home never changes, except that a
+copy already readable when its segment's write fails becomes the blocks' memory home.
 
 Invariants: an address is published only once its bytes are durable (``complete_store``
 with ``ok=True``); a pinned session (restore reading it, or a write into it in flight)
@@ -60,7 +63,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium, encode_address
 from flatcake.gva.alloc import HostArena, SsdSpace
 from flatcake.gva.copies import MemoryCopies
-from flatcake.gva.index import BlockIndex, PrefixHit, Segment
+from flatcake.gva.index import BlockIndex, HitRun, PrefixHit, Segment, _common_run
 from flatcake.gva.keys import check_key
 from flatcake.gva.placement import (
     Placement,
@@ -284,6 +287,9 @@ class ControlPlane:
         self._truncated = 0
         self.copies = MemoryCopies()
         self._copy_holders: set[str] = set()  # sessions with published copies
+        # Copies written ahead of their segment (complete_copy): first key -> plan.
+        self._early: dict[bytes, StorePlan] = {}
+        self._early_ids: set[int] = set()  # their copy segment ids
         self._copies_made = 0
         self._copies_dropped = 0
 
@@ -292,8 +298,30 @@ class ControlPlane:
     def lookup(self, keys: Sequence[bytes]) -> PrefixHit:
         """The longest indexed prefix of ``keys`` (published segments only), with the
         memory copy of an SSD segment in its place where one is held."""
-        hit = self.index.lookup(keys)
-        return self.copies.substitute(hit) if len(self.copies) else hit
+        req = keys if isinstance(keys, tuple) else tuple(keys)
+        hit = self.index.lookup(req)
+        if len(self.copies):
+            hit = self.copies.substitute(hit)
+        return self._with_early_copies(req, hit) if self._early else hit
+
+    def _with_early_copies(self, req: tuple[bytes, ...], hit: PrefixHit) -> PrefixHit:
+        """``hit`` continued through copies written ahead of their segments."""
+        runs = list(hit.runs)
+        pos, mem = hit.num_blocks, hit.num_memory_blocks
+        while pos < len(req):
+            plan = self._early.get(req[pos])
+            if plan is None or plan.copy is None:
+                break
+            copy = plan.copy
+            count = _common_run(req, pos, copy.keys, 0)
+            runs.append(HitRun(copy, 0, count, pos))
+            pos += count
+            mem += count
+            if count < copy.num_blocks:
+                break
+        if pos == hit.num_blocks:
+            return hit
+        return PrefixHit(pos, mem, hit.num_ssd_blocks, tuple(runs))
 
     def session(self, session_id: str) -> SessionRecord:
         """The books of a session (``KeyError`` naming it when unknown)."""
@@ -437,6 +465,16 @@ class ControlPlane:
                        encode_address(Medium.MEMORY, self.node_id, offset), layout,
                        home.keys, home.turn_index)
 
+    def complete_copy(self, plan: StorePlan) -> None:
+        """The data plane wrote ``plan.copy`` (the segment itself may still be in
+        flight): lookups and restores may use the copy from now on."""
+        seg = plan.segment
+        if self._pending_stores.get(seg.segment_id) is not plan or plan.copy is None:
+            raise KeyError(f"no store with a memory copy in flight for segment_id "
+                           f"{seg.segment_id!r}")
+        self._early[plan.copy.keys[0]] = plan
+        self._early_ids.add(plan.copy.segment_id)
+
     def complete_store(self, plan: StorePlan, ok: bool) -> None:
         """The data plane finished writing ``plan``: publish it when ``ok`` (its bytes
         are durable), else give its allocation back. Unpins the session."""
@@ -446,6 +484,11 @@ class ControlPlane:
         del self._pending_stores[seg.segment_id]
         rec = self._sessions[plan.session_id]
         rec.num_pins -= 1
+        early = plan.copy is not None and plan.copy.segment_id in self._early_ids
+        if plan.copy is not None and early:
+            self._early_ids.discard(plan.copy.segment_id)
+            if self._early.get(plan.copy.keys[0]) is plan:
+                del self._early[plan.copy.keys[0]]
         if ok:
             self.index.publish(seg)
             rec.segment_ids_on(seg.medium).append(seg.segment_id)
@@ -456,7 +499,13 @@ class ControlPlane:
                 self._copy_holders.add(rec.session_id)
                 self._copies_made += 1
             return
-        if plan.copy is not None:
+        if plan.copy is not None and early:
+            # Restores may be reading the copy: it becomes the blocks' memory home.
+            self.index.publish(plan.copy)
+            rec.memory_segment_ids.append(plan.copy.segment_id)
+            rec.memory_bytes += plan.copy.total_bytes
+            rec.copy_bytes -= plan.copy.total_bytes
+        elif plan.copy is not None:
             rec.copy_bytes -= self.arena.free(plan.copy.offset)
         if seg.medium == Medium.MEMORY:
             rec.memory_bytes -= self.arena.free(seg.offset)
@@ -504,7 +553,7 @@ class ControlPlane:
         return plan
 
     def _live_segment_ids(self, seg: Segment) -> tuple[int, ...]:
-        if self.copies.is_live(seg):
+        if self.copies.is_live(seg) or seg.segment_id in self._early_ids:
             return (seg.segment_id,)
         try:
             return (seg.segment_id,) if self.index.segment(seg.segment_id) is seg else ()

@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Sequence
 
-from flatcake.config import FlatCakeConfig, StoreConfig
+from flatcake.config import FlatCakeConfig, PlacementConfig, StoreConfig
 from flatcake.control import ControlPlane
 from flatcake.geometry import KVGeometry
 from flatcake.gva.keys import chain_block_keys
@@ -67,7 +67,9 @@ def control_plane_at_scale(geometry: KVGeometry, context_tokens: int, num_turns:
     lookup_and_plan_ms, num_blocks, planned SSD commands)."""
     num_blocks = context_tokens // geometry.tokens_per_block
     keys = session_keys(geometry, num_blocks, seed=seed)
-    config = FlatCakeConfig(store=StoreConfig(ssd_capacity_bytes=64 * TIB,
+    # No memory copies: every turn is read from its SSD home, the case being timed.
+    config = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
+                            store=StoreConfig(ssd_capacity_bytes=64 * TIB,
                                               session_file_bytes=64 * TIB // 16))
     control = ControlPlane(geometry, config)
     for turn, blocks in enumerate(split_turns(num_blocks, num_turns)):

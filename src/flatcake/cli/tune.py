@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--config", default=None,
                    help="start from this TOML config's [placement] instead of the defaults")
+    p.add_argument("--toml", default=None, metavar="FILE",
+                   help="also write the [placement] snippet to FILE: the starting one at "
+                        "once (a usable file even if the search is stopped), the best at "
+                        "the end")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.epilog = "knobs and values tried: " + "; ".join(
         f"{k} {', '.join(f'{v:g}' for v in vals)}" for k, vals in GRID.items())
@@ -38,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flatcake.cli.sweep import _floats
-    from flatcake.config import load_config
+    from flatcake.config import PlacementConfig, load_config
     from flatcake.replay.load import load_workload
     from flatcake.replay.presets import get_preset
     from flatcake.tune import Score, toml_snippet, tune
@@ -54,11 +58,15 @@ def run(args: argparse.Namespace) -> int:
                           kind=args.workload, seed=args.seed,
                           block_tokens=args.block_tokens or preset.builtin_block_tokens,
                           context_tokens=args.context_tokens)
+    if args.toml:
+        _write(args.toml, toml_snippet(start_cfg.placement if start_cfg else PlacementConfig()))
     t0 = time.perf_counter()
     res = tune(wl, preset.name, rates, budget_cpu_s=args.budget_cpu_s, holdout=args.holdout,
                seed=args.seed, jobs=args.jobs,
                default=start_cfg.placement if start_cfg else None)
     wall = time.perf_counter() - t0
+    if args.toml:
+        _write(args.toml, toml_snippet(res.best))
 
     def row(s: Score) -> dict[str, float]:
         return {"hit_rate": s.hit_rate, "ttft_mean_s": s.ttft_mean_s, "cpu_s": s.cpu_s}
@@ -93,3 +101,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(toml_snippet(res.best))
     return 0
+
+
+def _write(path: str, snippet: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(snippet + "\n")

@@ -373,9 +373,11 @@ class FlatCakeStore:
                 dest = self.arena.view(plan.segment.offset, plan.segment.total_bytes)
                 self._writer.write_memory(dest, paged, ids)
             else:
-                if plan.copy is not None:  # spare memory: a clean copy, published with it
+                if plan.copy is not None:  # spare memory: a clean copy, readable at once
                     self._writer.write_memory(
                         self.arena.view(plan.copy.offset, plan.copy.total_bytes), paged, ids)
+                    with self._lock:
+                        self.control.complete_copy(plan)
                 try:
                     written = self._writer.write_ssd(
                         target.fd, int(plan.file_offset or 0), paged, ids, plan.segment.keys,

@@ -14,8 +14,9 @@ one-FIFO ablation). Only the devices are models:
 * a request whose missing blocks are all in memory runs at once; its memory copy
   overlaps its prefill;
 * a finished turn's new blocks are placed and allocated by ``prepare_store``; a memory
-  segment is published at once, an SSD segment (and its memory copy, if the control
-  plane made one) after its write occupies the worker's SSD channel (``complete_store``);
+  segment is published at once, an SSD segment after its write occupies the worker's
+  SSD channel (``complete_store``); its memory copy, if the control plane made one, is
+  readable at once (``complete_copy``);
 * a request whose prefix continues into a segment still being written waits for that
   write and then looks up again, as the vLLM connector does (``get_num_new_matched_tokens``
   answers "ask again next step" while a store of the prefix is in flight), instead of
@@ -311,6 +312,8 @@ class FlatCakeSystem(System):
         if plan.medium == Medium.MEMORY:
             cp.complete_store(plan, True)
             return
+        if plan.copy is not None:
+            cp.complete_copy(plan)  # in host memory now; the SSD write follows
         w = node.workers[req.worker]
         nbytes = plan.segment.total_bytes
         cmds = -(-nbytes // self.config.planner.max_read_bytes) * node.spec.gpus_per_worker
