@@ -167,3 +167,16 @@ def test_readme_walkthrough_serves_and_restarts(tmp_path: Path) -> None:
     assert again["loaded_tokens_ssd"] == 2 * BLOCK and again["load_error_blocks"] == 0
     assert again["cached_tokens"] == 2 * BLOCK
     assert len(json.loads((tmp_path / "history.json").read_text())) == 8
+    # Both SSD turns are on disk, whole (crc32-checked), after the second Ctrl-C.
+    assert ssd_segments(tmp_path / "store", "alice-42") == [2, again["stored_blocks"]]
+
+
+def ssd_segments(store: Path, session_id: str) -> list[int]:
+    """Blocks of each valid segment in ``session_id``'s file."""
+    from flatcake.cio.format import scan_session_file
+
+    for path in sorted((store / "sessions").iterdir()):
+        header, ok, _bad = scan_session_file(path)
+        if header.session_id == session_id:
+            return [s.header.num_blocks for s in ok]
+    return []

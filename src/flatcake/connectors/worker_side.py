@@ -41,7 +41,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -72,6 +72,7 @@ from flatcake.connectors.plans import (
     StoreTask,
     WorkerReport,
 )
+from flatcake.connectors.write_queue import WriteQueue
 from flatcake.control import FileCut
 from flatcake.geometry import KVGeometry
 from flatcake.gva.address import Medium
@@ -91,58 +92,6 @@ class _Finished:
     task: LoadTask | StoreTask
     load: LoadDone | None = None
     store: StoreDone | None = None
-
-
-class _Writer:
-    """One daemon thread that runs store tasks in order from a bounded queue.
-
-    A daemon, so an exiting process never hangs on it: ``drain`` bounds the wait."""
-
-    def __init__(self, run: Callable[[StoreTask], None], max_pending: int) -> None:
-        self._run = run
-        self._queue: queue.Queue[StoreTask | None] = queue.Queue(max_pending)
-        self._thread = threading.Thread(target=self._loop, name="flatcake-write",
-                                        daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            task = self._queue.get()
-            try:
-                if task is None:
-                    return
-                self._run(task)
-            finally:
-                self._queue.task_done()
-
-    def submit(self, task: StoreTask) -> bool:
-        """Queue ``task``; ``False`` when the queue is full (never blocks)."""
-        try:
-            self._queue.put_nowait(task)
-        except queue.Full:
-            return False
-        return True
-
-    def drain(self, timeout_s: float) -> tuple[list[StoreTask], bool]:
-        """Wait up to ``timeout_s`` for every queued task, then stop the thread.
-
-        Returns the tasks that never started (removed from the queue) and whether
-        the thread has stopped (``False``: a task is still running)."""
-        q = self._queue
-        with q.all_tasks_done:
-            q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout_s)
-        dropped: list[StoreTask] = []
-        while True:
-            try:
-                task = q.get_nowait()
-            except queue.Empty:
-                break
-            q.task_done()
-            if task is not None:
-                dropped.append(task)
-        q.put(None)
-        self._thread.join(timeout=min(1.0, timeout_s))
-        return dropped, not self._thread.is_alive()
 
 
 def _drain_at_exit(ref: weakref.ref[WorkerSide]) -> None:
@@ -182,7 +131,7 @@ class WorkerSide:
         self._sync_window = StagingWindow(self.reader)
         self._restores = ThreadPoolExecutor(num_windows, thread_name_prefix="flatcake-restore")
         self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-sync-load")
-        self._writer_thread = _Writer(self._run_store, max_pending_stores)
+        self._writer_thread = WriteQueue(self._run_store, max_pending_stores)
         self.drain_timeout_s = drain_timeout_s
         self._writing: Counter[str] = Counter()  # request -> stores not yet finished
         self._write_cond = threading.Condition(self._lock)
