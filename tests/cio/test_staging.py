@@ -93,6 +93,15 @@ def _job(h: History, dst: list[torch.Tensor], cfg: PlannerConfig | None = None,
                       tuple(checks), {0: OpenFile(h.path, h.fd)}, None, start)
 
 
+def flip_byte(path: str, at: int) -> None:
+    """Damage one byte of a session file in place (a bit flip at ``at``)."""
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x01]))
+
+
 @pytest.fixture
 def history(tmp_path: Path):  # type: ignore[no-untyped-def]
     h = _history(tmp_path, [5, 1, 9, 4])
@@ -292,11 +301,7 @@ def test_crc_failure_cuts_the_restore_at_the_damaged_segment(history: History,
                                                              crc_threads: int) -> None:
     seg = history.segments[2]  # request blocks [6, 15)
     at = seg.file_offset + seg.layout.block_offset(flip_layer, 4)  # type: ignore[operator]
-    with open(history.path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 0x01]))
+    flip_byte(history.path, at)
     dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
            for _ in history.src]
     reader = DirectReader(2)
@@ -351,11 +356,7 @@ def test_checksums_run_on_the_reader_threads(history: History,
     if flip:
         seg = history.segments[2]  # request blocks [6, 15)
         at = seg.file_offset + seg.layout.block_offset(1, 4)  # type: ignore[operator]
-        with open(history.path, "r+b") as fh:
-            fh.seek(at)
-            b = fh.read(1)
-            fh.seek(at)
-            fh.write(bytes([b[0] ^ 0x01]))
+        flip_byte(history.path, at)
     dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
            for _ in history.src]
     cfg = PlannerConfig(max_read_bytes=max_read_bytes) if max_read_bytes else None

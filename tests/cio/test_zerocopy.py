@@ -13,7 +13,7 @@ import flatcake.cio.zerocopy as zerocopy
 from flatcake.cio.direct import aligned_buffer
 from flatcake.cio.readers import DirectReader
 from flatcake.cio.staging import LayerReady, RestoreOutcome, StagingWindow
-from tests.cio.test_staging import History, _history, _job
+from tests.cio.test_staging import History, _history, _job, flip_byte
 
 BBPL = 8192
 
@@ -81,11 +81,7 @@ def test_damaged_segment_is_a_miss_from_there_on(aligned_history: History) -> No
     h = aligned_history
     seg = h.segments[2]  # request blocks [6, 15)
     at = seg.file_offset + seg.layout.block_offset(1, 4)  # type: ignore[operator]
-    with open(h.path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 0x01]))
+    flip_byte(h.path, at)
     dst = _dest(h, kv_blocks=False)
     outcome, _ = _restore(h, dst, list(range(h.num_blocks)))
     assert outcome.zero_copy
