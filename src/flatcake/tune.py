@@ -198,7 +198,7 @@ def _with(p: PlacementConfig, knob: str, value: float) -> PlacementConfig | None
         return None
 
 
-def tune(wl: Workload, preset: str, rates: Sequence[float], *, budget_cpu_s: float = 1200.0,
+def tune(wl: Workload, preset: str, rates: Sequence[float], *, budget_cpu_s: float = 1000.0,
          holdout: float = 0.5, seed: int = 0, jobs: int | None = None,
          default: PlacementConfig | None = None) -> TuneResult:
     """Search the placement on one part of ``wl`` and report both parts (module doc)."""

@@ -23,8 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", default=None,
                    help="comma-separated request rates to score at (default: the lowest, "
                         "middle and highest of the preset's)")
-    p.add_argument("--budget-cpu-s", type=float, default=1200.0,
-                   help="replay CPU seconds the search may spend (default 1200)")
+    p.add_argument("--budget-cpu-s", type=float, default=1000.0,
+                   help="replay CPU seconds the search and the held-back check may spend "
+                        "(default 1000; reading the trace and starting processes come on "
+                        "top)")
     p.add_argument("--holdout", type=float, default=0.5,
                    help="share of the sessions (or of the trace's time) held back to check "
                         "the result (default 0.5)")
