@@ -497,37 +497,34 @@ class ControlMachine(RuleBasedStateMachine):
     @rule(s=st.sampled_from(SESSIONS), new=st.integers(1, 6))
     def ssd_turn(self, s: str, new: int) -> None:
         """A long-context turn, written and completed at once (SSD history to cut)."""
-        n = self.length[s] + new
-        pinned = self.pinned() | {s}
-        try:
-            plan = self.cp.prepare_store(s, skeys(s, n), turn_index=self.turn[s],
-                                         context_tokens=10**6)
-        except CapacityError:
-            self.check_actions(pinned)
-            return
-        self.check_actions(pinned)
-        self.length[s], self.turn[s] = n, self.turn[s] + 1
-        if plan is not None:
-            assert plan.medium == Medium.SSD
-            self.cp.complete_store(plan, True)
+        plan = self.turn_now(s, new, big_context=True)
+        assert plan is None or plan.medium == Medium.SSD
 
     @rule(s=st.sampled_from(SESSIONS), new=st.integers(1, 6))
     def chat_turn(self, s: str, new: int) -> None:
         """A short-reply turn (memory unless full), written and completed at once."""
         if not self.turn[s]:
             return
+        self.turn_now(s, new, big_context=False)
+
+    def turn_now(self, s: str, new: int, big_context: bool) -> StorePlan | None:
+        """Store ``new`` blocks of ``s`` (SSD by agent context, or a short-reply turn)
+        and complete the write at once."""
         n = self.length[s] + new
         pinned = self.pinned() | {s}
         try:
-            plan = self.cp.prepare_store(s, skeys(s, n), turn_index=self.turn[s],
-                                         context_tokens=4 * n, prev_reply_tokens=10)
+            plan = self.cp.prepare_store(
+                s, skeys(s, n), turn_index=self.turn[s],
+                context_tokens=10**6 if big_context else 4 * n,
+                prev_reply_tokens=None if big_context else 10)
         except CapacityError:
             self.check_actions(pinned)
-            return
+            return None
         self.check_actions(pinned)
         self.length[s], self.turn[s] = n, self.turn[s] + 1
         if plan is not None:
             self.cp.complete_store(plan, True)
+        return plan
 
     @precondition(lambda self: any(p.copy is not None for p in self.pending))
     @rule(data=st.data())
