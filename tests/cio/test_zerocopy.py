@@ -119,7 +119,8 @@ def test_small_blocks_take_the_staging_window(tmp_path: Path) -> None:
 def test_the_store_reports_the_read_path(tmp_path: Path) -> None:
     from flatcake.geometry import KVGeometry
     from flatcake.store import FlatCakeStore
-    from tests.store.helpers import TO_SSD, random_kv, small_config
+    from flatcake.store import TurnSignals
+    from tests.store.helpers import TO_MEMORY, TO_SSD, random_kv, small_config
     from tests.store.test_async_and_reclaim import session_keys
 
     g = KVGeometry(num_layers=2, tokens_per_block=16, num_kv_heads=1, head_dim=128,
@@ -133,12 +134,18 @@ def test_the_store_reports_the_read_path(tmp_path: Path) -> None:
                 .view(torch.float16).view(2, 6, 16, 1, 128) for _ in range(g.num_layers)]
 
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
-        store.store_turn("s", keys, src, range(6), TO_SSD)
+        # Turn 0 (blocks 0-3) on SSD, turn 1 (blocks 4-5) in host memory: the SSD part
+        # is read into the slots, the memory part copied into its slots.
+        store.store_turn("s", keys[:4], src, range(4), TO_SSD)
+        store.store_turn("s", keys, src, range(6),
+                         TurnSignals(turn_index=1, context_tokens=64,
+                                     prev_reply_tokens=TO_MEMORY.prev_reply_tokens))
         for shift, path, reason in ((0, "zero-copy", ""),
                                     (64, "staging", "paged KV layer 0 is not 4096-aligned")):
             dst = dest(shift)
             res = store.load(keys, dst, [5, 4, 3, 2, 1, 0])
             assert (res.num_blocks, res.read_path, res.staging_reason) == (6, path, reason)
+            assert (res.num_ssd_blocks, res.num_memory_blocks) == (4, 2)
             for layer in range(g.num_layers):
                 assert torch.equal(dst[layer].flip(1).contiguous().view(torch.uint8),
                                    src[layer].view(torch.uint8))  # bytes: NaN != NaN

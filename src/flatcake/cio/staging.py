@@ -254,7 +254,7 @@ class StagingWindow:
         commands = 0
         reads = ReadQueue(self.reader, self.reads_in_flight)
         refusal = zero_copy_refusal(
-            self.reader, job.paged, any(lp.memory_ops for lp in plan.layers),
+            self.reader, job.paged,
             all(p.dest_offset(bbpl) % bbpl == 0 and p.length % bbpl == 0
                 for lp in plan.layers for op in lp.ssd_ops for p in op.pieces))
         direct = None if refusal else _Direct(SlotViews(job.paged), job.stream_slots.tolist())
@@ -270,8 +270,8 @@ class StagingWindow:
                 commands += state.commands
                 cut = self._finish_reads(job, reads, state, slots[i % 2], cut)
                 cut = self._verify(job, lp.layer, state, slots[i % 2], bbpl, cut, failed)
-                if direct is None:
-                    self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut)
+                self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut,
+                              memory_only=direct is not None)
                 ready.set(lp.layer)
                 pending = nxt
         except BaseException:
@@ -460,11 +460,14 @@ class StagingWindow:
         return out
 
     def _scatter(self, job: RestoreJob, layer: int, state: _LayerState, slot: torch.Tensor,
-                 bbpl: int, cut: int) -> None:
+                 bbpl: int, cut: int, memory_only: bool = False) -> None:
         # Whole blocks go straight from the slot (or the arena) to the paged KV; a block
         # split across two reads (a max_read_bytes split inside it) is assembled first.
+        # ``memory_only``: the SSD bytes are already in place (zero-copy).
         assembling: dict[int, tuple[torch.Tensor, int]] = {}
         for pl in state.placements:
+            if memory_only and not pl.memory:
+                continue
             src = slot if not pl.memory else job.arena
             if src is None:
                 raise ValueError("the read plan copies from the host arena, but the "

@@ -9,8 +9,9 @@ would use. At most ``IOV_MAX`` iovecs go in one command; a longer list is split.
 
 O_DIRECT needs every iovec's address and length aligned to the device's logical block
 size (4096 is asked here). Where the destination is not aligned (torch's CPU allocator
-returns 64-byte-aligned storage; a 300-byte block), or the plan copies from the host
-arena, or reads go to a GPU (GDS), the restore uses the staging window and one copy;
+returns 64-byte-aligned storage; a 300-byte block), or reads go to a GPU (GDS), the
+restore uses the staging window and one copy (blocks from the host arena are copied
+into their slots on both paths);
 ``zero_copy_refusal`` says why, and the load result says which path ran.
 
 Damage: the reader thread checks each command's pieces as it completes; a segment
@@ -30,13 +31,11 @@ from flatcake.cio.plan import ReadOp
 from flatcake.cio.readers import IOV_MAX, IoVec, Reader, ReadRequest
 
 
-def zero_copy_refusal(reader: Reader, paged: PagedKV, has_memory_ops: bool,
-                      pieces_whole_blocks: bool) -> str:
-    """Why a restore cannot read straight into ``paged`` ("" when it can)."""
+def zero_copy_refusal(reader: Reader, paged: PagedKV, pieces_whole_blocks: bool) -> str:
+    """Why a restore cannot read straight into ``paged`` ("" when it can). Blocks the
+    plan copies from the host arena are copied into their slots either way."""
     if reader.name != "direct" or paged.device.type != "cpu":
         return "reads go to a GPU buffer"
-    if has_memory_ops:
-        return "the plan copies blocks from the host arena"
     if not pieces_whole_blocks:
         return "a read splits a block"
     part = paged.block_bytes_per_layer // (1 if paged.kv_layout == "blocks" else 2)
