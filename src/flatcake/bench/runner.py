@@ -331,9 +331,8 @@ def _steady_malloc() -> None:
     """Pin glibc's malloc thresholds for this process: blocks up to 32 MiB come from the
     heap and freed heap memory is kept, so a layout's large temporaries reuse pages
     already faulted in instead of depending on what an earlier restore freed (glibc
-    raises its mmap threshold dynamically). Without this the per-chunk-files baseline's
-    scatter ran 5-8x slower after FlatCake's zero-copy restores, which leave no large
-    temporaries behind (zeroing fresh pages, ``clear_page_erms``, was 43% of samples)."""
+    raises its mmap threshold dynamically), the same for every layout. (It did not cure
+    the per-chunk-files slowdown next to zero-copy restores; see the README.)"""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
