@@ -118,8 +118,7 @@ def test_small_blocks_take_the_staging_window(tmp_path: Path) -> None:
 
 def test_the_store_reports_the_read_path(tmp_path: Path) -> None:
     from flatcake.geometry import KVGeometry
-    from flatcake.store import FlatCakeStore
-    from flatcake.store import TurnSignals
+    from flatcake.store import FlatCakeStore, TurnSignals
     from tests.store.helpers import TO_MEMORY, TO_SSD, random_kv, small_config
     from tests.store.test_async_and_reclaim import session_keys
 
