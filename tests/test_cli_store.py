@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from flatcake.cio.files import SESSIONS_DIR
 from flatcake.cio.format import scan_session_file
 from flatcake.cli import main
 from flatcake.store import FlatCakeStore
-from flatcake.store.files import SESSIONS_DIR
 from tests.store.helpers import SMALL, TO_MEMORY, TO_SSD, random_kv, session_keys, small_config
 
 # Segment bytes on SSD: a 4 KiB header + 3 layers x 256 B per block, 4 KiB aligned.

@@ -11,14 +11,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from flatcake.cio.layout import SegmentLayout
 from flatcake.clock import ManualClock
 from flatcake.config import FlatCakeConfig, PlacementConfig, ReclaimConfig, StoreConfig
 from flatcake.control import ControlPlane, FileCut, LoadPlan, StorePlan
+from flatcake.control.address import Medium
+from flatcake.control.placement import PlacementRule
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
-from flatcake.gva.address import Medium
-from flatcake.gva.placement import PlacementRule
+from flatcake.plan.layout import SegmentLayout
 
 K = 4096
 # 2 layers x 4 tokens x (K+V x 1 head x 8 dims x 2 bytes) = 128 bytes per block per layer.

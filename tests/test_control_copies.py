@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flatcake.control import ControlPlane, StorePlan
-from flatcake.gva.address import Medium
+from flatcake.control.address import Medium
 from tests.test_control import K, chat_turn, make, skeys
 
 

@@ -14,20 +14,20 @@ if TYPE_CHECKING:
     from flatcake.clock import Clock, ManualClock, WallClock
     from flatcake.config import FlatCakeConfig, load_config
     from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
+    from flatcake.control.address import Address, Medium, decode_address, encode_address
+    from flatcake.control.keys import as_block_key, chain_block_keys
     from flatcake.errors import CapacityError, IntegrityError
     from flatcake.geometry import PRESETS, KVGeometry, preset
-    from flatcake.gva.address import Address, Medium, decode_address, encode_address
-    from flatcake.gva.keys import as_block_key, chain_block_keys
 
 _WHERE = {
     "Clock": "clock", "ManualClock": "clock", "WallClock": "clock",
     "FlatCakeConfig": "config", "load_config": "config",
-    "ControlPlane": "control", "LoadPlan": "control", "ReclaimAction": "control",
-    "StorePlan": "control", "CapacityError": "errors", "IntegrityError": "errors",
+    "ControlPlane": "control.plane", "LoadPlan": "control.plane", "ReclaimAction": "control.plane",
+    "StorePlan": "control.plane", "CapacityError": "errors", "IntegrityError": "errors",
     "PRESETS": "geometry", "KVGeometry": "geometry", "preset": "geometry",
-    "Address": "gva.address", "Medium": "gva.address", "decode_address": "gva.address",
-    "encode_address": "gva.address", "as_block_key": "gva.keys",
-    "chain_block_keys": "gva.keys",
+    "Address": "control.address", "Medium": "control.address", "decode_address": "control.address",
+    "encode_address": "control.address", "as_block_key": "control.keys",
+    "chain_block_keys": "control.keys",
 }
 
 __all__ = [

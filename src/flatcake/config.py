@@ -51,7 +51,7 @@ def _check_types(obj: object, section: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PlacementConfig:
-    """Write-time placement thresholds (FC-GVA); see ``gva.placement`` for the rule order.
+    """Write-time placement thresholds (FC-GVA); see ``control.placement`` for the rule order.
 
     Defaults come from the shared traces: chat replies are short (Azure conv mean output
     211 tokens, Kimi chat 343), agent turns carry long histories (Claude Code mean input

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flatcake.cio.layout import SegmentLayout
-from flatcake.cio.plan import CopyOp, ReadOp, ReadPlan, plan_reads
 from flatcake.config import PlannerConfig
-from flatcake.gva.address import Medium, encode_address
-from flatcake.gva.index import BlockIndex, HitRun, Segment
-from tests.gva.helpers import keys
+from flatcake.control.address import Medium, encode_address
+from flatcake.control.index import BlockIndex, HitRun, Segment
+from flatcake.plan.layout import SegmentLayout
+from flatcake.plan.reads import CopyOp, ReadOp, ReadPlan, plan_reads
+from tests.control_books.helpers import keys
 
 K = 4096
 NOISE = 0xEE

@@ -18,9 +18,7 @@ import torch
 
 from flatcake.cio.direct import open_file, resolve_io_mode
 from flatcake.cio.format import FILE_HEADER_BYTES, FileHeader
-from flatcake.cio.layout import SegmentLayout
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.plan import ReadPlan, plan_reads
 from flatcake.cio.readers import DirectReader, ReaderStats, ReadRequest
 from flatcake.cio.staging import (
     LayerReady,
@@ -28,12 +26,14 @@ from flatcake.cio.staging import (
     RestoreJob,
     RestoreOutcome,
     StagingWindow,
-    StreamCheck,
 )
 from flatcake.cio.writer import SegmentWriter, write_file_header
 from flatcake.config import PlannerConfig
-from flatcake.gva.address import Medium, encode_address
-from flatcake.gva.index import HitRun, Segment
+from flatcake.control.address import Medium, encode_address
+from flatcake.control.index import HitRun, Segment
+from flatcake.plan.layout import SegmentLayout
+from flatcake.plan.reads import ReadPlan, plan_reads
+from flatcake.plan.stream import StreamCheck
 
 
 @dataclass

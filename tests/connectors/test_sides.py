@@ -12,12 +12,12 @@ import torch
 
 from flatcake.clock import ManualClock
 from flatcake.config import load_config
-from flatcake.connectors.plans import StepPlan
 from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
+from flatcake.control.keys import chain_block_keys
 from flatcake.geometry import KVGeometry
-from flatcake.gva.keys import chain_block_keys
+from flatcake.plan.tasks import StepPlan
 
 G = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
                dtype="float32", name="tiny")  # 512 bytes per block per layer

@@ -259,7 +259,7 @@ def test_block_events_become_vllm_kv_events() -> None:
 
     from flatcake.connectors.scheduler_side import BlockEvent
     from flatcake.connectors.vllm_events import EventBook
-    from flatcake.gva.address import Medium
+    from flatcake.control.address import Medium
 
     book = EventBook(block_size=2)
     keys = (b"k" * 32, b"l" * 32)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from flatcake.connectors.plans import StepPlan
 from flatcake.connectors.scheduler_side import RequestView
-from flatcake.gva.address import Medium
+from flatcake.control.address import Medium
+from flatcake.plan.tasks import StepPlan
 from tests.connectors.test_sides import G, Harness, end, view
 
 

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flatcake.cio.layout import SegmentLayout
-from flatcake.cio.plan import plan_reads
 from flatcake.config import PlannerConfig
-from flatcake.gva.address import Medium, encode_address
-from flatcake.gva.index import HitRun, Segment
-from flatcake.replay.planfast import plan_totals
+from flatcake.control.address import Medium, encode_address
+from flatcake.control.index import HitRun, Segment
+from flatcake.plan.bulk import plan_totals
+from flatcake.plan.layout import SegmentLayout
+from flatcake.plan.reads import plan_reads
 
 
 def _key(i: int) -> bytes:

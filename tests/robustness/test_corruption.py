@@ -20,9 +20,9 @@ import shutil
 import time
 from pathlib import Path
 
+from flatcake.cio.files import SESSIONS_DIR
 from flatcake.cio.format import scan_session_file
 from flatcake.store import FlatCakeStore, fsck_root
-from flatcake.store.files import SESSIONS_DIR
 from tests.robustness import workload as w
 from tests.store.helpers import SMALL
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from flatcake.cio.files import QUARANTINE_DIR, SESSIONS_DIR
 from flatcake.cio.format import scan_session_file
 from flatcake.cli import main
 from flatcake.config import load_config
 from flatcake.geometry import KVGeometry
 from flatcake.store import FlatCakeStore, fsck_root
-from flatcake.store.files import QUARANTINE_DIR, SESSIONS_DIR
 from tests.store.helpers import (
     SMALL,
     TO_SSD,
@@ -111,7 +111,7 @@ def test_failed_file_creation_leaves_the_session_usable(tmp_path: Path,
 
     with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
         with monkeypatch.context() as m:
-            m.setattr("flatcake.store.files.write_file_header", no_space)
+            m.setattr("flatcake.cio.files.write_file_header", no_space)
             res = store.store_turn("s", keys[:4], src, range(4), TO_SSD)
         assert res.num_blocks == 0 and "No space" in res.error
         assert store.control.stats().ssd_used_bytes == 0 and _files(tmp_path) == []
@@ -210,7 +210,7 @@ def test_enospc_on_a_write_is_a_clean_miss(tmp_path: Path,
 def test_crash_while_creating_a_file_leaves_a_clean_store(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os
-        import flatcake.store.files as files
+        import flatcake.cio.files as files
         from tests.store.helpers import SMALL, TO_SSD, random_kv, session_keys, small_config
         from flatcake.store import FlatCakeStore
 

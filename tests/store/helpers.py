@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from flatcake.config import FlatCakeConfig, load_config
+from flatcake.control.keys import chain_block_keys
 from flatcake.geometry import KVGeometry
-from flatcake.gva.keys import chain_block_keys
 from flatcake.store import TurnSignals
 
 SMALL = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
@@ -15,7 +15,7 @@ SMALL = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float32": torch.float32, "uint8": torch.uint8, "int8": torch.int8}
 
-# Placement signals that force each medium (see gva.placement).
+# Placement signals that force each medium (see control.placement).
 TO_SSD = TurnSignals(turn_index=0, context_tokens=0)
 TO_MEMORY = TurnSignals(turn_index=1, context_tokens=0, prev_reply_tokens=1)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from flatcake.cio.files import SESSIONS_DIR
 from flatcake.cio.staging import StagingWindow
 from flatcake.clock import ManualClock
 from flatcake.store import FlatCakeStore
-from flatcake.store.files import SESSIONS_DIR
 from tests.store.helpers import (
     SMALL,
     TO_SSD,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from flatcake.cio.direct import DirectIOProbe, DirectIOUnsupported, probe_direct_io
+from flatcake.cio.files import SESSIONS_DIR
 from flatcake.store import FlatCakeStore
-from flatcake.store.files import SESSIONS_DIR
 from tests.store.helpers import (
     SMALL,
     TO_SSD,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flatcake.clock import ManualClock
-from flatcake.gva.address import Medium
+from flatcake.control.address import Medium
 from flatcake.store import FlatCakeStore, TurnSignals
 from tests.store.helpers import (
     SMALL,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from flatcake.cio.files import QUARANTINE_DIR, SESSIONS_DIR
 from flatcake.cio.format import scan_session_file
 from flatcake.store import FlatCakeStore, fsck_root
-from flatcake.store.files import QUARANTINE_DIR, SESSIONS_DIR
 from tests.store.helpers import (
     SMALL,
     TO_MEMORY,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flatcake.control.address import Medium
 from flatcake.geometry import KVGeometry
-from flatcake.gva.address import Medium
 from flatcake.store import FlatCakeStore
 from tests.store.helpers import (
     SMALL,

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from flatcake.config import FlatCakeConfig, PlacementConfig, StoreConfig
 from flatcake.control import ControlPlane
+from flatcake.control.keys import chain_block_keys
 from flatcake.geometry import KVGeometry
-from flatcake.gva.keys import chain_block_keys
 
 TIB = 1 << 40
 

@@ -20,8 +20,8 @@ import torch
 from flatcake.bench.control_cost import session_keys, split_turns, time_prepare_load
 from flatcake.bench.program import ProgramRun
 from flatcake.config import FlatCakeConfig, StoreConfig
+from flatcake.control.address import Medium
 from flatcake.geometry import KVGeometry
-from flatcake.gva.address import Medium
 from flatcake.store.results import TurnSignals
 from flatcake.store.store import FlatCakeStore
 

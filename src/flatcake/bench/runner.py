@@ -51,10 +51,10 @@ from flatcake.bench.report import (
 from flatcake.bench.source import empty_kv, make_kv, shifted_table, shuffled_slots
 from flatcake.cio.direct import probe_direct_io
 from flatcake.cio.hugepages import huge_pages_note
-from flatcake.cio.layout import align_up
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader
 from flatcake.geometry import preset
+from flatcake.plan.layout import align_up
 
 logger = logging.getLogger(__name__)
 

@@ -53,14 +53,14 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flatcake.cio.layout import (
+from flatcake.control.sessions import MAX_SESSION_ID_BYTES
+from flatcake.plan.layout import (
     ALIGN,
     KEY_BYTES,
     SEGMENT_FIXED_HEADER_BYTES,
     SegmentLayout,
     segment_header_bytes,
 )
-from flatcake.gva.sessions import MAX_SESSION_ID_BYTES
 
 logger = logging.getLogger(__name__)
 

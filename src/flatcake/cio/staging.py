@@ -53,35 +53,17 @@ import torch
 
 from flatcake.cio.direct import aligned_buffer, writable_view
 from flatcake.cio.format import crc32, crc32_combine, crc32_shift_operator
-from flatcake.cio.layout import ALIGN, align_up
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.plan import LayerPlan, Piece, ReadPlan
 from flatcake.cio.readcrc import OpGate, crc_pieces
 from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
 from flatcake.cio.zerocopy import SlotViews, op_commands, zero_copy_refusal
+from flatcake.plan.layout import ALIGN, align_up
+from flatcake.plan.reads import LayerPlan, Piece, ReadPlan
+from flatcake.plan.stream import StreamCheck
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CRC_CHUNK_BYTES = 4 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class StreamCheck:
-    """One segment whose layer bytes are verified before they are scattered.
-
-    Attributes:
-        stream_start: first stream block of the whole segment (every layer).
-        num_blocks: the segment's blocks (all read, so the layer crc can be computed).
-        layer_crcs: expected crc32 of each layer's bytes of the segment.
-        request_start: first request block the segment serves (the cut on failure).
-        tag: what to report when it fails (the store's segment id).
-    """
-
-    stream_start: int
-    num_blocks: int
-    layer_crcs: tuple[int, ...]
-    request_start: int
-    tag: int
 
 
 @dataclass(frozen=True, slots=True)

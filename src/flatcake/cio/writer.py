@@ -28,8 +28,8 @@ from flatcake.cio.format import (
     encode_file_header,
     encode_segment_header,
 )
-from flatcake.cio.layout import ALIGN, SegmentLayout, align_up
 from flatcake.cio.paged import PagedKV
+from flatcake.plan.layout import ALIGN, SegmentLayout, align_up
 
 DEFAULT_WRITE_CHUNK_BYTES = 64 << 20
 

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from flatcake.config import load_config
-    from flatcake.gva.keys import chain_block_keys
+    from flatcake.control.keys import chain_block_keys
     from flatcake.store import FlatCakeStore, TurnSignals
 
     for name in ("turns", "first_tokens", "turn_tokens"):

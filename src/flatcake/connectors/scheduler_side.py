@@ -34,9 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flatcake.cio.files import SESSIONS_DIR, session_files_in
 from flatcake.cio.format import FormatError, scan_session_file
 from flatcake.clock import Clock, WallClock
-from flatcake.connectors.plans import (
+from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker, TurnInfo
+from flatcake.connectors.settings import ConnectorSettings
+from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
+from flatcake.control.address import Medium
+from flatcake.control.index import EMPTY_HIT, PrefixHit
+from flatcake.errors import CapacityError
+from flatcake.geometry import KVGeometry
+from flatcake.plan.stream import StreamPlanner
+from flatcake.plan.tasks import (
     FileDrop,
     LoadDone,
     LoadTask,
@@ -45,15 +54,6 @@ from flatcake.connectors.plans import (
     StoreTask,
     WorkerReport,
 )
-from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker, TurnInfo
-from flatcake.connectors.settings import ConnectorSettings
-from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
-from flatcake.errors import CapacityError
-from flatcake.geometry import KVGeometry
-from flatcake.gva.address import Medium
-from flatcake.gva.index import EMPTY_HIT, PrefixHit
-from flatcake.store.files import SESSIONS_DIR, session_files_in
-from flatcake.store.store import StreamPlanner
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from flatcake.gva.sessions import check_session_id
+from flatcake.control.sessions import check_session_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ Blocks move as opaque bytes per layer (the paged block's bytes, whatever the bac
 keeps inside: the CPU backend stores K transposed); the geometry is read off the
 engine's KV cache spec.
 
-Keys: block ``i`` of a request is ``gva.keys.engine_block_key(ns, block_hashes[i])``
+Keys: block ``i`` of a request is ``control.keys.engine_block_key(ns, block_hashes[i])``
 (vLLM's own chained block hash, which covers tokens, multimodal inputs and LoRA) with
 ``ns = gva.keys.namespace_key(model, tenant_salt, request.cache_salt)``: the engine-wide
 ``tenant_salt`` and the request's ``cache_salt`` (OpenAI API field ``cache_salt``,
@@ -81,14 +81,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from flatcake.connectors.plans import StepPlan, WorkerReport
 from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings, parse_extra_config
 from flatcake.connectors.vllm_events import EventBook
 from flatcake.connectors.vllm_metrics import FlatCakePromMetrics, FlatCakeStats
 from flatcake.connectors.worker_side import WorkerSide
+from flatcake.control.keys import engine_block_key, namespace_key
 from flatcake.geometry import DTYPE_BYTES, KVGeometry
-from flatcake.gva.keys import engine_block_key, namespace_key
+from flatcake.plan.tasks import StepPlan, WorkerReport
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -234,7 +234,7 @@ class FlatCakeConnector(KVConnectorBase_V1):
 
     def _request_keys(self, request: Request) -> tuple[bytes, ...]:
         """FlatCake keys of the request's full blocks: the engine block hash ending each
-        block, in the namespace of (model, tenant_salt, cache_salt) (``gva.keys``);
+        block, in the namespace of (model, tenant_salt, cache_salt) (``control.keys``);
         converted incrementally as the request grows."""
         hashes = request.block_hashes
         step = self._hashes_per_block

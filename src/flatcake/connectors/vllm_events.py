@@ -25,7 +25,7 @@ from vllm.distributed.kv_events import (
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 
 from flatcake.connectors.scheduler_side import BlockEvent
-from flatcake.gva.address import Medium
+from flatcake.control.address import Medium
 
 _MEDIUM = {Medium.MEMORY: MEDIUM_CPU, Medium.SSD: MEDIUM_STORAGE}
 

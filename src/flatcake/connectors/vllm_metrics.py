@@ -16,7 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
-from flatcake.gva.placement import PlacementRule
+from flatcake.control.placement import PlacementRule
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

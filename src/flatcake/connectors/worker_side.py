@@ -49,7 +49,9 @@ from pathlib import Path
 
 import torch
 
+from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.direct import ensure_dir, resolve_io_mode
+from flatcake.cio.files import SessionFiles, session_files_in
 from flatcake.cio.format import FileHeader, FormatError, scan_session_file
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import GdsReader, Reader
@@ -59,11 +61,15 @@ from flatcake.cio.staging import (
     RestoreJob,
     RestoreOutcome,
     StagingWindow,
-    StreamCheck,
 )
 from flatcake.cio.writer import SegmentWriter
 from flatcake.config import FlatCakeConfig
-from flatcake.connectors.plans import (
+from flatcake.connectors.write_queue import WriteQueue
+from flatcake.control import FileCut
+from flatcake.control.address import Medium
+from flatcake.geometry import KVGeometry
+from flatcake.plan.stream import StreamCheck
+from flatcake.plan.tasks import (
     FileDrop,
     LoadDone,
     LoadTask,
@@ -72,12 +78,6 @@ from flatcake.connectors.plans import (
     StoreTask,
     WorkerReport,
 )
-from flatcake.connectors.write_queue import WriteQueue
-from flatcake.control import FileCut
-from flatcake.geometry import KVGeometry
-from flatcake.gva.address import Medium
-from flatcake.store.arena import ArenaBuffer
-from flatcake.store.files import SessionFiles, session_files_in
 from flatcake.store.record import write_record
 from flatcake.store.store import build_restore_path
 

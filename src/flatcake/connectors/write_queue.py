@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from flatcake.connectors.plans import StoreTask
+from flatcake.plan.tasks import StoreTask
 
 
 class WriteQueue:

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flatcake.cio.files import SESSIONS_DIR, SessionFiles, session_files_in
 from flatcake.cio.format import (
     DamagedSegment,
     FileHeader,
@@ -34,7 +35,6 @@ from flatcake.cio.format import (
     scan_session_file,
 )
 from flatcake.control import ControlPlane
-from flatcake.store.files import SESSIONS_DIR, SessionFiles, session_files_in
 from flatcake.store.inspect import NotAStore
 from flatcake.store.results import RecoveryReport
 

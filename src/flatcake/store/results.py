@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flatcake.gva.address import Medium
+from flatcake.control.address import Medium
 
 
 @dataclass(frozen=True, slots=True)

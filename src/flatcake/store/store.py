@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.direct import (
     aligned_buffer,
     ensure_dir,
@@ -51,12 +52,11 @@ from flatcake.cio.direct import (
     resolve_io_mode,
     writable_view,
 )
+from flatcake.cio.files import SessionFiles
 from flatcake.cio.format import (
     FileHeader,
 )
-from flatcake.cio.layout import ALIGN
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.plan import ReadPlan, plan_reads
 from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
 from flatcake.cio.staging import (
     LayerReady,
@@ -64,18 +64,17 @@ from flatcake.cio.staging import (
     RestoreJob,
     RestoreOutcome,
     StagingWindow,
-    StreamCheck,
 )
 from flatcake.cio.writer import SegmentWriter
 from flatcake.clock import Clock, WallClock
-from flatcake.config import FlatCakeConfig, PlannerConfig
+from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
+from flatcake.control.address import Medium
+from flatcake.control.index import PrefixHit
+from flatcake.control.keys import check_key
 from flatcake.geometry import KVGeometry, preset
-from flatcake.gva.address import Medium
-from flatcake.gva.index import HitRun, PrefixHit
-from flatcake.gva.keys import check_key
-from flatcake.store.arena import ArenaBuffer
-from flatcake.store.files import SessionFiles
+from flatcake.plan.layout import ALIGN
+from flatcake.plan.stream import StreamPlanner
 from flatcake.store.inspect import FsckReport, fsck_root
 from flatcake.store.record import write_record
 from flatcake.store.recovery import recover_root
@@ -133,48 +132,6 @@ class LoadHandle:
 
     def done(self) -> bool:
         return self._future.done()
-
-
-class StreamPlanner:
-    """``prepare_load``'s planner: widens each SSD run to its whole segment (every byte
-    served is checked against its segment's layer crc32, which covers the whole layer
-    range) and records where each stream block goes. Called once, under the store lock.
-    """
-
-    def __init__(self, crcs: dict[int, tuple[int, ...]]) -> None:
-        self._crcs = crcs
-        self.stream_request: list[int] = []
-        self.checks: list[StreamCheck] = []
-
-    def __call__(self, runs: Sequence[HitRun], num_layers: int, resolve: Any,
-                 cfg: PlannerConfig) -> ReadPlan:
-        widened: list[HitRun] = []
-        request: list[int] = []
-        by_segment: dict[int, list[HitRun]] = {}
-        for run in runs:
-            seg, start_pos, count, prefix_start = run
-            if seg.medium == Medium.MEMORY:
-                widened.append(HitRun(seg, start_pos, count, len(request)))
-                request.extend(range(prefix_start, prefix_start + count))
-            else:
-                by_segment.setdefault(seg.segment_id, []).append(run)
-        for seg_runs in by_segment.values():
-            seg = seg_runs[0].segment
-            start = len(request)
-            part = [-1] * seg.num_blocks
-            for _, start_pos, count, prefix_start in seg_runs:
-                part[start_pos:start_pos + count] = range(prefix_start, prefix_start + count)
-            request.extend(part)
-            widened.append(HitRun(seg, 0, seg.num_blocks, start))
-            crcs = self._crcs.get(seg.segment_id, ())
-            self.checks.append(StreamCheck(start, seg.num_blocks, crcs,
-                                           min(r.prefix_start for r in seg_runs),
-                                           seg.segment_id))
-        self.stream_request = request
-        return plan_reads(widened, num_layers, resolve, cfg)
-
-
-_StreamPlanner = StreamPlanner  # the name the vLLM connector imported first
 
 
 class FlatCakeStore:
@@ -328,7 +285,7 @@ class FlatCakeStore:
                    signals: TurnSignals) -> StoreResult:
         """Store the blocks of ``keys`` not stored yet, from the paged KV.
 
-        ``keys``: the request's block keys, history first (``gva.keys``);
+        ``keys``: the request's block keys, history first (``control.keys``);
         ``block_ids[i]`` is the paged KV slot of block ``i`` (extra entries, e.g. a
         partial last block, are ignored). The new blocks are placed (memory or SSD, by
         the rule in ``signals``), gathered layer by layer, written, made durable, and

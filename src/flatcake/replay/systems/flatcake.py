@@ -38,16 +38,16 @@ from typing import Any
 
 import numpy as np
 
-from flatcake.cio.plan import ReadPlan
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, StorePlan
+from flatcake.control.address import Medium
+from flatcake.control.index import HitRun, PrefixHit
+from flatcake.control.queues import RestoreRequest
+from flatcake.control.scheduler import MasScheduler
 from flatcake.errors import CapacityError
-from flatcake.gva.address import Medium
-from flatcake.gva.index import HitRun, PrefixHit
-from flatcake.mas.queues import RestoreRequest
-from flatcake.mas.scheduler import MasScheduler
+from flatcake.plan.bulk import SegmentCache, plan_totals
+from flatcake.plan.reads import ReadPlan
 from flatcake.replay.engine import Node, Request, System, Worker
-from flatcake.replay.planfast import SegmentCache, plan_totals
 from flatcake.replay.runs import Runs, slice_runs
 
 logger = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flatcake.cio.plan import ReadPlan
-from flatcake.cio.staging import StreamCheck
 from flatcake.control import FileCut, StorePlan
+from flatcake.plan.reads import ReadPlan
+from flatcake.plan.stream import StreamCheck
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ import bisect
 import heapq
 from dataclasses import dataclass, field
 
-from flatcake.cio.layout import ALIGN, align_up
+from flatcake.control.address import MAX_OFFSET
 from flatcake.errors import CapacityError, IntegrityError
-from flatcake.gva.address import MAX_OFFSET
+from flatcake.plan.layout import ALIGN, align_up
 
 
 class HostArena:

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from flatcake.config import PlacementConfig
-from flatcake.gva.address import Medium
-from flatcake.gva.placement import (
+from flatcake.control.address import Medium
+from flatcake.control.placement import (
     Placement,
     PlacementRule,
     PlacementSignals,

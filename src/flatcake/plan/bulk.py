@@ -25,11 +25,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flatcake.cio.layout import ALIGN
-from flatcake.cio.plan import ReadPlan, Resolve
 from flatcake.config import PlannerConfig
-from flatcake.gva.address import Medium
-from flatcake.gva.index import HitRun
+from flatcake.control.address import Medium
+from flatcake.control.index import HitRun
+from flatcake.plan.layout import ALIGN
+from flatcake.plan.reads import ReadPlan, Resolve
 
 SegmentCache = dict[int, tuple[bool, int, int, int, int, int, int]]
 """segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, block_bytes_per_layer,

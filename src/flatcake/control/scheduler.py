@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from flatcake.clock import Clock, WallClock
 from flatcake.config import SchedulerConfig
+from flatcake.control.queues import ReadyQueue, RestoreRequest, priority
 from flatcake.errors import IntegrityError
-from flatcake.mas.queues import ReadyQueue, RestoreRequest, priority
 
 
 @dataclass(frozen=True, slots=True)

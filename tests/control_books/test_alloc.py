@@ -9,8 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from flatcake.control.alloc import HostArena, SsdSpace
 from flatcake.errors import CapacityError
-from flatcake.gva.alloc import HostArena, SsdSpace
 
 K = 4096
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flatcake.gva.address import Medium
+from flatcake.control.address import Medium
 
 MAX_SESSION_ID_BYTES = 2048  # UTF-8 bytes; the session file header holds the id
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flatcake.gva.address import MAX_NODE, MAX_OFFSET, Address, Medium, encode_address
+from flatcake.control.address import MAX_NODE, MAX_OFFSET, Address, Medium, encode_address
 
 
 @given(st.sampled_from(list(Medium)), st.integers(0, MAX_NODE), st.integers(0, MAX_OFFSET))

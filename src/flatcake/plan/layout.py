@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 ALIGN = 4096
 KEY_BYTES = 32
-"""Keys are stored as fixed 32-byte digests (see ``gva.keys``)."""
+"""Keys are stored as fixed 32-byte digests (see ``control.keys``)."""
 
 SEGMENT_FIXED_HEADER_BYTES = 128
 """Fixed part of a segment header, before the per-block keys and per-layer checksums."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from flatcake.config import PlacementConfig
-from flatcake.gva.address import Medium
+from flatcake.control.address import Medium
 
 
 class PlacementRule(Enum):

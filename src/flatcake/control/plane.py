@@ -54,27 +54,27 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from flatcake.cio.layout import ALIGN, KEY_BYTES, SegmentLayout
-from flatcake.cio.plan import ReadPlan, plan_reads
 from flatcake.clock import Clock, WallClock
 from flatcake.config import FlatCakeConfig
-from flatcake.errors import CapacityError, IntegrityError
-from flatcake.geometry import KVGeometry
-from flatcake.gva.address import Medium, encode_address
-from flatcake.gva.alloc import HostArena, SsdSpace
-from flatcake.gva.copies import MemoryCopies
-from flatcake.gva.index import BlockIndex, HitRun, PrefixHit, Segment, _common_run
-from flatcake.gva.keys import check_key
-from flatcake.gva.placement import (
+from flatcake.control.address import Medium, encode_address
+from flatcake.control.alloc import HostArena, SsdSpace
+from flatcake.control.copies import MemoryCopies
+from flatcake.control.index import BlockIndex, HitRun, PrefixHit, Segment, _common_run
+from flatcake.control.keys import check_key
+from flatcake.control.placement import (
     Placement,
     PlacementRule,
     PlacementSignals,
     decide_placement,
 )
-from flatcake.gva.reclaim import SessionUsage, choose_victims
-from flatcake.gva.sessions import SessionRecord, check_session_id
-from flatcake.mas.queues import RestoreRequest
-from flatcake.mas.scheduler import MasScheduler
+from flatcake.control.queues import RestoreRequest
+from flatcake.control.reclaim import SessionUsage, choose_victims
+from flatcake.control.scheduler import MasScheduler
+from flatcake.control.sessions import SessionRecord, check_session_id
+from flatcake.errors import CapacityError, IntegrityError
+from flatcake.geometry import KVGeometry
+from flatcake.plan.layout import ALIGN, KEY_BYTES, SegmentLayout
+from flatcake.plan.reads import ReadPlan, plan_reads
 
 logger = logging.getLogger(__name__)
 

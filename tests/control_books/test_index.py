@@ -7,10 +7,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from flatcake.cio.layout import SegmentLayout
-from flatcake.gva.address import Medium, encode_address
-from flatcake.gva.index import EMPTY_HIT, BlockIndex, HitRun, PrefixHit, Segment
-from tests.gva.helpers import key, keys, memory_segment, ssd_segment
+from flatcake.control.address import Medium, encode_address
+from flatcake.control.index import EMPTY_HIT, BlockIndex, HitRun, PrefixHit, Segment
+from flatcake.plan.layout import SegmentLayout
+from tests.control_books.helpers import key, keys, memory_segment, ssd_segment
 
 
 class TestLookupScenarios:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flatcake.gva.keys import as_block_key, chain_block_keys, check_key, namespace_key
+from flatcake.control.keys import as_block_key, chain_block_keys, check_key, namespace_key
 
 TOKENS = list(range(100, 164))  # 64 tokens = 4 blocks of 16
 
@@ -134,7 +134,7 @@ def test_check_key_names_field() -> None:
 
 
 def test_request_salt_is_a_second_tenant_field() -> None:
-    from flatcake.gva.keys import engine_block_key
+    from flatcake.control.keys import engine_block_key
 
     plain = namespace_key("llama", "deploy")
     # Absent or empty request salt: the namespace of the deployment alone.

@@ -36,10 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from flatcake.cio.layout import ALIGN
 from flatcake.config import PlannerConfig
-from flatcake.gva.address import Medium
-from flatcake.gva.index import HitRun
+from flatcake.control.address import Medium
+from flatcake.control.index import HitRun
+from flatcake.plan.layout import ALIGN
 
 Resolve = Callable[[int], tuple[int, int]]
 """Maps an SSD virtual offset to ``(file_id, file_offset)`` (``SsdSpace.resolve``)."""

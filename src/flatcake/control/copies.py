@@ -1,6 +1,6 @@
 """Memory copies of SSD-homed segments (FC-GVA, spare host memory). Books only, no I/O.
 
-A block's home is decided once and never moves (``gva.placement``). While host memory
+A block's home is decided once and never moves (``control.placement``). While host memory
 has room, the control plane may also keep a *memory copy* of an SSD segment: the same
 blocks in the memory layout at an arena offset. A copy is a clean cache line: never
 written back, dropped before any memory-homed segment when memory is needed, and
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from flatcake.control.address import Medium
+from flatcake.control.index import BlockIndex, HitRun, PrefixHit, Segment
 from flatcake.errors import IntegrityError
-from flatcake.gva.address import Medium
-from flatcake.gva.index import BlockIndex, HitRun, PrefixHit, Segment
 
 
 class MemoryCopies:

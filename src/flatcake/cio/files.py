@@ -53,9 +53,9 @@ from flatcake.cio.format import (
     decode_file_header,
     session_file_name,
 )
-from flatcake.cio.layout import ALIGN
 from flatcake.cio.staging import OpenFile
 from flatcake.cio.writer import write_file_header
+from flatcake.plan.layout import ALIGN
 from flatcake.store.names import LOCK_FILE, QUARANTINE_DIR, SESSIONS_DIR
 from flatcake.store.names import session_files_in as session_files_in  # its old home
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import NamedTuple
 
-from flatcake.cio.layout import ALIGN, SegmentLayout
+from flatcake.control.address import MAX_OFFSET, Medium, address_medium
 from flatcake.errors import IntegrityError
-from flatcake.gva.address import MAX_OFFSET, Medium, address_medium
+from flatcake.plan.layout import ALIGN, SegmentLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The host-memory arena's bytes: one ``uint8`` tensor of ``memory_capacity_bytes``.
 
-The control plane's ``gva.alloc.HostArena`` decides offsets; this class only holds the
+The control plane's ``control.alloc.HostArena`` decides offsets; this class only holds the
 bytes. The tensor comes from ``torch.empty``, so the kernel maps pages on first touch:
 a 64 GiB budget costs nothing until blocks are written into it. It is not pinned
 (pinning would touch and lock every page up front); host-to-GPU copies out of it go

@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from flatcake.clock import ManualClock
 from flatcake.config import GIB, SchedulerConfig
-from flatcake.mas import MasScheduler, RestoreRequest, priority
+from flatcake.control import MasScheduler, RestoreRequest, priority
 
 
 def req(rid: str, t: float, gib: float = 0.0) -> RestoreRequest:

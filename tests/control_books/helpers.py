@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from flatcake.cio.layout import SegmentLayout
-from flatcake.gva.address import Medium, encode_address
-from flatcake.gva.index import Segment
+from flatcake.control.address import Medium, encode_address
+from flatcake.control.index import Segment
+from flatcake.plan.layout import SegmentLayout
 
 
 def key(i: int) -> bytes:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flatcake.gva.reclaim import SessionUsage, choose_victims
+from flatcake.control.reclaim import SessionUsage, choose_victims
 
 S = SessionUsage
 

@@ -1,0 +1,64 @@
+"""The books: FlatCake's control plane, pure (no torch, no file I/O).
+
+Keys and 64-bit addresses, the block index, write-time placement, allocation, reclaim,
+memory copies, sessions, FC-MAS restore scheduling, and the ``ControlPlane`` facade with
+its paired lifecycle verbs (``plane``). Every host (the store, the vLLM connector, the
+replay) keeps its books with these classes. Names resolve on first use (PEP 562), so
+``flatcake.plan`` can import from here without an import cycle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "ControlPlane": "plane",
+    "ControlStats": "plane",
+    "FileCut": "plane",
+    "LoadPlan": "plane",
+    "ReclaimAction": "plane",
+    "StorePlan": "plane",
+    "Address": "address",
+    "Medium": "address",
+    "decode_address": "address",
+    "encode_address": "address",
+    "HostArena": "alloc",
+    "SessionFile": "alloc",
+    "SsdExtent": "alloc",
+    "SsdSpace": "alloc",
+    "EMPTY_HIT": "index",
+    "BlockIndex": "index",
+    "BlockLocation": "index",
+    "HitRun": "index",
+    "PrefixHit": "index",
+    "Segment": "index",
+    "BlockKey": "keys",
+    "as_block_key": "keys",
+    "chain_block_keys": "keys",
+    "engine_block_key": "keys",
+    "namespace_key": "keys",
+    "Placement": "placement",
+    "PlacementRule": "placement",
+    "PlacementSignals": "placement",
+    "decide_placement": "placement",
+    "explain": "placement",
+    "SessionUsage": "reclaim",
+    "choose_victims": "reclaim",
+    "SessionRecord": "sessions",
+    "MemoryCopies": "copies",
+    "PRIORITY_UNIT_BYTES": "queues",
+    "ReadyQueue": "queues",
+    "RestoreRequest": "queues",
+    "priority": "queues",
+    "MasScheduler": "scheduler",
+    "SchedulerStats": "scheduler",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
