@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The main job on its built-in default: the replay sweep of the built-in agent workload
-# (128 sessions, every system at 0.1..1.5 req/s on the paper preset: tables and plots in
-# replay-sweep/, and a verdict table on the terminal).
+# The main job on its built-in default: the replay sweep of the built-in agent, chat and
+# mixed workloads (FlatCake and its peers at 0.1..1.5 req/s on the paper preset: tables
+# and plots in replay-sweep/<workload>/, and a verdict table per workload on the terminal).
 demo: $(STAMP)
 	$(BIN)/flatcake sweep --out replay-sweep
 

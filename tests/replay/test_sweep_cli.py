@@ -66,9 +66,27 @@ def test_replay_cli_rejects_bad_input(capsys: pytest.CaptureFixture[str],
 
 def test_sweep_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep"
-    assert main(["sweep", "--sessions", "3", "--rates", "0.1", "--systems",
-                 "flatcake,flatcake-1q", "--out", str(out), "--jobs", "1", "--quiet",
-                 "--no-plots"]) == 0
+    assert main(["sweep", "--workload", "agent", "--sessions", "3", "--rates", "0.1",
+                 "--systems", "flatcake,flatcake-1q", "--out", str(out), "--jobs", "1",
+                 "--quiet", "--no-plots"]) == 0
     assert "2 runs" in capsys.readouterr().out
     data = json.loads((out / "sweep.json").read_text())
     assert {r["system"] for r in data["runs"]} == {"flatcake", "flatcake-1q"}
+
+
+def test_sweep_cli_every_builtin_workload(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a trace the sweep covers agent, chat and mixed, one folder each, and the
+    terminal ends with a verdict table per workload."""
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--sessions", "3", "--rates", "0.1", "--systems", "flatcake,tiered",
+                 "--out", str(out), "--jobs", "1", "--quiet", "--no-plots"]) == 0
+    text = capsys.readouterr().out
+    for kind in ("agent", "chat", "mixed"):
+        data = json.loads((out / kind / "sweep.json").read_text())
+        assert {r["system"] for r in data["runs"]} == {"flatcake", "tiered"}
+        assert f"generated-{kind}" in data["meta"]["trace"]
+        assert f"built-in {kind} workload" in text
+    assert (out / "verdict.txt").read_text().count("max hit rate") == 3
+    assert main(["sweep", "--workload", "agent,nope", "--out", str(tmp_path / "x")]) == 2
+    assert "nope" in capsys.readouterr().err

@@ -18,7 +18,7 @@ DEFAULT_SYSTEM = "flatcake"
 DEFAULT_RATE = 0.5
 
 
-def add_workload_args(p: argparse.ArgumentParser) -> None:
+def add_workload_args(p: argparse.ArgumentParser, kinds_help: str | None = None) -> None:
     p.add_argument("trace", nargs="?", default=None,
                    help="trace file (Claude Code, Mooncake, native; gzip ok); default: the "
                         "built-in generated agent workload")
@@ -30,8 +30,11 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sessions", type=int, default=None,
                    help="sessions of the built-in workload (default: " + ", ".join(
                        f"{n} {k}" for k, n in SESSIONS_BY_KIND.items()) + ")")
-    p.add_argument("--workload", default="agent", choices=("agent", "chat", "mixed"),
-                   help="kind of built-in workload (default agent)")
+    if kinds_help is None:
+        p.add_argument("--workload", default="agent", choices=("agent", "chat", "mixed"),
+                       help="kind of built-in workload (default agent)")
+    else:
+        p.add_argument("--workload", default=None, help=kinds_help)
     p.add_argument("--routing", default=None, choices=("round_robin", "session", "prefix"),
                    help="override the preset's request routing")
     p.add_argument("--context-tokens", type=int, default=None,
