@@ -67,7 +67,12 @@ class ReplayPreset:
         return dataclasses.replace(self.flatcake, store=store)
 
     def with_node(self, **changes: Any) -> ReplayPreset:
-        """A copy with some ``NodeSpec`` fields replaced."""
+        """A copy with some ``NodeSpec`` fields replaced; ``gpu_kv_capacity_bytes``
+        replaces the KV pool of every worker's GPU (the GPU-pool sensitivity)."""
+        pool = changes.pop("gpu_kv_capacity_bytes", None)
+        if pool is not None:
+            changes["gpu"] = dataclasses.replace(changes.get("gpu", self.node.gpu),
+                                                 kv_capacity_bytes=int(pool))
         return dataclasses.replace(self, node=dataclasses.replace(self.node, **changes))
 
 

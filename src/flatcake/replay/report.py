@@ -2,19 +2,22 @@
 one command.
 
     python -m flatcake.replay.report --out replay-report [--trace PATH] [--jobs N]
-        [--quick] [--only speed,claude-code,sensitivity,ablation,llama70b,builtin]
+        [--quick] [--only speed,claude-code,sensitivity,ablation,llama70b,mooncake,builtin]
 
 Steps (each prints its timing; ``--reuse`` keeps sweeps already in ``--out``):
 
 1. ``speed``: read + convert the Claude Code trace cold, then one whole-trace replay per
    system at the top rate (CPU seconds, peak memory);
 2. ``claude-code``: every system at every rate on the ``paper`` preset;
-3. ``sensitivity``: the host-memory budget at 8 / 32 / 128 GiB, every system, 1 req/s;
+3. ``sensitivity``: the host-memory budget at 8 / 32 / 128 GiB and the GPU KV pool at
+   3 / 6 / 12 GiB per worker, every system, 1 req/s;
 4. ``ablation``: flatcake vs flatcake-1q where queues form: the Claude Code trace on one
    worker, the 8-worker node at a rate where its queues are non-empty, and the built-in
    mixed agent + chat workload;
 5. ``llama70b``: ``tiered-direct`` vs ``flatcake`` with contexts capped at 16K and 64K;
-6. ``builtin``: the default built-in sweep (what ``make demo`` runs), timed;
+6. ``mooncake``: the Mooncake conversation trace (chat) at 1 / 4 / 8 req/s, every system;
+7. ``builtin``: the default built-in sweeps (what ``make demo`` runs: agent, chat, mixed),
+   timed;
 
 and writes ``report.md``: speed, the paper's claims (``replay.claims``), the mechanism
 counters, and every sweep's tables. ``--quick`` runs fewer rates and sizes (about a
@@ -33,15 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from flatcake.replay.claims import claims_table
+from flatcake.replay.devices import GIB
 from flatcake.replay.load import load_workload
 from flatcake.replay.presets import get_preset
 from flatcake.replay.run import run_replay
 from flatcake.replay.sweep import SweepResult, load_result, markdown, run_sweep
 from flatcake.replay.systems import SYSTEMS
 
-STEPS = ("speed", "claude-code", "sensitivity", "ablation", "llama70b", "builtin")
+STEPS = ("speed", "claude-code", "sensitivity", "ablation", "llama70b", "mooncake",
+         "builtin")
 
 CLAUDE_CODE = "../shared/traces/weka-claude-code/weka_claude_code_traces.jsonl.gz"
+MOONCAKE_CONVERSATION = "../shared/traces/mooncake-fast25/conversation_trace.jsonl"
+BUILTIN_KINDS = ("agent", "chat", "mixed")
 
 
 def _pct(v: float | None) -> str:
@@ -76,14 +83,15 @@ def mechanisms(cc: SweepResult) -> list[str]:
 
 
 
-def sensitivity_table(runs: dict[int, SweepResult]) -> list[str]:
-    """Hit rate and mean / P99 TTFT per system and host budget."""
+def sensitivity_table(runs: dict[int, SweepResult], what: str = "host budget",
+                      title: str = "Host-memory budget") -> list[str]:
+    """Hit rate and mean / P99 TTFT per system and budget (GiB)."""
     if not runs:
         return []
     systems = next(iter(runs.values())).meta["systems"]
     rate = next(iter(runs.values())).meta["rates"][0]
-    out = [f"## Host-memory budget (every system, {rate:g} req/s, Claude Code trace)", "",
-           "| host budget | " + " | ".join(systems) + " |",
+    out = [f"## {title} (every system, {rate:g} req/s, Claude Code trace)", "",
+           f"| {what} | " + " | ".join(systems) + " |",
            "|---:|" + "---:|" * len(systems),
            ]
     for gib, res in sorted(runs.items()):
@@ -115,6 +123,8 @@ def _speed(trace: str, rate: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flatcake.replay.report")
     ap.add_argument("--trace", default=CLAUDE_CODE)
+    ap.add_argument("--mooncake", default=MOONCAKE_CONVERSATION,
+                    help="Mooncake conversation trace for the mooncake step")
     ap.add_argument("--out", default="replay-report")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--rates", default=None, help="override the Claude Code sweep's rates")
@@ -169,6 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         got = _sens(sweep, f"sensitivity-{gib}gib", cc_wl, gib, systems, args.jobs)
         if got is not None:
             sens[gib] = got
+    pools: dict[int, SweepResult] = {}
+    if cc is not None:
+        pools[paper.node.gpu.kv_capacity_bytes // GIB] = _subset(cc, 1.0)
+    for gib in (3, 12):
+        got = _sens(sweep, f"sensitivity-gpu-{gib}gib", cc_wl, gib, systems, args.jobs,
+                    field="gpu_kv_capacity_bytes")
+        if got is not None:
+            pools[gib] = got
     ablations: list[tuple[str, SweepResult]] = []
     # One worker: the whole Claude Code trace on one GPU, so requests queue behind
     # restores. (The built-in mixed agent + chat workload on one worker restores almost
@@ -200,10 +218,19 @@ def main(argv: list[str] | None = None) -> int:
             meta={"context_tokens": ctx}))
         if got is not None:
             llama[ctx] = got
-    builtin = sweep("builtin", lambda d: run_sweep(load_workload(None)[0], systems,
-                                                   list(paper.rates), "paper", d,
-                                                   jobs=args.jobs))
-    _write(out, args, speed, cc, sens, ablations, llama, builtin)
+    peers = [s for s in systems if s != "flatcake-1q"]
+    mooncake = sweep("mooncake-conversation", lambda d: run_sweep(
+        load_workload(args.mooncake)[0], peers, [1.0, 8.0] if args.quick else [1.0, 4.0, 8.0],
+        "paper", d, jobs=args.jobs, plots=False,
+        meta={"note": "Mooncake conversation trace (chat), preset paper"}))
+    builtin: dict[str, SweepResult] = {}
+    for kind in BUILTIN_KINDS:
+        got = sweep(f"builtin-{kind}", lambda d, kind=kind: run_sweep(
+            load_workload(None, kind=kind)[0], peers, list(paper.rates), "paper", d,
+            jobs=args.jobs))
+        if got is not None:
+            builtin[kind] = got
+    _write(out, args, speed, cc, (sens, pools), ablations, llama, mooncake, builtin)
     return 0
 
 
@@ -213,19 +240,19 @@ def _subset(res: SweepResult, rate: float) -> SweepResult:
 
 
 def _sens(sweep: Any, name: str, cc_wl: Any, gib: int, systems: list[str],
-          jobs: int | None) -> SweepResult | None:
-    from flatcake.replay.devices import GIB
-
+          jobs: int | None, field: str = "host_memory_bytes") -> SweepResult | None:
     return sweep(name, lambda d: run_sweep(
         cc_wl(), [s for s in systems if s != "flatcake-1q"], [1.0], "paper", d, jobs=jobs,
-        preset_overrides=(("host_memory_bytes", gib * GIB),), plots=False,
-        meta={"note": f"host budget {gib} GiB"}))
+        preset_overrides=((field, gib * GIB),), plots=False,
+        meta={"note": f"{field} {gib} GiB"}))
 
 
 def _write(out: Path, args: argparse.Namespace, speed: dict[str, Any],
-           cc: SweepResult | None, sens: dict[int, SweepResult],
+           cc: SweepResult | None,
+           budgets: tuple[dict[int, SweepResult], dict[int, SweepResult]],
            ablations: list[tuple[str, SweepResult]], llama: dict[int, SweepResult],
-           builtin: SweepResult | None) -> None:
+           mooncake: SweepResult | None, builtin: dict[str, SweepResult]) -> None:
+    sens, pools = budgets
     speed_path = out / "speed.json"
     shown = {**(json.loads(speed_path.read_text()) if speed_path.is_file() else {}), **speed}
     speed_path.write_text(json.dumps(shown, indent=1))
@@ -239,6 +266,7 @@ def _write(out: Path, args: argparse.Namespace, speed: dict[str, Any],
     if cc is not None:
         lines += mechanisms(cc)
     lines += sensitivity_table(sens)
+    lines += sensitivity_table(pools, "GPU KV pool per worker", "GPU KV pool")
     for label, ab in ablations:
         lines += [f"## Queue ablation: {label}", "", markdown(ab).split("\n", 2)[2], ""]
     if cc is not None:
@@ -247,9 +275,12 @@ def _write(out: Path, args: argparse.Namespace, speed: dict[str, Any],
     for ctx, res in sorted(llama.items()):
         lines += [f"## llama70b, built-in workload capped at {ctx // 1024}K tokens", "",
                   markdown(res).split("\n", 2)[2], ""]
-    if builtin is not None:
-        lines += ["## Built-in workload (`make demo`), preset `paper`", "",
-                  markdown(builtin).split("\n", 2)[2], ""]
+    if mooncake is not None:
+        lines += ["## Mooncake conversation trace (chat), preset `paper`", "",
+                  markdown(mooncake).split("\n", 2)[2], ""]
+    for kind, res in builtin.items():
+        lines += [f"## Built-in {kind} workload (`make demo`), preset `paper`", "",
+                  markdown(res).split("\n", 2)[2], ""]
     (out / "report.md").write_text("\n".join(lines))
     print(f"wrote {out / 'report.md'}")
 
