@@ -37,7 +37,7 @@ import numpy as np
 
 from flatcake import progress
 from flatcake.config import FlatCakeConfig, PlacementConfig
-from flatcake.replay.workload import Workload, _build
+from flatcake.replay.workload import Workload, subset
 
 if TYPE_CHECKING:
     from flatcake.replay.presets import ReplayPreset
@@ -93,32 +93,6 @@ class TuneResult:
     tried: tuple[tuple[PlacementConfig, Score], ...]
     cpu_s: float
     budget_hit: bool
-
-
-def subset(wl: Workload, keep: np.ndarray, name: str) -> Workload:
-    """The requests of ``wl`` where ``keep`` (a bool mask) is set, as a workload of its
-    own (sessions renumbered; block ids unchanged)."""
-    idx = np.flatnonzero(keep)
-    if not len(idx):
-        raise ValueError(f"{name}: no requests left after the split")
-    a, b = wl.run_ptr[idx], wl.run_ptr[idx + 1]
-    lens = (b - a).astype(np.int64)
-    run_ptr = np.zeros(len(idx) + 1, dtype=np.int64)
-    np.cumsum(lens, out=run_ptr[1:])
-    take = np.concatenate([np.arange(s, e) for s, e in zip(a, b, strict=True)]) \
-        if len(idx) else np.zeros(0, dtype=np.int64)
-    if wl.global_clock:
-        return _build(name, wl.block_tokens, wl.num_ids, True, 0, wl.time_s[idx],
-                      wl.session[idx], np.full(len(idx), -1, dtype=np.int64),
-                      wl.input_tokens[idx], wl.output_tokens[idx], wl.think_s[idx], run_ptr,
-                      wl.run_start[take], wl.run_len[take])
-    sessions, session = np.unique(wl.session[idx], return_inverse=True)
-    # Chain keys: (session, chain) pairs stay distinct; think times are kept as recorded.
-    chain_key = session.astype(np.int64) * (int(wl.chain.max(initial=0)) + 1) + wl.chain[idx]
-    return _build(name, wl.block_tokens, wl.num_ids, False, len(sessions),
-                  wl.time_s[idx], session.astype(np.int32), chain_key,
-                  wl.input_tokens[idx], wl.output_tokens[idx], wl.think_s[idx], run_ptr,
-                  wl.run_start[take], wl.run_len[take])
 
 
 def split(wl: Workload, holdout: float = 0.5, seed: int = 0) -> tuple[Workload, Workload]:

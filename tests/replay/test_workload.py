@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,3 +63,10 @@ def test_from_trace_chains_think_times_and_cache(tmp_path: Path) -> None:
     back = Workload.load(tmp_path / "w.npz")
     assert back.summary() == wl.summary()
     assert [back.runs(i) for i in range(6)] == [wl.runs(i) for i in range(6)]
+
+
+def test_chat_params_reject_a_negative_prefix() -> None:
+    from flatcake.traces.generator import ChatParams
+
+    with pytest.raises(ValueError, match="prefix_tokens"):
+        ChatParams(prefix_tokens=-1)

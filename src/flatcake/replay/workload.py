@@ -247,6 +247,32 @@ def from_trace(trace: object) -> Workload:
                   chain_key, inp, out, think, run_ptr, run_start, run_len)
 
 
+def subset(wl: Workload, keep: np.ndarray, name: str) -> Workload:
+    """The requests of ``wl`` where ``keep`` (a bool mask) is set, as a workload of its
+    own (sessions renumbered; block ids unchanged)."""
+    idx = np.flatnonzero(keep)
+    if not len(idx):
+        raise ValueError(f"{name}: no requests left after the split")
+    a, b = wl.run_ptr[idx], wl.run_ptr[idx + 1]
+    lens = (b - a).astype(np.int64)
+    run_ptr = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(lens, out=run_ptr[1:])
+    take = np.concatenate([np.arange(s, e) for s, e in zip(a, b, strict=True)]) \
+        if len(idx) else np.zeros(0, dtype=np.int64)
+    if wl.global_clock:
+        return _build(name, wl.block_tokens, wl.num_ids, True, 0, wl.time_s[idx],
+                      wl.session[idx], np.full(len(idx), -1, dtype=np.int64),
+                      wl.input_tokens[idx], wl.output_tokens[idx], wl.think_s[idx], run_ptr,
+                      wl.run_start[take], wl.run_len[take])
+    sessions, session = np.unique(wl.session[idx], return_inverse=True)
+    # Chain keys: (session, chain) pairs stay distinct; think times are kept as recorded.
+    chain_key = session.astype(np.int64) * (int(wl.chain.max(initial=0)) + 1) + wl.chain[idx]
+    return _build(name, wl.block_tokens, wl.num_ids, False, len(sessions),
+                  wl.time_s[idx], session.astype(np.int32), chain_key,
+                  wl.input_tokens[idx], wl.output_tokens[idx], wl.think_s[idx], run_ptr,
+                  wl.run_start[take], wl.run_len[take])
+
+
 def _build(name: str, block_tokens: int, num_ids: int, global_clock: bool,
            num_sessions: int, time_s: FloatArray, session: np.ndarray, chain_key: IntArray,
            inp: IntArray, out: IntArray, think: FloatArray, run_ptr: IntArray,
@@ -270,7 +296,6 @@ def _build(name: str, block_tokens: int, num_ids: int, global_clock: bool,
     first = np.ones(n, dtype=bool)
     first[1:] = keys[1:] != keys[:-1]
     chain_starts = np.flatnonzero(first)
-    len(chain_starts)
     chain_of_sorted = np.cumsum(first) - 1
     chain = np.empty(n, dtype=np.int32)
     chain[order] = chain_of_sorted

@@ -216,12 +216,12 @@ class ChatParams:
         if self.multi_turn_mean < 2:
             raise ValueError(
                 f"ChatParams.multi_turn_mean must be >= 2, got {self.multi_turn_mean}")
+        if self.prefix_tokens < 0:
+            raise ValueError(f"ChatParams.prefix_tokens must be >= 0, got {self.prefix_tokens}")
 
     @property
     def turns_mean(self) -> float:
         return self.single_turn_share + (1.0 - self.single_turn_share) * self.multi_turn_mean
-        if self.prefix_tokens < 0:
-            raise ValueError(f"ChatParams.prefix_tokens must be >= 0, got {self.prefix_tokens}")
 
 
 @dataclass(frozen=True, slots=True)
