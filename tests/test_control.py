@@ -311,11 +311,11 @@ class TestTruncate:
         # Every turn is a 2-page segment; a 5-page span holds a file header and two.
         cp, _ = make(span_pages=5)
         p = ssd_turns(cp, "s", [1, 5, 5, 5, 5])
-        files = cp.ssd.files_of("s")
+        files = cp.files_of("s")
         assert [q.file_id for q in p] == [files[0]] * 2 + [files[1]] * 2 + [files[2]]
         action = cp.truncate_session("s", p[2].segment.segment_id)  # first of file 1
         assert action.file_ids == (files[1], files[2]) and action.cut_files == ()
-        assert cp.ssd.files_of("s") == [files[0]]
+        assert cp.files_of("s") == [files[0]]
         assert cp.lookup(skeys("s", 21)).num_blocks == 6
         cp.check_integrity()
         # Cut at the very first segment: nothing is left, the session is forgotten.
@@ -490,8 +490,8 @@ class ControlMachine(RuleBasedStateMachine):
         assert not {r.segment.segment_id for r in self.cp.lookup(skeys(s, n)).runs} & mine
         if plan.copy is not None:  # only under the copy watermark, never for memory
             assert plan.medium == Medium.SSD
-            assert self.cp.arena.used_bytes <= self.copy_watermark * \
-                self.cp.arena.capacity_bytes
+            assert self.cp.memory_used_bytes <= self.copy_watermark * \
+                self.cp.memory_capacity_bytes
         self.pending.append(plan)
 
     @rule(s=st.sampled_from(SESSIONS), new=st.integers(1, 6))
@@ -555,7 +555,7 @@ class ControlMachine(RuleBasedStateMachine):
         # A held memory copy is read in place of its SSD home.
         for run in lp.hit.runs:
             assert run.segment.medium == Medium.MEMORY or \
-                self.cp.copies.get(run.segment.segment_id) is None
+                self.cp.memory_copy(run.segment.segment_id) is None
         self.loads[rid] = lp.session_ids
         self.plans[rid] = lp
 
@@ -587,16 +587,16 @@ class ControlMachine(RuleBasedStateMachine):
         if not found:
             return
         s, seg_id = data.draw(st.sampled_from(found))
-        seg = self.cp.index.segment(seg_id)
+        seg = self.cp.segment(seg_id)
         cut = (seg.file_id, seg.file_offset)
         tail = {i for i in self.cp.session(s).ssd_segment_ids
-                if (self.cp.index.segment(i).file_id,
-                    self.cp.index.segment(i).file_offset) >= cut}  # type: ignore[operator]
+                if (self.cp.segment(i).file_id,
+                    self.cp.segment(i).file_offset) >= cut}  # type: ignore[operator]
         assert tail == {i for i in self.cp.session(s).ssd_segment_ids if i >= seg_id}
         later = tail | {i for i in self.cp.session(s).memory_segment_ids if i > seg_id}
         busy = any(p.session_id == s and p.segment.segment_id > seg_id
                    for p in self.pending) or any(
-            self.cp.copies.home_id(run.segment) in later for lp in self.plans.values()
+            self.cp.home_segment_id(run.segment) in later for lp in self.plans.values()
             for run in lp.hit.runs)
         assert self.cp.tail_in_use(s, seg_id) == busy
         if busy:
@@ -604,13 +604,13 @@ class ControlMachine(RuleBasedStateMachine):
                 self.cp.truncate_session(s, seg_id)
             return
         kept = [i for i in self.cp.session(s).ssd_segment_ids if i not in tail]
-        copies = {c.segment_id for c in self.cp.copies}
+        copies = {c.segment_id for c in self.cp.memory_copies()}
         action = self.cp.truncate_session(s, seg_id)
         assert {x.segment_id for x in action.ssd_segments} == tail
         assert {x.segment_id for x in action.memory_segments} - copies == later - tail
         for i in tail:
             with pytest.raises(KeyError):
-                self.cp.index.segment(i)
+                self.cp.segment(i)
         if not action.session_dropped:
             assert self.cp.session(s).ssd_segment_ids == kept
 
@@ -634,7 +634,7 @@ class ControlMachine(RuleBasedStateMachine):
         for s in self.cp.session_ids():
             chain = skeys(s, self.length[s])
             where = {k: i for i, k in enumerate(chain)}
-            ends = {where[seg.keys[-1]] + 1 for seg in self.cp.index.segments()
+            ends = {where[seg.keys[-1]] + 1 for seg in self.cp.segments()
                     if seg.session_id == s}
             for end in ends:
                 assert self.cp.lookup(chain[:end]).num_blocks == end, f"hole in {s}"

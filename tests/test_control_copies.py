@@ -27,7 +27,7 @@ class TestCopies:
         assert p.copy is not None and p.copy.medium == Medium.MEMORY
         assert p.copy.keys == p.segment.keys and p.copy.segment_id != p.segment.segment_id
         # The home is unchanged: the index still maps the keys to the SSD segment.
-        loc = cp.index.get(skeys("a", 3)[0])
+        loc = cp.locate(skeys("a", 3)[0])
         assert loc is not None and loc.segment is p.segment
         hit = cp.lookup(skeys("a", 3))
         assert (hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks) == (3, 3, 0)
@@ -162,13 +162,13 @@ class TestCopyWrittenAhead:
         hit = cp.lookup(skeys("a", 5))
         assert (hit.num_blocks, hit.num_memory_blocks) == (5, 5)
         assert hit.runs[-1].segment is plan.copy
-        assert cp.index.get(skeys("a", 5)[4]) is None  # the home is not published yet
+        assert cp.locate(skeys("a", 5)[4]) is None  # the home is not published yet
         lp = cp.prepare_load("r", hit)
         assert lp.read_plan.bytes_read == 0
         cp.check_integrity()
         cp.complete_store(plan, True)
         cp.complete_load("r")
-        loc = cp.index.get(skeys("a", 5)[4])
+        loc = cp.locate(skeys("a", 5)[4])
         assert loc is not None and loc.segment is plan.segment
         assert cp.lookup(skeys("a", 5)).runs[-1].segment is plan.copy
         cp.check_integrity()
@@ -181,7 +181,7 @@ class TestCopyWrittenAhead:
         lp = cp.prepare_load("r", skeys("a", 3))  # reads the copy
         cp.complete_store(plan, False)
         assert cp.stats().ssd_used_bytes == 0
-        loc = cp.index.get(skeys("a", 3)[0])
+        loc = cp.locate(skeys("a", 3)[0])
         assert loc is not None and loc.segment is plan.copy  # now homed in memory
         assert cp.session("a").memory_bytes == plan.copy.total_bytes
         cp.check_integrity()  # the restore in flight still reads a live segment

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 _WHERE = {
     "Clock": "clock", "ManualClock": "clock", "WallClock": "clock",
     "FlatCakeConfig": "config", "load_config": "config",
-    "ControlPlane": "control.plane", "LoadPlan": "control.plane", "ReclaimAction": "control.plane",
-    "StorePlan": "control.plane", "CapacityError": "errors", "IntegrityError": "errors",
+    "ControlPlane": "control.plane", "LoadPlan": "control.types", "ReclaimAction": "control.types",
+    "StorePlan": "control.types", "CapacityError": "errors", "IntegrityError": "errors",
     "PRESETS": "geometry", "KVGeometry": "geometry", "preset": "geometry",
     "Address": "control.address", "Medium": "control.address", "decode_address": "control.address",
     "encode_address": "control.address", "as_block_key": "control.keys",

@@ -9,7 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from flatcake.control.alloc import HostArena, SsdSpace
+from flatcake.control.alloc import HostArena
+from flatcake.control.ssd_space import SsdSpace
 from flatcake.errors import CapacityError
 
 K = 4096

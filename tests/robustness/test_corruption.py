@@ -81,7 +81,7 @@ def run_trials(base: Path, trials: int, seed: int) -> tuple[w.Verdict, int]:
     pristine = base / "pristine"
     acked = build(pristine)
     with FlatCakeStore.open(pristine, SMALL, w.config(*CONFIG)) as store:
-        files_of = {s: set(store.control.ssd.files_of(w.session_name(s))) for s in TURNS}
+        files_of = {s: set(store.control.files_of(w.session_name(s))) for s in TURNS}
     verdict = w.Verdict()
     boundary = 0
     for t in range(trials):

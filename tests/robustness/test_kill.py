@@ -105,9 +105,9 @@ def run_kills(base: Path, kills: int, seed: int) -> w.Verdict:
             # The bar: the budget plus a 4 KiB block per file (ext4 spends one on an
             # extent tree once a file has more than four extents); the books count
             # the headers already, so this is stricter.
-            if on_disk > store.control.ssd.used_bytes + 4096 * files:
+            if on_disk > store.control.ssd_used_bytes + 4096 * files:
                 verdict.notes.append(f"kill {k}: {on_disk} B on disk in {files} files, "
-                                     f"books {store.control.ssd.used_bytes} B")
+                                     f"books {store.control.ssd_used_bytes} B")
             lost = verdict.reported_lost_turns
             if verdict.restored_turns + lost - before != sum(
                     len(v) for s, v in acked.items()):

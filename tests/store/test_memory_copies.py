@@ -73,13 +73,13 @@ def test_memory_reclaim_cuts_the_later_ssd_turn_on_disk(tmp_path: Path) -> None:
             store.store_turn("b", b[:n], src, range(n), TO_MEMORY)
         hit = store.lookup(a)
         assert (hit.num_blocks, hit.num_ssd_blocks) == (2, 2)  # cut, not holed
-        assert store.control.index.get(a[4]) is None
+        assert store.control.locate(a[4]) is None
         assert store.lookup(b).num_blocks == 8
         store.control.check_integrity()
     with FlatCakeStore.open(tmp_path, SMALL, cfg) as store:
         # The cut-off turn is gone from the file too: a restart cannot bring it back.
         assert store.lookup(a).num_blocks == 2
-        assert store.control.index.get(a[4]) is None
+        assert store.control.locate(a[4]) is None
         dst = empty_kv(SMALL, 8)
         assert store.load(a, dst, range(6)).num_blocks == 2
         assert same(dst, src, 2)

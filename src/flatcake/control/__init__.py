@@ -1,8 +1,11 @@
 """The books: FlatCake's control plane, pure (no torch, no file I/O).
 
-Keys and 64-bit addresses, the block index, write-time placement, allocation, reclaim,
-memory copies, sessions, FC-MAS restore scheduling, and the ``ControlPlane`` facade with
-its paired lifecycle verbs (``plane``). Every host (the store, the vLLM connector, the
+Keys and 64-bit addresses, the block index, write-time placement, allocation (host
+arena in ``alloc``, SSD space in ``ssd_space``), reclaim, memory copies, sessions,
+FC-MAS restore scheduling, and the ``ControlPlane`` facade with its paired lifecycle
+verbs (``plane``; its state and query methods in ``books``, reclaim and cuts in
+``reclaimer``, restart in ``restart``, the cross-check in ``integrity``, the plans and
+actions it returns in ``types``). Every host (the store, the vLLM connector, the
 replay) keeps its books with these classes. Names resolve on first use (PEP 562), so
 ``flatcake.plan`` can import from here without an import cycle.
 """
@@ -14,19 +17,19 @@ from typing import Any
 
 _WHERE = {
     "ControlPlane": "plane",
-    "ControlStats": "plane",
-    "FileCut": "plane",
-    "LoadPlan": "plane",
-    "ReclaimAction": "plane",
-    "StorePlan": "plane",
+    "ControlStats": "types",
+    "FileCut": "types",
+    "LoadPlan": "types",
+    "ReclaimAction": "types",
+    "StorePlan": "types",
     "Address": "address",
     "Medium": "address",
     "decode_address": "address",
     "encode_address": "address",
     "HostArena": "alloc",
-    "SessionFile": "alloc",
-    "SsdExtent": "alloc",
-    "SsdSpace": "alloc",
+    "SessionFile": "ssd_space",
+    "SsdExtent": "ssd_space",
+    "SsdSpace": "ssd_space",
     "EMPTY_HIT": "index",
     "BlockIndex": "index",
     "BlockLocation": "index",

@@ -169,3 +169,19 @@ def check_key(key: object, field: str = "key") -> bytes:
     if not isinstance(key, bytes) or len(key) != KEY_BYTES:
         raise ValueError(f"{field} must be {KEY_BYTES} bytes, got {key!r}")
     return key
+
+
+def check_keys(keys: tuple[bytes, ...], first_index: int) -> None:
+    """Every key is 32 bytes and none repeats (checked in bulk; the slow scans only
+    name the culprit). A repeated key would make a segment the index refuses, after its
+    bytes were written, and on every later restart."""
+    if not (set(map(type, keys)) <= {bytes} and set(map(len, keys)) <= {KEY_BYTES}):
+        for i, k in enumerate(keys):
+            check_key(k, f"keys[{first_index + i}]")
+    if len(set(keys)) != len(keys):
+        first: dict[bytes, int] = {}
+        for i, k in enumerate(keys):
+            if k in first:
+                raise ValueError(f"keys[{first_index + i}] repeats keys[{first_index + first[k]}]"
+                                 f": a request's block keys are a chain and never repeat")
+            first[k] = i
