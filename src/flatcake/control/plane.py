@@ -17,7 +17,9 @@ clock) and tests. The data plane executes what it plans and reports back::
     truncate_session(session, segment) ───────► ReclaimAction: a damaged segment and the
                                                  session's later segments unpublished,
                                                  their file tails freed (files to cut)
-    recover_segment(...) ─────────────────────► restart: rebuild from scanned files
+    recover_files(scans) ─────────────────────► Recovery: scanned headers re-indexed, a
+                                                 verdict per file (keep / cut / delete /
+                                                 quarantine)
 
 The modules behind it: ``types`` (the plans and actions), ``books`` (state and the
 query methods hosts use instead of reaching into the parts), ``reclaimer`` (reclaim,

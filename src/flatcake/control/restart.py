@@ -1,12 +1,33 @@
-"""Restart: rebuild the books from what a scan of the session files found.
+"""Restart: rebuild the books from what a scan of the session files found. No I/O.
 
-The scan itself (reading headers, checking crcs, moving or cutting files) is the data
-plane's; here the decoded headers become books again (``recover_segment``), no I/O.
+The data plane scans (reads headers, checks crcs) and hands each file's decoded headers
+over as a ``ScannedFile``; ``recover_files`` re-indexes them and decides, per file,
+what the data plane must then do on disk (``FileVerdict``)::
+
+    header unreadable, or a stray (names another file id; or another geometry or
+    span, while some other file matches the geometry)    -> QUARANTINE
+    valid segments, then damage (found by the scan, or a
+    segment the books refuse, e.g. a key repeated in it)  -> KEEP, cut after the last
+                                                             segment re-indexed
+    no segment re-indexed                                 -> DELETE
+    clean                                                 -> KEEP up to its last segment
+
+Only a set of files where *none* matches the geometry is refused (``ValueError``): the
+store was opened with the wrong model, and nothing may be touched. The same decisions
+serve every host: the store's open path and ``fsck --repair``, and both halves of the
+vLLM connector (the worker half runs them on a scratch ``ControlPlane`` of its own
+geometry, so it keeps the same files and segments the scheduler half serves).
+
+The header types are protocols: ``cio.format``'s ``FileHeader``, ``ScannedSegment`` and
+``DamagedSegment`` satisfy them as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.books import _Books
@@ -14,6 +35,168 @@ from flatcake.control.index import Segment
 from flatcake.control.keys import check_keys
 from flatcake.control.sessions import SessionRecord, check_session_id
 from flatcake.plan.layout import SegmentLayout
+
+
+class FileHeaderView(Protocol):
+    """A session file's decoded header (``cio.format.FileHeader``)."""
+
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def file_id(self) -> int: ...
+    @property
+    def virtual_base(self) -> int: ...
+    @property
+    def span_bytes(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def block_bytes_per_layer(self) -> int: ...
+
+
+class SegmentHeaderView(Protocol):
+    """A segment's decoded header (``cio.format.SegmentHeader``)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def turn_index(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def keys(self) -> tuple[bytes, ...]: ...
+    @property
+    def layer_crcs(self) -> tuple[int, ...]: ...
+    @property
+    def layout(self) -> SegmentLayout: ...
+
+
+class SegmentView(Protocol):
+    """A segment that passed the scan (``cio.format.ScannedSegment``)."""
+
+    @property
+    def file_offset(self) -> int: ...
+    @property
+    def header(self) -> SegmentHeaderView: ...
+    @property
+    def end_offset(self) -> int: ...
+
+
+class DamageView(Protocol):
+    """Where a scan stopped (``cio.format.DamagedSegment``)."""
+
+    @property
+    def reason(self) -> str: ...
+    @property
+    def lost_segments(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedFile:
+    """One session file as the data plane's scan decoded it.
+
+    Attributes:
+        file_id: the id in the file's name.
+        header: its header, ``None`` when unreadable.
+        segments: the valid segments, in file order.
+        damage: where the scan stopped on damage (at most one entry in practice).
+        age_s: seconds since the file was last written (orders reclaim).
+        name: how messages name it (e.g. its path).
+        error: why the header is unreadable (with ``header=None``).
+    """
+
+    file_id: int
+    header: FileHeaderView | None
+    segments: Sequence[SegmentView] = ()
+    damage: Sequence[DamageView] = ()
+    age_s: float = 0.0
+    name: str = ""
+    error: str = ""
+
+
+class FileFate(enum.Enum):
+    KEEP = "keep"  # trimmed to end_bytes (cut there when cut=True)
+    DELETE = "delete"  # nothing servable left in it
+    QUARANTINE = "quarantine"  # unreadable or a stray: moved aside, never served
+
+
+@dataclass(frozen=True, slots=True)
+class FileVerdict:
+    """What the data plane does with one scanned file.
+
+    Attributes:
+        file_id: the file.
+        fate: keep, delete or quarantine it.
+        reason: why (quarantine, damage), empty for a clean file.
+        session_id: the session its header names ("" when unreadable).
+        end_bytes: KEEP: the file's end after its last kept segment.
+        next_seq: KEEP: the ``seq`` of the next segment appended.
+        cut: KEEP: damage was cut off (the file is truncated at ``end_bytes``).
+        segment_ids: the segments re-indexed, in file order.
+        num_blocks: their blocks.
+        num_damaged: damaged segments (scan damage, or a segment the books refused).
+        num_lost: valid segments past the damage, cut off with it.
+    """
+
+    file_id: int
+    fate: FileFate
+    reason: str = ""
+    session_id: str = ""
+    end_bytes: int = 0
+    next_seq: int = 0
+    cut: bool = False
+    segment_ids: tuple[int, ...] = ()
+    num_blocks: int = 0
+    num_damaged: int = 0
+    num_lost: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What ``recover_files`` did to the books and asks of the data plane.
+
+    Attributes:
+        files: one verdict per scanned file, in the order given.
+        crcs: each re-indexed segment's layer crcs, by segment id.
+    """
+
+    files: tuple[FileVerdict, ...]
+    crcs: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def num_files(self) -> int:
+        return len(self.files)
+
+    @property
+    def num_sessions(self) -> int:
+        """Sessions with at least one segment re-indexed."""
+        return len({v.session_id for v in self.files if v.segment_ids})
+
+    @property
+    def num_segments(self) -> int:
+        return sum(len(v.segment_ids) for v in self.files)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(v.num_blocks for v in self.files)
+
+    @property
+    def num_damaged(self) -> int:
+        return sum(v.num_damaged for v in self.files)
+
+    @property
+    def num_lost(self) -> int:
+        return sum(v.num_lost for v in self.files)
+
+    @property
+    def num_quarantined(self) -> int:
+        return sum(1 for v in self.files if v.fate == FileFate.QUARANTINE)
+
+    @property
+    def damaged_file_ids(self) -> tuple[int, ...]:
+        """Files quarantined or with damage cut off, sorted."""
+        return tuple(sorted(v.file_id for v in self.files
+                            if v.fate == FileFate.QUARANTINE or v.num_damaged))
 
 
 class _Restart(_Books):
@@ -61,3 +244,86 @@ class _Restart(_Books):
         rec.ssd_segment_ids.append(segment.segment_id)
         rec.ssd_bytes += ext.size_bytes + (0 if known_file else self.ssd.file_header_bytes)
         return segment
+
+    def recover_files(self, scans: Sequence[ScannedFile], *,
+                      other_file_ids: Iterable[int] = (),
+                      mismatch: Literal["quarantine", "refuse"] = "quarantine") -> Recovery:
+        """Re-index every valid segment of ``scans`` and decide each file's fate (see
+        the module docstring); the data plane then acts on ``Recovery.files``.
+
+        ``other_file_ids`` are files on disk that are not scanned (e.g. already in
+        quarantine): their ids, like the scanned ones, are never handed out again.
+        ``mismatch="refuse"`` raises ``ValueError`` on any file of another geometry or
+        span instead of quarantining it. Raises ``ValueError`` before touching the books
+        when no readable file matches the geometry.
+        """
+        g, span = self.geometry, self.ssd.span_bytes
+
+        def fits(h: FileHeaderView) -> bool:
+            return (h.num_layers, h.block_bytes_per_layer, h.span_bytes) == (
+                g.num_layers, g.block_bytes_per_layer, span)
+
+        if mismatch not in ("quarantine", "refuse"):
+            raise ValueError(f"mismatch must be 'quarantine' or 'refuse', got {mismatch!r}")
+        readable = [(s, s.header) for s in scans if s.header is not None]
+        misfits = [(s, h) for s, h in readable if not fits(h)]
+        if misfits and (len(misfits) == len(readable) or mismatch == "refuse"):
+            bad, h = misfits[0]
+            if h.span_bytes != span:
+                raise ValueError(f"store.session_file_bytes={span} but session file "
+                                 f"{bad.name or bad.file_id} was written with span "
+                                 f"{h.span_bytes}")
+            raise ValueError(
+                f"session file {bad.name or bad.file_id} holds {h.num_layers} layers x "
+                f"{h.block_bytes_per_layer} B blocks, but geometry {g.name!r} has "
+                f"{g.num_layers} x {g.block_bytes_per_layer} B")
+        for file_id in (*(s.file_id for s in scans), *other_file_ids):
+            self.reserve_file_id(file_id)
+        now = self.clock.now()
+        crcs: dict[int, tuple[int, ...]] = {}
+        verdicts: list[FileVerdict] = []
+        for scan in scans:
+            head = scan.header
+            if head is None:
+                why = f"unreadable ({scan.error})" if scan.error else "unreadable"
+                verdicts.append(FileVerdict(scan.file_id, FileFate.QUARANTINE, why))
+            elif head.file_id != scan.file_id or not fits(head):
+                verdicts.append(FileVerdict(
+                    scan.file_id, FileFate.QUARANTINE,
+                    f"a stray: its header names file id {head.file_id}, {head.num_layers} layers "
+                    f"x {head.block_bytes_per_layer} B, span {head.span_bytes}", head.session_id))
+            else:
+                verdicts.append(self._recover_file(scan, head, now - max(0.0, scan.age_s),
+                                                   crcs))
+        return Recovery(tuple(verdicts), crcs)
+
+    def _recover_file(self, scan: ScannedFile, h: FileHeaderView, last_access: float,
+                      crcs: dict[int, tuple[int, ...]]) -> FileVerdict:
+        """Re-index one file's segments in order; a segment the books refuse is damage
+        like the scan's (the file is cut before it, the segments after it are lost)."""
+        kept: list[SegmentView] = []
+        ids: list[int] = []
+        blocks = 0
+        reason = "; ".join(d.reason for d in scan.damage)
+        num_damaged = len(scan.damage)
+        num_lost = sum(d.lost_segments for d in scan.damage)
+        for scanned in scan.segments:
+            sh = scanned.header
+            try:
+                seg = self.recover_segment(
+                    h.session_id, scan.file_id, scanned.file_offset, sh.layout, sh.keys,
+                    sh.turn_index, virtual_base=h.virtual_base, last_access=last_access)
+            except ValueError as exc:  # e.g. a key repeated in it (an older version)
+                reason, num_damaged = f"refused: {exc}", 1
+                num_lost = len(scan.segments) - len(kept) - 1
+                break
+            crcs[seg.segment_id] = sh.layer_crcs
+            kept.append(scanned)
+            ids.append(seg.segment_id)
+            blocks += sh.num_blocks
+        if not kept:
+            return FileVerdict(scan.file_id, FileFate.DELETE, reason, h.session_id,
+                               num_damaged=num_damaged, num_lost=num_lost)
+        return FileVerdict(scan.file_id, FileFate.KEEP, reason, h.session_id,
+                           kept[-1].end_offset, kept[-1].header.seq + 1, num_damaged > 0,
+                           tuple(ids), blocks, num_damaged, num_lost)
