@@ -185,7 +185,7 @@ def test_enospc_on_a_write_is_a_clean_miss(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     src = random_kv(SMALL, 8)
     keys = session_keys(1, 8)
-    real = os.pwrite
+    real, real_v = os.pwrite, os.pwritev
 
     def full(fd: int, data: object, offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -194,11 +194,13 @@ def test_enospc_on_a_write_is_a_clean_miss(tmp_path: Path,
         store.store_turn("s", keys[:4], src, range(4), TO_SSD)
         used = store.control.stats().ssd_used_bytes
         monkeypatch.setattr("flatcake.cio.direct.os.pwrite", full)
+        monkeypatch.setattr("flatcake.cio.direct.os.pwritev", full)  # zero-copy writes
         res = store.store_turn("s", keys, src, range(8), TO_SSD)
         assert res.num_blocks == 0 and res.medium is None and "No space" in res.error
         assert store.lookup(keys).num_blocks == 4
         assert store.control.stats().ssd_used_bytes == used
         monkeypatch.setattr("flatcake.cio.direct.os.pwrite", real)
+        monkeypatch.setattr("flatcake.cio.direct.os.pwritev", real_v)
         assert store.store_turn("s", keys, src, range(8), TO_SSD).num_blocks == 4
         store.control.check_integrity()
     with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:

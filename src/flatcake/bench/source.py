@@ -1,10 +1,12 @@
 """The bench's KV bytes and paged KV tensors.
 
 The request's blocks live in an "engine" paged KV (one ``(num_slots, block_bytes)``
-uint8 tensor per layer, the ``blocks`` layout of ``cio.paged``), request block ``i`` in
-slot ``i``; FlatCake writes its turns from there and every baseline is written from the
-same bytes. Every restore lands in a second paged KV at shuffled slots, so the scatter
-is real and a block restored into the wrong slot, or from the wrong layer, is caught.
+uint8 tensor per layer, the ``blocks`` layout of ``cio.paged``, allocated like the
+restore destination: page-aligned, huge pages from 2 MiB up), request block ``i`` in
+slot ``i``; FlatCake writes its turns from there (straight from the slots, see
+``cio.writer``) and every baseline is written from the same bytes. Every restore lands
+in a second paged KV at shuffled slots, so the scatter is real and a block restored
+into the wrong slot, or from the wrong layer, is caught.
 
 Bytes are random but cheap to make: a 64 MiB random pool tiled with a per-layer
 rotation, and the first 8 bytes of every block stamped with ``(layer << 32) | block``,
@@ -33,7 +35,7 @@ def make_kv(num_layers: int, num_blocks: int, block_bytes: int, *, seed: int = 0
     stamps = torch.arange(num_blocks, dtype=torch.int64)
     out = []
     for layer in range(num_layers):
-        t = torch.empty(num_blocks, block_bytes, dtype=torch.uint8)
+        t = aligned_buffer(num_blocks * block_bytes, pin=False).view(num_blocks, block_bytes)
         flat = t.view(-1)
         pos, start = 0, (layer * 7919 * 4096) % size
         while pos < flat.numel():

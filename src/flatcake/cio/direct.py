@@ -20,7 +20,7 @@ import logging
 import mmap
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -259,4 +259,25 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> int:
         if n <= 0:
             raise OSError(errno.EIO, f"pwrite wrote {n} bytes at offset {offset + done}")
         done += n
+    return calls
+
+
+def pwritev_all(fd: int, views: Sequence[memoryview], offset: int) -> int:
+    """Write ``views`` back to back at ``offset`` with ``os.pwritev`` (at most
+    ``IOV_MAX`` views; looping over short writes); return the number of write calls."""
+    pending = list(views)
+    calls, done = 0, 0
+    while pending:
+        n = os.pwritev(fd, pending, offset + done)
+        calls += 1
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwritev wrote {n} bytes at offset {offset + done}")
+        done += n
+        skip = 0
+        while skip < len(pending) and n >= len(pending[skip]):
+            n -= len(pending[skip])
+            skip += 1
+        del pending[:skip]
+        if n:
+            pending[0] = pending[0][n:]
     return calls

@@ -1,26 +1,44 @@
-"""Write path (FC-CIO): gather a turn's new blocks from the paged KV, layer by layer, into
-the segment layout, write it with a few large aligned writes, make it durable.
+"""Write path (FC-CIO): a turn's new blocks from the paged KV, layer by layer, into the
+segment layout on disk, with several large writes in flight, made durable once.
 
 Order of an SSD segment write (the store publishes addresses only after it returns)::
 
-    gather layer 0..L-1 blocks -> aligned buffer (crc32 per layer as bytes land)
-    pwrite data  [data_offset, total_bytes)       one write per chunk_bytes
-    pwrite header [0, header_bytes)               last: a scan finds the segment only
-    fdatasync                                     once its header is there; the layer
-                                                  crcs still catch a torn data write
-A segment that fits in one chunk is written with a single pwrite of header + data.
+    data  [data_offset, total_bytes)   commands of at most chunk_bytes, up to
+                                       ``in_flight`` outstanding on the writer's
+                                       threads (crc32 per layer as bytes go out)
+    wait for every data command
+    header [0, header_bytes)           last: a scan finds the segment only once
+                                       its header is there; the layer crcs still
+    fdatasync                          catch a torn data write (once per turn)
+
+The data goes out one of two ways, chosen per write and reported in
+``WrittenSegment.write_path``:
+
+- ``"zero-copy"``: when the paged KV is in host memory, page-aligned, and each block
+  part (a whole block, or its K and V halves for ``(2, slots, ...)`` tensors) is a
+  multiple of 4 KiB, each command is a ``pwritev`` whose iovecs are the slots
+  themselves (consecutive slots of a ``blocks`` layout merged), no copy;
+- ``"gather"``: otherwise (a GPU paged KV, torch's 64-byte-aligned tensors, small
+  blocks) blocks are gathered into a ring of huge-page aligned buffers and each full
+  buffer is written while the next one is gathered.
+
+A segment that fits in one chunk on the gather path is written with a single pwrite of
+header + data. The slots must stay as they are until ``write_ssd`` returns (the same
+contract as the gather, which also reads them while the call runs).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from flatcake.cio.direct import aligned_buffer, pwrite_all, writable_view
+from flatcake.cio.direct import aligned_buffer, pwrite_all, pwritev_all, writable_view
 from flatcake.cio.format import (
     FileHeader,
     SegmentHeader,
@@ -31,36 +49,112 @@ from flatcake.cio.format import (
 from flatcake.cio.paged import PagedKV
 from flatcake.plan.layout import ALIGN, SegmentLayout, align_up
 
-DEFAULT_WRITE_CHUNK_BYTES = 64 << 20
+DEFAULT_WRITE_CHUNK_BYTES = 16 << 20
+DEFAULT_WRITES_IN_FLIGHT = 3
+IOV_MAX = 1024  # Linux UIO_MAXIOV: most iovecs one pwritev takes
+WRITE_PATHS = ("zero-copy", "gather")
 
 
 @dataclass(frozen=True, slots=True)
 class WrittenSegment:
-    """A durable SSD segment: where it lives, its header, and how it was written."""
+    """A durable SSD segment: where it lives, its header, and how it was written
+    (``write_path``: ``"zero-copy"`` or ``"gather"``, see the module docstring)."""
 
     file_offset: int
     header: SegmentHeader
     total_bytes: int
     write_calls: int
+    write_path: str = "gather"
+
+
+def zero_copy_write_refusal(paged: PagedKV) -> str:
+    """Why a write cannot go straight from ``paged``'s slots ("" when it can)."""
+    if paged.device.type != "cpu":
+        return f"the paged KV is on {paged.device.type}"
+    part = paged.block_bytes_per_layer // (1 if paged.kv_layout == "blocks" else 2)
+    if part % ALIGN:
+        return f"a block part of {part} bytes is not a multiple of {ALIGN}"
+    misaligned = [i for i, v in enumerate(paged.layer_bytes()) if v.data_ptr() % ALIGN]
+    if misaligned:
+        return f"paged KV layer {misaligned[0]} is not {ALIGN}-aligned"
+    return ""
+
+
+class _InFlight:
+    """Commands handed to a thread pool, at most ``limit`` outstanding; counts the
+    write calls they made. ``drain`` waits for all of them even when one failed, so no
+    write is still running once the segment write returns or raises."""
+
+    def __init__(self, pool: ThreadPoolExecutor, limit: int) -> None:
+        self._pool, self._limit = pool, limit
+        self._futures: deque[Future[int]] = deque()
+        self.calls = 0
+
+    def submit(self, fn: Callable[..., int], *args: object) -> Future[int]:
+        while len(self._futures) >= self._limit:
+            self.calls += self._futures.popleft().result()
+        fut = self._pool.submit(fn, *args)
+        self._futures.append(fut)
+        return fut
+
+    def drain(self) -> None:
+        error: BaseException | None = None
+        while self._futures:
+            try:
+                self.calls += self._futures.popleft().result()
+            except BaseException as exc:  # the first error wins, the rest still finish
+                error = error or exc
+        if error is not None:
+            raise error
 
 
 class SegmentWriter:
-    """Builds and writes segments through one reusable aligned buffer of at most
-    ``chunk_bytes`` (+ one block). Thread-safe: writes are serialised on ``lock``, which
-    also guards the buffer; holding ``lock`` from outside holds writes off (fsck)."""
+    """Builds and writes segments: commands of at most ``chunk_bytes``, up to
+    ``in_flight`` outstanding on the writer's own threads, through a ring of
+    ``in_flight`` reusable aligned buffers on the gather path. Thread-safe: writes are
+    serialised on ``lock``, which also guards the buffers; holding ``lock`` from
+    outside holds writes off (fsck)."""
 
-    def __init__(self, chunk_bytes: int = DEFAULT_WRITE_CHUNK_BYTES) -> None:
+    def __init__(self, chunk_bytes: int = DEFAULT_WRITE_CHUNK_BYTES,
+                 in_flight: int = DEFAULT_WRITES_IN_FLIGHT, *, zero_copy: bool = True) -> None:
         if chunk_bytes < ALIGN or chunk_bytes % ALIGN:
             raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN}, "
                              f"got {chunk_bytes}")
+        if not isinstance(in_flight, int) or in_flight < 1:
+            raise ValueError(f"in_flight must be an int >= 1, got {in_flight!r}")
         self.chunk_bytes = chunk_bytes
+        self.in_flight = in_flight
+        self.zero_copy = zero_copy
         self.lock = threading.Lock()
-        self._buf: torch.Tensor | None = None
+        self._ring: list[torch.Tensor] = []
+        self._header_buf: torch.Tensor | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
-    def _buffer(self, num_bytes: int) -> torch.Tensor:
-        if self._buf is None or self._buf.numel() < num_bytes:
-            self._buf = aligned_buffer(align_up(num_bytes))
-        return self._buf
+    def close(self) -> None:
+        """Stop the writer's threads (a later write starts them again)."""
+        with self.lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _flight(self) -> _InFlight:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="flatcake-write")
+        return _InFlight(self._pool, self.in_flight)
+
+    def _buffers(self, num_bytes: int, count: int) -> list[torch.Tensor]:
+        if len(self._ring) < count or self._ring[0].numel() < num_bytes:
+            self._ring = [aligned_buffer(align_up(num_bytes)) for _ in range(count)]
+        return self._ring[:count]
+
+    def _header_view(self, raw: bytes) -> memoryview:
+        need = align_up(len(raw))
+        if self._header_buf is None or self._header_buf.numel() < need:
+            self._header_buf = aligned_buffer(need, pin=False)
+        buf = self._header_buf[:need]
+        buf[:len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        buf[len(raw):].zero_()
+        return writable_view(buf)
 
     def write_ssd(self, fd: int, file_offset: int, paged: PagedKV, ids: torch.Tensor,
                   keys: Sequence[bytes], *, file_id: int, seq: int, turn_index: int,
@@ -72,25 +166,35 @@ class SegmentWriter:
             raise ValueError(f"segment file_offset must be 4096-aligned, got {file_offset}")
         n = int(ids.numel())
         layout = SegmentLayout.for_ssd(n, paged.num_layers, paged.block_bytes_per_layer)
+
+        def header_of(crcs: tuple[int, ...]) -> SegmentHeader:
+            return SegmentHeader(file_id, seq, turn_index, first_block, n, layout.num_layers,
+                                 layout.block_bytes_per_layer, tuple(keys), crcs)
+
         with self.lock:
-            if layout.total_bytes <= self.chunk_bytes:
-                buf = self._buffer(layout.total_bytes)
+            zero_copy = self.zero_copy and n > 0 and not zero_copy_write_refusal(paged)
+            if not zero_copy and layout.total_bytes <= self.chunk_bytes:
+                buf = self._buffers(layout.total_bytes, 1)[0]
                 crcs = self._gather_all(paged, ids, layout, buf)
-                header = SegmentHeader(file_id, seq, turn_index, first_block, n, layout.num_layers,
-                                       layout.block_bytes_per_layer, tuple(keys), crcs)
+                header = header_of(crcs)
                 raw = encode_segment_header(header)
                 buf[:len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
                 calls = pwrite_all(fd, writable_view(buf[:layout.total_bytes]), file_offset)
             else:
-                crcs, calls = self._stream_data(fd, file_offset, paged, ids, layout)
-                header = SegmentHeader(file_id, seq, turn_index, first_block, n, layout.num_layers,
-                                       layout.block_bytes_per_layer, tuple(keys), crcs)
-                raw = encode_segment_header(header)
-                buf = self._buffer(len(raw))
-                buf[:len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-                calls += pwrite_all(fd, writable_view(buf[:len(raw)]), file_offset)
+                flight = self._flight()
+                try:
+                    if zero_copy:
+                        crcs = self._send_slots(flight, fd, file_offset, paged, ids, layout)
+                    else:
+                        crcs = self._stream_data(flight, fd, file_offset, paged, ids, layout)
+                finally:
+                    flight.drain()
+                header = header_of(crcs)
+                calls = flight.calls + pwrite_all(
+                    fd, self._header_view(encode_segment_header(header)), file_offset)
             os.fdatasync(fd)
-        return WrittenSegment(file_offset, header, layout.total_bytes, calls)
+        return WrittenSegment(file_offset, header, layout.total_bytes, calls,
+                              "zero-copy" if zero_copy else "gather")
 
     @staticmethod
     def _gather_all(paged: PagedKV, ids: torch.Tensor, layout: SegmentLayout,
@@ -105,16 +209,54 @@ class SegmentWriter:
         buf[end:layout.total_bytes].zero_()
         return tuple(crcs)
 
-    def _stream_data(self, fd: int, file_offset: int, paged: PagedKV, ids: torch.Tensor,
-                     layout: SegmentLayout) -> tuple[tuple[int, ...], int]:
-        """Gather and write the data region in aligned chunks; returns (layer crcs,
-        write calls). Blocks are gathered in batches that fit the chunk; the unaligned
-        tail of each chunk moves to the front of the buffer for the next one."""
+    def _send_slots(self, flight: _InFlight, fd: int, file_offset: int, paged: PagedKV,
+                    ids: torch.Tensor, layout: SegmentLayout) -> tuple[int, ...]:
+        """Zero-copy: ``pwritev`` commands whose iovecs are the slots, in file order;
+        each layer's crc32 is computed while earlier commands are in flight."""
+        layers = [writable_view(t) for t in paged.layer_bytes()]
+        part = paged.block_bytes_per_layer // (1 if paged.kv_layout == "blocks" else 2)
+        if paged.kv_layout == "blocks":
+            spans = _runs(ids.tolist(), part)
+        else:
+            plane = paged.num_blocks * part
+            spans = [(at, part) for s in ids.tolist() for at in (s * part, plane + s * part)]
+        limit = self.chunk_bytes
+        cmd: list[memoryview] = []
+        cmd_bytes, pos = 0, file_offset + layout.data_offset
+        crcs = []
+        for layer in range(layout.num_layers):
+            mv, crc = layers[layer], 0
+            for at, length in spans:
+                while length:
+                    take = min(length, limit - cmd_bytes)
+                    view = mv[at:at + take]
+                    crc = crc32(view, crc)
+                    cmd.append(view)
+                    cmd_bytes += take
+                    at += take
+                    length -= take
+                    if cmd_bytes >= limit or len(cmd) >= IOV_MAX:
+                        flight.submit(pwritev_all, fd, cmd, pos)
+                        pos += cmd_bytes
+                        cmd, cmd_bytes = [], 0
+            crcs.append(crc)
+        if cmd:
+            flight.submit(pwritev_all, fd, cmd, pos)
+        return tuple(crcs)
+
+    def _stream_data(self, flight: _InFlight, fd: int, file_offset: int, paged: PagedKV,
+                     ids: torch.Tensor, layout: SegmentLayout) -> tuple[int, ...]:
+        """Gather the data region into the ring's buffers, each written as soon as it
+        holds ``chunk_bytes`` while the next is gathered. Blocks are gathered in batches
+        that fit a buffer; the unaligned tail of a full buffer moves to the front of the
+        next one."""
         bbpl = layout.block_bytes_per_layer
         chunk = self.chunk_bytes
-        buf = self._buffer(chunk + bbpl + ALIGN)
-        view = writable_view(buf)
-        fill, written, calls = 0, 0, 0
+        depth = self.in_flight + 1  # one being gathered, up to in_flight being written
+        bufs = self._buffers(chunk + bbpl + ALIGN, depth)
+        views = [writable_view(b) for b in bufs]
+        pending: list[Future[int] | None] = [None] * depth
+        cur, fill, pos = 0, 0, file_offset + layout.data_offset
         crcs = []
         for layer in range(layout.num_layers):
             crc = 0
@@ -123,22 +265,25 @@ class SegmentWriter:
                 room = max(1, (chunk + bbpl - fill) // bbpl)
                 batch = ids[block:block + room]
                 nbytes = int(batch.numel()) * bbpl
-                paged.gather(layer, batch, buf[fill:fill + nbytes])
-                crc = crc32(view[fill:fill + nbytes], crc)
+                paged.gather(layer, batch, bufs[cur][fill:fill + nbytes])
+                crc = crc32(views[cur][fill:fill + nbytes], crc)
                 fill += nbytes
                 block += int(batch.numel())
-                if fill >= chunk:
-                    calls += pwrite_all(fd, view[:chunk],
-                                        file_offset + layout.data_offset + written)
-                    written += chunk
-                    buf[:fill - chunk].copy_(buf[chunk:fill].clone())
-                    fill -= chunk
+                while fill >= chunk:
+                    nxt = (cur + 1) % depth
+                    waiting = pending[nxt]
+                    if waiting is not None:
+                        waiting.result()  # its buffer is free again (drain counts it)
+                    bufs[nxt][:fill - chunk].copy_(bufs[cur][chunk:fill])
+                    pending[cur] = flight.submit(pwrite_all, fd, views[cur][:chunk], pos)
+                    pos += chunk
+                    cur, fill = nxt, fill - chunk
             crcs.append(crc)
         if fill:
             padded = align_up(fill)
-            buf[fill:padded].zero_()
-            calls += pwrite_all(fd, view[:padded], file_offset + layout.data_offset + written)
-        return tuple(crcs), calls
+            bufs[cur][fill:padded].zero_()
+            flight.submit(pwrite_all, fd, views[cur][:padded], pos)
+        return tuple(crcs)
 
     @staticmethod
     def write_memory(dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor) -> None:
@@ -152,6 +297,18 @@ class SegmentWriter:
         for layer in range(layout.num_layers):
             start = layout.layer_offset(layer)
             paged.gather(layer, ids, dest[start:start + layout.layer_bytes])
+
+
+def _runs(slots: list[int], part: int) -> list[tuple[int, int]]:
+    """``(byte offset, length)`` of each run of consecutive slots, in order."""
+    spans: list[tuple[int, int]] = []
+    for s in slots:
+        at = s * part
+        if spans and spans[-1][0] + spans[-1][1] == at:
+            spans[-1] = (spans[-1][0], spans[-1][1] + part)
+        else:
+            spans.append((at, part))
+    return spans
 
 
 def write_file_header(fd: int, header: FileHeader) -> None:

@@ -1,0 +1,167 @@
+"""Segment writes (``cio.writer``): zero-copy ``pwritev`` from aligned slots and the
+gather ring for everything else give the same bytes on disk, scan back whole, and a
+failed command fails the write only after every command in flight has finished."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import flatcake.cio.writer as writer_mod
+from flatcake.cio.direct import aligned_buffer, open_file, resolve_io_mode
+from flatcake.cio.format import (
+    FILE_HEADER_BYTES,
+    FileHeader,
+    scan_session_file,
+    session_file_name,
+)
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.writer import SegmentWriter, write_file_header, zero_copy_write_refusal
+
+NUM_LAYERS, SLOTS = 3, 24
+TURNS = [[3, 4, 5, 9], [0, 1, 2, 17, 18, 19, 20, 6], [23]]
+
+
+def _kv(bbpl: int, kv_blocks: bool, aligned: bool, seed: int = 3) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(NUM_LAYERS):
+        data = torch.randint(0, 256, (SLOTS * bbpl,), dtype=torch.uint8, generator=g)
+        flat = aligned_buffer(SLOTS * bbpl, pin=False) if aligned else torch.empty_like(data)
+        flat.copy_(data)
+        out.append(flat.view(2, SLOTS, bbpl // 2) if kv_blocks else flat.view(SLOTS, bbpl))
+    return out
+
+
+def _block(t: torch.Tensor, slot: int, kv_blocks: bool) -> bytes:
+    b = torch.cat([t[0, slot], t[1, slot]]) if kv_blocks else t[slot]
+    return b.numpy().tobytes()
+
+
+def _write(tmp_path: Path, kv: list[torch.Tensor], bbpl: int, writer: SegmentWriter
+           ) -> tuple[Path, list[str]]:
+    paged = PagedKV(kv, bbpl, "kv_blocks" if kv[0].dim() == 3 else "blocks")
+    path = tmp_path / session_file_name(7)
+    fd = open_file(path, resolve_io_mode(tmp_path, "auto"), create=True)
+    paths = []
+    try:
+        write_file_header(fd, FileHeader("s", 7, 0, 0, 1 << 24, NUM_LAYERS, bbpl))
+        offset, first = FILE_HEADER_BYTES, 0
+        for seq, ids in enumerate(TURNS):
+            keys = [bytes([seq, i]) * 16 for i in range(len(ids))]
+            w = writer.write_ssd(fd, offset, paged, paged.block_table(ids, unique=False),
+                                 keys, file_id=7, seq=seq, turn_index=seq, first_block=first)
+            paths.append(w.write_path)
+            offset += w.total_bytes
+            first += len(ids)
+    finally:
+        os.close(fd)
+        writer.close()
+    return path, paths
+
+
+def _assert_on_disk(path: Path, kv: list[torch.Tensor], bbpl: int, kv_blocks: bool) -> None:
+    _, ok, damaged = scan_session_file(path)
+    assert damaged == [] and [s.header.num_blocks for s in ok] == [len(t) for t in TURNS]
+    raw = path.read_bytes()
+    for seg, ids in zip(ok, TURNS, strict=True):
+        lay = seg.header.layout
+        for layer in range(NUM_LAYERS):
+            for j, slot in enumerate(ids):
+                at = seg.file_offset + lay.block_offset(layer, j)
+                assert raw[at:at + bbpl] == _block(kv[layer], slot, kv_blocks)
+
+
+@pytest.mark.parametrize("kv_blocks", [False, True])
+@pytest.mark.parametrize("chunk_bytes", [8192, 16384, 1 << 20])
+def test_zero_copy_writes_the_slots_byte_exact(tmp_path: Path, kv_blocks: bool,
+                                               chunk_bytes: int) -> None:
+    bbpl = 8192
+    kv = _kv(bbpl, kv_blocks, aligned=True)
+    path, paths = _write(tmp_path, kv, bbpl, SegmentWriter(chunk_bytes, in_flight=2))
+    assert paths == ["zero-copy"] * len(TURNS)
+    _assert_on_disk(path, kv, bbpl, kv_blocks)
+
+
+def test_zero_copy_splits_commands_at_iov_max(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_mod, "IOV_MAX", 3)
+    kv = _kv(8192, True, aligned=True)
+    path, paths = _write(tmp_path, kv, 8192, SegmentWriter(1 << 20, in_flight=3))
+    assert paths == ["zero-copy"] * len(TURNS)
+    _assert_on_disk(path, kv, 8192, True)
+
+
+@pytest.mark.parametrize(("bbpl", "aligned", "reason"), [
+    (8192, False, "not 4096-aligned"),
+    (300, True, "not a multiple of 4096"),
+])
+@pytest.mark.parametrize("chunk_bytes", [4096, 12288, 1 << 20])
+def test_gather_ring_writes_the_same_bytes(tmp_path: Path, bbpl: int, aligned: bool,
+                                           reason: str, chunk_bytes: int) -> None:
+    kv = _kv(bbpl, False, aligned=aligned)
+    if not aligned and all(t.data_ptr() % 4096 == 0 for t in kv):
+        pytest.skip("the allocator happened to return page-aligned tensors")
+    assert reason in zero_copy_write_refusal(PagedKV(kv, bbpl, "blocks"))
+    path, paths = _write(tmp_path, kv, bbpl, SegmentWriter(chunk_bytes, in_flight=2))
+    assert paths == ["gather"] * len(TURNS)
+    _assert_on_disk(path, kv, bbpl, False)
+
+
+def test_zero_copy_off_takes_the_gather_ring(tmp_path: Path) -> None:
+    kv = _kv(8192, False, aligned=True)
+    path, paths = _write(tmp_path, kv, 8192, SegmentWriter(16384, zero_copy=False))
+    assert paths == ["gather"] * len(TURNS)
+    _assert_on_disk(path, kv, 8192, False)
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_a_failed_command_fails_the_write_after_the_others_finish(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zero_copy: bool) -> None:
+    kv = _kv(8192, False, aligned=True)
+    paged = PagedKV(kv, 8192, "blocks")
+    writer = SegmentWriter(8192, in_flight=3, zero_copy=zero_copy)
+    running, finished = set(), []
+    lock = threading.Lock()
+    real, real_v = os.pwrite, os.pwritev
+
+    def flaky(write):  # type: ignore[no-untyped-def]
+        def call(fd: int, data: object, offset: int) -> int:
+            with lock:
+                running.add(offset)
+            try:
+                if offset == FILE_HEADER_BYTES + 4096 + 3 * 8192:  # the fourth command
+                    raise OSError(errno.EIO, "injected")
+                return int(write(fd, data, offset))
+            finally:
+                with lock:
+                    running.discard(offset)
+                    finished.append(offset)
+        return call
+
+    monkeypatch.setattr("flatcake.cio.direct.os.pwrite", flaky(real))
+    monkeypatch.setattr("flatcake.cio.direct.os.pwritev", flaky(real_v))
+    path = tmp_path / session_file_name(7)
+    fd = open_file(path, resolve_io_mode(tmp_path, "auto"), create=True)
+    try:
+        with pytest.raises(OSError, match="injected"):
+            writer.write_ssd(fd, FILE_HEADER_BYTES, paged, paged.block_table(
+                list(range(8)), unique=False), [bytes(32)] * 8, file_id=7, seq=0,
+                turn_index=0, first_block=0)
+        assert not running  # nothing still writing once the call has raised
+        assert FILE_HEADER_BYTES not in finished  # no header after a failed data write
+    finally:
+        os.close(fd)
+        writer.close()
+
+
+def test_bad_writer_settings_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        SegmentWriter(1000)
+    with pytest.raises(ValueError, match="in_flight"):
+        SegmentWriter(4096, in_flight=0)
