@@ -1,7 +1,8 @@
 """FlatCake itself in the bench: a real ``FlatCakeStore`` on the disk under test.
 
-The session's turns are written with ``store_turn`` (gather from the engine's paged KV,
-one layer-major segment per turn, O_DIRECT, fdatasync) and restored with ``load``
+The session's turns are written with ``store_turn`` (one layer-major segment per turn,
+O_DIRECT commands in flight straight from the engine's paged KV slots, or gathered
+when they are not aligned, fdatasync once per turn) and restored with ``load``
 (lookup, read planning with merges, the store's ``DirectReader``, the two-layer staging
 window with per-layer crc32 checks, scatter into the paged KV). Nothing is bypassed:
 the bench times exactly what an engine calling the store would wait for.
@@ -19,6 +20,8 @@ import torch
 
 from flatcake.bench.control_cost import session_keys, split_turns, time_prepare_load
 from flatcake.bench.program import ProgramRun
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.writer import zero_copy_write_refusal
 from flatcake.config import FlatCakeConfig, StoreConfig
 from flatcake.control.address import Medium
 from flatcake.geometry import KVGeometry
@@ -52,6 +55,9 @@ class FlatcakeSide:
         )
         self.store = FlatCakeStore.open(root, geometry, FlatCakeConfig(store=store_cfg))
         self.read_paths: set[str] = set()  # LoadResult.read_path of each restore
+        refusal = zero_copy_write_refusal(PagedKV(self.source, geometry.block_bytes_per_layer))
+        # The writer's own rule (cio.writer): straight from the slots, or gathered.
+        self.write_path = f"gather ({refusal})" if refusal else "zero-copy"
 
     def write_turns(self) -> tuple[int, float]:
         """Store every turn; returns (bytes written, wall seconds of all turns)."""

@@ -111,7 +111,9 @@ class ControlPlaneCost:
 
 @dataclass(frozen=True, slots=True)
 class WritePath:
-    """FlatCake writing the session's turns (gather from paged KV + O_DIRECT segment write).
+    """FlatCake writing the session's turns (``cio.writer``: O_DIRECT commands in flight
+    straight from the paged KV slots, or gathered into huge-page buffers; see the
+    "flatcake write path" note).
 
     Attributes:
         bytes_written: segment bytes written (headers and padding included).

@@ -306,13 +306,14 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         seq_read_gbps=by_name(layouts, "device").gbps,
         seq_write_gbps=seq_write.gbps, chunk_bytes=chunk, in_flight=options.device_in_flight,
         rand_read_gbps=rand.gbps, rand_read_iops=rand.iops, rand_op_bytes=rand_op, fio=fio)
-    bars = _bars(layouts, controls, num_layers, options.num_turns)
+    bars = _bars(layouts, controls, num_layers, options.num_turns, write)
     # The scattered layout cannot beat the device's random reads of its command size,
     # whatever reader issues them; say how FlatCake compares with that ceiling too, so a
     # slow reader does not flatter FlatCake.
     rand_best = max(rand.gbps, fio.get("randread", {}).get("gbps", 0.0))
     notes.append(huge_pages_note())
     notes.append("flatcake restore path: " + ", ".join(sorted(read_paths)))
+    notes.append(f"flatcake write path: {fc.write_path}")
     notes.append(
         f"scattered's ceiling on this disk: random {rand_op >> 10} KiB reads reach "
         f"{rand_best:.3f} GB/s (best of in-process and fio); scattered restored at "
@@ -378,7 +379,7 @@ def _layout_rows(runs: dict[str, list[ProgramRun]], cpu: dict[str, list[float]],
 
 
 def _bars(layouts: list[LayoutResult], controls: list[ControlPlaneCost], num_layers: int,
-          num_turns: int) -> list[Bar]:
+          num_turns: int, write: WritePath) -> list[Bar]:
     by = {r.layout: r for r in layouts}
     fc, sc = by["flatcake"], by["scattered"]
     bars = [
@@ -388,6 +389,8 @@ def _bars(layouts: list[LayoutResult], controls: list[ControlPlaneCost], num_lay
         Bar("flatcake read_commands / (layers x turns)",
             fc.read_commands / (num_layers * num_turns), "<=", 1.0),
     ]
+    bars.append(Bar("flatcake turn write / device sequential write", write.ratio_to_device,
+                    ">=", 0.8))
     for c in controls:
         bars.append(Bar(f"control plane / restore at {c.context_tokens} tokens",
                         c.fraction_of_restore, "<=", 0.05))
