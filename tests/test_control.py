@@ -642,3 +642,26 @@ class ControlMachine(RuleBasedStateMachine):
 
 TestControlMachine = ControlMachine.TestCase
 TestControlMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_shared_refcount_is_taken_at_the_first_block_written() -> None:
+    """A callable refcount is asked about the first block prepare_store writes, which
+    moves when another request stored part of the prompt meanwhile."""
+    cp, _ = make()
+    keys = skeys("p", 6)
+    asked: list[int] = []
+
+    def shared(i: int) -> int:
+        asked.append(i)
+        return 5 if i < 2 else 1  # blocks 0-1: a prompt many live requests share
+
+    a = cp.prepare_store("a", keys[:2], turn_index=0, context_tokens=8,
+                         shared_refcount=shared)
+    assert a is not None and a.placement.rule == PlacementRule.SHARED_PREFIX
+    cp.complete_store(a, True)
+    b = cp.prepare_store("b", keys, turn_index=0, context_tokens=24, shared_refcount=shared)
+    assert b is not None and b.placement.rule == PlacementRule.FIRST_TURN
+    assert asked == [0, 2]
+    with pytest.raises(ValueError, match="shared_refcount"):
+        cp.prepare_store("c", skeys("c", 1), turn_index=0, context_tokens=4,
+                         shared_refcount=lambda i: -1)

@@ -115,9 +115,15 @@ class ControlPlane(_Reclaimer, _Restart, _Integrity):
         turn_index: int,
         context_tokens: int,
         prev_reply_tokens: int | None = None,
-        shared_refcount: int = 1,
+        shared_refcount: int | Callable[[int], int] = 1,
     ) -> StorePlan | None:
         """Place and allocate the blocks of ``keys`` that are not indexed yet.
+
+        ``shared_refcount``: live requests sharing the first block this call writes,
+        or a function from that block's index in ``keys`` to the count. Only this call
+        knows which block that is (another request may have stored part of the prompt
+        since the request arrived), so every host passes the function: the signal is
+        taken at the block that is really written, the same way everywhere.
 
         ``keys`` are the request's block keys (history + new prompt). The blocks after
         the hit prefix become one new segment. Returns ``None`` when nothing is new.
@@ -141,8 +147,10 @@ class ControlPlane(_Reclaimer, _Restart, _Integrity):
                 rec.last_access = now
             return None
         check_keys(new_keys, hit.num_blocks)
+        shared = shared_refcount(hit.num_blocks) if callable(shared_refcount) \
+            else shared_refcount
         # Validates the signal fields before anything changes.
-        signals = PlacementSignals(False, shared_refcount, turn_index, context_tokens,
+        signals = PlacementSignals(False, shared, turn_index, context_tokens,
                                    prev_reply_tokens)
         if rec is None:
             rec = self._sessions[session_id] = SessionRecord(session_id, now)
