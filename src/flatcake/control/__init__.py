@@ -2,12 +2,12 @@
 
 Keys and 64-bit addresses, the block index, write-time placement, allocation (host
 arena in ``alloc``, SSD space in ``ssd_space``), reclaim, memory copies, sessions,
-FC-MAS restore scheduling, and the ``ControlPlane`` facade with its paired lifecycle
-verbs (``plane``; its state and query methods in ``books``, reclaim and cuts in
-``reclaimer``, restart in ``restart``, the cross-check in ``integrity``, the plans and
-actions it returns in ``types``). Every host (the store, the vLLM connector, the
-replay) keeps its books with these classes. Names resolve on first use (PEP 562), so
-``flatcake.plan`` can import from here without an import cycle.
+placement signals (``signals``), FC-MAS restore scheduling, and the ``ControlPlane``
+facade with its paired lifecycle verbs (``plane``; its state and query methods in
+``books``, reclaim and cuts in ``reclaimer``, restart in ``restart``, the cross-check in
+``integrity``, the plans and actions it returns in ``types``). Every host (the store,
+the vLLM connector, the replay) keeps its books with these classes. Names resolve on
+first use (PEP 562), so ``flatcake.plan`` can import from here without an import cycle.
 """
 
 from __future__ import annotations
@@ -53,6 +53,11 @@ _WHERE = {
     "ScannedFile": "restart",
     "choose_victims": "reclaim",
     "SessionRecord": "sessions",
+    "HitOwner": "signals",
+    "PrefixRefcount": "signals",
+    "SessionTracker": "signals",
+    "TurnInfo": "signals",
+    "hit_owner": "signals",
     "MemoryCopies": "copies",
     "PRIORITY_UNIT_BYTES": "queues",
     "ReadyQueue": "queues",

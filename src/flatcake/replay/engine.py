@@ -117,6 +117,11 @@ class Worker:
         self.stall_s = 0.0  # total prefill time that held the decode batch back
 
 
+def not_attached(system: str) -> ValueError:
+    """The error a system raises when it is driven before ``attach`` gave it a node."""
+    return ValueError(f"system {system!r} is not attached to a node (call attach first)")
+
+
 class System(ABC):
     """What differs between FlatCake and its baselines.
 

@@ -23,9 +23,14 @@ one-FIFO ablation). Only the devices are models:
   recomputing blocks that are about to be durable.
 
 Keys: dense block ids map to 32-byte keys (the id, little endian, in the first 8
-bytes); a session is ``str(session index)``. A global-clock trace has no sessions: a
-request whose hit goes past the first (shared) block joins the session of the segment
-its hit ends in (it continues that conversation), else it starts its own.
+bytes); a session is ``str(session index)``. The placement signals come from the
+classes the vLLM connector uses (``control.signals``): ``SessionTracker`` gives the
+turn index and the previous reply (a trace's chain is the conversation, so a sub-agent
+counts its own turns while its blocks live in its session's files), and
+``PrefixRefcount`` counts the requests holding each block from prefill start to
+completion. A global-clock trace has no sessions: the tracker infers them as the
+connector does without a ``session_id`` (a request that extends the conversation owning
+the end of its hit joins it, else it starts its own).
 """
 
 from __future__ import annotations
@@ -44,11 +49,12 @@ from flatcake.control.address import Medium
 from flatcake.control.index import HitRun, PrefixHit
 from flatcake.control.queues import RestoreRequest
 from flatcake.control.scheduler import MasScheduler
+from flatcake.control.signals import PrefixRefcount, SessionTracker, TurnInfo, hit_owner
 from flatcake.errors import CapacityError
 from flatcake.plan.bulk import SegmentCache, plan_totals
 from flatcake.plan.reads import ReadPlan
-from flatcake.replay.engine import Node, Request, System, Worker
-from flatcake.replay.runs import Runs, slice_runs
+from flatcake.replay.engine import Node, Request, System, Worker, not_attached
+from flatcake.replay.runs import Runs
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +110,12 @@ def memory_run(hit: PrefixHit, start: int) -> int:
 
 
 class _FcState:
-    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan")
+    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan", "turn")
 
-    def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...]) -> None:
+    def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...], turn: TurnInfo) -> None:
         self.hit = hit
         self.keys = keys
+        self.turn = turn
         self.needs_ssd = False
         self.load_pinned = False
         self.gpu_prefix = 0  # GPU prefix when the load was planned
@@ -126,9 +133,8 @@ class FlatCakeSystem(System):
         self.scheds: list[MasScheduler] = []
         self.reqs: dict[Hashable, Request] = {}
         self.keys: list[bytes] = []
-        self.prev_reply: dict[object, int] = {}
-        self.turns: dict[str, int] = {}
-        self.active_refs = np.zeros(0, dtype=np.int16)
+        self.sessions = SessionTracker()
+        self.refcount = PrefixRefcount()
         self.num_store_rejected = 0
         self.num_reclaim_actions = 0
         self.num_store_waits = 0
@@ -144,12 +150,17 @@ class FlatCakeSystem(System):
         self.cp = ControlPlane(node.geometry, self.config, clock)
         self.scheds = [MasScheduler(self.config.scheduler, clock) for _ in node.workers]
         self.keys = make_keys(node.wl.num_ids)
-        self.active_refs = np.zeros(node.wl.num_ids, dtype=np.int16)
+        # Every session has a request, so nothing is evicted; ids count up (runs repeat).
+        ids = itertools.count()
+        self.sessions = SessionTracker(max_sessions=max(node.wl.num_requests, 1),
+                                       new_session_id=lambda: f"auto-{next(ids)}")
+        self.refcount = PrefixRefcount()
 
     # ---- arrival ------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
         node, cp = self.node, self.cp
-        assert node is not None and cp is not None
+        if node is None or cp is None:
+            raise not_attached(self.name)
         w = node.workers[req.worker]
         sched = self.scheds[req.worker]
         self.reqs[req.idx] = req
@@ -162,7 +173,11 @@ class FlatCakeSystem(System):
                 writing[1].append(req)  # looks up again when the write is durable
                 self.num_store_waits += 1
                 return
-        st = _FcState(hit, keys)
+        if req.session >= 0:
+            turn = self.sessions.resolve(f"chain-{req.chain}", hit.num_blocks, None)
+        else:
+            turn = self.sessions.resolve(None, hit.num_blocks, hit_owner(cp, hit))
+        st = _FcState(hit, keys, turn)
         req.sys = st
         if hit.num_blocks <= g:
             sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
@@ -191,7 +206,8 @@ class FlatCakeSystem(System):
 
     def _pump(self, worker: int) -> None:
         node = self.node
-        assert node is not None
+        if node is None:
+            raise not_attached(self.name)
         for rr in self.scheds[worker].next_restores():
             req = self.reqs[rr.request_id]
             req.restore_start_s = node.now
@@ -199,7 +215,8 @@ class FlatCakeSystem(System):
 
     def _start_restore(self, req: Request) -> None:
         node = self.node
-        assert node is not None
+        if node is None:
+            raise not_attached(self.name)
         w = node.workers[req.worker]
         st: _FcState = req.sys
         g = req.gpu_prefix
@@ -228,7 +245,8 @@ class FlatCakeSystem(System):
     def _restore_done(self, arg: tuple[Request, int]) -> None:
         req, useful = arg
         node, cp = self.node, self.cp
-        assert node is not None and cp is not None
+        if node is None or cp is None:
+            raise not_attached(self.name)
         req.restore_end_s = node.now
         node.rec.prefetch_s.append(node.now - req.arrival_s)
         node.rec.ssd_useful_bytes += useful
@@ -245,7 +263,8 @@ class FlatCakeSystem(System):
 
     def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
         node, cp = self.node, self.cp
-        assert node is not None and cp is not None
+        if node is None or cp is None:
+            raise not_attached(self.name)
         st: _FcState = req.sys
         if not st.load_pinned:
             return 0, 0.0
@@ -260,47 +279,38 @@ class FlatCakeSystem(System):
         return n, end - now
 
     def on_prefill_start(self, req: Request) -> None:
-        refs = self.active_refs
-        for a, b in req.runs:
-            refs[a:b] += 1
+        self.refcount.add(req.idx, req.sys.keys)
 
     # ---- store --------------------------------------------------------------------
     def on_complete(self, req: Request) -> None:
         node, cp = self.node, self.cp
-        assert node is not None and cp is not None
+        if node is None or cp is None:
+            raise not_attached(self.name)
         self.reqs.pop(req.idx, None)
-        refs = self.active_refs
-        for a, b in req.runs:
-            refs[a:b] -= 1
-        if req.num_blocks == 0:
-            return
         st: _FcState = req.sys
-        if req.session >= 0:
-            sid = str(req.session)
-            key: object = req.chain
-            turn = req.turn
-        else:
-            # No sessions in the trace (a global-clock chat trace): a request that
-            # continues an earlier request's conversation (its hit goes past the first,
-            # shared block) joins that conversation's session; otherwise it starts one.
-            hit = st.hit
-            sid = hit.runs[-1].segment.session_id if hit.num_blocks > 1 else f"r{req.idx}"
-            key = sid
-            turn = self.turns.get(sid, 0)
-        self.turns[sid] = turn + 1
-        prev = self.prev_reply.get(key)
-        self.prev_reply[key] = req.output_tokens
+        turn = st.turn
+        # The prompt's full blocks, as the connector counts them: a trace's partial last
+        # block is re-hashed once the next turn fills it, so a continuation never hits it.
+        full_blocks = min(req.num_blocks, req.input_tokens // node.geometry.tokens_per_block)
+        self.sessions.finish_turn(turn, req.output_tokens, full_blocks)
+        if req.num_blocks == 0:
+            self.refcount.remove(req.idx)
+            return
+        # A trace's session owns the files of all its chains (sub-agents included).
+        sid = str(req.session) if req.session >= 0 else turn.session_id
         # The connector hands the store the blocks after what the store already held
         # when the request arrived (the engine knows what it loaded); prepare_store
         # looks them up again and writes those it does not hold.
         start = max(min(st.hit.num_blocks, req.num_blocks - 1), 0)
         keys = st.keys[start:] if start else st.keys
-        first_new = slice_runs(req.runs, start, start + 1)[0][0]
-        shared = int(refs[first_new]) + 1
+        # Live requests holding the first new block, this one included.
+        shared = self.refcount.refcount(keys[0])
+        self.refcount.remove(req.idx)
         try:
-            plan = cp.prepare_store(sid, keys, turn_index=turn,
+            plan = cp.prepare_store(sid, keys, turn_index=turn.turn_index,
                                     context_tokens=req.input_tokens,
-                                    prev_reply_tokens=prev, shared_refcount=shared)
+                                    prev_reply_tokens=turn.prev_reply_tokens,
+                                    shared_refcount=shared)
         except CapacityError:
             st.keys = ()
             self.num_store_rejected += 1
@@ -326,7 +336,8 @@ class FlatCakeSystem(System):
         node.loop.at(end, self._store_done, plan)
 
     def _store_done(self, plan: StorePlan) -> None:
-        assert self.cp is not None
+        if self.cp is None:
+            raise not_attached(self.name)
         self.cp.complete_store(plan, True)
         first = plan.segment.keys[0]
         count, waiters = self.writing.pop(first)
@@ -336,7 +347,8 @@ class FlatCakeSystem(System):
             self.on_arrival(req)
 
     def extra_metrics(self) -> dict[str, Any]:
-        assert self.cp is not None
+        if self.cp is None:
+            raise not_attached(self.name)
         st = self.cp.stats()
         return {
             "placements": dict(st.placements_by_rule),

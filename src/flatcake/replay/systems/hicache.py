@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flatcake.replay.engine import Node, Request, Worker
+from flatcake.replay.engine import Node, Request, Worker, not_attached
 from flatcake.replay.runs import Runs, runs_len, slice_runs
 from flatcake.replay.systems.prefetch import PrefetchOp, PrefetchThread, timeout_s
 from flatcake.replay.systems.tiered import TieredConfig, TieredSystem, _TState
@@ -56,7 +56,8 @@ class HiCacheSystem(TieredSystem):
     # ---- issue ------------------------------------------------------------------------
     def on_arrival(self, req: Request) -> None:
         node = self.node
-        assert node is not None and self.host is not None
+        if node is None or self.host is None:
+            raise not_attached(self.name)
         w = node.workers[req.worker]
         g = w.gpu.prefix_hits(req.runs)
         _total, host_parts, ssd_parts = self._plan(req.runs, g)
@@ -105,7 +106,8 @@ class HiCacheSystem(TieredSystem):
     # ---- the engine's prefetch thread ---------------------------------------------------
     def _read_batch(self, op: PrefetchOp, parts: Runs) -> float:
         node = self.node
-        assert node is not None
+        if node is None:
+            raise not_attached(self.name)
         spec = node.spec
         n = runs_len(parts)
         nbytes = n * self.obj_bytes
@@ -121,7 +123,8 @@ class HiCacheSystem(TieredSystem):
         return end + (spec.restore_overhead_s if op.done_blocks == 0 else 0.0)
 
     def _batch_end(self, op: PrefetchOp, parts: Runs, used: bool) -> None:
-        assert self.host is not None
+        if self.host is None:
+            raise not_attached(self.name)
         if not used:
             self.counts["terminated_batch_bytes"] += runs_len(parts) * self.obj_bytes
             return
@@ -130,7 +133,8 @@ class HiCacheSystem(TieredSystem):
 
     def _finished(self, op: PrefetchOp) -> None:
         node = self.node
-        assert node is not None
+        if node is None:
+            raise not_attached(self.name)
         req = op.req
         if op.complete:
             node.rec.prefetch_s.append(node.now - req.arrival_s)
@@ -149,7 +153,8 @@ class HiCacheSystem(TieredSystem):
     def _terminate(self, req: Request, st: _TState, op: PrefetchOp) -> None:
         """The request is scheduled: stop its prefetch, keep the finished batches."""
         node = self.node
-        assert node is not None and self.host is not None
+        if node is None or self.host is None:
+            raise not_attached(self.name)
         st.op = None
         if not op.complete:
             if op.done_blocks:

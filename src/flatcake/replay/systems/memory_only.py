@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from flatcake.replay.blockcache import BlockLru
-from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker
+from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker, not_attached
 from flatcake.replay.runs import slice_runs
 
 
@@ -40,7 +40,8 @@ class MemoryOnlySystem(System):
                              name="host")
 
     def on_arrival(self, req: Request) -> None:
-        assert self.node is not None
+        if self.node is None:
+            raise not_attached(self.name)
         self.queues[req.worker].push(req)
         self.node.make_ready(req)
 
@@ -49,7 +50,8 @@ class MemoryOnlySystem(System):
 
     def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
         node, host = self.node, self.host
-        assert node is not None and host is not None
+        if node is None or host is None:
+            raise not_attached(self.name)
         g = req.gpu_prefix
         hm = host.prefix_hits(req.runs, g)
         if not hm:
@@ -62,7 +64,8 @@ class MemoryOnlySystem(System):
 
     def on_complete(self, req: Request) -> None:
         host = self.host
-        assert host is not None
+        if host is None:
+            raise not_attached(self.name)
         if not req.runs:
             return
         host.touch(req.runs)

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from flatcake.replay.blockcache import BlockLru
-from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker
+from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker, not_attached
 from flatcake.replay.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
 from flatcake.replay.types import IdArray
 
@@ -180,7 +180,8 @@ class TieredSystem(System):
     # ---- host tier and SSD buckets --------------------------------------------------
     def _host_put(self, runs: Runs) -> None:
         """Put/refresh ``runs`` in the host tier, then demote what overflows."""
-        assert self.host is not None
+        if self.host is None:
+            raise not_attached(self.name)
         lru = self.host.lru
         lru.touch(runs)
         over = lru.size - lru.capacity_blocks
@@ -191,7 +192,8 @@ class TieredSystem(System):
         if not len(evicted):
             return
         node = self.node
-        assert node is not None
+        if node is None:
+            raise not_attached(self.name)
         ssd_cap = node.spec.ssd.capacity_bytes
         if ssd_cap <= 0:
             return
@@ -237,7 +239,8 @@ class TieredSystem(System):
         self.bucket_of[live] = -1
         self.ssd_used_bytes -= nbytes
         self.num_buckets_recycled += 1
-        assert self.host is not None
+        if self.host is None:
+            raise not_attached(self.name)
         self.blocks_lost_to_recycling += len(live) - int(
             np.count_nonzero(self.host.lru.tick[live]))
 
@@ -245,7 +248,8 @@ class TieredSystem(System):
         """From position ``start``, the run of blocks the store holds (host memory or
         SSD, like a key-existence check over both tiers): its length, its host-resident
         pieces and its SSD-only pieces."""
-        assert self.host is not None
+        if self.host is None:
+            raise not_attached(self.name)
         tick = self.host.lru.tick
         bucket_of = self.bucket_of
         total = 0
@@ -273,7 +277,8 @@ class TieredSystem(System):
     def _plan(self, runs: Runs, g: int) -> tuple[int, Runs, Runs]:
         """What to restore after a GPU prefix of ``g``: SSD prefetches shorter than the
         threshold are not issued, so the hit then stops at the host-memory prefix."""
-        assert self.node is not None and self.host is not None
+        if self.node is None or self.host is None:
+            raise not_attached(self.name)
         total, host_parts, ssd_parts = self._lookup(runs, g)
         n_ssd = runs_len(ssd_parts)
         bt = self.node.geometry.tokens_per_block
@@ -285,7 +290,8 @@ class TieredSystem(System):
     # ---- arrival / restore (GDS straight into the GPU) ---------------------------
     def on_arrival(self, req: Request) -> None:
         node = self.node
-        assert node is not None and self.host is not None
+        if node is None or self.host is None:
+            raise not_attached(self.name)
         w = node.workers[req.worker]
         runs = req.runs
         g = w.gpu.prefix_hits(runs)
@@ -303,7 +309,8 @@ class TieredSystem(System):
 
     def _start_io(self, req: Request) -> None:
         node = self.node
-        assert node is not None and self.host is not None
+        if node is None or self.host is None:
+            raise not_attached(self.name)
         st: _TState = req.sys
         w = node.workers[req.worker]
         g = req.gpu_prefix
@@ -338,7 +345,8 @@ class TieredSystem(System):
     def _restore_done(self, arg: tuple[Request, int, int]) -> None:
         req, s, useful = arg
         node = self.node
-        assert node is not None and self.host is not None
+        if node is None or self.host is None:
+            raise not_attached(self.name)
         st: _TState = req.sys
         req.restore_end_s = node.now
         if s:
@@ -352,7 +360,8 @@ class TieredSystem(System):
 
     # ---- prefill / store --------------------------------------------------------------
     def _ready(self, req: Request) -> None:
-        assert self.node is not None
+        if self.node is None:
+            raise not_attached(self.name)
         self.queues[req.worker].push(req)
         self.node.make_ready(req)
 
@@ -361,7 +370,8 @@ class TieredSystem(System):
 
     def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
         node = self.node
-        assert node is not None and self.host is not None
+        if node is None or self.host is None:
+            raise not_attached(self.name)
         g = req.gpu_prefix
         hm = self.host.prefix(req.runs, g)
         if not hm:
@@ -373,7 +383,8 @@ class TieredSystem(System):
         return hm, end - now
 
     def on_complete(self, req: Request) -> None:
-        assert self.host is not None
+        if self.host is None:
+            raise not_attached(self.name)
         # Put the blocks the store does not hold (and refresh those in memory); blocks
         # that only have an SSD copy are not put again.
         tick = self.host.lru.tick
