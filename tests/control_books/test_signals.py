@@ -36,6 +36,7 @@ def test_refcount_counts_live_holders_only() -> None:
     rc.add("r2", [a, b])
     rc.add("r3", [a])
     assert [rc.refcount(k) for k in (a, b, c)] == [3, 2, 1] and len(rc) == 3
+    assert [rc.refcount(k, i) for i, k in enumerate((a, b, c))] == [3, 2, 1]
     rc.add("r1", [a])  # again: replaces its keys
     rc.remove("r2")
     rc.remove("never-added")

@@ -1,4 +1,7 @@
-"""planfast.plan_totals gives exactly plan_reads' totals (commands, bytes, copies)."""
+"""The replay's bulk planner is tied to the planners the data path runs: ``plan_totals``
+gives exactly ``plan_reads``' totals (commands, bytes, copies), and ``stream_totals``
+(what the replay plans with) exactly those of the store's and the connector's
+``StreamPlanner``, which widens SSD runs to whole segments for their checksums."""
 
 from __future__ import annotations
 
@@ -9,9 +12,13 @@ from hypothesis import strategies as st
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.index import HitRun, Segment
-from flatcake.plan.bulk import plan_totals
+from flatcake.plan.bulk import plan_totals, stream_totals
 from flatcake.plan.layout import SegmentLayout
-from flatcake.plan.reads import plan_reads
+from flatcake.plan.reads import ReadPlan, plan_reads
+from flatcake.plan.stream import StreamPlanner
+
+FIELDS = ("num_blocks", "num_commands", "useful_bytes", "gap_bytes", "bytes_read",
+          "num_copies", "memory_bytes")
 
 
 def _key(i: int) -> bytes:
@@ -67,8 +74,24 @@ def test_totals_equal_plan_reads(case: tuple[list[HitRun], int, PlannerConfig]) 
     want = plan_reads(runs, num_layers, None, cfg)
     got = plan_totals(runs, num_layers, None, cfg)
     assert got.layers == ()
-    for field in ("num_blocks", "num_commands", "useful_bytes", "gap_bytes", "bytes_read",
-                  "num_copies", "memory_bytes"):
+    _assert_same_totals(got, want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hits())
+def test_stream_totals_equal_the_stream_planner(
+        case: tuple[list[HitRun], int, PlannerConfig]) -> None:
+    runs, num_layers, cfg = case
+    want = StreamPlanner({})(runs, num_layers, None, cfg)
+    got = stream_totals(runs, num_layers, None, cfg, segment_cache={})
+    _assert_same_totals(got, want)
+    # The same commands as the plan the store executes, op by op.
+    assert want.num_commands == sum(len(lp.ssd_ops) for lp in want.layers)
+    assert want.bytes_read == sum(op.length for lp in want.layers for op in lp.ssd_ops)
+
+
+def _assert_same_totals(got: ReadPlan, want: ReadPlan) -> None:
+    for field in FIELDS:
         assert getattr(got, field) == getattr(want, field), field
 
 

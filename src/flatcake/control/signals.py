@@ -169,12 +169,13 @@ class SessionTracker:
 class PrefixRefcount:
     """How many live requests hold each block key (the prefix-tree refcount).
 
-    Each request's keys are kept as one set: adding and removing a request cost one
-    C-speed set build or one dict pop however long its prompt, and a count is asked
-    once per stored turn (it visits the live requests, a batch's worth)."""
+    Keys are chained prefix hashes, so a key names its position in every request that
+    holds it: ``refcount(key, position)`` checks one key per live request. Adding and
+    removing a request cost O(1) however long its prompt (its keys are kept as given);
+    a count is asked once per stored turn."""
 
     def __init__(self) -> None:
-        self._held: dict[Hashable, frozenset[bytes]] = {}
+        self._held: dict[Hashable, tuple[bytes, ...]] = {}
 
     def __len__(self) -> int:
         """Distinct keys held."""
@@ -182,7 +183,7 @@ class PrefixRefcount:
 
     def add(self, request_id: Hashable, keys: Sequence[bytes]) -> None:
         """Count ``keys`` for ``request_id`` (again: replaces its earlier keys)."""
-        self._held[request_id] = frozenset(keys)
+        self._held[request_id] = tuple(keys)
 
     def remove(self, request_id: Hashable) -> None:
         self._held.pop(request_id, None)
@@ -190,5 +191,12 @@ class PrefixRefcount:
     def holds(self, request_id: Hashable) -> bool:
         return request_id in self._held
 
-    def refcount(self, key: bytes) -> int:
-        return sum(key in held for held in self._held.values())
+    def refcount(self, key: bytes, position: int | None = None) -> int:
+        """Live requests holding ``key``; ``position``, its index in the request's keys
+        (when known), turns each request's search into one comparison."""
+        if position is None:
+            return sum(key in held for held in self._held.values())
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}")
+        return sum(len(held) > position and held[position] == key
+                   for held in self._held.values())

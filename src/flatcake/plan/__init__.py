@@ -2,8 +2,9 @@
 
 ``layout`` (a segment's on-disk geometry), ``reads`` (merged layer-major read commands
 from a hit), ``stream`` (the data path's planner: SSD runs widened to whole segments
-for the checksum), ``bulk`` (the replay's vectorised twin of ``reads``, tied to it by
-property tests) and ``tasks`` (the load and store tasks the executor runs, picklable).
+for the checksum), ``bulk`` (the replay's vectorised twins of ``reads`` and ``stream``,
+tied to them by property tests) and ``tasks`` (the load and store tasks the executor
+runs, picklable).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _WHERE = {
     "StreamPlanner": "stream",
     "SegmentCache": "bulk",
     "plan_totals": "bulk",
+    "stream_totals": "bulk",
     "FileDrop": "tasks",
     "LoadDone": "tasks",
     "LoadTask": "tasks",

@@ -17,6 +17,10 @@ Within one file the layer-``l`` ranges keep the same order in every layer (segme
 not overlap, and blocks of a segment keep their order inside each layer), so a merged
 read's end is always the end of its last range. ``tests/replay/test_planfast.py`` checks
 the totals against ``plan_reads`` on random hits.
+
+``stream_totals`` is what the replay plans with: the totals of the plan the store and the
+vLLM connector execute (``plan.stream.StreamPlanner``: SSD runs widened to whole
+segments, so every byte served is checked against its segment's crc32).
 """
 
 from __future__ import annotations
@@ -40,11 +44,14 @@ for as long as the segment lives."""
 
 def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None = None,
                 cfg: PlannerConfig | None = None, *,
-                segment_cache: SegmentCache | None = None) -> ReadPlan:
+                segment_cache: SegmentCache | None = None,
+                whole_ssd_segments: bool = False) -> ReadPlan:
     """The totals of ``plan_reads(runs, num_layers, resolve, cfg)`` as a ``ReadPlan``
     whose ``layers`` is empty (every count and byte total is filled in).
 
     ``segment_cache`` (optional) remembers each segment's static geometry between calls.
+    ``whole_ssd_segments``: plan each SSD segment of the runs whole, once (see
+    ``stream_totals``).
     """
     cfg = cfg if cfg is not None else PlannerConfig()
     if not isinstance(num_layers, int) or num_layers <= 0:
@@ -57,6 +64,7 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     bbpl = 0
     num_blocks = 0
     ssd_medium = Medium.SSD
+    widened: set[int] = set()
     for seg, start, count, _prefix_start in runs:
         info = cache.get(seg.segment_id)
         if info is None:
@@ -84,6 +92,11 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
         if count <= 0 or start < 0 or start + count > n_seg:
             raise ValueError(f"run start_pos={start} count={count} is outside segment "
                              f"{seg.segment_id} of {n_seg} blocks")
+        if whole_ssd_segments and on_ssd:
+            if seg.segment_id in widened:
+                continue
+            widened.add(seg.segment_id)
+            start, count = 0, n_seg
         num_blocks += count
         # layout.block_offset(0, start), inlined; the layer stride is the segment's.
         if on_ssd:
@@ -142,6 +155,15 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
         num_copies=num_copies,
         memory_bytes=memory_bytes,
     )
+
+
+def stream_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None = None,
+                  cfg: PlannerConfig | None = None, *,
+                  segment_cache: SegmentCache | None = None) -> ReadPlan:
+    """The totals of ``StreamPlanner``'s plan for ``runs`` (each SSD segment widened to
+    the whole segment): the same commands and bytes the data path reads."""
+    return plan_totals(runs, num_layers, resolve, cfg, segment_cache=segment_cache,
+                       whole_ssd_segments=True)
 
 
 def _reject_overlaps(file_id: np.ndarray, base: np.ndarray, length: np.ndarray) -> None:

@@ -7,10 +7,11 @@ session-file allocation, per-session reclaim with ``choose_victims``) and one
 priority and a bounded number of restores in flight that wait, never cancel; or the
 one-FIFO ablation). Only the devices are models:
 
-* a restore reads its SSD part with the plan's merged commands (``planfast.plan_totals``,
-  the bulk twin of ``cio.plan.plan_reads``) on the worker's SSD channel, straight into
-  the GPU through the two-layer window (no host staging), and copies its memory part
-  over the host->GPU link;
+* a restore reads its SSD part with the commands of the plan the store and the vLLM
+  connector execute (``plan.bulk.stream_totals``, the bulk twin of
+  ``plan.stream.StreamPlanner``: each SSD segment read whole, for its checksum) on the
+  worker's SSD channel, straight into the GPU through the two-layer window (no host
+  staging), and copies its memory part over the host->GPU link;
 * a request whose missing blocks are all in memory runs at once; its memory copy
   overlaps its prefill;
 * a finished turn's new blocks are placed and allocated by ``prepare_store``; a memory
@@ -51,7 +52,7 @@ from flatcake.control.queues import RestoreRequest
 from flatcake.control.scheduler import MasScheduler
 from flatcake.control.signals import PrefixRefcount, SessionTracker, TurnInfo, hit_owner
 from flatcake.errors import CapacityError
-from flatcake.plan.bulk import SegmentCache, plan_totals
+from flatcake.plan.bulk import SegmentCache, stream_totals
 from flatcake.plan.reads import ReadPlan
 from flatcake.replay.engine import Node, Request, System, Worker, not_attached
 from flatcake.replay.runs import Runs
@@ -142,7 +143,7 @@ class FlatCakeSystem(System):
         self.writing: dict[bytes, tuple[int, list[Request]]] = {}
         # Static geometry of live segments for the planner (ids are never reused).
         self.segment_cache: SegmentCache = {}
-        self._planner = functools.partial(plan_totals, segment_cache=self.segment_cache)
+        self._planner = functools.partial(stream_totals, segment_cache=self.segment_cache)
 
     def attach(self, node: Node) -> None:
         super().attach(node)
@@ -221,10 +222,14 @@ class FlatCakeSystem(System):
         st: _FcState = req.sys
         g = req.gpu_prefix
         plan = st.plan
+        runs = trim_hit(st.hit, g) if g else st.hit.runs
         if plan is None or g != st.gpu_prefix:
             # The GPU prefix changed while the request waited: plan what is missing now.
-            plan = plan_totals(trim_hit(st.hit, g), node.geometry.num_layers, None,
-                               self.config.planner, segment_cache=self.segment_cache)
+            plan = stream_totals(runs, node.geometry.num_layers, None, self.config.planner,
+                                 segment_cache=self.segment_cache)
+        # Useful: the SSD blocks the request needs (the plan also reads the rest of
+        # their segments, for the checksum).
+        useful = sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
         st.plan = None
         now = node.now
         spec = node.spec
@@ -240,7 +245,7 @@ class FlatCakeSystem(System):
                                          plan.memory_bytes))
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
         # Fixed cost of a restore (lookup, submission, completion), same for every system.
-        node.loop.at(end + spec.restore_overhead_s, self._restore_done, (req, plan.useful_bytes))
+        node.loop.at(end + spec.restore_overhead_s, self._restore_done, (req, useful))
 
     def _restore_done(self, arg: tuple[Request, int]) -> None:
         req, useful = arg
@@ -304,7 +309,7 @@ class FlatCakeSystem(System):
         start = max(min(st.hit.num_blocks, req.num_blocks - 1), 0)
         keys = st.keys[start:] if start else st.keys
         # Live requests holding the first new block, this one included.
-        shared = self.refcount.refcount(keys[0])
+        shared = self.refcount.refcount(keys[0], start)
         self.refcount.remove(req.idx)
         try:
             plan = cp.prepare_store(sid, keys, turn_index=turn.turn_index,
