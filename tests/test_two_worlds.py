@@ -183,6 +183,8 @@ def _store_world(wl: Workload, replay: _Recorded, root: Path) -> dict[str, dict[
                     got["reads"][i] = (res.commands, res.bytes_read)
             refcount.add(i, keys)  # prefill start
             clock.set(float(replay.complete_s[i]))
+            # Nothing is stored between arrival and completion: the first block written
+            # is the first one the arrival's hit missed.
             start = max(min(hit.num_blocks, len(keys) - 1), 0)
             signals = TurnSignals(turn.turn_index, int(wl.input_tokens[i]),
                                   turn.prev_reply_tokens, refcount.refcount(keys[start]))

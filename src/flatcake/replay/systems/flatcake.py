@@ -308,19 +308,24 @@ class FlatCakeSystem(System):
         # looks them up again and writes those it does not hold.
         start = max(min(st.hit.num_blocks, req.num_blocks - 1), 0)
         keys = st.keys[start:] if start else st.keys
-        # Live requests holding the first new block, this one included.
-        shared = self.refcount.refcount(keys[0], start)
-        self.refcount.remove(req.idx)
+        refcount = self.refcount
+
+        def shared(i: int) -> int:
+            """Live requests holding the first block written (``keys[i]``), this one
+            included."""
+            return refcount.refcount(keys[i], start + i)
+
         try:
             plan = cp.prepare_store(sid, keys, turn_index=turn.turn_index,
                                     context_tokens=req.input_tokens,
                                     prev_reply_tokens=turn.prev_reply_tokens,
                                     shared_refcount=shared)
         except CapacityError:
-            st.keys = ()
             self.num_store_rejected += 1
             return
-        st.keys = ()
+        finally:
+            refcount.remove(req.idx)
+            st.keys = ()
         self.num_reclaim_actions += len(cp.take_reclaim_actions())
         if plan is None:
             return
