@@ -4,8 +4,11 @@ dropped first under pressure (never while pinned), and dropped with their home."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from flatcake.clock import ManualClock
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
 from tests.test_control import K, chat_turn, make, skeys
@@ -188,3 +191,50 @@ class TestCopyWrittenAhead:
         cp.complete_load(lp.request_id)
         with pytest.raises(KeyError, match="no store"):
             cp.complete_copy(plan)
+
+
+def make_refill(memory_pages: int, copy_watermark: float) -> ControlPlane:
+    cp, _ = make(memory_pages=memory_pages, copy_watermark=copy_watermark)
+    placement = dataclasses.replace(cp.config.placement, copy_on_restore=True)
+    return ControlPlane(cp.geometry, dataclasses.replace(cp.config, placement=placement),
+                        ManualClock())
+
+
+class TestRefillAndLru:
+    def test_a_restore_refills_the_ssd_segments_it_reads_whole(self) -> None:
+        cp = make_refill(memory_pages=2, copy_watermark=0.5)
+        a = agent_turn(cp, "a", 2, turn=0)
+        agent_turn(cp, "b", 2, turn=0)  # its copy pushes a's out (0.5 of 2 pages)
+        cp.take_reclaim_actions()
+        assert cp.lookup(skeys("a", 2)).num_ssd_blocks == 2
+        assert cp.prepare_load("x", skeys("a", 2)).refills == ()  # the host cannot fill
+        cp.complete_load("x")
+        lp = cp.prepare_load("r", skeys("a", 2), refill=True)
+        assert [(h.segment_id, c.medium) for h, c in lp.refills] == \
+            [(a.segment.segment_id, Medium.MEMORY)]
+        assert lp.read_plan.bytes_read > 0  # this restore still reads the SSD
+        cp.check_integrity()
+        cp.complete_load("r", {a.segment.segment_id})
+        assert cp.lookup(skeys("a", 2)).num_memory_blocks == 2
+        assert cp.lookup(skeys("b", 2)).num_ssd_blocks == 2  # dropped for the refill
+        cp.check_integrity()
+
+    def test_an_unfilled_refill_is_freed(self) -> None:
+        cp = make_refill(memory_pages=2, copy_watermark=0.5)
+        agent_turn(cp, "a", 2, turn=0)
+        agent_turn(cp, "b", 2, turn=0)
+        lp = cp.prepare_load("r", skeys("a", 2), refill=True)
+        assert lp.refills
+        cp.complete_load("r")  # the data plane wrote no copy (e.g. a failed read)
+        assert cp.lookup(skeys("a", 2)).num_ssd_blocks == 2
+        assert cp.stats().memory_used_bytes == 0
+        cp.check_integrity()
+
+    def test_copies_go_least_recently_used_first(self) -> None:
+        cp, _ = make(memory_pages=3, high=0.9, low=0.85, copy_watermark=1.0)
+        for s in "abx":
+            agent_turn(cp, s, 2, turn=0)
+        cp.complete_load(cp.prepare_load("r", skeys("a", 2)).request_id)  # reads a's copy
+        agent_turn(cp, "c", 2, turn=0)  # room down to 2.85 pages: b, then x go
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abxc"] == [2, 0, 0, 2]
+        cp.check_integrity()

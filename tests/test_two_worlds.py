@@ -97,9 +97,9 @@ class _Recorded(FlatCakeSystem):
                 session_id, plan.medium.name, plan.placement.rule.value)
             return plan
 
-        def recording_load(request_id: Any) -> None:
+        def recording_load(request_id: Any, refilled: Any = ()) -> None:
             self.load_done_s[request_id] = node.now
-            complete_load(request_id)
+            complete_load(request_id, refilled)
 
         cp.prepare_store = recording_store  # type: ignore[method-assign]
         cp.complete_load = recording_load  # type: ignore[method-assign]

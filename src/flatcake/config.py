@@ -64,6 +64,12 @@ class PlacementConfig:
     included, stays at or under this fraction of the arena; restores read the copy.
     ``0`` turns copies off.
 
+    ``copy_on_restore``: a restore that reads a whole SSD segment (one with no copy)
+    also gets a memory copy of it under the same watermark, filled by the data plane
+    from the restored bytes, so the session's next turn reads host memory (the way a
+    tiered store's LRU refills host memory on a hit). Homes never change. Only hosts
+    whose data plane fills copies (``ControlPlane.prepare_load(refill=True)``) ask.
+
     Defaults measured with the replay (README, "Placement defaults"): copies on at 0.9,
     and the short-reply rule off (0). With copies, a chat turn homed on SSD is served
     from memory while memory has room, like one homed in memory, and stays a hit when
@@ -76,6 +82,7 @@ class PlacementConfig:
     long_reply_threshold_tokens: int = 2048
     short_reply_threshold_tokens: int = 0
     memory_copy_watermark: float = 0.9
+    copy_on_restore: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self, "placement")

@@ -8,8 +8,13 @@ dropped with its home. The home segment, its address and its index entries do no
 change; a lookup reports the copy in place of its home (``substitute``), so a restore
 reads host memory instead of the SSD.
 
+Copies are dropped one by one, least recently used first (a copy is used when it is
+made and whenever a restore reads it): dropping one never cuts a session, its home
+still serves. A session's dead segments (an agent context compacted away) so leave
+memory before the live history of another session does.
+
 Ownership: the ``ControlPlane`` allocates and frees the arena ranges and serialises
-every call; this class only keeps ``home segment id -> copy``.
+every call; this class only keeps ``home segment id -> copy`` in LRU order.
 """
 
 from __future__ import annotations
@@ -37,8 +42,19 @@ class MemoryCopies:
         return len(self._by_home)
 
     def __iter__(self) -> Iterator[Segment]:
-        """Published copies."""
+        """Published copies, least recently used first."""
         return iter(self._by_home.values())
+
+    def homes_lru(self) -> list[int]:
+        """Home segment ids of the copies, least recently used first (the order
+        copies are dropped in)."""
+        return list(self._by_home)
+
+    def touch(self, copy: Segment) -> None:
+        """A restore reads ``copy``: it becomes the most recently used."""
+        home = self._home_of.get(copy.segment_id)
+        if home is not None:
+            self._by_home[home] = self._by_home.pop(home)
 
     @property
     def total_bytes(self) -> int:

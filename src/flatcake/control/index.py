@@ -215,6 +215,9 @@ class BlockIndex:
     def num_segments(self) -> int:
         return len(self._segments)
 
+    def has_segment(self, segment_id: int) -> bool:
+        return segment_id in self._segments
+
     def segment(self, segment_id: int) -> Segment:
         try:
             return self._segments[segment_id]

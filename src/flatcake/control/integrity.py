@@ -62,6 +62,8 @@ class _Integrity(_Books):
                         ssd += p.segment.total_bytes
                     if p.copy is not None:
                         copy += p.copy.total_bytes
+            for lp in self._loads.values():
+                copy += sum(c.total_bytes for h, c in lp.refills if h.session_id == sid)
             ssd += hdr * len(self.ssd.files_of(sid))
             if (mem, ssd, copy) != (rec.memory_bytes, rec.ssd_bytes, rec.copy_bytes):
                 raise IntegrityError(f"session {sid!r} bytes ({rec.memory_bytes}, "

@@ -46,7 +46,7 @@ Single-threaded: the owner (store, engine scheduler, simulator loop) serialises 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.index import HitRun, PrefixHit, Segment, _common_run
@@ -305,13 +305,17 @@ class ControlPlane(_Reclaimer, _Restart, _Integrity):
 
     def prepare_load(self, request_id: Hashable,
                      keys_or_hit: Sequence[bytes] | PrefixHit, *,
-                     planner: Callable[..., ReadPlan] = plan_reads) -> LoadPlan:
+                     planner: Callable[..., ReadPlan] = plan_reads,
+                     refill: bool = False) -> LoadPlan:
         """Plan a restore and pin its sessions until ``complete_load(request_id)``.
 
         A ``PrefixHit`` from an earlier ``lookup`` is accepted if all its segments are
         still live; otherwise ``ValueError`` (look up again). ``planner`` (same
         signature as ``plan_reads``) lets the replay simulator plan with its bulk
-        totals-only twin (``replay.planfast.plan_totals``)."""
+        totals-only twin (``plan.bulk.plan_totals``). ``refill``: the data plane can
+        write memory copies from restored bytes; with ``placement.copy_on_restore`` the
+        plan then lists copies for the SSD segments it reads whole (``LoadPlan.refills``;
+        the host names the ones it wrote in ``complete_load``)."""
         if request_id in self._loads:
             raise ValueError(f"request_id {request_id!r} already has a load in flight")
         if isinstance(keys_or_hit, PrefixHit):
@@ -328,15 +332,53 @@ class ControlPlane(_Reclaimer, _Restart, _Integrity):
         sessions = hit.session_ids
         for sid in sessions:
             self._sessions[sid].num_pins += 1
-        plan = LoadPlan(request_id, hit, read_plan, sessions)
+        if hit.num_memory_blocks and len(self.copies):
+            for run in hit.runs:
+                if run.segment.medium is Medium.MEMORY:
+                    self.copies.touch(run.segment)
+        refills = self._refills(hit) if refill and self.config.placement.copy_on_restore \
+            and hit.num_ssd_blocks else ()
+        plan = LoadPlan(request_id, hit, read_plan, sessions, refills)
         self._loads[request_id] = plan
         return plan
 
-    def complete_load(self, request_id: Hashable) -> None:
-        """The restore finished (or was abandoned): unpin and touch its sessions."""
+    def _refills(self, hit: PrefixHit) -> tuple[tuple[Segment, Segment], ...]:
+        """Memory copies for the SSD segments ``hit`` reads whole, newest first (the
+        ones the session's next turn needs most), while the copy watermark allows.
+        Called with the hit's sessions pinned, so making room never drops their copies."""
+        g = self.geometry
+        out: list[tuple[Segment, Segment]] = []
+        for run in reversed(hit.runs):
+            seg = run.segment
+            if seg.medium != Medium.SSD or run.start_pos or run.num_blocks != seg.num_blocks \
+                    or self.copies.get(seg.segment_id) is not None:
+                continue
+            layout = SegmentLayout.for_memory(seg.num_blocks, g.num_layers,
+                                              g.block_bytes_per_layer)
+            copy = self._allocate_copy(self._sessions[seg.session_id], seg, layout)
+            if copy is None:
+                break
+            out.append((seg, copy))
+        return tuple(out)
+
+    def complete_load(self, request_id: Hashable, refilled: Collection[int] = ()) -> None:
+        """The restore finished (or was abandoned): unpin and touch its sessions.
+        ``refilled``: home segment ids of ``LoadPlan.refills`` whose copies the data
+        plane wrote (verified bytes); they serve lookups from now on, the others are
+        freed."""
         plan = self._loads.pop(request_id, None)
         if plan is None:
             raise KeyError(f"request_id {request_id!r} has no load in flight")
+        for home, copy in plan.refills:
+            rec = self._sessions[home.session_id]
+            if home.segment_id in refilled and self.index.has_segment(home.segment_id) \
+                    and self.copies.get(home.segment_id) is None:
+                self.copies.add(home, copy)
+                rec.copy_ids.append(home.segment_id)
+                self._copy_holders.add(rec.session_id)
+                self._copies_made += 1
+            else:
+                rec.copy_bytes -= self.arena.free(copy.offset)
         now = self.clock.now()
         for sid in plan.session_ids:
             rec = self._sessions[sid]

@@ -77,19 +77,25 @@ class _Reclaimer(_Books):
             self._actions.append(self._cut(rec, min(rec.memory_segment_ids), Medium.MEMORY))
 
     def _drop_copies(self, used_bytes: int, need_bytes: int, target: float) -> int:
-        """Drop memory copies of unpinned sessions, oldest last access first, until use
+        """Drop memory copies of unpinned sessions, least recently used first, until use
         (``used_bytes`` less what is freed) is at or under ``target`` and ``need_bytes``
         fit; returns the bytes freed."""
-        recs = (self._sessions[sid] for sid in self._copy_holders)
-        holders = sorted((r for r in recs if not r.num_pins),
-                         key=lambda r: (r.last_access, r.session_id))
         freed = 0
-        for rec in holders:
+        dropped: dict[str, list[Segment]] = {}
+        for home_id in self.copies.homes_lru():
             if used_bytes - freed <= target and self.arena.can_fit(need_bytes):
                 break
-            copies = tuple(self._free_copy(rec, home_id) for home_id in list(rec.copy_ids))
-            freed += sum(c.total_bytes for c in copies)
-            self._actions.append(ReclaimAction(rec.session_id, Medium.MEMORY, copies, (), (),
+            copy = self.copies.get(home_id)
+            if copy is None:
+                continue
+            rec = self._sessions[copy.session_id]
+            if rec.num_pins:
+                continue
+            self._free_copy(rec, home_id)
+            freed += copy.total_bytes
+            dropped.setdefault(rec.session_id, []).append(copy)
+        for sid, copies in dropped.items():
+            self._actions.append(ReclaimAction(sid, Medium.MEMORY, tuple(copies), (), (),
                                                False))
         return freed
 

@@ -75,12 +75,17 @@ class LoadPlan:
         hit: the prefix hit being restored.
         read_plan: per-layer SSD reads and arena copies.
         session_ids: sessions pinned by this restore.
+        refills: ``(home, copy)`` pairs: SSD segments the restore reads whole and the
+            memory copies allocated for them (``placement.copy_on_restore``); the data
+            plane writes each copy from the restored bytes and names the homes it
+            filled in ``complete_load``.
     """
 
     request_id: Hashable
     hit: PrefixHit
     read_plan: ReadPlan
     session_ids: frozenset[str]
+    refills: tuple[tuple[Segment, Segment], ...] = ()
 
     @property
     def ssd_bytes(self) -> int:

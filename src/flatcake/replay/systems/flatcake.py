@@ -111,7 +111,8 @@ def memory_run(hit: PrefixHit, start: int) -> int:
 
 
 class _FcState:
-    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan", "turn")
+    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan", "refills",
+                 "turn")
 
     def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...], turn: TurnInfo) -> None:
         self.hit = hit
@@ -121,6 +122,7 @@ class _FcState:
         self.load_pinned = False
         self.gpu_prefix = 0  # GPU prefix when the load was planned
         self.plan: ReadPlan | None = None
+        self.refills: tuple[int, ...] = ()  # homes whose memory copies the restore fills
 
 
 class FlatCakeSystem(System):
@@ -193,7 +195,8 @@ class FlatCakeSystem(System):
             part = PrefixHit(hit.num_blocks - g, hit.num_blocks - g - ssd_blocks, ssd_blocks,
                              runs)
         needs_ssd = ssd_blocks > 0
-        lp = cp.prepare_load(req.idx, part, planner=self._planner)
+        lp = cp.prepare_load(req.idx, part, planner=self._planner, refill=True)
+        st.refills = tuple(home.segment_id for home, _ in lp.refills)
         st.load_pinned = True
         st.gpu_prefix = g
         st.plan = lp.read_plan
@@ -256,7 +259,9 @@ class FlatCakeSystem(System):
         node.rec.prefetch_s.append(node.now - req.arrival_s)
         node.rec.ssd_useful_bytes += useful
         self.scheds[req.worker].restore_done(req.idx)
-        cp.complete_load(req.idx)
+        # The restored bytes fill the memory copies the plan asked for (host memory
+        # writes, free here like the copies made at write time).
+        cp.complete_load(req.idx, req.sys.refills)
         req.sys.load_pinned = False
         self._pump(req.worker)
         node.make_ready(req)
