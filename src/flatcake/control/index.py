@@ -218,6 +218,9 @@ class BlockIndex:
     def has_segment(self, segment_id: int) -> bool:
         return segment_id in self._segments
 
+    def segment_or_none(self, segment_id: int) -> Segment | None:
+        return self._segments.get(segment_id)
+
     def segment(self, segment_id: int) -> Segment:
         try:
             return self._segments[segment_id]

@@ -320,11 +320,12 @@ class ControlPlane(_Reclaimer, _Restart, _Integrity):
             raise ValueError(f"request_id {request_id!r} already has a load in flight")
         if isinstance(keys_or_hit, PrefixHit):
             hit = keys_or_hit
+            published = self.index.segment_or_none
             for run in hit.runs:
-                seg_id = run.segment.segment_id
-                if not self._live_segment_ids(run.segment):
-                    raise ValueError(f"stale PrefixHit: segment {seg_id} was reclaimed; "
-                                     f"look the keys up again")
+                seg = run.segment
+                if published(seg.segment_id) is not seg and not self._live_segment_ids(seg):
+                    raise ValueError(f"stale PrefixHit: segment {seg.segment_id} was "
+                                     f"reclaimed; look the keys up again")
         else:
             hit = self.lookup(keys_or_hit)
         read_plan = planner(hit.runs, self.geometry.num_layers, self.ssd.resolve,
