@@ -13,7 +13,7 @@ Single-threaded: the owner serialises calls (see ``plane``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
 from flatcake.clock import Clock, WallClock
 from flatcake.config import FlatCakeConfig
@@ -75,6 +75,10 @@ class _Books:
         self._early_ids: set[int] = set()  # their copy segment ids
         self._copies_made = 0
         self._copies_dropped = 0
+        # Damage (``damage``): SSD segments that failed a checksum, and per session the
+        # earliest of them on disk, where the session is to be cut.
+        self._damaged: set[int] = set()
+        self._cut_at: dict[str, int] = {}
 
     # -- sessions --------------------------------------------------------------------
 
@@ -191,6 +195,13 @@ class _Books:
             return (seg.segment_id,) if self.index.segment(seg.segment_id) is seg else ()
         except KeyError:
             return ()
+
+    def _forget_damage(self, session_id: str, removed: Iterable[int]) -> None:
+        """Segments of ``session_id`` left the books: they are damaged no more, and a
+        pending cut at one of them is done."""
+        self._damaged.difference_update(removed)
+        if self._cut_at.get(session_id, -1) not in self._damaged:
+            self._cut_at.pop(session_id, None)
 
     def _forget_if_empty(self, rec: SessionRecord) -> bool:
         if rec.num_pins == 0 and rec.num_segments == 0 and not self.ssd.files_of(

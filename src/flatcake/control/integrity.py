@@ -84,5 +84,17 @@ class _Integrity(_Books):
                 if not self._live_segment_ids(run.segment):
                     raise IntegrityError(f"load {lp.request_id!r} reads dead segment "
                                          f"{run.segment.segment_id}")
+        ssd_live = {i for r in self._sessions.values() for i in r.ssd_segment_ids}
+        if not self._damaged <= ssd_live:
+            raise IntegrityError(f"damaged segments {sorted(self._damaged - ssd_live)} are "
+                                 f"not live SSD segments")
+        for sid, seg_id in self._cut_at.items():
+            owner = self._sessions.get(sid)
+            mine = self._damaged & set(owner.ssd_segment_ids) if owner is not None else set()
+            on_disk = {i: (self.index.segment(i).file_id, self.index.segment(i).file_offset)
+                       for i in mine}
+            if seg_id not in mine or on_disk[seg_id] != min(on_disk.values()):
+                raise IntegrityError(f"session {sid!r} waits for a cut at segment {seg_id}, "
+                                     f"not its earliest damaged segment")
         if self.arena.used_bytes > self.arena.capacity_bytes:
             raise IntegrityError("host arena over budget")

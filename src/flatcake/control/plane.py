@@ -17,14 +17,18 @@ clock) and tests. The data plane executes what it plans and reports back::
     truncate_session(session, segment) ───────► ReclaimAction: a damaged segment and the
                                                  session's later segments unpublished,
                                                  their file tails freed (files to cut)
+    mark_damaged(segment) / ready_cuts() ─────► a segment that failed its checksum stops
+                                                 being served; its session's cut, once
+                                                 nothing in flight uses the tail
     recover_files(scans) ─────────────────────► Recovery: scanned headers re-indexed, a
                                                  verdict per file (keep / cut / delete /
                                                  quarantine)
 
 The modules behind it: ``types`` (the plans and actions), ``books`` (state and the
 query methods hosts use instead of reaching into the parts), ``reclaimer`` (reclaim,
-drops, cuts at damage; the no-hole rule is stated there), ``restart`` (re-indexing
-scanned files), ``integrity`` (the cross-check).
+drops, cuts at damage; the no-hole rule is stated there), ``damage`` (checksum
+failures and the cuts they wait for), ``restart`` (re-indexing scanned files),
+``integrity`` (the cross-check).
 
 Spare memory: while host memory use (the copy included) stays at or under
 ``placement.memory_copy_watermark``, an SSD-homed turn also gets a *memory copy*
@@ -49,11 +53,11 @@ import logging
 from collections.abc import Callable, Collection, Hashable, Sequence
 
 from flatcake.control.address import Medium, encode_address
+from flatcake.control.damage import _Damage
 from flatcake.control.index import HitRun, PrefixHit, Segment, _common_run
 from flatcake.control.integrity import _Integrity
 from flatcake.control.keys import check_keys
 from flatcake.control.placement import PlacementSignals, decide_placement
-from flatcake.control.reclaimer import _Reclaimer
 from flatcake.control.restart import _Restart
 from flatcake.control.sessions import SessionRecord, check_session_id
 from flatcake.control.types import LoadPlan, StorePlan
@@ -64,7 +68,7 @@ from flatcake.plan.reads import ReadPlan, plan_reads
 logger = logging.getLogger(__name__)
 
 
-class ControlPlane(_Reclaimer, _Restart, _Integrity):
+class ControlPlane(_Damage, _Restart, _Integrity):
     """Books of one node's FlatCake store (see the module docstring for the verbs).
 
     Attributes:

@@ -143,6 +143,7 @@ class _Reclaimer(_Books):
             memory.append(seg)
         memory.extend(self._free_copy(rec, i) for i in ssd_ids if i in rec.copy_ids)
         ssd = tuple(self.index.remove_segment(i) for i in ssd_ids)
+        self._forget_damage(rec.session_id, ssd_ids)
         rec.memory_segment_ids = [i for i in rec.memory_segment_ids if i < first_id]
         rec.ssd_segment_ids = [i for i in rec.ssd_segment_ids if i < first_id]
         deleted: list[int] = []

@@ -1,0 +1,124 @@
+"""ControlPlane damage books: a segment that failed its checksum stops being served,
+its session is cut before its earliest damaged segment once nothing in flight uses the
+tail, and every cut or reclaim that removes a damaged segment settles it. Scripted
+scenarios, then the control machine with damage and settling rules added."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import rule
+
+from tests.test_control import ControlMachine, chat_turn, first_turn, make, skeys
+
+
+def ssd_turn(cp, session: str, n: int, turn: int):  # type: ignore[no-untyped-def]
+    """A long-context turn: SSD, completed at once."""
+    plan = cp.prepare_store(session, skeys(session, n), turn_index=turn,
+                            context_tokens=10**6, prev_reply_tokens=5000)
+    assert plan is not None
+    cp.complete_store(plan, True)
+    return plan
+
+
+class TestMarkAndCut:
+    def test_damaged_segment_is_not_served_then_cut(self) -> None:
+        cp, _ = make()
+        p0 = first_turn(cp, "s", 3)
+        p1 = ssd_turn(cp, "s", 6, 1)
+        ks = skeys("s", 6)
+        assert cp.mark_damaged(p1.segment.segment_id)
+        assert cp.is_damaged(p1.segment.segment_id) and cp.num_damaged == 1
+        assert cp.cut_pending("s") and not cp.cut_pending("other")
+        usable = cp.usable_hit(cp.lookup(ks))
+        assert usable.num_blocks == 3 and usable.num_ssd_blocks == 3
+        assert [r.segment for r in usable.runs] == [p0.segment]
+        cut = cp.ready_cuts()
+        assert cut == [("s", p1.segment)]
+        cp.check_integrity()
+        action = cp.truncate_session("s", p1.segment.segment_id)
+        assert action.ssd_segments == (p1.segment,)
+        assert not cp.cut_pending("s") and cp.num_damaged == 0 and cp.ready_cuts() == []
+        assert cp.usable_hit(cp.lookup(ks)).num_blocks == 3
+        cp.check_integrity()
+
+    def test_earliest_on_disk_wins_whatever_the_order(self) -> None:
+        cp, _ = make()
+        first_turn(cp, "s", 2)
+        p1 = ssd_turn(cp, "s", 4, 1)
+        p2 = ssd_turn(cp, "s", 6, 2)
+        assert cp.mark_damaged(p2.segment.segment_id)
+        assert cp.mark_damaged(p1.segment.segment_id)
+        assert cp.mark_damaged(p2.segment.segment_id)
+        assert cp.ready_cuts() == [("s", p1.segment)]
+        cp.check_integrity()
+        cp.truncate_session("s", p1.segment.segment_id)
+        assert cp.num_damaged == 0 and not cp.cut_pending("s")
+
+    def test_a_restore_in_flight_holds_the_cut(self) -> None:
+        cp, _ = make()
+        first_turn(cp, "s", 2)
+        p1 = ssd_turn(cp, "s", 4, 1)
+        cp.prepare_load("r", skeys("s", 4))
+        cp.mark_damaged(p1.segment.segment_id)
+        assert cp.ready_cuts() == [] and cp.cut_pending("s")
+        cp.complete_load("r")
+        assert cp.ready_cuts() == [("s", p1.segment)]
+
+    def test_only_published_ssd_segments(self) -> None:
+        cp, _ = make()
+        first_turn(cp, "s", 2)
+        mem = chat_turn(cp, "s", 4, turn=1)  # memory
+        assert not cp.mark_damaged(mem.segment.segment_id)
+        assert not cp.mark_damaged(999)
+        assert cp.num_damaged == 0 and not cp.cut_pending("s")
+
+    def test_drop_settles_the_damage(self) -> None:
+        cp, _ = make()
+        p0 = first_turn(cp, "s", 2)
+        cp.mark_damaged(p0.segment.segment_id)
+        cp.drop_session("s")
+        assert cp.num_damaged == 0 and not cp.cut_pending("s") and cp.ready_cuts() == []
+        cp.check_integrity()
+
+    def test_a_reclaim_cut_after_the_damage_keeps_it_pending(self) -> None:
+        cp, _ = make(memory_pages=2)
+        p0 = first_turn(cp, "s", 2)
+        mem = chat_turn(cp, "s", 4, turn=1)  # memory-homed, after the SSD turn
+        cp.mark_damaged(p0.segment.segment_id)
+        cp.session("s").last_access = -1.0
+        # Memory reclaim cuts "s" at its first memory segment: the SSD turn stays.
+        big = cp.prepare_store("t", skeys("t", 8), turn_index=1, context_tokens=32,
+                               prev_reply_tokens=10)
+        actions = cp.take_reclaim_actions()
+        assert any(mem.segment in a.memory_segments for a in actions)
+        assert cp.cut_pending("s") and cp.is_damaged(p0.segment.segment_id)
+        if big is not None:
+            cp.complete_store(big, True)
+        cp.check_integrity()
+
+
+class DamageMachine(ControlMachine):
+    """The control machine, with segments failing their checksums and the pending
+    cuts applied whenever nothing blocks them."""
+
+    @rule(data=st.data())
+    def damage(self, data: st.DataObject) -> None:
+        found = [(s, i) for s in self.cp.session_ids()
+                 for i in self.cp.session(s).ssd_segment_ids]
+        if not found:
+            return
+        s, seg_id = data.draw(st.sampled_from(found))
+        assert self.cp.mark_damaged(seg_id) and self.cp.cut_pending(s)
+        hit = self.cp.usable_hit(self.cp.lookup(skeys(s, self.length[s])))
+        assert not any(self.cp.is_damaged(r.segment.segment_id) for r in hit.runs)
+
+    @rule()
+    def settle(self) -> None:
+        for sid, seg in self.cp.ready_cuts():
+            self.cp.truncate_session(sid, seg.segment_id)
+            assert not self.cp.cut_pending(sid)
+
+
+TestDamageMachine = DamageMachine.TestCase
+TestDamageMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
