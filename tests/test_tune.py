@@ -83,3 +83,10 @@ def test_cli_prints_the_snippet_and_replay_takes_it(tmp_path: Path,
     j = json.loads(capsys.readouterr().out)
     assert j["best"] == {f: getattr(placement, f) for f in j["best"]}
     assert np.isfinite(j["held_back"]["best"]["ttft_mean_s"])
+
+
+def test_snippet_round_trips_every_field_kind(tmp_path: Path) -> None:
+    for p in (PlacementConfig(), PlacementConfig(copy_on_restore=True)):
+        cfg = tmp_path / "snippet.toml"
+        cfg.write_text(toml_snippet(p) + "\n")
+        assert load_config(cfg, env={}).placement == p

@@ -235,5 +235,6 @@ def toml_snippet(p: PlacementConfig) -> str:
     lines = ["[placement]"]
     for f in dataclasses.fields(p):
         v = getattr(p, f.name)
-        lines.append(f"{f.name} = {v!r}")
+        # TOML spells booleans in lower case; numbers read the same as Python's repr.
+        lines.append(f"{f.name} = {str(v).lower() if isinstance(v, bool) else repr(v)}")
     return "\n".join(lines)
