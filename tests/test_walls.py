@@ -1,6 +1,7 @@
 """The walls between packages, read from the source (every import, also those inside
 functions): the books (``control``) and the plans (``plan``) stay pure, the replay
-models devices instead of doing I/O, engines stay inside their connectors, and nothing
+models devices instead of doing I/O, engines stay inside their connectors, Redis and NIXL
+stay behind the cluster index and the remote readers, and nothing
 reaches into the CLI or the connectors from outside."""
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ SRC = Path(flatcake.__file__).parent
 
 PURE = ("flatcake.control", "flatcake.plan")
 NOT_FROM_PURE = ("torch", "flatcake.cio", "flatcake.store", "flatcake.connectors",
-                 "flatcake.replay")
-NOT_FROM_REPLAY = ("torch", "flatcake.cio", "flatcake.store")
+                 "flatcake.replay", "flatcake.cluster")
+NOT_FROM_REPLAY = ("torch", "flatcake.cio", "flatcake.store", "flatcake.cluster")
+# Transports stay behind one module each: Redis metadata in the cluster index, NIXL bytes
+# in the remote readers.
+TRANSPORTS = {"redis": ("flatcake.cluster",), "nixl": ("flatcake.cio.remote",)}
 ENGINES = ("vllm", "sglang")
 PRIVATE = ("flatcake.cli", "flatcake.connectors")  # only from inside themselves
 
@@ -66,6 +70,9 @@ def violations(path: Path) -> list[str]:
             walls.append("the replay models devices, it does no I/O")
         if _within(name, ENGINES) and not _within(module, ("flatcake.connectors",)):
             walls.append("engines are imported by their connectors only")
+        for transport, owners in TRANSPORTS.items():
+            if _within(name, (transport,)) and not _within(module, owners):
+                walls.append(f"{transport} is imported by {', '.join(owners)} only")
         private = _within(name, PRIVATE)
         if private and not _within(module, (private,)):
             walls.append(f"nothing outside {private} imports it")
@@ -89,6 +96,9 @@ def test_every_module_keeps_the_walls() -> None:
     ("bench/x.py", "import sglang\n", "engines"),
     ("store/x.py", "from flatcake import cli\n", "flatcake.cli"),
     ("replay/x.py", "from flatcake.connectors.settings import X\n", "flatcake.connectors"),
+    ("control/x.py", "from flatcake.cluster import ClusterIndex\n", "pure"),
+    ("store/x.py", "import redis\n", "redis is imported"),
+    ("cio/readers.py", "from nixl._api import nixl_agent\n", "nixl is imported"),
 ])
 def test_a_broken_wall_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                 where: str, source: str, wall: str) -> None:
@@ -105,6 +115,8 @@ def test_a_broken_wall_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     ("connectors/x.py", "from flatcake.connectors.sessions import TurnInfo\nimport vllm\n"),
     ("cli/x.py", "from flatcake.cli.replay import main\n"),
     ("replay/x.py", "from flatcake.control import ControlPlane\nimport numpy\n"),
+    ("cluster/index.py", "import redis\n"),
+    ("cio/remote.py", "from nixl._api import nixl_agent\n"),
 ])
 def test_allowed_imports_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                               where: str, source: str) -> None:
