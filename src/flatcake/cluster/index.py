@@ -6,6 +6,8 @@ Layout under the prefix ``fc:{cluster}:`` (one cluster name per deployment)::
     lease:{node}       "{epoch}" with a PX lease; renewed by the live node
     seg:{node}:{sid}   JSON: the segment record the remote reader needs
     k:{key hex}        hash, field "{node}" -> "{epoch}:{sid}:{position}:{address}"
+    agent:{node}       hash: epoch, the node's transfer-agent metadata (NIXL's own
+                       bytes) and a JSON record (agent name, registered arena base, size)
 
 Rules: a node publishes a segment only after its bytes are durable (the caller's
 promise), removes its entries when it reclaims the segment, and re-publishes after
@@ -129,6 +131,30 @@ class ClusterIndex:
         values = self._r.mget([f"{self._p}lease:{n}" for n in nodes])
         self.round_trips += 1
         return {n: int(v) for n, v in zip(nodes, values, strict=True) if v is not None}
+
+    # -- transfer agents -------------------------------------------------------------
+    def publish_agent(self, metadata: bytes, record: Mapping[str, Any]) -> bool:
+        """Publish this node's transfer-agent metadata (opaque bytes) and record for this
+        epoch, so peers can connect without any socket protocol of ours."""
+        self._need_joined()
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hset(f"{self._p}agent:{self.node}", mapping={
+            "epoch": self.epoch, "md": bytes(metadata), "record": json.dumps(dict(record))})
+        return self._run(pipe, "publish_agent") is not None
+
+    def agent(self, node: int) -> tuple[bytes, dict[str, Any]] | None:
+        """(metadata, record) of ``node``'s transfer agent, if it is live in the epoch
+        that published it; None otherwise (a gone node is a miss)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hgetall(f"{self._p}agent:{node}")
+        pipe.get(f"{self._p}lease:{node}")
+        out = self._run(pipe, "agent")
+        if out is None or not out[0] or out[1] is None:
+            return None
+        row, lease = out
+        if int(row[b"epoch"]) != int(lease):
+            return None
+        return bytes(row[b"md"]), json.loads(row[b"record"])
 
     # -- publishing -----------------------------------------------------------------
     def publish(self, segments: Sequence[tuple[int, Sequence[bytes], Sequence[int],
