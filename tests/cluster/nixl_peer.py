@@ -1,6 +1,8 @@
 """A node process for the NIXL tests (run by the NIXL venv's python, not imported by pytest).
 
     nixl_peer.py owner URL CLUSTER NODE   # publish an arena of known bytes, wait on stdin
+    nixl_peer.py ssd-owner URL CLUSTER NODE DIR  # the same bytes in DIR/seg.bin, staged
+    nixl_peer.py ssd-reader URL CLUSTER NODE     # fetch them in 4 parts, check crc + bytes
     nixl_peer.py reader URL CLUSTER NODE [REPEATS [survive]]
         # find node 0's blocks, READ them REPEATS times, print JSON; with "survive", read
         # once, wait for a line on stdin (the test kills the owner), read again
@@ -14,6 +16,7 @@ import hashlib
 import json
 import sys
 import time
+import zlib
 
 import numpy as np
 
@@ -100,6 +103,81 @@ def reader(url: str, cluster: str, node: int) -> None:
     agent.close()
 
 
+SSD_BYTES = 16 * MIB
+PARTS, PER_PART, PIECE = 4, 8, 256 * 1024  # 4 "layers" of 8 ranges of 256 KiB
+
+
+def ssd_parts() -> list[list[tuple[str, int, int]]]:
+    return [[("seg.bin", (p * PER_PART + j) * 2 * PIECE, PIECE) for j in range(PER_PART)]
+            for p in range(PARTS)]
+
+
+def ssd_owner(url: str, cluster: str, node: int) -> None:
+    import threading
+    from pathlib import Path
+
+    from flatcake.cio.remote_ssd import StagingServer
+
+    root = Path(sys.argv[5])
+    data = arena()[:SSD_BYTES]
+    (root / "seg.bin").write_bytes(data.tobytes())
+    crcs = [zlib.crc32(b"".join(data[o:o + n].tobytes() for _, o, n in part))
+            for part in ssd_parts()]
+    idx = ClusterIndex(url, node, cluster=cluster, lease_ms=60_000)
+    idx.join()
+    agent = NixlNode(f"fc-node-{node}-{idx.epoch}", np.zeros(MIB, np.uint8), MIB)
+
+    def resolve(name: str) -> bytes | None:
+        # Agent names carry the node's epoch: a restarted requester is a new agent.
+        _, _, peer_node, _epoch = name.split("-")
+        found = idx.agent(int(peer_node))
+        return None if found is None or found[1]["agent"] != name else found[0]
+
+    server = StagingServer(agent, lambda f: str(root / f) if f == "seg.bin" else None,
+                           resolve, PER_PART * PIECE)
+    addrs = [encode_address(Medium.SSD, node, 0)]
+    assert idx.publish_agent(agent.metadata(), agent.record())
+    assert idx.publish([(1, keys()[:1], addrs, {"file": "seg.bin", "crcs": crcs})])
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    print("ready", flush=True)
+    while not stop.is_set():
+        if not server.serve_once():
+            time.sleep(0.001)
+    server.close()
+    agent.close()
+
+
+def ssd_reader(url: str, cluster: str, node: int) -> None:
+    from flatcake.cio.remote_ssd import fetch
+
+    idx = ClusterIndex(url, node, cluster=cluster)
+    idx.join()
+    agent = NixlNode(f"fc-node-{node}-{idx.epoch}", np.zeros(MIB, np.uint8), SSD_BYTES)
+    assert idx.publish_agent(agent.metadata(), agent.record())  # the owner writes to us
+    hits = idx.lookup(keys()[:1])
+    found = idx.agent(0)
+    peer = agent.connect(found[0]) if hits and found else None
+    if peer is None:
+        print(json.dumps({"ok": False, "miss": "no live owner"}), flush=True)
+        return
+    t = time.perf_counter()
+    got = fetch(agent, peer, ssd_parts(), timeout_s=10.0)
+    took = time.perf_counter() - t
+    if got is None:
+        print(json.dumps({"ok": False, "miss": "fetch failed"}), flush=True)
+        return
+    size = PER_PART * PIECE
+    crcs = [zlib.crc32(got[i * size:(i + 1) * size].tobytes()) for i in range(PARTS)]
+    corrupt = crcs != hits[0].record["crcs"]  # checked before any block is used
+    data = arena()[:SSD_BYTES]
+    want = np.concatenate([data[o:o + n] for part in ssd_parts() for _, o, n in part])
+    print(json.dumps({"ok": not corrupt and bool(np.array_equal(got, want)),
+                      "corrupt": corrupt, "gbps": want.nbytes / took / 1e9}), flush=True)
+    agent.close()
+
+
 if __name__ == "__main__":
     role, url, cluster, node = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    {"owner": owner, "reader": reader}[role](url, cluster, node)
+    {"owner": owner, "reader": reader, "ssd-owner": ssd_owner,
+     "ssd-reader": ssd_reader}[role](url, cluster, node)

@@ -129,3 +129,25 @@ def test_gone_owner_is_a_bounded_miss(python: str, redis_url: str, cluster: str)
         owner.wait(timeout=15)
     out = _read(python, redis_url, cluster, {})
     assert out["ok"] is False
+
+
+def _ssd_read(python: str, url: str, cluster: str) -> dict[str, object]:
+    done = subprocess.run([python, str(PEER), "ssd-reader", url, cluster, "1"],
+                          capture_output=True, text=True, timeout=120, env=_env({}))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads([x for x in done.stdout.splitlines() if x.startswith("{")][-1])
+
+
+def test_remote_ssd_is_staged_by_the_owner_and_checked(python: str, redis_url: str,
+                                                       cluster: str, tmp_path: Path) -> None:
+    with peer(python, "ssd-owner", redis_url, cluster, "0", str(tmp_path), env={}) as owner:
+        assert _line(owner, 60) == "ready"
+        out = _ssd_read(python, redis_url, cluster)
+        assert (out["ok"], out.get("corrupt")) == (True, False), out
+        with (tmp_path / "seg.bin").open("r+b") as f:  # one bit flips on the owner's SSD
+            f.seek(4 * 256 * 1024 + 17)  # inside a range the reader asks for
+            byte = f.read(1)[0]
+            f.seek(-1, 1)
+            f.write(bytes([byte ^ 1]))
+        out = _ssd_read(python, redis_url, cluster)
+    assert (out["ok"], out.get("corrupt")) == (False, True), out  # detected: recomputed, not used

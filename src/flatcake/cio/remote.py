@@ -147,11 +147,15 @@ class NixlNode:
         except Exception as exc:
             logger.warning("cannot release a NIXL transfer (%s): %s", state, exc)
         if state == "PROC":
-            # The transfer may still land: never reuse that window for another read.
-            self.agent.deregister_memory(self._window_reg)
-            self.window = np.zeros(self.window.nbytes, np.uint8)
-            self._window_reg = self.agent.register_memory(
-                [(_va(self.window), self.window.nbytes, 0, "")], "DRAM")
+            self.retire_window()
+
+    def retire_window(self) -> None:
+        """A transfer into the window may still land: never reuse it for another read.
+        (Peers that write into windows must load this node's metadata again.)"""
+        self.agent.deregister_memory(self._window_reg)
+        self.window = np.zeros(self.window.nbytes, np.uint8)
+        self._window_reg = self.agent.register_memory(
+            [(_va(self.window), self.window.nbytes, 0, "")], "DRAM")
 
     def close(self) -> None:
         for name in set(self._peers.values()):
