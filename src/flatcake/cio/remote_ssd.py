@@ -59,14 +59,14 @@ def fetch(node: NixlNode, peer: str, parts: Sequence[Sequence[Range]], *,
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         try:
-            if node.agent.check_remote_xfer_done(peer, fail):
-                logger.warning("remote SSD read from %s: the owner could not serve it", peer)
-                return None
-            pending = {tag for tag in pending
-                       if not node.agent.check_remote_xfer_done(peer, tag)}
+            got = node.agent.get_new_notifs().get(peer, [])
         except Exception as exc:
             logger.warning("remote SSD read from %s failed: %s", peer, exc)
             return None
+        if fail in got:
+            logger.warning("remote SSD read from %s: the owner could not serve it", peer)
+            return None
+        pending.difference_update(got)  # answers to earlier, abandoned requests: ignored
     if pending:
         logger.warning("remote SSD read from %s timed out after %.1fs, a miss", peer,
                        timeout_s)

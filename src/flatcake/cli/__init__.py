@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("flatcake.cli.replay", "simulate one system at one load on a trace"),
     "tune": ("flatcake.cli.tune", "search the placement thresholds by replay on your trace; "
              "prints the best [placement] as TOML"),
+    "node": ("flatcake.cli.node", "one cluster node: Redis index + NIXL agent; serve peers "
+             "or restore their blocks"),
     "sweep": ("flatcake.cli.sweep", "replay every system at every load; tables, plots, "
               "report.html"),
 }

@@ -47,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="config override, repeatable")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nodes", type=int, default=1,
+                   help="with 2 or more: a cluster on this machine (Redis + NIXL), node 0 "
+                        "writes, the last node restores (flatcake.cli.cluster_demo)")
+    p.add_argument("--cluster-blocks", type=int, default=64,
+                   help="with --nodes: blocks of 256 KiB per medium (default 64)")
+    p.add_argument("--timeout-s", type=float, default=120.0,
+                   help="with --nodes: the deadline of the whole cluster demo")
 
 
 def _geometry(args: argparse.Namespace) -> KVGeometry:
@@ -71,6 +78,10 @@ def _gb_s(num_bytes: int, seconds: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.nodes > 1:
+        from flatcake.cli.cluster_demo import run_cluster
+
+        return run_cluster(args)
     import numpy as np
     import torch
 
