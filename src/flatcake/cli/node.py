@@ -21,9 +21,11 @@ DESCRIPTION = ("Run one cluster node (cluster index on Redis, NIXL agent): serve
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--node-id", type=int, required=True, help="node id in [0, 4095]")
-    p.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
-    p.add_argument("--root", required=True, help="this node's directory for its files")
+    p.add_argument("--node-id", type=int, default=None, help="node id in [0, 4095] (required)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379/0",
+                   help="Redis URL (default redis://127.0.0.1:6379/0)")
+    p.add_argument("--root", default=None, help="this node's directory for its files "
+                   "(required)")
     p.add_argument("--cluster", default="flatcake", help="cluster name (key prefix)")
     p.add_argument("--arena-mib", type=int, default=64, help="host arena served to peers")
     p.add_argument("--block-kib", type=int, default=256, help="demo block size")
@@ -41,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from flatcake.cluster.node import ClusterNode
 
+    if args.node_id is None or args.root is None:
+        raise ValueError("--node-id and --root are required")
     if args.arena_mib <= 0 or args.block_kib <= 0 or args.serve_s <= 0:
         raise ValueError("--arena-mib, --block-kib and --serve-s must be positive")
     if args.write_blocks < 0 or args.restore < 0:
