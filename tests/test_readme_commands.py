@@ -11,7 +11,9 @@ Each code block (fenced or indented) must follow a marker comment, a blank line 
     <!-- doc: toml -->         the block must load with ``load_config`` and equal the defaults
     <!-- doc: output -->       sample output or a file format: nothing to run
     <!-- doc: needs-model -->  needs a served model, <!-- doc: needs-gpu --> a GPU,
-    <!-- doc: needs-engine --> the 3.3 GB vLLM engine virtualenv: not run here
+    <!-- doc: needs-engine --> the 3.3 GB vLLM engine virtualenv,
+    <!-- doc: needs-cluster --> redis-server and the NIXL virtualenv: not run here
+                               (tests/cluster/test_node_demo.py runs the cluster demo)
     <!-- doc: self -->         the test suite itself (``make test``)
 
 Whatever the marker, every ``flatcake`` command line in any block is parsed by the real
@@ -43,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 SHARED = REPO.parent / "shared"
 KINDS = ("run", "long", "python", "python long", "toml", "output", "needs-model",
-         "needs-gpu", "needs-engine", "self")
+         "needs-gpu", "needs-engine", "needs-cluster", "self")
 LONG_BUDGET_S = float(os.environ.get("FLATCAKE_DOC_BUDGET_S", "3"))
 RUN_TIMEOUT_S = 120.0
 PLACEHOLDERS = {"/path/on/the/disk": "{tmp}/disk", "/tmp/fcb/run": "{tmp}/fcb"}
