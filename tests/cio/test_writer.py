@@ -113,6 +113,31 @@ def test_gather_ring_writes_the_same_bytes(tmp_path: Path, bbpl: int, aligned: b
     _assert_on_disk(path, kv, bbpl, False)
 
 
+@pytest.mark.parametrize("kv_blocks", [False, True])
+@pytest.mark.parametrize("chunk_bytes", [4096, 40960, 1 << 20])
+def test_host_blocks_are_gathered_by_memmove(tmp_path: Path, kv_blocks: bool,
+                                             chunk_bytes: int) -> None:
+    bbpl = 65536  # parts of 32 KiB or more: copied by memmove, not index_select
+    kv = _kv(bbpl, kv_blocks, aligned=False)
+    paged = PagedKV(kv, bbpl, "kv_blocks" if kv_blocks else "blocks")
+    assert writer_mod._HostGather(paged, paged.block_table([5, 2], unique=False)).use
+    path, paths = _write(tmp_path, kv, bbpl, SegmentWriter(chunk_bytes, zero_copy=False))
+    assert paths == ["gather"] * len(TURNS)
+    _assert_on_disk(path, kv, bbpl, kv_blocks)
+    dest = torch.zeros(NUM_LAYERS * 3 * bbpl, dtype=torch.uint8)
+    SegmentWriter.write_memory(dest, paged, paged.block_table([7, 8, 1], unique=False))
+    for layer in range(NUM_LAYERS):
+        for j, slot in enumerate([7, 8, 1]):
+            at = (layer * 3 + j) * bbpl
+            assert dest[at:at + bbpl].numpy().tobytes() == _block(kv[layer], slot, kv_blocks)
+
+
+def test_host_gather_refuses_block_ids_out_of_range() -> None:
+    paged = PagedKV(_kv(65536, False, aligned=False), 65536, "blocks")
+    with pytest.raises(ValueError, match="block ids"):
+        writer_mod._HostGather(paged, torch.tensor([3, SLOTS]))
+
+
 def test_zero_copy_off_takes_the_gather_ring(tmp_path: Path) -> None:
     kv = _kv(8192, False, aligned=True)
     path, paths = _write(tmp_path, kv, 8192, SegmentWriter(16384, zero_copy=False))
