@@ -49,13 +49,32 @@ def test_quick_run_end_to_end(direct_dir: Path, capsys: pytest.CaptureFixture[st
     assert any("transparent huge pages" in n or "4 KiB pages" in n for n in doc["notes"])
     # The bench's paged KV is page-aligned and 64 KiB blocks: FlatCake reads into it.
     assert "flatcake restore path: zero-copy" in doc["notes"]
+    assert "flatcake write path: zero-copy" in doc["notes"]
     control = doc["control_plane"][0]
     assert control["num_blocks"] == blocks and control["lookup_and_plan_ms"] > 0
     assert doc["write"]["write_gbps"] > 0 and doc["write"]["bytes_written"] >= useful
     bars = {b["name"]: b for b in doc["bars"]}
     assert bars["flatcake read_commands / (layers x turns)"]["passed"] is True
     assert bars["every restore verified"]["passed"] is True
+    assert "flatcake turn write / device sequential write" in bars
     # The files are gone unless --keep.
+    assert list(direct_dir.iterdir()) == []
+
+
+def test_write_rounds_are_paired_and_cleaned_up(
+        direct_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--rounds", "3", "--dir", str(direct_dir), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    note = next(n for n in doc["notes"] if n.startswith("write rounds"))
+    pairs = [p.split("/") for p in note.split(": ", 1)[1].split(", ")]
+    assert len(pairs) == 3
+    flatcake = sorted(float(f) for f, _ in pairs)
+    device = sorted(float(d) for _, d in pairs)
+    w = doc["write"]
+    # Medians of the rounds (the note rounds to 2 decimals).
+    assert w["write_gbps"] == pytest.approx(flatcake[1], abs=0.006)
+    assert w["device_write_gbps"] == pytest.approx(device[1], abs=0.006)
+    assert w["ratio_to_device"] == pytest.approx(w["write_gbps"] / w["device_write_gbps"])
     assert list(direct_dir.iterdir()) == []
 
 

@@ -7,6 +7,8 @@ Order of a run::
               device file   <- sequential O_DIRECT write        (device seq write)
               fio           <- read / write / randread on it    (when fio is installed)
               flatcake      <- the store writes the turns      (write path, timed)
+              rounds - 1 more pairs of device write and turn writes, to
+              throw-away files (``write_rounds``; medians compared)
               scattered     <- eviction-order bucket files
               per-chunk     <- one file per chunk
     rounds    for each round, every layout in a rotated order:
@@ -35,6 +37,7 @@ import torch
 
 from flatcake import progress
 from flatcake.bench import device as dev
+from flatcake.bench import write_rounds as wr
 from flatcake.bench.control_cost import control_plane_at_scale
 from flatcake.bench.flatcake_side import FlatcakeSide
 from flatcake.bench.layouts import ScatteredConfig, write_per_chunk_files, write_scattered
@@ -140,7 +143,8 @@ def run_bench(options: BenchOptions, command: str = "flatcake bench") -> BenchRe
     if not probe.supported:
         raise ValueError(f"--dir {options.directory!r} ({probe.fs_type}) does not support "
                          f"O_DIRECT ({probe.reason}); the bench measures direct reads only")
-    _check_space(options.directory, useful * (options.scattered_sessions + 3))
+    # device file, store, per-chunk files, scattered sessions, one write round's two
+    _check_space(options.directory, useful * (options.scattered_sessions + 5))
     root = os.path.join(options.directory, f"flatcake-bench-{os.getpid()}")
     os.makedirs(root, mode=0o700)
     notes: list[str] = []
@@ -202,9 +206,12 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                       num_turns=options.num_turns, read_threads=options.read_threads,
                       seed=options.seed)
     try:
-        cpu0 = _cpu_s()
-        written_bytes, write_s = fc.write_turns()
-        write_cpu_s = _cpu_s() - cpu0
+        written_bytes, write_s, write_cpu_s = wr.timed_turn_writes(fc, _cpu_s)
+        more = wr.extra_rounds(root, geometry, source, rounds=options.rounds,
+                               num_turns=options.num_turns, device_bytes=device_bytes,
+                               chunk_bytes=chunk, in_flight=options.device_in_flight,
+                               seed=options.seed, cpu_s=_cpu_s)
+        writes = [wr.WriteSample(seq_write.gbps, written_bytes, write_s, write_cpu_s), *more]
         logger.info("%.1f s: flatcake wrote %d MiB in %.2f s", time.perf_counter() - t_start,
                     written_bytes >> 20, write_s)
         bar.update()
@@ -299,12 +306,12 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         est = geometry.kv_bytes(blocks * geometry.tokens_per_block) / (fc_row.gbps * 1e9)
         controls.append(ControlPlaneCost(options.scale_tokens, blocks, scale_turns, ms, est,
                                          True, ms / 1000 / est))
-    write = WritePath(written_bytes, write_s, written_bytes / write_s / 1e9,
-                      seq_write.gbps, written_bytes / write_s / 1e9 / seq_write.gbps,
-                      write_cpu_s)
+    w = wr.medians(writes)
+    write = WritePath(w.flatcake_bytes, w.flatcake_s, w.flatcake_gbps, w.device_gbps,
+                      w.flatcake_gbps / w.device_gbps, w.flatcake_cpu_s)
     device = DeviceFigures(
         seq_read_gbps=by_name(layouts, "device").gbps,
-        seq_write_gbps=seq_write.gbps, chunk_bytes=chunk, in_flight=options.device_in_flight,
+        seq_write_gbps=w.device_gbps, chunk_bytes=chunk, in_flight=options.device_in_flight,
         rand_read_gbps=rand.gbps, rand_read_iops=rand.iops, rand_op_bytes=rand_op, fio=fio)
     bars = _bars(layouts, controls, num_layers, options.num_turns, write)
     # The scattered layout cannot beat the device's random reads of its command size,
@@ -314,6 +321,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
     notes.append(huge_pages_note())
     notes.append("flatcake restore path: " + ", ".join(sorted(read_paths)))
     notes.append(f"flatcake write path: {fc.write_path}")
+    notes.append(wr.rounds_note(writes))
     notes.append(
         f"scattered's ceiling on this disk: random {rand_op >> 10} KiB reads reach "
         f"{rand_best:.3f} GB/s (best of in-process and fio); scattered restored at "
