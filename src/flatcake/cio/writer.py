@@ -216,7 +216,7 @@ class SegmentWriter:
     def _send_slots(self, flight: _InFlight, fd: int, file_offset: int, paged: PagedKV,
                     ids: torch.Tensor, layout: SegmentLayout) -> tuple[int, ...]:
         """Zero-copy: ``pwritev`` commands whose iovecs are the slots, in file order;
-        each layer's crc32 is computed while earlier commands are in flight."""
+        each command's share of its layers' crc32s is computed while it is in flight."""
         layers = [writable_view(t) for t in paged.layer_bytes()]
         part = paged.block_bytes_per_layer // (1 if paged.kv_layout == "blocks" else 2)
         if paged.kv_layout == "blocks":
@@ -226,26 +226,33 @@ class SegmentWriter:
             spans = [(at, part) for s in ids.tolist() for at in (s * part, plane + s * part)]
         limit = self.chunk_bytes
         cmd: list[memoryview] = []
+        owner: list[int] = []  # layer of each iovec of ``cmd``
         cmd_bytes, pos = 0, file_offset + layout.data_offset
-        crcs = []
+        crcs = [0] * layout.num_layers
+
+        def send() -> None:
+            # The command goes out first; its crc32 is computed while it flies (both
+            # only read the slots).
+            flight.submit(pwritev_all, fd, cmd, pos)
+            for layer, view in zip(owner, cmd, strict=True):
+                crcs[layer] = crc32(view, crcs[layer])
+
         for layer in range(layout.num_layers):
-            mv, crc = layers[layer], 0
+            mv = layers[layer]
             for at, length in spans:
                 while length:
                     take = min(length, limit - cmd_bytes)
-                    view = mv[at:at + take]
-                    crc = crc32(view, crc)
-                    cmd.append(view)
+                    cmd.append(mv[at:at + take])
+                    owner.append(layer)
                     cmd_bytes += take
                     at += take
                     length -= take
                     if cmd_bytes >= limit or len(cmd) >= IOV_MAX:
-                        flight.submit(pwritev_all, fd, cmd, pos)
+                        send()
                         pos += cmd_bytes
-                        cmd, cmd_bytes = [], 0
-            crcs.append(crc)
+                        cmd, owner, cmd_bytes = [], [], 0
         if cmd:
-            flight.submit(pwritev_all, fd, cmd, pos)
+            send()
         return tuple(crcs)
 
     def _stream_data(self, flight: _InFlight, fd: int, file_offset: int, paged: PagedKV,
