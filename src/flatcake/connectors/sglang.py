@@ -1,0 +1,245 @@
+"""FlatCake as an SGLang HiCache L3 storage backend (``FlatCakeHiCacheStorage``).
+
+Launch SGLang with::
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "flatcake",
+        "module_path": "flatcake.connectors.sglang",
+        "class_name": "FlatCakeHiCacheStorage", "interface_v1": 1,
+        "store": {"root": "/nvme/flatcake"}, "tenant_salt": "team-a"}'
+
+The extra config takes the store's own names (``sglang_pool.parse_sglang_config``).
+Every call goes to one ``FlatCakeStore`` (the same books and executor as every host):
+
+- ``batch_set_v1``: the batch's pages are gathered from the host pool layer by layer
+  into a block-major staging buffer and stored as one turn (one layer-major segment),
+  written, made durable and only then published; True for the pages the store holds
+  afterwards.
+- ``batch_get_v1``: the stored run of the batch is restored by the store (merged reads,
+  every segment's crc32 checked) into staging, then copied into the host pool; True for
+  exactly those pages, so never a True after a False. A damaged segment is a miss from
+  that page on, never copied into the pool.
+- ``batch_exists``: the leading run of pages the store's index serves (damaged
+  segments cut it).
+
+Sessions: SGLang's page keys are chained hashes, and ``extra_info.prefix_keys`` names the
+pages before a batch; a batch whose prefix ends where a stored batch ended is that
+session's next turn, otherwise a new session starts. Placement signals: turn index and
+context length come from that; SGLang's storage calls carry no request, so the previous
+reply length and the shared-prefix refcount are not available (unknown reply, refcount
+1): the placement rule decides on turn and context alone. Sessions are remembered for
+this process only; after a restart a continuation starts a new session file while the
+earlier turns stay readable.
+
+Key space: a page key is ``engine_block_key(ns, hash)`` with ``ns`` over the model, the
+tenant salt, and the pool's memory layout, dtype, page size, TP/PP ranks (SGLang's keys
+carry none of them), so two layouts or two tenants never read each other's pages.
+
+Threads: SGLang's backup and prefetch threads call in at once; the store is
+thread-safe, and this class's own books sit under one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+from flatcake.connectors.sglang_pool import BackendSettings, HostPoolView, parse_sglang_config
+from flatcake.control.keys import engine_block_key, namespace_key
+from flatcake.errors import CapacityError
+from flatcake.store import FlatCakeStore, TurnSignals
+
+logger = logging.getLogger(__name__)
+
+MAX_SESSIONS = 100_000
+STAT_KEYS = ("set_calls", "pages_set", "pages_set_failed", "get_calls", "pages_got",
+             "pages_missed", "exists_calls", "read_commands", "bytes_read",
+             "damaged_segments", "bytes_written")
+
+
+def _engine_hash(key: str) -> bytes:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"SGLang page keys must be non-empty strings, got {key!r}")
+    try:
+        return bytes.fromhex(key)
+    except ValueError:
+        return key.encode("utf-8")
+
+
+class FlatCakeHiCacheStorage(HiCacheStorage):
+    """SGLang ``HiCacheStorage`` over a ``FlatCakeStore`` (zero-copy v1 interface)."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig | None,
+                 kwargs: dict[str, Any] | None = None) -> None:
+        extra = getattr(storage_config, "extra_config", None) or {}
+        self.settings: BackendSettings = parse_sglang_config(extra)
+        model = self.settings.model_name or getattr(storage_config, "model_name", None)
+        if not model:
+            raise ValueError("FlatCake needs the model name: SGLang's model_name or "
+                             "model_name in the extra config")
+        if getattr(storage_config, "is_mla_model", False):
+            raise ValueError("FlatCake's SGLang backend supports MHA host pools only")
+        self.model = str(model)
+        self._ranks = tuple(int(getattr(storage_config, name, 0) or 0)
+                            for name in ("tp_rank", "tp_size", "pp_rank", "pp_size"))
+        self._lock = threading.Lock()
+        self._tails: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
+        self._stats = dict.fromkeys(STAT_KEYS, 0)
+        self.view: HostPoolView | None = None
+        self.store: FlatCakeStore | None = None
+        self._ns = b""
+        pool = (kwargs or {}).get("mem_pool_host")
+        if pool is not None:
+            self.register_mem_pool_host(pool)
+
+    # -- set-up -----------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Takes the host pool's geometry and opens the store (restart recovery)."""
+        super().register_mem_pool_host(mem_pool_host)
+        if self.store is not None:
+            self.store.close()
+        view = HostPoolView(mem_pool_host)
+        tp_rank, tp_size, pp_rank, pp_size = self._ranks
+        space = (f"sglang|layout={view.layout}|dtype={view.dtype_name}|page={view.page_size}"
+                 f"|tp={tp_rank}/{tp_size}|pp={pp_rank}/{pp_size}")
+        self._ns = namespace_key(self.model, self.settings.tenant_salt, space)
+        config = self.settings.config
+        root = Path(config.store.root) / f"tp{tp_rank}-pp{pp_rank}"
+        self.view = view
+        self.store = FlatCakeStore.open(root, view.geometry(f"sglang-{self.model}"), config)
+
+    def _ready(self) -> tuple[FlatCakeStore, HostPoolView]:
+        if self.store is None or self.view is None:
+            raise ValueError("register_mem_pool_host must be called before I/O")
+        return self.store, self.view
+
+    def _keys(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        if isinstance(keys, str) or not isinstance(keys, Sequence):
+            raise ValueError(f"keys must be a list of page keys, got {type(keys).__name__}")
+        return tuple(engine_block_key(self._ns, _engine_hash(k)) for k in keys)
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, d in deltas.items():
+                self._stats[name] += d
+
+    # -- the v1 interface ---------------------------------------------------------
+
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        store, _ = self._ready()
+        self._count(exists_calls=1)
+        if not keys:
+            return 0
+        try:
+            return store.lookup(self._keys(keys)).num_blocks
+        except ValueError:  # the store was closed by clear() meanwhile
+            return 0
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
+        store, view = self._ready()
+        bkeys = self._keys(keys)
+        if not bkeys:
+            return []
+        pages = view.pages(host_indices, len(bkeys))
+        prefix = list(getattr(extra_info, "prefix_keys", None) or [])
+        with self._lock:
+            self._stats["set_calls"] += 1
+            owner = self._tails.get(self._keys(prefix[-1:])[0]) if prefix else None
+        sid, turn = (owner[0], owner[1] + 1) if owner else (f"sglang-{bkeys[0][:12].hex()}", 0)
+        staging = view.staging(len(bkeys))
+        view.gather(pages, staging)
+        signals = TurnSignals(turn_index=turn,
+                              context_tokens=(len(prefix) + len(bkeys)) * view.page_size)
+        try:
+            result = store.store_turn(sid, bkeys, staging, torch.arange(len(bkeys)), signals)
+            stored = store.lookup(bkeys).num_blocks if not result.error else 0
+            written = result.bytes_written
+        except (CapacityError, OSError, ValueError) as exc:
+            logger.warning("FlatCake: batch_set_v1 of %d pages failed: %s", len(bkeys), exc)
+            stored, written = 0, 0
+        with self._lock:
+            self._stats["pages_set"] += stored
+            self._stats["pages_set_failed"] += len(bkeys) - stored
+            self._stats["bytes_written"] += written
+            if stored == len(bkeys):
+                self._tails[bkeys[-1]] = (sid, turn)
+                self._tails.move_to_end(bkeys[-1])
+                while len(self._tails) > MAX_SESSIONS:
+                    self._tails.popitem(last=False)
+        return [i < stored for i in range(len(bkeys))]
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
+        store, view = self._ready()
+        bkeys = self._keys(keys)
+        if not bkeys:
+            return []
+        pages = view.pages(host_indices, len(bkeys))
+        staging = view.staging(len(bkeys))
+        try:
+            result = store.load(bkeys, staging, torch.arange(len(bkeys)))
+        except ValueError:  # the store was closed by clear() meanwhile
+            return [False] * len(bkeys)
+        got = result.num_blocks
+        view.scatter(staging, pages[:got])
+        self._count(get_calls=1, pages_got=got, pages_missed=len(bkeys) - got,
+                    read_commands=result.commands, bytes_read=result.bytes_read,
+                    damaged_segments=result.damaged_segments)
+        return [i < got for i in range(len(bkeys))]
+
+    # -- the legacy interface (SGLang calls it only without interface_v1) ----------
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        raise NotImplementedError("FlatCake serves SGLang's zero-copy interface: set "
+                                  "interface_v1 to 1 in the extra config")
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> Any:
+        raise NotImplementedError("FlatCake serves SGLang's zero-copy interface: set "
+                                  "interface_v1 to 1 in the extra config")
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        raise NotImplementedError("FlatCake serves SGLang's zero-copy interface: set "
+                                  "interface_v1 to 1 in the extra config")
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        raise NotImplementedError("FlatCake serves SGLang's zero-copy interface: set "
+                                  "interface_v1 to 1 in the extra config")
+
+    # -- housekeeping -----------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Drops every stored page of this rank (its store root is emptied)."""
+        store, _ = self._ready()
+        root, geometry, config = store.root, store.geometry, store.config
+        with self._lock:
+            store.close()
+            shutil.rmtree(root, ignore_errors=True)
+            self.store = FlatCakeStore.open(root, geometry, config)
+            self._tails.clear()
+
+    def get_stats(self) -> dict[str, Any]:
+        with self._lock:
+            stats: dict[str, Any] = dict(self._stats)
+        if self.store is not None:
+            stats["store"] = self.store.inspect()
+        return stats
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()

@@ -1,0 +1,101 @@
+"""Builders for the SGLang backend tests: SGLang's own host pool, chained page keys,
+and the backend loaded the way SGLang loads it (``dynamic``)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.connectors.sglang_stubs import install_torchvision_stub
+
+install_torchvision_stub()
+
+from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
+    KVBufferLayout,
+    KVBuffers,
+    MHABufferInfo,
+)
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+
+LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+LAYERS, HEADS, DIM, PAGE = 3, 2, 32, 16
+DEVICE_TOKENS = 512
+
+
+def host_pool(layout: str, dtype: torch.dtype = torch.bfloat16) -> Any:
+    """SGLang's ``MHATokenToKVPoolHost`` (unpinned, CPU) filled with random bytes."""
+    k = tuple(torch.zeros(DEVICE_TOKENS, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+    v = tuple(torch.zeros(DEVICE_TOKENS, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+
+    def ptrs(ts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
+                          layout=KVBufferLayout.NHD),
+        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=dtype,
+        device=torch.device("cpu"))
+    pool = MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=DEVICE_TOKENS, start_layer=0,
+                                end_layer=LAYERS)
+    raw = pool.kv_buffer.view(-1).view(torch.uint8)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8,
+                            generator=torch.Generator().manual_seed(7)))
+    return pool
+
+
+def chain(n: int, seed: str = "s") -> list[str]:
+    """``n`` chained SHA-256 page keys (hex), as SGLang hashes pages."""
+    keys, prev = [], seed.encode()
+    for i in range(n):
+        prev = hashlib.sha256(prev + str(i).encode()).digest()
+        keys.append(prev.hex())
+    return keys
+
+
+def slots(pages: list[int]) -> torch.Tensor:
+    """Host token slots of ``pages`` (page-aligned, ``page_size`` each)."""
+    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages])
+
+
+def page_bytes(pool: Any, page: int) -> bytes:
+    """Every byte of one page of the pool, layer by layer, K then V."""
+    from flatcake.connectors.sglang_pool import HostPoolView
+
+    view = HostPoolView(pool)
+    out = []
+    for layer in range(view.num_layers):
+        k, v = view.layer_kv(layer)
+        out.append(k[page].contiguous().view(torch.uint8).numpy().tobytes())
+        out.append(v[page].contiguous().view(torch.uint8).numpy().tobytes())
+    return b"".join(out)
+
+
+def extra(prefix: list[str]) -> HiCacheStorageExtraInfo:
+    return HiCacheStorageExtraInfo(prefix_keys=list(prefix))
+
+
+def backend(pool: Any, root: Path, *, tenant: str = "", model: str = "tiny-llama",
+            **config: Any) -> Any:
+    """The backend as SGLang builds it (``dynamic``), with the host pool registered."""
+    extra_config = {"backend_name": "flatcake", "module_path": "flatcake.connectors.sglang",
+                    "class_name": "FlatCakeHiCacheStorage", "interface_v1": 1,
+                    "store": {"root": str(root), "io_mode": "auto",
+                              "memory_capacity_bytes": 0},
+                    "tenant_salt": tenant, **config}
+    cfg = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                               attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                               is_page_first_layout=pool.layout != "layer_first",
+                               model_name=model, extra_config=extra_config)
+    b = StorageBackendFactory.create_backend("dynamic", cfg, pool)
+    b = getattr(b, "_backend", b)  # unwrap SGLang's failure injector when it wraps
+    b.register_mem_pool_host(pool)
+    return b

@@ -1,0 +1,142 @@
+"""FlatCake as SGLang's HiCache L3 backend, driven through SGLang's own host pool.
+
+Runs in the SGLang virtualenv (``scripts/sglang_venv.sh``; ``make test`` builds it and
+runs ``-m sglang``); skipped where SGLang is not installed. Every test loads the backend
+as SGLang does (``--hicache-storage-backend dynamic``) and moves pages between SGLang's
+``MHATokenToKVPoolHost`` and the store.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip("SGLang is not installed (scripts/sglang_venv.sh builds its venv)",
+                allow_module_level=True)
+
+from tests.connectors.sglang_helpers import (
+    LAYERS,
+    LAYOUTS,
+    backend,
+    chain,
+    extra,
+    host_pool,
+    page_bytes,
+    slots,
+)
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_round_trip_bit_exact_every_layout(tmp_path: Path, layout: str) -> None:
+    pool = host_pool(layout)
+    keys = chain(6)
+    src = [3, 9, 4, 20, 21, 1]
+    want = [page_bytes(pool, p) for p in src]
+    b = backend(pool, tmp_path)
+    # Two turns: the second batch extends the first (prefix_keys), as SGLang's backup sends.
+    assert b.batch_set_v1(keys[:4], slots(src[:4]), extra([])) == [True] * 4
+    assert b.batch_set_v1(keys[4:], slots(src[4:]), extra(keys[:4])) == [True] * 2
+    assert b.batch_exists(keys, extra([])) == 6
+    dst = [30, 31, 2, 12, 13, 25]
+    before = page_bytes(pool, 0)
+    assert b.batch_get_v1(keys, slots(dst), extra([])) == [True] * 6
+    assert [page_bytes(pool, p) for p in dst] == want
+    assert page_bytes(pool, 0) == before  # nothing else written
+    # A batch that starts mid-chain reads the pages it names.
+    assert b.batch_get_v1(keys[4:], slots([5, 6]), extra(keys[:4])) == [True, True]
+    assert [page_bytes(pool, p) for p in (5, 6)] == want[4:]
+    stats = b.get_stats()
+    assert stats["pages_set"] == 6 and stats["pages_got"] == 8
+    b.close()
+
+
+def test_unknown_pages_miss_and_leading_run(tmp_path: Path) -> None:
+    pool = host_pool("page_first")
+    keys = chain(4)
+    b = backend(pool, tmp_path)
+    assert b.batch_set_v1(keys[:2], slots([1, 2]), extra([])) == [True, True]
+    assert b.batch_exists(keys, extra([])) == 2
+    assert b.batch_exists(chain(3, "other"), extra([])) == 0
+    before = page_bytes(pool, 8)
+    assert b.batch_get_v1(keys, slots([5, 6, 7, 8]), extra([])) == [True, True, False, False]
+    assert page_bytes(pool, 8) == before
+    b.close()
+
+
+def test_restore_after_restart_within_read_bar(tmp_path: Path) -> None:
+    """N pages written in T turns restore after a restart with <= layers x T reads."""
+    pool = host_pool("layer_first")
+    keys = chain(9)
+    turns = [(0, 4), (4, 7), (7, 9)]
+    src = list(range(1, 10))
+    want = [page_bytes(pool, p) for p in src]
+    b = backend(pool, tmp_path)
+    for lo, hi in turns:
+        assert b.batch_set_v1(keys[lo:hi], slots(src[lo:hi]), extra(keys[:lo])) == \
+            [True] * (hi - lo)
+    b.close()
+    b = backend(pool, tmp_path)  # a new process: the store recovers its files
+    assert b.batch_exists(keys, extra([])) == 9
+    dst = list(range(20, 29))
+    assert b.batch_get_v1(keys, slots(dst), extra([])) == [True] * 9
+    assert [page_bytes(pool, p) for p in dst] == want
+    stats = b.get_stats()
+    assert 0 < stats["read_commands"] <= LAYERS * len(turns)
+    b.close()
+
+
+def test_corrupted_segment_is_a_miss_from_that_page_on(tmp_path: Path) -> None:
+    pool = host_pool("page_first")
+    keys = chain(6)
+    b = backend(pool, tmp_path)
+    assert all(b.batch_set_v1(keys[:3], slots([1, 2, 3]), extra([])))
+    assert all(b.batch_set_v1(keys[3:], slots([4, 5, 6]), extra(keys[:3])))
+    b.close()
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size > 8192)
+    assert files
+    victim = files[0]
+    data = bytearray(victim.read_bytes())
+    data[-4096 - 100] ^= 0xFF  # inside the last segment's data
+    victim.write_bytes(bytes(data))
+    b = backend(pool, tmp_path)
+    dst = [10, 11, 12, 13, 14, 15]
+    before = [page_bytes(pool, p) for p in dst]
+    got = b.batch_get_v1(keys, slots(dst), extra([]))
+    assert got == [True, True, True, False, False, False]
+    assert [page_bytes(pool, p) for p in dst[3:]] == before[3:]  # never copied in
+    assert b.batch_exists(keys, extra([])) == 3
+    assert b.get_stats()["damaged_segments"] >= 1
+    b.close()
+
+
+def test_layouts_and_tenants_never_share_pages(tmp_path: Path) -> None:
+    keys = chain(3)
+    first = host_pool("layer_first")
+    b = backend(first, tmp_path, tenant="a")
+    assert all(b.batch_set_v1(keys, slots([1, 2, 3]), extra([])))
+    b.close()
+    other_layout = backend(host_pool("page_first"), tmp_path, tenant="a")
+    assert other_layout.batch_exists(keys, extra([])) == 0
+    assert other_layout.batch_get_v1(keys, slots([4, 5, 6]), extra([])) == [False] * 3
+    other_layout.close()
+    other_tenant = backend(first, tmp_path, tenant="b")
+    assert other_tenant.batch_exists(keys, extra([])) == 0
+    other_tenant.close()
+    same = backend(first, tmp_path, tenant="a")
+    assert same.batch_exists(keys, extra([])) == 3
+    same.clear()
+    assert same.batch_exists(keys, extra([])) == 0
+    same.close()
+
+
+def test_bad_extra_config_is_a_clear_error(tmp_path: Path) -> None:
+    pool = host_pool("page_first")
+    with pytest.raises(ValueError, match="unknown hicache-storage-backend-extra-config key"):
+        backend(pool, tmp_path, colour="red")
+    with pytest.raises(ValueError, match="store"):
+        backend(pool, tmp_path, **{"store.read_threads": 0})
