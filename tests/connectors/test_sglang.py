@@ -140,3 +140,44 @@ def test_bad_extra_config_is_a_clear_error(tmp_path: Path) -> None:
         backend(pool, tmp_path, colour="red")
     with pytest.raises(ValueError, match="store"):
         backend(pool, tmp_path, **{"store.read_threads": 0})
+
+
+def test_backup_and_prefetch_threads_at_once(tmp_path: Path) -> None:
+    """Writers and readers on separate threads (SGLang's backup and prefetch threads):
+    every read is a leading run of True, and what it loaded is bit-exact."""
+    import threading
+
+    pool = host_pool("page_first_direct")
+    b = backend(pool, tmp_path)
+    sessions = [chain(4, f"s{i}") for i in range(4)]
+    src = {i: [1 + 4 * i + j for j in range(4)] for i in range(4)}
+    want = {i: [page_bytes(pool, p) for p in src[i]] for i in range(4)}
+    errors: list[str] = []
+
+    def backup(i: int) -> None:
+        keys = sessions[i]
+        for lo in (0, 2):
+            if b.batch_set_v1(keys[lo:lo + 2], slots(src[i][lo:lo + 2]),
+                              extra(keys[:lo])) != [True, True]:
+                errors.append(f"set {i} {lo}")
+
+    def prefetch(i: int) -> None:
+        dst = [40 + 4 * i + j for j in range(4)]
+        for _ in range(5):
+            got = b.batch_get_v1(sessions[i], slots(dst), extra([]))
+            n = got.count(True)
+            if got != [True] * n + [False] * (4 - n):
+                errors.append(f"get {i}: {got}")
+            if [page_bytes(pool, p) for p in dst[:n]] != want[i][:n]:
+                errors.append(f"bytes {i}")
+
+    threads = [threading.Thread(target=f, args=(i,)) for i in range(4)
+               for f in (backup, prefetch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for i in range(4):
+        assert b.batch_exists(sessions[i], extra([])) == 4
+    b.close()
