@@ -53,11 +53,11 @@ from flatcake.cio.format import (
     decode_file_header,
     session_file_name,
 )
+from flatcake.cio.names import LOCK_FILE, QUARANTINE_DIR, SESSIONS_DIR
+from flatcake.cio.names import session_files_in as session_files_in  # its old home
 from flatcake.cio.staging import OpenFile
 from flatcake.cio.writer import write_file_header
 from flatcake.plan.layout import ALIGN
-from flatcake.store.names import LOCK_FILE, QUARANTINE_DIR, SESSIONS_DIR
-from flatcake.store.names import session_files_in as session_files_in  # its old home
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,10 @@
-"""The connector's worker half: FlatCake's data plane inside an engine worker.
+"""The connector's worker half: FlatCake's executor (``cio.executor``) inside an engine
+worker.
 
-It executes the ``StepPlan`` the scheduler half sends each step and reports what
-finished (``WorkerReport``). It owns the bytes: the session files under its store
-directory, the host arena, the staging windows, and a view of the engine's paged KV::
+It runs the ``StepPlan`` the scheduler half sends each step on the same executor as
+``FlatCakeStore`` and reports what finished (``WorkerReport``). The executor owns the
+bytes (the session files under its store directory, the host arena, the staging
+windows); this class adds the engine's step rhythm and a view of its paged KV::
 
     start_step(plan)   preempted requests: finish their stores first (their blocks
                          may be reused by this step);
@@ -29,48 +31,34 @@ cut on is reported as a load error, so the engine recomputes it.
 
 Threads: the engine thread calls the public methods. Restore threads and the writer
 thread hand their results over through ``self._done`` (under ``self._lock``), which
-also guards the session files, the crc book and ``self._writing``.
+also guards ``self._writing``; the executor guards its files and crc book itself.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import queue
 import threading
 import time
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from flatcake.cio.arena import ArenaBuffer
-from flatcake.cio.direct import ensure_dir, resolve_io_mode
-from flatcake.cio.files import SessionFiles, session_files_in
-from flatcake.cio.format import FileHeader, FormatError, scan_session_file
+from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.readers import GdsReader, Reader
-from flatcake.cio.staging import (
-    LayerReady,
-    OpenFile,
-    RestoreJob,
-    RestoreOutcome,
-    StagingWindow,
-)
-from flatcake.cio.writer import SegmentWriter
+from flatcake.cio.scan import scan_sessions
+from flatcake.cio.staging import LayerReady
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.write_queue import WriteQueue
-from flatcake.control import FileCut
 from flatcake.control.address import Medium
 from flatcake.geometry import KVGeometry
-from flatcake.plan.stream import StreamCheck
 from flatcake.plan.tasks import (
-    FileDrop,
     LoadDone,
     LoadTask,
     StepPlan,
@@ -79,7 +67,6 @@ from flatcake.plan.tasks import (
     WorkerReport,
 )
 from flatcake.store.record import write_record
-from flatcake.store.store import build_restore_path
 
 logger = logging.getLogger(__name__)
 
@@ -116,21 +103,10 @@ class WorkerSide:
         self.geometry = geometry
         self.config = config
         self.store_dir = Path(store_dir)
-        ensure_dir(self.store_dir)
-        self.io_mode = resolve_io_mode(self.store_dir, config.store.io_mode)
+        self.executor = Executor(self.store_dir, geometry, config)
+        self.io_mode = self.executor.io_mode
+        self.reader = self.executor.reader
         self._lock = threading.Lock()
-        self._files = SessionFiles(self.store_dir, self.io_mode)
-        self._files.lock_root()
-        # (file_id, file_offset) of an SSD segment -> crc32 of each of its layers.
-        self._crcs: dict[tuple[int, int], tuple[int, ...]] = {}
-        self.arena = ArenaBuffer(config.store.memory_capacity_bytes)
-        self._writer = SegmentWriter()
-        self.reader: Reader
-        self.reader, self._windows = build_restore_path(config, self.io_mode)
-        num_windows = config.scheduler.max_restores_in_flight
-        self._sync_window = StagingWindow(self.reader)
-        self._restores = ThreadPoolExecutor(num_windows, thread_name_prefix="flatcake-restore")
-        self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-sync-load")
         self._writer_thread = WriteQueue(self._run_store, max_pending_stores)
         self.drain_timeout_s = drain_timeout_s
         self._writing: Counter[str] = Counter()  # request -> stores not yet finished
@@ -138,7 +114,7 @@ class WorkerSide:
         self._finished: set[str] = set()  # finished requests still holding stores
         self._closed = False
         self._done: list[_Finished] = []
-        self._sync: list[tuple[LoadTask, LayerReady, Future[_Finished]]] = []
+        self._sync: list[tuple[LoadTask, LayerReady, Future[LoadOutcome]]] = []
         self._sync_errors: set[int] = set()
         self._sync_done: list[LoadDone] = []
         self._stores_left: Counter[str] = Counter()
@@ -157,24 +133,18 @@ class WorkerSide:
     def _adopt_files(self) -> None:
         """Open the session files left by an earlier process; cut damaged tails so
         appends continue after the last valid segment (the scheduler half indexes the
-        same segments from their headers)."""
-        for file_id, path in session_files_in(self._files.sessions_dir):
-            try:
-                header, ok, bad = scan_session_file(path, verify_data=False)
-            except FormatError as exc:
-                dest = self._files.quarantine_path(path)
-                logger.warning("session file %s has a damaged header (%s); moved to %s",
-                               path, exc, dest)
+        same segments from their headers, ``cio.scan``)."""
+        found = scan_sessions(self.executor.files.sessions_dir, verify_data=False)
+        for _file_id, path, exc in found.unreadable:
+            dest = self.executor.files.quarantine_path(path)
+            logger.warning("session file %s has a damaged header (%s); moved to %s",
+                           path, exc, dest)
+        for scan in found.scans:
+            if scan.header.file_id != scan.file_id:
+                logger.warning("session file %s names file id %d; not served", scan.path,
+                               scan.header.file_id)
                 continue
-            if header.file_id != file_id:
-                logger.warning("session file %s names file id %d; not served", path,
-                               header.file_id)
-                continue
-            end = ok[-1].end_offset if ok else 4096
-            next_seq = ok[-1].header.seq + 1 if ok else 0
-            self._files.adopt(path, header, end, next_seq, cut=bool(bad))
-            for scanned in ok:
-                self._crcs[(file_id, scanned.file_offset)] = scanned.header.layer_crcs
+            self.executor.adopt(scan, len(scan.ok), cut=bool(scan.bad))
 
     def register(self, kv_caches: Sequence[torch.Tensor]) -> None:
         """Learn the paged KV: one tensor per layer, in the layer order of the segments
@@ -197,25 +167,27 @@ class WorkerSide:
         if plan.preempted:
             self._wait_for_stores(plan.preempted)
         for cut in plan.cuts:
-            self._cut(cut)
+            self.executor.cut(cut)
         for drop in plan.drops:
-            self._drop(drop)
+            self.executor.drop(drop.file_id)
         with self._lock:
             for store in plan.stores:
                 self._stores_left[store.request_id] += 1
                 self._writing[store.request_id] += 1
         self._stores_to_start.extend(plan.stores)
         for task in plan.loads:
-            job, cut_tags = self._job(task)
             ready = LayerReady(self.geometry.num_layers)
             if task.sync:
-                fut = self._sync_pool.submit(self._run_load, task, job, cut_tags, ready,
-                                             None)
+                fut = self.executor.submit_load(task, self._paged_kv(), ready)
                 self._sync.append((task, ready, fut))
             else:
                 self._loads_in_flight += 1
-                self._restores.submit(self._run_load, task, job, cut_tags, ready,
-                                      self._windows)
+                self.executor.submit_load(task, self._paged_kv(), ready,
+                                          partial(self._restored, task))
+
+    def _restored(self, task: LoadTask, outcome: LoadOutcome) -> None:
+        with self._lock:
+            self._done.append(_Finished(task, load=outcome.done))
 
     def wait_for_layer(self, layer: int) -> None:
         """Block until layer ``layer`` of this step's sync loads is in the paged KV.
@@ -232,11 +204,10 @@ class WorkerSide:
         step's stores to the writer thread: off the forward pass, which they would only
         slow down, and from blocks their finished requests keep until reported."""
         for task, _ready, fut in self._sync:
-            done = fut.result()
-            if done.load is not None:
-                self._sync_errors.update(self._failed_block_ids(task, done.load))
-                self._sync_done.append(done.load)
-                self._count_load(done.load)
+            done = fut.result().done
+            self._sync_errors.update(self._failed_block_ids(task, done))
+            self._sync_done.append(done)
+            self._count_load(done)
         self._sync = []
         for store in self._stores_to_start:
             if self._closed or not self._writer_thread.submit(store):
@@ -286,69 +257,6 @@ class WorkerSide:
 
     # -- loads -----------------------------------------------------------------------
 
-    def _job(self, task: LoadTask) -> tuple[RestoreJob, tuple[int, ...]]:
-        """The restore job of ``task``, with this worker's crcs filled in. Segments this
-        worker cannot verify (no crcs, or their file is gone) cut the load before them."""
-        paged = self._paged_kv()
-        cut = task.num_blocks
-        cut_tags: list[int] = []
-        checks: list[StreamCheck] = []
-        files: dict[int, OpenFile] = {}
-        with self._lock:
-            where = {tag: (fid, off) for tag, fid, off in task.check_files}
-            for check in task.checks:
-                fid, off = where[check.tag]
-                crcs = self._crcs.get((fid, off))
-                if crcs is None or fid not in self._files:
-                    cut = min(cut, check.request_start)
-                    cut_tags.append(check.tag)
-                    crcs = (0,) * self.geometry.num_layers
-                checks.append(StreamCheck(check.stream_start, check.num_blocks, crcs,
-                                          check.request_start, check.tag))
-                if fid in self._files:
-                    files[fid] = self._files.open_file(fid)
-        for lp in task.read_plan.layers:
-            if any(op.file_id not in files for op in lp.ssd_ops):
-                cut = task.first_block  # a file of the plan is gone: load nothing
-                break
-        req = torch.tensor(task.stream_request, dtype=torch.int64)
-        slots = torch.full_like(req, -1)
-        wanted = req >= 0
-        table = torch.tensor(task.block_ids, dtype=torch.int64)
-        slots[wanted] = table[req[wanted]]
-        job = RestoreJob(task.read_plan, paged, slots.to(paged.device),
-                         list(task.stream_request), tuple(checks), files, self.arena.tensor,
-                         cut)
-        return job, tuple(cut_tags)
-
-    def _run_load(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
-                  ready: LayerReady, windows: queue.Queue[StagingWindow] | None
-                  ) -> _Finished:
-        window = self._sync_window if windows is None else windows.get()
-        try:
-            if job.num_request_blocks <= task.first_block:
-                outcome = RestoreOutcome(job.num_request_blocks, (), 0, 0, 0, 0.0)
-            else:
-                outcome = window.run(job, ready)
-        except Exception as exc:  # a failed load is a miss, never a crash
-            logger.warning("FlatCake load for request %s failed: %s", task.request_id, exc)
-            outcome = RestoreOutcome(task.first_block, (), 0, 0, 0, 0.0)
-            ready.fail(exc)
-        finally:
-            if windows is not None:
-                windows.put(window)
-        for layer in range(ready.num_layers):
-            ready.set(layer)
-        failed = tuple(dict.fromkeys((*cut_tags, *outcome.failed_tags)))
-        loaded = min(outcome.num_blocks_loaded, job.num_request_blocks)
-        done = LoadDone(task.request_id, max(loaded, task.first_block), task.num_blocks,
-                        failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s)
-        finished = _Finished(task, load=done)
-        if windows is not None:
-            with self._lock:
-                self._done.append(finished)
-        return finished
-
     @staticmethod
     def _failed_block_ids(task: LoadTask, done: LoadDone) -> set[int]:
         """Slots of the blocks the task meant to load but did not deliver."""
@@ -363,40 +271,16 @@ class WorkerSide:
     # -- stores and drops ------------------------------------------------------------
 
     def _run_store(self, task: StoreTask) -> None:
-        plan = task.plan
-        seg = plan.segment
         ok, written_bytes = False, 0
         try:
-            paged = self._paged_kv()
-            ids = paged.block_table(task.block_ids, unique=False)
-            if plan.medium == Medium.MEMORY:
-                self._writer.write_memory(self.arena.view(seg.offset, seg.total_bytes),
-                                          paged, ids)
-                written_bytes = seg.layout.data_bytes
-            else:
-                if plan.copy is not None:  # spare memory: a clean copy, published with it
-                    self._writer.write_memory(
-                        self.arena.view(plan.copy.offset, plan.copy.total_bytes), paged, ids)
-                file_id, offset = int(seg.file_id or 0), int(seg.file_offset or 0)
-                with self._lock:
-                    if plan.new_file:
-                        self._files.create(FileHeader(
-                            plan.session_id, file_id, self.config.store.node_id,
-                            int(plan.file_base_offset or 0), int(plan.span_bytes or 0),
-                            self.geometry.num_layers, self.geometry.block_bytes_per_layer))
-                    self._files.ensure_allocated(file_id, offset + seg.total_bytes)
-                    seq = self._files.take_seq(file_id)
-                    f = self._files.open_file(file_id)
-                written = self._writer.write_ssd(
-                    f.fd, offset, paged, ids, seg.keys, file_id=file_id, seq=seq,
-                    turn_index=seg.turn_index, first_block=plan.first_block)
-                with self._lock:
-                    self._crcs[(file_id, offset)] = written.header.layer_crcs
-                written_bytes = written.total_bytes
-            ok = True
+            out = self.executor.run_store(task, self._paged_kv())
+            ok, written_bytes = out.done.ok, out.done.bytes_written
+            if not ok:
+                logger.warning("FlatCake store of segment %d (request %s) failed: %s",
+                               task.plan.segment.segment_id, task.request_id, out.error)
         except Exception as exc:  # the books roll the allocation back
             logger.warning("FlatCake store of segment %d (request %s) failed: %s",
-                           seg.segment_id, task.request_id, exc)
+                           task.plan.segment.segment_id, task.request_id, exc)
         self._finish_store(task, ok, written_bytes)
 
     def _finish_store(self, task: StoreTask, ok: bool, written_bytes: int) -> None:
@@ -409,27 +293,6 @@ class WorkerSide:
             if self._writing[task.request_id] <= 0:
                 del self._writing[task.request_id]
             self._write_cond.notify_all()
-
-    def _drop(self, drop: FileDrop) -> None:
-        with self._lock:
-            for key in [k for k in self._crcs if k[0] == drop.file_id]:
-                del self._crcs[key]
-            if isinstance(self.reader, GdsReader) and drop.file_id in self._files:
-                self.reader.forget_file(self._files.open_file(drop.file_id).path)
-            self._files.delete(drop.file_id)
-
-    def _cut(self, cut: FileCut) -> None:
-        """Truncate a file after its last good segment (a damaged one and everything
-        after it are gone on disk too; the next append of the session lands there)."""
-        with self._lock:
-            for key in [k for k in self._crcs if k[0] == cut.file_id and k[1] >= cut.end_bytes]:
-                del self._crcs[key]
-            if cut.file_id in self._files:
-                try:
-                    self._files.truncate(cut.file_id, cut.end_bytes)
-                except OSError as exc:  # the books are cut; a restart re-checks the crcs
-                    logger.error("could not cut session file %d at %d: %s", cut.file_id,
-                                 cut.end_bytes, exc)
 
     # -- reporting and lifecycle -----------------------------------------------------
 
@@ -463,12 +326,4 @@ class WorkerSide:
                            "%.1f s)", len(dropped) + (not stopped), self.drain_timeout_s)
         else:
             logger.debug("FlatCake writer drained in %.3f s", time.monotonic() - t0)
-        self._restores.shutdown(wait=True)
-        self._sync_pool.shutdown(wait=True)
-        while not self._windows.empty():
-            self._windows.get_nowait().close()
-        self._sync_window.close()
-        self.reader.close()
-        if stopped:
-            with self._lock:
-                self._files.close()
+        self.executor.close(close_files=stopped)

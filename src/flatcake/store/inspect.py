@@ -15,8 +15,8 @@ from typing import Any
 from flatcake import progress
 from flatcake.cio.format import DamagedSegment, FormatError, scan_session_file
 from flatcake.cio.hugepages import huge_pages_note
+from flatcake.cio.names import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
 from flatcake.config import FlatCakeConfig
-from flatcake.store.names import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
 from flatcake.store.record import read_record
 
 

@@ -12,10 +12,11 @@ Per session file (``cio.format.scan_session_file`` tells a clean end from damage
     longer than its last segment        -> trimmed (a write a crash interrupted)
     .<name>.tmp                         -> removed (a crash while creating a file)
 
-``recover_root`` also re-indexes every kept segment in the control plane; a segment
-the books refuse (e.g. a key repeated inside it, written by an older version) is
-damage like any other. Only a root where *no* file matches the geometry is refused:
-the store was opened with the wrong model, and nothing is touched.
+``recover_root`` also re-indexes every kept segment in the control plane (``cio.scan``,
+the scan the vLLM connector uses too); a segment the books refuse (e.g. a key
+repeated inside it, written by an older version) is damage like any other. Only a
+root where *no* file matches the geometry is refused: the store was opened with the
+wrong model, and nothing is touched.
 """
 
 from __future__ import annotations
@@ -25,29 +26,18 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flatcake.cio.files import SESSIONS_DIR, SessionFiles, session_files_in
-from flatcake.cio.format import (
-    DamagedSegment,
-    FileHeader,
-    FormatError,
-    ScannedSegment,
-    scan_session_file,
-)
+from flatcake.cio.scan import FileScan, check_fit, index_scan, is_stray, scan_sessions
 from flatcake.control import ControlPlane
 from flatcake.store.inspect import NotAStore
 from flatcake.store.results import RecoveryReport
 
+if TYPE_CHECKING:
+    from flatcake.cio.executor import Executor
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Scan:
-    file_id: int
-    path: Path
-    header: FileHeader
-    ok: list[ScannedSegment]
-    bad: list[DamagedSegment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +64,11 @@ class RepairReport:
 
 
 def _scan_all(files: SessionFiles, verify_data: bool,
-              quarantined: list[int]) -> tuple[list[tuple[int, Path]], list[_Scan]]:
-    found = session_files_in(files.sessions_dir)
-    scans = []
-    for file_id, path in found:
-        try:
-            scans.append(_Scan(file_id, path, *scan_session_file(path, verify_data)))
-        except FormatError as exc:
-            _quarantine(files, path, f"unreadable ({exc})", quarantined, file_id)
-    return found, scans
+              quarantined: list[int]) -> tuple[list[tuple[int, Path]], list[FileScan]]:
+    result = scan_sessions(files.sessions_dir, verify_data)
+    for file_id, path, exc in result.unreadable:
+        _quarantine(files, path, f"unreadable ({exc})", quarantined, file_id)
+    return result.found, result.scans
 
 
 def _quarantine(files: SessionFiles, path: Path, why: str, quarantined: list[int],
@@ -92,29 +78,18 @@ def _quarantine(files: SessionFiles, path: Path, why: str, quarantined: list[int
     quarantined.append(file_id)
 
 
-def _stray(files: SessionFiles, scan: _Scan, quarantined: list[int]) -> None:
+def _stray(files: SessionFiles, scan: FileScan, quarantined: list[int]) -> None:
     h = scan.header
     _quarantine(files, scan.path, f"a stray: its header names file id {h.file_id}, "
                 f"{h.num_layers} layers x {h.block_bytes_per_layer} B, span "
                 f"{h.span_bytes}", quarantined, scan.file_id)
 
 
-def _settle(files: SessionFiles, scan: _Scan, kept: list[ScannedSegment],
-            damaged: bool) -> bool:
-    """Keep the file up to its last kept segment (trimmed), or delete it when nothing
-    is kept. Returns whether it is kept."""
-    if not kept:
-        scan.path.unlink(missing_ok=True)
-        return False
-    files.adopt(scan.path, scan.header, kept[-1].end_offset, kept[-1].header.seq + 1,
-                cut=damaged)
-    return True
-
-
-def recover_root(files: SessionFiles, control: ControlPlane, verify_data: bool,
-                 crcs: dict[int, tuple[int, ...]]) -> RecoveryReport:
-    """Settle every session file of a locked root and re-index what is kept in
-    ``control``; ``crcs`` receives each re-indexed segment's layer crcs."""
+def recover_root(executor: Executor, control: ControlPlane,
+                 verify_data: bool) -> RecoveryReport:
+    """Settle every session file of the executor's (locked) root, re-index what is kept
+    in ``control``, and hand the kept files (and their crcs) to the executor."""
+    files = executor.files
     g, span = control.geometry, control.config.store.session_file_bytes
     for file_id, _ in [*session_files_in(files.sessions_dir),
                        *session_files_in(files.quarantine_dir)]:
@@ -122,53 +97,26 @@ def recover_root(files: SessionFiles, control: ControlPlane, verify_data: bool,
     quarantined: list[int] = []
     damaged_ids: list[int] = []
     found, scans = _scan_all(files, verify_data, quarantined)
-
-    def fits(h: FileHeader) -> bool:
-        return (h.num_layers, h.block_bytes_per_layer, h.span_bytes) == (
-            g.num_layers, g.block_bytes_per_layer, span)
-
-    if scans and not any(fits(s.header) for s in scans):
-        h, path = scans[0].header, scans[0].path
-        if h.span_bytes != span:
-            raise ValueError(f"store.session_file_bytes={span} but session file {path} "
-                             f"was written with span {h.span_bytes}")
-        raise ValueError(
-            f"session file {path} holds {h.num_layers} layers x {h.block_bytes_per_layer} "
-            f"B blocks, but geometry {g.name!r} has {g.num_layers} x "
-            f"{g.block_bytes_per_layer} B")
+    check_fit(scans, g, span)
     segments = blocks = damaged = lost = 0
     sessions: set[str] = set()
-    wall_now, clock_now = time.time(), control.clock.now()
+    wall_now = time.time()
     for scan in scans:
-        header, bad = scan.header, scan.bad
-        if header.file_id != scan.file_id or not fits(header):
+        if is_stray(scan, g, span):
             _stray(files, scan, quarantined)
             continue
-        last_access = clock_now - max(0.0, wall_now - scan.path.stat().st_mtime)
-        kept: list[ScannedSegment] = []
-        for scanned in scan.ok:
-            sh = scanned.header
-            try:
-                seg = control.recover_segment(
-                    header.session_id, scan.file_id, scanned.file_offset, sh.layout,
-                    sh.keys, sh.turn_index, virtual_base=header.virtual_base,
-                    last_access=last_access)
-            except ValueError as exc:  # the books refuse it (e.g. a repeated key)
-                bad = [DamagedSegment(scanned.file_offset, f"refused: {exc}", sh.seq,
-                                      len(scan.ok) - len(kept) - 1)]
-                logger.warning("session file %s: segment at %d %s; cut there", scan.path,
-                               scanned.file_offset, bad[0].reason)
-                break
-            crcs[seg.segment_id] = sh.layer_crcs
-            kept.append(scanned)
-            blocks += sh.num_blocks
-        segments += len(kept)
+        kept, bad = index_scan(control, scan, wall_now)
+        segments += kept
+        blocks += sum(s.header.num_blocks for s in scan.ok[:kept])
         damaged += len(bad)
         lost += sum(d.lost_segments for d in bad)
         if bad:
             damaged_ids.append(scan.file_id)
-        if _settle(files, scan, kept, bool(bad)):
-            sessions.add(header.session_id)
+        if not kept:
+            scan.path.unlink(missing_ok=True)  # only a header was there
+            continue
+        executor.adopt(scan, kept, cut=bool(bad))
+        sessions.add(scan.header.session_id)
     report = RecoveryReport(len(found), len(sessions), segments, blocks, damaged,
                             len(quarantined), lost,
                             tuple(sorted(damaged_ids + quarantined)))
@@ -181,6 +129,8 @@ def repair_root(root: str | os.PathLike[str]) -> RepairReport:
     """Offline ``fsck --repair``: settle every session file under ``root`` as a restart
     would (every data crc verified), so ``fsck`` then finds its live files clean.
     Takes the root's lock: refuses (``ValueError``) while a store serves it."""
+    from flatcake.cio.executor import adopt_file
+
     root_path = Path(root)
     if not root_path.exists():
         raise FileNotFoundError(f"store root {root_path} does not exist")
@@ -201,9 +151,12 @@ def repair_root(root: str | os.PathLike[str]) -> RepairReport:
                 scan.ok[-1].end_offset if scan.ok else 0)
             damaged += len(scan.bad)
             lost += sum(d.lost_segments for d in scan.bad)
-            if not _settle(files, scan, scan.ok, bool(scan.bad)):
+            if not scan.ok:
+                scan.path.unlink(missing_ok=True)
                 deleted += 1
-            elif trimmed:
+                continue
+            adopt_file(files, scan, len(scan.ok), bool(scan.bad))
+            if trimmed:
                 cut += 1
     finally:
         files.close()

@@ -1,11 +1,12 @@
-"""``FlatCakeStore``: the public store, gluing the control plane to the data plane.
+"""``FlatCakeStore``: the public store = the books (``control.ControlPlane``) + the
+executor (``cio.executor``) in one process, over the same tasks (``plan.tasks``) as the
+vLLM connector's two halves::
 
-The control plane (``control.ControlPlane``) keeps the books and plans; this class
-executes its plans with real bytes and reports back::
-
-    store_turn:  prepare_store -> gather + write (+ fdatasync) -> complete_store
-    load:        lookup -> prepare_load (reads widened to whole segments) ->
-                 staging window: read, verify crc32, scatter per layer -> complete_load
+    store_turn:  prepare_store -> StoreTask -> executor: gather + write (+ fdatasync)
+                 -> complete_store
+    load:        lookup -> prepare_load (reads widened to whole segments) -> LoadTask
+                 -> FC-MAS queues (``store.restores``) -> executor: staging window:
+                 read, verify crc32, scatter per layer -> complete_load
     reclaim:     control.reclaim -> delete the files it names
     damage:      a segment fails its crc32 -> it and the rest of the load are a miss ->
                  control.truncate_session -> cut the file before it, delete later files
@@ -21,11 +22,12 @@ sends the session's files to ``quarantine/``.
 
 Threads: any thread may call the public methods. ``self._lock`` serialises every call
 into the control plane and guards the store's own books (open files, segment
-checksums, pending cuts); it is never held across I/O except the small, rare file
+pending cuts, FC-MAS queues); it is never held across I/O except the small, rare file
 cuts. ``self._unpinned`` (on the same lock) is notified whenever a restore or write
-ends, which is what a pending cut waits for. Restores run on a pool of
-``scheduler.max_restores_in_flight`` threads, one staging window each: a restore that
-finds every window busy waits in the pool's queue; it is never cancelled.
+ends, which is what a pending cut waits for. Restores are ordered by FC-MAS
+(``store.restores``) and run on the executor's ``scheduler.max_restores_in_flight``
+staging windows: a restore that finds every window busy waits in the SSD-preparing
+queue; it is never cancelled.
 """
 
 from __future__ import annotations
@@ -33,11 +35,10 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -45,39 +46,22 @@ from typing import Any
 import torch
 
 from flatcake.cio.arena import ArenaBuffer
-from flatcake.cio.direct import (
-    aligned_buffer,
-    ensure_dir,
-    pwrite_all,
-    resolve_io_mode,
-    writable_view,
-)
-from flatcake.cio.files import SessionFiles
-from flatcake.cio.format import (
-    FileHeader,
-)
+from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
-from flatcake.cio.staging import (
-    LayerReady,
-    OpenFile,
-    RestoreJob,
-    RestoreOutcome,
-    StagingWindow,
-)
-from flatcake.cio.writer import SegmentWriter
+from flatcake.cio.readers import Reader
+from flatcake.cio.staging import LayerReady
 from flatcake.clock import Clock, WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
-from flatcake.control.index import PrefixHit
+from flatcake.control.damage import DamageBook
 from flatcake.control.keys import check_key
 from flatcake.geometry import KVGeometry, preset
-from flatcake.plan.layout import ALIGN
-from flatcake.plan.stream import StreamPlanner
+from flatcake.plan.serve import load_task, reclaim_tasks, store_task
 from flatcake.store.inspect import FsckReport, fsck_root
 from flatcake.store.record import write_record
 from flatcake.store.recovery import recover_root
+from flatcake.store.restores import Restores
 from flatcake.store.results import (
     LoadResult,
     LookupResult,
@@ -85,24 +69,9 @@ from flatcake.store.results import (
     StoreResult,
     TurnSignals,
 )
+from flatcake.store.snapshot import snapshot
 
 logger = logging.getLogger(__name__)
-
-
-def build_restore_path(
-    config: FlatCakeConfig, io_mode: str
-) -> tuple[Reader, queue.Queue[StagingWindow]]:
-    """The reader (GDS when CUDA + kvikio are usable on a direct-I/O root, else O_DIRECT
-    preadv) and ``scheduler.max_restores_in_flight`` staging windows over it, each
-    bounded by ``store.reads_in_flight``. Shared by the store and the vLLM worker."""
-    reader: Reader = (GdsReader(config.store.read_threads)
-                      if io_mode == "direct" and kvikio_available()
-                      else DirectReader(config.store.read_threads))
-    windows: queue.Queue[StagingWindow] = queue.Queue()
-    for _ in range(config.scheduler.max_restores_in_flight):
-        windows.put(StagingWindow(reader, crc_threads=config.store.read_threads,
-                                  reads_in_flight=config.store.reads_in_flight))
-    return reader, windows
 
 
 class LoadHandle:
@@ -142,32 +111,21 @@ class FlatCakeStore:
         self.root = root
         self.geometry = geometry
         self.config = config
-        ensure_dir(root)
-        self.io_mode = resolve_io_mode(root, config.store.io_mode)
-        self._files = SessionFiles(root, self.io_mode)
-        self._files.lock_root()
+        self._exec = Executor(root, geometry, config)
+        self.io_mode = self._exec.io_mode
         self._lock = threading.Lock()
-        self.control = ControlPlane(geometry, config, clock)
-        self.arena = ArenaBuffer(config.store.memory_capacity_bytes)
-        self._writer = SegmentWriter()
-        self.reader, self._windows = build_restore_path(config, self.io_mode)
-        num_windows = config.scheduler.max_restores_in_flight
-        self._restores = ThreadPoolExecutor(max_workers=num_windows,
-                                            thread_name_prefix="flatcake-restore")
-        self._crcs: dict[int, tuple[int, ...]] = {}  # SSD segment id -> layer crcs
-        # Segments that failed a crc check and are not cut off yet (lookups stop there),
-        # and per session the first of them: where its pending cut goes.
-        self._damaged_segments: set[int] = set()
-        self._cuts: dict[str, int] = {}
         self._unpinned = threading.Condition(self._lock)
+        self.control = ControlPlane(geometry, config, clock)
+        self.damage = DamageBook(self.control)
+        self._restores = Restores(self._unpinned, self.control, self._exec,
+                                  self._load_finished)
         self._request_ids = itertools.count()
         self._closed = False
         try:
-            self.recovery = recover_root(self._files, self.control, verify_on_open,
-                                         self._crcs)
+            self.recovery = recover_root(self._exec, self.control, verify_on_open)
             write_record(root, geometry, config, self.io_mode)  # for offline `inspect`
         except BaseException:
-            self._shutdown()
+            self._exec.close()
             raise
 
     @classmethod
@@ -194,7 +152,13 @@ class FlatCakeStore:
         return cls(Path(root).absolute(), geometry, config,
                    clock if clock is not None else WallClock(), verify_on_open)
 
-    # -- restart ---------------------------------------------------------------------
+    @property
+    def arena(self) -> ArenaBuffer:
+        return self._exec.arena
+
+    @property
+    def reader(self) -> Reader:
+        return self._exec.reader
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -210,7 +174,7 @@ class FlatCakeStore:
         return tuple(check_key(k, f"keys[{i}]") for i, k in enumerate(keys))
 
     def _paged(self, kv_caches: Sequence[torch.Tensor], block_ids: Any, num_keys: int,
-               unique: bool) -> tuple[PagedKV, torch.Tensor]:
+               unique: bool) -> tuple[PagedKV, list[int]]:
         paged = PagedKV(kv_caches, self.geometry.block_bytes_per_layer)
         if paged.num_layers != self.geometry.num_layers:
             raise ValueError(f"kv_caches has {paged.num_layers} layers, geometry "
@@ -218,65 +182,34 @@ class FlatCakeStore:
         table = paged.block_table(block_ids, unique=False)
         if table.numel() < num_keys:
             raise ValueError(f"block_ids has {table.numel()} entries for {num_keys} keys")
-        table = table[:num_keys]
+        table = table[:num_keys].cpu()
         if unique:
-            paged.block_table(table.cpu(), unique=True)
-        return paged, table
+            paged.block_table(table, unique=True)
+        return paged, [int(b) for b in table.tolist()]
 
-    def _apply_actions(self, actions: Sequence[ReclaimAction],
-                       quarantine: bool = False) -> ReclaimResult:
-        """Cut, delete (or quarantine) the files the control plane dropped. Called
-        under ``self._lock``."""
-        deleted = 0
-        for action in actions:
-            for seg in action.ssd_segments:
-                self._crcs.pop(seg.segment_id, None)
-                self._damaged_segments.discard(seg.segment_id)
-            for cut in action.cut_files:
-                self._files.truncate(cut.file_id, cut.end_bytes)
-            for file_id in action.file_ids:
-                if file_id in self._files and isinstance(self.reader, GdsReader):
-                    self.reader.forget_file(self._files.open_file(file_id).path)
-                if quarantine:
-                    self._files.quarantine(file_id)
-                else:
-                    self._files.delete(file_id)
-                deleted += 1
-            if action.session_dropped:
-                self._cuts.pop(action.session_id, None)
-        return ReclaimResult(tuple(a.session_id for a in actions), deleted,
+    def _apply(self, actions: Sequence[ReclaimAction], quarantine: bool = False
+               ) -> ReclaimResult:
+        """Cut, delete (or quarantine) the files the books dropped (under the lock)."""
+        self.damage.forget(actions)
+        cuts, drops = reclaim_tasks(actions)
+        for cut in cuts:
+            self._exec.cut(cut)
+        for drop in drops:
+            self._exec.drop(drop.file_id, quarantine)
+        return ReclaimResult(tuple(a.session_id for a in actions), len(drops),
                              sum(a.memory_bytes for a in actions),
                              sum(len(a.ssd_segments) for a in actions))
 
     def _settle_damage(self) -> None:
-        """Apply every pending cut that nothing in flight blocks (under lock): cut the
-        session before its damaged segment, or, when the damaged segment's file header
-        is damaged too, drop the session and quarantine its files."""
-        for sid, seg_id in list(self._cuts.items()):
+        """Apply every pending cut nothing in flight blocks (under the lock)."""
+        for action, quarantine in self.damage.settle(self._exec.header_damage):
             try:
-                seg = self.control.index.segment(seg_id)
-                blocked = self.control.tail_in_use(sid, seg_id)
-            except KeyError:  # the session was dropped or reclaimed meanwhile
-                del self._cuts[sid]
-                continue
-            if blocked:
-                continue
-            reason = self._files.header_damage(int(seg.file_id or 0))
-            if not reason:
-                action, quarantine = self.control.truncate_session(sid, seg_id), False
-            elif self.control.session(sid).num_pins == 0:
-                logger.warning("session %r: file %d has a damaged header (%s); the session "
-                               "is dropped", sid, seg.file_id, reason)
-                action, quarantine = self.control.drop_session(sid), True
-            else:
-                continue
-            self._cuts.pop(sid, None)
-            try:
-                self._apply_actions([action], quarantine=quarantine)
+                self._apply([action], quarantine=quarantine)
             except OSError as exc:
                 # The books are already cut; a segment left on disk fails its crc again
                 # if a restart brings it back. The caller's own call is not failed.
-                logger.error("session %r: could not cut its files on disk: %s", sid, exc)
+                logger.error("session %r: could not cut its files on disk: %s",
+                             action.session_id, exc)
 
     # -- store -----------------------------------------------------------------------
 
@@ -299,7 +232,7 @@ class FlatCakeStore:
         t0 = time.perf_counter()
         with self._lock:
             self._settle_damage()
-            while session_id in self._cuts:
+            while self.damage.pending(session_id):
                 # The session is being cut before a damaged segment: append only after
                 # the cut, right behind the last good segment (waits for the restores
                 # or writes still using the cut-off part).
@@ -310,45 +243,22 @@ class FlatCakeStore:
                 context_tokens=signals.context_tokens,
                 prev_reply_tokens=signals.prev_reply_tokens,
                 shared_refcount=signals.shared_refcount)
-            self._apply_actions(self.control.take_reclaim_actions())
+            self._apply(self.control.take_reclaim_actions())
             if plan is None:
                 return StoreResult(session_id, 0, len(keys), None, "", None, 0, 0, 0.0)
             try:
-                seq, target = self._prepare_file(plan)
+                seq, target = self._exec.prepare_file(plan)  # in allocation order
             except OSError as exc:
                 self._store_failed(plan)
-                return self._failed_result(plan, exc, t0)
+                return self._failed_result(plan, str(exc) or type(exc).__name__, t0)
             except BaseException:
                 self._store_failed(plan)
                 raise
         ok = False
-        calls = 0
-        error: OSError | None = None
         try:
-            ids = table[plan.first_block:plan.first_block + plan.segment.num_blocks]
-            if target is None:
-                dest = self.arena.view(plan.segment.offset, plan.segment.total_bytes)
-                self._writer.write_memory(dest, paged, ids)
-            else:
-                if plan.copy is not None:  # spare memory: a clean copy, readable at once
-                    self._writer.write_memory(
-                        self.arena.view(plan.copy.offset, plan.copy.total_bytes), paged, ids)
-                    with self._lock:
-                        self.control.complete_copy(plan)
-                try:
-                    written = self._writer.write_ssd(
-                        target.fd, int(plan.file_offset or 0), paged, ids, plan.segment.keys,
-                        file_id=int(plan.file_id or 0), seq=seq,
-                        turn_index=plan.segment.turn_index, first_block=plan.first_block)
-                except BaseException:
-                    self._scrub(target.fd, int(plan.file_offset or 0))
-                    raise
-                calls = written.write_calls
-                with self._lock:
-                    self._crcs[plan.segment.segment_id] = written.header.layer_crcs
-            ok = True
-        except OSError as exc:  # ENOSPC, EIO: this turn is not stored, nothing breaks
-            error = exc
+            out = self._exec.write(store_task(session_id, plan, table), paged, seq, target,
+                                   on_copy=lambda: self._copy_done(plan))
+            ok = out.done.ok
         finally:
             with self._lock:
                 if ok:
@@ -356,15 +266,19 @@ class FlatCakeStore:
                 else:
                     self._store_failed(plan)
                 self._unpinned.notify_all()
-        if error is not None:
-            return self._failed_result(plan, error, t0)
+        if not ok:
+            return self._failed_result(plan, out.error, t0)
         elapsed = time.perf_counter() - t0
         seg = plan.segment
         logger.debug("stored %d blocks of %r on %s (%s)", seg.num_blocks, session_id,
                      plan.medium.name, plan.placement.rule.value)
         return StoreResult(session_id, seg.num_blocks, plan.first_block, plan.medium,
                            plan.placement.rule.value, seg.base_address, seg.total_bytes,
-                           calls, elapsed)
+                           out.write_calls, elapsed)
+
+    def _copy_done(self, plan: StorePlan) -> None:
+        with self._lock:
+            self.control.complete_copy(plan)
 
     def _store_failed(self, plan: StorePlan) -> None:
         """Give a failed write's allocation back (under ``self._lock``): the books
@@ -374,52 +288,15 @@ class FlatCakeStore:
         if plan.medium != Medium.SSD:
             return
         file_id = int(plan.file_id or 0)
-        if file_id not in self._files:
-            return
-        if file_id in self.control.ssd.files_of(plan.session_id):
-            self._files.shrink(file_id, self.control.ssd.file(file_id).end_bytes)
-            return
-        try:
-            self._files.delete(file_id)
-        except OSError as exc:
-            logger.warning("could not delete session file %d after a failed write: %s",
-                           file_id, exc)
+        kept = file_id in self.control.ssd.files_of(plan.session_id)
+        self._exec.release(file_id, self.control.ssd.file(file_id).end_bytes if kept else None)
 
     @staticmethod
-    def _failed_result(plan: StorePlan, exc: OSError, t0: float) -> StoreResult:
+    def _failed_result(plan: StorePlan, error: str, t0: float) -> StoreResult:
         logger.warning("store of %d blocks of session %r failed: %s; they are not stored",
-                       plan.segment.num_blocks, plan.session_id, exc)
+                       plan.segment.num_blocks, plan.session_id, error)
         return StoreResult(plan.session_id, 0, plan.first_block, None, "", None, 0, 0,
-                           time.perf_counter() - t0, error=str(exc) or type(exc).__name__)
-
-    def _prepare_file(self, plan: StorePlan) -> tuple[int, OpenFile | None]:
-        """SSD: create the file if new, grow it to cover the segment, and take the
-        segment's sequence number (under ``self._lock``, in allocation order). Returns
-        (seq, the open file); (0, None) for memory."""
-        if plan.medium != Medium.SSD:
-            return 0, None
-        file_id = int(plan.file_id or 0)
-        if plan.new_file:
-            self._files.create(FileHeader(
-                plan.session_id, file_id, self.config.store.node_id,
-                int(plan.file_base_offset or 0), int(plan.span_bytes or 0),
-                self.geometry.num_layers, self.geometry.block_bytes_per_layer))
-        self._files.ensure_allocated(file_id, int(plan.file_offset or 0)
-                                     + plan.segment.total_bytes)
-        return self._files.take_seq(file_id), self._files.open_file(file_id)
-
-    @staticmethod
-    def _scrub(fd: int, file_offset: int) -> None:
-        """After a failed write, zero the segment's first 4 KiB (best effort) so a
-        header that did reach the disk cannot pass for a segment on restart. The range
-        is still this write's allocation, so nothing else writes there."""
-        zeros = aligned_buffer(ALIGN, pin=False).zero_()
-        try:
-            pwrite_all(fd, writable_view(zeros), file_offset)
-            os.fdatasync(fd)
-        except OSError as exc:
-            logger.warning("could not scrub a failed segment write at %d: %s",
-                           file_offset, exc)
+                           time.perf_counter() - t0, error=error)
 
     # -- lookup and load ---------------------------------------------------------------
 
@@ -428,23 +305,8 @@ class FlatCakeStore:
         self._check_open()
         keys = self._check_keys(keys)
         with self._lock:
-            hit = self._usable_hit(self.control.lookup(keys))
+            hit = self.damage.usable(self.control.lookup(keys))
         return LookupResult(hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks)
-
-    def _usable_hit(self, hit: PrefixHit) -> PrefixHit:
-        """``hit`` cut before the first segment known to be damaged."""
-        if not self._damaged_segments:
-            return hit
-        runs = []
-        for run in hit.runs:
-            if run.segment.segment_id in self._damaged_segments:
-                break
-            runs.append(run)
-        if len(runs) == len(hit.runs):
-            return hit
-        mem = sum(count for seg, _, count, _ in runs if seg.medium == Medium.MEMORY)
-        ssd = sum(count for seg, _, count, _ in runs if seg.medium == Medium.SSD)
-        return PrefixHit(mem + ssd, mem, ssd, tuple(runs))
 
     def load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
              block_ids: Any) -> LoadResult:
@@ -454,78 +316,28 @@ class FlatCakeStore:
 
     def start_load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
                    block_ids: Any) -> LoadHandle:
-        """Start restoring the stored prefix of ``keys``; returns at once."""
+        """Start restoring the stored prefix of ``keys`` (queued by FC-MAS); returns at
+        once."""
         self._check_open()
         keys = self._check_keys(keys)
         paged, table = self._paged(kv_caches, block_ids, len(keys), unique=True)
-        planner = StreamPlanner(self._crcs)
+        ready = LayerReady(self.geometry.num_layers)
         with self._lock:
             self._settle_damage()
-            hit = self._usable_hit(self.control.lookup(keys))
-            request_id = ("load", next(self._request_ids))
-            plan = self.control.prepare_load(request_id, hit, planner=planner)
-        request = planner.stream_request
-        req = torch.tensor(request, dtype=torch.int64)
-        slots = torch.full_like(req, -1)
-        wanted = req >= 0
-        slots[wanted] = table.cpu()[req[wanted]]
-        slots = slots.to(paged.device)
-        files = {}
-        with self._lock:
-            for lp in plan.read_plan.layers:
-                for op in lp.ssd_ops:
-                    if op.file_id not in files:
-                        files[op.file_id] = self._files.open_file(op.file_id)
-        job = RestoreJob(plan.read_plan, paged, slots, request, tuple(planner.checks), files,
-                         self.arena.tensor, hit.num_blocks)
-        ready = LayerReady(self.geometry.num_layers)
-        future = self._restores.submit(self._run_restore, job, plan, ready)
+            hit = self.damage.usable(self.control.lookup(keys))
+            task, plan = load_task(self.control, f"load-{next(self._request_ids)}", hit,
+                                   table)
+            future = self._restores.submit(task, plan, paged, ready)
         return LoadHandle(hit.num_blocks, ready, future)
 
-    def _run_restore(self, job: RestoreJob, plan: LoadPlan, ready: LayerReady) -> LoadResult:
-        window = self._windows.get()
-        try:
-            outcome = window.run(job, ready)
-        except BaseException as exc:
-            ready.fail(exc)
-            with self._lock:
-                self.control.complete_load(plan.request_id)
-                self._unpinned.notify_all()
-            raise
-        finally:
-            self._windows.put(window)
-        for layer in range(ready.num_layers):
-            ready.set(layer)  # a plan with no reads has no layers to signal
-        with self._lock:
-            self.control.complete_load(plan.request_id)
-            for seg_id in outcome.failed_tags:
-                self._mark_damaged(seg_id)
-            self._settle_damage()
-            self._unpinned.notify_all()
-        return self._result(plan, outcome)
-
-    def _mark_damaged(self, segment_id: int) -> None:
-        """Record a segment that failed its crc; its session's cut goes before the
-        earliest damaged segment (under lock)."""
-        try:
-            seg = self.control.index.segment(segment_id)
-        except KeyError:
-            return  # already cut off or reclaimed
-        self._damaged_segments.add(segment_id)
-        sid = seg.session_id
-        first = self._cuts.get(sid)
-        if first is not None:
-            try:
-                old = self.control.index.segment(first)
-            except KeyError:
-                old = None
-            if old is not None and (old.file_id or 0, old.file_offset or 0) <= (
-                    seg.file_id or 0, seg.file_offset or 0):
-                return
-        self._cuts[sid] = segment_id
-
-    def _result(self, plan: LoadPlan, outcome: RestoreOutcome) -> LoadResult:
-        loaded = outcome.num_blocks_loaded
+    def _load_finished(self, outcome: LoadOutcome, plan: LoadPlan) -> LoadResult:
+        """A restore's bytes are settled (under the lock): unpin, book its damage."""
+        self.control.complete_load(plan.request_id)
+        for seg_id in outcome.done.failed_segments:
+            self.damage.mark(seg_id)
+        self._settle_damage()
+        self._unpinned.notify_all()
+        loaded = outcome.done.num_blocks_loaded
         mem = ssd = 0
         for seg, _, count, prefix_start in plan.hit.runs:
             n = max(0, min(count, loaded - prefix_start))
@@ -534,14 +346,15 @@ class FlatCakeStore:
             else:
                 ssd += n
         layer_bytes = self.geometry.block_bytes_per_layer * self.geometry.num_layers
+        res = outcome.restore
         return LoadResult(
             num_blocks=loaded, num_hit_blocks=plan.hit.num_blocks, num_memory_blocks=mem,
-            num_ssd_blocks=ssd, commands=outcome.commands,
-            memory_copies=plan.read_plan.num_copies, bytes_read=outcome.bytes_read,
-            useful_bytes=ssd * layer_bytes, memory_bytes=outcome.memory_bytes,
-            damaged_segments=len(outcome.failed_tags), elapsed_s=outcome.elapsed_s,
-            read_path="zero-copy" if outcome.zero_copy else "staging",
-            staging_reason=outcome.zero_copy_refusal)
+            num_ssd_blocks=ssd, commands=res.commands,
+            memory_copies=plan.read_plan.num_copies, bytes_read=res.bytes_read,
+            useful_bytes=ssd * layer_bytes, memory_bytes=res.memory_bytes,
+            damaged_segments=len(outcome.done.failed_segments), elapsed_s=res.elapsed_s,
+            read_path="zero-copy" if res.zero_copy else "staging",
+            staging_reason=res.zero_copy_refusal)
 
     # -- reclaim, reports, lifecycle ---------------------------------------------------
 
@@ -551,81 +364,34 @@ class FlatCakeStore:
         self._check_open()
         with self._lock:
             self._settle_damage()
-            return self._apply_actions(self.control.reclaim())
+            return self._apply(self.control.reclaim())
 
     def drop_session(self, session_id: str) -> ReclaimResult:
         """Forget a session now (it ended); refuses one a restore or write is using."""
         self._check_open()
         with self._lock:
-            return self._apply_actions([self.control.drop_session(session_id)])
+            return self._apply([self.control.drop_session(session_id)])
 
     def inspect(self) -> dict[str, Any]:
         """A JSON-able snapshot: media use and watermarks, sessions, placements."""
         self._check_open()
         with self._lock:
-            st = self.control.stats()
-            now = self.control.clock.now()
-            sessions = []
-            for sid in self.control.session_ids():
-                rec = self.control.session(sid)
-                sessions.append({
-                    "session_id": sid,
-                    "files": self.control.ssd.files_of(sid),
-                    "memory_segments": len(rec.memory_segment_ids),
-                    "ssd_segments": len(rec.ssd_segment_ids),
-                    "memory_bytes": rec.memory_bytes,
-                    "ssd_bytes": rec.ssd_bytes,
-                    "idle_s": round(now - rec.last_access, 3),
-                    "pinned": rec.num_pins > 0,
-                    "damaged": sid in self._cuts,
-                })
-            reads = self.reader.stats()
-        return {
-            "root": str(self.root),
-            "io_mode": self.io_mode,
-            "reader": self.reader.name,
-            "geometry": {"name": self.geometry.name, "num_layers": self.geometry.num_layers,
-                         "block_bytes_per_layer": self.geometry.block_bytes_per_layer},
-            "media": {
-                "memory": {"used_bytes": st.memory_used_bytes,
-                           "capacity_bytes": st.memory_capacity_bytes,
-                           "high": st.memory_high, "low": st.memory_low,
-                           "segments": st.num_memory_segments},
-                "ssd": {"used_bytes": st.ssd_used_bytes, "capacity_bytes": st.ssd_capacity_bytes,
-                        "high": st.ssd_high, "low": st.ssd_low,
-                        "segments": st.num_ssd_segments, "files": st.num_files},
-            },
-            "num_keys": st.num_keys,
-            "placements_by_rule": st.placements_by_rule,
-            "sessions": sessions,
-            "recovery": {
-                "num_segments": self.recovery.num_segments,
-                "damaged_segments": self.recovery.damaged_segments,
-                "damaged_files": self.recovery.damaged_files,
-            },
-            "reads": {"commands": reads.commands, "bytes": reads.bytes_read},
-        }
+            return snapshot(self.root, self.io_mode, self.control, self.damage,
+                            self.reader, self.recovery)
 
     def fsck(self) -> FsckReport:
         """Verify every checksum of every file under the root (writes are held off)."""
         self._check_open()
-        with self._lock, self._writer.lock:
+        with self._lock, self._exec.writer.lock:
             return fsck_root(self.root)
 
     def close(self) -> None:
-        """Wait for restores in flight, then close every file. Idempotent."""
+        """Wait for restores queued or in flight, then close every file. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._shutdown()
-
-    def _shutdown(self) -> None:
-        self._restores.shutdown(wait=True)
-        while not self._windows.empty():
-            self._windows.get_nowait().close()
-        self.reader.close()
-        with self._lock:
-            self._files.close()
+        self._restores.wait_idle()
+        self._exec.close()
 
     def __enter__(self) -> FlatCakeStore:
         return self

@@ -1,6 +1,6 @@
 """Names under a store root, and the listing of its session files.
 
-Kept apart from ``store.files`` (which opens, grows and writes files, and needs torch for
+Kept apart from ``cio.files`` (which opens, grows and writes files, and needs torch for
 aligned buffers) so read-only tools (``flatcake inspect`` / ``fsck``) start without it.
 """
 

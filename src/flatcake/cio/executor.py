@@ -1,0 +1,381 @@
+"""The executor: the one data plane that runs the books' tasks (``plan.tasks``) with bytes.
+
+``FlatCakeStore`` (books + executor in one process) and the vLLM connector's worker half
+(the executor alone, fed ``StepPlan``s) both run their I/O here::
+
+    LoadTask   -> load_job: this executor's crcs filled into the checks, paged KV slots
+                  of the stream -> a staging window (or zero-copy reads straight into
+                  the slots) -> crc32 -> scatter per layer, LayerReady per layer
+                  -> LoadDone (the verified prefix, the failed segments)
+    StoreTask  -> prepare_file (create / grow the session file, take the segment's
+                  sequence number) -> write: gather + O_DIRECT write + fdatasync (or
+                  a copy into the host arena) -> StoreDone
+    FileCut    -> truncate a file after its last good segment
+    FileDrop   -> delete (or quarantine) a session file
+
+Reader choice is a dispatch keyed by ``(medium, node)`` (``ReaderDispatch``): node 0 is
+this machine's SSD reader (O_DIRECT ``preadv``, or GDS when CUDA + kvikio are usable);
+a remote reader registers under its node without touching the books.
+
+Threads: SSD restores run on ``scheduler.max_restores_in_flight`` threads, one staging
+window each; all-memory (sync) loads on one more thread, so they never wait behind SSD
+reads. ``self.lock`` guards the session files and the crc book; callers may hold their
+own lock around a call, never the other way round (the executor calls back without it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from flatcake.cio.arena import ArenaBuffer
+from flatcake.cio.direct import (
+    aligned_buffer,
+    ensure_dir,
+    pwrite_all,
+    resolve_io_mode,
+    writable_view,
+)
+from flatcake.cio.files import SessionFiles
+from flatcake.cio.format import FileHeader
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
+from flatcake.cio.scan import FileScan
+from flatcake.cio.staging import LayerReady, OpenFile, RestoreJob, RestoreOutcome, StagingWindow
+from flatcake.cio.writer import SegmentWriter
+from flatcake.config import FlatCakeConfig
+from flatcake.control.address import Medium
+from flatcake.control.plane import FileCut, StorePlan
+from flatcake.geometry import KVGeometry
+from flatcake.plan.layout import ALIGN
+from flatcake.plan.stream import StreamCheck
+from flatcake.plan.tasks import LoadDone, LoadTask, StoreDone, StoreTask
+
+logger = logging.getLogger(__name__)
+
+LOCAL_NODE = 0
+
+
+def adopt_file(files: SessionFiles, scan: FileScan, num_kept: int, cut: bool) -> None:
+    """Open a scanned file for appends after its first ``num_kept`` valid segments
+    (trimmed there; ``cut``: damage was cut off)."""
+    kept = scan.ok[:num_kept]
+    end = kept[-1].end_offset if kept else ALIGN
+    next_seq = kept[-1].header.seq + 1 if kept else 0
+    files.adopt(scan.path, scan.header, end, next_seq, cut=cut)
+
+
+class ReaderDispatch:
+    """Readers by ``(medium, node)``; node 0 is this machine."""
+
+    def __init__(self) -> None:
+        self._readers: dict[tuple[Medium, int], Reader] = {}
+
+    def register(self, medium: Medium, node: int, reader: Reader) -> None:
+        if (medium, node) in self._readers:
+            raise ValueError(f"a reader for ({medium.name}, node {node}) is registered")
+        self._readers[(medium, node)] = reader
+
+    def get(self, medium: Medium, node: int = LOCAL_NODE) -> Reader:
+        try:
+            return self._readers[(medium, node)]
+        except KeyError:
+            raise ValueError(f"no reader for ({medium.name}, node {node})") from None
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+
+
+def local_reader(config: FlatCakeConfig, io_mode: str) -> Reader:
+    """GDS when CUDA + kvikio are usable on a direct-I/O root, else O_DIRECT preadv."""
+    if io_mode == "direct" and kvikio_available():
+        return GdsReader(config.store.read_threads)
+    return DirectReader(config.store.read_threads)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOutcome:
+    """A finished load: the report for the books and what the window measured."""
+
+    done: LoadDone
+    restore: RestoreOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOutcome:
+    """A finished store: the report for the books, write calls, and the I/O error
+    (``""`` when none) that failed it."""
+
+    done: StoreDone
+    write_calls: int = 0
+    error: str = ""
+
+
+class Executor:
+    """Session files, crc book, host arena, writer, readers and staging windows of one
+    store directory (see the module docstring)."""
+
+    def __init__(self, root: Path, geometry: KVGeometry, config: FlatCakeConfig) -> None:
+        self.root = Path(root)
+        self.geometry = geometry
+        self.config = config
+        ensure_dir(self.root)
+        self.io_mode = resolve_io_mode(self.root, config.store.io_mode)
+        self.lock = threading.Lock()
+        self.files = SessionFiles(self.root, self.io_mode)
+        self.files.lock_root()
+        # (file_id, file_offset) of an SSD segment -> crc32 of each of its layers.
+        self.crcs: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.readers = ReaderDispatch()
+        self._windows: queue.Queue[StagingWindow] = queue.Queue()
+        try:
+            self.arena = ArenaBuffer(config.store.memory_capacity_bytes)
+            self.writer = SegmentWriter()
+            self.readers.register(Medium.SSD, LOCAL_NODE, local_reader(config, self.io_mode))
+            num = config.scheduler.max_restores_in_flight
+            for _ in range(num):
+                self._windows.put(StagingWindow(
+                    self.reader, crc_threads=config.store.read_threads,
+                    reads_in_flight=config.store.reads_in_flight))
+            self._sync_window = StagingWindow(self.reader)
+        except BaseException:
+            self.readers.close()
+            self.files.close()
+            raise
+        self._restores = ThreadPoolExecutor(num, thread_name_prefix="flatcake-restore")
+        self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-sync-load")
+
+    @property
+    def reader(self) -> Reader:
+        """This machine's SSD reader."""
+        return self.readers.get(Medium.SSD, LOCAL_NODE)
+
+    def adopt(self, scan: FileScan, num_kept: int, cut: bool) -> None:
+        """Serve a scanned file with its first ``num_kept`` valid segments: appends
+        continue after the last of them, and their crcs check later loads."""
+        with self.lock:
+            adopt_file(self.files, scan, num_kept, cut)
+            for scanned in scan.ok[:num_kept]:
+                self.crcs[(scan.file_id, scanned.file_offset)] = scanned.header.layer_crcs
+
+    # -- loads -----------------------------------------------------------------------
+
+    def load_job(self, task: LoadTask, paged: PagedKV) -> tuple[RestoreJob, tuple[int, ...]]:
+        """The restore job of ``task``, with this executor's crcs filled in. Segments it
+        cannot verify (no crcs, or their file is gone) cut the load before them."""
+        cut = task.num_blocks
+        cut_tags: list[int] = []
+        checks: list[StreamCheck] = []
+        files: dict[int, OpenFile] = {}
+        with self.lock:
+            where = {tag: (fid, off) for tag, fid, off in task.check_files}
+            for check in task.checks:
+                fid, off = where[check.tag]
+                crcs = self.crcs.get((fid, off))
+                if crcs is None or fid not in self.files:
+                    cut = min(cut, check.request_start)
+                    cut_tags.append(check.tag)
+                    crcs = (0,) * self.geometry.num_layers
+                checks.append(StreamCheck(check.stream_start, check.num_blocks, crcs,
+                                          check.request_start, check.tag))
+            for lp in task.read_plan.layers:
+                for op in lp.ssd_ops:
+                    if op.file_id in self.files:
+                        files[op.file_id] = self.files.open_file(op.file_id)
+                    else:
+                        cut = task.first_block  # a file of the plan is gone: load nothing
+        req = torch.tensor(task.stream_request, dtype=torch.int64)
+        slots = torch.full_like(req, -1)
+        wanted = req >= 0
+        slots[wanted] = torch.tensor(task.block_ids, dtype=torch.int64)[req[wanted]]
+        job = RestoreJob(task.read_plan, paged, slots.to(paged.device),
+                         list(task.stream_request), tuple(checks), files, self.arena.tensor,
+                         cut)
+        return job, tuple(cut_tags)
+
+    def submit_load(self, task: LoadTask, paged: PagedKV, ready: LayerReady,
+                    on_done: Callable[[LoadOutcome], None] | None = None
+                    ) -> Future[LoadOutcome]:
+        """Start ``task``: an SSD restore on a restore thread (it waits for a free
+        staging window), an all-memory one on the sync thread. ``on_done`` runs on that
+        thread once every layer is settled."""
+        job, cut_tags = self.load_job(task, paged)
+        pool = self._sync_pool if task.sync else self._restores
+        return pool.submit(self._run_load, task, job, cut_tags, ready, on_done)
+
+    def _run_load(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
+                  ready: LayerReady, on_done: Callable[[LoadOutcome], None] | None
+                  ) -> LoadOutcome:
+        window = self._sync_window if task.sync else self._windows.get()
+        try:
+            if job.num_request_blocks <= task.first_block:
+                outcome = RestoreOutcome(job.num_request_blocks, (), 0, 0, 0, 0.0)
+            else:
+                outcome = window.run(job, ready)
+        except Exception as exc:  # a failed load is a miss, never a crash
+            logger.warning("FlatCake load for request %s failed: %s", task.request_id, exc)
+            outcome = RestoreOutcome(task.first_block, (), 0, 0, 0, 0.0)
+            ready.fail(exc)
+        finally:
+            if not task.sync:
+                self._windows.put(window)
+        for layer in range(ready.num_layers):
+            ready.set(layer)  # a plan with no reads has no layers to signal
+        failed = tuple(dict.fromkeys((*cut_tags, *outcome.failed_tags)))
+        loaded = min(outcome.num_blocks_loaded, job.num_request_blocks)
+        done = LoadDone(task.request_id, max(loaded, task.first_block), task.num_blocks,
+                        failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s)
+        result = LoadOutcome(done, outcome)
+        if on_done is not None:
+            on_done(result)
+        return result
+
+    # -- stores ----------------------------------------------------------------------
+
+    def prepare_file(self, plan: StorePlan) -> tuple[int, OpenFile | None]:
+        """SSD: create the file if new, grow it to cover the segment, and take the
+        segment's sequence number (call in allocation order). Returns (seq, the open
+        file); (0, None) for memory. Raises ``OSError`` (ENOSPC, EIO)."""
+        if plan.medium != Medium.SSD:
+            return 0, None
+        file_id = int(plan.file_id or 0)
+        with self.lock:
+            if plan.new_file:
+                self.files.create(FileHeader(
+                    plan.session_id, file_id, self.config.store.node_id,
+                    int(plan.file_base_offset or 0), int(plan.span_bytes or 0),
+                    self.geometry.num_layers, self.geometry.block_bytes_per_layer))
+            self.files.ensure_allocated(file_id, int(plan.file_offset or 0)
+                                        + plan.segment.total_bytes)
+            return self.files.take_seq(file_id), self.files.open_file(file_id)
+
+    def write(self, task: StoreTask, paged: PagedKV, seq: int, target: OpenFile | None,
+              on_copy: Callable[[], None] | None = None) -> StoreOutcome:
+        """Gather the segment's blocks and write them: into the arena (memory), or
+        (SSD) a clean memory copy first when the plan has one (``on_copy`` runs after
+        it), then the segment to ``target`` and fdatasync. An ``OSError`` is a failed
+        store (the first 4 KiB of an SSD segment are scrubbed), never a crash."""
+        plan, seg = task.plan, task.plan.segment
+        ids = paged.block_table(task.block_ids, unique=False)
+        try:
+            if target is None:
+                self.writer.write_memory(self.arena.view(seg.offset, seg.total_bytes),
+                                         paged, ids)
+                return StoreOutcome(StoreDone(task.request_id, seg.segment_id, True,
+                                              seg.layout.data_bytes))
+            if plan.copy is not None:  # spare memory: a clean copy, readable at once
+                self.writer.write_memory(
+                    self.arena.view(plan.copy.offset, plan.copy.total_bytes), paged, ids)
+                if on_copy is not None:
+                    on_copy()
+            file_id, offset = int(seg.file_id or 0), int(seg.file_offset or 0)
+            try:
+                written = self.writer.write_ssd(
+                    target.fd, offset, paged, ids, seg.keys, file_id=file_id, seq=seq,
+                    turn_index=seg.turn_index, first_block=plan.first_block)
+            except BaseException:
+                self._scrub(target.fd, offset)
+                raise
+            with self.lock:
+                self.crcs[(file_id, offset)] = written.header.layer_crcs
+            return StoreOutcome(StoreDone(task.request_id, seg.segment_id, True,
+                                          written.total_bytes), written.write_calls)
+        except OSError as exc:  # ENOSPC, EIO: this turn is not stored, nothing breaks
+            return StoreOutcome(StoreDone(task.request_id, seg.segment_id, False), 0,
+                                str(exc) or type(exc).__name__)
+
+    def run_store(self, task: StoreTask, paged: PagedKV) -> StoreOutcome:
+        """``prepare_file`` + ``write`` (one writer thread: allocation order holds)."""
+        try:
+            seq, target = self.prepare_file(task.plan)
+        except OSError as exc:
+            return StoreOutcome(StoreDone(task.request_id, task.plan.segment.segment_id,
+                                          False), 0, str(exc) or type(exc).__name__)
+        return self.write(task, paged, seq, target)
+
+    @staticmethod
+    def _scrub(fd: int, file_offset: int) -> None:
+        """After a failed write, zero the segment's first 4 KiB (best effort) so a
+        header that did reach the disk cannot pass for a segment on restart. The range
+        is still this write's allocation, so nothing else writes there."""
+        zeros = aligned_buffer(ALIGN, pin=False).zero_()
+        try:
+            pwrite_all(fd, writable_view(zeros), file_offset)
+            os.fdatasync(fd)
+        except OSError as exc:
+            logger.warning("could not scrub a failed segment write at %d: %s",
+                           file_offset, exc)
+
+    def release(self, file_id: int, end_bytes: int | None) -> None:
+        """Give a failed write's space back on disk: shrink the file to the books'
+        append pointer ``end_bytes``, or delete it (``None``: the books released it)."""
+        with self.lock:
+            if file_id not in self.files:
+                return
+            if end_bytes is not None:
+                self.files.shrink(file_id, end_bytes)
+                return
+            try:
+                self.files.delete(file_id)
+            except OSError as exc:
+                logger.warning("could not delete session file %d after a failed write: %s",
+                               file_id, exc)
+
+    # -- drops and cuts --------------------------------------------------------------
+
+    def header_damage(self, file_id: int) -> str:
+        """Why the file's header is damaged ("" when it is not, or the file is gone)."""
+        with self.lock:
+            return self.files.header_damage(file_id) if file_id in self.files else ""
+
+    def drop(self, file_id: int, quarantine: bool = False) -> None:
+        """Delete (or quarantine) a session file the books dropped."""
+        with self.lock:
+            for key in [k for k in self.crcs if k[0] == file_id]:
+                del self.crcs[key]
+            if file_id not in self.files:
+                return
+            reader = self.reader
+            if isinstance(reader, GdsReader):
+                reader.forget_file(self.files.open_file(file_id).path)
+            if quarantine:
+                self.files.quarantine(file_id)
+            else:
+                self.files.delete(file_id)
+
+    def cut(self, cut: FileCut) -> None:
+        """Truncate a file after its last good segment (a damaged one and everything
+        after it are gone on disk too; the session's next append lands there)."""
+        with self.lock:
+            for key in [k for k in self.crcs if k[0] == cut.file_id and k[1] >= cut.end_bytes]:
+                del self.crcs[key]
+            if cut.file_id in self.files:
+                try:
+                    self.files.truncate(cut.file_id, cut.end_bytes)
+                except OSError as exc:  # the books are cut; a restart re-checks the crcs
+                    logger.error("could not cut session file %d at %d: %s", cut.file_id,
+                                 cut.end_bytes, exc)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self, close_files: bool = True) -> None:
+        """Wait for loads in flight, free the windows and readers, close the files
+        (``close_files=False`` leaves them open for a write still running)."""
+        self._restores.shutdown(wait=True)
+        self._sync_pool.shutdown(wait=True)
+        while not self._windows.empty():
+            self._windows.get_nowait().close()
+        self._sync_window.close()
+        self.readers.close()
+        if close_files:
+            with self.lock:
+                self.files.close()

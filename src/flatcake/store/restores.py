@@ -1,0 +1,118 @@
+"""The store's restores, ordered by FC-MAS (the books' ``MasScheduler``).
+
+A restore goes the same way as in the vLLM connector and the replay::
+
+    submit ──┬─ all hit blocks in memory ─► ready queue ─► pop_ready: run now (sync
+             │                                             thread), deliver when done
+             └─ any block on SSD ─► SSD-preparing queue ─► next_restores (priority
+                1 + wait / kv bytes, <= max_restores_in_flight, one staging window
+                each) ─► restore_done ─► ready queue ─► pop_ready: deliver
+
+A restore that finds every window busy waits in the SSD-preparing queue, highest
+priority first; nothing is ever cancelled. ``LoadHandle.wait`` returns once the request
+left the ready queue with its bytes in the paged KV; its layers are signalled as they
+land (``wait_for_layer``), whatever the queue order.
+
+Every method runs under the store's lock (``cond``); the executor's threads call back
+into ``_finished``, which takes it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from flatcake.cio.executor import Executor, LoadOutcome
+from flatcake.cio.paged import PagedKV
+from flatcake.cio.staging import LayerReady
+from flatcake.control import ControlPlane, LoadPlan
+from flatcake.plan.tasks import LoadTask
+from flatcake.store.results import LoadResult
+
+
+@dataclass(slots=True)
+class _Load:
+    task: LoadTask
+    plan: LoadPlan
+    paged: PagedKV
+    ready: LayerReady
+    future: Future[LoadResult] = field(default_factory=Future)
+    started: bool = False
+    popped: bool = False
+    result: LoadResult | None = None
+
+
+class Restores:
+    """Restores in the FC-MAS queues and in flight (see the module docstring).
+
+    ``finished(outcome, plan)`` runs under the lock once a restore's bytes are settled
+    (unpin, damage) and returns its ``LoadResult``."""
+
+    def __init__(self, cond: threading.Condition, control: ControlPlane, executor: Executor,
+                 finished: Callable[[LoadOutcome, LoadPlan], LoadResult]) -> None:
+        self._cond = cond
+        self._control = control
+        self._executor = executor
+        self._finish = finished
+        self._loads: dict[str, _Load] = {}
+
+    def __len__(self) -> int:
+        return len(self._loads)
+
+    def submit(self, task: LoadTask, plan: LoadPlan, paged: PagedKV,
+               ready: LayerReady) -> Future[LoadResult]:
+        """Queue a planned restore (under the lock); its future resolves on delivery."""
+        load = _Load(task, plan, paged, ready)
+        self._loads[task.request_id] = load
+        self._control.scheduler.submit(plan.restore_request(self._control.clock.now()))
+        self._pump()
+        return load.future
+
+    def _pump(self) -> None:
+        sched = self._control.scheduler
+        for req in sched.next_restores():
+            self._start(self._loads[str(req.request_id)])
+        while (req := sched.pop_ready()) is not None:
+            load = self._loads[str(req.request_id)]
+            load.popped = True
+            if load.result is not None:
+                self._deliver(load)
+            elif not load.started:
+                self._start(load)  # all in memory: runs now
+
+    def _start(self, load: _Load) -> None:
+        load.started = True
+        rid = load.task.request_id
+        self._executor.submit_load(load.task, load.paged, load.ready,
+                                   lambda outcome: self._finished(rid, outcome))
+
+    def _finished(self, request_id: str, outcome: LoadOutcome) -> None:
+        with self._cond:
+            load = self._loads[request_id]
+            try:
+                load.result = self._finish(outcome, load.plan)
+                if not load.task.sync:
+                    self._control.scheduler.restore_done(request_id)
+                self._pump()
+                if load.popped and load.result is not None and not load.future.done():
+                    self._deliver(load)
+            except BaseException as exc:
+                del self._loads[request_id]
+                load.future.set_exception(exc)
+                self._cond.notify_all()
+                raise
+
+    def _deliver(self, load: _Load) -> None:
+        del self._loads[load.task.request_id]
+        result = load.result
+        if result is None:
+            raise ValueError(f"restore {load.task.request_id!r} delivered before it ran")
+        load.future.set_result(result)
+        self._cond.notify_all()
+
+    def wait_idle(self) -> None:
+        """Block (holding the lock between checks) until no restore is queued or runs."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._loads)
