@@ -4,12 +4,16 @@ host arena and a paged KV made of torch tensors. Each test is a scripted scenari
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+import flatcake
 from flatcake.clock import ManualClock
 from flatcake.config import load_config
 from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
@@ -45,6 +49,7 @@ class Harness:
         self.worker.register(self.kv)
         self.reports: list[tuple[set[str], set[str], set[int]]] = []
         self.finished: set[str] = set()  # requests finished since the last step
+        self.released: list[str] = []  # restores released to the engine, in order
 
     def step(self) -> tuple[StepPlan, set[str], set[str], set[int]]:
         """One engine step: plan, execute (sync loads per layer), wait for background
@@ -57,18 +62,23 @@ class Harness:
         self.worker.end_step()
         deadline = time.monotonic() + 30
         while self.worker.pending() and time.monotonic() < deadline:
-            sending, recving, invalid, report = self.worker.poll(finished)
-            self.sched.on_report(report)
-            self.reports.append((sending, recving, invalid))
+            self._report(finished)
             time.sleep(0.01)
-        sending, recving, invalid, report = self.worker.poll(finished)
-        self.sched.on_report(report)
-        self.reports.append((sending, recving, invalid))
+        self._report(finished)
         all_s = set().union(*(r[0] for r in self.reports))
         all_r = set().union(*(r[1] for r in self.reports))
         all_i = set().union(*(r[2] for r in self.reports))
         self.reports = []
         return plan, all_s, all_r, all_i
+
+    def _report(self, finished: set[str]) -> None:
+        """What the connector does with a poll: the report to the books, and as the
+        restores the engine may run, those FC-MAS's ready queue released."""
+        sending, recving, invalid, report = self.worker.poll(finished)
+        self.sched.on_report(report)
+        released = self.sched.take_released(recving)
+        self.released.extend(released)
+        self.reports.append((sending, set(released), invalid))
 
     def block(self, layer: int, slot: int) -> bytes:
         return self.kv[layer][slot].contiguous().view(torch.uint8).numpy().tobytes()
@@ -282,6 +292,7 @@ def test_fc_mas_bounds_restores_in_flight_and_counts_slot_waits(tmp_path: Path) 
     assert [t.request_id for t in plan.loads] == ["s2"] and recving == {"s2"}
     plan, _, recving, _ = h.step()
     assert [t.request_id for t in plan.loads] == ["b2"] and recving == {"b2"}
+    assert h.released == ["s2", "b2"]  # out of FC-MAS's ready queue, in its order
     totals = h.sched.totals()
     assert totals["staging_slot_waits"] == 1 and totals["restores_started"] == 2
     h.close()
@@ -361,3 +372,16 @@ def test_session_rules_and_prefix_refcount() -> None:
     assert (rc.refcount(b"a" * 32), rc.refcount(b"b" * 32)) == (2, 1)
     rc.remove("r1")
     assert (rc.refcount(b"a" * 32), rc.refcount(b"b" * 32), len(rc)) == (1, 0, 1)
+
+
+def test_scheduler_half_imports_no_torch_store_or_readers() -> None:
+    # The scheduler process keeps the books only: the executor's modules (readers,
+    # staging, the store) and torch stay out of it.
+    code = ("import sys, flatcake.connectors.scheduler_side\n"
+            "print(sorted(m for m in sys.modules if m in ('torch', 'vllm') or m.startswith("
+            "('flatcake.store', 'flatcake.cio.readers', 'flatcake.cio.staging', "
+            "'flatcake.cio.executor'))))")
+    src = str(Path(flatcake.__file__).parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": src})
+    assert out.stdout.strip() == "[]"

@@ -1,6 +1,6 @@
-"""Asynchronous restores (per-layer signals, waiting for a staging window, never
-cancelled) and reclaim as seen on disk (whole sessions, oldest first, files deleted,
-budget held)."""
+"""Asynchronous restores (per-layer signals, waiting for a staging window in FC-MAS's
+SSD queue, started by its priority, never cancelled) and reclaim as seen on disk
+(whole sessions, oldest first, files deleted, budget held)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from flatcake.clock import ManualClock
 from flatcake.store import FlatCakeStore
 from tests.store.helpers import (
     SMALL,
+    TO_MEMORY,
     TO_SSD,
     block_bytes,
     empty_kv,
@@ -85,6 +86,61 @@ def test_restores_beyond_the_windows_wait_and_all_complete(tmp_path: Path, windo
     assert peak == windows
     assert [r.num_blocks for r in results] == [8] * 6  # none cancelled
     assert all(_same(d, src, 8) for d in dsts)
+
+
+def test_restores_waiting_for_the_window_start_in_fc_mas_priority_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One window, held by a first restore; a big and then a small restore wait for it.
+    # After both waited the same time, FC-MAS (1 + wait / kv bytes) starts the small
+    # one first, where a FIFO would start the big one.
+    gate = threading.Event()
+    order: list[int] = []
+    real_run = StagingWindow.run
+
+    def gated_run(self, job, ready):  # type: ignore[no-untyped-def]
+        order.append(job.num_request_blocks)
+        if len(order) == 1:
+            gate.wait(30)
+        return real_run(self, job, ready)
+
+    monkeypatch.setattr(StagingWindow, "run", gated_run)
+    clock = ManualClock()
+    src = random_kv(SMALL, 8)
+    cfg = small_config("scheduler.max_restores_in_flight=1")
+    with FlatCakeStore.open(tmp_path, SMALL, cfg, clock=clock) as store:
+        keys = {n: session_keys(30 + n, n) for n in (2, 8, 4)}
+        for n, k in keys.items():
+            store.store_turn(f"s{n}", k, src, range(n), TO_SSD)
+        dsts = {n: empty_kv(SMALL, 8) for n in keys}
+        first = store.start_load(keys[2], dsts[2], range(2))
+        deadline = time.monotonic() + 30
+        while not order and time.monotonic() < deadline:
+            time.sleep(0.01)
+        big = store.start_load(keys[8], dsts[8], range(8))
+        small = store.start_load(keys[4], dsts[4], range(4))
+        clock.advance(1.0)
+        gate.set()
+        results = [h.wait(timeout=30).num_blocks for h in (first, big, small)]
+        stats = store.control.scheduler.stats
+    assert order == [2, 4, 8]
+    assert results == [2, 8, 4]
+    assert (stats.num_restores_started, stats.num_restores_done) == (3, 3)
+    assert stats.num_slot_waits == 2
+    assert all(_same(dsts[n], src, n) for n in keys)
+
+
+def test_memory_hits_go_through_the_ready_queue(tmp_path: Path) -> None:
+    src = random_kv(SMALL, 4)
+    keys = session_keys(40, 4)
+    with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
+        store.store_turn("m", keys, src, range(4), TO_MEMORY)
+        dst = empty_kv(SMALL, 4)
+        assert store.load(keys, dst, range(4)).num_memory_blocks == 4
+        stats = store.control.scheduler.stats
+        assert (stats.num_submitted, stats.num_memory_only,
+                stats.num_restores_started) == (1, 1, 0)
+        assert len(store.control.scheduler) == 0  # delivered: out of the ready queue
+    assert _same(dst, src, 4)
 
 
 def test_concurrent_writers_and_readers(tmp_path: Path) -> None:

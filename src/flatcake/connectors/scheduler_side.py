@@ -1,7 +1,10 @@
-"""The connector's scheduler half: FlatCake's control plane inside the engine scheduler.
+"""The connector's scheduler half: FlatCake's books inside the engine scheduler.
 
-No I/O except the header scan at start-up (restart recovery). Engine-neutral: it sees
-requests as ``RequestView`` values, so it runs in tests without vLLM. Per request::
+Books only: no torch, no store, no readers; no I/O except the header scan at start-up
+(``cio.scan``, the restart scan the store uses too). It builds the same tasks as
+``FlatCakeStore`` (``plan.serve``) and keeps damage the same way (``control.damage``);
+the worker half runs them on the same executor. Engine-neutral: it sees requests as
+``RequestView`` values, so it runs in tests without vLLM. Per request::
 
     num_matched_tokens   lookup of the request's block keys; a store still in flight
                          for its next block -> "ask again" (None); all-memory hit ->
@@ -16,7 +19,9 @@ requests as ``RequestView`` values, so it runs in tests without vLLM. Per reques
     build_step           sync loads + SSD restores FC-MAS starts now (at most
                          max_restores_in_flight in flight; the rest wait, never
                          cancelled) + stores + file drops -> StepPlan
-    on_report            complete_store / complete_load, restore_done; a damaged
+    on_report            complete_store / complete_load, restore_done; FC-MAS's
+                         ready queue releases the restored requests in its order
+                         (``take_released``: the engine schedules those); a damaged
                          segment stops being served and its session is cut before it
     request_finished     the session learns the reply's length; a request with a
                          store keeps its blocks until every worker wrote it
@@ -29,22 +34,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flatcake.cio.files import SESSIONS_DIR, session_files_in
-from flatcake.cio.format import FormatError, scan_session_file
+from flatcake.cio.names import SESSIONS_DIR
+from flatcake.cio.scan import check_fit, index_scan, is_stray, scan_sessions
 from flatcake.clock import Clock, WallClock
 from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker, TurnInfo
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
+from flatcake.control.damage import DamageBook
 from flatcake.control.index import EMPTY_HIT, PrefixHit
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
-from flatcake.plan.stream import StreamPlanner
+from flatcake.plan.serve import load_task, reclaim_tasks, store_task
 from flatcake.plan.tasks import (
     FileDrop,
     LoadDone,
@@ -155,8 +161,9 @@ class SchedulerSide:
         self.sessions = SessionTracker(settings.infer_sessions)
         self.refcount = PrefixRefcount()
         self._reqs: dict[str, _Request] = {}
-        self._damaged_segments: set[int] = set()
-        self._cuts: dict[str, int] = {}  # session -> damaged segment to cut it before
+        self.damage = DamageBook(self.control)
+        self._unreleased: set[str] = set()  # restored, not out of FC-MAS's ready queue
+        self._released: list[str] = []  # out of the ready queue, in its order
         self._sync_loads: list[LoadTask] = []
         self._queued_loads: dict[str, LoadTask] = {}  # SSD loads waiting in FC-MAS
         self._loads: dict[str, LoadTask] = {}  # every load planned and not yet reported
@@ -178,61 +185,27 @@ class SchedulerSide:
         """Re-index every valid segment of the session files under ``store_dir``.
 
         Headers only: data crcs are checked on every load, so a segment damaged on disk
-        is found when read and recomputed, never served."""
-        g = self.geometry
-        count = 0
-        clock_now = self.control.clock.now()
-        wall_now = time.time()
-        for file_id, path in session_files_in(self.store_dir / SESSIONS_DIR):
+        is found when read and recomputed, never served. The worker half settles the
+        files themselves (quarantine, trim)."""
+        g, span = self.geometry, self.settings.config.store.session_file_bytes
+        found = scan_sessions(self.store_dir / SESSIONS_DIR, verify_data=False)
+        for file_id, _ in found.found:
             self.control.ssd.reserve_file_id(file_id)  # even an empty file keeps its id
-            try:
-                header, ok, _bad = scan_session_file(path, verify_data=False)
-            except FormatError as exc:
-                logger.warning("session file %s is unreadable (%s); not served", path, exc)
+        for _file_id, path, exc in found.unreadable:
+            logger.warning("session file %s is unreadable (%s); not served", path, exc)
+        check_fit(found.scans, g, span)
+        wall_now = time.time()
+        count = 0
+        for scan in found.scans:
+            if is_stray(scan, g, span):  # a stray copy: the worker does not serve it
+                logger.warning("session file %s is a stray; not served", scan.path)
                 continue
-            if header.file_id != file_id:  # a stray copy: the worker does not serve it
-                logger.warning("session file %s names file id %d; not served", path,
-                               header.file_id)
-                continue
-            if (header.num_layers, header.block_bytes_per_layer) != (
-                    g.num_layers, g.block_bytes_per_layer):
-                raise ValueError(
-                    f"session file {path} holds {header.num_layers} layers x "
-                    f"{header.block_bytes_per_layer} B blocks, but the engine's KV cache has "
-                    f"{g.num_layers} x {g.block_bytes_per_layer} B: point store.root at a "
-                    f"directory of this model and block size")
-            if header.span_bytes != self.settings.config.store.session_file_bytes:
-                raise ValueError(
-                    f"store.session_file_bytes={self.settings.config.store.session_file_bytes}"
-                    f" but session file {path} was written with span {header.span_bytes}")
-            age_s = max(0.0, wall_now - path.stat().st_mtime)
-            for scanned in ok:
-                sh = scanned.header
-                self.control.recover_segment(
-                    header.session_id, file_id, scanned.file_offset, sh.layout, sh.keys,
-                    sh.turn_index, virtual_base=header.virtual_base,
-                    last_access=clock_now - age_s)
-                count += 1
+            count += index_scan(self.control, scan, wall_now)[0]
         if count:
             logger.info("FlatCake recovered %d segments from %s", count, self.store_dir)
         return count
 
     # -- lookup ----------------------------------------------------------------------
-
-    def _usable_hit(self, hit: PrefixHit) -> PrefixHit:
-        """``hit`` cut before the first segment known to be damaged."""
-        if not self._damaged_segments:
-            return hit
-        runs = []
-        for run in hit.runs:
-            if run.segment.segment_id in self._damaged_segments:
-                break
-            runs.append(run)
-        if len(runs) == len(hit.runs):
-            return hit
-        mem = sum(r.num_blocks for r in runs if r.segment.medium == Medium.MEMORY)
-        ssd = sum(r.num_blocks for r in runs if r.segment.medium == Medium.SSD)
-        return PrefixHit(mem + ssd, mem, ssd, tuple(runs))
 
     def _owner(self, hit: PrefixHit) -> HitOwner | None:
         if not hit.runs:
@@ -259,7 +232,7 @@ class SchedulerSide:
         # Leave at least one token to compute: the engine samples from its logits.
         max_blocks = min(len(req.keys), max(req.num_tokens - 1, 0) // bs)
         keys = req.keys[:max_blocks]
-        hit = self._usable_hit(self.control.lookup(keys))
+        hit = self.damage.usable(self.control.lookup(keys))
         local_blocks = num_local_tokens // bs
         pending_end = hit.num_blocks
         while pending_end < max_blocks and self._pending_keys.get(keys[pending_end]):
@@ -312,21 +285,9 @@ class SchedulerSide:
         if len(block_ids) < num_blocks:
             raise ValueError(f"request {request_id!r}: {len(block_ids)} block ids for "
                              f"{num_blocks} hit blocks")
-        # Checks carry no crcs here: each worker verifies against the crcs of its own
-        # files (tensor-parallel workers hold different bytes of the same blocks).
-        planner = StreamPlanner({})
-        plan = self.control.prepare_load(request_id, hit, planner=planner)
+        task, plan = load_task(self.control, request_id, hit, block_ids,
+                               first_block=state.local_blocks)
         first = state.local_blocks
-        stream_request = tuple(r if r >= first else -1 for r in planner.stream_request)
-        where = {}
-        for run in hit.runs:
-            seg = run.segment
-            if seg.medium == Medium.SSD:
-                where[seg.segment_id] = (int(seg.file_id or 0), int(seg.file_offset or 0))
-        check_files = tuple((c.tag, *where[c.tag]) for c in planner.checks)
-        task = LoadTask(request_id, plan.read_plan, stream_request, tuple(planner.checks),
-                        check_files, tuple(int(b) for b in block_ids[:num_blocks]),
-                        num_blocks, first, sync=not hit.needs_ssd)
         state.load, state.loading = task, True
         self._loads[request_id] = task
         self._stats["hit_tokens"] += (num_blocks - first) * bs
@@ -403,11 +364,14 @@ class SchedulerSide:
         task = self._loads.pop(request_id)
         state = self._reqs.get(request_id)
         if not task.sync:
-            self.control.scheduler.restore_done(request_id)
-            while self.control.scheduler.pop_ready() is not None:
-                pass  # the engine's own waiting queue runs the request
+            sched = self.control.scheduler
+            sched.restore_done(request_id)
+            self._unreleased.add(request_id)
+            while (ready := sched.pop_ready()) is not None:
+                self._unreleased.discard(str(ready.request_id))
+                self._released.append(str(ready.request_id))
         for seg_id in failed:
-            self._mark_damaged(seg_id)
+            self.damage.mark(seg_id)
         if state is None:
             return
         state.loading = False
@@ -428,45 +392,27 @@ class SchedulerSide:
         self._stats["load_error_blocks"] += errors
         self._stats["damaged_segments"] += len(failed)
 
-    def _mark_damaged(self, segment_id: int) -> None:
-        """Stop serving a segment that failed its checksum; the session is cut before
-        it (``truncate_session``) as soon as no restore or write uses its tail."""
-        try:
-            seg = self.control.index.segment(segment_id)
-        except KeyError:
-            return
-        logger.warning("segment %d of session %r failed its checksum; the session is cut "
-                       "before it", segment_id, seg.session_id)
-        self._damaged_segments.add(segment_id)
-        earlier = self._cuts.get(seg.session_id)
-        if earlier is not None:
-            other = self.control.index.segment(earlier)
-            if (other.file_id, other.file_offset) <= (seg.file_id, seg.file_offset):
-                return
-        self._cuts[seg.session_id] = segment_id
+    def take_released(self, reported: Iterable[str]) -> list[str]:
+        """Of the SSD restores the workers ``reported`` finished, and those held before,
+        the ones FC-MAS's ready queue released, in its order: the requests the engine
+        may schedule now (in single-queue mode a restored request waits behind an
+        earlier one still restoring)."""
+        released, self._released = self._released, []
+        done = set(released)
+        return released + [r for r in reported if r not in done and r not in self._unreleased]
 
     def _settle_damage(self) -> None:
-        for sid, seg_id in list(self._cuts.items()):
-            try:
-                blocked = self.control.tail_in_use(sid, seg_id)
-            except KeyError:  # dropped or reclaimed meanwhile
-                del self._cuts[sid]
-                continue
-            if not blocked:
-                del self._cuts[sid]
-                self._apply([self.control.truncate_session(sid, seg_id)])
+        self._apply([a for a, _quarantine in self.damage.settle()])
         self._apply(self.control.take_reclaim_actions())
 
     def _apply(self, actions: Sequence[ReclaimAction]) -> None:
+        self.damage.forget(actions)
         for action in actions:
-            for seg in action.ssd_segments:
-                self._damaged_segments.discard(seg.segment_id)
             for seg in (*action.memory_segments, *action.ssd_segments):
                 self._events.append(BlockEvent(False, seg.keys, seg.medium))
-            self._file_cuts.extend(action.cut_files)
-            self._drops.extend(FileDrop(f) for f in action.file_ids)
-            if action.session_dropped:
-                self._cuts.pop(action.session_id, None)
+        cuts, drops = reclaim_tasks(actions)
+        self._file_cuts.extend(cuts)
+        self._drops.extend(drops)
 
     # -- finish ----------------------------------------------------------------------
 
@@ -484,7 +430,7 @@ class SchedulerSide:
         if n <= 0:
             return None
         keys = req.keys[:n]
-        first_new = self._usable_hit(self.control.lookup(keys)).num_blocks
+        first_new = self.damage.usable(self.control.lookup(keys)).num_blocks
         if all(self._pending_keys.get(k) for k in keys[first_new:]):
             return None  # nothing new, or only blocks another request is writing now
         shared = self.refcount.refcount(keys[first_new])
@@ -501,9 +447,7 @@ class SchedulerSide:
         self._apply(self.control.take_reclaim_actions())
         if plan is None:
             return None
-        first = plan.first_block
-        task = StoreTask(req.request_id, plan,
-                         tuple(int(b) for b in block_ids[first:first + plan.segment.num_blocks]))
+        task = store_task(req.request_id, plan, block_ids)
         state.store = plan
         self._new_stores.append(task)
         self._stores[plan.segment.segment_id] = (task, [])

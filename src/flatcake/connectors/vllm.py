@@ -327,9 +327,13 @@ class FlatCakeConnector(KVConnectorBase_V1):
         return self._events.convert(events)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        sched = self._sched()
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, FlatCakeWorkerMetadata):
-            self._sched().on_report(meta.report)
+            sched.on_report(meta.report)
+        # The engine schedules the restored requests FC-MAS's ready queue released.
+        released = sched.take_released(connector_output.finished_recving or ())
+        connector_output.finished_recving = set(released) or None
 
     def request_finished(self, request: Request, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
