@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flatcake.cio.files import SESSIONS_DIR
-from flatcake.cio.format import scan_session_file
+from flatcake.cio.filescan import scan_session_file
 from flatcake.cli import main
 from flatcake.store import FlatCakeStore
 from tests.store.helpers import SMALL, TO_MEMORY, TO_SSD, random_kv, session_keys, small_config

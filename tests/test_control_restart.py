@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from flatcake.cio.format import DamagedSegment, FileHeader, ScannedSegment, SegmentHeader
+from flatcake.cio.filescan import DamagedSegment, ScannedSegment
+from flatcake.cio.format import FileHeader, SegmentHeader
 from flatcake.control import ControlPlane, FileFate, ScannedFile
 from tests.test_control import GEOM, K, make, skeys
 

@@ -13,21 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flatcake.cio import format as fmt
+from flatcake.cio.crc import crc32_combine, crc32_shift_operator
 from flatcake.cio.direct import open_file, resolve_io_mode
+from flatcake.cio.filescan import scan_session_file
 from flatcake.cio.format import (
     FILE_HEADER_BYTES,
     FileHeader,
     FormatError,
     SegmentHeader,
     compute_layer_crcs,
-    crc32_combine,
-    crc32_shift_operator,
     decode_file_header,
     decode_segment_header,
     encode_file_header,
     encode_segment_header,
     parse_session_file_name,
-    scan_session_file,
     session_file_name,
 )
 from flatcake.cio.paged import PagedKV
@@ -246,7 +245,7 @@ def test_fast_crc32_equals_zlib_including_combine() -> None:
     import random
     import zlib
 
-    from flatcake.cio.format import crc32, crc32_combine, crc32_shift_operator
+    from flatcake.cio.crc import crc32, crc32_combine, crc32_shift_operator
 
     rng = random.Random(5)
     for n in (0, 1, 4095, 4096, 1 << 20):

@@ -20,13 +20,8 @@ from flatcake.cio.direct import open_file, resolve_io_mode
 from flatcake.cio.format import FILE_HEADER_BYTES, FileHeader
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader, ReaderStats, ReadRequest
-from flatcake.cio.staging import (
-    LayerReady,
-    OpenFile,
-    RestoreJob,
-    RestoreOutcome,
-    StagingWindow,
-)
+from flatcake.cio.restore import LayerReady, OpenFile, RestoreJob, RestoreOutcome
+from flatcake.cio.staging import StagingWindow
 from flatcake.cio.writer import SegmentWriter, write_file_header
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium, encode_address

@@ -14,12 +14,8 @@ import torch
 
 import flatcake.cio.writer as writer_mod
 from flatcake.cio.direct import aligned_buffer, open_file, resolve_io_mode
-from flatcake.cio.format import (
-    FILE_HEADER_BYTES,
-    FileHeader,
-    scan_session_file,
-    session_file_name,
-)
+from flatcake.cio.filescan import scan_session_file
+from flatcake.cio.format import FILE_HEADER_BYTES, FileHeader, session_file_name
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.writer import SegmentWriter, write_file_header, zero_copy_write_refusal
 

@@ -12,7 +12,8 @@ import torch
 import flatcake.cio.zerocopy as zerocopy
 from flatcake.cio.direct import aligned_buffer
 from flatcake.cio.readers import DirectReader
-from flatcake.cio.staging import LayerReady, RestoreOutcome, StagingWindow
+from flatcake.cio.restore import LayerReady, RestoreOutcome
+from flatcake.cio.staging import StagingWindow
 from tests.cio.test_staging import History, _history, _job, flip_byte
 
 BBPL = 8192

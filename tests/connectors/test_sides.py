@@ -147,7 +147,7 @@ def test_first_turn_goes_to_ssd_and_next_turn_restores_its_bytes(tmp_path: Path)
 
 
 def test_corrupt_segment_is_recomputed_and_the_session_cut_before_it(tmp_path: Path) -> None:
-    from flatcake.cio.format import scan_session_file
+    from flatcake.cio.filescan import scan_session_file
 
     h = Harness(tmp_path)
     turn0 = list(range(100, 117))  # 4 full blocks + 1

@@ -207,7 +207,7 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
 
 def session_segments(store: Path, session_id: str) -> list[int]:
     """Blocks of each valid segment in ``session_id``'s file (crc32-checked)."""
-    from flatcake.cio.format import scan_session_file
+    from flatcake.cio.filescan import scan_session_file
 
     for path in sorted((store / "sessions").iterdir()):
         header, ok, _bad = scan_session_file(path)

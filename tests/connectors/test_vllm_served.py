@@ -173,7 +173,7 @@ def test_readme_walkthrough_serves_and_restarts(tmp_path: Path) -> None:
 
 def ssd_segments(store: Path, session_id: str) -> list[int]:
     """Blocks of each valid segment in ``session_id``'s file."""
-    from flatcake.cio.format import scan_session_file
+    from flatcake.cio.filescan import scan_session_file
 
     for path in sorted((store / "sessions").iterdir()):
         header, ok, _bad = scan_session_file(path)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from flatcake.cio.files import SESSIONS_DIR
-from flatcake.cio.format import scan_session_file
+from flatcake.cio.filescan import scan_session_file
 from flatcake.store import FlatCakeStore, fsck_root
 from tests.robustness import workload as w
 from tests.store.helpers import SMALL

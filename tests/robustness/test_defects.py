@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flatcake.cio.files import QUARANTINE_DIR, SESSIONS_DIR
-from flatcake.cio.format import scan_session_file
+from flatcake.cio.filescan import scan_session_file
 from flatcake.cli import main
 from flatcake.config import load_config
 from flatcake.geometry import KVGeometry

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from flatcake.cio.files import SESSIONS_DIR, session_files_in
-from flatcake.cio.format import FormatError, scan_session_file
+from flatcake.cio.filescan import scan_session_file
+from flatcake.cio.format import FormatError
 from flatcake.control import ControlPlane, FileFate, ScannedFile
 from flatcake.store import FlatCakeStore
 from tests.robustness import workload as w

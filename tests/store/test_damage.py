@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flatcake.cio.files import QUARANTINE_DIR, SESSIONS_DIR
-from flatcake.cio.format import ScannedSegment, scan_session_file
+from flatcake.cio.filescan import ScannedSegment, scan_session_file
 from flatcake.cio.staging import StagingWindow
 from flatcake.config import FlatCakeConfig
 from flatcake.store import FlatCakeStore, fsck_root

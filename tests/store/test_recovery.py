@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flatcake.cio.files import QUARANTINE_DIR, SESSIONS_DIR
-from flatcake.cio.format import scan_session_file
+from flatcake.cio.filescan import scan_session_file
 from flatcake.store import FlatCakeStore, fsck_root
 from tests.store.helpers import (
     SMALL,

@@ -1,0 +1,55 @@
+"""File I/O, the data plane: O_DIRECT readers and writer, the staging window, the
+on-disk format, session files, the host arena, and the executor that runs the books'
+tasks with them (``executor``).
+
+Names resolve on first use (PEP 562): ``flatcake.cio.format`` / ``scan`` / ``names`` stay
+free of torch for the processes that only keep books (the vLLM scheduler half).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "ArenaBuffer": "arena",
+    "DirectIOUnsupported": "direct",
+    "aligned_buffer": "direct",
+    "resolve_io_mode": "direct",
+    "Executor": "executor",
+    "LoadOutcome": "executor",
+    "ReaderDispatch": "executor",
+    "StoreOutcome": "executor",
+    "SessionFiles": "files",
+    "DamagedSegment": "filescan",
+    "FileHeader": "format",
+    "FormatError": "format",
+    "ScannedSegment": "filescan",
+    "SegmentHeader": "format",
+    "scan_session_file": "filescan",
+    "QUARANTINE_DIR": "names",
+    "SESSIONS_DIR": "names",
+    "session_files_in": "names",
+    "PagedKV": "paged",
+    "DirectReader": "readers",
+    "GdsReader": "readers",
+    "Reader": "readers",
+    "ReadRequest": "readers",
+    "FileScan": "scan",
+    "index_sessions": "scan",
+    "scan_sessions": "scan",
+    "LayerReady": "restore",
+    "OpenFile": "restore",
+    "RestoreJob": "restore",
+    "RestoreOutcome": "restore",
+    "StagingWindow": "staging",
+    "SegmentWriter": "writer",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

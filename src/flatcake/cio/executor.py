@@ -48,8 +48,9 @@ from flatcake.cio.files import SessionFiles
 from flatcake.cio.format import FileHeader
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
+from flatcake.cio.restore import LayerReady, OpenFile, RestoreJob, RestoreOutcome
 from flatcake.cio.scan import FileScan
-from flatcake.cio.staging import LayerReady, OpenFile, RestoreJob, RestoreOutcome, StagingWindow
+from flatcake.cio.staging import StagingWindow
 from flatcake.cio.writer import SegmentWriter
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium

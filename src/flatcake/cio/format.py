@@ -38,21 +38,18 @@ crc check out.
 The file's size is its clean end (writers never preallocate). Anything else where a
 segment should start is damage: a zeroed or corrupt header, a torn or corrupt segment,
 zeros to the end of the file (a write interrupted by a crash, or lost data). The scan
-then looks on, 4 KiB page by page, for later segments (valid header crc, this file's
-id, a larger seq) to *count* them as lost with it. They are not served: the file is cut
-at the damage (a later segment's blocks hang off the damaged turn's prefix), but no
-intact turn disappears without being reported.
+(``cio.filescan``) then looks on, 4 KiB page by page, for later segments (valid header
+crc, this file's id, a larger seq) to *count* them as lost with it. They are not
+served: the file is cut at the damage (a later segment's blocks hang off the damaged
+turn's prefix), but no intact turn disappears without being reported.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import struct
-import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from flatcake.cio.crc import crc32
 from flatcake.control.sessions import MAX_SESSION_ID_BYTES
 from flatcake.plan.layout import (
     ALIGN,
@@ -61,8 +58,6 @@ from flatcake.plan.layout import (
     SegmentLayout,
     segment_header_bytes,
 )
-
-logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 FILE_MAGIC = b"FLCKFILE"
@@ -83,64 +78,6 @@ _SEG_CRC_OFFSET = _SEG_FIXED.size - 4
 
 class FormatError(ValueError):
     """Bytes that are not a valid FlatCake header (wrong magic, version, crc or field)."""
-
-
-def _fast_crc32() -> Callable[[memoryview | bytes | bytearray, int], int]:
-    """ISA-L's crc32 (``isal`` package, PCLMUL; same values as zlib's, ~2.8x faster on
-    this box) when installed, else zlib's."""
-    try:
-        from isal import isal_zlib
-    except ImportError:
-        return zlib.crc32
-    return isal_zlib.crc32
-
-
-_CRC32 = _fast_crc32()
-
-
-def crc32(data: memoryview | bytes | bytearray, value: int = 0) -> int:
-    """zlib's crc32 (releases the GIL on large buffers, so several threads can check
-    several ranges at once)."""
-    return _CRC32(data, value) & 0xFFFFFFFF
-
-
-_CRC_POLY = 0xEDB88320  # reflected CRC-32 polynomial (zlib's)
-
-
-def _gf2_times(matrix: tuple[int, ...], vector: int) -> int:
-    out, i = 0, 0
-    while vector:
-        if vector & 1:
-            out ^= matrix[i]
-        vector >>= 1
-        i += 1
-    return out
-
-
-def crc32_shift_operator(num_bytes: int) -> tuple[int, ...]:
-    """The GF(2) matrix (32 columns) that appends ``num_bytes`` zero bytes to a crc32,
-    so ``crc32(a + b) == apply(op(len(b)), crc32(a)) ^ crc32(b)`` (zlib's
-    ``crc32_combine``, with the operator kept for reuse: combining chunks of one size
-    then costs 32 xors each). Building one costs O(log num_bytes) matrix squarings."""
-    if num_bytes < 0:
-        raise ValueError(f"num_bytes must be >= 0, got {num_bytes}")
-    one_bit = (_CRC_POLY, *(1 << n for n in range(31)))
-    op: tuple[int, ...] = one_bit
-    for _ in range(3):  # one zero byte = eight zero bits
-        op = tuple(_gf2_times(op, c) for c in op)
-    result = tuple(1 << n for n in range(32))  # identity
-    n = num_bytes
-    while n:
-        if n & 1:
-            result = tuple(_gf2_times(op, c) for c in result)
-        op = tuple(_gf2_times(op, c) for c in op)
-        n >>= 1
-    return result
-
-
-def crc32_combine(crc_a: int, crc_b: int, operator: tuple[int, ...]) -> int:
-    """crc32 of ``a + b`` from crc32(a), crc32(b) and ``crc32_shift_operator(len(b))``."""
-    return _gf2_times(operator, crc_a) ^ crc_b
 
 
 def session_file_name(file_id: int) -> str:
@@ -359,159 +296,3 @@ def compute_layer_crcs(segment_data: memoryview | bytes | bytearray,
         crc32(mv[layer * layout.layer_bytes:(layer + 1) * layout.layer_bytes])
         for layer in range(layout.num_layers)
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ScannedSegment:
-    """A segment that passed every check, at ``file_offset`` in its file."""
-
-    file_offset: int
-    header: SegmentHeader
-
-    @property
-    def end_offset(self) -> int:
-        return self.file_offset + self.header.layout.total_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class DamagedSegment:
-    """Where a scan stopped and why. ``seq`` is known when the header itself was valid;
-    ``lost_segments`` counts the valid segments found after the damage (dropped with
-    it when the file is cut there)."""
-
-    file_offset: int
-    reason: str
-    seq: int | None = None
-    lost_segments: int = 0
-
-
-def _read_exact(fd: int, offset: int, length: int) -> bytes:
-    out = bytearray()
-    while len(out) < length:
-        chunk = os.pread(fd, length - len(out), offset + len(out))
-        if not chunk:
-            break
-        out += chunk
-    return bytes(out)
-
-
-def scan_session_file(
-    path: str | os.PathLike[str], verify_data: bool = True,
-    chunk_bytes: int = 16 << 20,
-) -> tuple[FileHeader, list[ScannedSegment], list[DamagedSegment]]:
-    """Walk a session file and return its header, its valid segments in order, and the
-    damaged segment where the walk stopped (at most one entry; see the module docstring
-    for clean end versus damage, and ``DamagedSegment.lost_segments``).
-
-    ``verify_data=False`` checks headers and sizes only (fast restart); layer crcs are
-    then verified when the data is read. Raises ``FormatError`` if the file header
-    itself is damaged (the whole file is unusable).
-    """
-    fd = os.open(os.fspath(path), os.O_RDONLY)
-    try:
-        file_bytes = os.fstat(fd).st_size
-        header = decode_file_header(_read_exact(fd, 0, FILE_HEADER_BYTES))
-        end = min(file_bytes, header.span_bytes)
-        segments: list[ScannedSegment] = []
-        damaged: list[DamagedSegment] = []
-        offset = FILE_HEADER_BYTES
-        while offset < end:
-            seq = None
-            try:
-                seg = _segment_at(fd, offset)
-                seq = seg.seq
-                reason = _check_segment(fd, offset, seg, header, file_bytes, segments,
-                                        verify_data, chunk_bytes)
-            except FormatError as exc:
-                reason = str(exc)
-            if not reason:
-                segments.append(ScannedSegment(offset, seg))
-                offset += seg.layout.total_bytes
-                continue
-            last_seq = segments[-1].header.seq if segments else -1
-            lost, zeros = _look_past(fd, offset, header, end, last_seq)
-            if zeros:
-                reason = "zeros to the end of the file (an interrupted write, or lost data)"
-            if lost:
-                reason += f"; followed by {lost} valid segments, cut off with it"
-            damaged.append(DamagedSegment(offset, reason, seq, lost))
-            break
-        for d in damaged:
-            logger.warning("session file %s: segment at offset %d damaged: %s",
-                           os.fspath(path), d.file_offset, d.reason)
-        return header, segments, damaged
-    finally:
-        os.close(fd)
-
-
-def _segment_at(fd: int, offset: int) -> SegmentHeader:
-    first = _read_exact(fd, offset, ALIGN)
-    size = segment_header_size(first)
-    return decode_segment_header(first if size == ALIGN else _read_exact(fd, offset, size))
-
-
-def _look_past(fd: int, offset: int, header: FileHeader, end: int,
-               last_seq: int) -> tuple[int, bool]:
-    """After a bad spot at ``offset``: (valid segments found later, whether everything
-    from ``offset`` to ``end`` is zero). Later segments are found by their magic on a
-    4 KiB page, then must pass the header crc, carry this file's id, follow ``last_seq``
-    and fit in the file; each one found is followed by its length."""
-    lost, zero, pos = 0, True, offset
-    step = 1 << 20
-    while pos < end:
-        chunk = _read_exact(fd, pos, min(step, end - pos))
-        if not chunk:
-            break
-        if zero and chunk.count(0) != len(chunk):
-            zero = False
-        hit = chunk.find(SEGMENT_MAGIC)
-        next_pos = pos + len(chunk)
-        while hit >= 0:
-            at = pos + hit
-            if at % ALIGN == 0 and at > offset:
-                try:
-                    seg = _segment_at(fd, at)
-                except FormatError:
-                    seg = None
-                if seg is not None and seg.file_id == header.file_id and \
-                        seg.seq > last_seq and at + seg.layout.total_bytes <= end:
-                    lost += 1
-                    last_seq = seg.seq
-                    next_pos = at + seg.layout.total_bytes
-                    zero = False
-                    break
-            hit = chunk.find(SEGMENT_MAGIC, hit + 1)
-        pos = next_pos
-    return lost, zero
-
-
-def _check_segment(fd: int, offset: int, seg: SegmentHeader, header: FileHeader,
-                   file_bytes: int, previous: list[ScannedSegment], verify_data: bool,
-                   chunk_bytes: int) -> str:
-    """Why the segment at ``offset`` is not servable, or "" if it is."""
-    layout = seg.layout
-    if seg.file_id != header.file_id:
-        return f"segment file_id {seg.file_id} != file header's {header.file_id}"
-    if (seg.num_layers, seg.block_bytes_per_layer) != (
-            header.num_layers, header.block_bytes_per_layer):
-        return "segment geometry differs from the file's"
-    if offset + layout.total_bytes > min(file_bytes, header.span_bytes):
-        return (f"segment is torn: needs {layout.total_bytes} bytes, file has "
-                f"{file_bytes - offset} after its start")
-    if previous and seg.seq <= previous[-1].header.seq:
-        return f"segment seq {seg.seq} does not follow seq {previous[-1].header.seq}"
-    if not verify_data:
-        return ""
-    base = offset + layout.data_offset
-    for layer in range(layout.num_layers):
-        crc = 0
-        start, end = base + layer * layout.layer_bytes, base + (layer + 1) * layout.layer_bytes
-        while start < end:
-            chunk = _read_exact(fd, start, min(chunk_bytes, end - start))
-            if not chunk:
-                return f"segment is torn at layer {layer}"
-            crc = crc32(chunk, crc)
-            start += len(chunk)
-        if crc != seg.layer_crcs[layer]:
-            return f"layer {layer} crc32 mismatch"
-    return ""

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from flatcake.cio.format import crc32
+from flatcake.cio.crc import crc32
 from flatcake.cio.readers import IoVec
 
 

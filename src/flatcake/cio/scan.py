@@ -10,6 +10,7 @@ the worker half (scan, then adopt the files in its executor)::
     check_fit       no file matches the geometry -> ValueError (wrong model or span)
     index_scan      control.recover_segment for each valid segment, in file order;
                     one the books refuse (a key repeated inside it) is damage there
+    index_sessions  all of it for a host that only keeps books (the vLLM scheduler)
 """
 
 from __future__ import annotations
@@ -19,13 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flatcake.cio.format import (
-    DamagedSegment,
-    FileHeader,
-    FormatError,
-    ScannedSegment,
-    scan_session_file,
-)
+from flatcake.cio.filescan import DamagedSegment, ScannedSegment, scan_session_file
+from flatcake.cio.format import FileHeader, FormatError
 from flatcake.cio.names import session_files_in
 from flatcake.control.plane import ControlPlane
 from flatcake.geometry import KVGeometry
@@ -114,3 +110,26 @@ def index_scan(control: ControlPlane, scan: FileScan, wall_now: float | None = N
                            scanned.file_offset, bad.reason)
             return kept, [bad]
     return len(scan.ok), scan.bad
+
+
+def index_sessions(control: ControlPlane, sessions_dir: Path) -> int:
+    """Re-index every valid segment under ``sessions_dir`` without touching a file
+    (headers only: data crcs are checked on every load). Unreadable files and strays
+    are not served. Returns the segments indexed."""
+    g, span = control.geometry, control.config.store.session_file_bytes
+    found = scan_sessions(sessions_dir, verify_data=False)
+    for file_id, _ in found.found:
+        control.ssd.reserve_file_id(file_id)  # even an empty file keeps its id
+    for _file_id, path, exc in found.unreadable:
+        logger.warning("session file %s is unreadable (%s); not served", path, exc)
+    check_fit(found.scans, g, span)
+    wall_now = time.time()
+    count = 0
+    for scan in found.scans:
+        if is_stray(scan, g, span):
+            logger.warning("session file %s is a stray; not served", scan.path)
+            continue
+        count += index_scan(control, scan, wall_now)[0]
+    if count:
+        logger.info("FlatCake recovered %d segments from %s", count, sessions_dir)
+    return count

@@ -42,121 +42,27 @@ from __future__ import annotations
 
 import bisect
 import logging
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 
+from flatcake.cio.crc import crc32, crc32_combine, crc32_shift_operator
 from flatcake.cio.direct import aligned_buffer, writable_view
-from flatcake.cio.format import crc32, crc32_combine, crc32_shift_operator
-from flatcake.cio.paged import PagedKV
 from flatcake.cio.readcrc import OpGate, crc_pieces
 from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
+from flatcake.cio.restore import LayerReady, RestoreJob, RestoreOutcome
 from flatcake.cio.zerocopy import SlotViews, op_commands, zero_copy_refusal
 from flatcake.plan.layout import ALIGN, align_up
-from flatcake.plan.reads import LayerPlan, Piece, ReadPlan
+from flatcake.plan.reads import LayerPlan, Piece
 from flatcake.plan.stream import StreamCheck
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CRC_CHUNK_BYTES = 4 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class OpenFile:
-    """A session file a restore reads: its path and an open descriptor."""
-
-    path: str
-    fd: int
-
-
-@dataclass(slots=True)
-class RestoreJob:
-    """Everything one restore needs; built by the store, consumed by ``StagingWindow``.
-
-    Attributes:
-        plan: the read plan (its pieces address the stream).
-        paged: the destination paged KV.
-        stream_slots: (stream blocks,) int64 paged slot of each stream block, -1 = drop.
-        stream_request: request block index of each stream block, -1 = drop.
-        checks: segment crc checks.
-        files: file_id -> open file, for every file the plan reads.
-        arena: the host arena (source of memory copies).
-        num_request_blocks: blocks the restore would load if nothing fails.
-    """
-
-    plan: ReadPlan
-    paged: PagedKV
-    stream_slots: torch.Tensor
-    stream_request: list[int]
-    checks: tuple[StreamCheck, ...]
-    files: Mapping[int, OpenFile]
-    arena: torch.Tensor | None
-    num_request_blocks: int
-
-
-@dataclass(frozen=True, slots=True)
-class RestoreOutcome:
-    """What a restore did.
-
-    Attributes:
-        num_blocks_loaded: request blocks ``[0, num_blocks_loaded)`` are in the paged KV.
-        failed_tags: checks that failed (damaged segments), plus tags of unreadable ones.
-        commands: SSD read commands issued.
-        bytes_read: SSD bytes read (useful + gap + verify-only).
-        memory_bytes: bytes copied out of the arena.
-        elapsed_s: wall time from start to the last layer ready.
-        peak_reads_in_flight: most read commands the restore had with the reader at
-            once (never above the window's ``reads_in_flight``).
-        zero_copy: the reads went straight into the paged KV slots (``cio.zerocopy``);
-            ``zero_copy_refusal`` says why not otherwise ("" when they did).
-    """
-
-    num_blocks_loaded: int
-    failed_tags: tuple[int, ...]
-    commands: int
-    bytes_read: int
-    memory_bytes: int
-    elapsed_s: float
-    peak_reads_in_flight: int = 0
-    zero_copy: bool = False
-    zero_copy_refusal: str = ""
-
-
-class LayerReady:
-    """Per-layer "ready" signals of one restore, set by the restore thread."""
-
-    def __init__(self, num_layers: int) -> None:
-        self._events = [threading.Event() for _ in range(num_layers)]
-        self._error: BaseException | None = None
-
-    @property
-    def num_layers(self) -> int:
-        return len(self._events)
-
-    def set(self, layer: int) -> None:
-        self._events[layer].set()
-
-    def fail(self, error: BaseException) -> None:
-        """Wake every waiter; they re-raise ``error``."""
-        self._error = error
-        for ev in self._events:
-            ev.set()
-
-    def wait_for_layer(self, layer: int, timeout: float | None = None) -> bool:
-        """Block until layer ``layer`` is in the paged KV (False on timeout). Blocks
-        past the restore's final cut may still be wrong: the final result is the truth.
-        """
-        if not 0 <= layer < len(self._events):
-            raise ValueError(f"layer must be in [0, {len(self._events)}), got {layer}")
-        ok = self._events[layer].wait(timeout)
-        if self._error is not None:
-            raise RuntimeError("restore failed") from self._error
-        return ok
 
 
 @dataclass(slots=True)

@@ -40,14 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
+from flatcake.cio.crc import crc32
 from flatcake.cio.direct import aligned_buffer, pwrite_all, pwritev_all, writable_view
-from flatcake.cio.format import (
-    FileHeader,
-    SegmentHeader,
-    crc32,
-    encode_file_header,
-    encode_segment_header,
-)
+from flatcake.cio.format import FileHeader, SegmentHeader, encode_file_header, encode_segment_header
 from flatcake.cio.paged import PagedKV
 from flatcake.plan.layout import ALIGN, SegmentLayout, align_up
 

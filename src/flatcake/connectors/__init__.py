@@ -1,0 +1,36 @@
+"""FlatCake behind an engine: the vLLM KV connector (``vllm``) and its engine-neutral
+halves, the scheduler half (the books, ``scheduler_side``) and the worker half (the
+executor, ``worker_side``), with their sessions, settings and counters.
+
+Names resolve on first use (PEP 562): importing the package loads neither vLLM nor
+torch; ``FlatCakeConnector`` and ``flush`` load vLLM when first asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "BlockEvent": "requests",
+    "COUNTER_KEYS": "requests",
+    "RequestView": "requests",
+    "SchedulerSide": "scheduler_side",
+    "HitOwner": "sessions",
+    "PrefixRefcount": "sessions",
+    "SessionTracker": "sessions",
+    "TurnInfo": "sessions",
+    "ConnectorSettings": "settings",
+    "parse_extra_config": "settings",
+    "FlatCakeConnector": "vllm",
+    "flush": "vllm_glue",
+    "WorkerSide": "worker_side",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -32,25 +32,30 @@ Single-threaded: the engine's scheduler thread calls everything.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flatcake.cio.names import SESSIONS_DIR
-from flatcake.cio.scan import check_fit, index_scan, is_stray, scan_sessions
+from flatcake.cio.scan import index_sessions
 from flatcake.clock import Clock, WallClock
-from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker, TurnInfo
+from flatcake.connectors.requests import (
+    COUNTER_KEYS,
+    BlockEvent,
+    Counters,
+    RequestBooks,
+    RequestView,
+)
+from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.damage import DamageBook
-from flatcake.control.index import EMPTY_HIT, PrefixHit
+from flatcake.control.index import PrefixHit
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
-from flatcake.plan.serve import load_task, reclaim_tasks, store_task
+from flatcake.plan.serve import by_medium, load_task, reclaim_tasks, store_task
 from flatcake.plan.tasks import (
     FileDrop,
     LoadDone,
@@ -63,79 +68,7 @@ from flatcake.plan.tasks import (
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class RequestView:
-    """What the connector reads off an engine request.
-
-    Attributes:
-        request_id: the engine's id.
-        keys: FlatCake block keys of the request's full blocks (prompt and output).
-        num_tokens: prompt + output tokens so far.
-        num_prompt_tokens: prompt tokens (the turn's context).
-        num_output_tokens: tokens generated (the turn's reply).
-        num_computed_tokens: tokens whose KV is in the paged cache.
-        session_param: ``kv_transfer_params["session_id"]``, ``None`` when absent.
-    """
-
-    request_id: str
-    keys: tuple[bytes, ...]
-    num_tokens: int
-    num_prompt_tokens: int
-    num_output_tokens: int = 0
-    num_computed_tokens: int = 0
-    session_param: object = None
-
-
-@dataclass(slots=True)
-class _Request:
-    """Books of one live request (mutable, scheduler thread)."""
-
-    turn: TurnInfo
-    hit: PrefixHit = EMPTY_HIT
-    local_blocks: int = 0
-    load: LoadTask | None = None
-    loading: bool = False
-    hit_blocks: int = 0
-    loaded_memory_blocks: int = 0
-    loaded_ssd_blocks: int = 0
-    load_error_blocks: int = 0
-    store_planned: bool = False
-    store: StorePlan | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BlockEvent:
-    """Blocks FlatCake started or stopped serving (for KV-aware routers).
-
-    Attributes:
-        stored: ``True``: the blocks were published (durable); ``False``: dropped
-            (reclaim, or a session cut before a damaged segment).
-        keys: FlatCake keys of the blocks, in prefix order.
-        medium: where they live(d).
-    """
-
-    stored: bool
-    keys: tuple[bytes, ...]
-    medium: Medium
-
-
-COUNTER_KEYS = (  # counters the connector reports, per stats interval
-    "prompt_tokens",            # prompt tokens looked up (the hit rate's denominator)
-    "hit_tokens",               # tokens the index held when the request was admitted
-    "loaded_tokens_memory",     # tokens delivered to the engine's KV from host memory
-    "loaded_tokens_ssd",        # tokens delivered from SSD (verified)
-    "load_error_blocks",        # hit blocks not delivered (corrupt / unreadable): recomputed
-    "damaged_segments",         # segments that failed their crc32
-    "restores_started",         # SSD restores started by FC-MAS
-    "staging_slot_waits",       # SSD restores that found every staging window busy
-    "stores_ok",
-    "stores_failed",
-    "stores_rejected",          # no medium could take the turn (CapacityError)
-    "stored_blocks_memory",
-    "stored_blocks_ssd",
-    "lookup_waits",             # lookups deferred behind a store of the same prefix
-)
+__all__ = ["COUNTER_KEYS", "BlockEvent", "RequestView", "SchedulerSide"]
 
 
 class SchedulerSide:
@@ -160,7 +93,7 @@ class SchedulerSide:
                                     clock if clock is not None else WallClock())
         self.sessions = SessionTracker(settings.infer_sessions)
         self.refcount = PrefixRefcount()
-        self._reqs: dict[str, _Request] = {}
+        self._reqs: dict[str, RequestBooks] = {}
         self.damage = DamageBook(self.control)
         self._unreleased: set[str] = set()  # restored, not out of FC-MAS's ready queue
         self._released: list[str] = []  # out of the ready queue, in its order
@@ -173,39 +106,14 @@ class SchedulerSide:
         self._load_reports: dict[str, list[LoadDone]] = {}
         self._drops: list[FileDrop] = []
         self._file_cuts: list[FileCut] = []
-        self._stats: Counter[str] = Counter()
-        self._total: Counter[str] = Counter()
-        self._placements: Counter[str] = Counter()
+        self.counters = Counters()
+        self._stats = self.counters.stats
         self._events: list[BlockEvent] = []
-        self.recovered_segments = self._recover()
+        # Restart: the segments under ``store_dir`` (headers only: data crcs are checked
+        # on every load; the worker half settles the files themselves).
+        self.recovered_segments = index_sessions(self.control, self.store_dir / SESSIONS_DIR)
 
     # -- restart ---------------------------------------------------------------------
-
-    def _recover(self) -> int:
-        """Re-index every valid segment of the session files under ``store_dir``.
-
-        Headers only: data crcs are checked on every load, so a segment damaged on disk
-        is found when read and recomputed, never served. The worker half settles the
-        files themselves (quarantine, trim)."""
-        g, span = self.geometry, self.settings.config.store.session_file_bytes
-        found = scan_sessions(self.store_dir / SESSIONS_DIR, verify_data=False)
-        for file_id, _ in found.found:
-            self.control.ssd.reserve_file_id(file_id)  # even an empty file keeps its id
-        for _file_id, path, exc in found.unreadable:
-            logger.warning("session file %s is unreadable (%s); not served", path, exc)
-        check_fit(found.scans, g, span)
-        wall_now = time.time()
-        count = 0
-        for scan in found.scans:
-            if is_stray(scan, g, span):  # a stray copy: the worker does not serve it
-                logger.warning("session file %s is a stray; not served", scan.path)
-                continue
-            count += index_scan(self.control, scan, wall_now)[0]
-        if count:
-            logger.info("FlatCake recovered %d segments from %s", count, self.store_dir)
-        return count
-
-    # -- lookup ----------------------------------------------------------------------
 
     def _owner(self, hit: PrefixHit) -> HitOwner | None:
         if not hit.runs:
@@ -245,7 +153,7 @@ class SchedulerSide:
         state = self._reqs.get(req.request_id)
         if state is None:
             turn = self.sessions.resolve(req.session_param, hit.num_blocks, self._owner(hit))
-            state = self._reqs[req.request_id] = _Request(turn)
+            state = self._reqs[req.request_id] = RequestBooks(turn)
             if not self.refcount.holds(req.request_id):
                 self.refcount.add(req.request_id, req.keys)
         state.hit, state.local_blocks = hit, local_blocks
@@ -259,13 +167,7 @@ class SchedulerSide:
         state = self._reqs.get(request_id)
         if state is None or state.load is None:
             return 0, 0
-        mem = ssd = 0
-        for seg, _, count, start in state.hit.runs:
-            n = max(0, start + count - max(start, state.local_blocks))
-            if seg.medium == Medium.MEMORY:
-                mem += n
-            else:
-                ssd += n
+        mem, ssd = by_medium(state.hit, state.local_blocks, state.hit.num_blocks)
         bs = self.geometry.tokens_per_block
         return mem * bs, ssd * bs
 
@@ -375,13 +277,7 @@ class SchedulerSide:
         if state is None:
             return
         state.loading = False
-        mem = ssd = 0
-        for seg, _, count, start in state.hit.runs:
-            n = max(0, min(start + count, loaded) - max(start, task.first_block))
-            if seg.medium == Medium.MEMORY:
-                mem += n
-            else:
-                ssd += n
+        mem, ssd = by_medium(state.hit, task.first_block, loaded)
         bs = self.geometry.tokens_per_block
         errors = task.num_blocks - max(loaded, task.first_block)
         state.loaded_memory_blocks += mem
@@ -452,7 +348,7 @@ class SchedulerSide:
         self._new_stores.append(task)
         self._stores[plan.segment.segment_id] = (task, [])
         self._pending_keys.update(plan.segment.keys)
-        self._placements[plan.placement.rule.value] += 1
+        self.counters.placements[plan.placement.rule.value] += 1
         return plan
 
     def request_finished(self, req: RequestView) -> tuple[bool, dict[str, Any] | None]:
@@ -471,30 +367,11 @@ class SchedulerSide:
             # Aborted while its restore runs: the blocks are the restore's target until
             # the worker reports it. A restore still queued in FC-MAS runs all the same
             # (never cancelled); the worker's report of it frees the blocks.
-            return True, self._params(state)
+            return True, state.params(self.geometry.tokens_per_block)
         bs = self.geometry.tokens_per_block
         self.sessions.finish_turn(state.turn, req.num_output_tokens,
                                   req.num_prompt_tokens // bs)
-        return state.store is not None, self._params(state)
-
-    def _params(self, state: _Request) -> dict[str, Any]:
-        """What the connector did for the request, returned to the client in the
-        output's ``kv_transfer_params``."""
-        bs = self.geometry.tokens_per_block
-        out: dict[str, Any] = {
-            "session_id": state.turn.session_id,
-            "turn_index": state.turn.turn_index,
-            "session_inferred": state.turn.inferred,
-            "hit_tokens": state.hit_blocks * bs,
-            "loaded_tokens_memory": state.loaded_memory_blocks * bs,
-            "loaded_tokens_ssd": state.loaded_ssd_blocks * bs,
-            "load_error_blocks": state.load_error_blocks,
-        }
-        plan = state.store
-        if plan is not None:
-            out["stored_blocks"] = plan.segment.num_blocks
-            out["placement"] = f"{plan.medium.name.lower()}:{plan.placement.rule.value}"
-        return {"flatcake": out}
+        return state.store is not None, state.params(self.geometry.tokens_per_block)
 
     # -- reporting -------------------------------------------------------------------
 
@@ -522,19 +399,9 @@ class SchedulerSide:
     def take_stats(self) -> dict[str, int | float]:
         """Counters since the last call (for the engine's stats interval), plus the
         gauges of now; placements are counted under ``placements.<rule>``."""
-        out: dict[str, int | float] = {k: v for k, v in self._stats.items() if v}
-        out.update({f"placements.{r}": n for r, n in self._placements.items() if n})
-        self._total.update(self._stats)
-        self._total.update({f"placements.{r}": n for r, n in self._placements.items()})
-        self._stats.clear()
-        self._placements.clear()
-        out["restores_in_flight"] = self.control.scheduler.num_in_flight
-        out["restores_waiting"] = len(self._queued_loads)
-        return out
+        return self.counters.take({"restores_in_flight": self.control.scheduler.num_in_flight,
+                                   "restores_waiting": len(self._queued_loads)})
 
     def totals(self) -> dict[str, int]:
         """Counters since start (what ``take_stats`` handed out plus what it has not)."""
-        total = Counter(self._total)
-        total.update(self._stats)
-        total.update({f"placements.{r}": n for r, n in self._placements.items()})
-        return dict(total)
+        return self.counters.totals()

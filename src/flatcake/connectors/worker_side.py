@@ -52,20 +52,13 @@ import torch
 
 from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
+from flatcake.cio.restore import LayerReady
 from flatcake.cio.scan import scan_sessions
-from flatcake.cio.staging import LayerReady
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.write_queue import WriteQueue
 from flatcake.control.address import Medium
 from flatcake.geometry import KVGeometry
-from flatcake.plan.tasks import (
-    LoadDone,
-    LoadTask,
-    StepPlan,
-    StoreDone,
-    StoreTask,
-    WorkerReport,
-)
+from flatcake.plan.tasks import LoadDone, LoadTask, StepPlan, StoreDone, StoreTask, WorkerReport
 from flatcake.store.record import write_record
 
 logger = logging.getLogger(__name__)

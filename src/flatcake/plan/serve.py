@@ -8,6 +8,7 @@ only, tasks sent to the workers) both build their tasks here::
                    in from its own files (tensor-parallel workers hold other bytes)
     store_task     a StorePlan and the paged KV slots of its blocks -> StoreTask
     reclaim_tasks  the books' ReclaimActions -> file cuts and file drops
+    by_medium      request blocks of a hit per medium (what a load delivered)
 """
 
 from __future__ import annotations
@@ -57,3 +58,15 @@ def reclaim_tasks(actions: Iterable[ReclaimAction]) -> tuple[list[FileCut], list
         cuts.extend(action.cut_files)
         drops.extend(FileDrop(f) for f in action.file_ids)
     return cuts, drops
+
+
+def by_medium(hit: PrefixHit, start: int, end: int) -> tuple[int, int]:
+    """Request blocks ``[start, end)`` of ``hit``: (in memory, on SSD)."""
+    mem = ssd = 0
+    for run in hit.runs:
+        n = max(0, min(run.prefix_start + run.num_blocks, end) - max(run.prefix_start, start))
+        if run.segment.medium == Medium.MEMORY:
+            mem += n
+        else:
+            ssd += n
+    return mem, ssd

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from flatcake import progress
-from flatcake.cio.format import DamagedSegment, FormatError, scan_session_file
+from flatcake.cio.filescan import DamagedSegment, scan_session_file
+from flatcake.cio.format import FormatError
 from flatcake.cio.hugepages import huge_pages_note
 from flatcake.cio.names import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
 from flatcake.config import FlatCakeConfig

@@ -2,7 +2,7 @@
 corruption left on disk, settled the same way by ``FlatCakeStore.open`` and by
 ``flatcake fsck --repair``.
 
-Per session file (``cio.format.scan_session_file`` tells a clean end from damage)::
+Per session file (``cio.filescan.scan_session_file`` tells a clean end from damage)::
 
     header unreadable, or a stray (names another file id, geometry, span)
                                         -> moved to quarantine/, counted

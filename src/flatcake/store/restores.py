@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.staging import LayerReady
+from flatcake.cio.restore import LayerReady
 from flatcake.control import ControlPlane, LoadPlan
 from flatcake.plan.tasks import LoadTask
 from flatcake.store.results import LoadResult

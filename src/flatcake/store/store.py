@@ -49,7 +49,7 @@ from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import Reader
-from flatcake.cio.staging import LayerReady
+from flatcake.cio.restore import LayerReady
 from flatcake.clock import Clock, WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
@@ -57,7 +57,7 @@ from flatcake.control.address import Medium
 from flatcake.control.damage import DamageBook
 from flatcake.control.keys import check_key
 from flatcake.geometry import KVGeometry, preset
-from flatcake.plan.serve import load_task, reclaim_tasks, store_task
+from flatcake.plan.serve import by_medium, load_task, reclaim_tasks, store_task
 from flatcake.store.inspect import FsckReport, fsck_root
 from flatcake.store.record import write_record
 from flatcake.store.recovery import recover_root
@@ -338,13 +338,7 @@ class FlatCakeStore:
         self._settle_damage()
         self._unpinned.notify_all()
         loaded = outcome.done.num_blocks_loaded
-        mem = ssd = 0
-        for seg, _, count, prefix_start in plan.hit.runs:
-            n = max(0, min(count, loaded - prefix_start))
-            if seg.medium == Medium.MEMORY:
-                mem += n
-            else:
-                ssd += n
+        mem, ssd = by_medium(plan.hit, 0, loaded)
         layer_bytes = self.geometry.block_bytes_per_layer * self.geometry.num_layers
         res = outcome.restore
         return LoadResult(

@@ -1,0 +1,108 @@
+"""What a restore is given and what it gives back: the job (read plan, paged KV, stream
+slots, checks, files), the per-layer ready signals, and the outcome. Built by the
+executor (``cio.executor``), run by a staging window (``cio.staging``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from flatcake.cio.paged import PagedKV
+from flatcake.plan.reads import ReadPlan
+from flatcake.plan.stream import StreamCheck
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFile:
+    """A session file a restore reads: its path and an open descriptor."""
+
+    path: str
+    fd: int
+
+
+@dataclass(slots=True)
+class RestoreJob:
+    """Everything one restore needs; built by the store, consumed by ``StagingWindow``.
+
+    Attributes:
+        plan: the read plan (its pieces address the stream).
+        paged: the destination paged KV.
+        stream_slots: (stream blocks,) int64 paged slot of each stream block, -1 = drop.
+        stream_request: request block index of each stream block, -1 = drop.
+        checks: segment crc checks.
+        files: file_id -> open file, for every file the plan reads.
+        arena: the host arena (source of memory copies).
+        num_request_blocks: blocks the restore would load if nothing fails.
+    """
+
+    plan: ReadPlan
+    paged: PagedKV
+    stream_slots: torch.Tensor
+    stream_request: list[int]
+    checks: tuple[StreamCheck, ...]
+    files: Mapping[int, OpenFile]
+    arena: torch.Tensor | None
+    num_request_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreOutcome:
+    """What a restore did.
+
+    Attributes:
+        num_blocks_loaded: request blocks ``[0, num_blocks_loaded)`` are in the paged KV.
+        failed_tags: checks that failed (damaged segments), plus tags of unreadable ones.
+        commands: SSD read commands issued.
+        bytes_read: SSD bytes read (useful + gap + verify-only).
+        memory_bytes: bytes copied out of the arena.
+        elapsed_s: wall time from start to the last layer ready.
+        peak_reads_in_flight: most read commands the restore had with the reader at
+            once (never above the window's ``reads_in_flight``).
+        zero_copy: the reads went straight into the paged KV slots (``cio.zerocopy``);
+            ``zero_copy_refusal`` says why not otherwise ("" when they did).
+    """
+
+    num_blocks_loaded: int
+    failed_tags: tuple[int, ...]
+    commands: int
+    bytes_read: int
+    memory_bytes: int
+    elapsed_s: float
+    peak_reads_in_flight: int = 0
+    zero_copy: bool = False
+    zero_copy_refusal: str = ""
+
+
+class LayerReady:
+    """Per-layer "ready" signals of one restore, set by the restore thread."""
+
+    def __init__(self, num_layers: int) -> None:
+        self._events = [threading.Event() for _ in range(num_layers)]
+        self._error: BaseException | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._events)
+
+    def set(self, layer: int) -> None:
+        self._events[layer].set()
+
+    def fail(self, error: BaseException) -> None:
+        """Wake every waiter; they re-raise ``error``."""
+        self._error = error
+        for ev in self._events:
+            ev.set()
+
+    def wait_for_layer(self, layer: int, timeout: float | None = None) -> bool:
+        """Block until layer ``layer`` is in the paged KV (False on timeout). Blocks
+        past the restore's final cut may still be wrong: the final result is the truth.
+        """
+        if not 0 <= layer < len(self._events):
+            raise ValueError(f"layer must be in [0, {len(self._events)}), got {layer}")
+        ok = self._events[layer].wait(timeout)
+        if self._error is not None:
+            raise RuntimeError("restore failed") from self._error
+        return ok

@@ -1,0 +1,137 @@
+"""The scheduler half's per-request books, block events and counters (engine-neutral,
+no torch)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from flatcake.connectors.sessions import TurnInfo
+from flatcake.control import StorePlan
+from flatcake.control.address import Medium
+from flatcake.control.index import EMPTY_HIT, PrefixHit
+from flatcake.plan.tasks import LoadTask
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What the connector reads off an engine request.
+
+    Attributes:
+        request_id: the engine's id.
+        keys: FlatCake block keys of the request's full blocks (prompt and output).
+        num_tokens: prompt + output tokens so far.
+        num_prompt_tokens: prompt tokens (the turn's context).
+        num_output_tokens: tokens generated (the turn's reply).
+        num_computed_tokens: tokens whose KV is in the paged cache.
+        session_param: ``kv_transfer_params["session_id"]``, ``None`` when absent.
+    """
+
+    request_id: str
+    keys: tuple[bytes, ...]
+    num_tokens: int
+    num_prompt_tokens: int
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    session_param: object = None
+
+
+@dataclass(slots=True)
+class RequestBooks:
+    """Books of one live request (mutable, scheduler thread)."""
+
+    turn: TurnInfo
+    hit: PrefixHit = EMPTY_HIT
+    local_blocks: int = 0
+    load: LoadTask | None = None
+    loading: bool = False
+    hit_blocks: int = 0
+    loaded_memory_blocks: int = 0
+    loaded_ssd_blocks: int = 0
+    load_error_blocks: int = 0
+    store_planned: bool = False
+    store: StorePlan | None = None
+
+    def params(self, bs: int) -> dict[str, Any]:
+        """What the connector did for the request, returned to the client in the
+        output's ``kv_transfer_params``."""
+        out: dict[str, Any] = {
+            "session_id": self.turn.session_id,
+            "turn_index": self.turn.turn_index,
+            "session_inferred": self.turn.inferred,
+            "hit_tokens": self.hit_blocks * bs,
+            "loaded_tokens_memory": self.loaded_memory_blocks * bs,
+            "loaded_tokens_ssd": self.loaded_ssd_blocks * bs,
+            "load_error_blocks": self.load_error_blocks,
+        }
+        plan = self.store
+        if plan is not None:
+            out["stored_blocks"] = plan.segment.num_blocks
+            out["placement"] = f"{plan.medium.name.lower()}:{plan.placement.rule.value}"
+        return {"flatcake": out}
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvent:
+    """Blocks FlatCake started or stopped serving (for KV-aware routers).
+
+    Attributes:
+        stored: ``True``: the blocks were published (durable); ``False``: dropped
+            (reclaim, or a session cut before a damaged segment).
+        keys: FlatCake keys of the blocks, in prefix order.
+        medium: where they live(d).
+    """
+
+    stored: bool
+    keys: tuple[bytes, ...]
+    medium: Medium
+
+
+COUNTER_KEYS = (  # counters the connector reports, per stats interval
+    "prompt_tokens",            # prompt tokens looked up (the hit rate's denominator)
+    "hit_tokens",               # tokens the index held when the request was admitted
+    "loaded_tokens_memory",     # tokens delivered to the engine's KV from host memory
+    "loaded_tokens_ssd",        # tokens delivered from SSD (verified)
+    "load_error_blocks",        # hit blocks not delivered (corrupt / unreadable): recomputed
+    "damaged_segments",         # segments that failed their crc32
+    "restores_started",         # SSD restores started by FC-MAS
+    "staging_slot_waits",       # SSD restores that found every staging window busy
+    "stores_ok",
+    "stores_failed",
+    "stores_rejected",          # no medium could take the turn (CapacityError)
+    "stored_blocks_memory",
+    "stored_blocks_ssd",
+    "lookup_waits",             # lookups deferred behind a store of the same prefix
+)
+
+
+@dataclass(slots=True)
+class Counters:
+    """The connector's counters (``COUNTER_KEYS``) and placements per rule: per stats
+    interval (``take``) and since start (``totals``)."""
+
+    stats: Counter[str] = field(default_factory=Counter)
+    placements: Counter[str] = field(default_factory=Counter)
+    _total: Counter[str] = field(default_factory=Counter)
+
+    def _placement_counts(self) -> dict[str, int]:
+        return {f"placements.{r}": n for r, n in self.placements.items()}
+
+    def take(self, gauges: dict[str, int]) -> dict[str, int | float]:
+        """Counters since the last call (zeros left out), plus ``gauges``."""
+        out: dict[str, int | float] = {k: v for k, v in self.stats.items() if v}
+        out.update({k: n for k, n in self._placement_counts().items() if n})
+        self._total.update(self.stats)
+        self._total.update(self._placement_counts())
+        self.stats.clear()
+        self.placements.clear()
+        out.update(gauges)
+        return out
+
+    def totals(self) -> dict[str, int]:
+        """Counters since start (what ``take`` handed out plus what it has not)."""
+        total = Counter(self._total)
+        total.update(self.stats)
+        total.update(self._placement_counts())
+        return dict(total)

@@ -1,0 +1,92 @@
+"""vLLM glue of the FlatCake connector (``connectors.vllm``): the step metadata both
+halves exchange, the engine's KV geometry, the layer order of its KV caches, and the
+optional ``flush`` helper for an in-process offline engine."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
+
+from flatcake.geometry import DTYPE_BYTES, KVGeometry
+from flatcake.plan.tasks import StepPlan, WorkerReport
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+
+class FlatCakeMetadata(KVConnectorMetadata):
+    """Scheduler -> worker, once per step: the step's loads, stores and file drops."""
+
+    def __init__(self, plan: StepPlan) -> None:
+        self.plan = plan
+
+
+class FlatCakeWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, once per step: the tasks that finished."""
+
+    def __init__(self, report: WorkerReport) -> None:
+        self.report = report
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, FlatCakeWorkerMetadata):
+            raise TypeError(f"cannot aggregate FlatCake metadata with {type(other).__name__}")
+        return FlatCakeWorkerMetadata(self.report.merged(other.report))
+
+
+def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> KVGeometry:
+    """The per-worker geometry of the engine's paged KV (one block of one layer is one
+    page of the engine's KV cache spec)."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ValueError(f"FlatCakeConnector supports one KV cache group, the model has "
+                         f"{len(groups)} (hybrid attention); run a full-attention model")
+    spec = groups[0].kv_cache_spec
+    num_layers = len(groups[0].layer_names)
+    block_size = int(spec.block_size)
+    page = int(spec.page_size_bytes)
+    name = str(vllm_config.model_config.model)
+    dtype = str(getattr(spec, "dtype", "")).removeprefix("torch.")
+    heads, head = int(getattr(spec, "num_kv_heads", 0)), int(getattr(spec, "head_size", 0))
+    if dtype in DTYPE_BYTES and heads > 0 and head > 0:
+        mla = "MLA" in type(spec).__name__
+        g = KVGeometry(num_layers, block_size, 0 if mla else heads, 0 if mla else head,
+                       dtype, head if mla else 0, name)
+        if g.block_bytes_per_layer == page:
+            return g
+    if page % block_size:
+        raise ValueError(f"KV page of {page} bytes does not split into {block_size} tokens")
+    # Opaque bytes: whatever the page holds, one token's share of it per token.
+    return KVGeometry(num_layers, block_size, dtype="uint8", mla_latent_dim=page // block_size,
+                      name=name)
+
+
+def layer_order(name: str) -> tuple[int, str]:
+    digits = [int(part) for part in name.split(".") if part.isdigit()]
+    return (digits[0] if digits else -1, name)
+
+
+def flush(llm: Any, timeout_s: float = 120.0) -> int:
+    """Optional: step an in-process offline engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    until every planned segment is durable *and published in this process*; returns the
+    steps taken. Not needed for anything to be stored: writes finish in the background
+    and at exit, and a later request of the same prefix waits for them."""
+    core = llm.llm_engine.engine_core.engine_core
+    connector = core.scheduler.get_kv_connector()
+    if not callable(getattr(connector, "pending_stores", None)):
+        raise ValueError("flush: the engine does not run FlatCakeConnector")
+    deadline = time.monotonic() + timeout_s
+    steps = 0
+    while connector.pending_stores():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"flush: {connector.pending_stores()} stores still pending "
+                               f"after {timeout_s} s")
+        core.step_fn()
+        steps += 1
+        time.sleep(0.001)
+    return steps
