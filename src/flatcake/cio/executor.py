@@ -54,7 +54,7 @@ from flatcake.cio.staging import StagingWindow
 from flatcake.cio.writer import SegmentWriter
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium
-from flatcake.control.plane import FileCut, StorePlan
+from flatcake.control.types import FileCut, StorePlan
 from flatcake.geometry import KVGeometry
 from flatcake.plan.layout import ALIGN
 from flatcake.plan.stream import StreamCheck

@@ -47,12 +47,11 @@ from flatcake.connectors.requests import (
     RequestBooks,
     RequestView,
 )
-from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.damage import DamageBook
-from flatcake.control.index import PrefixHit
+from flatcake.control.signals import PrefixRefcount, SessionTracker, hit_owner
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.serve import by_medium, load_task, reclaim_tasks, store_task
@@ -115,20 +114,6 @@ class SchedulerSide:
 
     # -- restart ---------------------------------------------------------------------
 
-    def _owner(self, hit: PrefixHit) -> HitOwner | None:
-        if not hit.runs:
-            return None
-        last = hit.runs[-1]
-        sid = last.segment.session_id
-        try:
-            rec = self.control.session(sid)
-        except KeyError:
-            return None
-        turns = [self.control.index.segment(i).turn_index
-                 for i in (*rec.memory_segment_ids, *rec.ssd_segment_ids)]
-        newest = max(turns, default=-1)
-        return HitOwner(sid, last.segment.turn_index == newest, newest + 1)
-
     def num_matched_tokens(self, req: RequestView, num_local_tokens: int
                            ) -> tuple[int | None, bool]:
         """``get_num_new_matched_tokens``: tokens FlatCake can load beyond the
@@ -152,7 +137,8 @@ class SchedulerSide:
             return None, False
         state = self._reqs.get(req.request_id)
         if state is None:
-            turn = self.sessions.resolve(req.session_param, hit.num_blocks, self._owner(hit))
+            owner = hit_owner(self.control, hit)
+            turn = self.sessions.resolve(req.session_param, hit.num_blocks, owner)
             state = self._reqs[req.request_id] = RequestBooks(turn)
             if not self.refcount.holds(req.request_id):
                 self.refcount.add(req.request_id, req.keys)
@@ -198,16 +184,16 @@ class SchedulerSide:
             self._sync_loads.append(task)
         else:
             self._queued_loads[request_id] = task
-            self.control.scheduler.submit(plan.restore_request(self.control.clock.now()))
+            self.control.submit_restore(plan)
 
     # -- steps -----------------------------------------------------------------------
 
     def build_step(self, preempted: Sequence[str] = ()) -> StepPlan:
         """``build_connector_meta``: this step's loads, stores and file drops;
         ``preempted``: requests the engine preempted in this step."""
-        before = self.control.scheduler.stats.num_slot_waits
-        started = self.control.scheduler.next_restores()
-        self._stats["staging_slot_waits"] += (self.control.scheduler.stats.num_slot_waits
+        before = self.control.restore_stats().num_slot_waits
+        started = self.control.next_restores()
+        self._stats["staging_slot_waits"] += (self.control.restore_stats().num_slot_waits
                                               - before)
         self._stats["restores_started"] += len(started)
         loads = self._sync_loads + [self._queued_loads.pop(str(r.request_id))
@@ -266,10 +252,9 @@ class SchedulerSide:
         task = self._loads.pop(request_id)
         state = self._reqs.get(request_id)
         if not task.sync:
-            sched = self.control.scheduler
-            sched.restore_done(request_id)
+            self.control.restore_done(request_id)
             self._unreleased.add(request_id)
-            while (ready := sched.pop_ready()) is not None:
+            while (ready := self.control.pop_ready_restore()) is not None:
                 self._unreleased.discard(str(ready.request_id))
                 self._released.append(str(ready.request_id))
         for seg_id in failed:
@@ -399,7 +384,7 @@ class SchedulerSide:
     def take_stats(self) -> dict[str, int | float]:
         """Counters since the last call (for the engine's stats interval), plus the
         gauges of now; placements are counted under ``placements.<rule>``."""
-        return self.counters.take({"restores_in_flight": self.control.scheduler.num_in_flight,
+        return self.counters.take({"restores_in_flight": self.control.restores_in_flight,
                                    "restores_waiting": len(self._queued_loads)})
 
     def totals(self) -> dict[str, int]:

@@ -18,8 +18,8 @@ serve every host: the store's open path and ``fsck --repair``, and both halves o
 vLLM connector (the worker half runs them on a scratch ``ControlPlane`` of its own
 geometry, so it keeps the same files and segments the scheduler half serves).
 
-The header types are protocols: ``cio.format``'s ``FileHeader`` and ``cio.filescan``'s ``ScannedSegment`` and
-``DamagedSegment`` satisfy them as they are.
+The header types are protocols: ``cio.format``'s ``FileHeader`` and ``cio.filescan``'s
+``ScannedSegment`` and ``DamagedSegment`` satisfy them as they are.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from collections.abc import Hashable, Iterable, Sequence
 
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit
-from flatcake.control.plane import ControlPlane, FileCut, LoadPlan, ReclaimAction, StorePlan
+from flatcake.control.plane import ControlPlane
+from flatcake.control.types import FileCut, LoadPlan, ReclaimAction, StorePlan
 from flatcake.plan.stream import StreamPlanner
 from flatcake.plan.tasks import FileDrop, LoadTask, StoreTask
 

@@ -66,15 +66,14 @@ class Restores:
         """Queue a planned restore (under the lock); its future resolves on delivery."""
         load = _Load(task, plan, paged, ready)
         self._loads[task.request_id] = load
-        self._control.scheduler.submit(plan.restore_request(self._control.clock.now()))
+        self._control.submit_restore(plan)
         self._pump()
         return load.future
 
     def _pump(self) -> None:
-        sched = self._control.scheduler
-        for req in sched.next_restores():
+        for req in self._control.next_restores():
             self._start(self._loads[str(req.request_id)])
-        while (req := sched.pop_ready()) is not None:
+        while (req := self._control.pop_ready_restore()) is not None:
             load = self._loads[str(req.request_id)]
             load.popped = True
             if load.result is not None:
@@ -94,7 +93,7 @@ class Restores:
             try:
                 load.result = self._finish(outcome, load.plan)
                 if not load.task.sync:
-                    self._control.scheduler.restore_done(request_id)
+                    self._control.restore_done(request_id)
                 self._pump()
                 if load.popped and load.result is not None and not load.future.done():
                     self._deliver(load)

@@ -22,7 +22,7 @@ def snapshot(root: Path, io_mode: str, control: ControlPlane, damage: DamageBook
         rec = control.session(sid)
         sessions.append({
             "session_id": sid,
-            "files": control.ssd.files_of(sid),
+            "files": control.files_of(sid),
             "memory_segments": len(rec.memory_segment_ids),
             "ssd_segments": len(rec.ssd_segment_ids),
             "memory_bytes": rec.memory_bytes,

@@ -288,8 +288,8 @@ class FlatCakeStore:
         if plan.medium != Medium.SSD:
             return
         file_id = int(plan.file_id or 0)
-        kept = file_id in self.control.ssd.files_of(plan.session_id)
-        self._exec.release(file_id, self.control.ssd.file(file_id).end_bytes if kept else None)
+        kept = file_id in self.control.files_of(plan.session_id)
+        self._exec.release(file_id, self.control.file_end_bytes(file_id) if kept else None)
 
     @staticmethod
     def _failed_result(plan: StorePlan, error: str, t0: float) -> StoreResult:
