@@ -12,6 +12,7 @@
                   a copy into the host arena) -> StoreDone
     FileCut    -> truncate a file after its last good segment
     FileDrop   -> delete (or quarantine) a session file
+    restart    -> settle: act on the books' verdicts (``control.restart``) on disk
 
 Reader choice is a dispatch keyed by ``(medium, node)`` (``ReaderDispatch``): node 0 is
 this machine's SSD reader (O_DIRECT ``preadv``, or GDS when CUDA + kvikio are usable);
@@ -49,11 +50,13 @@ from flatcake.cio.format import FileHeader
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
 from flatcake.cio.restore import LayerReady, OpenFile, RestoreJob, RestoreOutcome
-from flatcake.cio.scan import FileScan
+from flatcake.cio.scan import DiskScan
 from flatcake.cio.staging import StagingWindow
 from flatcake.cio.writer import SegmentWriter
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium
+from flatcake.control.plane import ControlPlane
+from flatcake.control.restart import FileFate, Recovery
 from flatcake.control.types import FileCut, StorePlan
 from flatcake.geometry import KVGeometry
 from flatcake.plan.layout import ALIGN
@@ -63,15 +66,6 @@ from flatcake.plan.tasks import LoadDone, LoadTask, StoreDone, StoreTask
 logger = logging.getLogger(__name__)
 
 LOCAL_NODE = 0
-
-
-def adopt_file(files: SessionFiles, scan: FileScan, num_kept: int, cut: bool) -> None:
-    """Open a scanned file for appends after its first ``num_kept`` valid segments
-    (trimmed there; ``cut``: damage was cut off)."""
-    kept = scan.ok[:num_kept]
-    end = kept[-1].end_offset if kept else ALIGN
-    next_seq = kept[-1].header.seq + 1 if kept else 0
-    files.adopt(scan.path, scan.header, end, next_seq, cut=cut)
 
 
 class ReaderDispatch:
@@ -160,13 +154,27 @@ class Executor:
         """This machine's SSD reader."""
         return self.readers.get(Medium.SSD, LOCAL_NODE)
 
-    def adopt(self, scan: FileScan, num_kept: int, cut: bool) -> None:
-        """Serve a scanned file with its first ``num_kept`` valid segments: appends
-        continue after the last of them, and their crcs check later loads."""
-        with self.lock:
-            adopt_file(self.files, scan, num_kept, cut)
-            for scanned in scan.ok[:num_kept]:
-                self.crcs[(scan.file_id, scanned.file_offset)] = scanned.header.layer_crcs
+    def settle(self, scan: DiskScan, recovery: Recovery, control: ControlPlane) -> None:
+        """Act on the books' restart verdicts: quarantine, delete, or keep a file
+        (trimmed, cut after its last good segment) with its segments' crcs, which check
+        later loads."""
+        for verdict in recovery.files:
+            path = scan.paths.get(verdict.file_id)
+            if path is None:
+                continue
+            if verdict.fate == FileFate.QUARANTINE:
+                dest = self.files.quarantine_path(path)
+                logger.warning("session file %s is %s; moved to %s", path, verdict.reason,
+                               dest)
+            elif verdict.fate == FileFate.DELETE:
+                path.unlink(missing_ok=True)  # nothing servable in it
+            else:
+                with self.lock:
+                    self.files.adopt(path, scan.headers[verdict.file_id], verdict.end_bytes,
+                                     verdict.next_seq, cut=verdict.cut)
+                    for seg_id in verdict.segment_ids:
+                        offset = int(control.segment(seg_id).file_offset or 0)
+                        self.crcs[(verdict.file_id, offset)] = recovery.crcs[seg_id]
 
     # -- loads -----------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Books only: no torch, no store, no readers; no I/O except the header scan at start-up
 (``cio.scan``, the restart scan the store uses too). It builds the same tasks as
-``FlatCakeStore`` (``plan.serve``) and keeps damage the same way (``control.damage``);
+``FlatCakeStore`` (``plan.serve``) and keeps damage in the same books (``control.damage``);
 the worker half runs them on the same executor. Engine-neutral: it sees requests as
 ``RequestView`` values, so it runs in tests without vLLM. Per request::
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from flatcake.cio.names import SESSIONS_DIR
-from flatcake.cio.scan import index_sessions
+from flatcake.cio.scan import recover_files
 from flatcake.clock import Clock, WallClock
 from flatcake.connectors.requests import (
     COUNTER_KEYS,
@@ -50,7 +50,6 @@ from flatcake.connectors.requests import (
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
-from flatcake.control.damage import DamageBook
 from flatcake.control.signals import PrefixRefcount, SessionTracker, hit_owner
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
@@ -93,7 +92,6 @@ class SchedulerSide:
         self.sessions = SessionTracker(settings.infer_sessions)
         self.refcount = PrefixRefcount()
         self._reqs: dict[str, RequestBooks] = {}
-        self.damage = DamageBook(self.control)
         self._unreleased: set[str] = set()  # restored, not out of FC-MAS's ready queue
         self._released: list[str] = []  # out of the ready queue, in its order
         self._sync_loads: list[LoadTask] = []
@@ -110,7 +108,8 @@ class SchedulerSide:
         self._events: list[BlockEvent] = []
         # Restart: the segments under ``store_dir`` (headers only: data crcs are checked
         # on every load; the worker half settles the files themselves).
-        self.recovered_segments = index_sessions(self.control, self.store_dir / SESSIONS_DIR)
+        self.recovered_segments = recover_files(
+            self.control, self.store_dir / SESSIONS_DIR)[1].num_segments
 
     # -- restart ---------------------------------------------------------------------
 
@@ -125,7 +124,7 @@ class SchedulerSide:
         # Leave at least one token to compute: the engine samples from its logits.
         max_blocks = min(len(req.keys), max(req.num_tokens - 1, 0) // bs)
         keys = req.keys[:max_blocks]
-        hit = self.damage.usable(self.control.lookup(keys))
+        hit = self.control.usable_hit(self.control.lookup(keys))
         local_blocks = num_local_tokens // bs
         pending_end = hit.num_blocks
         while pending_end < max_blocks and self._pending_keys.get(keys[pending_end]):
@@ -258,7 +257,9 @@ class SchedulerSide:
                 self._unreleased.discard(str(ready.request_id))
                 self._released.append(str(ready.request_id))
         for seg_id in failed:
-            self.damage.mark(seg_id)
+            if self.control.mark_damaged(seg_id):
+                logger.warning("segment %d failed its checksum; its session is cut before "
+                               "it", seg_id)
         if state is None:
             return
         state.loading = False
@@ -283,11 +284,11 @@ class SchedulerSide:
         return released + [r for r in reported if r not in done and r not in self._unreleased]
 
     def _settle_damage(self) -> None:
-        self._apply([a for a, _quarantine in self.damage.settle()])
+        self._apply([self.control.truncate_session(sid, seg.segment_id)
+                     for sid, seg in self.control.ready_cuts()])
         self._apply(self.control.take_reclaim_actions())
 
     def _apply(self, actions: Sequence[ReclaimAction]) -> None:
-        self.damage.forget(actions)
         for action in actions:
             for seg in (*action.memory_segments, *action.ssd_segments):
                 self._events.append(BlockEvent(False, seg.keys, seg.medium))
@@ -311,7 +312,7 @@ class SchedulerSide:
         if n <= 0:
             return None
         keys = req.keys[:n]
-        first_new = self.damage.usable(self.control.lookup(keys)).num_blocks
+        first_new = self.control.usable_hit(self.control.lookup(keys)).num_blocks
         if all(self._pending_keys.get(k) for k in keys[first_new:]):
             return None  # nothing new, or only blocks another request is writing now
         shared = self.refcount.refcount(keys[first_new])

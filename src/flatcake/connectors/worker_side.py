@@ -53,10 +53,12 @@ import torch
 from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.restore import LayerReady
-from flatcake.cio.scan import scan_sessions
+from flatcake.cio.scan import recover_files
+from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.write_queue import WriteQueue
 from flatcake.control.address import Medium
+from flatcake.control.plane import ControlPlane
 from flatcake.geometry import KVGeometry
 from flatcake.plan.tasks import LoadDone, LoadTask, StepPlan, StoreDone, StoreTask, WorkerReport
 from flatcake.store.record import write_record
@@ -124,20 +126,13 @@ class WorkerSide:
     # -- start-up --------------------------------------------------------------------
 
     def _adopt_files(self) -> None:
-        """Open the session files left by an earlier process; cut damaged tails so
-        appends continue after the last valid segment (the scheduler half indexes the
-        same segments from their headers, ``cio.scan``)."""
-        found = scan_sessions(self.executor.files.sessions_dir, verify_data=False)
-        for _file_id, path, exc in found.unreadable:
-            dest = self.executor.files.quarantine_path(path)
-            logger.warning("session file %s has a damaged header (%s); moved to %s",
-                           path, exc, dest)
-        for scan in found.scans:
-            if scan.header.file_id != scan.file_id:
-                logger.warning("session file %s names file id %d; not served", scan.path,
-                               scan.header.file_id)
-                continue
-            self.executor.adopt(scan, len(scan.ok), cut=bool(scan.bad))
+        """Settle the session files left by an earlier process as the books' restart
+        decision says (``cio.scan``, on scratch books of this worker's geometry): the
+        scheduler half indexes the same segments, so both halves serve the same ones;
+        damaged tails are cut so appends continue after the last valid segment."""
+        scratch = ControlPlane(self.geometry, self.config, WallClock())
+        scan, recovery = recover_files(scratch, self.executor.files.sessions_dir)
+        self.executor.settle(scan, recovery, scratch)
 
     def register(self, kv_caches: Sequence[torch.Tensor]) -> None:
         """Learn the paged KV: one tensor per layer, in the layer order of the segments

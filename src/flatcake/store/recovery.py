@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flatcake.cio.files import SESSIONS_DIR, SessionFiles, session_files_in
-from flatcake.cio.scan import FileScan, check_fit, index_scan, is_stray, scan_sessions
+from flatcake.cio.files import SESSIONS_DIR, SessionFiles
+from flatcake.cio.scan import recover_files, scan_sessions
 from flatcake.control import ControlPlane
 from flatcake.store.inspect import NotAStore
 from flatcake.store.results import RecoveryReport
@@ -63,14 +62,6 @@ class RepairReport:
     lost_segments: int
 
 
-def _scan_all(files: SessionFiles, verify_data: bool,
-              quarantined: list[int]) -> tuple[list[tuple[int, Path]], list[FileScan]]:
-    result = scan_sessions(files.sessions_dir, verify_data)
-    for file_id, path, exc in result.unreadable:
-        _quarantine(files, path, f"unreadable ({exc})", quarantined, file_id)
-    return result.found, result.scans
-
-
 def _quarantine(files: SessionFiles, path: Path, why: str, quarantined: list[int],
                 file_id: int) -> None:
     dest = files.quarantine_path(path)
@@ -78,49 +69,19 @@ def _quarantine(files: SessionFiles, path: Path, why: str, quarantined: list[int
     quarantined.append(file_id)
 
 
-def _stray(files: SessionFiles, scan: FileScan, quarantined: list[int]) -> None:
-    h = scan.header
-    _quarantine(files, scan.path, f"a stray: its header names file id {h.file_id}, "
-                f"{h.num_layers} layers x {h.block_bytes_per_layer} B, span "
-                f"{h.span_bytes}", quarantined, scan.file_id)
-
-
 def recover_root(executor: Executor, control: ControlPlane,
                  verify_data: bool) -> RecoveryReport:
-    """Settle every session file of the executor's (locked) root, re-index what is kept
-    in ``control``, and hand the kept files (and their crcs) to the executor."""
+    """Re-index every session file of the executor's (locked) root in ``control``
+    (``control.restart``, the decision every host takes), then settle the files on
+    disk as the verdicts say and hand the kept ones (and their crcs) to the executor."""
     files = executor.files
-    g, span = control.geometry, control.config.store.session_file_bytes
-    for file_id, _ in [*session_files_in(files.sessions_dir),
-                       *session_files_in(files.quarantine_dir)]:
-        control.ssd.reserve_file_id(file_id)  # never hand out an id that is on disk
-    quarantined: list[int] = []
-    damaged_ids: list[int] = []
-    found, scans = _scan_all(files, verify_data, quarantined)
-    check_fit(scans, g, span)
-    segments = blocks = damaged = lost = 0
-    sessions: set[str] = set()
-    wall_now = time.time()
-    for scan in scans:
-        if is_stray(scan, g, span):
-            _stray(files, scan, quarantined)
-            continue
-        kept, bad = index_scan(control, scan, wall_now)
-        segments += kept
-        blocks += sum(s.header.num_blocks for s in scan.ok[:kept])
-        damaged += len(bad)
-        lost += sum(d.lost_segments for d in bad)
-        if bad:
-            damaged_ids.append(scan.file_id)
-        if not kept:
-            scan.path.unlink(missing_ok=True)  # only a header was there
-            continue
-        executor.adopt(scan, kept, cut=bool(bad))
-        sessions.add(scan.header.session_id)
-    report = RecoveryReport(len(found), len(sessions), segments, blocks, damaged,
-                            len(quarantined), lost,
-                            tuple(sorted(damaged_ids + quarantined)))
-    if found:
+    scan, rec = recover_files(control, files.sessions_dir, verify_data=verify_data,
+                              other_dirs=(files.quarantine_dir,))
+    executor.settle(scan, rec, control)
+    report = RecoveryReport(rec.num_files, rec.num_sessions, rec.num_segments,
+                            rec.num_blocks, rec.num_damaged, rec.num_quarantined,
+                            rec.num_lost, rec.damaged_file_ids)
+    if rec.num_files:
         logger.info("recovered %s", report)
     return report
 
@@ -129,8 +90,6 @@ def repair_root(root: str | os.PathLike[str]) -> RepairReport:
     """Offline ``fsck --repair``: settle every session file under ``root`` as a restart
     would (every data crc verified), so ``fsck`` then finds its live files clean.
     Takes the root's lock: refuses (``ValueError``) while a store serves it."""
-    from flatcake.cio.executor import adopt_file
-
     root_path = Path(root)
     if not root_path.exists():
         raise FileNotFoundError(f"store root {root_path} does not exist")
@@ -141,24 +100,32 @@ def repair_root(root: str | os.PathLike[str]) -> RepairReport:
     files.lock_root()  # also removes the temp files a crash left
     try:
         quarantined: list[int] = []
-        found, scans = _scan_all(files, True, quarantined)
+        scan = scan_sessions(files.sessions_dir, True)
         cut = deleted = damaged = lost = 0
-        for scan in scans:
-            if scan.header.file_id != scan.file_id:
-                _stray(files, scan, quarantined)
+        for f in scan.files:
+            path = scan.paths[f.file_id]
+            header = scan.headers.get(f.file_id)
+            if header is None:
+                _quarantine(files, path, f"unreadable ({f.error})", quarantined, f.file_id)
                 continue
-            trimmed = bool(scan.bad) or scan.path.stat().st_size > (
-                scan.ok[-1].end_offset if scan.ok else 0)
-            damaged += len(scan.bad)
-            lost += sum(d.lost_segments for d in scan.bad)
-            if not scan.ok:
-                scan.path.unlink(missing_ok=True)
+            if header.file_id != f.file_id:
+                _quarantine(files, path, f"a stray: its header names file id "
+                            f"{header.file_id}", quarantined, f.file_id)
+                continue
+            last = f.segments[-1] if f.segments else None
+            trimmed = bool(f.damage) or path.stat().st_size > (
+                last.end_offset if last is not None else 0)
+            damaged += len(f.damage)
+            lost += sum(d.lost_segments for d in f.damage)
+            if last is None:
+                path.unlink(missing_ok=True)
                 deleted += 1
                 continue
-            adopt_file(files, scan, len(scan.ok), bool(scan.bad))
+            files.adopt(path, header, last.end_offset, last.header.seq + 1,
+                        cut=bool(f.damage))
             if trimmed:
                 cut += 1
     finally:
         files.close()
-    return RepairReport(str(root_path), len(found), len(quarantined), cut, deleted,
+    return RepairReport(str(root_path), len(scan.files), len(quarantined), cut, deleted,
                         damaged, lost)

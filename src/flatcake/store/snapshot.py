@@ -7,11 +7,10 @@ from typing import Any
 
 from flatcake.cio.readers import Reader
 from flatcake.control import ControlPlane
-from flatcake.control.damage import DamageBook
 from flatcake.store.results import RecoveryReport
 
 
-def snapshot(root: Path, io_mode: str, control: ControlPlane, damage: DamageBook,
+def snapshot(root: Path, io_mode: str, control: ControlPlane,
              reader: Reader, recovery: RecoveryReport) -> dict[str, Any]:
     """Media use and watermarks, sessions, placements, recovery, reads (call under the
     store's lock)."""
@@ -29,7 +28,7 @@ def snapshot(root: Path, io_mode: str, control: ControlPlane, damage: DamageBook
             "ssd_bytes": rec.ssd_bytes,
             "idle_s": round(now - rec.last_access, 3),
             "pinned": rec.num_pins > 0,
-            "damaged": damage.pending(sid),
+            "damaged": control.cut_pending(sid),
         })
     reads = reader.stats()
     g = control.geometry

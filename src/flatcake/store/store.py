@@ -54,7 +54,6 @@ from flatcake.clock import Clock, WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
-from flatcake.control.damage import DamageBook
 from flatcake.control.keys import check_key
 from flatcake.geometry import KVGeometry, preset
 from flatcake.plan.serve import by_medium, load_task, reclaim_tasks, store_task
@@ -116,7 +115,6 @@ class FlatCakeStore:
         self._lock = threading.Lock()
         self._unpinned = threading.Condition(self._lock)
         self.control = ControlPlane(geometry, config, clock)
-        self.damage = DamageBook(self.control)
         self._restores = Restores(self._unpinned, self.control, self._exec,
                                   self._load_finished)
         self._request_ids = itertools.count()
@@ -190,7 +188,6 @@ class FlatCakeStore:
     def _apply(self, actions: Sequence[ReclaimAction], quarantine: bool = False
                ) -> ReclaimResult:
         """Cut, delete (or quarantine) the files the books dropped (under the lock)."""
-        self.damage.forget(actions)
         cuts, drops = reclaim_tasks(actions)
         for cut in cuts:
             self._exec.cut(cut)
@@ -201,8 +198,19 @@ class FlatCakeStore:
                              sum(len(a.ssd_segments) for a in actions))
 
     def _settle_damage(self) -> None:
-        """Apply every pending cut nothing in flight blocks (under the lock)."""
-        for action, quarantine in self.damage.settle(self._exec.header_damage):
+        """Apply every pending cut nothing in flight blocks (under the lock): cut the
+        session before its damaged segment, or, when the damaged segment's file header
+        is damaged too, drop the session and quarantine its files."""
+        for sid, seg in self.control.ready_cuts():
+            reason = self._exec.header_damage(int(seg.file_id or 0))
+            if not reason:
+                action, quarantine = self.control.truncate_session(sid, seg.segment_id), False
+            elif self.control.session(sid).num_pins == 0:
+                logger.warning("session %r: file %d has a damaged header (%s); the session "
+                               "is dropped", sid, seg.file_id, reason)
+                action, quarantine = self.control.drop_session(sid), True
+            else:
+                continue
             try:
                 self._apply([action], quarantine=quarantine)
             except OSError as exc:
@@ -232,7 +240,7 @@ class FlatCakeStore:
         t0 = time.perf_counter()
         with self._lock:
             self._settle_damage()
-            while self.damage.pending(session_id):
+            while self.control.cut_pending(session_id):
                 # The session is being cut before a damaged segment: append only after
                 # the cut, right behind the last good segment (waits for the restores
                 # or writes still using the cut-off part).
@@ -305,7 +313,7 @@ class FlatCakeStore:
         self._check_open()
         keys = self._check_keys(keys)
         with self._lock:
-            hit = self.damage.usable(self.control.lookup(keys))
+            hit = self.control.usable_hit(self.control.lookup(keys))
         return LookupResult(hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks)
 
     def load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
@@ -324,7 +332,7 @@ class FlatCakeStore:
         ready = LayerReady(self.geometry.num_layers)
         with self._lock:
             self._settle_damage()
-            hit = self.damage.usable(self.control.lookup(keys))
+            hit = self.control.usable_hit(self.control.lookup(keys))
             task, plan = load_task(self.control, f"load-{next(self._request_ids)}", hit,
                                    table)
             future = self._restores.submit(task, plan, paged, ready)
@@ -334,7 +342,9 @@ class FlatCakeStore:
         """A restore's bytes are settled (under the lock): unpin, book its damage."""
         self.control.complete_load(plan.request_id)
         for seg_id in outcome.done.failed_segments:
-            self.damage.mark(seg_id)
+            if self.control.mark_damaged(seg_id):
+                logger.warning("segment %d failed its checksum; its session is cut before "
+                               "it", seg_id)
         self._settle_damage()
         self._unpinned.notify_all()
         loaded = outcome.done.num_blocks_loaded
@@ -370,7 +380,7 @@ class FlatCakeStore:
         """A JSON-able snapshot: media use and watermarks, sessions, placements."""
         self._check_open()
         with self._lock:
-            return snapshot(self.root, self.io_mode, self.control, self.damage,
+            return snapshot(self.root, self.io_mode, self.control,
                             self.reader, self.recovery)
 
     def fsck(self) -> FsckReport:
