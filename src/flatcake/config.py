@@ -82,7 +82,7 @@ class PlacementConfig:
     long_reply_threshold_tokens: int = 2048
     short_reply_threshold_tokens: int = 0
     memory_copy_watermark: float = 0.9
-    copy_on_restore: bool = False
+    copy_on_restore: bool = True
 
     def __post_init__(self) -> None:
         _check_types(self, "placement")

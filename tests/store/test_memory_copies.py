@@ -83,3 +83,29 @@ def test_memory_reclaim_cuts_the_later_ssd_turn_on_disk(tmp_path: Path) -> None:
         dst = empty_kv(SMALL, 8)
         assert store.load(a, dst, range(6)).num_blocks == 2
         assert same(dst, src, 2)
+
+
+def test_a_restore_from_ssd_refills_memory_copies_byte_exact(tmp_path: Path) -> None:
+    """copy_on_restore: the SSD segments a restore reads whole get memory copies written
+    from the verified restored blocks; the next restore reads them, not the SSD, and
+    gets the same bytes. With the option off the SSD is read every time."""
+    src = random_kv(SMALL, 12)
+    keys = session_keys(11, 10)
+    for on in (True, False):
+        root = tmp_path / str(on)
+        cfg = small_config("placement.memory_copy_watermark=1.0",
+                           f"placement.copy_on_restore={str(on).lower()}")
+        with FlatCakeStore.open(root, SMALL, cfg) as store:
+            store.store_turn("s", keys[:6], src, range(6), TO_SSD)
+            store.store_turn("s", keys, src, range(10), AGENT)
+        with FlatCakeStore.open(root, SMALL, cfg) as store:  # a restart: no copies
+            first = store.load(keys, empty_kv(SMALL, 12), range(10))
+            assert first.num_ssd_blocks == 10 and first.bytes_read > 0
+            hit = store.lookup(keys)
+            assert hit.num_memory_blocks == (10 if on else 0)
+            dst = empty_kv(SMALL, 12)
+            again = store.load(keys, dst, range(2, 12))
+            assert (again.bytes_read == 0) is on
+            assert same(dst, src, 10, dst_slot0=2)
+            assert store.control.stats().num_memory_copies == (2 if on else 0)
+            store.control.check_integrity()

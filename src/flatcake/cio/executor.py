@@ -241,12 +241,33 @@ class Executor:
             ready.set(layer)  # a plan with no reads has no layers to signal
         failed = tuple(dict.fromkeys((*cut_tags, *outcome.failed_tags)))
         loaded = min(outcome.num_blocks_loaded, job.num_request_blocks)
+        refilled = self._refill(task, job.paged, loaded, failed) if task.refills else ()
         done = LoadDone(task.request_id, max(loaded, task.first_block), task.num_blocks,
-                        failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s)
+                        failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s,
+                        refilled)
         result = LoadOutcome(done, outcome)
         if on_done is not None:
             on_done(result)
         return result
+
+    def _refill(self, task: LoadTask, paged: PagedKV, loaded: int,
+                failed: tuple[int, ...]) -> tuple[int, ...]:
+        """Write the task's memory copies from its restored, verified blocks (they sit
+        in the paged KV until the request runs). A copy that cannot be written is left
+        out: the books free it."""
+        done: list[int] = []
+        for home_id, start, count, offset, nbytes in task.refills:
+            if home_id in failed or start + count > loaded:
+                continue
+            try:
+                ids = paged.block_table(task.block_ids[start:start + count], unique=False)
+                self.writer.write_memory(self.arena.view(offset, nbytes), paged, ids)
+            except Exception as exc:  # a refill is an optimisation: never fail the load
+                logger.warning("FlatCake memory copy of segment %d not written: %s",
+                               home_id, exc)
+                continue
+            done.append(home_id)
+        return tuple(done)
 
     # -- stores ----------------------------------------------------------------------
 

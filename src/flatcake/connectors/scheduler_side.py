@@ -247,7 +247,9 @@ class SchedulerSide:
         request_id = reports[0].request_id
         loaded = min(r.num_blocks_loaded for r in reports)
         failed = {s for r in reports for s in r.failed_segments}
-        self.control.complete_load(request_id)
+        # A memory copy serves only if every tensor-parallel worker wrote its share.
+        refilled = set.intersection(*(set(r.refilled) for r in reports))
+        self.control.complete_load(request_id, refilled)
         task = self._loads.pop(request_id)
         state = self._reqs.get(request_id)
         if not task.sync:

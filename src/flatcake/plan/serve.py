@@ -5,7 +5,8 @@ only, tasks sent to the workers) both build their tasks here::
 
     load_task      prepare_load with the stream planner (whole SSD segments, for the
                    checksum) -> LoadTask; checks carry no crcs: the executor fills them
-                   in from its own files (tensor-parallel workers hold other bytes)
+                   in from its own files (tensor-parallel workers hold other bytes);
+                   refills: memory copies the executor writes from the restored blocks
     store_task     a StorePlan and the paged KV slots of its blocks -> StoreTask
     reclaim_tasks  the books' ReclaimActions -> file cuts and file drops
     by_medium      request blocks of a hit per medium (what a load delivered)
@@ -31,15 +32,18 @@ def load_task(control: ControlPlane, request_id: Hashable, hit: PrefixHit,
         raise ValueError(f"request {request_id!r}: {len(block_ids)} block ids for "
                          f"{hit.num_blocks} hit blocks")
     planner = StreamPlanner({})
-    plan = control.prepare_load(request_id, hit, planner=planner)
+    plan = control.prepare_load(request_id, hit, planner=planner, refill=True)
     stream_request = tuple(r if r >= first_block else -1 for r in planner.stream_request)
     where = {run.segment.segment_id: (int(run.segment.file_id or 0),
                                       int(run.segment.file_offset or 0))
              for run in hit.runs if run.segment.medium == Medium.SSD}
     check_files = tuple((c.tag, *where[c.tag]) for c in planner.checks)
+    start_of = {run.segment.segment_id: run.prefix_start for run in hit.runs}
+    refills = tuple((home.segment_id, start_of[home.segment_id], home.num_blocks,
+                     int(copy.offset), copy.total_bytes) for home, copy in plan.refills)
     task = LoadTask(str(request_id), plan.read_plan, stream_request, tuple(planner.checks),
                     check_files, tuple(int(b) for b in block_ids[:hit.num_blocks]),
-                    hit.num_blocks, first_block, sync=not hit.needs_ssd)
+                    hit.num_blocks, first_block, sync=not hit.needs_ssd, refills=refills)
     return task, plan
 
 

@@ -42,6 +42,9 @@ class LoadTask:
         first_block: blocks before it are already computed and are not loaded.
         sync: all-memory hit, loaded in this step before the forward pass; otherwise
             an SSD restore the request waits for (``WAITING_FOR_REMOTE_KVS``).
+        refills: memory copies to write from the restored blocks once they are
+            verified (``placement.copy_on_restore``): ``(home segment id, first request
+            block, blocks, arena offset, bytes)`` each.
     """
 
     request_id: str
@@ -53,6 +56,7 @@ class LoadTask:
     num_blocks: int
     first_block: int
     sync: bool
+    refills: tuple[tuple[int, int, int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.block_ids) < self.num_blocks:
@@ -137,6 +141,8 @@ class LoadDone:
         failed_segments: segment ids whose bytes failed their crc32 or could not be read.
         bytes_read: SSD bytes read; memory_bytes: bytes copied out of the arena.
         elapsed_s: wall time of the restore.
+        refilled: home segment ids of the task's refills whose memory copies were
+            written from verified bytes.
     """
 
     request_id: str
@@ -146,6 +152,7 @@ class LoadDone:
     bytes_read: int = 0
     memory_bytes: int = 0
     elapsed_s: float = 0.0
+    refilled: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -340,7 +340,7 @@ class FlatCakeStore:
 
     def _load_finished(self, outcome: LoadOutcome, plan: LoadPlan) -> LoadResult:
         """A restore's bytes are settled (under the lock): unpin, book its damage."""
-        self.control.complete_load(plan.request_id)
+        self.control.complete_load(plan.request_id, outcome.done.refilled)
         for seg_id in outcome.done.failed_segments:
             if self.control.mark_damaged(seg_id):
                 logger.warning("segment %d failed its checksum; its session is cut before "
