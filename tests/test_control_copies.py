@@ -238,3 +238,22 @@ class TestRefillAndLru:
         agent_turn(cp, "c", 2, turn=0)  # room down to 2.85 pages: b, then x go
         assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abxc"] == [2, 0, 0, 2]
         cp.check_integrity()
+
+
+def test_an_early_copy_is_found_behind_blocks_indexed_meanwhile() -> None:
+    """Two turns in flight write the same first block; the first's early copy becomes
+    that block's memory home when its segment fails; the second's early copy still
+    serves the rest of the prefix (found at its second key)."""
+    cp, _ = make(memory_pages=2, ssd_pages=5, span_pages=5, copy_watermark=1.0)
+    keys = skeys("s1", 2)
+    one = cp.prepare_store("s1", keys[:1], turn_index=0, context_tokens=4)
+    two = cp.prepare_store("s1", keys, turn_index=1, context_tokens=8)
+    assert one is not None and two is not None and one.copy and two.copy
+    assert two.first_block == 0  # block 0 was not published yet
+    cp.complete_copy(one)
+    cp.complete_store(one, False)  # its copy was readable: it becomes the memory home
+    cp.complete_copy(two)
+    assert cp.lookup(keys).num_blocks == 2
+    cp.complete_store(two, True)
+    assert cp.lookup(keys).num_blocks == 2
+    cp.check_integrity()

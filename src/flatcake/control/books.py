@@ -71,7 +71,8 @@ class _Books:
         self.copies = MemoryCopies()
         self._copy_holders: set[str] = set()  # sessions with published copies
         # Copies written ahead of their segment (complete_copy): first key -> plan.
-        self._early: dict[bytes, StorePlan] = {}
+        # key -> (store in flight whose memory copy holds it, position in that copy)
+        self._early: dict[bytes, tuple[StorePlan, int]] = {}
         self._early_ids: set[int] = set()  # their copy segment ids
         self._copies_made = 0
         self._copies_dropped = 0

@@ -95,15 +95,15 @@ class ControlPlane(_Damage, _Restart, _Integrity):
         runs = list(hit.runs)
         pos, mem = hit.num_blocks, hit.num_memory_blocks
         while pos < len(req):
-            plan = self._early.get(req[pos])
-            if plan is None or plan.copy is None:
+            entry = self._early.get(req[pos])
+            if entry is None or entry[0].copy is None:
                 break
-            copy = plan.copy
-            count = _common_run(req, pos, copy.keys, 0)
-            runs.append(HitRun(copy, 0, count, pos))
+            copy, j = entry[0].copy, entry[1]
+            count = _common_run(req, pos, copy.keys, j)
+            runs.append(HitRun(copy, j, count, pos))
             pos += count
             mem += count
-            if count < copy.num_blocks:
+            if j + count < copy.num_blocks:
                 break
         if pos == hit.num_blocks:
             return hit
@@ -256,7 +256,11 @@ class ControlPlane(_Damage, _Restart, _Integrity):
         if self._pending_stores.get(seg.segment_id) is not plan or plan.copy is None:
             raise KeyError(f"no store with a memory copy in flight for segment_id "
                            f"{seg.segment_id!r}")
-        self._early[plan.copy.keys[0]] = plan
+        # Every key, not just the first: the index may already hold the copy's first
+        # blocks (another copy of them became their memory home), and the lookup
+        # continues into this copy at the first key it lacks.
+        for j, key in enumerate(plan.copy.keys):
+            self._early.setdefault(key, (plan, j))
         self._early_ids.add(plan.copy.segment_id)
 
     def complete_store(self, plan: StorePlan, ok: bool) -> None:
@@ -271,8 +275,10 @@ class ControlPlane(_Damage, _Restart, _Integrity):
         early = plan.copy is not None and plan.copy.segment_id in self._early_ids
         if plan.copy is not None and early:
             self._early_ids.discard(plan.copy.segment_id)
-            if self._early.get(plan.copy.keys[0]) is plan:
-                del self._early[plan.copy.keys[0]]
+            for key in plan.copy.keys:
+                entry = self._early.get(key)
+                if entry is not None and entry[0] is plan:
+                    del self._early[key]
         if ok:
             self.index.publish(seg)
             rec.segment_ids_on(seg.medium).append(seg.segment_id)
