@@ -73,7 +73,14 @@ def _pump(proc: subprocess.Popen[str]) -> None:
 
 @contextmanager
 def peer(python: str, *args: str, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen([python, "-u", str(PEER), *args], stdin=subprocess.PIPE,
+    with process([python, "-u", str(PEER), *args], env) as proc:
+        yield proc
+
+
+@contextmanager
+def process(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """A child whose lines of ours ``_line`` reads; stopped (then killed) on exit."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             bufsize=1, env=_env(env))
     proc.lines = queue.Queue()  # type: ignore[attr-defined]
@@ -82,12 +89,15 @@ def peer(python: str, *args: str, env: dict[str, str]) -> Iterator[subprocess.Po
         yield proc
     finally:
         if proc.stdin:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+            proc.stdin.close()  # a peer script exits on it; a node exits on SIGTERM
+        for stop in (None, proc.terminate, proc.kill):
+            if stop is not None:
+                stop()
+            try:
+                proc.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
 
 
 def _read(python: str, url: str, cluster: str, env: dict[str, str]) -> dict[str, object]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 
 DESCRIPTION = ("Run one cluster node (cluster index on Redis, NIXL agent): serve this "
                "node's blocks to peers, or restore another node's demo blocks and print GB/s "
@@ -49,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--arena-mib, --block-kib and --serve-s must be positive")
     if args.write_blocks < 0 or args.restore < 0:
         raise ValueError("--write-blocks and --restore must not be negative")
+    # SIGTERM (the demo stopping its nodes) leaves the cluster index on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     block = args.block_kib * 1024
     window = max(args.restore * block, block)
     node = ClusterNode(args.node_id, args.redis, args.root, arena_bytes=args.arena_mib << 20,

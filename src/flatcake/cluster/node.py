@@ -160,11 +160,12 @@ class ClusterNode:
         """The same bytes copied in local memory and read from a local file (GB/s)."""
         src = np.random.default_rng(1).integers(0, 256, count * block_bytes, dtype=np.uint8)
         dst = np.empty_like(src)
-        t = time.perf_counter()
-        for j in range(count):
-            dst[j * block_bytes:(j + 1) * block_bytes] = src[j * block_bytes:(j + 1) *
-                                                             block_bytes]
-        mem_s = time.perf_counter() - t
+        for _ in range(2):  # the first pass faults the pages in, as the window's first read
+            t = time.perf_counter()
+            for j in range(count):
+                dst[j * block_bytes:(j + 1) * block_bytes] = src[j * block_bytes:(j + 1) *
+                                                                 block_bytes]
+            mem_s = time.perf_counter() - t
         path = self.root / "local.bin"
         with path.open("wb") as f:
             f.write(src.tobytes())
