@@ -65,10 +65,12 @@ class PlacementConfig:
     ``0`` turns copies off.
 
     ``copy_on_restore``: a restore that reads a whole SSD segment (one with no copy)
-    also gets a memory copy of it under the same watermark, filled by the data plane
-    from the restored bytes, so the session's next turn reads host memory (the way a
-    tiered store's LRU refills host memory on a hit). Homes never change. Only hosts
-    whose data plane fills copies (``ControlPlane.prepare_load(refill=True)``) ask.
+    also gets a memory copy of it under the same watermark, written by the data plane
+    from the verified restored blocks, so the session's next turn reads host memory (the
+    way a tiered store's LRU refills host memory on a hit). Homes never change. Off by
+    default: the restore's request waits for the copy to be written (host memory
+    bandwidth, a device-to-host copy on a GPU), which the replay does not charge yet,
+    and it costs the replay about 30% more CPU on the Claude Code trace.
 
     Defaults measured with the replay (README, "Placement defaults"): copies on at 0.9,
     and the short-reply rule off (0). With copies, a chat turn homed on SSD is served
@@ -82,7 +84,7 @@ class PlacementConfig:
     long_reply_threshold_tokens: int = 2048
     short_reply_threshold_tokens: int = 0
     memory_copy_watermark: float = 0.9
-    copy_on_restore: bool = True
+    copy_on_restore: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self, "placement")
