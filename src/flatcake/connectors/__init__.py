@@ -8,8 +8,7 @@ torch; ``FlatCakeConnector`` and ``flush`` load vLLM when first asked for.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from flatcake.lazy import lazy_getattr
 
 _WHERE = {
     "BlockEvent": "requests",
@@ -30,7 +29,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+__getattr__ = lazy_getattr(__name__, _WHERE)
