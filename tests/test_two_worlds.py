@@ -10,6 +10,10 @@ short and long put turns in memory and on SSD, and a small SSD makes the store r
 the oldest conversation (its next turn misses). Requests are far apart, so each one
 finishes before the next arrives; the replay's GPU keeps no prefix between requests
 (the store world has no GPU cache), so both worlds restore every hit whole.
+
+Two geometries: one whose block of one layer is exactly 4 KiB, and one whose block is
+1.25 x 4 KiB, so every read command carries O_DIRECT alignment padding (as the paper
+preset's DeepSeek-V4-Flash geometry does): the bytes read must agree with it too.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from flatcake.clock import ManualClock
 from flatcake.config import ReclaimConfig
 from flatcake.control.signals import PrefixRefcount, SessionTracker, hit_owner
+from flatcake.geometry import KVGeometry
 from flatcake.replay.engine import Node, Request
 from flatcake.replay.systems.flatcake import FlatCakeSystem, keys_of, make_keys
 from flatcake.replay.workload import Workload, from_requests
@@ -32,6 +37,9 @@ from flatcake.store import FlatCakeStore, TurnSignals
 from tests.replay.helpers import GEOMETRY, ids, tiny_preset
 
 BT = GEOMETRY.tokens_per_block
+# 16 tokens x (K+V) x 1 head x 80 dims x 2 bytes = 5 KiB per block per layer.
+PADDED = KVGeometry(num_layers=4, tokens_per_block=BT, num_kv_heads=1, head_dim=80,
+                    name="tiny-padded")
 SYSTEM = ids(0, 3)  # the shared system prompt
 SHORT, LONG = 20, 40 * BT  # replies under / over the short-reply threshold (512 tokens)
 
@@ -64,8 +72,8 @@ def _workload() -> Workload:
     return from_requests(reqs, BT, name="two-worlds")
 
 
-def _preset() -> Any:
-    preset = tiny_preset(gpu_blocks=200, host_blocks=40, ssd_blocks=150)
+def _preset(geometry: KVGeometry) -> Any:
+    preset = tiny_preset(gpu_blocks=200, host_blocks=40, ssd_blocks=150, geometry=geometry)
     fc = preset.flatcake
     fc = dataclasses.replace(
         fc, store=dataclasses.replace(fc.store, session_file_bytes=1 << 20),
@@ -126,8 +134,8 @@ class _Recorded(FlatCakeSystem):
         super().on_complete(req)
 
 
-def _replay_world(wl: Workload) -> _Recorded:
-    preset = _preset()
+def _replay_world(wl: Workload, geometry: KVGeometry) -> _Recorded:
+    preset = _preset(geometry)
     system = _Recorded(preset.flatcake_config())
     node = Node(wl, system, preset.node, preset.geometry.with_block_size(BT), 0.1)
     node.run()
@@ -135,10 +143,9 @@ def _replay_world(wl: Workload) -> _Recorded:
     return system
 
 
-def _block_kv(block_ids: list[int]) -> list[torch.Tensor]:
+def _block_kv(g: KVGeometry, block_ids: list[int]) -> list[torch.Tensor]:
     """Paged KV holding ``block_ids`` in slots 0.., each block's bytes a function of its
     id and layer (one tensor per layer, ``(2, slots, tokens, heads, dim)``)."""
-    g = GEOMETRY
     per_slot = 2 * g.tokens_per_block * g.num_kv_heads * g.head_dim * g.dtype_bytes
     out = []
     for layer in range(g.num_layers):
@@ -150,10 +157,11 @@ def _block_kv(block_ids: list[int]) -> list[torch.Tensor]:
     return out
 
 
-def _store_world(wl: Workload, replay: _Recorded, root: Path) -> dict[str, dict[int, Any]]:
+def _store_world(wl: Workload, replay: _Recorded, root: Path, g: KVGeometry
+                 ) -> dict[str, dict[int, Any]]:
     """The connector's part by hand: sessions and refcounts from ``control.signals``,
     the clock at the replay's times, every byte written and read back for real."""
-    preset = _preset()
+    preset = _preset(g)
     clock = ManualClock()
     names = itertools.count()
     tracker = SessionTracker(max_sessions=wl.num_requests,
@@ -162,7 +170,7 @@ def _store_world(wl: Workload, replay: _Recorded, root: Path) -> dict[str, dict[
     all_keys = make_keys(wl.num_ids)
     got: dict[str, dict[int, Any]] = {"hits": {}, "reads": {}, "placed": {}}
     order = sorted(range(wl.num_requests), key=lambda i: float(wl.time_s[i]))
-    with FlatCakeStore.open(root, GEOMETRY, preset.flatcake_config(), clock=clock) as store:
+    with FlatCakeStore.open(root, g, preset.flatcake_config(), clock=clock) as store:
         for i in order:
             runs = wl.runs(i)
             keys = keys_of(all_keys, runs)
@@ -172,10 +180,10 @@ def _store_world(wl: Workload, replay: _Recorded, root: Path) -> dict[str, dict[
             turn = tracker.resolve(None, hit.num_blocks, hit_owner(store.control, hit))
             got["hits"][i] = hit.num_blocks
             if hit.num_blocks:
-                dst = [torch.zeros_like(t) for t in _block_kv(blocks)]
+                dst = [torch.zeros_like(t) for t in _block_kv(g, blocks)]
                 res = store.load(keys, dst, list(range(len(keys))))
                 assert res.num_blocks == hit.num_blocks  # nothing damaged
-                want = _block_kv(blocks[:res.num_blocks])
+                want = _block_kv(g, blocks[:res.num_blocks])
                 assert all(torch.equal(d[:, :res.num_blocks].view(torch.uint8),
                                        w.view(torch.uint8)) for d, w in zip(dst, want,
                                                                             strict=True))
@@ -189,8 +197,8 @@ def _store_world(wl: Workload, replay: _Recorded, root: Path) -> dict[str, dict[
             signals = TurnSignals(turn.turn_index, int(wl.input_tokens[i]),
                                   turn.prev_reply_tokens, refcount.refcount(keys[start]))
             sid = turn.session_id
-            res_store = store.store_turn(sid, keys, _block_kv(blocks), list(range(len(keys))),
-                                         signals)
+            res_store = store.store_turn(sid, keys, _block_kv(g, blocks),
+                                         list(range(len(keys))), signals)
             got["placed"][i] = None if res_store.medium is None else (
                 sid, res_store.medium.name, res_store.rule)
             full = min(len(keys), int(wl.input_tokens[i]) // BT)
@@ -199,11 +207,13 @@ def _store_world(wl: Workload, replay: _Recorded, root: Path) -> dict[str, dict[
     return got
 
 
-@pytest.fixture(scope="module")
-def worlds(tmp_path_factory: pytest.TempPathFactory) -> tuple[_Recorded, dict[str, Any]]:
+@pytest.fixture(scope="module", params=[GEOMETRY, PADDED], ids=lambda g: g.name)
+def worlds(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> tuple[_Recorded, dict[str, Any]]:
+    g = request.param
     wl = _workload()
-    replay = _replay_world(wl)
-    return replay, _store_world(wl, replay, tmp_path_factory.mktemp("store"))
+    replay = _replay_world(wl, g)
+    return replay, _store_world(wl, replay, tmp_path_factory.mktemp("store"), g)
 
 
 def test_the_scenario_covers_both_media_a_shared_prefix_and_a_reclaim(
@@ -230,3 +240,18 @@ def test_same_hits(worlds: tuple[_Recorded, dict[str, Any]]) -> None:
 def test_same_ssd_reads(worlds: tuple[_Recorded, dict[str, Any]]) -> None:
     replay, store = worlds
     assert store["reads"] == replay.reads
+
+
+def test_alignment_padding_is_read_and_counted(
+        worlds: tuple[_Recorded, dict[str, Any]]) -> None:
+    """Every byte read is wanted, another block of a segment read for its checksum, or
+    a gap byte (alignment padding, a hole read through); with 5 KiB blocks every layer
+    range of a segment starts or ends inside a 4 KiB unit, and the padding is read."""
+    replay, _ = worlds
+    assert replay.node is not None
+    rec = replay.node.rec
+    assert rec.ssd_read_bytes == (rec.ssd_useful_bytes + replay.read_check_bytes
+                                  + replay.read_gap_bytes)
+    assert rec.ssd_read_bytes % 4096 == 0
+    if replay.node.geometry.block_bytes_per_layer % 4096:
+        assert replay.read_gap_bytes > 0

@@ -19,22 +19,25 @@ BLOCK_BYTES = GEOMETRY.block_bytes  # 16 KiB
 def tiny_preset(*, workers: int = 1, gpu_blocks: int = 64, host_blocks: int = 1000,
                 ssd_blocks: int = 100_000, staging_blocks: int = 1000,
                 routing: str = "round_robin", slots: int = 2, ssd_read_bytes_per_s: float = 1e9,
-                command_latency_s: float = 0.0, bucket_keys: int = 500) -> ReplayPreset:
-    gpu = GpuSpec(kv_capacity_bytes=gpu_blocks * BLOCK_BYTES, prefill_tokens_per_s=1e4,
+                command_latency_s: float = 0.0, bucket_keys: int = 500,
+                geometry: KVGeometry = GEOMETRY) -> ReplayPreset:
+    """A one-worker test node; budgets are in blocks of ``geometry``."""
+    bb = geometry.block_bytes
+    gpu = GpuSpec(kv_capacity_bytes=gpu_blocks * bb, prefill_tokens_per_s=1e4,
                   attn_s_per_token_pair=0.0, prefill_overhead_s=0.001,
                   decode_step_base_s=0.001, decode_step_per_seq_s=0.0,
                   hbm_bytes_per_s=1e12)
-    ssd = SsdSpec(capacity_bytes=ssd_blocks * BLOCK_BYTES,
+    ssd = SsdSpec(capacity_bytes=ssd_blocks * bb,
                   read_bytes_per_s=ssd_read_bytes_per_s, write_bytes_per_s=1e9,
                   command_latency_s=command_latency_s, queue_depth=1)
     node = NodeSpec(num_workers=workers, gpu=gpu, host_to_gpu_bytes_per_s=1e10,
-                    host_memory_bytes=host_blocks * BLOCK_BYTES, ssd=ssd,
-                    staging_bytes_per_worker=staging_blocks * BLOCK_BYTES, routing=routing)
+                    host_memory_bytes=host_blocks * bb, ssd=ssd,
+                    staging_bytes_per_worker=staging_blocks * bb, routing=routing)
     # The short-reply rule on, no memory copies: the scenarios place turns by rule.
     fc = FlatCakeConfig(model="tiny", scheduler=SchedulerConfig(max_restores_in_flight=slots),
                         placement=PlacementConfig(short_reply_threshold_tokens=512,
                                                   memory_copy_watermark=0.0))
-    return ReplayPreset(name="tiny", description="test node", geometry=GEOMETRY, node=node,
+    return ReplayPreset(name="tiny", description="test node", geometry=geometry, node=node,
                         flatcake=fc,
                         tiered=dataclasses.replace(TieredConfig(), bucket_keys=bucket_keys,
                                                    prefetch_threshold_tokens=0),

@@ -51,6 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the files written under --dir")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--calibrate", action="store_true",
+                   help="instead of the layout comparison, measure the fixed cost of a "
+                        "restore and the cost of one read command through the store under "
+                        "--dir, write them to --calibration-out for the local replay preset "
+                        "($FLATCAKE_CALIBRATION) and print them")
+    p.add_argument("--calibration-out", default="flatcake-calibration.json",
+                   help="file --calibrate writes (default: flatcake-calibration.json)")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when a bar is missed too (default: only when a restore "
                         "differs from the bytes written)")
@@ -86,6 +93,8 @@ def command_line(options: BenchOptions, *, json_out: bool = False) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.calibrate:
+        return calibrate(args)
     from flatcake.bench.report import dump_json, format_table
     from flatcake.bench.runner import run_bench
 
@@ -100,3 +109,15 @@ def exit_status(report: BenchReport, *, strict: bool) -> int:
     if not all(r.verified for r in report.layouts):
         return 1
     return 1 if strict and not all(b.passed for b in report.bars) else 0
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    """``--calibrate``: measure, write the file, print the numbers and how to use them."""
+    from flatcake.bench.calibrate import measure_restore_costs, preset_snippet, write_calibration
+
+    rounds = 3 if args.quick else (args.rounds or 15)
+    costs = measure_restore_costs(args.dir, rounds=rounds,
+                                  read_threads=args.read_threads or 4)
+    path = write_calibration(args.calibration_out, costs)
+    print(preset_snippet(costs, path))
+    return 0

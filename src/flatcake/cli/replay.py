@@ -63,6 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def explain(preset: ReplayPreset) -> str:
     """The preset's description and every assumption it makes, one per line."""
     return "\n".join([f"preset {preset.name}: {preset.description}",
+                      *(f"  {line}" for line in preset.geometry_lines()),
                       *(f"  - {a}" for a in preset.assumptions)])
 
 

@@ -15,12 +15,14 @@ Every number is either sourced (a datasheet, a peer's default, a paper figure) o
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from flatcake.config import FlatCakeConfig, PlannerConfig, SchedulerConfig, StoreConfig
 from flatcake.geometry import KVGeometry
 from flatcake.geometry import preset as geometry_preset
+from flatcake.replay.calibration import CALIBRATION_ENV, Calibration, with_calibration, with_costs
 from flatcake.replay.devices import GB, GIB, GpuSpec, NodeSpec, SsdSpec
 from flatcake.replay.systems.tiered import TieredConfig
 
@@ -45,6 +47,8 @@ class ReplayPreset:
         builtin_block_tokens: block size of the built-in generated workload.
         think_cap_s: longest think time replayed (``replay.arrivals``): longer gaps
             in a session trace (a user away) are cut to this.
+        cost_source: where the fixed per-restore cost and the per-command cost come
+            from (a guess, or a measurement on the disk at hand).
     """
 
     name: str
@@ -57,6 +61,7 @@ class ReplayPreset:
     assumptions: tuple[str, ...]
     builtin_block_tokens: int = 64
     think_cap_s: float = 60.0
+    cost_source: str = "documented guesses (see the assumptions)"
 
     def flatcake_config(self) -> FlatCakeConfig:
         """FlatCake's config with the node's memory and SSD budgets."""
@@ -65,6 +70,28 @@ class ReplayPreset:
             memory_capacity_bytes=int(self.node.host_memory_bytes),
             ssd_capacity_bytes=int(self.node.ssd.capacity_bytes))
         return dataclasses.replace(self.flatcake, store=store)
+
+    def geometry_lines(self, tokens_per_block: int | None = None) -> list[str]:
+        """The geometry and the fixed costs a replay charges, as ``--explain`` prints
+        them (``tokens_per_block``: a trace's block size, which replaces the preset's)."""
+        g = self.geometry.with_block_size(tokens_per_block or self.builtin_block_tokens)
+        bbpl = g.block_bytes_per_layer
+        align = self.node.ssd.align_bytes
+        pad = ("a multiple: ranges of whole blocks stay aligned" if bbpl % align == 0 else
+               "not a multiple: a read command's range is widened to whole units at "
+               "both ends, and the padding is read")
+        ssd = self.node.ssd
+        return [
+            f"geometry {g.name}: {g.num_layers} layers x {g.bytes_per_token_per_layer:,} B "
+            f"per token ({g.bytes_per_token:,} B per token), {g.tokens_per_block}-token "
+            f"blocks: {bbpl:,} B per block per layer, {bbpl / align:.2f} x the {align:,} B "
+            f"O_DIRECT unit ({pad}); {g.block_bytes:,} B per block",
+            f"fixed cost per restore {self.node.restore_overhead_s * 1e6:,.0f} us; SSD "
+            f"{ssd.read_bytes_per_s / 1e9:.3g} GB/s read, {ssd.command_latency_s * 1e6:,.0f}"
+            f" us per command with {ssd.queue_depth} in flight "
+            f"({ssd.command_latency_s / ssd.queue_depth * 1e6:,.2f} us each): "
+            f"{self.cost_source}",
+        ]
 
     def with_node(self, **changes: Any) -> ReplayPreset:
         """A copy with some ``NodeSpec`` fields replaced; ``gpu_kv_capacity_bytes``
@@ -77,10 +104,32 @@ class ReplayPreset:
 
 
 # ---------------------------------------------------------------------------- paper
-# A DeepSeek-V4-Flash-like MLA cache per worker: 61 layers x 64 bytes per token per
-# layer = 3,904 B/token, so a 219K-token request holds 0.80 GiB, the paper's figure.
-PAPER_GEOMETRY = KVGeometry(num_layers=61, tokens_per_block=64, mla_latent_dim=64,
-                            dtype="float8_e4m3fn", name="paper-mla-3904B")
+# DeepSeek-V4-Flash (the paper's model) as vLLM caches it with --kv-cache-dtype fp8. Its 43
+# layers are not alike (config.json ``compress_ratios``): 21 "c4a" layers keep one cache
+# entry per 4 tokens, 20 "c128a" layers one per 128 tokens, 2 layers only a 128-token
+# sliding window. One entry (vllm/models/deepseek_v4 ``quantize_and_insert_k_cache``): a
+# 512-dim latent as 448 fp8 + 64 bf16 elements plus 8 scale bytes = 584 B; a c4a entry
+# also has its indexer key (128 fp8 + a 4-byte scale = 132 B).
+DSV4_ENTRY_BYTES = 448 * 1 + 64 * 2 + 8  # 584
+DSV4_INDEXER_BYTES = 128 * 1 + 4  # 132
+DSV4_C4A_LAYERS, DSV4_C128A_LAYERS = 21, 20
+DSV4_C4A_BYTES_PER_TOKEN = (DSV4_ENTRY_BYTES + DSV4_INDEXER_BYTES) // 4  # 179
+
+
+def dsv4_flash_geometry(tokens_per_block: int = 64) -> KVGeometry:
+    """DeepSeek-V4-Flash's KV per worker as stored layers of one shape (``KVGeometry``
+    sizes every layer alike): the 21 c4a layers at 179 B per token each, and the 20
+    c128a layers (584 B per 128 tokens each, 91 B per token together) stored as one more
+    c4a-sized layer; the sliding-window layers keep no per-token history. 22 layers x 179
+    B = 3,938 B per token: a 219K-token request is 0.80 GiB, the paper's figure. With
+    64-token blocks one block of one layer is 11,456 B, 2.8 x 4 KiB: every read command
+    is widened to 4 KiB at both ends (O_DIRECT), which a 4 KiB block would hide."""
+    return KVGeometry(num_layers=DSV4_C4A_LAYERS + 1, tokens_per_block=tokens_per_block,
+                      mla_latent_dim=DSV4_C4A_BYTES_PER_TOKEN, dtype="uint8",
+                      name="deepseek-v4-flash-fp8")
+
+
+PAPER_GEOMETRY = dsv4_flash_geometry()
 
 PAPER_SSD = SsdSpec(
     capacity_bytes=4 * TIB,  # paper: 4 TiB SSD
@@ -111,10 +160,19 @@ PAPER_NODE = NodeSpec(
     restore_overhead_s=0.001,  # assumption (see PAPER_ASSUMPTIONS)
 )
 
+PAPER_FIXED_COST = (
+    "Every restore or prefetch pays a fixed 1 ms on top of its device time (lookup, "
+    "submission, completion handling): a guess for the paper's node (not published), the "
+    "same for every system; a command costs 80 us / 32 in flight = 2.5 us. The local "
+    "preset measures both on the disk at hand instead (flatcake bench --calibrate).")
+
 PAPER_ASSUMPTIONS: tuple[str, ...] = (
-    "KV geometry: 61 layers x 64 B per token per layer (an fp8 MLA-style latent), chosen so "
-    "a 219K-token request is 0.80 GiB per worker as the paper states; DeepSeek-V4-Flash's "
-    "own layer count and latent size are not published in the summary.",
+    "KV geometry: DeepSeek-V4-Flash with vLLM's fp8 cache, 22 stored layers x 179 B per "
+    "token (21 c4a layers: a 584 B entry plus a 132 B indexer key per 4 tokens; the 20 "
+    "c128a layers, 91 B per token together, stored as one more layer of that size; "
+    "sliding-window-only layers keep no history): 3,938 B per token, so a 219K-token "
+    "request is 0.80 GiB per worker as the paper states. Layers of one size is the "
+    "store's model; the real c128a layers would be 20 smaller commands per segment.",
     "8 data-parallel workers (DP attention: each GPU holds the KV of its own requests); "
     "requests are spread round robin (SGLang's --load-balance-method default), so a "
     "session's next turn usually lands on another GPU and its history must come from "
@@ -138,9 +196,7 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "prefetch_capacity_limit); one BatchGet of 128 pages costs 0.5 ms on top of its reads "
     "(metadata lookup, staging allocation, completion: a guess); Mooncake's 1280 MiB "
     "local_buffer_size stages one batch at a time.",
-    "Every restore or prefetch pays a fixed 1 ms on top of its device time (lookup, "
-    "submission, completion handling): a guess, the same for every system; the local "
-    "preset's drive adds its measured per-command latency on top.",
+    PAPER_FIXED_COST,
     "Think times above 60 s (a user away; the Claude Code trace's 90th percentile gap is "
     "35 s) are replayed as 60 s, so sessions end and the requested rate can be offered.",
     "FlatCake: two restores in flight per worker (the two-layer window per stream, "
@@ -155,7 +211,7 @@ PAPER = ReplayPreset(
     description="the paper's node (8 workers, 0.8 GiB per 219K-token request, 4 TiB SSD)",
     geometry=PAPER_GEOMETRY,
     node=PAPER_NODE,
-    flatcake=FlatCakeConfig(model="paper-mla-3904B",
+    flatcake=FlatCakeConfig(model=PAPER_GEOMETRY.name,
                             scheduler=SchedulerConfig(max_restores_in_flight=2),
                             planner=PlannerConfig(),
                             store=StoreConfig(session_file_bytes=4 * GIB)),
@@ -233,27 +289,46 @@ LOCAL_SSD = SsdSpec(
     queue_depth=3,
 )
 
-LOCAL = dataclasses.replace(
+# ``flatcake bench --calibrate --dir /tmp/g9/caldir`` on the same machine (load average
+# about 9; three runs, the median of each figure): a restore through the store costs
+# 1.34 ms fixed and 220 us per read command (4 reader threads), so the restore path hides
+# less than the raw drive's 3 commands per latency. $FLATCAKE_CALIBRATION replaces them.
+LOCAL_COSTS = Calibration(
+    restore_overhead_s=1.34e-3, command_s=220e-6,
+    source="measured by flatcake bench --calibrate on the development machine (load "
+           "average about 9); $FLATCAKE_CALIBRATION names a file measured here")
+
+LOCAL = with_costs(dataclasses.replace(
     PAPER,
     name="local",
     description="the paper's node with this machine's measured SSD",
     node=dataclasses.replace(PAPER_NODE, ssd=LOCAL_SSD,
                              host_to_gpu_bytes_per_s=5 * LOCAL_SSD.read_bytes_per_s),
     rates=(0.02, 0.05, 0.1, 0.2),
-    assumptions=(*PAPER_ASSUMPTIONS,
+    assumptions=(*(a for a in PAPER_ASSUMPTIONS if a is not PAPER_FIXED_COST),
                  "SSD measured on this machine: 234.6 MB/s read, 385.8 MB/s write, 238 us "
                  "per 4 KiB command, about 3 commands hidden per latency (O_DIRECT, "
                  "python -m flatcake.replay.calibrate); host->GPU kept at 5x the SSD.",
+                 "Fixed cost per restore and cost per read command measured through the "
+                 "store's restore path (flatcake bench --calibrate): 1.34 ms and 220 us, "
+                 "the same for every system; the SSD model then keeps 1 command in flight "
+                 "at 220 us (a command read alone costs no more than the drive's 238 us).",
                  "Rates scaled down with the SSD (the paper's 0.1-1.0 req/s would queue "
                  "restores without bound on a 0.23 GB/s drive)."),
-)
+), LOCAL_COSTS)
 
 PRESETS: dict[str, ReplayPreset] = {p.name: p for p in (PAPER, LLAMA70B, LOCAL)}
 
 
 def get_preset(name: str) -> ReplayPreset:
+    """The named preset; ``local`` takes the fixed costs of the calibration file named by
+    ``$FLATCAKE_CALIBRATION`` when it is set (``replay.calibration``)."""
     try:
-        return PRESETS[name]
+        preset = PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown replay preset {name!r}; choose one of "
                          f"{', '.join(PRESETS)}") from None
+    path = os.environ.get(CALIBRATION_ENV)
+    if name == LOCAL.name and path:
+        preset = with_calibration(preset, path)
+    return preset

@@ -141,6 +141,8 @@ class FlatCakeSystem(System):
         self.num_store_rejected = 0
         self.num_reclaim_actions = 0
         self.num_store_waits = 0
+        self.read_gap_bytes = 0
+        self.read_check_bytes = 0
         # First key of each SSD segment being written -> (writes in flight, waiters).
         self.writing: dict[bytes, tuple[int, list[Request]]] = {}
         # Static geometry of live segments for the planner (ids are never reused).
@@ -233,6 +235,10 @@ class FlatCakeSystem(System):
         # Useful: the SSD blocks the request needs (the plan also reads the rest of
         # their segments, for the checksum).
         useful = sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
+        # Where the rest of the bytes read go: 4 KiB alignment padding and holes read
+        # through (the plan's gap bytes), and the segments' other blocks (checksums).
+        self.read_gap_bytes += plan.gap_bytes
+        self.read_check_bytes += plan.useful_bytes - useful
         st.plan = None
         now = node.now
         spec = node.spec
@@ -371,6 +377,8 @@ class FlatCakeSystem(System):
             "sessions_reclaimed_ssd": st.sessions_reclaimed_ssd,
             "stores_rejected": self.num_store_rejected,
             "store_waits": self.num_store_waits,
+            "ssd_gap_bytes": self.read_gap_bytes,
+            "ssd_checksum_bytes": self.read_check_bytes,
             "memory_copies_made": st.memory_copies_made,
             "memory_copies_dropped": st.memory_copies_dropped,
             "memory_used_bytes": st.memory_used_bytes,

@@ -1,0 +1,69 @@
+"""The replay's side of the calibration: a file's fixed costs reach the ``local`` preset
+(and only it), bad files are refused, and ``--explain`` says where costs come from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flatcake.cli import main
+from flatcake.replay.calibration import CALIBRATION_ENV, FORMAT, load_calibration, with_calibration
+from flatcake.replay.presets import get_preset
+
+
+def _file(tmp_path: Path, **values: object) -> Path:
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps({"format": FORMAT, "restore_overhead_s": 0.004,
+                             "command_s": 50e-6, "directory": "/disk", **values}))
+    return p
+
+
+def test_a_file_sets_the_fixed_cost_and_the_cost_per_command(tmp_path: Path) -> None:
+    local = get_preset("local")
+    got = with_calibration(local, _file(tmp_path))
+    assert got.node.restore_overhead_s == 0.004
+    ssd = got.node.ssd
+    assert ssd.command_latency_s / ssd.queue_depth == pytest.approx(50e-6)
+    # A command read alone costs no more than the drive's latency in the preset.
+    assert ssd.command_latency_s <= local.node.ssd.command_latency_s
+    assert ssd.read_bytes_per_s == local.node.ssd.read_bytes_per_s
+    assert "/disk" in got.cost_source
+
+
+def test_the_environment_reaches_local_only(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    before = get_preset("local")
+    monkeypatch.setenv(CALIBRATION_ENV, str(_file(tmp_path)))
+    assert get_preset("local").node.restore_overhead_s == 0.004
+    assert before.node.restore_overhead_s != 0.004
+    paper = get_preset("paper")
+    assert paper.node.restore_overhead_s == 0.001  # the paper's documented guess
+    assert "guess" in paper.cost_source
+
+
+@pytest.mark.parametrize("values, match", [
+    ({"format": "other"}, "not a calibration file"),
+    ({"command_s": -1.0}, "command_s"),
+    ({"restore_overhead_s": "fast"}, "restore_overhead_s"),
+])
+def test_bad_files_are_refused(tmp_path: Path, values: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load_calibration(_file(tmp_path, **values))
+    with pytest.raises(ValueError, match="cannot read"):
+        load_calibration(tmp_path / "missing.json")
+
+
+def test_explain_states_the_geometry_and_where_costs_come_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert "geometry deepseek-v4-flash-fp8: 22 layers" in text
+    assert "11,456 B per block per layer" in text and "padding" in text
+    assert "documented guesses" in text
+    monkeypatch.setenv(CALIBRATION_ENV, str(_file(tmp_path)))
+    assert main(["replay", "--preset", "local", "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert "fixed cost per restore 4,000 us" in text and "measured by flatcake bench" in text
