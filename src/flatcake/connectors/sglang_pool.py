@@ -13,23 +13,37 @@ pool's memory layout. Per layer, ``layer_kv(l)`` gives K and V as
 - ``page_first``         ``(2, tokens, layers, heads, dim)``
 - ``page_first_direct``  ``(2, pages, layers, page_size, heads, dim)``
 - ``page_head``          ``(2, pages, heads, page_size, layers, dim)``
+
+Reads and writes go straight between the store and the pool (``direct_caches``: per
+layer, a strided ``(2, pages, page_size, heads, dim)`` view, ``cio.paged``'s strided
+``kv_blocks``) when a page's K and V halves of one layer are each contiguous
+(``layer_first``, ``page_first_direct``) and the pool's base and those halves are
+4 KiB-aligned: with O_DIRECT the store then reads into and writes from the pool's pages
+themselves (``preadv`` / ``pwritev``), no staging copy. Otherwise (``page_first`` and
+``page_head`` interleave layers inside a page; an unaligned page) pages go through an
+aligned bounce buffer (``BounceBuffers``), one copy each way; ``direct_refusal`` says
+why.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from flatcake.cio.direct import aligned_buffer
 from flatcake.config import FlatCakeConfig, load_config
 from flatcake.geometry import DTYPE_BYTES, KVGeometry
+from flatcake.plan.layout import ALIGN
 
 LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 SECTIONS = ("placement", "reclaim", "planner", "scheduler", "store")
 # Keys SGLang itself reads from the same extra config (dynamic loading).
-SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
+SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "allocator")
+DIRECT_LAYOUTS = ("layer_first", "page_first_direct")
 BACKEND_KEYS = ("config_file", "tenant_salt", "model_name")
 
 
@@ -108,10 +122,34 @@ class HostPoolView:
             raise ValueError(f"host_indices outside the pool's {self.num_pages} pages")
         return pages
 
-    def staging(self, n: int) -> list[torch.Tensor]:
-        """``n`` blocks per layer, ``(n, block_bytes_per_layer)`` bytes, for the store."""
-        bb = 2 * self.page_size * self.head_num * self.head_dim * self.kv.element_size()
-        return [torch.empty((n, bb), dtype=torch.uint8) for _ in range(self.num_layers)]
+    @property
+    def block_bytes(self) -> int:
+        """One page of one layer, K then V: FlatCake's ``block_bytes_per_layer``."""
+        return 2 * self.page_size * self.head_num * self.head_dim * self.kv.element_size()
+
+    def direct_caches(self) -> list[torch.Tensor] | None:
+        """Per layer, every page's K and V halves as a strided ``(2, pages, page_size,
+        heads, dim)`` view of the pool; ``None`` for layouts that interleave layers
+        inside a page."""
+        if self.layout not in DIRECT_LAYOUTS:
+            return None
+        tokens = self.num_pages * self.page_size
+        if self.layout == "layer_first":
+            return [self.kv[:, layer, :tokens].unflatten(1, (self.num_pages, self.page_size))
+                    for layer in range(self.num_layers)]
+        return [self.kv[:, :, layer] for layer in range(self.num_layers)]
+
+    def direct_refusal(self) -> str:
+        """Why reads and writes cannot go straight to the pool ("" when they can)."""
+        caches = self.direct_caches()
+        if caches is None:
+            return f"the {self.layout} layout interleaves layers inside a page"
+        half = self.block_bytes // 2
+        if half % ALIGN:
+            return f"a page's K or V of one layer is {half} bytes, not a multiple of {ALIGN}"
+        if any(c.data_ptr() % ALIGN for c in caches):
+            return f"the host pool's base is not {ALIGN}-aligned"
+        return ""
 
     def _typed(self, buf: torch.Tensor, n: int) -> torch.Tensor:
         return buf.view(self.dtype).view(n, 2, self.page_size, self.head_num, self.head_dim)
@@ -125,6 +163,15 @@ class HostPoolView:
             typed[:, 0] = k[pages]
             typed[:, 1] = v[pages]
 
+    def zero(self, pages: torch.Tensor) -> None:
+        """Fill ``pages`` with zeros in every layer (scrubs bytes a direct read left in
+        pages reported missing)."""
+        if pages.numel() == 0:
+            return
+        for layer in range(self.num_layers):
+            for half in self.layer_kv(layer):
+                half[pages] = 0
+
     def scatter(self, staging: list[torch.Tensor], pages: torch.Tensor) -> None:
         """The first ``len(pages)`` staging blocks -> pool pages, layer by layer."""
         m = int(pages.numel())
@@ -135,6 +182,34 @@ class HostPoolView:
             typed = self._typed(buf, buf.shape[0])[:m]
             k[pages] = typed[:, 0]
             v[pages] = typed[:, 1]
+
+
+class BounceBuffers:
+    """4 KiB-aligned host buffers of ``n`` pages per layer (``(n, block_bytes)`` each),
+    reused across calls; SGLang's backup and prefetch threads each hold one at a time."""
+
+    KEEP = 2
+
+    def __init__(self, view: HostPoolView) -> None:
+        self._layers, self._bb = view.num_layers, view.block_bytes
+        self._lock = threading.Lock()
+        self._free: list[torch.Tensor] = []
+
+    def take(self, n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A buffer for ``n`` pages and its per-layer ``(n, block_bytes)`` views."""
+        need = self._layers * n * self._bb
+        with self._lock:
+            fit = [b for b in self._free if b.numel() >= need]
+            if fit:
+                self._free.remove(fit[0])
+        buf = fit[0] if fit else aligned_buffer(need, pin=False)
+        return buf, list(buf[:need].view(self._layers, n, self._bb).unbind(0))
+
+    def give(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(buf)
+            self._free.sort(key=lambda b: -b.numel())
+            del self._free[self.KEEP:]
 
 
 @dataclass(frozen=True, slots=True)
