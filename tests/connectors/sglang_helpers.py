@@ -17,12 +17,14 @@ from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
     KVBufferLayout,
     KVBuffers,
     MHABufferInfo,
+    MLABufferInfo,
 )
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
 )
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
@@ -47,10 +49,31 @@ def host_pool(layout: str, dtype: torch.dtype = torch.bfloat16, dim: int = DIM) 
     pool = MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
                                 device_capacity_tokens=DEVICE_TOKENS, start_layer=0,
                                 end_layer=LAYERS)
+    _fill(pool)
+    return pool
+
+
+def mla_pool(layout: str, rope: int = 64, dtype: torch.dtype = torch.bfloat16) -> Any:
+    """SGLang's ``MLATokenToKVPoolHost`` (unpinned, CPU; latent = 64 + ``rope``) filled
+    with random bytes. ``rope=64`` makes a page's latent of one layer 4 KiB."""
+    dim = 64 + rope
+    rows = tuple(torch.zeros(DEVICE_TOKENS, 1, dim, dtype=dtype) for _ in range(LAYERS))
+    info = MLABufferInfo(
+        buffers=rows, data_ptrs=torch.tensor([t.data_ptr() for t in rows], dtype=torch.uint64),
+        layer_indices=tuple(range(LAYERS)), device_layer_num=LAYERS, page_size=PAGE,
+        kv_lora_rank=64, qk_rope_head_dim=rope, kv_cache_dim=dim, dtype=dtype,
+        device=torch.device("cpu"))
+    pool = MLATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=DEVICE_TOKENS, start_layer=0,
+                                end_layer=LAYERS, target_layer_num=LAYERS)
+    _fill(pool)
+    return pool
+
+
+def _fill(pool: Any) -> None:
     raw = pool.kv_buffer.view(-1).view(torch.uint8)
     raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8,
                             generator=torch.Generator().manual_seed(7)))
-    return pool
 
 
 def chain(n: int, seed: str = "s") -> list[str]:
@@ -68,15 +91,14 @@ def slots(pages: list[int]) -> torch.Tensor:
 
 
 def page_bytes(pool: Any, page: int) -> bytes:
-    """Every byte of one page of the pool, layer by layer, K then V."""
+    """Every byte of one page of the pool, layer by layer, K then V (or the latent)."""
     from flatcake.connectors.sglang_pool import HostPoolView
 
     view = HostPoolView(pool)
     out = []
     for layer in range(view.num_layers):
-        k, v = view.layer_kv(layer)
-        out.append(k[page].contiguous().view(torch.uint8).numpy().tobytes())
-        out.append(v[page].contiguous().view(torch.uint8).numpy().tobytes())
+        for part in view.layer_kv(layer):  # K then V, or the MLA latent
+            out.append(part[page].contiguous().view(torch.uint8).numpy().tobytes())
     return b"".join(out)
 
 
@@ -85,15 +107,17 @@ def extra(prefix: list[str]) -> HiCacheStorageExtraInfo:
 
 
 def backend(pool: Any, root: Path, *, tenant: str = "", model: str = "tiny-llama",
-            **config: Any) -> Any:
+            tp_size: int = 1, **config: Any) -> Any:
     """The backend as SGLang builds it (``dynamic``), with the host pool registered."""
     extra_config = {"backend_name": "flatcake", "module_path": "flatcake.connectors.sglang",
                     "class_name": "FlatCakeHiCacheStorage", "interface_v1": 1,
                     "store": {"root": str(root), "io_mode": "auto",
                               "memory_capacity_bytes": 0},
                     "tenant_salt": tenant, **config}
-    cfg = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,
-                               attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+    cfg = HiCacheStorageConfig(tp_rank=0, tp_size=tp_size, pp_rank=0, pp_size=1,
+                               attn_cp_rank=0, attn_cp_size=1,
+                               is_mla_model=hasattr(pool, "kv_lora_rank"),
+                               enable_storage_metrics=False,
                                is_page_first_layout=pool.layout != "layer_first",
                                model_name=model, extra_config=extra_config)
     b = StorageBackendFactory.create_backend("dynamic", cfg, pool)

@@ -1,4 +1,5 @@
-"""The SGLang backend's two data paths and what ``batch_exists`` knows about damage.
+"""The SGLang backend's two data paths, MLA pools, and what ``batch_exists`` knows about
+damage.
 
 Direct: ``layer_first`` / ``page_first_direct`` pools with 4 KiB page halves (SGLang maps
 the pool, so its base is aligned): the store reads into the pool's pages themselves, no
@@ -22,6 +23,7 @@ from tests.connectors.sglang_helpers import (
     chain,
     extra,
     host_pool,
+    mla_pool,
     page_bytes,
     slots,
 )
@@ -113,3 +115,37 @@ def test_exists_stops_at_damage_the_restart_scan_found(tmp_path: Path) -> None:
     assert b.batch_get_v1(keys, slots([20, 21, 22, 23, 24, 25]), extra([])) == \
         [True] * 3 + [False] * 3
     b.close()
+
+
+@pytest.mark.parametrize(("layout", "rope", "path"), [("layer_first", 64, "direct"),
+                                                      ("layer_first", 32, "bounce"),
+                                                      ("page_first", 64, "bounce"),
+                                                      ("page_first_direct", 64, "bounce")])
+def test_mla_pool_round_trip(tmp_path: Path, layout: str, rope: int, path: str) -> None:
+    """SGLang's ``MLATokenToKVPoolHost`` (one latent row per token, TP 1): bit-exact
+    after a restart; an MHA pool of the same layout never reads its pages."""
+    pool = mla_pool(layout, rope=rope)
+    keys = chain(4)
+    want = [page_bytes(pool, p) for p in (5, 6, 7, 8)]
+    b = backend(pool, tmp_path)
+    assert b.batch_set_v1(keys[:2], slots([5, 6]), extra([])) == [True] * 2
+    assert b.batch_set_v1(keys[2:], slots([7, 8]), extra(keys[:2])) == [True] * 2
+    b.close()
+    b = backend(pool, tmp_path)
+    dst = [20, 1, 33, 2]
+    assert b.batch_get_v1(keys, slots(dst), extra([])) == [True] * 4
+    assert [page_bytes(pool, p) for p in dst] == want
+    stats = b.get_stats()
+    assert stats["read_path"] == path
+    # Bounce: one copy, two when the store's own staging window read it (3 KiB pages).
+    assert stats["pages_staged"] == (0 if path == "direct" else 4 + 4 * stats["loads_staging"])
+    assert stats["loads_staging"] == (rope == 32)
+    b.close()
+    mha = backend(host_pool(layout), tmp_path / "mha")
+    assert mha.batch_exists(keys, extra([])) == 0
+    mha.close()
+
+
+def test_mla_with_tensor_parallel_ranks_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="MLA pools with tp_size 1 only"):
+        backend(mla_pool("layer_first"), tmp_path, tp_size=2)

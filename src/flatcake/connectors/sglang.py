@@ -101,8 +101,12 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         if not model:
             raise ValueError("FlatCake needs the model name: SGLang's model_name or "
                              "model_name in the extra config")
-        if getattr(storage_config, "is_mla_model", False):
-            raise ValueError("FlatCake's SGLang backend supports MHA host pools only")
+        if getattr(storage_config, "is_mla_model", False) and \
+                int(getattr(storage_config, "tp_size", 1) or 1) > 1:
+            raise ValueError(
+                "FlatCake's SGLang backend serves MLA pools with tp_size 1 only: SGLang "
+                "writes rank-replicated MLA pages from one TP rank, and FlatCake's books "
+                "are per process, so the other ranks would never find them")
         self.model = str(model)
         self._ranks = tuple(int(getattr(storage_config, name, 0) or 0)
                             for name in ("tp_rank", "tp_size", "pp_rank", "pp_size"))
@@ -128,7 +132,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             self.store.close()
         view = HostPoolView(mem_pool_host)
         tp_rank, tp_size, pp_rank, pp_size = self._ranks
-        space = (f"sglang|layout={view.layout}|dtype={view.dtype_name}|page={view.page_size}"
+        layout = f"mla-{view.layout}" if view.mla else view.layout
+        space = (f"sglang|layout={layout}|dtype={view.dtype_name}|page={view.page_size}"
                  f"|tp={tp_rank}/{tp_size}|pp={pp_rank}/{pp_size}")
         self._ns = namespace_key(self.model, self.settings.tenant_salt, space)
         config = self.settings.config

@@ -1,13 +1,16 @@
-"""SGLang's MHA host pool as FlatCake blocks, and the backend's extra config.
+"""SGLang's MHA and MLA host pools as FlatCake blocks, and the backend's extra config.
 
 No SGLang import here: ``HostPoolView`` reads only the host pool's public attributes
-(``layout``, ``page_size``, ``layer_num``, ``head_num``, ``head_dim``, ``dtype``,
-``kv_buffer``), and ``parse_sglang_config`` only validates a dict.
+(``layout``, ``page_size``, ``layer_num``, ``head_num``, ``head_dim`` or
+``kv_cache_dim``, ``dtype``, ``kv_buffer``), and ``parse_sglang_config`` only validates a
+dict.
 
 A FlatCake block is one SGLang page; its bytes for layer ``l`` are the page's K tokens
-then its V tokens, each ``(page_size, head_num, head_dim)`` in that order, whatever the
-pool's memory layout. Per layer, ``layer_kv(l)`` gives K and V as
-``(num_pages, page_size, head_num, head_dim)`` views of the pool (no copy):
+then its V tokens, each ``(page_size, head_num, head_dim)`` (MLA: the page's latent rows,
+``(page_size, 1, kv_cache_dim)``), whatever the pool's memory layout. Per layer,
+``layer_kv(l)`` gives those parts as ``(num_pages, page_size, heads, dim)`` views of the
+pool (no copy). MHA ``kv_buffer`` (MLA: the same without the leading 2, ``heads`` 1, no
+``page_head``):
 
 - ``layer_first``        ``(2, layers, tokens, heads, dim)``
 - ``page_first``         ``(2, tokens, layers, heads, dim)``
@@ -19,7 +22,8 @@ layer, a strided ``(2, pages, page_size, heads, dim)`` view, ``cio.paged``'s str
 ``kv_blocks``) when a page's K and V halves of one layer are each contiguous
 (``layer_first``, ``page_first_direct``) and the pool's base and those halves are
 4 KiB-aligned: with O_DIRECT the store then reads into and writes from the pool's pages
-themselves (``preadv`` / ``pwritev``), no staging copy. Otherwise (``page_first`` and
+themselves (``preadv`` / ``pwritev``), no staging copy; for MLA, ``layer_first`` only
+(a contiguous ``(pages, page_size, 1, dim)`` per layer). Otherwise (``page_first`` and
 ``page_head`` interleave layers inside a page; an unaligned page) pages go through an
 aligned bounce buffer (``BounceBuffers``), one copy each way; ``direct_refusal`` says
 why.
@@ -43,67 +47,73 @@ LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 SECTIONS = ("placement", "reclaim", "planner", "scheduler", "store")
 # Keys SGLang itself reads from the same extra config (dynamic loading).
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "allocator")
+MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 DIRECT_LAYOUTS = ("layer_first", "page_first_direct")
 BACKEND_KEYS = ("config_file", "tenant_salt", "model_name")
 
 
 class HostPoolView:
-    """Per-layer K/V page views of an SGLang ``MHATokenToKVPoolHost``."""
+    """Per-layer page views of an SGLang ``MHATokenToKVPoolHost`` (K and V) or
+    ``MLATokenToKVPoolHost`` (one latent row per token: a single part, ``heads`` 1)."""
 
     def __init__(self, pool: Any) -> None:
-        layout = getattr(pool, "layout", None)
-        if layout not in LAYOUTS:
-            raise ValueError(f"FlatCake supports SGLang host pool layouts {LAYOUTS}, got "
-                             f"{layout!r}")
+        self.mla = hasattr(pool, "kv_lora_rank")
+        layouts = MLA_LAYOUTS if self.mla else LAYOUTS
+        layout = str(getattr(pool, "layout", None))
+        if layout not in layouts:
+            raise ValueError(f"FlatCake supports SGLang {'MLA' if self.mla else 'MHA'} host "
+                             f"pool layouts {layouts}, got {layout!r}")
         kv = getattr(pool, "kv_buffer", None)
         if not isinstance(kv, torch.Tensor):
-            raise ValueError(f"FlatCake needs an MHA host pool with one kv_buffer tensor, "
-                             f"got {type(pool).__name__} (MLA and hybrid pools are not "
-                             f"supported)")
-        if getattr(pool, "v_head_dim", pool.head_dim) != pool.head_dim:
+            raise ValueError(f"FlatCake needs a host pool with one kv_buffer tensor, got "
+                             f"{type(pool).__name__} (hybrid pools are not supported)")
+        if not self.mla and getattr(pool, "v_head_dim", pool.head_dim) != pool.head_dim:
             raise ValueError(f"FlatCake needs head_dim == v_head_dim, got {pool.head_dim} "
                              f"and {pool.v_head_dim}")
         dtype = str(pool.dtype).removeprefix("torch.")
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"host pool dtype {pool.dtype} is not supported; choose one "
                              f"of {sorted(DTYPE_BYTES)}")
-        self.layout: str = layout
+        self.layout = layout
         self.page_size = int(pool.page_size)
         self.num_layers = int(pool.layer_num)
-        self.head_num = int(pool.head_num)
-        self.head_dim = int(pool.head_dim)
+        self.head_num = 1 if self.mla else int(pool.head_num)
+        self.head_dim = int(pool.kv_cache_dim) if self.mla else int(pool.head_dim)
         self.dtype = pool.dtype
         self.dtype_name = dtype
         self.kv = kv
-        if layout == "layer_first":
-            tokens = kv.shape[2]
-        elif layout == "page_first":
-            tokens = kv.shape[1]
-        else:
-            tokens = kv.shape[1] * self.page_size
+        # K and V planes (MHA), or the one latent plane (MLA): the same shapes per layout.
+        self.planes = [kv] if self.mla else [kv[0], kv[1]]
+        lead = self.planes[0].shape
+        tokens = {"layer_first": lead[1], "page_first": lead[0]}.get(
+            layout, lead[0] * self.page_size)
         self.num_pages = int(tokens) // self.page_size
 
     def geometry(self, name: str) -> KVGeometry:
+        if self.mla:
+            return KVGeometry(num_layers=self.num_layers, tokens_per_block=self.page_size,
+                              dtype=self.dtype_name, mla_latent_dim=self.head_dim, name=name)
         return KVGeometry(num_layers=self.num_layers, tokens_per_block=self.page_size,
                           num_kv_heads=self.head_num, head_dim=self.head_dim,
                           dtype=self.dtype_name, name=name)
 
-    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of ``layer`` as ``(num_pages, page_size, heads, dim)`` pool views."""
+    def layer_kv(self, layer: int) -> list[torch.Tensor]:
+        """The parts of ``layer`` (K and V, or the latent) as ``(num_pages, page_size,
+        heads, dim)`` pool views."""
         ps, h, d = self.page_size, self.head_num, self.head_dim
+        tokens = self.num_pages * ps
         out = []
-        for i in (0, 1):
-            t = self.kv[i]
+        for t in self.planes:
             if self.layout == "layer_first":
-                v = t[layer].view(-1, ps, h, d)
+                v = t[layer, :tokens].view(-1, ps, h, d)
             elif self.layout == "page_first":
-                v = t[:, layer].view(-1, ps, h, d)
+                v = t[:tokens, layer].view(-1, ps, h, d)
             elif self.layout == "page_first_direct":
                 v = t[:, layer]
             else:
                 v = t[:, :, :, layer].permute(0, 2, 1, 3)
             out.append(v)
-        return out[0], out[1]
+        return out
 
     def pages(self, host_indices: Any, num_keys: int) -> torch.Tensor:
         """Page numbers of ``host_indices`` (token slots, ``num_keys x page_size``,
@@ -124,15 +134,20 @@ class HostPoolView:
 
     @property
     def block_bytes(self) -> int:
-        """One page of one layer, K then V: FlatCake's ``block_bytes_per_layer``."""
-        return 2 * self.page_size * self.head_num * self.head_dim * self.kv.element_size()
+        """One page of one layer, K then V (or the latent): ``block_bytes_per_layer``."""
+        return (len(self.planes) * self.page_size * self.head_num * self.head_dim
+                * self.kv.element_size())
 
     def direct_caches(self) -> list[torch.Tensor] | None:
-        """Per layer, every page's K and V halves as a strided ``(2, pages, page_size,
-        heads, dim)`` view of the pool; ``None`` for layouts that interleave layers
-        inside a page."""
-        if self.layout not in DIRECT_LAYOUTS:
+        """Per layer, every page as a view of the pool the store can address: MHA, a
+        strided ``(2, pages, page_size, heads, dim)`` (K and V halves); MLA
+        ``layer_first``, a contiguous ``(pages, page_size, 1, dim)``. ``None`` for
+        layouts that interleave layers inside a page (and MLA ``page_first_direct``,
+        whose pages of one layer are strided whole blocks)."""
+        if self.layout not in DIRECT_LAYOUTS or (self.mla and self.layout != "layer_first"):
             return None
+        if self.mla:
+            return [self.layer_kv(layer)[0] for layer in range(self.num_layers)]
         tokens = self.num_pages * self.page_size
         if self.layout == "layer_first":
             return [self.kv[:, layer, :tokens].unflatten(1, (self.num_pages, self.page_size))
@@ -143,25 +158,25 @@ class HostPoolView:
         """Why reads and writes cannot go straight to the pool ("" when they can)."""
         caches = self.direct_caches()
         if caches is None:
-            return f"the {self.layout} layout interleaves layers inside a page"
-        half = self.block_bytes // 2
-        if half % ALIGN:
-            return f"a page's K or V of one layer is {half} bytes, not a multiple of {ALIGN}"
+            return f"the {self.layout} layout does not keep a page's layer parts whole"
+        part = self.block_bytes // len(self.planes)
+        if part % ALIGN:
+            return f"one part of a page's layer is {part} bytes, not a multiple of {ALIGN}"
         if any(c.data_ptr() % ALIGN for c in caches):
             return f"the host pool's base is not {ALIGN}-aligned"
         return ""
 
     def _typed(self, buf: torch.Tensor, n: int) -> torch.Tensor:
-        return buf.view(self.dtype).view(n, 2, self.page_size, self.head_num, self.head_dim)
+        return buf.view(self.dtype).view(n, len(self.planes), self.page_size, self.head_num,
+                                         self.head_dim)
 
     def gather(self, pages: torch.Tensor, staging: list[torch.Tensor]) -> None:
         """Pool pages -> staging blocks, layer by layer."""
         n = int(pages.numel())
         for layer, buf in enumerate(staging):
-            k, v = self.layer_kv(layer)
             typed = self._typed(buf, n)
-            typed[:, 0] = k[pages]
-            typed[:, 1] = v[pages]
+            for i, part in enumerate(self.layer_kv(layer)):
+                typed[:, i] = part[pages]
 
     def zero(self, pages: torch.Tensor) -> None:
         """Fill ``pages`` with zeros in every layer (scrubs bytes a direct read left in
@@ -169,8 +184,8 @@ class HostPoolView:
         if pages.numel() == 0:
             return
         for layer in range(self.num_layers):
-            for half in self.layer_kv(layer):
-                half[pages] = 0
+            for part in self.layer_kv(layer):
+                part[pages] = 0
 
     def scatter(self, staging: list[torch.Tensor], pages: torch.Tensor) -> None:
         """The first ``len(pages)`` staging blocks -> pool pages, layer by layer."""
@@ -178,10 +193,9 @@ class HostPoolView:
         if m == 0:
             return
         for layer, buf in enumerate(staging):
-            k, v = self.layer_kv(layer)
             typed = self._typed(buf, buf.shape[0])[:m]
-            k[pages] = typed[:, 0]
-            v[pages] = typed[:, 1]
+            for i, part in enumerate(self.layer_kv(layer)):
+                part[pages] = typed[:, i]
 
 
 class BounceBuffers:
