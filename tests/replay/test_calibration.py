@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -20,16 +21,35 @@ def _file(tmp_path: Path, **values: object) -> Path:
     return p
 
 
-def test_a_file_sets_the_fixed_cost_and_the_cost_per_command(tmp_path: Path) -> None:
+def test_a_file_sets_the_fixed_cost_and_flatcakes_cost_per_command(tmp_path: Path) -> None:
     local = get_preset("local")
     got = with_calibration(local, _file(tmp_path))
     assert got.node.restore_overhead_s == 0.004
-    ssd = got.node.ssd
-    assert ssd.command_latency_s / ssd.queue_depth == pytest.approx(50e-6)
-    # A command read alone costs no more than the drive's latency in the preset.
-    assert ssd.command_latency_s <= local.node.ssd.command_latency_s
-    assert ssd.read_bytes_per_s == local.node.ssd.read_bytes_per_s
+    assert got.node.store_command_s == 50e-6
+    assert got.node.ssd == local.node.ssd  # the baselines keep the drive's figures
     assert "/disk" in got.cost_source
+
+
+def test_flatcake_restores_pay_the_measured_cost_per_command() -> None:
+    """Same workload, same drive: only FlatCake's restore time moves with the
+    measured per-command cost; the baseline's does not."""
+    from flatcake.replay.run import run_replay
+    from flatcake.replay.workload import from_requests
+    from tests.replay.helpers import BLOCK_BYTES, GEOMETRY, ids, tiny_preset
+
+    bt = GEOMETRY.tokens_per_block
+    first = ids(0, 40)
+    reqs = [(0.0, first, 40 * bt, 4), (100.0, [*first, *ids(40, 50)], 50 * bt, 4)]
+    wl = from_requests(reqs, bt, name="two-turns")
+    # Round robin over two workers: the second turn runs where the first is not on the
+    # GPU, and one block of host memory sends the first turn to SSD in every system.
+    base = tiny_preset(workers=2, gpu_blocks=100, host_blocks=1,
+                       ssd_read_bytes_per_s=BLOCK_BYTES * 1e3)
+    slow = dataclasses.replace(base, node=dataclasses.replace(base.node, store_command_s=0.5))
+    for system, moves in (("flatcake", True), ("tiered-direct", False)):
+        a = run_replay(wl, system, 1.0, base).prefetch_time_mean_s
+        b = run_replay(wl, system, 1.0, slow).prefetch_time_mean_s
+        assert (b > a + 0.4) if moves else (b == a), system
 
 
 def test_the_environment_reaches_local_only(tmp_path: Path,

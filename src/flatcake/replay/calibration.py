@@ -6,13 +6,12 @@ cost of one restore) and ``command_s`` (cost of one more read command). The repl
 no I/O and imports no I/O code, so it takes those numbers from the file:
 
 * ``with_calibration(preset, path)``: the preset with ``node.restore_overhead_s`` set to
-  the measured fixed cost, and the SSD's commands in flight and latency set so that a
-  restore pays ``command_latency_s / queue_depth = command_s`` per command (the replay's
-  SSD model): ``queue_depth = max(1, floor(latency / command_s))`` with the preset's
-  device latency, then ``command_latency_s = command_s x queue_depth``. A command read
-  alone (Mooncake's sequential ``pread``, queue depth 1) so costs at most the device
-  latency already in the preset, unless the store's own path is slower than that per
-  command, which every system then pays;
+  the measured fixed cost (every system pays it, as the guess it replaces) and
+  ``node.store_command_s`` to the measured cost per command: FlatCake's restores pay it
+  instead of the SSD model's ``command_latency_s / queue_depth``. The baselines' read
+  paths were not measured, so they keep the drive's figures (``replay.calibrate``);
+  whichever way the measurement falls, no baseline is charged a cost measured on
+  FlatCake's code;
 * ``get_preset("local")`` applies the file named by ``$FLATCAKE_CALIBRATION`` when set.
 
 Without a file, ``local`` keeps the figures stored in ``replay.presets`` (measured on the
@@ -78,12 +77,8 @@ def load_calibration(path: str | Path) -> Calibration:
 
 def with_costs(preset: ReplayPreset, cal: Calibration) -> ReplayPreset:
     """``preset`` charging ``cal``'s fixed cost per restore and cost per command."""
-    node = preset.node
-    ssd = node.ssd
-    if cal.command_s > 0:
-        qd = max(1, math.floor(ssd.command_latency_s / cal.command_s))
-        ssd = dataclasses.replace(ssd, queue_depth=qd, command_latency_s=cal.command_s * qd)
-    node = dataclasses.replace(node, ssd=ssd, restore_overhead_s=cal.restore_overhead_s)
+    node = dataclasses.replace(preset.node, restore_overhead_s=cal.restore_overhead_s,
+                               store_command_s=cal.command_s)
     return dataclasses.replace(preset, node=node, cost_source=cal.source)
 
 

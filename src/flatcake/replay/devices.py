@@ -165,6 +165,11 @@ class NodeSpec:
         restore_overhead_s: fixed latency of one restore or prefetch on top of its
             device time (index lookup, submission, completion handling), the same for
             every system.
+        store_command_s: cost of one read command of a FlatCake restore when it was
+            measured through the store's own restore path (``flatcake bench
+            --calibrate``); 0 charges the SSD model's ``command_latency_s /
+            queue_depth`` like every other system. The baselines' paths are not
+            measured, so they keep the drive's figures.
     """
 
     num_workers: int
@@ -176,6 +181,7 @@ class NodeSpec:
     routing: str = "round_robin"
     gpus_per_worker: int = 1
     restore_overhead_s: float = 0.0
+    store_command_s: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("node.num_workers", self.num_workers)
@@ -187,6 +193,7 @@ class NodeSpec:
         _non_negative("node.host_memory_bytes", self.host_memory_bytes)
         _non_negative("node.staging_bytes_per_worker", self.staging_bytes_per_worker)
         _non_negative("node.restore_overhead_s", self.restore_overhead_s)
+        _non_negative("node.store_command_s", self.store_command_s)
 
 
 class FifoServer:

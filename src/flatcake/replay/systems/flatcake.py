@@ -246,7 +246,8 @@ class FlatCakeSystem(System):
         if plan.bytes_read:
             # Each GPU of a tensor-parallel worker reads its share with the same plan.
             cmds = plan.num_commands * spec.gpus_per_worker
-            t = spec.ssd.read_time_s(cmds, plan.bytes_read)
+            t = (spec.ssd.read_time_s(cmds, plan.bytes_read) if not spec.store_command_s
+                 else plan.bytes_read / spec.ssd.read_bytes_per_s + cmds * spec.store_command_s)
             end = w.ssd.submit(now, t, plan.bytes_read, cmds)
             node.rec.ssd_read(cmds, plan.bytes_read, t)
         if plan.memory_bytes:
