@@ -11,7 +11,6 @@ virtualenv; skipped where SGLang is not installed.
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import socket
 import threading
 from collections.abc import Iterator
@@ -19,25 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip("SGLang is not installed (scripts/sglang_venv.sh builds its venv)",
-                allow_module_level=True)
-
 import torch
 import torch.distributed as dist
 
-from tests.connectors.sglang_stubs import install_torchvision_stub
+from tests.connectors.sglang_helpers import LAYERS, PAGE, host_pool, page_bytes
 
-install_torchvision_stub()
+pytestmark = pytest.mark.sglang
 
+# After the helpers: they skip this module where SGLang is absent and install the stand-ins.
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
-
-from tests.connectors.sglang_helpers import LAYERS, PAGE, host_pool, page_bytes  # noqa: E402
-
-pytestmark = pytest.mark.sglang
 
 WAIT_S = 60
 

@@ -9,14 +9,9 @@ SGLang virtualenv; skipped where SGLang is not installed.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip("SGLang is not installed (scripts/sglang_venv.sh builds its venv)",
-                allow_module_level=True)
 
 from tests.connectors.sglang_helpers import (
     backend,
