@@ -200,9 +200,12 @@ class HostPoolView:
 
 class BounceBuffers:
     """4 KiB-aligned host buffers of ``n`` pages per layer (``(n, block_bytes)`` each),
-    reused across calls; SGLang's backup and prefetch threads each hold one at a time."""
+    reused across calls; SGLang's backup and prefetch threads each hold one at a time.
+    A batch's buffer holds all its pages (SGLang sends up to 128); at most ``KEEP``
+    buffers of at most ``KEEP_BYTES`` each stay allocated between calls."""
 
     KEEP = 2
+    KEEP_BYTES = 256 << 20
 
     def __init__(self, view: HostPoolView) -> None:
         self._layers, self._bb = view.num_layers, view.block_bytes
@@ -220,6 +223,8 @@ class BounceBuffers:
         return buf, list(buf[:need].view(self._layers, n, self._bb).unbind(0))
 
     def give(self, buf: torch.Tensor) -> None:
+        if buf.numel() > self.KEEP_BYTES:
+            return
         with self._lock:
             self._free.append(buf)
             self._free.sort(key=lambda b: -b.numel())
