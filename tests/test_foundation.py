@@ -63,6 +63,10 @@ def test_config_sources_merge_in_order(tmp_path) -> None:
         ("nosuch.field=1", "nosuch"),
         ("store.nosuch=1", "store.nosuch"),
         ("store.node_id=abc", "store.node_id"),
+        ("store.cluster_url=127.0.0.1:6379", "store.cluster_url"),
+        ("store.cluster_name=a:b", "store.cluster_name"),
+        ("store.remote_timeout_s=0", "store.remote_timeout_s"),
+        ("store.remote_window_bytes=100", "store.remote_window_bytes"),
     ],
 )
 def test_config_errors_name_field(override: str, needle: str) -> None:

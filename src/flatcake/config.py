@@ -179,6 +179,16 @@ class StoreConfig:
     ``read_threads``: threads of the store's one reader (``preadv`` calls running at
     once, over all restores). ``reads_in_flight``: read commands one restore keeps with
     that reader at once; the rest of its reads wait in order (``cio.readers.ReadQueue``).
+
+    Beyond one node (``flatcake.cluster``; needs the ``redis`` client and NIXL):
+    ``cluster_url`` (``redis://host:port/db``; empty = this node alone) is the cluster
+    index's Redis. Set, the store joins the cluster as ``node_id`` (unique per node:
+    it is bits 59..48 of every address), publishes its durable segments there, serves
+    its arena and session files to peers, and restores blocks other nodes hold after
+    its local prefix. ``cluster_name`` keeps deployments sharing one Redis apart;
+    ``remote_timeout_s`` bounds one remote read (a dead or slow owner is a miss after
+    it); ``remote_window_bytes`` is the receive window of remote reads (at least one
+    layer of the largest segment).
     """
 
     root: str = "./flatcake-data"
@@ -189,9 +199,22 @@ class StoreConfig:
     io_mode: str = "auto"
     read_threads: int = 4
     reads_in_flight: int = 8
+    cluster_url: str = ""
+    cluster_name: str = "flatcake"
+    remote_timeout_s: float = 5.0
+    remote_window_bytes: int = 64 * MIB
 
     def __post_init__(self) -> None:
         _check_types(self, "store")
+        _check(not self.cluster_url or self.cluster_url.startswith(
+            ("redis://", "rediss://", "unix://")), "store.cluster_url", self.cluster_url,
+            "must be a Redis URL (redis://host:port/db, rediss://..., unix://...) or empty")
+        _check(bool(self.cluster_name) and ":" not in self.cluster_name,
+               "store.cluster_name", self.cluster_name, "must be non-empty without ':'")
+        _check(self.remote_timeout_s > 0, "store.remote_timeout_s", self.remote_timeout_s,
+               "must be > 0")
+        _check(self.remote_window_bytes >= 4 * KIB, "store.remote_window_bytes",
+               self.remote_window_bytes, "must be >= 4096")
         _check(0 <= self.node_id < 4096, "store.node_id", self.node_id, "must be in [0, 4096)")
         _check(self.memory_capacity_bytes >= 0, "store.memory_capacity_bytes",
                self.memory_capacity_bytes, "must be >= 0")

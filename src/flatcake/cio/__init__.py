@@ -17,7 +17,7 @@ _WHERE = {
     "resolve_io_mode": "direct",
     "Executor": "executor",
     "LoadOutcome": "executor",
-    "ReaderDispatch": "executor",
+    "ReaderDispatch": "dispatch",
     "StoreOutcome": "executor",
     "SessionFiles": "files",
     "DamagedSegment": "filescan",

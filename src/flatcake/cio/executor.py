@@ -6,6 +6,9 @@
     LoadTask   -> load_job: this executor's crcs filled into the checks, paged KV slots
                   of the stream -> a staging window (or zero-copy reads straight into
                   the slots) -> crc32 -> scatter per layer, LayerReady per layer
+                  -> remote runs (blocks other nodes hold after the local prefix):
+                  the dispatch's remote readers, crc32 checked, scattered per layer
+                  (``cio.remote_load``)
                   -> LoadDone (the verified prefix, the failed segments)
     StoreTask  -> prepare_file (create / grow the session file, take the segment's
                   sequence number) -> write: gather + O_DIRECT write + fdatasync (or
@@ -14,7 +17,7 @@
     FileDrop   -> delete (or quarantine) a session file
     restart    -> settle: act on the books' verdicts (``control.restart``) on disk
 
-Reader choice is a dispatch keyed by ``(medium, node)`` (``ReaderDispatch``): node 0 is
+Reader choice is a dispatch keyed by ``(medium, node)`` (``cio.dispatch``): node 0 is
 this machine's SSD reader (O_DIRECT ``preadv``, or GDS when CUDA + kvikio are usable);
 a remote reader registers under its node without touching the books.
 
@@ -45,10 +48,12 @@ from flatcake.cio.direct import (
     resolve_io_mode,
     writable_view,
 )
+from flatcake.cio.dispatch import LOCAL_NODE, ReaderDispatch, local_reader
 from flatcake.cio.files import SessionFiles
 from flatcake.cio.format import FileHeader
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.readers import DirectReader, GdsReader, Reader, kvikio_available
+from flatcake.cio.readers import GdsReader, Reader
+from flatcake.cio.remote_load import restore_remote
 from flatcake.cio.restore import LayerReady, OpenFile, RestoreJob, RestoreOutcome
 from flatcake.cio.scan import DiskScan
 from flatcake.cio.staging import StagingWindow
@@ -64,38 +69,6 @@ from flatcake.plan.stream import StreamCheck
 from flatcake.plan.tasks import LoadDone, LoadTask, StoreDone, StoreTask
 
 logger = logging.getLogger(__name__)
-
-LOCAL_NODE = 0
-
-
-class ReaderDispatch:
-    """Readers by ``(medium, node)``; node 0 is this machine."""
-
-    def __init__(self) -> None:
-        self._readers: dict[tuple[Medium, int], Reader] = {}
-
-    def register(self, medium: Medium, node: int, reader: Reader) -> None:
-        if (medium, node) in self._readers:
-            raise ValueError(f"a reader for ({medium.name}, node {node}) is registered")
-        self._readers[(medium, node)] = reader
-
-    def get(self, medium: Medium, node: int = LOCAL_NODE) -> Reader:
-        try:
-            return self._readers[(medium, node)]
-        except KeyError:
-            raise ValueError(f"no reader for ({medium.name}, node {node})") from None
-
-    def close(self) -> None:
-        for reader in self._readers.values():
-            reader.close()
-
-
-def local_reader(config: FlatCakeConfig, io_mode: str) -> Reader:
-    """GDS when CUDA + kvikio are usable on a direct-I/O root, else O_DIRECT preadv."""
-    if io_mode == "direct" and kvikio_available():
-        return GdsReader(config.store.read_threads)
-    return DirectReader(config.store.read_threads)
-
 
 @dataclass(frozen=True, slots=True)
 class LoadOutcome:
@@ -225,11 +198,12 @@ class Executor:
                   ready: LayerReady, on_done: Callable[[LoadOutcome], None] | None
                   ) -> LoadOutcome:
         window = self._sync_window if task.sync else self._windows.get()
+        local = LayerReady(ready.num_layers) if task.remote else ready
         try:
             if job.num_request_blocks <= task.first_block:
                 outcome = RestoreOutcome(job.num_request_blocks, (), 0, 0, 0, 0.0)
             else:
-                outcome = window.run(job, ready)
+                outcome = window.run(job, local)
         except Exception as exc:  # a failed load is a miss, never a crash
             logger.warning("FlatCake load for request %s failed: %s", task.request_id, exc)
             outcome = RestoreOutcome(task.first_block, (), 0, 0, 0, 0.0)
@@ -238,17 +212,41 @@ class Executor:
             if not task.sync:
                 self._windows.put(window)
         for layer in range(ready.num_layers):
-            ready.set(layer)  # a plan with no reads has no layers to signal
+            local.set(layer)  # a plan with no reads has no layers to signal
         failed = tuple(dict.fromkeys((*cut_tags, *outcome.failed_tags)))
         loaded = min(outcome.num_blocks_loaded, job.num_request_blocks)
+        remote_bytes = 0
+        if task.remote:
+            loaded, remote_bytes = self._run_remote(task, job.paged, loaded, ready)
         refilled = self._refill(task, job.paged, loaded, failed) if task.refills else ()
-        done = LoadDone(task.request_id, max(loaded, task.first_block), task.num_blocks,
+        done = LoadDone(task.request_id, max(loaded, task.first_block), task.remote_end,
                         failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s,
-                        refilled)
+                        refilled, remote_bytes)
         result = LoadOutcome(done, outcome)
         if on_done is not None:
             on_done(result)
         return result
+
+    def _run_remote(self, task: LoadTask, paged: PagedKV, loaded: int, ready: LayerReady
+                    ) -> tuple[int, int]:
+        """The task's remote runs, once its local prefix is whole (``cio.remote_load``):
+        (blocks loaded, bytes moved). A failure is a miss, never a crash."""
+        try:
+            if loaded >= task.num_blocks:
+                def signal(layers: range) -> None:
+                    for layer in layers:
+                        ready.set(layer)
+
+                far = restore_remote(task.remote, self.readers.remote, paged,
+                                     task.block_ids, signal)
+                return max(loaded, far.loaded_end), far.bytes_read
+        except Exception as exc:
+            logger.warning("FlatCake remote load for request %s failed: %s",
+                           task.request_id, exc)
+        finally:
+            for layer in range(ready.num_layers):
+                ready.set(layer)
+        return loaded, 0
 
     def _refill(self, task: LoadTask, paged: PagedKV, loaded: int,
                 failed: tuple[int, ...]) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ Layout under the prefix ``fc:{cluster}:`` (one cluster name per deployment)::
     k:{key hex}        hash, field "{node}" -> "{epoch}:{sid}:{position}:{address}"
     agent:{node}       hash: epoch, the node's transfer-agent metadata (NIXL's own
                        bytes) and a JSON record (agent name, registered arena base, size)
+    agent:{node}:{role}  the same for a node's other agent (a store's ``client``)
 
 Rules: a node publishes a segment only after its bytes are durable (the caller's
 promise), removes its entries when it reclaims the segment, and re-publishes after
@@ -133,20 +134,22 @@ class ClusterIndex:
         return {n: int(v) for n, v in zip(nodes, values, strict=True) if v is not None}
 
     # -- transfer agents -------------------------------------------------------------
-    def publish_agent(self, metadata: bytes, record: Mapping[str, Any]) -> bool:
+    def publish_agent(self, metadata: bytes, record: Mapping[str, Any], *,
+                      role: str = "") -> bool:
         """Publish this node's transfer-agent metadata (opaque bytes) and record for this
-        epoch, so peers can connect without any socket protocol of ours."""
+        epoch, so peers can connect without any socket protocol of ours. ``role`` names
+        a second agent of the node (a store's ``client`` agent, say)."""
         self._need_joined()
         pipe = self._r.pipeline(transaction=False)
-        pipe.hset(f"{self._p}agent:{self.node}", mapping={
+        pipe.hset(self._agent_key(self.node, role), mapping={
             "epoch": self.epoch, "md": bytes(metadata), "record": json.dumps(dict(record))})
         return self._run(pipe, "publish_agent") is not None
 
-    def agent(self, node: int) -> tuple[bytes, dict[str, Any]] | None:
-        """(metadata, record) of ``node``'s transfer agent, if it is live in the epoch
-        that published it; None otherwise (a gone node is a miss)."""
+    def agent(self, node: int, role: str = "") -> tuple[bytes, dict[str, Any]] | None:
+        """(metadata, record) of ``node``'s transfer agent (of ``role``), if it is live
+        in the epoch that published it; None otherwise (a gone node is a miss)."""
         pipe = self._r.pipeline(transaction=False)
-        pipe.hgetall(f"{self._p}agent:{node}")
+        pipe.hgetall(self._agent_key(node, role))
         pipe.get(f"{self._p}lease:{node}")
         out = self._run(pipe, "agent")
         if out is None or not out[0] or out[1] is None:
@@ -268,6 +271,11 @@ class ClusterIndex:
         if not isinstance(key, bytes | bytearray) or not key:
             raise ValueError(f"block keys must be non-empty bytes, got {type(key).__name__}")
         return f"{self._p}k:{bytes(key).hex()}"
+
+    def _agent_key(self, node: int, role: str) -> str:
+        if ":" in role:
+            raise ValueError(f"an agent role must not contain ':', got {role!r}")
+        return f"{self._p}agent:{node}" + (f":{role}" if role else "")
 
     def _need_joined(self) -> None:
         if not self.epoch:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from flatcake.control import FileCut, StorePlan
 from flatcake.plan.reads import ReadPlan
+from flatcake.plan.remote import RemoteRun
 from flatcake.plan.stream import StreamCheck
 
 
@@ -45,6 +46,9 @@ class LoadTask:
         refills: memory copies to write from the restored blocks once they are
             verified (``placement.copy_on_restore``): ``(home segment id, first request
             block, blocks, arena offset, bytes)`` each.
+        remote: blocks other nodes hold right after the local hit (request blocks
+            ``[num_blocks, remote_end)``), read by the remote readers of the executor's
+            ``(medium, node)`` dispatch once the local part is in place.
     """
 
     request_id: str
@@ -57,6 +61,12 @@ class LoadTask:
     first_block: int
     sync: bool
     refills: tuple[tuple[int, int, int, int, int], ...] = ()
+    remote: tuple[RemoteRun, ...] = ()
+
+    @property
+    def remote_end(self) -> int:
+        """Request blocks the task loads up to, remote ones included."""
+        return self.remote[-1].end if self.remote else self.num_blocks
 
     def __post_init__(self) -> None:
         if len(self.block_ids) < self.num_blocks:
@@ -65,6 +75,15 @@ class LoadTask:
         if not 0 <= self.first_block <= self.num_blocks:
             raise ValueError(f"LoadTask {self.request_id!r}: first_block={self.first_block} "
                              f"outside [0, {self.num_blocks}]")
+        at = self.num_blocks
+        for run in self.remote:
+            if run.request_start != at:
+                raise ValueError(f"LoadTask {self.request_id!r}: a remote run starts at "
+                                 f"block {run.request_start}, expected {at}")
+            at = run.end
+        if len(self.block_ids) < at:
+            raise ValueError(f"LoadTask {self.request_id!r}: {len(self.block_ids)} block_ids "
+                             f"for {at} blocks with the remote ones")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +162,7 @@ class LoadDone:
         elapsed_s: wall time of the restore.
         refilled: home segment ids of the task's refills whose memory copies were
             written from verified bytes.
+        remote_bytes: bytes the remote readers moved from other nodes.
     """
 
     request_id: str
@@ -153,6 +173,7 @@ class LoadDone:
     memory_bytes: int = 0
     elapsed_s: float = 0.0
     refilled: tuple[int, ...] = ()
+    remote_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

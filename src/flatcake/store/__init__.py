@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flatcake.store.inspect import FileCheck, FsckReport, fsck_root, inspect_root
+    from flatcake.store.restores import LoadHandle
     from flatcake.store.results import (
         LoadResult,
         LookupResult,
@@ -20,13 +21,13 @@ if TYPE_CHECKING:
         StoreResult,
         TurnSignals,
     )
-    from flatcake.store.store import FlatCakeStore, LoadHandle
+    from flatcake.store.store import FlatCakeStore
 
 _WHERE = {
     "FileCheck": "inspect", "FsckReport": "inspect", "fsck_root": "inspect",
     "inspect_root": "inspect", "LoadResult": "results", "LookupResult": "results",
     "ReclaimResult": "results", "RecoveryReport": "results", "StoreResult": "results",
-    "TurnSignals": "results", "FlatCakeStore": "store", "LoadHandle": "store",
+    "TurnSignals": "results", "FlatCakeStore": "store", "LoadHandle": "restores",
 }
 
 __all__ = [

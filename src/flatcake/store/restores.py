@@ -14,7 +14,7 @@ left the ready queue with its bytes in the paged KV; its layers are signalled as
 land (``wait_for_layer``), whatever the queue order.
 
 Every method runs under the store's lock (``cond``); the executor's threads call back
-into ``_finished``, which takes it.
+into ``_finished``, which takes it. ``LoadHandle`` is the caller's side of one restore.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from flatcake.cio.restore import LayerReady
 from flatcake.control import ControlPlane, LoadPlan
 from flatcake.plan.tasks import LoadTask
 from flatcake.store.results import LoadResult
+
+__all__ = ["LoadHandle", "Restores"]
 
 
 @dataclass(slots=True)
@@ -115,3 +117,32 @@ class Restores:
         """Block (holding the lock between checks) until no restore is queued or runs."""
         with self._cond:
             self._cond.wait_for(lambda: not self._loads)
+
+
+class LoadHandle:
+    """A restore in progress (``FlatCakeStore.start_load``).
+
+    ``wait_for_layer(l)`` returns once layer ``l`` of the loaded blocks is in the paged
+    KV, so an engine can run layer ``l`` while later layers are still being read;
+    ``wait()`` returns the final ``LoadResult``, whose ``num_blocks`` is authoritative
+    (a checksum failure in a later layer can still shorten the loaded prefix).
+    """
+
+    def __init__(self, num_hit_blocks: int, ready: LayerReady,
+                 future: Future[LoadResult]) -> None:
+        self.num_hit_blocks = num_hit_blocks
+        self._ready = ready
+        self._future = future
+
+    @property
+    def num_layers(self) -> int:
+        return self._ready.num_layers
+
+    def wait_for_layer(self, layer: int, timeout: float | None = None) -> bool:
+        return self._ready.wait_for_layer(layer, timeout)
+
+    def wait(self, timeout: float | None = None) -> LoadResult:
+        return self._future.result(timeout)
+
+    def done(self) -> bool:
+        return self._future.done()

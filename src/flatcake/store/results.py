@@ -76,7 +76,8 @@ class LoadResult:
     Attributes:
         num_blocks: request blocks ``[0, num_blocks)`` are now in the paged KV (verified).
             Blocks from ``num_blocks`` on must be recomputed by the caller.
-        num_hit_blocks: blocks the index held when the restore was planned.
+        num_hit_blocks: blocks the index (and the cluster's) held when the restore was
+            planned.
         num_memory_blocks, num_ssd_blocks: of ``num_blocks``, per medium.
         commands: SSD read commands issued.
         memory_copies: copies out of the host arena (one per merged range and layer).
@@ -90,6 +91,10 @@ class LoadResult:
         staging_reason: why the restore could not read straight into the slots ("" for
             zero-copy). With zero-copy, slots past ``num_blocks`` may hold bytes of a
             damaged segment or of blocks past the cut: use only ``num_blocks``.
+        num_remote_blocks: of ``num_blocks``, blocks other nodes held (read over the
+            cluster's remote readers after the local prefix); ``num_hit_blocks``
+            counts the ones planned.
+        remote_bytes: bytes the remote readers moved (whole segment layers).
     """
 
     num_blocks: int
@@ -105,6 +110,8 @@ class LoadResult:
     elapsed_s: float
     read_path: str = "staging"
     staging_reason: str = ""
+    num_remote_blocks: int = 0
+    remote_bytes: int = 0
 
     @property
     def gb_per_s(self) -> float:

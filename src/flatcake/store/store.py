@@ -11,6 +11,10 @@ vLLM connector's two halves::
     damage:      a segment fails its crc32 -> it and the rest of the load are a miss ->
                  control.truncate_session -> cut the file before it, delete later files
     open:        scan session files -> control.recover_segment for each valid segment
+    cluster:     (``store.cluster_url`` set; ``store.cluster``) publish durable segments,
+                 remove dropped ones, re-publish after recovery; a load's remote part
+                 (blocks other nodes hold after the local prefix) goes to the remote
+                 readers of the executor's (medium, node) dispatch
 
 Damage while serving: a segment that fails its checksum is never returned as KV. Its
 session is cut there once no restore or write in flight touches the cut-off part
@@ -38,7 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,11 +60,13 @@ from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.keys import check_key
 from flatcake.geometry import KVGeometry, preset
+from flatcake.plan.remote import RemoteRun, trim_runs
 from flatcake.plan.serve import by_medium, load_task, reclaim_tasks, store_task
+from flatcake.store.cluster import StoreCluster
 from flatcake.store.inspect import FsckReport, fsck_root
 from flatcake.store.record import write_record
 from flatcake.store.recovery import recover_root
-from flatcake.store.restores import Restores
+from flatcake.store.restores import LoadHandle, Restores
 from flatcake.store.results import (
     LoadResult,
     LookupResult,
@@ -71,35 +77,6 @@ from flatcake.store.results import (
 from flatcake.store.snapshot import snapshot
 
 logger = logging.getLogger(__name__)
-
-
-class LoadHandle:
-    """A restore in progress (``FlatCakeStore.start_load``).
-
-    ``wait_for_layer(l)`` returns once layer ``l`` of the loaded blocks is in the paged
-    KV, so an engine can run layer ``l`` while later layers are still being read;
-    ``wait()`` returns the final ``LoadResult``, whose ``num_blocks`` is authoritative
-    (a checksum failure in a later layer can still shorten the loaded prefix).
-    """
-
-    def __init__(self, num_hit_blocks: int, ready: LayerReady,
-                 future: Future[LoadResult]) -> None:
-        self.num_hit_blocks = num_hit_blocks
-        self._ready = ready
-        self._future = future
-
-    @property
-    def num_layers(self) -> int:
-        return self._ready.num_layers
-
-    def wait_for_layer(self, layer: int, timeout: float | None = None) -> bool:
-        return self._ready.wait_for_layer(layer, timeout)
-
-    def wait(self, timeout: float | None = None) -> LoadResult:
-        return self._future.result(timeout)
-
-    def done(self) -> bool:
-        return self._future.done()
 
 
 class FlatCakeStore:
@@ -119,9 +96,13 @@ class FlatCakeStore:
                                   self._load_finished)
         self._request_ids = itertools.count()
         self._closed = False
+        self._cluster: StoreCluster | None = None
         try:
             self.recovery = recover_root(self._exec, self.control, verify_on_open)
             write_record(root, geometry, config, self.io_mode)  # for offline `inspect`
+            if config.store.cluster_url:
+                self._cluster = StoreCluster(self._exec, self._exec.files.sessions_dir)
+                self._cluster.republish(self.control)
         except BaseException:
             self._exec.close()
             raise
@@ -188,6 +169,8 @@ class FlatCakeStore:
     def _apply(self, actions: Sequence[ReclaimAction], quarantine: bool = False
                ) -> ReclaimResult:
         """Cut, delete (or quarantine) the files the books dropped (under the lock)."""
+        if self._cluster is not None:
+            self._cluster.dropped(actions)
         cuts, drops = reclaim_tasks(actions)
         for cut in cuts:
             self._exec.cut(cut)
@@ -267,10 +250,13 @@ class FlatCakeStore:
             out = self._exec.write(store_task(session_id, plan, table), paged, seq, target,
                                    on_copy=lambda: self._copy_done(plan))
             ok = out.done.ok
+            crcs = self._cluster.segment_crcs(plan.segment) if ok and self._cluster else None
         finally:
             with self._lock:
                 if ok:
                     self.control.complete_store(plan, True)
+                    if self._cluster is not None:  # durable and in the books: publish
+                        self._cluster.publish([(plan.segment, crcs)])
                 else:
                     self._store_failed(plan)
                 self._unpinned.notify_all()
@@ -330,13 +316,22 @@ class FlatCakeStore:
         keys = self._check_keys(keys)
         paged, table = self._paged(kv_caches, block_ids, len(keys), unique=True)
         ready = LayerReady(self.geometry.num_layers)
+        far: tuple[RemoteRun, ...] = ()
+        if self._cluster is not None:  # the local prefix first, then the cluster's
+            with self._lock:
+                local = self.control.usable_hit(self.control.lookup(keys)).num_blocks
+            far = self._cluster.remote(keys, local, self.geometry.num_layers,
+                                       self.geometry.block_bytes_per_layer)
         with self._lock:
             self._settle_damage()
             hit = self.control.usable_hit(self.control.lookup(keys))
             task, plan = load_task(self.control, f"load-{next(self._request_ids)}", hit,
                                    table)
+            far = trim_runs(far, hit.num_blocks)
+            if far:
+                task = replace(task, block_ids=tuple(table[:far[-1].end]), remote=far)
             future = self._restores.submit(task, plan, paged, ready)
-        return LoadHandle(hit.num_blocks, ready, future)
+        return LoadHandle(task.remote_end, ready, future)
 
     def _load_finished(self, outcome: LoadOutcome, plan: LoadPlan) -> LoadResult:
         """A restore's bytes are settled (under the lock): unpin, book its damage."""
@@ -352,13 +347,16 @@ class FlatCakeStore:
         layer_bytes = self.geometry.block_bytes_per_layer * self.geometry.num_layers
         res = outcome.restore
         return LoadResult(
-            num_blocks=loaded, num_hit_blocks=plan.hit.num_blocks, num_memory_blocks=mem,
+            num_blocks=loaded, num_hit_blocks=max(plan.hit.num_blocks, outcome.done.num_blocks),
+            num_memory_blocks=mem,
             num_ssd_blocks=ssd, commands=res.commands,
             memory_copies=plan.read_plan.num_copies, bytes_read=res.bytes_read,
             useful_bytes=ssd * layer_bytes, memory_bytes=res.memory_bytes,
             damaged_segments=len(outcome.done.failed_segments), elapsed_s=res.elapsed_s,
             read_path="zero-copy" if res.zero_copy else "staging",
-            staging_reason=res.zero_copy_refusal)
+            staging_reason=res.zero_copy_refusal,
+            num_remote_blocks=max(0, loaded - plan.hit.num_blocks),
+            remote_bytes=outcome.done.remote_bytes)
 
     # -- reclaim, reports, lifecycle ---------------------------------------------------
 
@@ -395,6 +393,8 @@ class FlatCakeStore:
             return
         self._closed = True
         self._restores.wait_idle()
+        if self._cluster is not None:
+            self._cluster.close()
         self._exec.close()
 
     def __enter__(self) -> FlatCakeStore:

@@ -1,0 +1,106 @@
+"""The NIXL-backed remote readers of the executor's ``(medium, node)`` dispatch.
+
+``NixlPeers`` is this node's *client* agent (a ``NixlNode`` whose receive window takes
+every remote read of the process, one at a time) and the way to another node's serving
+agent (``agent_of(node)``: its NIXL metadata and record, from the cluster index; None
+when the node is gone). Per (medium, node) the dispatch gets a small reader bound to it:
+
+    RemoteMemoryReader  one NIXL READ of the wanted layers from the owner's registered
+                        arena (layer ``l`` of a segment is ``layout.layer_bytes`` at
+                        ``offset + layout.layer_offset(l)``)
+    RemoteSsdReader     the owner stages the layers from its session file and WRITEs
+                        them into the window, one part per layer
+                        (``cio.remote_ssd.fetch``)
+
+Both are bounded by ``timeout_s`` (a dead or slow owner is a miss) and hand the bytes to
+the caller's check (``cio.remote_load``) while the window is held.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from flatcake.cio.remote import NixlNode
+from flatcake.cio.remote_load import Consume
+from flatcake.cio.remote_ssd import fetch
+from flatcake.control.address import Address
+from flatcake.plan.remote import RemoteRun
+
+AgentOf = Callable[[int], "tuple[bytes, dict[str, Any]] | None"]
+
+
+class NixlPeers:
+    """This node's client agent and its way to other nodes' serving agents."""
+
+    def __init__(self, client: NixlNode, agent_of: AgentOf, timeout_s: float) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        self.client = client
+        self.agent_of = agent_of
+        self.timeout_s = timeout_s
+        self.lock = threading.Lock()  # one read in the window at a time
+
+    def peer(self, node: int) -> tuple[str, dict[str, Any]] | None:
+        """(agent name, record) of ``node``'s live serving agent; None = a miss."""
+        found = self.agent_of(node)
+        if found is None:
+            return None
+        name = self.client.connect(found[0])
+        return None if name is None else (name, found[1])
+
+
+class _Bound:
+    def __init__(self, peers: NixlPeers, node: int) -> None:
+        self.peers = peers
+        self.node = node
+
+    @property
+    def window_bytes(self) -> int:
+        return int(self.peers.client.window.nbytes)
+
+    def read_layers(self, run: RemoteRun, layers: range, consume: Consume) -> bool:
+        if not layers:
+            return True
+        with self.peers.lock:
+            found = self.peers.peer(self.node)
+            if found is None:
+                return False
+            got = self._read(found, run, layers)
+            if got is None:
+                return False
+            n = run.layout.layer_bytes
+            return all(consume(layer, got[i * n:(i + 1) * n])
+                       for i, layer in enumerate(layers))
+
+    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range
+              ) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The client agent belongs to the cluster service, which closes it."""
+
+
+class RemoteMemoryReader(_Bound):
+    """Layers of a segment in ``node``'s host arena, by NIXL READ."""
+
+    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range
+              ) -> np.ndarray | None:
+        base = Address.decode(run.address).offset
+        ranges = [(base + run.layout.layer_offset(layer), run.layout.layer_bytes)
+                  for layer in layers]
+        return self.peers.client.read(found[0], found[1], ranges,
+                                      timeout_s=self.peers.timeout_s)
+
+
+class RemoteSsdReader(_Bound):
+    """Layers of a segment in one of ``node``'s session files, staged by the owner."""
+
+    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range
+              ) -> np.ndarray | None:
+        parts = [[(run.location, run.file_offset + run.layout.layer_offset(layer),
+                   run.layout.layer_bytes)] for layer in layers]
+        return fetch(self.peers.client, found[0], parts, timeout_s=self.peers.timeout_s)

@@ -1,0 +1,215 @@
+"""A store's membership in the cluster: the index, its NIXL agents, and one thread.
+
+``ClusterService`` is what ``FlatCakeStore`` holds when ``store.cluster_url`` is set:
+
+* it joins the cluster index (``ClusterIndex``) as ``store.node_id`` under a new epoch;
+* a *serving* agent (``fc-node-{node}-{epoch}``) registers the store's host arena, so
+  peers READ memory segments from it, and answers their staged SSD requests from the
+  store's session files (``StagingServer``); a *client* agent
+  (``fc-client-{node}-{epoch}``) holds the receive window of this node's own remote
+  reads (``cio.remote_readers``). Two agents, so the server's notifications and the
+  client's never mix. Both are published in the index for this epoch;
+* one thread (``flatcake-cluster``) publishes and removes index entries in the order the
+  store queued them (publish after a segment is durable, remove when the books drop it:
+  never out of order, never under the store's lock), serves staging requests and renews
+  the lease.
+
+Lookups (``lookup``) run on the caller's thread: one batched round trip set per call.
+A Redis or NIXL failure is a miss or a skipped publish, never a crash of the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from flatcake.cio.remote import NixlNode
+from flatcake.cio.remote_load import RemoteReader
+from flatcake.cio.remote_readers import NixlPeers, RemoteMemoryReader, RemoteSsdReader
+from flatcake.cio.remote_ssd import StagingServer
+from flatcake.cluster.index import ClusterIndex, RemoteHit, StaleNodeError
+from flatcake.control.address import Medium
+
+logger = logging.getLogger(__name__)
+
+Published = tuple[int, Sequence[bytes], Sequence[int], Mapping[str, Any]]
+_IDLE_S = 0.002
+
+
+class ClusterService:
+    """One store's cluster membership (see the module docstring)."""
+
+    def __init__(self, url: str, node: int, arena: np.ndarray,
+                 files: Callable[[str], str | None], *, cluster: str = "flatcake",
+                 window_bytes: int = 64 << 20, stage_bytes: int = 16 << 20,
+                 timeout_s: float = 5.0, lease_ms: int = 10_000,
+                 progress_thread: bool = False) -> None:
+        self.index = ClusterIndex(url, node, cluster=cluster, lease_ms=lease_ms,
+                                  timeout_s=min(timeout_s, 2.0))
+        self.server: NixlNode | None = None
+        self.client: NixlNode | None = None
+        self.staging: StagingServer | None = None
+        try:
+            epoch = self.index.join()
+            if arena.nbytes == 0:
+                arena = np.zeros(4096, np.uint8)  # nothing in memory to serve
+            self.server = NixlNode(f"fc-node-{node}-{epoch}", arena, 4096,
+                                   progress_thread=progress_thread)
+            self.client = NixlNode(f"fc-client-{node}-{epoch}", np.zeros(4096, np.uint8),
+                                   window_bytes)
+            self.staging = StagingServer(self.server, files, self._resolve, stage_bytes)
+            ok = self.index.publish_agent(self.server.metadata(), self.server.record()) \
+                and self.index.publish_agent(self.client.metadata(), self.client.record(),
+                                             role="client")
+            if not ok:
+                raise RuntimeError(f"cannot publish node {node}'s agents in the cluster "
+                                   f"index at {url}")
+        except BaseException:
+            self._close_agents()
+            self.index.close()
+            raise
+        self.peers = NixlPeers(self.client, self.index.agent, timeout_s)
+        self._ops: queue.Queue[tuple[str, list[Any]]] = queue.Queue()
+        self._pending = 0  # ops queued and not applied yet (under _applied)
+        self._applied = threading.Condition()
+        self._stop = threading.Event()
+        self._renewed = time.monotonic()
+        self.published = self.removed = 0  # segments, for stats and tests
+        self._thread = threading.Thread(target=self._loop, name="flatcake-cluster",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def node(self) -> int:
+        return self.index.node
+
+    @property
+    def epoch(self) -> int:
+        return self.index.epoch
+
+    # -- index entries (queued, applied in order by the thread) --------------------------
+    def publish(self, segments: Sequence[Published]) -> None:
+        """Queue durable segments ``(segment_id, keys, block addresses, record)``."""
+        if segments:
+            self._queue("publish", list(segments))
+
+    def remove(self, segments: Sequence[tuple[int, Sequence[bytes]]]) -> None:
+        """Queue the removal of dropped segments ``(segment_id, keys)``."""
+        if segments:
+            self._queue("remove", list(segments))
+
+    def _queue(self, kind: str, segments: list[Any]) -> None:
+        with self._applied:
+            self._pending += 1
+        self._ops.put((kind, segments))
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every queued publish and removal reached Redis (or failed)."""
+        with self._applied:
+            return self._applied.wait_for(lambda: self._pending == 0 or
+                                          not self._thread.is_alive(), timeout_s)
+
+    # -- lookups and readers -----------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes]) -> list[RemoteHit]:
+        """The prefix of ``keys`` other live nodes hold (batched; a failure = [])."""
+        return self.index.lookup(keys, prefix=True)
+
+    def reader(self, medium: Medium, node: int) -> RemoteReader | None:
+        """The remote reader of ``node``'s ``medium`` (the executor dispatch's source)."""
+        if node == self.node:
+            return None
+        if medium == Medium.MEMORY:
+            return RemoteMemoryReader(self.peers, node)
+        return RemoteSsdReader(self.peers, node)
+
+    # -- the thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            busy = self._apply_ops()
+            try:
+                if self.staging is not None and self.staging.serve_once():
+                    busy = True
+                if time.monotonic() - self._renewed > self.index.lease_ms / 3000:
+                    self.index.renew()
+                    self._renewed = time.monotonic()
+            except StaleNodeError:
+                logger.error("node %d: a newer process took this node id; this one stops "
+                             "serving the cluster", self.node)
+                with self._applied:
+                    self._applied.notify_all()
+                return
+            except Exception as exc:  # redis or NIXL trouble: keep serving locally
+                logger.warning("cluster service of node %d: %s", self.node, exc)
+            if not busy:
+                time.sleep(_IDLE_S)
+
+    def _apply_ops(self) -> bool:
+        ops = []
+        while True:
+            try:
+                ops.append(self._ops.get_nowait())
+            except queue.Empty:
+                break
+        if not ops:
+            return False
+        # Consecutive ops of one kind go in one pipeline; the order is kept.
+        at = 0
+        while at < len(ops):
+            kind = ops[at][0]
+            batch: list[Any] = []
+            while at < len(ops) and ops[at][0] == kind:
+                batch.extend(ops[at][1])
+                at += 1
+            try:
+                if kind == "publish":
+                    ok = self.index.publish(batch)
+                    self.published += len(batch) if ok else 0
+                else:
+                    ok = self.index.remove(batch)
+                    self.removed += len(batch) if ok else 0
+            except Exception as exc:
+                ok = False
+                logger.warning("cluster index %s of %d segments failed: %s", kind,
+                               len(batch), exc)
+            if not ok:
+                logger.warning("cluster index: %d segments not %sd", len(batch), kind)
+        with self._applied:
+            self._pending -= len(ops)
+            self._applied.notify_all()
+        return True
+
+    def _resolve(self, agent_name: str) -> bytes | None:
+        """A requester's client agent metadata (only its live epoch's)."""
+        parts = agent_name.split("-")
+        if len(parts) != 4 or parts[1] != "client" or not parts[2].isdigit():
+            return None
+        found = self.index.agent(int(parts[2]), role="client")
+        return None if found is None or found[1]["agent"] != agent_name else found[0]
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Apply the queued entries, leave the index (peers see this node gone at once),
+        stop the thread, release the agents."""
+        self.flush()
+        self._stop.set()
+        self._thread.join(timeout=10)
+        try:
+            self.index.leave()
+        except Exception as exc:
+            logger.warning("node %d could not leave the cluster index: %s", self.node, exc)
+        self._close_agents()
+        self.index.close()
+
+    def _close_agents(self) -> None:
+        for part in (self.staging, self.client, self.server):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception as exc:
+                    logger.warning("closing a NIXL agent part: %s", exc)

@@ -1,0 +1,145 @@
+"""Remote runs: blocks another node holds, described for the executor's remote readers.
+
+Pure: no I/O. The owner publishes each durable segment with a *segment record*
+(``segment_record``): its base address (medium and owner node in its bits), its layout,
+where its bytes are on the owner (the session file's name and offset on SSD; the arena
+offset is the address's offset in memory) and the crc32 of each whole layer. A requester
+turns the cluster index's hits (one per block key, in request order) into ``RemoteRun``s
+(``remote_runs``): consecutive positions of one segment of one node, in request order,
+starting right after the local prefix. A remote reader reads whole segment layers (the
+crc32 covers a whole layer), so the requester verifies every layer before a block of it
+is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from flatcake.control.address import Address, Medium
+from flatcake.control.index import Segment
+from flatcake.plan.layout import SegmentLayout
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRun:
+    """Request blocks ``[request_start, request_start + count)`` are positions
+    ``[start_pos, start_pos + count)`` of a segment another node holds.
+
+    Attributes:
+        address: the segment's base address: its medium and node pick the reader
+            (``ReaderDispatch``), its offset is the arena offset of layer 0 in memory.
+        layout: the segment's byte layout (``layout.layer_offset(l)`` from the base).
+        location: SSD: the owner's session file name; memory: ``""``.
+        file_offset: SSD: the segment's start in that file; memory: 0.
+        crcs: crc32 of each whole layer of the segment (``layout.layer_bytes`` each).
+    """
+
+    address: int
+    request_start: int
+    start_pos: int
+    count: int
+    layout: SegmentLayout
+    location: str
+    file_offset: int
+    crcs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.count <= 0 or self.start_pos < 0 or \
+                self.start_pos + self.count > self.layout.num_blocks:
+            raise ValueError(f"remote run: positions [{self.start_pos}, "
+                             f"{self.start_pos + self.count}) outside a segment of "
+                             f"{self.layout.num_blocks} blocks")
+        if len(self.crcs) != self.layout.num_layers:
+            raise ValueError(f"remote run: {len(self.crcs)} crcs for "
+                             f"{self.layout.num_layers} layers")
+        if self.medium == Medium.SSD and not self.location:
+            raise ValueError("remote run on SSD without the owner's file name")
+
+    @property
+    def medium(self) -> Medium:
+        return Address.decode(self.address).medium
+
+    @property
+    def node(self) -> int:
+        return Address.decode(self.address).node
+
+    @property
+    def end(self) -> int:
+        return self.request_start + self.count
+
+
+class IndexHit(Protocol):
+    """What ``remote_runs`` reads of a cluster index hit (``cluster.RemoteHit``)."""
+
+    @property
+    def node(self) -> int: ...
+    @property
+    def segment_id(self) -> int: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def record(self) -> Mapping[str, Any]: ...
+
+
+def segment_record(seg: Segment, crcs: Sequence[int], location: str = "") -> dict[str, Any]:
+    """The record a requester needs to read and verify ``seg`` (JSON-able)."""
+    if len(crcs) != seg.layout.num_layers:
+        raise ValueError(f"segment {seg.segment_id}: {len(crcs)} crcs for "
+                         f"{seg.layout.num_layers} layers")
+    lay = seg.layout
+    return {"base": seg.base_address, "nb": lay.num_blocks, "nl": lay.num_layers,
+            "bbpl": lay.block_bytes_per_layer, "hdr": lay.header_bytes,
+            "file": location, "foff": int(seg.file_offset or 0),
+            "crcs": [int(c) for c in crcs]}
+
+
+def remote_runs(hits: Sequence[IndexHit], request_start: int, num_layers: int,
+                block_bytes_per_layer: int) -> tuple[RemoteRun, ...]:
+    """The runs of ``hits`` (request blocks ``request_start, request_start + 1, ...``):
+    a new run where the node, the segment or the position sequence changes. Stops at
+    the first hit whose record is malformed or of another geometry (the rest is a miss).
+    """
+    runs: list[RemoteRun] = []
+    last: tuple[int, int, int] | None = None
+    for i, hit in enumerate(hits):
+        if runs and last == (hit.node, hit.segment_id, hit.position - 1):
+            runs[-1] = replace(runs[-1], count=runs[-1].count + 1)
+        else:
+            try:
+                run = _run(hit, request_start + i, num_layers, block_bytes_per_layer)
+            except (KeyError, TypeError, ValueError):
+                break
+            runs.append(run)
+        last = (hit.node, hit.segment_id, hit.position)
+    return tuple(runs)
+
+
+def _run(hit: IndexHit, request_start: int, num_layers: int,
+         block_bytes_per_layer: int) -> RemoteRun:
+    rec = hit.record
+    layout = SegmentLayout(int(rec["nb"]), int(rec["nl"]), int(rec["bbpl"]), int(rec["hdr"]))
+    if layout.num_layers != num_layers or layout.block_bytes_per_layer != block_bytes_per_layer:
+        raise ValueError("a segment of another geometry")
+    base = int(rec["base"])
+    if Address.decode(base).node != hit.node:
+        raise ValueError("a segment record naming another node")
+    return RemoteRun(base, request_start, hit.position, 1, layout, str(rec.get("file", "")),
+                     int(rec.get("foff", 0)), tuple(int(c) for c in rec["crcs"]))
+
+
+def trim_runs(runs: Sequence[RemoteRun], start: int) -> tuple[RemoteRun, ...]:
+    """The part of ``runs`` from request block ``start`` on; empty when they do not
+    reach back to it (a remote part must continue the local prefix)."""
+    if not runs or runs[0].request_start > start:
+        return ()
+    out = []
+    for run in runs:
+        if run.end <= start:
+            continue
+        cut = max(0, start - run.request_start)
+        out.append(RemoteRun(run.address, run.request_start + cut, run.start_pos + cut,
+                             run.count - cut, run.layout, run.location, run.file_offset,
+                             run.crcs))
+    return tuple(out)

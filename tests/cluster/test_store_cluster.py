@@ -1,0 +1,97 @@
+"""``FlatCakeStore`` with ``store.cluster_url``: the store publishes durable segments in
+the cluster index (real Redis), removes them when its books drop them, re-publishes
+after a restart, and restores blocks another node holds through the executor's remote
+readers (NIXL), verified by their crc32 before use; a killed owner is a bounded miss.
+
+The stores need torch (this interpreter) and NIXL (the NIXL venv's site-packages, added
+to the path of the child processes); the tests skip without either."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.test_nixl import ROOT, _env, _line, nixl_python, process
+
+PEER = Path(__file__).with_name("store_peer.py")
+
+
+@cache
+def store_env() -> dict[str, str] | None:
+    """PYTHONPATH giving this interpreter (torch) NIXL too; None when it cannot."""
+    python = nixl_python()
+    if python is None:
+        return None
+    where = subprocess.run([python, "-c", "import nixl, os; "
+                            "print(os.path.dirname(os.path.dirname(nixl.__file__)))"],
+                           capture_output=True, text=True, timeout=60, env=_env({}))
+    paths = os.pathsep.join([str(ROOT / "src"), str(ROOT), where.stdout.strip()])
+    env = {"PYTHONPATH": paths}
+    probe = subprocess.run([sys.executable, "-c", "import nixl._api"],
+                           capture_output=True, timeout=120, env=_env(env))
+    return env if where.returncode == 0 and probe.returncode == 0 else None
+
+
+@pytest.fixture
+def env() -> dict[str, str]:
+    found = store_env()
+    if found is None:
+        pytest.skip("no NIXL venv usable with this interpreter's torch")
+    return found
+
+
+def _run(env: dict[str, str], *args: str) -> dict:
+    done = subprocess.run([sys.executable, str(PEER), *args], capture_output=True,
+                          text=True, timeout=150, env=_env(env))
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1])
+
+
+def test_store_lifecycle_in_the_cluster(env: dict[str, str], redis_url: str, cluster: str,
+                                        tmp_path: Path) -> None:
+    out = _run(env, "pair", redis_url, cluster, str(tmp_path))
+    # Node 1 restores node 0's session (4 SSD + 3 memory blocks) byte-exact.
+    assert out["epoch"] == 1
+    assert out["remote"] == {"blocks": 7, "remote": 7, "exact": True, "hit": 7,
+                             "memory": 0, "ssd": 0}
+    # A flipped bit in the owner's file: caught by the requester's crc32, a miss.
+    assert out["corrupt"]["blocks"] == 0 and out["corrupt"]["hit"] == 4
+    # Its own prefix first (2 blocks on its SSD), then the cluster's 5.
+    assert out["local_then_remote"] == {"blocks": 7, "remote": 5, "exact": True, "hit": 7,
+                                        "memory": 0, "ssd": 2}
+    # The owner dropped the session: its entries are gone, only the local prefix is left.
+    assert out["dropped"]["blocks"] == 2 and out["dropped"]["remote"] == 0
+    # The owner closed (left the index): a miss; reopened (epoch 2), re-published, served.
+    assert out["closed"]["blocks"] == 0 and out["closed"]["hit"] == 0
+    assert out["reopened_epoch"] == 2
+    assert out["republished"] == {"blocks": 2, "remote": 2, "exact": True, "hit": 2,
+                                  "memory": 0, "ssd": 0}
+
+
+def test_killed_owner_is_a_bounded_miss(env: dict[str, str], redis_url: str, cluster: str,
+                                        tmp_path: Path) -> None:
+    cmd = [sys.executable, "-u", str(PEER), "{}", redis_url, cluster, str(tmp_path)]
+    with process([x.format("owner") for x in cmd], env) as owner, \
+            process([x.format("restore") for x in cmd], env) as asker:
+        assert _line(owner, 90) == "ready" and _line(asker, 90) == "ready"
+        assert asker.stdin is not None
+        asker.stdin.write("go\n")
+        asker.stdin.flush()
+        served = json.loads(_line(asker, 60))
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=15)
+        # Its entries outlive it until the lease ends: the reads fail or time out
+        # (bounded by store.remote_timeout_s); nothing wrong reaches the paged KV.
+        asker.stdin.write("go\n")
+        asker.stdin.flush()
+        gone = json.loads(_line(asker, 60))
+    assert served["blocks"] == 7 and served["remote"] == 7 and served["exact"]
+    assert gone["blocks"] == 0 and gone["exact"]
