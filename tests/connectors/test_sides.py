@@ -305,6 +305,9 @@ def test_fc_mas_bounds_restores_in_flight_and_counts_slot_waits(tmp_path: Path) 
     ({"model": "llama-3.1-8b"}, "model"),
     ({"min_hit_blocks": 0}, "min_hit_blocks"),
     ({"store": 5}, "kv_connector_extra_config.store"),
+    ({"store": {"node_id": 4096}}, "store.node_id"),
+    ({"store.cluster_url": "localhost:6379"}, "store.cluster_url"),
+    ({"store.cluster_url": "redis://127.0.0.1:6379/0"}, "does not join a cluster yet"),
 ])
 def test_bad_extra_config_names_the_field(extra: dict, field: str) -> None:
     from flatcake.connectors.settings import parse_extra_config
@@ -316,9 +319,11 @@ def test_bad_extra_config_names_the_field(extra: dict, field: str) -> None:
 def test_extra_config_uses_the_store_names() -> None:
     from flatcake.connectors.settings import parse_extra_config
 
-    s = parse_extra_config({"store": {"root": "/x", "memory_capacity_bytes": 4096},
+    s = parse_extra_config({"store": {"root": "/x", "memory_capacity_bytes": 4096,
+                                      "node_id": 3},
                             "scheduler.single_queue": True, "tenant_salt": "t"}, env={})
     assert s.config.store.root == "/x" and s.config.store.memory_capacity_bytes == 4096
+    assert s.config.store.node_id == 3
     assert s.config.scheduler.single_queue is True and s.tenant_salt == "t"
 
 

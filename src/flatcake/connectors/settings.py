@@ -12,6 +12,9 @@ Sources merge as in ``config.load_config``: defaults, then ``config_file``, then
 ``FLATCAKE_<SECTION>__<FIELD>`` environment variables, then the extra config itself.
 The geometry never comes from configuration: the connector reads it off the engine's
 KV cache, so ``model`` is refused. Any other unknown key is a ``ValueError`` naming it.
+The cluster settings (``store.node_id``, ``store.cluster_url``, ...) are validated like
+the others; a non-empty ``store.cluster_url`` is refused with a clear error, since the
+connector does not join a cluster yet.
 """
 
 from __future__ import annotations
@@ -68,6 +71,12 @@ class ConnectorSettings:
         if not isinstance(d, int | float) or isinstance(d, bool) or not 0 <= d < float("inf"):
             raise ValueError(f"kv_connector_extra_config.shutdown_drain_s must be a number "
                              f">= 0, got {d!r}")
+        if self.config.store.cluster_url:
+            raise ValueError(
+                f"kv_connector_extra_config store.cluster_url="
+                f"{self.config.store.cluster_url!r}: the vLLM connector does not join a "
+                "cluster yet (FlatCakeStore does: README, 'Beyond one node'); leave it "
+                "empty (store.node_id is used as always)")
 
 
 _CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks",
