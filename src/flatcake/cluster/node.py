@@ -46,7 +46,7 @@ class ClusterNode:
     ``arena_bytes`` and a receive window of ``window_bytes``."""
 
     def __init__(self, node: int, url: str, root: str | os.PathLike[str], *,
-                 arena_bytes: int, window_bytes: int, stage_bytes: int = 4 << 20,
+                 arena_bytes: int, window_bytes: int, stage_bytes: int = 8 << 20,
                  cluster: str = "flatcake",
                  lease_ms: int = 10_000, progress_thread: bool = False) -> None:
         self.root = Path(root)
