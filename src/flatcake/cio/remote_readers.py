@@ -10,7 +10,8 @@ when the node is gone). Per (medium, node) the dispatch gets a small reader boun
                         ``offset + layout.layer_offset(l)``)
     RemoteSsdReader     the owner stages the layers from its session file and WRITEs
                         them into the window, one part per layer
-                        (``cio.remote_ssd.fetch``)
+                        (``cio.remote_ssd.fetch``); each layer is checked as soon as
+                        it landed, while the owner stages the next
 
 Both are bounded by ``timeout_s`` (a dead or slow owner is a miss) and hand the bytes to
 the caller's check (``cio.remote_load``) while the window is held.
@@ -21,8 +22,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from flatcake.cio.remote import NixlNode
 from flatcake.cio.remote_load import Consume
@@ -67,17 +66,10 @@ class _Bound:
             return True
         with self.peers.lock:
             found = self.peers.peer(self.node)
-            if found is None:
-                return False
-            got = self._read(found, run, layers)
-            if got is None:
-                return False
-            n = run.layout.layer_bytes
-            return all(consume(layer, got[i * n:(i + 1) * n])
-                       for i, layer in enumerate(layers))
+            return found is not None and self._read(found, run, layers, consume)
 
-    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range
-              ) -> np.ndarray | None:
+    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range,
+              consume: Consume) -> bool:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -87,20 +79,25 @@ class _Bound:
 class RemoteMemoryReader(_Bound):
     """Layers of a segment in ``node``'s host arena, by NIXL READ."""
 
-    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range
-              ) -> np.ndarray | None:
+    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range,
+              consume: Consume) -> bool:
         base = Address.decode(run.address).offset
-        ranges = [(base + run.layout.layer_offset(layer), run.layout.layer_bytes)
-                  for layer in layers]
-        return self.peers.client.read(found[0], found[1], ranges,
-                                      timeout_s=self.peers.timeout_s)
+        n = run.layout.layer_bytes
+        got = self.peers.client.read(found[0], found[1],
+                                     [(base + run.layout.layer_offset(x), n) for x in layers],
+                                     timeout_s=self.peers.timeout_s)
+        return got is not None and all(consume(layer, got[i * n:(i + 1) * n])
+                                       for i, layer in enumerate(layers))
 
 
 class RemoteSsdReader(_Bound):
     """Layers of a segment in one of ``node``'s session files, staged by the owner."""
 
-    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range
-              ) -> np.ndarray | None:
+    def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range,
+              consume: Consume) -> bool:
+        # One part per layer: a layer is checked and scattered while the next is staged.
         parts = [[(run.location, run.file_offset + run.layout.layer_offset(layer),
                    run.layout.layer_bytes)] for layer in layers]
-        return fetch(self.peers.client, found[0], parts, timeout_s=self.peers.timeout_s)
+        got = fetch(self.peers.client, found[0], parts, timeout_s=self.peers.timeout_s,
+                    on_part=lambda i, view: consume(layers[i], view))
+        return got is not None

@@ -41,9 +41,13 @@ Range = tuple[str, int, int]  # (file id on the owner, offset, length)
 
 
 def fetch(node: NixlNode, peer: str, parts: Sequence[Sequence[Range]], *,
-          timeout_s: float = 10.0) -> np.ndarray | None:
+          timeout_s: float = 10.0,
+          on_part: Callable[[int, np.ndarray], bool] | None = None) -> np.ndarray | None:
     """Ask ``peer`` to stage ``parts`` into this node's window, back to back; the filled
-    part of the window once every part landed, or None (a miss)."""
+    part of the window once every part landed, or None (a miss). ``on_part(i, bytes)``
+    runs for each part in order as soon as it and the ones before it landed (while
+    later parts are still coming); False from it makes the fetch a miss (the parts
+    still coming are waited for, so the window is free again after it)."""
     total = sum(length for part in parts for _, _, length in part)
     if total > node.window.nbytes:
         raise ValueError(f"{total} bytes do not fit the {node.window.nbytes}-byte window")
@@ -61,10 +65,14 @@ def fetch(node: NixlNode, peer: str, parts: Sequence[Sequence[Range]], *,
     except Exception as exc:
         logger.warning("remote SSD request to %s failed: %s", peer, exc)
         return None
-    pending = {f"fcpart:{rid}:{i}".encode() for i in range(len(parts))}
+    tags = {f"fcpart:{rid}:{i}".encode(): i for i in range(len(parts))}
+    ends = list(itertools.accumulate(sum(n for _, _, n in part) for part in parts))
+    landed: set[int] = set()
+    used = 0  # parts handed to on_part
+    refused = False  # on_part refused one: drain the rest, then a miss
     fail = f"fcfail:{rid}".encode()
     deadline = time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
+    while len(landed) < len(parts) and time.monotonic() < deadline:
         try:
             got = node.agent.get_new_notifs().get(peer, [])
         except Exception as exc:
@@ -73,15 +81,20 @@ def fetch(node: NixlNode, peer: str, parts: Sequence[Sequence[Range]], *,
         if fail in got:
             logger.warning("remote SSD read from %s: the owner could not serve it", peer)
             return None
-        pending.difference_update(got)  # answers to earlier, abandoned requests: ignored
+        # Answers to earlier, abandoned requests are ignored.
+        landed.update(tags[m] for m in got if m in tags)
+        while on_part is not None and not refused and used in landed:
+            start = ends[used - 1] if used else 0
+            refused = not on_part(used, node.window[start:ends[used]])
+            used += 1
         if not got:
             time.sleep(0.0001)  # leave the CPU to the owner's reads meanwhile
-    if pending:
+    if len(landed) < len(parts):
         logger.warning("remote SSD read from %s timed out after %.1fs, a miss", peer,
                        timeout_s)
         node.retire_window()  # a late part may still land there
         return None
-    return node.window[:total]
+    return None if refused else node.window[:total]
 
 
 @dataclass(slots=True)
