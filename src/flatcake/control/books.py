@@ -73,7 +73,8 @@ class _Books:
         # Copies written ahead of their segment (complete_copy): first key -> plan.
         # key -> (store in flight whose memory copy holds it, position in that copy)
         self._early: dict[bytes, tuple[StorePlan, int]] = {}
-        self._early_ids: set[int] = set()  # their copy segment ids
+        # Their copy segment ids -> whether the copy owns every entry of its keys.
+        self._early_ids: dict[int, bool] = {}
         self._copies_made = 0
         self._copies_dropped = 0
         # Damage (``damage``): SSD segments that failed a checksum, and per session the

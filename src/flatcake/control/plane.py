@@ -50,7 +50,9 @@ Single-threaded: the owner (store, engine scheduler, simulator loop) serialises 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Collection, Hashable, Sequence
+from itertools import repeat
 
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.damage import _Damage
@@ -259,9 +261,17 @@ class ControlPlane(_Damage, _Restart, _Integrity):
         # Every key, not just the first: the index may already hold the copy's first
         # blocks (another copy of them became their memory home), and the lookup
         # continues into this copy at the first key it lacks.
-        for j, key in enumerate(plan.copy.keys):
-            self._early.setdefault(key, (plan, j))
-        self._early_ids.add(plan.copy.segment_id)
+        early = self._early
+        keys = plan.copy.keys
+        # A copy's keys never repeat (prepare_store checks them): when none is taken
+        # yet, one C-speed update files them all and the copy owns every entry.
+        whole = early.keys().isdisjoint(keys)
+        if whole:
+            early.update(zip(keys, zip(repeat(plan), range(len(keys))), strict=False))
+        else:
+            for j, key in enumerate(keys):
+                early.setdefault(key, (plan, j))
+        self._early_ids[plan.copy.segment_id] = whole
 
     def complete_store(self, plan: StorePlan, ok: bool) -> None:
         """The data plane finished writing ``plan``: publish it when ``ok`` (its bytes
@@ -274,11 +284,14 @@ class ControlPlane(_Damage, _Restart, _Integrity):
         rec.num_pins -= 1
         early = plan.copy is not None and plan.copy.segment_id in self._early_ids
         if plan.copy is not None and early:
-            self._early_ids.discard(plan.copy.segment_id)
-            for key in plan.copy.keys:
-                entry = self._early.get(key)
-                if entry is not None and entry[0] is plan:
-                    del self._early[key]
+            if self._early_ids.pop(plan.copy.segment_id):
+                # It owns every entry of its keys (only its own store removes them).
+                deque(map(self._early.__delitem__, plan.copy.keys), maxlen=0)
+            else:
+                for key in plan.copy.keys:
+                    entry = self._early.get(key)
+                    if entry is not None and entry[0] is plan:
+                        del self._early[key]
         if ok:
             self.index.publish(seg)
             rec.segment_ids_on(seg.medium).append(seg.segment_id)

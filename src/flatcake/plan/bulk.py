@@ -25,6 +25,7 @@ segments, so every byte served is checked against its segment's crc32).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -103,47 +104,33 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             ssd.append((fid, base + header + start * bbpl, n_seg * bbpl, count * bbpl))
         else:
             mem.append((base + header + start * bbpl, n_seg * bbpl, count * bbpl))
-    layers = np.arange(num_layers, dtype=np.int64)[:, None]
     num_commands = bytes_read = useful = 0
     if ssd:
         ssd.sort()
-        arr = np.asarray(ssd, dtype=np.int64)
-        file_id, base_a, stride, length = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
-        _reject_overlaps(file_id, base_a, length)
-        want_lo = layers * stride + base_a  # (layers, spans)
-        lo = want_lo & -ALIGN
-        hi = (want_lo + (length + ALIGN - 1)) & -ALIGN
-        width = hi - lo
-        useful = int(length.sum()) * num_layers
-        max_len = cfg.max_read_bytes
-        merge = None
-        if len(ssd) > 1:
-            hole = lo[:, 1:] - hi[:, :-1]
-            # Overlapping or touching ranges merge, and holes under the gap limit.
-            merge = (file_id[1:] == file_id[:-1]) & (hole < max(cfg.gap_limit_bytes, 1))
-        if merge is None or not merge.any():
-            bytes_read = int(width.sum())
-            num_commands = int((-(-width // max_len)).sum())
+        useful = sum(length for _f, _b, _s, length in ssd) * num_layers
+        apart = _apart_totals(ssd, num_layers, cfg)
+        if apart is None:
+            num_commands, bytes_read = _merged_totals(ssd, num_layers, cfg)
         else:
-            new = np.ones(lo.shape, dtype=bool)
-            new[:, 1:] = ~merge
-            flat_new = new.ravel()
-            starts = np.flatnonzero(flat_new)
-            ends = np.append(starts[1:], flat_new.size) - 1
-            glen = hi.ravel()[ends] - lo.ravel()[starts]
-            num_commands = int((-(-glen // max_len)).sum())
-            bytes_read = int(glen.sum())
+            num_commands, bytes_read = apart
     num_copies = memory_bytes = 0
     if mem:
         mem.sort()
-        m = np.asarray(mem, dtype=np.int64)
-        mbase, mstride, mlength = m[:, 0], m[:, 1], m[:, 2]
-        _reject_overlaps(np.zeros(len(m), dtype=np.int64), mbase, mlength)
-        mlo = layers * mstride + mbase
-        mhi = mlo + mlength
-        joins = int(np.count_nonzero(mlo[:, 1:] == mhi[:, :-1])) if len(mem) > 1 else 0
+        joins = 0
+        for k in range(len(mem) - 1):
+            a_base, a_stride, a_len = mem[k]
+            b_base, b_stride, _b_len = mem[k + 1]
+            d = a_base + a_len - b_base
+            if d > 0:
+                raise ValueError("two runs of the hit read the same bytes")
+            # Layer l of b starts where layer l of a ends: l * (b_stride - a_stride) == d.
+            ds = b_stride - a_stride
+            if ds == 0:
+                joins += num_layers if d == 0 else 0
+            elif d % ds == 0 and 0 <= d // ds < num_layers:
+                joins += 1
         num_copies = num_layers * len(mem) - joins
-        memory_bytes = int(mlength.sum()) * num_layers
+        memory_bytes = sum(length for _b, _s, length in mem) * num_layers
     return ReadPlan(
         layers=(),
         num_blocks=num_blocks,
@@ -164,6 +151,70 @@ def stream_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | No
     the whole segment): the same commands and bytes the data path reads."""
     return plan_totals(runs, num_layers, resolve, cfg, segment_cache=segment_cache,
                        whole_ssd_segments=True)
+
+
+def _apart_totals(ssd: list[tuple[int, int, int, int]], num_layers: int,
+                  cfg: PlannerConfig) -> tuple[int, int] | None:
+    """``(commands, bytes)`` when no two ranges of one layer can merge (each range is
+    then its own read; a run's totals over the layers depend on the run alone and are
+    cached), else ``None``. ``ssd`` is sorted; raises on runs reading the same bytes."""
+    gap = max(cfg.gap_limit_bytes, 1)
+    slack = 2 * (ALIGN - 1)
+    last = num_layers - 1
+    for k in range(len(ssd) - 1):
+        a_fid, a_base, a_stride, a_len = ssd[k]
+        b_fid, b_base, b_stride, _b_len = ssd[k + 1]
+        if a_fid != b_fid:
+            continue
+        if a_base + a_len > b_base:
+            raise ValueError("two runs of the hit read the same bytes")
+        # The hole between them in layer l, after the 4 KiB widening, is at least
+        # b_base - a_base - a_len - slack + l * (b_stride - a_stride).
+        if b_base - a_base - a_len - slack + min(0, last * (b_stride - a_stride)) < gap:
+            return None
+    num_commands = bytes_read = 0
+    max_len = cfg.max_read_bytes
+    for _fid, base, stride, length in ssd:
+        cmds, nbytes = _run_totals(base, stride, length, num_layers, max_len)
+        num_commands += cmds
+        bytes_read += nbytes
+    return num_commands, bytes_read
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _run_totals(base: int, stride: int, length: int, num_layers: int,
+                max_len: int) -> tuple[int, int]:
+    """``(commands, bytes)`` of one run's ranges, each read alone, widened to 4 KiB."""
+    num_commands = bytes_read = 0
+    for layer in range(num_layers):
+        lo = base + layer * stride
+        width = ((lo + length + ALIGN - 1) & -ALIGN) - (lo & -ALIGN)
+        bytes_read += width
+        num_commands += -(-width // max_len)
+    return num_commands, bytes_read
+
+
+def _merged_totals(ssd: list[tuple[int, int, int, int]], num_layers: int,
+                   cfg: PlannerConfig) -> tuple[int, int]:
+    """``(commands, bytes)`` of the sorted ranges, merged per layer (rules 1-3)."""
+    layers = np.arange(num_layers, dtype=np.int64)[:, None]
+    arr = np.asarray(ssd, dtype=np.int64)
+    file_id, base_a, stride, length = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
+    _reject_overlaps(file_id, base_a, length)
+    want_lo = layers * stride + base_a  # (layers, spans)
+    lo = want_lo & -ALIGN
+    hi = (want_lo + (length + ALIGN - 1)) & -ALIGN
+    max_len = cfg.max_read_bytes
+    hole = lo[:, 1:] - hi[:, :-1]
+    # Overlapping or touching ranges merge, and holes under the gap limit.
+    merge = (file_id[1:] == file_id[:-1]) & (hole < max(cfg.gap_limit_bytes, 1))
+    new = np.ones(lo.shape, dtype=bool)
+    new[:, 1:] = ~merge
+    flat_new = new.ravel()
+    starts = np.flatnonzero(flat_new)
+    ends = np.append(starts[1:], flat_new.size) - 1
+    glen = hi.ravel()[ends] - lo.ravel()[starts]
+    return int((-(-glen // max_len)).sum()), int(glen.sum())
 
 
 def _reject_overlaps(file_id: np.ndarray, base: np.ndarray, length: np.ndarray) -> None:

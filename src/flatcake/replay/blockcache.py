@@ -200,7 +200,13 @@ class BlockLru:
             k = len(runs)
             while k > 0 and need > 0:
                 s, e = runs[k - 1]
-                live = (tick[s:e] == t) & (pins[s:e] == 0)
+                seg = tick[s:e]
+                if t not in seg:
+                    # Stale: every block was touched again (or left) since; one C scan.
+                    self._queued -= e - s
+                    k -= 1
+                    continue
+                live = (seg == t) & (pins[s:e] == 0)
                 if e - s <= need and live.all():
                     # The whole run leaves: slices, no index arrays.
                     tick[s:e] = 0

@@ -71,10 +71,13 @@ def make_keys(num_ids: int) -> list[bytes]:
 
 def keys_of(keys: list[bytes], runs: Runs) -> tuple[bytes, ...]:
     """The keys of a request's blocks, in prefix order."""
-    if len(runs) == 1:
-        s, e = runs[0]
-        return tuple(keys[s:e])
-    return tuple(itertools.chain.from_iterable(keys[s:e] for s, e in runs))
+    if not runs:
+        return ()
+    s, e = runs[0]
+    out = keys[s:e]
+    for s, e in runs[1:]:
+        out += keys[s:e]  # list slices and extends copy pointers at C speed
+    return tuple(out)
 
 
 def trim_hit(hit: PrefixHit, start: int) -> tuple[HitRun, ...]:
