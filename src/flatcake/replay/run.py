@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
+from collections.abc import Iterator
 
 from flatcake.replay.engine import Node
 from flatcake.replay.metrics import RunMetrics, summarize
@@ -12,6 +15,22 @@ from flatcake.replay.systems import make_system
 from flatcake.replay.workload import Workload
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (back to its previous state
+    after). A replay allocates a few container objects per block and request (index
+    entries, hit runs) and keeps millions of them alive, so every full collection walks
+    them all: 10-30% of a run's CPU for nothing, since a run makes no cyclic garbage
+    until it ends (its state is freed when the run is dropped)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def run_replay(workload: Workload, system: str, rate_req_s: float, preset: ReplayPreset,
@@ -37,7 +56,8 @@ def replay_node(workload: Workload, system: str, rate_req_s: float, preset: Repl
                 think_cap_s=preset.think_cap_s)
     start = time.perf_counter()
     cpu0 = time.process_time()
-    rec = node.run()
+    with gc_paused():
+        rec = node.run()
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     extra = sysobj.extra_metrics()
