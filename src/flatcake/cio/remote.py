@@ -77,6 +77,8 @@ class NixlNode:
         self._window_reg = self.agent.register_memory(
             [(_va(self.window), self.window.nbytes, 0, "")], "DRAM")
         self._peers: dict[bytes, str] = {}
+        self._retired: list[np.ndarray] = []
+        self.generation = 0
 
     def metadata(self) -> bytes:
         """This agent's NIXL metadata, for ``ClusterIndex.publish_agent``."""
@@ -150,9 +152,13 @@ class NixlNode:
             self.retire_window()
 
     def retire_window(self) -> None:
-        """A transfer into the window may still land: never reuse it for another read.
-        (Peers that write into windows must load this node's metadata again.)"""
+        """A transfer into the window may still land: never reuse it for another read,
+        and never free it (a late write must not land in memory that was given back):
+        it is kept until the agent goes. ``generation`` counts the retirements: peers
+        that write into the window (staged SSD) must load this node's metadata again."""
         self.agent.deregister_memory(self._window_reg)
+        self._retired.append(self.window)
+        self.generation += 1
         self.window = np.zeros(self.window.nbytes, np.uint8)
         self._window_reg = self.agent.register_memory(
             [(_va(self.window), self.window.nbytes, 0, "")], "DRAM")

@@ -42,6 +42,17 @@ class NixlPeers:
         self.agent_of = agent_of
         self.timeout_s = timeout_s
         self.lock = threading.Lock()  # one read in the window at a time
+        # Called (under ``lock``) when a timed-out read retired the window: the owners
+        # must load the client's new metadata (the cluster service re-publishes it).
+        self.on_retired: Callable[[], None] | None = None
+        self._generation = client.generation
+
+    def retired(self) -> None:
+        """Tell ``on_retired`` once per window the last read retired (under ``lock``)."""
+        if self.client.generation != self._generation:
+            self._generation = self.client.generation
+            if self.on_retired is not None:
+                self.on_retired()
 
     def peer(self, node: int) -> tuple[str, dict[str, Any]] | None:
         """(agent name, record) of ``node``'s live serving agent; None = a miss."""
@@ -66,7 +77,10 @@ class _Bound:
             return True
         with self.peers.lock:
             found = self.peers.peer(self.node)
-            return found is not None and self._read(found, run, layers, consume)
+            try:
+                return found is not None and self._read(found, run, layers, consume)
+            finally:
+                self.peers.retired()
 
     def _read(self, found: tuple[str, dict[str, Any]], run: RemoteRun, layers: range,
               consume: Consume) -> bool:

@@ -75,6 +75,7 @@ class ClusterService:
             self.index.close()
             raise
         self.peers = NixlPeers(self.client, self.index.agent, timeout_s)
+        self.peers.on_retired = self._republish_client
         self._ops: queue.Queue[tuple[str, list[Any]]] = queue.Queue()
         self._pending = 0  # ops queued and not applied yet (under _applied)
         self._applied = threading.Condition()
@@ -183,6 +184,15 @@ class ClusterService:
             self._pending -= len(ops)
             self._applied.notify_all()
         return True
+
+    def _republish_client(self) -> None:
+        """A timed-out read retired the client's window: owners must WRITE into the new
+        one, so its metadata is published again (they load it on the next request)."""
+        client = self.client
+        if client is not None and not self.index.publish_agent(
+                client.metadata(), client.record(), role="client"):
+            logger.warning("node %d: the client agent's new metadata is not published; "
+                           "staged SSD reads from peers fail until it is", self.node)
 
     def _resolve(self, agent_name: str) -> bytes | None:
         """A requester's client agent metadata (only its live epoch's)."""
