@@ -112,7 +112,7 @@ def test_a_broken_wall_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.parametrize(("where", "source"), [
-    ("connectors/x.py", "from flatcake.connectors.sessions import TurnInfo\nimport vllm\n"),
+    ("connectors/x.py", "from flatcake.connectors.requests import RequestView\nimport vllm\n"),
     ("cli/x.py", "from flatcake.cli.replay import main\n"),
     ("replay/x.py", "from flatcake.control import ControlPlane\nimport numpy\n"),
     ("cluster/index.py", "import redis\n"),

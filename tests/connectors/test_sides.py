@@ -350,7 +350,7 @@ def test_step_plan_and_report_survive_pickling(tmp_path: Path) -> None:
 
 
 def test_session_rules_and_prefix_refcount() -> None:
-    from flatcake.connectors.sessions import HitOwner, PrefixRefcount, SessionTracker
+    from flatcake.control.signals import HitOwner, PrefixRefcount, SessionTracker
 
     t = SessionTracker()
     first = t.resolve("chat-1", 0, None)

@@ -1,6 +1,7 @@
 """FlatCake behind an engine: the vLLM KV connector (``vllm``) and its engine-neutral
 halves, the scheduler half (the books, ``scheduler_side``) and the worker half (the
-executor, ``worker_side``), with their sessions, settings and counters.
+executor, ``worker_side``), with their settings and counters (sessions and placement
+signals are the books': ``flatcake.control.signals``).
 
 Names resolve on first use (PEP 562): importing the package loads neither vLLM nor
 torch; ``FlatCakeConnector`` and ``flush`` load vLLM when first asked for.
@@ -15,10 +16,6 @@ _WHERE = {
     "COUNTER_KEYS": "requests",
     "RequestView": "requests",
     "SchedulerSide": "scheduler_side",
-    "HitOwner": "sessions",
-    "PrefixRefcount": "sessions",
-    "SessionTracker": "sessions",
-    "TurnInfo": "sessions",
     "ConnectorSettings": "settings",
     "parse_extra_config": "settings",
     "FlatCakeConnector": "vllm",

@@ -7,10 +7,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from flatcake.connectors.sessions import TurnInfo
 from flatcake.control import StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import EMPTY_HIT, PrefixHit
+from flatcake.control.signals import TurnInfo
 from flatcake.plan.tasks import LoadTask
 
 

@@ -48,7 +48,7 @@ an optional helper that also publishes them in the running process.
 
 Sessions come from ``kv_transfer_params={"session_id": ...}`` (in the OpenAI API, the
 request body's ``kv_transfer_params``; offline, ``SamplingParams(extra_args=
-{"kv_transfer_params": ...})``), otherwise they are inferred (``connectors.sessions``).
+{"kv_transfer_params": ...})``), otherwise they are inferred (``control.signals``).
 Each output's ``kv_transfer_params["flatcake"]`` says what FlatCake did for it.
 
 Metrics go through vLLM's connector stats (``connectors.vllm_metrics``): logged with
