@@ -6,10 +6,14 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from flatcake.replay.load import SESSIONS_BY_KIND
 from flatcake.replay.presets import PRESETS, ReplayPreset
 from flatcake.replay.systems import ALL_SYSTEMS
+
+if TYPE_CHECKING:
+    from flatcake.replay.cluster import ClusterSpec
 
 DESCRIPTION = ("Replay a trace (or the built-in agent workload) on a simulated node and "
                "print hit rate, TTFT, SSD metrics. --explain alone prints the preset's "
@@ -37,6 +41,16 @@ def add_workload_args(p: argparse.ArgumentParser, kinds_help: str | None = None)
         p.add_argument("--workload", default=None, help=kinds_help)
     p.add_argument("--routing", default=None, choices=("round_robin", "session", "prefix"),
                    help="override the preset's request routing")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="replay a cluster of this many nodes, each the preset's whole node "
+                        "(default 1); --rate is the cluster's total")
+    p.add_argument("--node-routing", default="session", choices=("session", "round_robin"),
+                   help="with --nodes: session-affine (a hash of the session picks the "
+                        "node) or round robin per request (default session); --routing "
+                        "still picks the worker inside a node")
+    p.add_argument("--no-sharing", action="store_true",
+                   help="with --nodes: each node sees only its own store (default: the "
+                        "nodes share KV through the cluster index)")
     p.add_argument("--context-tokens", type=int, default=None,
                    help="built-in workload: cap agent contexts at this many tokens "
                         "(compaction), e.g. 16384 or 65536 for the llama70b comparison")
@@ -67,6 +81,16 @@ def explain(preset: ReplayPreset) -> str:
                       *(f"  - {a}" for a in preset.assumptions)])
 
 
+def cluster_spec(args: argparse.Namespace) -> ClusterSpec | None:
+    """The cluster ``--nodes``, ``--node-routing`` and ``--no-sharing`` ask for; None for
+    one node (the one-node replay)."""
+    if args.nodes == 1:
+        return None
+    from flatcake.replay.cluster import ClusterSpec
+
+    return ClusterSpec(args.nodes, args.node_routing, not args.no_sharing)
+
+
 def run(args: argparse.Namespace) -> int:
     from flatcake.replay.load import load_workload
     from flatcake.replay.metrics import format_metrics
@@ -93,7 +117,14 @@ def run(args: argparse.Namespace) -> int:
                                 block_tokens=args.block_tokens or preset.builtin_block_tokens,
                                 context_tokens=args.context_tokens)
     start = time.perf_counter()
-    m = run_replay(wl, args.system or DEFAULT_SYSTEM, rate, preset, seed=args.seed)
+    system = args.system or DEFAULT_SYSTEM
+    spec = cluster_spec(args)
+    if spec is None:
+        m = run_replay(wl, system, rate, preset, seed=args.seed)
+    else:
+        from flatcake.replay.cluster import run_cluster
+
+        m = run_cluster(wl, system, rate, preset, spec, seed=args.seed)
     total = time.perf_counter() - start
     if args.json:
         d = m.to_dict()

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from flatcake import progress
-from flatcake.cli.replay import add_workload_args
+from flatcake.cli.replay import add_workload_args, cluster_spec
 from flatcake.replay.presets import PRESETS, ReplayPreset
 from flatcake.replay.systems import ALL_SYSTEMS, SYSTEMS
 
@@ -119,7 +119,7 @@ def _run_one(args: argparse.Namespace, preset: ReplayPreset, rates: list[float],
     result = run_sweep(wl, systems, rates, preset.name, str(out), seed=args.seed,
                        jobs=args.jobs,
                        progress=not args.quiet and progress.is_shown(), plots=not args.no_plots,
-                       preset_overrides=overrides,
+                       preset_overrides=overrides, cluster=cluster_spec(args),
                        meta={"load_timings": timings, "context_tokens": args.context_tokens})
     total = time.perf_counter() - start
     print(f"{len(result.runs)} runs on {result.meta['jobs']} processes: sweep "

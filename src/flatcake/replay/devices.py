@@ -221,3 +221,23 @@ class FifoServer:
         self.num_commands += num_commands
         self.num_jobs += 1
         return self.busy_until_s
+
+
+@dataclass(frozen=True, slots=True)
+class NetSpec:
+    """The network between the nodes of a simulated cluster (``replay.cluster``).
+
+    Attributes:
+        bytes_per_s: one worker's NIC bandwidth (each GPU has its own RDMA NIC and
+            receives remote blocks straight into its memory); remote reads of a worker
+            queue on its NIC first come first served.
+        latency_s: fixed cost of one remote transfer (request, completion) on top of
+            its time on the NIC.
+    """
+
+    bytes_per_s: float = 200e9 / 8
+    latency_s: float = 20e-6
+
+    def __post_init__(self) -> None:
+        _positive("net.bytes_per_s", self.bytes_per_s)
+        _non_negative("net.latency_s", self.latency_s)

@@ -63,7 +63,8 @@ class Node:
 
     def __init__(self, workload: Workload, system: System, spec: NodeSpec,
                  geometry: KVGeometry, rate_req_s: float, seed: int = 0,
-                 think_cap_s: float = math.inf) -> None:
+                 think_cap_s: float = math.inf, loop: EventLoop | None = None,
+                 rec: Recorder | None = None) -> None:
         if not rate_req_s > 0:
             raise ValueError(f"rate_req_s must be > 0, got {rate_req_s!r}")
         if geometry.tokens_per_block != workload.block_tokens:
@@ -80,10 +81,13 @@ class Node:
         self.think_s = workload.think_s
         self.offered_req_s = math.nan
         self.offer_unreachable = False
-        self.loop = EventLoop()
+        # A cluster (``replay.cluster``) runs its nodes on one loop and one recorder.
+        self.loop = loop if loop is not None else EventLoop()
+        self.cluster: Any = None  # set by the cluster: routes arrivals between nodes
         cap_blocks = spec.gpu.kv_capacity_bytes // self.block_bytes
         self.workers = [Worker(i, workload.num_ids, cap_blocks) for i in range(spec.num_workers)]
-        self.rec = Recorder(workload.num_requests, spec.num_workers)
+        self.rec = rec if rec is not None else Recorder(workload.num_requests,
+                                                        spec.num_workers)
         self.seen = np.zeros(workload.num_ids, dtype=bool)
         self.session_worker = np.full(max(workload.num_sessions, 1), -1, dtype=np.int32)
         self.session_open = np.zeros(max(workload.num_sessions, 1), dtype=np.int32)
@@ -127,10 +131,10 @@ class Node:
             self.loop.at(float(sched.chain_start_s[c]), self._arrive_chain, first)
 
     def _arrive_chain(self, i: int) -> None:
-        self._arrive(i)
+        (self if self.cluster is None else self.cluster.route(i))._arrive(i)
 
     def _arrive_global(self, i: int) -> None:
-        self._arrive(i)
+        (self if self.cluster is None else self.cluster.route(i))._arrive(i)
 
     def _arrive(self, i: int) -> None:
         wl = self.wl
@@ -360,15 +364,20 @@ class Node:
             raise RuntimeError(
                 f"replay stalled: {self.num_done} of {self.wl.num_requests} requests done "
                 f"({self.num_arrived} arrived); is the GPU pool smaller than one request?")
+        return self.finish(self.workers)
+
+    def finish(self, workers: list[Worker]) -> Recorder:
+        """Fill the recorder's per-worker figures from ``workers`` (this node's, or every
+        node's of a cluster) once the loop has run."""
         rec = self.rec
         rec.num_events = self.loop.num_events
-        rec.link_busy_s = [w.link.busy_s for w in self.workers]
+        rec.link_busy_s = [w.link.busy_s for w in workers]
         now = self.now
-        for w in self.workers:
+        for w in workers:
             w.queue.close(now)
-        rec.queues = [w.queue for w in self.workers]
-        rec.gpu_busy_s = [w.gpu_busy.busy_s for w in self.workers]
-        rec.ssd_busy_s = [w.ssd.busy_s for w in self.workers]
+        rec.queues = [w.queue for w in workers]
+        rec.gpu_busy_s = [w.gpu_busy.busy_s for w in workers]
+        rec.ssd_busy_s = [w.ssd.busy_s for w in workers]
         rec.offered_req_s = self.offered_req_s
         rec.offer_unreachable = self.offer_unreachable
         return rec

@@ -23,7 +23,7 @@ from flatcake.config import FlatCakeConfig, PlannerConfig, SchedulerConfig, Stor
 from flatcake.geometry import KVGeometry
 from flatcake.geometry import preset as geometry_preset
 from flatcake.replay.calibration import CALIBRATION_ENV, Calibration, with_calibration, with_costs
-from flatcake.replay.devices import GB, GIB, GpuSpec, NodeSpec, SsdSpec
+from flatcake.replay.devices import GB, GIB, GpuSpec, NetSpec, NodeSpec, SsdSpec
 from flatcake.replay.systems.tiered import TieredConfig
 
 TIB = 1024 * GIB
@@ -49,6 +49,8 @@ class ReplayPreset:
             in a session trace (a user away) are cut to this.
         cost_source: where the fixed per-restore cost and the per-command cost come
             from (a guess, or a measurement on the disk at hand).
+        net: the network between nodes when the replay runs a cluster
+            (``--nodes N``): per-worker NIC bandwidth and per-transfer latency.
     """
 
     name: str
@@ -62,6 +64,7 @@ class ReplayPreset:
     builtin_block_tokens: int = 64
     think_cap_s: float = 60.0
     cost_source: str = "documented guesses (see the assumptions)"
+    net: NetSpec = dataclasses.field(default_factory=NetSpec)
 
     def flatcake_config(self) -> FlatCakeConfig:
         """FlatCake's config with the node's memory and SSD budgets."""
@@ -199,6 +202,9 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "(metadata lookup, staging allocation, completion: a guess); Mooncake's 1280 MiB "
     "local_buffer_size stages one batch at a time.",
     PAPER_FIXED_COST,
+    "Cluster replays (--nodes N): one 200 Gb/s RDMA NIC per worker (GPU), 20 us per remote "
+    "transfer on top of its time on the NIC (a guess at an RDMA-class network; the "
+    "owner's SSD read of a remote SSD block overlaps the transfer, layer by layer).",
     "Think times above 60 s (a user away; the Claude Code trace's 90th percentile gap is "
     "35 s) are replayed as 60 s, so sessions end and the requested rate can be offered.",
     "FlatCake: two restores in flight per worker (the two-layer window per stream, "

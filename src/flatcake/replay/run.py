@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Iterator
 
+from flatcake.geometry import KVGeometry
 from flatcake.replay.engine import Node
 from flatcake.replay.metrics import RunMetrics, summarize
 from flatcake.replay.presets import ReplayPreset
@@ -33,6 +34,20 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def replay_geometry(workload: Workload, preset: ReplayPreset) -> KVGeometry:
+    """The preset's geometry at the trace's block size; ``ValueError`` when one GPU's KV
+    pool cannot hold the trace's largest request."""
+    geometry = preset.geometry.with_block_size(workload.block_tokens)
+    max_blocks = int(workload.blocks_per_request().max(initial=0))
+    max_out = int(workload.output_tokens.max(initial=0))
+    need = (max_blocks + -(-max_out // workload.block_tokens)) * geometry.block_bytes
+    if need > preset.node.gpu.kv_capacity_bytes:
+        raise ValueError(
+            f"preset {preset.name!r}: gpu.kv_capacity_bytes={preset.node.gpu.kv_capacity_bytes}"
+            f" is smaller than the trace's largest request ({need} bytes)")
+    return geometry
+
+
 def run_replay(workload: Workload, system: str, rate_req_s: float, preset: ReplayPreset,
                seed: int = 0) -> RunMetrics:
     """Replay ``workload`` on ``system`` at ``rate_req_s`` requests per second."""
@@ -43,14 +58,7 @@ def replay_node(workload: Workload, system: str, rate_req_s: float, preset: Repl
                 seed: int = 0) -> tuple[RunMetrics, Node]:
     """Like ``run_replay`` but also returns the finished ``Node`` (per-request columns in
     ``node.rec``, the system's state in ``node.system``), for tests and analysis."""
-    geometry = preset.geometry.with_block_size(workload.block_tokens)
-    max_blocks = int(workload.blocks_per_request().max(initial=0))
-    max_out = int(workload.output_tokens.max(initial=0))
-    need = (max_blocks + -(-max_out // workload.block_tokens)) * geometry.block_bytes
-    if need > preset.node.gpu.kv_capacity_bytes:
-        raise ValueError(
-            f"preset {preset.name!r}: gpu.kv_capacity_bytes={preset.node.gpu.kv_capacity_bytes}"
-            f" is smaller than the trace's largest request ({need} bytes)")
+    geometry = replay_geometry(workload, preset)
     sysobj = make_system(system, preset.flatcake_config(), preset.tiered)
     node = Node(workload, sysobj, preset.node, geometry, rate_req_s, seed,
                 think_cap_s=preset.think_cap_s)

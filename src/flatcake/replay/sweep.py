@@ -9,6 +9,7 @@ not depend on the number of processes or the order they finish in.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flatcake import progress as progress_bars
+from flatcake.replay.cluster import ClusterSpec, run_cluster
 from flatcake.replay.metrics import METRIC_COLUMNS
 from flatcake.replay.presets import get_preset
 from flatcake.replay.run import run_replay
@@ -39,6 +41,7 @@ class SweepTask:
     preset: str
     seed: int
     preset_overrides: tuple[tuple[str, Any], ...] = ()
+    cluster: ClusterSpec | None = None
 
 
 def run_task(task: SweepTask) -> dict[str, Any]:
@@ -47,6 +50,9 @@ def run_task(task: SweepTask) -> dict[str, Any]:
     preset = get_preset(task.preset)
     if task.preset_overrides:
         preset = preset.with_node(**dict(task.preset_overrides))
+    if task.cluster is not None:
+        return run_cluster(wl, task.system, task.rate_req_s, preset, task.cluster,
+                           task.seed).to_dict()
     return run_replay(wl, task.system, task.rate_req_s, preset, task.seed).to_dict()
 
 
@@ -66,14 +72,16 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
               preset: str, out_dir: str | Path, *, seed: int = 0, jobs: int | None = None,
               progress: bool = True, plots: bool = True,
               preset_overrides: tuple[tuple[str, Any], ...] = (),
-              meta: dict[str, Any] | None = None) -> SweepResult:
+              meta: dict[str, Any] | None = None,
+              cluster: ClusterSpec | None = None) -> SweepResult:
     """Replay every (system, rate), write ``sweep.{md,csv,json}`` and plots in
-    ``out_dir``, and return the results."""
+    ``out_dir``, and return the results. ``cluster``: replay that cluster instead of
+    one node (``replay.cluster``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wl_path = out / "workload.npz"
     workload.save(wl_path)
-    tasks = [SweepTask(str(wl_path), s, float(r), preset, seed, preset_overrides)
+    tasks = [SweepTask(str(wl_path), s, float(r), preset, seed, preset_overrides, cluster)
              for s in systems for r in rates]
     # Slow runs first (FlatCake plans reads, high rates restore more) for better packing.
     tasks.sort(key=lambda t: (not t.system.startswith("flatcake"), -t.rate_req_s))
@@ -109,6 +117,7 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
         "run_wall_s_max": max((r["wall_s"] for r in runs), default=0.0),
         "run_cpu_s_max": max((r.get("cpu_s", 0.0) for r in runs), default=0.0),
         "assumptions": list(get_preset(preset).assumptions),
+        **({"cluster": dataclasses.asdict(cluster)} if cluster is not None else {}),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         **(meta or {}),
     }

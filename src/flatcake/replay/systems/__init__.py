@@ -10,6 +10,7 @@ from flatcake.replay.engine import System
 from flatcake.replay.systems.flatcake import FlatCakeSystem
 from flatcake.replay.systems.hicache import HiCacheSystem
 from flatcake.replay.systems.memory_only import MemoryOnlySystem
+from flatcake.replay.systems.shared import SharedFlatCake, SharedTieredDirect
 from flatcake.replay.systems.tiered import TieredConfig, TieredSystem
 
 SYSTEMS: tuple[str, ...] = ("flatcake", "flatcake-1q", "tiered", "tiered-wait",
@@ -30,20 +31,24 @@ _HICACHE: dict[str, dict[str, Any]] = {
     "tiered-timeout": {"prefetch_policy": "timeout"}, "tiered-uring": {"read_queue_depth": 0}}
 
 
-def make_system(name: str, fc_config: FlatCakeConfig, tiered: TieredConfig) -> System:
-    """A fresh system object for one run."""
+def make_system(name: str, fc_config: FlatCakeConfig, tiered: TieredConfig,
+                shared: bool = False) -> System:
+    """A fresh system object for one run. ``shared``: the class that reads other nodes'
+    blocks in a cluster replay (``systems.shared``), for the systems that have one."""
+    fc_class = SharedFlatCake if shared else FlatCakeSystem
     if name == "flatcake":
         cfg = dataclasses.replace(
             fc_config, scheduler=dataclasses.replace(fc_config.scheduler, single_queue=False))
-        return FlatCakeSystem(cfg, name)
+        return fc_class(cfg, name)
     if name == "flatcake-1q":
         cfg = dataclasses.replace(
             fc_config, scheduler=dataclasses.replace(fc_config.scheduler, single_queue=True))
-        return FlatCakeSystem(cfg, name)
+        return fc_class(cfg, name)
     if name in _HICACHE:
         return HiCacheSystem(dataclasses.replace(tiered, **_HICACHE[name]), name)
     if name == "tiered-direct":
-        return TieredSystem(dataclasses.replace(tiered, direct=True), name)
+        td_class = SharedTieredDirect if shared else TieredSystem
+        return td_class(dataclasses.replace(tiered, direct=True), name)
     if name == "memory-only":
         return MemoryOnlySystem()
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(ALL_SYSTEMS)}")

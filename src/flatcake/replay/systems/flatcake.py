@@ -157,7 +157,8 @@ class FlatCakeSystem(System):
         clock = node.loop.clock
         self.cp = ControlPlane(node.geometry, self.config, clock)
         self.scheds = [MasScheduler(self.config.scheduler, clock) for _ in node.workers]
-        self.keys = make_keys(node.wl.num_ids)
+        if len(self.keys) != node.wl.num_ids:  # a cluster's nodes share one key list
+            self.keys = make_keys(node.wl.num_ids)
         # Every session has a request, so nothing is evicted; ids count up (runs repeat).
         ids = itertools.count()
         self.sessions = SessionTracker(max_sessions=max(node.wl.num_requests, 1),
@@ -181,11 +182,9 @@ class FlatCakeSystem(System):
                 writing[1].append(req)  # looks up again when the write is durable
                 self.num_store_waits += 1
                 return
-        if req.session >= 0:
-            turn = self.sessions.resolve(f"chain-{req.chain}", hit.num_blocks, None)
-        else:
-            turn = self.sessions.resolve(None, hit.num_blocks, hit_owner(cp, hit))
-        st = _FcState(hit, keys, turn)
+        if hit.num_blocks < len(keys) and self._remote_arrival(req, keys, hit, g):
+            return
+        st = _FcState(hit, keys, self._turn(req, hit.num_blocks, hit))
         req.sys = st
         if hit.num_blocks <= g:
             sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
@@ -212,6 +211,21 @@ class FlatCakeSystem(System):
         st.needs_ssd = True
         sched.submit(RestoreRequest(req.idx, req.arrival_s, lp.read_plan.useful_bytes, True))
         self._pump(req.worker)
+
+    def _turn(self, req: Request, num_blocks: int, hit: PrefixHit) -> TurnInfo:
+        """The request's turn in its session, given ``num_blocks`` hit (``hit``: this
+        store's own part, whose owner a trace without sessions joins)."""
+        if self.cp is None:
+            raise not_attached(self.name)
+        if req.session >= 0:
+            return self.sessions.resolve(f"chain-{req.chain}", num_blocks, None)
+        return self.sessions.resolve(None, num_blocks, hit_owner(self.cp, hit))
+
+    def _remote_arrival(self, req: Request, keys: tuple[bytes, ...], hit: PrefixHit,
+                        g: int) -> bool:
+        """Cluster hook (``systems.shared``): serve the blocks past the local ``hit``
+        from other nodes; True when it took the request over. One node: never."""
+        return False
 
     def _pump(self, worker: int) -> None:
         node = self.node
@@ -243,6 +257,17 @@ class FlatCakeSystem(System):
         self.read_gap_bytes += plan.gap_bytes
         self.read_check_bytes += plan.useful_bytes - useful
         st.plan = None
+        end = self._charge(w, plan)
+        req.restore_blocks = max(st.hit.num_blocks - g, 0)
+        # Fixed cost of a restore (lookup, submission, completion), same for every system.
+        node.loop.at(end + node.spec.restore_overhead_s, self._restore_done, (req, useful))
+
+    def _charge(self, w: Worker, plan: ReadPlan) -> float:
+        """Put ``plan``'s SSD reads on ``w``'s SSD channel and its memory copies on its
+        host->GPU link; returns when both are done."""
+        node = self.node
+        if node is None:
+            raise not_attached(self.name)
         now = node.now
         spec = node.spec
         end = now
@@ -256,9 +281,7 @@ class FlatCakeSystem(System):
         if plan.memory_bytes:
             end = max(end, w.link.submit(now, plan.memory_bytes / spec.host_to_gpu_bytes_per_s,
                                          plan.memory_bytes))
-        req.restore_blocks = max(st.hit.num_blocks - g, 0)
-        # Fixed cost of a restore (lookup, submission, completion), same for every system.
-        node.loop.at(end + spec.restore_overhead_s, self._restore_done, (req, useful))
+        return end
 
     def _restore_done(self, arg: tuple[Request, int]) -> None:
         req, useful = arg
@@ -269,12 +292,18 @@ class FlatCakeSystem(System):
         node.rec.prefetch_s.append(node.now - req.arrival_s)
         node.rec.ssd_useful_bytes += useful
         self.scheds[req.worker].restore_done(req.idx)
-        # The restored bytes fill the memory copies the plan asked for (host memory
-        # writes, free here like the copies made at write time).
-        cp.complete_load(req.idx, req.sys.refills)
-        req.sys.load_pinned = False
+        self._release(req)
         self._pump(req.worker)
         node.make_ready(req)
+
+    def _release(self, req: Request) -> None:
+        """Unpin what the restore read."""
+        if self.cp is None:
+            raise not_attached(self.name)
+        # The restored bytes fill the memory copies the plan asked for (host memory
+        # writes, free here like the copies made at write time).
+        self.cp.complete_load(req.idx, req.sys.refills)
+        req.sys.load_pinned = False
 
     # ---- ready / prefill ----------------------------------------------------------
     def pop_ready(self, worker: Worker) -> Request | None:

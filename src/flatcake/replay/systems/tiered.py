@@ -318,16 +318,29 @@ class TieredSystem(System):
         s = runs_len(ssd_parts)
         hm = total - s
         st.ssd_parts = ssd_parts
+        req.restore_blocks = total
+        end = self._read_local(w, hm, s)
+        if s == 0:
+            node.loop.at(end, self._restore_done, (req, 0, 0))
+            return
+        node.loop.at(end + node.spec.restore_overhead_s, self._restore_done,
+                     (req, s, s * node.block_bytes))
+
+    def _read_local(self, w: Worker, host_blocks: int, ssd_blocks: int) -> float:
+        """Copy ``host_blocks`` over ``w``'s host->GPU link and read ``ssd_blocks``
+        straight into the GPU on its SSD channel; returns when both are done."""
+        node = self.node
+        if node is None:
+            raise not_attached(self.name)
         now = node.now
         spec = node.spec
         bb = node.block_bytes
+        hm, s = host_blocks, ssd_blocks
         host_end = now
         if hm:
             host_end = w.link.submit(now, hm * bb / spec.host_to_gpu_bytes_per_s, hm * bb)
-        req.restore_blocks = total
         if s == 0:
-            node.loop.at(host_end, self._restore_done, (req, 0, 0))
-            return
+            return host_end
         L = node.geometry.num_layers
         gpw = self.gpw
         if self.cfg.direct_reads_per_layer:
@@ -339,8 +352,7 @@ class TieredSystem(System):
         t = spec.ssd.read_time_s(cmds, nbytes)
         end = w.ssd.submit(now, t, nbytes, cmds)
         node.rec.ssd_read(cmds, nbytes, t)
-        node.loop.at(max(end, host_end) + spec.restore_overhead_s, self._restore_done,
-                     (req, s, s * bb))
+        return max(end, host_end)
 
     def _restore_done(self, arg: tuple[Request, int, int]) -> None:
         req, s, useful = arg
@@ -387,17 +399,22 @@ class TieredSystem(System):
             raise not_attached(self.name)
         # Put the blocks the store does not hold (and refresh those in memory); blocks
         # that only have an SSD copy are not put again.
-        tick = self.host.lru.tick
-        bucket_of = self.bucket_of
         put: list[tuple[int, int]] = []
         for s, e in req.runs:
-            keep = (tick[s:e] != 0) | (bucket_of[s:e] < 0)
+            keep = self._to_put(s, e)
             if keep.all():
                 put.append((s, e))
             elif keep.any():
                 put.extend(runs_of(np.flatnonzero(keep).astype(np.int32) + s))
         if put:
             self._host_put(tuple(put))
+
+    def _to_put(self, s: int, e: int) -> np.ndarray:
+        """Which of blocks ``[s, e)`` a finished turn puts: those in host memory (a
+        refresh) and those the store does not hold."""
+        if self.host is None:
+            raise not_attached(self.name)
+        return (self.host.lru.tick[s:e] != 0) | (self.bucket_of[s:e] < 0)
 
     def extra_metrics(self) -> dict[str, Any]:
         return {

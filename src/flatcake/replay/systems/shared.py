@@ -1,0 +1,338 @@
+"""Systems whose nodes share KV in a simulated cluster (``replay.cluster``).
+
+Each node keeps its own store; ``join`` gives it the cluster and the other nodes'
+stores, which stand for the cluster index (a store only finds what another node has
+published, and FlatCake publishes a segment after its write is durable). A request
+looks up its own node first; the blocks past the local hit are looked for block by
+block as ``replay.cluster`` describes, read from their owners with ``Cluster.fetch``
+(owner's SSD, the requesting worker's NIC) and are hits like local ones. Nothing is
+copied to the requesting node: what it stores after the turn is what the cluster did
+not hold, so a session's history ends up spread over the nodes that ran its turns.
+
+* ``SharedFlatCake``: the books of every node are the real ``ControlPlane``; a restore
+  pins the owner's sessions (``prepare_load`` on the owner) until it ends and reads each
+  owner's part with the owner's plan (whole SSD segments, for the requester's checksum
+  check), all through the worker's FC-MAS queues like a local restore.
+* ``SharedTieredDirect``: Mooncake Store's lookup is cluster-wide (its master knows
+  every replica): blocks in another node's host tier or SSD buckets are read by their
+  owner (one object per block from its bucket) and sent over the NIC; a finished turn
+  puts only blocks no node holds (``Put`` skips existing keys).
+
+With one node both behave exactly as their one-node classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flatcake.control.address import Medium
+from flatcake.control.index import HitRun, PrefixHit
+from flatcake.control.queues import RestoreRequest
+from flatcake.plan.bulk import stream_totals
+from flatcake.plan.reads import ReadPlan
+from flatcake.replay.engine import Request
+from flatcake.replay.runs import Runs, runs_len, slice_runs
+from flatcake.replay.systems.flatcake import FlatCakeSystem, _FcState, trim_hit
+from flatcake.replay.systems.tiered import TieredSystem, _TState
+
+
+def _hit_of(runs: list[HitRun]) -> PrefixHit | None:
+    """The pieces of one store as a hit to pin and plan (positions may have gaps)."""
+    if not runs:
+        return None
+    n = sum(r[2] for r in runs)
+    mem = sum(r[2] for r in runs if r[0].medium is Medium.MEMORY)
+    return PrefixHit(n, mem, n - mem, tuple(runs))
+
+
+class _SharedState(_FcState):
+    __slots__ = ("local", "local_plan", "pieces")
+
+    def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...], turn: Any) -> None:
+        super().__init__(hit, keys, turn)
+        self.local: PrefixHit | None = None  # this node's pieces
+        self.local_plan: ReadPlan | None = None
+        # (owner node, its pieces, its plan at arrival)
+        self.pieces: list[tuple[int, PrefixHit, ReadPlan]] = []
+
+
+class SharedFlatCake(FlatCakeSystem):
+    """FlatCake on one node of a cluster that shares KV."""
+
+    def __init__(self, config: Any, name: str = "flatcake") -> None:
+        super().__init__(config, name)
+        self.cluster: Any = None
+        self.me = 0
+        self.peers: list[SharedFlatCake] = []
+        self.num_remote_restores = 0
+
+    def join(self, cluster: Any, me: int) -> None:
+        self.cluster = cluster
+        self.me = me
+        self.peers = [node.system for node in cluster.nodes]
+
+    def walk(self, keys: tuple[bytes, ...], hit: PrefixHit
+             ) -> tuple[int, list[HitRun], dict[int, list[HitRun]]]:
+        """The cluster's hit from the end of the local ``hit``: its length, this node's
+        runs and each other node's runs (request positions)."""
+        n = len(keys)
+        p = hit.num_blocks
+        me = self.me
+        local = list(hit.runs)
+        remote: dict[int, list[HitRun]] = {}
+        indexes = [peer.books().index for peer in self.peers]
+        while p < n:
+            key = keys[p]
+            owner = -1
+            owner_mem = False
+            for k, index in enumerate(indexes):
+                if key not in index:
+                    continue
+                if k == me:
+                    owner = k
+                    break
+                loc = index.get(key)
+                mem = loc is not None and loc.segment.medium is Medium.MEMORY
+                if owner < 0 or (mem and not owner_mem):
+                    owner, owner_mem = k, mem
+            cp = self.peers[owner].cp if owner >= 0 else None
+            if cp is None:
+                break
+            part = cp.lookup(keys[p:])
+            if not part.num_blocks:
+                break
+            dest = local if owner == me else remote.setdefault(owner, [])
+            dest.extend(HitRun(seg, j, c, s + p) for seg, j, c, s in part.runs)
+            p += part.num_blocks
+        return p, local, remote
+
+    def books(self) -> Any:
+        if self.cp is None:
+            raise ValueError(f"system {self.name!r} is not attached to a node")
+        return self.cp
+
+    def _pin_id(self, req: Request) -> tuple[str, int, int]:
+        return ("peer", self.me, req.idx)
+
+    def _remote_arrival(self, req: Request, keys: tuple[bytes, ...], hit: PrefixHit,
+                        g: int) -> bool:
+        if self.cluster is None or len(self.peers) < 2 or self.node is None \
+                or self.cp is None:
+            return False
+        total, local, remote = self.walk(keys, hit)
+        if not remote:
+            return False
+        node = self.node
+        merged = sorted([*local, *(r for runs in remote.values() for r in runs)],
+                        key=lambda r: r[3])
+        mem = sum(r[2] for r in merged if r[0].medium is Medium.MEMORY)
+        st = _SharedState(PrefixHit(total, mem, total - mem, tuple(merged)), keys,
+                          self._turn(req, total, hit))
+        req.sys = st
+        sched = self.scheds[req.worker]
+        if total <= g:
+            sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
+            node.make_ready(req)
+            return True
+        st.gpu_prefix = g
+        useful = 0
+        local_hit = _hit_of(local)
+        if local_hit is not None:
+            part = _hit_of(list(trim_hit(local_hit, g)))
+            if part is not None:
+                lp = self.cp.prepare_load(req.idx, part, planner=self._planner)
+                st.local, st.local_plan, st.load_pinned = local_hit, lp.read_plan, True
+                useful += lp.read_plan.useful_bytes
+        for owner, runs in remote.items():
+            peer = self.peers[owner]
+            whole = _hit_of(runs)
+            part = _hit_of(list(trim_hit(whole, g))) if whole is not None else None
+            if whole is None or part is None or peer.cp is None:
+                continue
+            lp = peer.cp.prepare_load(self._pin_id(req), part, planner=peer._planner)
+            st.pieces.append((owner, whole, lp.read_plan))
+            useful += max(lp.read_plan.useful_bytes, part.num_blocks * node.block_bytes)
+        self.num_remote_restores += 1
+        useful = max(useful, (total - g) * node.block_bytes)
+        sched.submit(RestoreRequest(req.idx, req.arrival_s, useful, True))
+        self._pump(req.worker)
+        return True
+
+    def _start_restore(self, req: Request) -> None:
+        st = req.sys
+        if not isinstance(st, _SharedState):
+            super()._start_restore(req)
+            return
+        node = self.node
+        if node is None:
+            raise RuntimeError("not attached")
+        w = node.workers[req.worker]
+        g = req.gpu_prefix
+        num_layers = node.geometry.num_layers
+        end = node.now
+        useful = 0
+        if st.local is not None:
+            runs = trim_hit(st.local, g)
+            plan = st.local_plan if g == st.gpu_prefix and st.local_plan is not None \
+                else stream_totals(runs, num_layers, None, self.config.planner,
+                                   segment_cache=self.segment_cache)
+            end = self._charge(w, plan)
+            useful += sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
+        for owner, whole, plan0 in st.pieces:
+            peer = self.peers[owner]
+            runs = trim_hit(whole, g)
+            if not runs:
+                continue
+            plan = plan0 if g == st.gpu_prefix else stream_totals(
+                runs, num_layers, None, peer.config.planner, segment_cache=peer.segment_cache)
+            cmds = plan.num_commands * node.spec.gpus_per_worker if plan.bytes_read else 0
+            end = max(end, self.cluster.fetch(self.me, req.worker, owner, cmds,
+                                              plan.bytes_read, plan.memory_bytes,
+                                              sum(r[2] for r in runs)))
+            useful += sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
+        st.local_plan = None
+        req.restore_blocks = max(st.hit.num_blocks - g, 0)
+        node.loop.at(end + node.spec.restore_overhead_s, self._restore_done, (req, useful))
+
+    def _release(self, req: Request) -> None:
+        st = req.sys
+        if not isinstance(st, _SharedState):
+            super()._release(req)
+            return
+        if st.load_pinned and self.cp is not None:
+            self.cp.complete_load(req.idx)
+        st.load_pinned = False
+        for owner, _whole, _plan in st.pieces:
+            cp = self.peers[owner].cp
+            if cp is not None:
+                cp.complete_load(self._pin_id(req))
+        st.pieces = []
+
+    def extra_metrics(self) -> dict[str, Any]:
+        return {**super().extra_metrics(), "remote_restores": self.num_remote_restores}
+
+
+class _SharedTState(_TState):
+    __slots__ = ("remote",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.remote = True
+
+
+class SharedTieredDirect(TieredSystem):
+    """``tiered-direct`` on one node of a cluster that shares KV."""
+
+    def __init__(self, cfg: Any, name: str | None = None) -> None:
+        super().__init__(cfg, name)
+        self.cluster: Any = None
+        self.me = 0
+        self.peers: list[SharedTieredDirect] = []
+        self.num_remote_restores = 0
+
+    def join(self, cluster: Any, me: int) -> None:
+        self.cluster = cluster
+        self.me = me
+        self.peers = [node.system for node in cluster.nodes]
+
+    def host_tick(self) -> np.ndarray:
+        if self.host is None:
+            raise ValueError(f"system {self.name!r} is not attached to a node")
+        return self.host.lru.tick
+
+    def _held(self, s: int, e: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, which of blocks ``[s, e)`` it holds in host memory / at all."""
+        host = np.stack([p.host_tick()[s:e] != 0 for p in self.peers])
+        held = host | np.stack([p.bucket_of[s:e] >= 0 for p in self.peers])
+        return host, held
+
+    def extend(self, runs: Runs, start: int) -> tuple[int, dict[int, list[int]]]:
+        """From request block ``start`` on, the run of blocks some node holds: its
+        length and, per owner, ``[host blocks, SSD blocks]`` (this node's included)."""
+        me = self.me
+        out: dict[int, list[int]] = {}
+        total = 0
+        for s, e in slice_runs(runs, start, 1 << 62):
+            host, held = self._held(s, e)
+            anywhere = held.any(axis=0)
+            stop = not anywhere.all()
+            n = int(np.argmin(anywhere)) if stop else e - s
+            if n:
+                host, held = host[:, :n], held[:, :n]
+                others = np.delete(np.arange(len(self.peers)), me)
+                # Local first, then host memory before SSD, then the lowest node id.
+                mem_owner = others[np.argmax(host[others], axis=0)]
+                mem_any = host[others].any(axis=0)
+                ssd_owner = others[np.argmax(held[others], axis=0)]
+                owner = np.where(held[me], me, np.where(mem_any, mem_owner, ssd_owner))
+                in_host = host[owner, np.arange(n)]
+                for k in np.unique(owner):
+                    mine = owner == k
+                    got = out.setdefault(int(k), [0, 0])
+                    got[0] += int(np.count_nonzero(mine & in_host))
+                    got[1] += int(np.count_nonzero(mine & ~in_host))
+            total += n
+            if stop:
+                break
+        return total, out
+
+    def on_arrival(self, req: Request) -> None:
+        node = self.node
+        if node is None or self.host is None or self.cluster is None or len(self.peers) < 2:
+            super().on_arrival(req)
+            return
+        runs = req.runs
+        g = node.workers[req.worker].gpu.prefix_hits(runs)
+        total, _host, _ssd = self._plan(runs, g)
+        if g + total >= req.num_blocks:
+            super().on_arrival(req)
+            return
+        _more, owners = self.extend(runs, g + total)
+        if not any(k != self.me for k in owners):
+            super().on_arrival(req)
+            return
+        st = _SharedTState()
+        req.sys = st
+        req.restore_start_s = node.now
+        self.num_remote_restores += 1
+        node.admit_or_wait(req, self._start_io)
+
+    def _start_io(self, req: Request) -> None:
+        st = req.sys
+        node = self.node
+        if not isinstance(st, _SharedTState) or node is None:
+            super()._start_io(req)
+            return
+        w = node.workers[req.worker]
+        g = req.gpu_prefix
+        total, _host, ssd = self._plan(req.runs, g)
+        s = runs_len(ssd)
+        more, owners = self.extend(req.runs, g + total) if g + total < req.num_blocks \
+            else (0, {})
+        mine = owners.pop(self.me, [0, 0])
+        local_ssd = s + mine[1]
+        end = self._read_local(w, total - s + mine[0], local_ssd)
+        bb = node.block_bytes
+        remote_ssd = 0
+        for k, (hm, sm) in owners.items():
+            cmds = sm * self.gpw
+            end = max(end, self.cluster.fetch(self.me, req.worker, k, cmds,
+                                              sm * self.peers[k].obj_bytes, hm * bb, hm + sm))
+            remote_ssd += sm
+        req.restore_blocks = total + more
+        ssd_blocks = local_ssd + remote_ssd
+        node.loop.at(end + node.spec.restore_overhead_s, self._restore_done,
+                     (req, ssd_blocks, ssd_blocks * bb))
+
+    def _to_put(self, s: int, e: int) -> np.ndarray:
+        if self.cluster is None or len(self.peers) < 2:
+            return super()._to_put(s, e)
+        host, held = self._held(s, e)
+        elsewhere = np.delete(held, self.me, axis=0).any(axis=0)
+        # A refresh of this node's host copy, or a block no node holds.
+        return host[self.me] | (~held[self.me] & ~elsewhere)
+
+    def extra_metrics(self) -> dict[str, Any]:
+        return {**super().extra_metrics(), "remote_restores": self.num_remote_restores}
