@@ -2,7 +2,8 @@
 one command.
 
     python -m flatcake.replay.report --out replay-report [--trace PATH] [--jobs N]
-        [--quick] [--only speed,claude-code,sensitivity,ablation,llama70b,mooncake,builtin]
+        [--quick] [--only speed,claude-code,sensitivity,ablation,llama70b,mooncake,builtin,
+                          cluster]
 
 Steps (each prints its timing; ``--reuse`` keeps sweeps already in ``--out``):
 
@@ -18,6 +19,8 @@ Steps (each prints its timing; ``--reuse`` keeps sweeps already in ``--out``):
 6. ``mooncake``: the Mooncake conversation trace (chat) at 1 / 4 / 8 req/s, every system;
 7. ``builtin``: the default built-in sweeps (what ``make demo`` runs: agent, chat, mixed),
    timed;
+8. ``cluster``: the Claude Code trace on 2 / 4 / 8 nodes, session-affine vs round-robin
+   routing, KV shared across nodes or not (``replay.cluster_report``);
 
 and writes ``report.md``: speed, the paper's claims (``replay.claims``), the mechanism
 counters, and every sweep's tables. ``--quick`` runs fewer rates and sizes (about a
@@ -35,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flatcake.replay import cluster_report
 from flatcake.replay.claims import claims_table
 from flatcake.replay.devices import GIB
 from flatcake.replay.load import load_workload
@@ -44,7 +48,7 @@ from flatcake.replay.sweep import SweepResult, load_result, markdown, run_sweep
 from flatcake.replay.systems import SYSTEMS
 
 STEPS = ("speed", "claude-code", "sensitivity", "ablation", "llama70b", "mooncake",
-         "builtin")
+         "builtin", "cluster")
 
 CLAUDE_CODE = "../shared/traces/weka-claude-code/weka_claude_code_traces.jsonl.gz"
 MOONCAKE_CONVERSATION = "../shared/traces/mooncake-fast25/conversation_trace.jsonl"
@@ -230,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs))
         if got is not None:
             builtin[kind] = got
-    _write(out, args, speed, cc, (sens, pools), ablations, llama, mooncake, builtin)
+    if "cluster" in steps:
+        grid: dict[str, Any] | None = cluster_report.run_grid(cc_wl(), out / "cluster",
+                                                              jobs=args.jobs, quick=args.quick)
+    else:
+        grid = cluster_report.load_grid(out / "cluster")
+    _write(out, args, speed, cc, (sens, pools), ablations, llama, mooncake, builtin,
+           cluster_report.cluster_table(grid) if grid is not None else [])
     return 0
 
 
@@ -251,7 +261,8 @@ def _write(out: Path, args: argparse.Namespace, speed: dict[str, Any],
            cc: SweepResult | None,
            budgets: tuple[dict[int, SweepResult], dict[int, SweepResult]],
            ablations: list[tuple[str, SweepResult]], llama: dict[int, SweepResult],
-           mooncake: SweepResult | None, builtin: dict[str, SweepResult]) -> None:
+           mooncake: SweepResult | None, builtin: dict[str, SweepResult],
+           cluster: list[str]) -> None:
     sens, pools = budgets
     speed_path = out / "speed.json"
     shown = {**(json.loads(speed_path.read_text()) if speed_path.is_file() else {}), **speed}
@@ -281,6 +292,7 @@ def _write(out: Path, args: argparse.Namespace, speed: dict[str, Any],
     for kind, res in builtin.items():
         lines += [f"## Built-in {kind} workload (`make demo`), preset `paper`", "",
                   markdown(res).split("\n", 2)[2], ""]
+    lines += cluster
     (out / "report.md").write_text("\n".join(lines))
     print(f"wrote {out / 'report.md'}")
 
