@@ -278,26 +278,18 @@ class SharedTieredDirect(TieredSystem):
                 break
         return total, out
 
-    def on_arrival(self, req: Request) -> None:
+    def _remote_arrival(self, req: Request, end: int) -> bool:
         node = self.node
-        if node is None or self.host is None or self.cluster is None or len(self.peers) < 2:
-            super().on_arrival(req)
-            return
-        runs = req.runs
-        g = node.workers[req.worker].gpu.prefix_hits(runs)
-        total, _host, _ssd = self._plan(runs, g)
-        if g + total >= req.num_blocks:
-            super().on_arrival(req)
-            return
-        _more, owners = self.extend(runs, g + total)
+        if node is None or self.cluster is None or len(self.peers) < 2:
+            return False
+        _more, owners = self.extend(req.runs, end)
         if not any(k != self.me for k in owners):
-            super().on_arrival(req)
-            return
-        st = _SharedTState()
-        req.sys = st
+            return False
+        req.sys = _SharedTState()
         req.restore_start_s = node.now
         self.num_remote_restores += 1
         node.admit_or_wait(req, self._start_io)
+        return True
 
     def _start_io(self, req: Request) -> None:
         st = req.sys

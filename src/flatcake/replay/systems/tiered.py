@@ -295,7 +295,9 @@ class TieredSystem(System):
         w = node.workers[req.worker]
         runs = req.runs
         g = w.gpu.prefix_hits(runs)
-        _total, host_parts, ssd_parts = self._plan(runs, g)
+        total, host_parts, ssd_parts = self._plan(runs, g)
+        if g + total < req.num_blocks and self._remote_arrival(req, g + total):
+            return
         if runs_len(ssd_parts) == 0:
             self._ready(req)  # host-memory hits are loaded when the prefill starts
             return
@@ -306,6 +308,11 @@ class TieredSystem(System):
             self.host.lru.pin(host_parts)
         req.restore_start_s = node.now
         node.admit_or_wait(req, self._start_io)
+
+    def _remote_arrival(self, req: Request, end: int) -> bool:
+        """Cluster hook (``systems.shared``): restore blocks from ``end`` on from other
+        nodes; True when it took the request over. One node: never."""
+        return False
 
     def _start_io(self, req: Request) -> None:
         node = self.node
