@@ -46,9 +46,9 @@ import numpy as np
 
 from flatcake.replay.devices import FifoServer, NetSpec
 from flatcake.replay.engine import Node, Worker
-from flatcake.replay.metrics import Recorder, RunMetrics, summarize
+from flatcake.replay.metrics import Recorder, RunMetrics
 from flatcake.replay.presets import ReplayPreset
-from flatcake.replay.run import replay_geometry, run_replay
+from flatcake.replay.run import replay_geometry, run_metrics, run_replay
 from flatcake.replay.sim import EventLoop
 from flatcake.replay.systems import make_system
 from flatcake.replay.workload import Workload
@@ -239,12 +239,7 @@ def replay_cluster(workload: Workload, system: str, rate_req_s: float,
     rec = cluster.run()
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
-    extra = cluster.extra_metrics()
-    placements = extra.pop("placements", {})
-    extra["num_events"] = rec.num_events
-    m = summarize(rec, system=system, rate_req_s=rate_req_s, preset=preset.name,
-                  trace=workload.name, seed=seed, input_tokens=workload.input_tokens,
-                  output_tokens=workload.output_tokens, placements=placements, wall_s=wall,
-                  cpu_s=cpu, extra=extra)
+    m = run_metrics(rec, cluster.extra_metrics(), workload, system, rate_req_s, preset, seed,
+                    wall, cpu)
     logger.info("%s on %s at %g req/s: %.1f s wall", system, spec.label(), rate_req_s, wall)
     return m, cluster

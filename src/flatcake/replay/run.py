@@ -7,10 +7,11 @@ import gc
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from flatcake.geometry import KVGeometry
 from flatcake.replay.engine import Node
-from flatcake.replay.metrics import RunMetrics, summarize
+from flatcake.replay.metrics import Recorder, RunMetrics, summarize
 from flatcake.replay.presets import ReplayPreset
 from flatcake.replay.systems import make_system
 from flatcake.replay.workload import Workload
@@ -68,12 +69,19 @@ def replay_node(workload: Workload, system: str, rate_req_s: float, preset: Repl
         rec = node.run()
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
-    extra = sysobj.extra_metrics()
-    placements = extra.pop("placements", {})
-    extra["num_events"] = rec.num_events
-    m = summarize(rec, system=system, rate_req_s=rate_req_s, preset=preset.name,
-                  trace=workload.name, seed=seed, input_tokens=workload.input_tokens,
-                  output_tokens=workload.output_tokens, placements=placements, wall_s=wall,
-                  cpu_s=cpu, extra=extra)
+    m = run_metrics(rec, sysobj.extra_metrics(), workload, system, rate_req_s, preset, seed,
+                    wall, cpu)
     logger.info("%s at %g req/s: %.1f s wall", system, rate_req_s, wall)
     return m, node
+
+
+def run_metrics(rec: Recorder, extra: dict[str, Any], workload: Workload, system: str,
+                rate_req_s: float, preset: ReplayPreset, seed: int, wall_s: float,
+                cpu_s: float) -> RunMetrics:
+    """A finished run's ``RunMetrics``: the recorder plus the system's counters."""
+    placements = extra.pop("placements", {})
+    extra["num_events"] = rec.num_events
+    return summarize(rec, system=system, rate_req_s=rate_req_s, preset=preset.name,
+                     trace=workload.name, seed=seed, input_tokens=workload.input_tokens,
+                     output_tokens=workload.output_tokens, placements=placements,
+                     wall_s=wall_s, cpu_s=cpu_s, extra=extra)

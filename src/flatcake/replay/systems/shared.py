@@ -58,20 +58,26 @@ class _SharedState(_FcState):
         self.pieces: list[tuple[int, PrefixHit, ReadPlan]] = []
 
 
-class SharedFlatCake(FlatCakeSystem):
-    """FlatCake on one node of a cluster that shares KV."""
+class _Member:
+    """A node's place in its cluster: set by ``join`` once every node exists."""
 
-    def __init__(self, config: Any, name: str = "flatcake") -> None:
-        super().__init__(config, name)
-        self.cluster: Any = None
-        self.me = 0
-        self.peers: list[SharedFlatCake] = []
-        self.num_remote_restores = 0
+    cluster: Any = None
+    me = 0
+    peers: list[Any] = []  # noqa: RUF012 - replaced per object by join
+    num_remote_restores = 0
 
     def join(self, cluster: Any, me: int) -> None:
         self.cluster = cluster
         self.me = me
         self.peers = [node.system for node in cluster.nodes]
+
+    def sharing(self) -> bool:
+        """Whether other nodes exist to read from."""
+        return self.cluster is not None and len(self.peers) > 1
+
+
+class SharedFlatCake(_Member, FlatCakeSystem):
+    """FlatCake on one node of a cluster that shares KV."""
 
     def walk(self, keys: tuple[bytes, ...], hit: PrefixHit
              ) -> tuple[int, list[HitRun], dict[int, list[HitRun]]]:
@@ -118,8 +124,7 @@ class SharedFlatCake(FlatCakeSystem):
 
     def _remote_arrival(self, req: Request, keys: tuple[bytes, ...], hit: PrefixHit,
                         g: int) -> bool:
-        if self.cluster is None or len(self.peers) < 2 or self.node is None \
-                or self.cp is None:
+        if not self.sharing() or self.node is None or self.cp is None:
             return False
         total, local, remote = self.walk(keys, hit)
         if not remote:
@@ -222,20 +227,8 @@ class _SharedTState(_TState):
         self.remote = True
 
 
-class SharedTieredDirect(TieredSystem):
+class SharedTieredDirect(_Member, TieredSystem):
     """``tiered-direct`` on one node of a cluster that shares KV."""
-
-    def __init__(self, cfg: Any, name: str | None = None) -> None:
-        super().__init__(cfg, name)
-        self.cluster: Any = None
-        self.me = 0
-        self.peers: list[SharedTieredDirect] = []
-        self.num_remote_restores = 0
-
-    def join(self, cluster: Any, me: int) -> None:
-        self.cluster = cluster
-        self.me = me
-        self.peers = [node.system for node in cluster.nodes]
 
     def host_tick(self) -> np.ndarray:
         if self.host is None:
@@ -280,7 +273,7 @@ class SharedTieredDirect(TieredSystem):
 
     def _remote_arrival(self, req: Request, end: int) -> bool:
         node = self.node
-        if node is None or self.cluster is None or len(self.peers) < 2:
+        if node is None or not self.sharing():
             return False
         _more, owners = self.extend(req.runs, end)
         if not any(k != self.me for k in owners):
@@ -319,7 +312,7 @@ class SharedTieredDirect(TieredSystem):
                      (req, ssd_blocks, ssd_blocks * bb))
 
     def _to_put(self, s: int, e: int) -> np.ndarray:
-        if self.cluster is None or len(self.peers) < 2:
+        if not self.sharing():
             return super()._to_put(s, e)
         host, held = self._held(s, e)
         elsewhere = np.delete(held, self.me, axis=0).any(axis=0)
