@@ -48,7 +48,7 @@ from flatcake.replay.devices import FifoServer, NetSpec
 from flatcake.replay.engine import Node, Worker
 from flatcake.replay.metrics import Recorder, RunMetrics
 from flatcake.replay.presets import ReplayPreset
-from flatcake.replay.run import replay_geometry, run_metrics, run_replay
+from flatcake.replay.run import gc_paused, replay_geometry, run_metrics, run_replay
 from flatcake.replay.sim import EventLoop
 from flatcake.replay.systems import make_system
 from flatcake.replay.workload import Workload
@@ -236,7 +236,8 @@ def replay_cluster(workload: Workload, system: str, rate_req_s: float,
     start = time.perf_counter()
     cpu0 = time.process_time()
     cluster = Cluster(workload, system, preset, rate_req_s, spec, seed)
-    rec = cluster.run()
+    with gc_paused():
+        rec = cluster.run()
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     m = run_metrics(rec, cluster.extra_metrics(), workload, system, rate_req_s, preset, seed,
