@@ -32,6 +32,9 @@ from flatcake.replay.runs import Runs
 from flatcake.replay.types import IdArray
 
 _EMPTY = np.zeros(0, dtype=np.int32)
+# ``count_nonzero`` is the cheapest whole-slice test numpy has (no temporary array, no
+# Python-level wrapper as ``ndarray.all``/``any`` have): the caches use it per run.
+count_nonzero = np.count_nonzero
 
 
 class BlockLru:
@@ -98,7 +101,7 @@ class BlockLru:
             a = s + skip
             skip = 0
             seg = tick[a:e]
-            if seg.all():
+            if count_nonzero(seg) == e - a:
                 total += e - a
                 continue
             return total + int(np.argmin(seg != 0))
@@ -200,14 +203,17 @@ class BlockLru:
             k = len(runs)
             while k > 0 and need > 0:
                 s, e = runs[k - 1]
-                seg = tick[s:e]
-                if t not in seg:
-                    # Stale: every block was touched again (or left) since; one C scan.
+                live = tick[s:e] == t
+                num_live = count_nonzero(live)
+                if not num_live:
+                    # Stale: every block was touched again (or left) since.
                     self._queued -= e - s
                     k -= 1
                     continue
-                live = (seg == t) & (pins[s:e] == 0)
-                if e - s <= need and live.all():
+                if count_nonzero(pins[s:e]):
+                    live &= pins[s:e] == 0
+                    num_live = count_nonzero(live)
+                if e - s <= need and num_live == e - s:
                     # The whole run leaves: slices, no index arrays.
                     tick[s:e] = 0
                     self._queued -= e - s

@@ -146,7 +146,7 @@ class Node:
         hit = 0
         for s, e in runs:
             seg = seen[s:e]
-            if seg.all():
+            if np.count_nonzero(seg) == e - s:
                 hit += e - s
                 continue
             hit += int(np.argmin(seg))
@@ -207,14 +207,16 @@ class Node:
             # Protect this request's own cached blocks while making room.
             gpu.pin(runs)
             evicted = gpu.drop(need - free)  # every system drops GPU evictions
-            for s, e in runs:
-                gpu.pins[s:e] -= 1
             self.rec.gpu_evicted_blocks += evicted
             free += evicted
             if need > free:
+                for s, e in runs:
+                    gpu.pins[s:e] -= 1
                 return False
+            gpu.touch(runs)  # the request keeps the pin it took
+        else:
+            gpu.touch_pin(runs)
         req.gpu_prefix = prefix  # eviction spared this request's own (pinned) blocks
-        gpu.touch_pin(runs)
         w.reserved_blocks += out_blocks
         req.admitted = True
         return True
