@@ -67,10 +67,11 @@ class PlacementConfig:
     ``copy_on_restore``: a restore that reads a whole SSD segment (one with no copy)
     also gets a memory copy of it under the same watermark, written by the data plane
     from the verified restored blocks, so the session's next turn reads host memory (the
-    way a tiered store's LRU refills host memory on a hit). Homes never change. Off by
-    default: the restore's request waits for the copy to be written (host memory
-    bandwidth, a device-to-host copy on a GPU), which the replay does not charge yet,
-    and it costs the replay about 30% more CPU on the Claude Code trace.
+    way a tiered store's LRU refills host memory on a hit). Homes never change. The
+    restore copies each layer as it lands, overlapping the next layer's reads (a
+    device-to-host copy on a GPU), and its request waits for the last layer's copy
+    (``cio.refill``; the replay charges the same). Off by default (see README,
+    "Placement defaults" for the measured trade-off).
 
     Defaults measured with the replay (README, "Placement defaults"): copies on at 0.9,
     and the short-reply rule off (0). With copies, a chat turn homed on SSD is served

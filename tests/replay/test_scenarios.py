@@ -219,3 +219,30 @@ def test_every_system_pays_the_fixed_restore_cost(system: str) -> None:
     _, slow_node = replay_node(wl, system, 1.0, slow)
     assert len(fast_node.rec.prefetch_s) == len(slow_node.rec.prefetch_s) == 1
     assert slow_node.rec.prefetch_s[0] - fast_node.rec.prefetch_s[0] == pytest.approx(0.05)
+
+
+def test_a_restore_that_fills_memory_copies_ends_one_layer_copy_later() -> None:
+    """copy_on_restore: A's second turn reads A's first turn from SSD and copies it to
+    host memory layer by layer as it lands (device to host, at the link's bandwidth,
+    faster than the SSD here), so the restore ends one layer's copy later; the copy is
+    kept."""
+    wl = from_requests(TWO_RESTORES[:4], BT)
+    base = tiny_preset(gpu_blocks=14, host_blocks=10)
+    got = {}
+    for on in (False, True):
+        placement = dataclasses.replace(base.flatcake.placement, memory_copy_watermark=1.0,
+                                        copy_on_restore=on)
+        preset = dataclasses.replace(base, flatcake=dataclasses.replace(
+            base.flatcake, placement=placement))
+        m, node = replay_node(wl, "flatcake", 1.0, preset)
+        assert node.rec.hit_blocks[3] == 10 and m.read_commands > 0
+        got[on] = (node.rec.prefetch_s[0], m.extra["memory_copies_made"])
+    copy_s = 10 * BLOCK_BYTES / base.node.host_to_gpu_bytes_per_s
+    assert got[True][0] - got[False][0] == pytest.approx(copy_s / GEOMETRY.num_layers)
+    assert got[True][1] == got[False][1] + 1
+
+
+def test_a_copy_slower_than_the_reads_sets_the_restores_pace() -> None:
+    from flatcake.replay.systems.flatcake import refill_wait_s
+    assert refill_wait_s(2.0, 1.0, 4) == pytest.approx(0.25)  # one layer's copy
+    assert refill_wait_s(1.0, 2.0, 4) == pytest.approx(0.5 + 3 * 1.0 / 4)

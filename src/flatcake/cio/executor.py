@@ -53,6 +53,7 @@ from flatcake.cio.files import SessionFiles
 from flatcake.cio.format import FileHeader
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import GdsReader, Reader
+from flatcake.cio.refill import LayerRefills
 from flatcake.cio.remote_load import restore_remote
 from flatcake.cio.restore import LayerReady, OpenFile, RestoreJob, RestoreOutcome
 from flatcake.cio.scan import DiskScan
@@ -191,12 +192,15 @@ class Executor:
         staging window), an all-memory one on the sync thread. ``on_done`` runs on that
         thread once every layer is settled."""
         job, cut_tags = self.load_job(task, paged)
+        refills = LayerRefills(task, paged, self.arena) if task.refills else None
+        if refills is not None:
+            job.after_layer = refills.after_layer
         pool = self._sync_pool if task.sync else self._restores
-        return pool.submit(self._run_load, task, job, cut_tags, ready, on_done)
+        return pool.submit(self._run_load, task, job, cut_tags, ready, on_done, refills)
 
     def _run_load(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
-                  ready: LayerReady, on_done: Callable[[LoadOutcome], None] | None
-                  ) -> LoadOutcome:
+                  ready: LayerReady, on_done: Callable[[LoadOutcome], None] | None,
+                  refills: LayerRefills | None = None) -> LoadOutcome:
         window = self._sync_window if task.sync else self._windows.get()
         local = LayerReady(ready.num_layers) if task.remote else ready
         try:
@@ -218,7 +222,7 @@ class Executor:
         remote_bytes = 0
         if task.remote:
             loaded, remote_bytes = self._run_remote(task, job.paged, loaded, ready)
-        refilled = self._refill(task, job.paged, loaded, failed) if task.refills else ()
+        refilled = refills.written(loaded, failed) if refills is not None else ()
         done = LoadDone(task.request_id, max(loaded, task.first_block), task.remote_end,
                         failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s,
                         refilled, remote_bytes)
@@ -247,25 +251,6 @@ class Executor:
             for layer in range(ready.num_layers):
                 ready.set(layer)
         return loaded, 0
-
-    def _refill(self, task: LoadTask, paged: PagedKV, loaded: int,
-                failed: tuple[int, ...]) -> tuple[int, ...]:
-        """Write the task's memory copies from its restored, verified blocks (they sit
-        in the paged KV until the request runs). A copy that cannot be written is left
-        out: the books free it."""
-        done: list[int] = []
-        for home_id, start, count, offset, nbytes in task.refills:
-            if home_id in failed or start + count > loaded:
-                continue
-            try:
-                ids = paged.block_table(task.block_ids[start:start + count], unique=False)
-                self.writer.write_memory(self.arena.view(offset, nbytes), paged, ids)
-            except Exception as exc:  # a refill is an optimisation: never fail the load
-                logger.warning("FlatCake memory copy of segment %d not written: %s",
-                               home_id, exc)
-                continue
-            done.append(home_id)
-        return tuple(done)
 
     # -- stores ----------------------------------------------------------------------
 

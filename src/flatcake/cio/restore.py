@@ -5,7 +5,7 @@ executor (``cio.executor``), run by a staging window (``cio.staging``)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +36,8 @@ class RestoreJob:
         files: file_id -> open file, for every file the plan reads.
         arena: the host arena (source of memory copies).
         num_request_blocks: blocks the restore would load if nothing fails.
+        after_layer: called with ``(layer, cut)`` once a layer is in the paged KV (the
+            memory copies a restore fills, ``cio.refill``).
     """
 
     plan: ReadPlan
@@ -46,6 +48,7 @@ class RestoreJob:
     files: Mapping[int, OpenFile]
     arena: torch.Tensor | None
     num_request_blocks: int
+    after_layer: Callable[[int, int], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

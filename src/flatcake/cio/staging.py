@@ -161,6 +161,8 @@ class StagingWindow:
                 self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut,
                               memory_only=direct is not None)
                 ready.set(lp.layer)
+                if job.after_layer is not None:
+                    job.after_layer(lp.layer, cut)  # overlaps layer i + 1's reads
                 pending = nxt
         except BaseException:
             reads.abandon()  # no read may still land in the slots once the window is free

@@ -298,16 +298,29 @@ class SegmentWriter:
     def write_memory(dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor) -> None:
         """Gather blocks ``ids`` into a host-memory segment (``SegmentLayout.for_memory``:
         layer-major, no header); ``dest`` is that segment's range of the arena."""
-        layout = SegmentLayout.for_memory(int(ids.numel()), paged.num_layers,
-                                          paged.block_bytes_per_layer)
-        if dest.numel() < layout.data_bytes:
-            raise ValueError(f"memory segment needs {layout.data_bytes} bytes, destination "
-                             f"has {dest.numel()}")
-        host = _HostGather(paged, ids)
-        for layer in range(layout.num_layers):
-            start = layout.layer_offset(layer)
-            _gather(paged, host, layer, ids, 0, layout.num_blocks,
-                    dest[start:start + layout.layer_bytes])
+        copy = MemoryCopy(dest, paged, ids)
+        for layer in range(paged.num_layers):
+            copy.layer(layer)
+
+
+class MemoryCopy:
+    """Blocks ``ids`` of a paged KV gathered into a host-memory segment
+    (``SegmentLayout.for_memory``: layer-major, no header) at ``dest``, one layer per
+    ``layer`` call (a restore copies each layer as it lands)."""
+
+    def __init__(self, dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor) -> None:
+        self.layout = SegmentLayout.for_memory(int(ids.numel()), paged.num_layers,
+                                               paged.block_bytes_per_layer)
+        if dest.numel() < self.layout.data_bytes:
+            raise ValueError(f"memory segment needs {self.layout.data_bytes} bytes, "
+                             f"destination has {dest.numel()}")
+        self._dest, self._paged, self._ids = dest, paged, ids
+        self._host = _HostGather(paged, ids)
+
+    def layer(self, layer: int) -> None:
+        start = self.layout.layer_offset(layer)
+        _gather(self._paged, self._host, layer, self._ids, 0, self.layout.num_blocks,
+                self._dest[start:start + self.layout.layer_bytes])
 
 
 class _HostGather:

@@ -12,6 +12,9 @@ one-FIFO ablation). Only the devices are models:
   ``plan.stream.StreamPlanner``: each SSD segment read whole, for its checksum) on the
   worker's SSD channel, straight into the GPU through the two-layer window (no host
   staging), and copies its memory part over the host->GPU link;
+* a restore that fills memory copies (``placement.copy_on_restore``) ends later by
+  the copy's pipeline (``refill_wait_s``): the request and the restore's in-flight slot
+  wait for it, as in the executor;
 * a request whose missing blocks are all in memory runs at once; its memory copy
   overlaps its prefill;
 * a finished turn's new blocks are placed and allocated by ``prepare_store``; a memory
@@ -98,6 +101,19 @@ def trim_hit(hit: PrefixHit, start: int) -> tuple[HitRun, ...]:
     return tuple(out)
 
 
+def refill_wait_s(read_s: float, copy_s: float, num_layers: int) -> float:
+    """How much later a restore ends when it also fills memory copies
+    (``placement.copy_on_restore``), as the executor does it (``cio.refill``): each
+    layer is copied device-to-host (``copy_s`` in all, at the host<->GPU link's
+    bandwidth; PCIe carries both directions at once, so the copies do not queue behind
+    host->GPU loads) once its reads land, while the next layer's reads are in flight.
+    A two-stage pipeline of ``num_layers`` equal steps ends ``copy_s / L + (L - 1) *
+    max(read_s, copy_s) / L`` after the first layer's reads, i.e. one layer's copy after
+    the reads when copying is the faster stage."""
+    n = max(num_layers, 1)
+    return copy_s / n + (n - 1) * max(copy_s - read_s, 0.0) / n
+
+
 def memory_run(hit: PrefixHit, start: int) -> int:
     """How many blocks from ``start`` on the hit holds in host memory, contiguously."""
     n = 0
@@ -114,8 +130,8 @@ def memory_run(hit: PrefixHit, start: int) -> int:
 
 
 class _FcState:
-    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan", "refills",
-                 "turn")
+    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan", "refill_bytes",
+                 "refills", "turn")
 
     def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...], turn: TurnInfo) -> None:
         self.hit = hit
@@ -126,6 +142,7 @@ class _FcState:
         self.gpu_prefix = 0  # GPU prefix when the load was planned
         self.plan: ReadPlan | None = None
         self.refills: tuple[int, ...] = ()  # homes whose memory copies the restore fills
+        self.refill_bytes = 0  # their bytes
 
 
 class FlatCakeSystem(System):
@@ -200,7 +217,9 @@ class FlatCakeSystem(System):
                              runs)
         needs_ssd = ssd_blocks > 0
         lp = cp.prepare_load(req.idx, part, planner=self._planner, refill=True)
-        st.refills = tuple(home.segment_id for home, _ in lp.refills)
+        if lp.refills:
+            st.refills = tuple(home.segment_id for home, _ in lp.refills)
+            st.refill_bytes = sum(copy.total_bytes for _, copy in lp.refills)
         st.load_pinned = True
         st.gpu_prefix = g
         st.plan = lp.read_plan
@@ -257,14 +276,15 @@ class FlatCakeSystem(System):
         self.read_gap_bytes += plan.gap_bytes
         self.read_check_bytes += plan.useful_bytes - useful
         st.plan = None
-        end = self._charge(w, plan)
+        end = self._charge(w, plan, st.refill_bytes)
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
         # Fixed cost of a restore (lookup, submission, completion), same for every system.
         node.loop.at(end + node.spec.restore_overhead_s, self._restore_done, (req, useful))
 
-    def _charge(self, w: Worker, plan: ReadPlan) -> float:
+    def _charge(self, w: Worker, plan: ReadPlan, refill_bytes: int = 0) -> float:
         """Put ``plan``'s SSD reads on ``w``'s SSD channel and its memory copies on its
-        host->GPU link; returns when both are done."""
+        host->GPU link; returns when both are done (and the ``refill_bytes`` of memory
+        copies the restore fills are written, ``refill_wait_s``)."""
         node = self.node
         if node is None:
             raise not_attached(self.name)
@@ -278,6 +298,9 @@ class FlatCakeSystem(System):
                  else plan.bytes_read / spec.ssd.read_bytes_per_s + cmds * spec.store_command_s)
             end = w.ssd.submit(now, t, plan.bytes_read, cmds)
             node.rec.ssd_read(cmds, plan.bytes_read, t)
+            if refill_bytes:
+                end += refill_wait_s(t, refill_bytes / spec.host_to_gpu_bytes_per_s,
+                                     node.geometry.num_layers)
         if plan.memory_bytes:
             end = max(end, w.link.submit(now, plan.memory_bytes / spec.host_to_gpu_bytes_per_s,
                                          plan.memory_bytes))
@@ -300,8 +323,8 @@ class FlatCakeSystem(System):
         """Unpin what the restore read."""
         if self.cp is None:
             raise not_attached(self.name)
-        # The restored bytes fill the memory copies the plan asked for (host memory
-        # writes, free here like the copies made at write time).
+        # The restored bytes filled the memory copies the plan asked for (their time is
+        # in the restore's end, ``refill_wait_s``).
         self.cp.complete_load(req.idx, req.sys.refills)
         req.sys.load_pinned = False
 
