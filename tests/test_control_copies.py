@@ -257,3 +257,23 @@ def test_an_early_copy_is_found_behind_blocks_indexed_meanwhile() -> None:
     cp.complete_store(two, True)
     assert cp.lookup(keys).num_blocks == 2
     cp.check_integrity()
+
+
+class TestFragmentation:
+    def test_a_copy_that_fits_in_bytes_but_not_in_one_extent_drops_the_copy_in_the_way(
+            self) -> None:
+        # 8 pages: one-page copies a..f at pages 0..5; b and d leave (holes at 1 and 3).
+        cp, clock = make(memory_pages=8, copy_watermark=1.0)
+        for t, s in enumerate("abcdef"):
+            clock.set(float(t))
+            assert agent_turn(cp, s, 2, turn=0).copy is not None
+        for s in "bd":
+            cp.drop_session(s)
+        # A 3-page copy: 7 of 8 pages, under the watermark, but the largest free extent
+        # is 2 pages. Dropping c (page 2) opens pages 1..3: one copy, not the oldest (a).
+        clock.set(9.0)
+        assert agent_turn(cp, "g", 40, turn=0).copy is not None
+        assert [(a.session_id, len(a.memory_segments)) for a in cp.take_reclaim_actions()] \
+            == [("c", 1)]
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "acef"] == [2, 0, 2, 2]
+        cp.check_integrity()

@@ -267,3 +267,21 @@ class SsdMachine(RuleBasedStateMachine):
 
 TestSsdMachine = SsdMachine.TestCase
 TestSsdMachine.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
+
+
+def test_cheapest_window_frees_the_fewest_bytes_in_the_way() -> None:
+    arena = HostArena(100, align=1)
+    a, b, c, d, e = (arena.alloc(n) for n in (10, 30, 20, 15, 25))  # 0, 10, 40, 60, 75
+    arena.free(a)
+    arena.free(d)  # free: [0, 10), [60, 75)
+    assert arena.cheapest_window(10, {b, c, e}) == []
+    # 35 bytes: [40, 75) needs only c (20 bytes); [0, 40) would need b (30).
+    assert arena.cheapest_window(35, {b, c, e}) == [c]
+    assert arena.cheapest_window(35, {b, e}) == [e]  # [60, 100): 25 bytes, not b's 30
+    assert arena.cheapest_window(35, {b}) == [b]  # only [0, 40) is open
+    assert arena.cheapest_window(45, {b, e}) is None  # c splits every run
+    assert arena.cheapest_window(100, {b, c, e}) == [b, c, e]
+    for offset in arena.cheapest_window(35, {b, c, e}) or []:
+        arena.free(offset)
+    assert arena.can_fit(35)
+    arena.check_integrity()

@@ -11,6 +11,7 @@ coalescing on free; sizes are rounded up to ``align``.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Collection
 
 from flatcake.errors import CapacityError, IntegrityError
 from flatcake.plan.layout import ALIGN, align_up
@@ -80,6 +81,33 @@ class HostArena:
     def can_fit(self, size_bytes: int) -> bool:
         """Whether ``try_alloc(size_bytes)`` would succeed now."""
         return align_up(size_bytes, self.align) <= self.largest_free_bytes
+
+    def cheapest_window(self, size_bytes: int, movable: Collection[int]) -> list[int] | None:
+        """The allocations to free, fewest bytes first, so that ``size_bytes`` fit in
+        one extent: the offsets (all in ``movable``) inside the cheapest run of free
+        extents and ``movable`` allocations, in address order, that spans ``size_bytes``;
+        ``[]`` when it fits now, ``None`` when no such run exists."""
+        size = align_up(size_bytes, self.align)
+        if size <= self.largest_free_bytes:
+            return []
+        extents = sorted([(s, e - s, -1) for s, e in self._free_end.items()]
+                         + [(o, n, n) for o, n in self._allocated.items() if o in movable])
+        best: tuple[int, int, int] | None = None  # (cost, first, last) extent indices
+        first = span = cost = 0
+        for last, (start, length, price) in enumerate(extents):
+            if last > first and extents[last - 1][0] + extents[last - 1][1] != start:
+                first, span, cost = last, 0, 0  # an unmovable allocation between
+            span += length
+            cost += max(price, 0)
+            while span - extents[first][1] >= size:
+                span -= extents[first][1]
+                cost -= max(extents[first][2], 0)
+                first += 1
+            if span >= size and (best is None or cost < best[0]):
+                best = (cost, first, last)
+        if best is None:
+            return None
+        return [o for o, _n, price in extents[best[1]:best[2] + 1] if price >= 0]
 
     # -- updates ---------------------------------------------------------------------
 

@@ -76,28 +76,51 @@ class _Reclaimer(_Books):
         for rec in self._victims(Medium.MEMORY, used_bytes):
             self._actions.append(self._cut(rec, min(rec.memory_segment_ids), Medium.MEMORY))
 
-    def _drop_copies(self, used_bytes: int, need_bytes: int, target: float) -> int:
+    def _drop_copies(self, used_bytes: int, need_bytes: int, target: float,
+                     fallback: bool = True) -> int:
         """Drop memory copies of unpinned sessions, least recently used first, until use
-        (``used_bytes`` less what is freed) is at or under ``target`` and ``need_bytes``
-        fit; returns the bytes freed."""
+        (``used_bytes`` less what is freed) is at or under ``target``; then, if
+        ``need_bytes`` still do not fit in one extent, the copies in the way (the
+        cheapest run of free space and droppable copies that spans it,
+        ``HostArena.cheapest_window``), so fragmentation costs the fewest copies. With no
+        such run, ``fallback`` drops on in LRU order until the bytes fit (the cuts that
+        follow may open a run); otherwise nothing more goes. Returns the bytes freed."""
         freed = 0
         dropped: dict[str, list[Segment]] = {}
         for home_id in self.copies.homes_lru():
-            if used_bytes - freed <= target and self.arena.can_fit(need_bytes):
+            if used_bytes - freed <= target:
                 break
-            copy = self.copies.get(home_id)
-            if copy is None:
-                continue
-            rec = self._sessions[copy.session_id]
-            if rec.num_pins:
-                continue
-            self._free_copy(rec, home_id)
-            freed += copy.total_bytes
-            dropped.setdefault(rec.session_id, []).append(copy)
+            freed += self._drop_copy(home_id, dropped)
+        if need_bytes and not self.arena.can_fit(need_bytes):
+            movable = {c.offset: h for h, c in ((h, self.copies.get(h))
+                                                for h in self.copies.homes_lru())
+                       if c is not None and not self._sessions[c.session_id].num_pins}
+            window = self.arena.cheapest_window(need_bytes, movable)
+            if window is not None:
+                for offset in window:
+                    freed += self._drop_copy(movable[offset], dropped)
+            elif fallback:
+                for home_id in self.copies.homes_lru():
+                    if self.arena.can_fit(need_bytes):
+                        break
+                    freed += self._drop_copy(home_id, dropped)
         for sid, copies in dropped.items():
             self._actions.append(ReclaimAction(sid, Medium.MEMORY, tuple(copies), (), (),
                                                False))
         return freed
+
+    def _drop_copy(self, home_id: int, dropped: dict[str, list[Segment]]) -> int:
+        """Drop the copy of ``home_id`` unless its session is pinned; returns the bytes
+        freed and files the copy under its session in ``dropped``."""
+        copy = self.copies.get(home_id)
+        if copy is None:
+            return 0
+        rec = self._sessions[copy.session_id]
+        if rec.num_pins:
+            return 0
+        self._free_copy(rec, home_id)
+        dropped.setdefault(rec.session_id, []).append(copy)
+        return copy.total_bytes
 
     def _free_copy(self, rec: SessionRecord, home_id: int) -> Segment:
         copy = self.copies.pop(home_id)
