@@ -241,10 +241,9 @@ class ControlPlane(_Damage, _Restart, _Integrity):
             if projected - evictable > limit:
                 return None
             rc = self.config.reclaim
-            self._drop_copies(projected, size, limit * (1.0 - (rc.memory_high - rc.memory_low)),
-                              fallback=False)
+            self._drop_copies(projected, size, limit * (1.0 - (rc.memory_high - rc.memory_low)))
         elif not self.arena.can_fit(size):
-            self._drop_copies(projected, size, limit, fallback=False)
+            self._drop_copies(projected, size, limit)
         offset = self.arena.try_alloc(size)
         if offset is None:
             return None

@@ -70,21 +70,24 @@ class _Reclaimer(_Books):
 
     def _reclaim_memory(self, used_bytes: int, need_bytes: int) -> None:
         """Memory use would be ``used_bytes`` (a write of ``need_bytes`` included): drop
-        memory copies, then cut sessions at their first memory-homed segment."""
+        memory copies, then cut sessions at their first memory-homed segment, then drop
+        the copies still in the way of ``need_bytes`` (the cuts may have opened a run)."""
         used_bytes -= self._drop_copies(
             used_bytes, need_bytes, self.config.reclaim.memory_low * self.arena.capacity_bytes)
-        for rec in self._victims(Medium.MEMORY, used_bytes):
+        victims = self._victims(Medium.MEMORY, used_bytes)
+        for rec in victims:
             self._actions.append(self._cut(rec, min(rec.memory_segment_ids), Medium.MEMORY))
+        if victims and need_bytes:
+            self._drop_copies(used_bytes, need_bytes, float(self.arena.capacity_bytes))
 
-    def _drop_copies(self, used_bytes: int, need_bytes: int, target: float,
-                     fallback: bool = True) -> int:
+    def _drop_copies(self, used_bytes: int, need_bytes: int, target: float) -> int:
         """Drop memory copies of unpinned sessions, least recently used first, until use
         (``used_bytes`` less what is freed) is at or under ``target``; then, if
-        ``need_bytes`` still do not fit in one extent, the copies in the way (the
-        cheapest run of free space and droppable copies that spans it,
-        ``HostArena.cheapest_window``), so fragmentation costs the fewest copies. With no
-        such run, ``fallback`` drops on in LRU order until the bytes fit (the cuts that
-        follow may open a run); otherwise nothing more goes. Returns the bytes freed."""
+        ``need_bytes`` still do not fit in one extent, the copies in the way: those in
+        the cheapest run of free space and droppable copies that spans it
+        (``HostArena.cheapest_window``), so fragmentation costs the fewest copies. With
+        no such run no more copies go (dropping them could not make room). Returns the
+        bytes freed."""
         freed = 0
         dropped: dict[str, list[Segment]] = {}
         for home_id in self.copies.homes_lru():
@@ -95,15 +98,8 @@ class _Reclaimer(_Books):
             movable = {c.offset: h for h, c in ((h, self.copies.get(h))
                                                 for h in self.copies.homes_lru())
                        if c is not None and not self._sessions[c.session_id].num_pins}
-            window = self.arena.cheapest_window(need_bytes, movable)
-            if window is not None:
-                for offset in window:
-                    freed += self._drop_copy(movable[offset], dropped)
-            elif fallback:
-                for home_id in self.copies.homes_lru():
-                    if self.arena.can_fit(need_bytes):
-                        break
-                    freed += self._drop_copy(home_id, dropped)
+            for offset in self.arena.cheapest_window(need_bytes, movable) or ():
+                freed += self._drop_copy(movable[offset], dropped)
         for sid, copies in dropped.items():
             self._actions.append(ReclaimAction(sid, Medium.MEMORY, tuple(copies), (), (),
                                                False))
