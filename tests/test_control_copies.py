@@ -239,6 +239,14 @@ class TestRefillAndLru:
         assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abxc"] == [2, 0, 0, 2]
         cp.check_integrity()
 
+    def test_a_lookup_that_reports_a_copy_makes_it_the_most_recently_used(self) -> None:
+        cp, _ = make(memory_pages=3, high=0.9, low=0.85, copy_watermark=1.0)
+        for s in "abx":
+            agent_turn(cp, s, 2, turn=0)
+        assert cp.lookup(skeys("a", 2)).num_memory_blocks == 2  # a request about to use it
+        agent_turn(cp, "c", 2, turn=0)
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abxc"] == [2, 0, 0, 2]
+
 
 def test_an_early_copy_is_found_behind_blocks_indexed_meanwhile() -> None:
     """Two turns in flight write the same first block; the first's early copy becomes

@@ -9,9 +9,9 @@ change; a lookup reports the copy in place of its home (``substitute``), so a re
 reads host memory instead of the SSD.
 
 Copies are dropped one by one, least recently used first (a copy is used when it is
-made and whenever a restore reads it): dropping one never cuts a session, its home
-still serves. A session's dead segments (an agent context compacted away) so leave
-memory before the live history of another session does.
+made, whenever a lookup reports it and whenever a restore reads it): dropping one never
+cuts a session, its home still serves. A session's dead segments (an agent context
+compacted away) so leave memory before the live history of another session does.
 
 Ownership: the ``ControlPlane`` allocates and frees the arena ranges and serialises
 every call; this class only keeps ``home segment id -> copy`` in LRU order.
@@ -55,6 +55,15 @@ class MemoryCopies:
         home = self._home_of.get(copy.segment_id)
         if home is not None:
             self._by_home[home] = self._by_home.pop(home)
+
+    def touch_hit(self, hit: PrefixHit) -> None:
+        """A lookup found ``hit`` (SSD homes, before ``substitute``): the copies of its
+        segments become the most recently used, in prefix order."""
+        by_home = self._by_home
+        for run in hit.runs:
+            home = run.segment.segment_id
+            if home in by_home:
+                by_home[home] = by_home.pop(home)
 
     @property
     def total_bytes(self) -> int:

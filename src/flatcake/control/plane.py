@@ -85,10 +85,13 @@ class ControlPlane(_Damage, _Restart, _Integrity):
 
     def lookup(self, keys: Sequence[bytes]) -> PrefixHit:
         """The longest indexed prefix of ``keys`` (published segments only), with the
-        memory copy of an SSD segment in its place where one is held."""
+        memory copy of an SSD segment in its place where one is held. The copies it
+        reports become the most recently used (a request is about to use them, as a
+        tiered store's LRU refreshes the blocks a lookup matched)."""
         req = keys if isinstance(keys, tuple) else tuple(keys)
         hit = self.index.lookup(req)
-        if len(self.copies):
+        if len(self.copies) and hit.num_ssd_blocks:
+            self.copies.touch_hit(hit)
             hit = self.copies.substitute(hit)
         return self._with_early_copies(req, hit) if self._early else hit
 
