@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from flatcake.clock import ManualClock
 from flatcake.config import FlatCakeConfig, PlacementConfig, ReclaimConfig, StoreConfig
-from flatcake.control import ControlPlane, FileCut, LoadPlan, StorePlan
+from flatcake.control import ControlPlane, FileCut, LoadPlan, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.placement import PlacementRule
 from flatcake.errors import CapacityError
@@ -457,14 +457,25 @@ class ControlMachine(RuleBasedStateMachine):
         self.next_rid = 0
 
     def pinned(self) -> set[str]:
+        """Sessions pinned now (and the copies held now, for ``check_actions``)."""
+        self.copies_before = {c.segment_id for c in self.cp.memory_copies()}
         out = {p.session_id for p in self.pending}
         for sessions in self.loads.values():
             out |= sessions
         return out
 
-    def check_actions(self, pinned: set[str]) -> None:
-        for a in self.cp.take_reclaim_actions():
-            assert a.session_id not in pinned, f"reclaimed pinned session {a.session_id}"
+    def check_actions(self, pinned: set[str],
+                      actions: list[ReclaimAction] | None = None) -> None:
+        """No pinned session is reclaimed; a memory copy may go (it cuts nothing), but
+        never one a restore in flight reads."""
+        read = {run.segment.segment_id for lp in self.plans.values() for run in lp.hit.runs}
+        for a in self.cp.take_reclaim_actions() if actions is None else actions:
+            dropped = {x.segment_id for x in a.memory_segments}
+            assert not dropped & read, f"dropped memory {dropped & read} a restore reads"
+            copies_only = not a.ssd_segments and not a.file_ids and not a.session_dropped \
+                and dropped <= self.copies_before
+            assert copies_only or a.session_id not in pinned, \
+                f"reclaimed pinned session {a.session_id}"
 
     @rule(s=st.sampled_from(SESSIONS), new=st.integers(1, 12),
           reply=st.sampled_from([None, 10, 1000, 5000]), shared=st.sampled_from([1, 1, 2]),
@@ -570,8 +581,7 @@ class ControlMachine(RuleBasedStateMachine):
     @rule()
     def reclaim(self) -> None:
         pinned = self.pinned()
-        for a in self.cp.reclaim():
-            assert a.session_id not in pinned
+        self.check_actions(pinned, self.cp.reclaim())
 
     @rule(s=st.sampled_from(SESSIONS))
     def drop(self, s: str) -> None:

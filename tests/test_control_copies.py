@@ -285,3 +285,20 @@ class TestFragmentation:
             == [("c", 1)]
         assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "acef"] == [2, 0, 2, 2]
         cp.check_integrity()
+
+    def test_a_copy_goes_while_its_session_writes_but_not_while_a_restore_reads_it(
+            self) -> None:
+        cp, _ = make(memory_pages=3, high=0.9, low=0.85, copy_watermark=1.0)
+        for s in "abx":
+            agent_turn(cp, s, 2, turn=0)
+        load = cp.prepare_load("r", skeys("b", 2))  # reads b's copy
+        # a's next turn: a is pinned by its write, yet its old copy is clean and goes
+        # (oldest); b's is being read and stays; x's goes next.
+        plan = cp.prepare_store("a", skeys("a", 4), turn_index=1, context_tokens=10**6)
+        assert plan is not None and plan.copy is not None
+        assert {x.session_id for a in cp.take_reclaim_actions() for x in a.memory_segments} \
+            == {"a", "x"}
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abx"] == [0, 2, 0]
+        cp.complete_load(load.request_id)
+        cp.complete_store(plan, True)
+        cp.check_integrity()

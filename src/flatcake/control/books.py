@@ -70,6 +70,9 @@ class _Books:
         self._truncated = 0
         self.copies = MemoryCopies()
         self._copy_holders: set[str] = set()  # sessions with published copies
+        # Memory segments (copies among them) that loads in flight read -> how many:
+        # a copy is dropped only when no load reads it.
+        self._copy_reads: Counter[int] = Counter()
         # Copies written ahead of their segment (complete_copy): first key -> plan.
         # key -> (store in flight whose memory copy holds it, position in that copy)
         self._early: dict[bytes, tuple[StorePlan, int]] = {}

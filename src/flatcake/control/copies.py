@@ -19,7 +19,7 @@ every call; this class only keeps ``home segment id -> copy`` in LRU order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from flatcake.control.address import Medium
 from flatcake.control.index import BlockIndex, HitRun, PrefixHit, Segment
@@ -37,6 +37,7 @@ class MemoryCopies:
     def __init__(self) -> None:
         self._by_home: dict[int, Segment] = {}
         self._home_of: dict[int, int] = {}  # copy segment id -> home segment id
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._by_home)
@@ -67,7 +68,12 @@ class MemoryCopies:
 
     @property
     def total_bytes(self) -> int:
-        return sum(c.total_bytes for c in self._by_home.values())
+        return self._bytes
+
+    def bytes_of(self, copy_ids: Iterable[int]) -> int:
+        """Bytes of the copies held among segment ids ``copy_ids``."""
+        return sum(self._by_home[self._home_of[i]].total_bytes for i in copy_ids
+                   if i in self._home_of)
 
     def get(self, home_id: int) -> Segment | None:
         return self._by_home.get(home_id)
@@ -91,12 +97,14 @@ class MemoryCopies:
             raise ValueError(f"SSD segment {home.segment_id} already has a memory copy")
         self._by_home[home.segment_id] = copy
         self._home_of[copy.segment_id] = home.segment_id
+        self._bytes += copy.total_bytes
 
     def pop(self, home_id: int) -> Segment | None:
         """Forget the copy of ``home_id`` (if any) and return it; the caller frees it."""
         copy = self._by_home.pop(home_id, None)
         if copy is not None:
             del self._home_of[copy.segment_id]
+            self._bytes -= copy.total_bytes
         return copy
 
     def substitute(self, hit: PrefixHit) -> PrefixHit:
@@ -120,7 +128,8 @@ class MemoryCopies:
                          hit.num_ssd_blocks - moved, tuple(runs))
 
     def check_integrity(self, index: BlockIndex) -> None:
-        if len(self._home_of) != len(self._by_home):
+        if len(self._home_of) != len(self._by_home) or \
+                self._bytes != sum(c.total_bytes for c in self._by_home.values()):
             raise IntegrityError("memory copy books disagree with each other")
         for home_id, copy in self._by_home.items():
             try:

@@ -29,6 +29,11 @@ class _Integrity(_Books):
         for lp in self._loads.values():
             for sid in lp.session_ids:
                 pins[sid] += 1
+        reads: Counter[int] = Counter(run.segment.segment_id for lp in self._loads.values()
+                                      for run in lp.hit.runs
+                                      if run.segment.medium is Medium.MEMORY)
+        if reads != self._copy_reads:
+            raise IntegrityError("memory segments read by loads in flight out of sync")
         owned: set[int] = set()
         mem_total = ssd_total = 0
         hdr = self.ssd.file_header_bytes

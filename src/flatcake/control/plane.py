@@ -40,7 +40,8 @@ copy already readable when its segment's write fails becomes the blocks' memory 
 
 Invariants: an address is published only once its bytes are durable (``complete_store``
 with ``ok=True``); a pinned session (restore reading it, or a write into it in flight)
-is never reclaimed and its copies stay; a segment a restore in flight reads, or a write
+is never reclaimed; a copy a restore in flight reads stays (other copies are clean and
+may go at any time: dropping one cuts nothing); a segment a restore in flight reads, or a write
 in flight after it, is never cut; every indexed block of a session is reachable by the
 keys that wrote it (no holes); the host and SSD budgets are never exceeded.
 
@@ -230,7 +231,7 @@ class ControlPlane(_Damage, _Restart, _Integrity):
                        layout: SegmentLayout) -> Segment | None:
         """A memory copy of ``home`` if memory use, the copy included, can stay at or
         under ``placement.memory_copy_watermark``: copies are a cache of the newest
-        turns, so older copies (unpinned sessions, oldest last access first) make room,
+        turns, so older copies (none a restore reads, least recently used first) make room,
         down to the watermark less the reclaim hysteresis (``memory_high -
         memory_low``). Never drops a memory-homed segment for a copy."""
         limit = self.config.placement.memory_copy_watermark * self.arena.capacity_bytes
@@ -239,8 +240,7 @@ class ControlPlane(_Damage, _Restart, _Integrity):
         if size > limit:
             return None
         if projected > limit:
-            evictable = sum(self._sessions[sid].copy_bytes for sid in self._copy_holders
-                            if not self._sessions[sid].num_pins)
+            evictable = self.copies.total_bytes - self.copies.bytes_of(self._copy_reads)
             if projected - evictable > limit:
                 return None
             rc = self.config.reclaim
@@ -361,10 +361,11 @@ class ControlPlane(_Damage, _Restart, _Integrity):
         sessions = hit.session_ids
         for sid in sessions:
             self._sessions[sid].num_pins += 1
-        if hit.num_memory_blocks and len(self.copies):
+        if hit.num_memory_blocks:
             for run in hit.runs:
                 if run.segment.medium is Medium.MEMORY:
                     self.copies.touch(run.segment)
+                    self._copy_reads[run.segment.segment_id] += 1
         refills = self._refills(hit) if refill and self.config.placement.copy_on_restore \
             and hit.num_ssd_blocks else ()
         plan = LoadPlan(request_id, hit, read_plan, sessions, refills)
@@ -374,7 +375,7 @@ class ControlPlane(_Damage, _Restart, _Integrity):
     def _refills(self, hit: PrefixHit) -> tuple[tuple[Segment, Segment], ...]:
         """Memory copies for the SSD segments ``hit`` reads whole, newest first (the
         ones the session's next turn needs most), while the copy watermark allows.
-        Called with the hit's sessions pinned, so making room never drops their copies."""
+        Called with the hit's copies counted as read, so making room never drops them."""
         g = self.geometry
         out: list[tuple[Segment, Segment]] = []
         for run in reversed(hit.runs):
@@ -413,6 +414,13 @@ class ControlPlane(_Damage, _Restart, _Integrity):
             rec = self._sessions[sid]
             rec.num_pins -= 1
             rec.last_access = now
+        if plan.hit.num_memory_blocks:
+            reads = self._copy_reads
+            for run in plan.hit.runs:
+                if run.segment.medium is Medium.MEMORY:
+                    reads[run.segment.segment_id] -= 1
+                    if not reads[run.segment.segment_id]:
+                        del reads[run.segment.segment_id]
 
     def touch(self, session_id: str) -> None:
         """Mark a session used now (reclaim drops the least recently used first)."""

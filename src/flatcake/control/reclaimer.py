@@ -81,7 +81,7 @@ class _Reclaimer(_Books):
             self._drop_copies(used_bytes, need_bytes, float(self.arena.capacity_bytes))
 
     def _drop_copies(self, used_bytes: int, need_bytes: int, target: float) -> int:
-        """Drop memory copies of unpinned sessions, least recently used first, until use
+        """Drop memory copies no restore reads, least recently used first, until use
         (``used_bytes`` less what is freed) is at or under ``target``; then, if
         ``need_bytes`` still do not fit in one extent, the copies in the way: those in
         the cheapest run of free space and droppable copies that spans it
@@ -97,7 +97,7 @@ class _Reclaimer(_Books):
         if need_bytes and not self.arena.can_fit(need_bytes):
             movable = {c.offset: h for h, c in ((h, self.copies.get(h))
                                                 for h in self.copies.homes_lru())
-                       if c is not None and not self._sessions[c.session_id].num_pins}
+                       if c is not None and c.segment_id not in self._copy_reads}
             for offset in self.arena.cheapest_window(need_bytes, movable) or ():
                 freed += self._drop_copy(movable[offset], dropped)
         for sid, copies in dropped.items():
@@ -106,14 +106,12 @@ class _Reclaimer(_Books):
         return freed
 
     def _drop_copy(self, home_id: int, dropped: dict[str, list[Segment]]) -> int:
-        """Drop the copy of ``home_id`` unless its session is pinned; returns the bytes
-        freed and files the copy under its session in ``dropped``."""
+        """Drop the copy of ``home_id`` unless a load in flight reads it; returns the
+        bytes freed and files the copy under its session in ``dropped``."""
         copy = self.copies.get(home_id)
-        if copy is None:
+        if copy is None or copy.segment_id in self._copy_reads:
             return 0
         rec = self._sessions[copy.session_id]
-        if rec.num_pins:
-            return 0
         self._free_copy(rec, home_id)
         dropped.setdefault(rec.session_id, []).append(copy)
         return copy.total_bytes
