@@ -11,7 +11,8 @@ Steps (each prints its timing; ``--reuse`` keeps sweeps already in ``--out``):
    system at the top rate (CPU seconds, peak memory);
 2. ``claude-code``: every system at every rate on the ``paper`` preset;
 3. ``sensitivity``: the host-memory budget at 8 / 32 / 128 GiB and the GPU KV pool at
-   3 / 6 / 12 GiB per worker, every system, 1 req/s;
+   4 / 6 / 12 GiB per worker (4 GiB: the smallest pool that holds the trace's largest
+   request on the paper geometry), every system, 1 req/s;
 4. ``ablation``: flatcake vs flatcake-1q where queues form: the Claude Code trace on one
    worker, the 8-worker node at a rate where its queues are non-empty, and the built-in
    mixed agent + chat workload;
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     pools: dict[int, SweepResult] = {}
     if cc is not None:
         pools[paper.node.gpu.kv_capacity_bytes // GIB] = _subset(cc, 1.0)
-    for gib in (3, 12):
+    for gib in (4, 12):
         got = _sens(sweep, f"sensitivity-gpu-{gib}gib", cc_wl, gib, systems, args.jobs,
                     field="gpu_kv_capacity_bytes")
         if got is not None:
