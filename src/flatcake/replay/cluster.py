@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +47,7 @@ from flatcake.replay.devices import FifoServer, NetSpec
 from flatcake.replay.engine import Node, Worker
 from flatcake.replay.metrics import Recorder, RunMetrics
 from flatcake.replay.presets import ReplayPreset
-from flatcake.replay.run import gc_paused, replay_geometry, run_metrics, run_replay
+from flatcake.replay.run import replay_geometry, run_replay, timed_run
 from flatcake.replay.sim import EventLoop
 from flatcake.replay.systems import make_system
 from flatcake.replay.workload import Workload
@@ -233,14 +232,9 @@ def replay_cluster(workload: Workload, system: str, rate_req_s: float,
                    preset: ReplayPreset, spec: ClusterSpec,
                    seed: int = 0) -> tuple[RunMetrics, Cluster]:
     """Like ``run_cluster`` (any node count) but also returns the finished ``Cluster``."""
-    start = time.perf_counter()
-    cpu0 = time.process_time()
     cluster = Cluster(workload, system, preset, rate_req_s, spec, seed)
-    with gc_paused():
-        rec = cluster.run()
-    wall = time.perf_counter() - start
-    cpu = time.process_time() - cpu0
-    m = run_metrics(rec, cluster.extra_metrics(), workload, system, rate_req_s, preset, seed,
-                    wall, cpu)
-    logger.info("%s on %s at %g req/s: %.1f s wall", system, spec.label(), rate_req_s, wall)
+    m = timed_run(cluster.run, cluster.extra_metrics, workload, system, rate_req_s, preset,
+                  seed)
+    logger.info("%s on %s at %g req/s: %.1f s wall", system, spec.label(), rate_req_s,
+                m.wall_s)
     return m, cluster

@@ -6,7 +6,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from flatcake.geometry import KVGeometry
@@ -66,16 +66,24 @@ def replay_node(workload: Workload, system: str, rate_req_s: float, preset: Repl
     sysobj = make_system(system, preset.flatcake_config(), preset.tiered)
     node = Node(workload, sysobj, preset.node, geometry, rate_req_s, seed,
                 think_cap_s=preset.think_cap_s)
+    m = timed_run(node.run, sysobj.extra_metrics, workload, system, rate_req_s, preset,
+                  seed)
+    logger.info("%s at %g req/s: %.1f s wall", system, rate_req_s, m.wall_s)
+    return m, node
+
+
+def timed_run(run: Callable[[], Recorder], extra: Callable[[], dict[str, Any]],
+              workload: Workload, system: str, rate_req_s: float, preset: ReplayPreset,
+              seed: int) -> RunMetrics:
+    """Run an event loop (a node's or a cluster's) with the cyclic collector paused,
+    timed in wall and CPU seconds, and summarise it (``run_metrics``)."""
     start = time.perf_counter()
     cpu0 = time.process_time()
     with gc_paused():
-        rec = node.run()
+        rec = run()
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
-    m = run_metrics(rec, sysobj.extra_metrics(), workload, system, rate_req_s, preset, seed,
-                    wall, cpu)
-    logger.info("%s at %g req/s: %.1f s wall", system, rate_req_s, wall)
-    return m, node
+    return run_metrics(rec, extra(), workload, system, rate_req_s, preset, seed, wall, cpu)
 
 
 def run_metrics(rec: Recorder, extra: dict[str, Any], workload: Workload, system: str,
