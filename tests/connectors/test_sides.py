@@ -11,112 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import flatcake
 from flatcake.clock import ManualClock
-from flatcake.config import load_config
-from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
-from flatcake.connectors.settings import ConnectorSettings
-from flatcake.connectors.worker_side import WorkerSide
-from flatcake.control.keys import chain_block_keys
-from flatcake.geometry import KVGeometry
-from flatcake.plan.tasks import StepPlan
-
-G = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
-               dtype="float32", name="tiny")  # 512 bytes per block per layer
-SLOTS = 64
-
-
-def settings(*overrides: str, infer: bool = True) -> ConnectorSettings:
-    base = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
-            "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
-            "placement.memory_copy_watermark=0"]
-    return ConnectorSettings(load_config(env={}, overrides=[*base, *overrides]),
-                             infer_sessions=infer)
-
-
-class Harness:
-    """One engine: a scheduler half, a worker half, and its paged KV (random bytes)."""
-
-    def __init__(self, root: Path, s: ConnectorSettings | None = None, seed: int = 0,
-                 clock: ManualClock | None = None) -> None:
-        self.s = s if s is not None else settings()
-        self.worker = WorkerSide(G, self.s.config, root)
-        self.sched = SchedulerSide(G, self.s, root, clock=clock)
-        gen = torch.Generator().manual_seed(seed)
-        self.kv = [torch.rand((SLOTS, 2, 4, 2, 8), generator=gen) for _ in range(G.num_layers)]
-        self.worker.register(self.kv)
-        self.reports: list[tuple[set[str], set[str], set[int]]] = []
-        self.finished: set[str] = set()  # requests finished since the last step
-        self.released: list[str] = []  # restores released to the engine, in order
-
-    def step(self) -> tuple[StepPlan, set[str], set[str], set[int]]:
-        """One engine step: plan, execute (sync loads per layer), wait for background
-        I/O, report back."""
-        finished, self.finished = self.finished, set()
-        plan = self.sched.build_step()
-        self.worker.start_step(plan)
-        for layer in range(G.num_layers):
-            self.worker.wait_for_layer(layer)
-        self.worker.end_step()
-        deadline = time.monotonic() + 30
-        while self.worker.pending() and time.monotonic() < deadline:
-            self._report(finished)
-            time.sleep(0.01)
-        self._report(finished)
-        all_s = set().union(*(r[0] for r in self.reports))
-        all_r = set().union(*(r[1] for r in self.reports))
-        all_i = set().union(*(r[2] for r in self.reports))
-        self.reports = []
-        return plan, all_s, all_r, all_i
-
-    def _report(self, finished: set[str]) -> None:
-        """What the connector does with a poll: the report to the books, and as the
-        restores the engine may run, those FC-MAS's ready queue released."""
-        sending, recving, invalid, report = self.worker.poll(finished)
-        self.sched.on_report(report)
-        released = self.sched.take_released(recving)
-        self.released.extend(released)
-        self.reports.append((sending, set(released), invalid))
-
-    def block(self, layer: int, slot: int) -> bytes:
-        return self.kv[layer][slot].contiguous().view(torch.uint8).numpy().tobytes()
-
-    def close(self) -> None:
-        self.worker.close()
-
-
-def tokens(prefix: list[int], n: int, start: int) -> list[int]:
-    return prefix + list(range(start, start + n))
-
-
-def view(rid: str, toks: list[int], *, prompt: int | None = None, out: int = 0,
-         computed: int = 0, session: str | None = None) -> RequestView:
-    keys = tuple(chain_block_keys(toks, G.tokens_per_block, "tiny"))
-    return RequestView(rid, keys, len(toks), prompt if prompt is not None else len(toks),
-                       out, computed, session)
-
-
-def end(h: Harness, v: RequestView, slots: list[int] | None = None) -> tuple[bool, dict]:
-    """``v``'s prompt was computed in the step just planned (its store is planned when
-    ``slots`` are given: the prompt's full blocks sit in them), then it finished."""
-    if slots is not None:
-        h.sched.prompt_computed(v, slots)
-    delay, params = h.sched.request_finished(v)
-    h.finished.add(v.request_id)
-    assert params is not None
-    return delay, params
-
-
-def finish(h: Harness, rid: str, toks: list[int], slots: list[int], *, out: int,
-           session: str | None = None) -> dict:
-    """A turn whose prompt is ``toks`` ran: lookup (it missed), its prompt computed and
-    its store planned, then it finished with an ``out``-token reply."""
-    v = view(rid, toks, out=out, computed=len(toks), session=session)
-    h.sched.num_matched_tokens(v, 0)
-    delay, params = end(h, v, slots)
-    return params["flatcake"] | {"delay": delay}
+from flatcake.connectors.scheduler_side import RequestView
+from tests.connectors.sides_harness import Harness, end, finish, settings, tokens, view
 
 
 def test_first_turn_goes_to_ssd_and_next_turn_restores_its_bytes(tmp_path: Path) -> None:
@@ -307,7 +206,6 @@ def test_fc_mas_bounds_restores_in_flight_and_counts_slot_waits(tmp_path: Path) 
     ({"store": 5}, "kv_connector_extra_config.store"),
     ({"store": {"node_id": 4096}}, "store.node_id"),
     ({"store.cluster_url": "localhost:6379"}, "store.cluster_url"),
-    ({"store.cluster_url": "redis://127.0.0.1:6379/0"}, "does not join a cluster yet"),
 ])
 def test_bad_extra_config_names_the_field(extra: dict, field: str) -> None:
     from flatcake.connectors.settings import parse_extra_config
@@ -325,6 +223,20 @@ def test_extra_config_uses_the_store_names() -> None:
     assert s.config.store.root == "/x" and s.config.store.memory_capacity_bytes == 4096
     assert s.config.store.node_id == 3
     assert s.config.scheduler.single_queue is True and s.tenant_salt == "t"
+
+
+def test_cluster_settings_are_taken_and_tensor_parallelism_is_refused_there(
+        tmp_path: Path) -> None:
+    from flatcake.connectors.scheduler_side import SchedulerSide
+    from flatcake.connectors.settings import parse_extra_config
+    from tests.connectors.sides_harness import G
+
+    s = parse_extra_config({"store": {"node_id": 2, "cluster_url": "redis://127.0.0.1:1/0",
+                                      "remote_timeout_s": 1.5}}, env={})
+    assert s.config.store.cluster_url == "redis://127.0.0.1:1/0"
+    assert s.config.store.node_id == 2 and s.config.store.remote_timeout_s == 1.5
+    with pytest.raises(ValueError, match="tensor parallel size 2.*node id per rank"):
+        SchedulerSide(G, s, tmp_path, world_size=2)
 
 
 def test_step_plan_and_report_survive_pickling(tmp_path: Path) -> None:

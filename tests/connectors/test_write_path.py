@@ -12,7 +12,7 @@ from pathlib import Path
 from flatcake.connectors.scheduler_side import RequestView
 from flatcake.control.address import Medium
 from flatcake.plan.tasks import StepPlan
-from tests.connectors.test_sides import G, Harness, end, view
+from tests.connectors.sides_harness import G, Harness, end, view
 
 
 def test_prompt_is_stored_before_the_request_ends(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ EXIT_SCRIPT = """
 import sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[2], sys.argv[3]]
-from tests.connectors.test_sides import Harness, view
+from tests.connectors.sides_harness import Harness, view
 
 import time
 h = Harness(Path(sys.argv[1]))

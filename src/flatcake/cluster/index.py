@@ -98,6 +98,7 @@ class ClusterIndex:
         self._renew = self._r.register_script(_RENEW)
         self._leave = self._r.register_script(_LEAVE)
         self.round_trips = 0  # batched calls made to Redis (for tests and stats)
+        self.failures = 0  # calls that failed or timed out (a caller may back off)
 
     # -- membership -----------------------------------------------------------------
     def join(self) -> int:
@@ -231,6 +232,7 @@ class ClusterIndex:
         try:
             live = self.live_epochs(nodes)
         except Exception as exc:  # redis errors: a miss, never a hang
+            self.failures += 1
             logger.warning("cluster index lookup failed: %s", exc)
             return []
         chosen: list[tuple[bytes, tuple[int, int, int, int, int]] | None] = []
@@ -262,6 +264,7 @@ class ClusterIndex:
             values = self._r.mget([f"{self._p}seg:{n}:{s}" for n, s in segs])
             self.round_trips += 1
         except Exception as exc:
+            self.failures += 1
             logger.warning("cluster index lookup failed: %s", exc)
             return None
         return {ns: json.loads(v) for ns, v in zip(segs, values, strict=True) if v is not None}
@@ -285,6 +288,7 @@ class ClusterIndex:
         try:
             out = pipe.execute()
         except Exception as exc:  # redis.RedisError and socket errors alike
+            self.failures += 1
             logger.warning("cluster index %s failed: %s", what, exc)
             return None
         self.round_trips += 1

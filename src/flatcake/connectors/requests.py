@@ -11,6 +11,8 @@ from flatcake.control import StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import EMPTY_HIT, PrefixHit
 from flatcake.control.signals import TurnInfo
+from flatcake.plan.remote import RemoteRun
+from flatcake.plan.serve import by_medium
 from flatcake.plan.tasks import LoadTask
 
 
@@ -44,14 +46,30 @@ class RequestBooks:
     turn: TurnInfo
     hit: PrefixHit = EMPTY_HIT
     local_blocks: int = 0
+    remote: tuple[RemoteRun, ...] = ()  # runs other nodes hold after the local hit
     load: LoadTask | None = None
     loading: bool = False
     hit_blocks: int = 0
     loaded_memory_blocks: int = 0
     loaded_ssd_blocks: int = 0
+    loaded_remote_blocks: int = 0
     load_error_blocks: int = 0
     store_planned: bool = False
     store: StorePlan | None = None
+
+    def count_load(self, task: LoadTask, loaded: int, stats: Counter[str], bs: int) -> None:
+        """The request's load ``task`` ended with request blocks ``[0, loaded)`` in place
+        (local ones by medium, then remote ones); the rest of it are load errors."""
+        self.loading = False
+        mem, ssd = by_medium(self.hit, task.first_block, loaded)
+        far = max(0, loaded - task.num_blocks)
+        errors = task.remote_end - max(loaded, task.first_block)
+        self.loaded_memory_blocks += mem
+        self.loaded_ssd_blocks += ssd
+        self.loaded_remote_blocks += far
+        self.load_error_blocks += errors
+        stats.update({"loaded_tokens_memory": mem * bs, "loaded_tokens_ssd": ssd * bs,
+                      "loaded_tokens_remote": far * bs, "load_error_blocks": errors})
 
     def params(self, bs: int) -> dict[str, Any]:
         """What the connector did for the request, returned to the client in the
@@ -63,6 +81,7 @@ class RequestBooks:
             "hit_tokens": self.hit_blocks * bs,
             "loaded_tokens_memory": self.loaded_memory_blocks * bs,
             "loaded_tokens_ssd": self.loaded_ssd_blocks * bs,
+            "loaded_tokens_remote": self.loaded_remote_blocks * bs,
             "load_error_blocks": self.load_error_blocks,
         }
         plan = self.store
@@ -93,6 +112,7 @@ COUNTER_KEYS = (  # counters the connector reports, per stats interval
     "hit_tokens",               # tokens the index held when the request was admitted
     "loaded_tokens_memory",     # tokens delivered to the engine's KV from host memory
     "loaded_tokens_ssd",        # tokens delivered from SSD (verified)
+    "loaded_tokens_remote",     # tokens delivered from other nodes (verified)
     "load_error_blocks",        # hit blocks not delivered (corrupt / unreadable): recomputed
     "damaged_segments",         # segments that failed their crc32
     "restores_started",         # SSD restores started by FC-MAS
@@ -103,6 +123,7 @@ COUNTER_KEYS = (  # counters the connector reports, per stats interval
     "stored_blocks_memory",
     "stored_blocks_ssd",
     "lookup_waits",             # lookups deferred behind a store of the same prefix
+    "cluster_lookup_failures",  # cluster index lookups that failed (answered local-only)
 )
 
 

@@ -8,7 +8,9 @@ the worker half runs them on the same executor. Engine-neutral: it sees requests
 
     num_matched_tokens   lookup of the request's block keys; a store still in flight
                          for its next block -> "ask again" (None); all-memory hit ->
-                         sync load; any SSD block -> async load (request waits)
+                         sync load; any SSD block -> async load (request waits); in a
+                         cluster, then the blocks other nodes hold (``cluster_side``:
+                         async load, local-only when Redis fails)
     after_alloc          prepare_load (sessions pinned); sync -> this step's plan;
                          SSD -> FC-MAS queue (priority 1 + wait / kv bytes)
     prompt_computed      the step that computes the rest of the prompt is scheduled:
@@ -22,7 +24,9 @@ the worker half runs them on the same executor. Engine-neutral: it sees requests
     on_report            complete_store / complete_load, restore_done; FC-MAS's
                          ready queue releases the restored requests in its order
                          (``take_released``: the engine schedules those); a damaged
-                         segment stops being served and its session is cut before it
+                         segment stops being served and its session is cut before it;
+                         in a cluster the segments the books drop go to the worker,
+                         which removes their index entries
     request_finished     the session learns the reply's length; a request with a
                          store keeps its blocks until every worker wrote it
 
@@ -40,6 +44,7 @@ from typing import Any
 from flatcake.cio.names import SESSIONS_DIR
 from flatcake.cio.scan import recover_files
 from flatcake.clock import Clock, WallClock
+from flatcake.connectors.cluster_side import remote_task, scheduler_lookup
 from flatcake.connectors.requests import (
     COUNTER_KEYS,
     BlockEvent,
@@ -106,6 +111,8 @@ class SchedulerSide:
         self.counters = Counters()
         self._stats = self.counters.stats
         self._events: list[BlockEvent] = []
+        self._unpublish: list[tuple[int, tuple[bytes, ...]]] = []
+        self.cluster = scheduler_lookup(geometry, settings.config, world_size, self._stats)
         # Restart: the segments under ``store_dir`` (headers only: data crcs are checked
         # on every load; the worker half settles the files themselves).
         self.recovered_segments = recover_files(
@@ -141,11 +148,15 @@ class SchedulerSide:
             state = self._reqs[req.request_id] = RequestBooks(turn)
             if not self.refcount.holds(req.request_id):
                 self.refcount.add(req.request_id, req.keys)
-        state.hit, state.local_blocks = hit, local_blocks
-        num_blocks = hit.num_blocks - local_blocks
+        state.hit, state.local_blocks, state.remote = hit, local_blocks, ()
+        if self.cluster is not None:
+            state.remote = self.cluster.runs(req.request_id, keys, hit.num_blocks,
+                                             local_blocks)
+        end = state.remote[-1].end if state.remote else hit.num_blocks
+        num_blocks = end - local_blocks
         if num_blocks < self.settings.min_hit_blocks:
             return 0, False
-        return num_blocks * bs, hit.needs_ssd
+        return num_blocks * bs, hit.needs_ssd or bool(state.remote)
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
         """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD."""
@@ -165,16 +176,21 @@ class SchedulerSide:
         bs = self.geometry.tokens_per_block
         hit = state.hit
         num_blocks = state.local_blocks + num_external_tokens // bs
-        if num_blocks != hit.num_blocks:
+        end = state.remote[-1].end if state.remote else hit.num_blocks
+        if num_blocks != end:
             raise ValueError(f"request {request_id!r}: the engine admitted "
                              f"{num_external_tokens} external tokens, the hit has "
-                             f"{hit.num_blocks - state.local_blocks} blocks")
+                             f"{end - state.local_blocks} blocks")
         if len(block_ids) < num_blocks:
             raise ValueError(f"request {request_id!r}: {len(block_ids)} block ids for "
                              f"{num_blocks} hit blocks")
-        task, plan = load_task(self.control, request_id, hit, block_ids,
-                               first_block=state.local_blocks)
         first = state.local_blocks
+        if state.remote:  # async, queued in FC-MAS by remote_task
+            task, plan = remote_task(self.control, request_id, hit, block_ids, first,
+                                     state.remote)
+        else:
+            task, plan = load_task(self.control, request_id, hit, block_ids,
+                                   first_block=first)
         state.load, state.loading = task, True
         self._loads[request_id] = task
         self._stats["hit_tokens"] += (num_blocks - first) * bs
@@ -183,7 +199,8 @@ class SchedulerSide:
             self._sync_loads.append(task)
         else:
             self._queued_loads[request_id] = task
-            self.control.submit_restore(plan)
+            if not state.remote:
+                self.control.submit_restore(plan)
 
     # -- steps -----------------------------------------------------------------------
 
@@ -203,8 +220,9 @@ class SchedulerSide:
         drops, self._drops = self._drops, []
         cuts, self._file_cuts = self._file_cuts, []
         writing = {task.request_id for task, _oks in self._stores.values()}
+        unpublish, self._unpublish = self._unpublish, []
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
-                        tuple(r for r in preempted if r in writing))
+                        tuple(r for r in preempted if r in writing), tuple(unpublish))
 
     def on_report(self, report: WorkerReport) -> None:
         """``update_connector_output``: completions reported by the workers."""
@@ -262,19 +280,9 @@ class SchedulerSide:
             if self.control.mark_damaged(seg_id):
                 logger.warning("segment %d failed its checksum; its session is cut before "
                                "it", seg_id)
-        if state is None:
-            return
-        state.loading = False
-        mem, ssd = by_medium(state.hit, task.first_block, loaded)
-        bs = self.geometry.tokens_per_block
-        errors = task.num_blocks - max(loaded, task.first_block)
-        state.loaded_memory_blocks += mem
-        state.loaded_ssd_blocks += ssd
-        state.load_error_blocks += errors
-        self._stats["loaded_tokens_memory"] += mem * bs
-        self._stats["loaded_tokens_ssd"] += ssd * bs
-        self._stats["load_error_blocks"] += errors
-        self._stats["damaged_segments"] += len(failed)
+        if state is not None:
+            state.count_load(task, loaded, self._stats, self.geometry.tokens_per_block)
+            self._stats["damaged_segments"] += len(failed)
 
     def take_released(self, reported: Iterable[str]) -> list[str]:
         """Of the SSD restores the workers ``reported`` finished, and those held before,
@@ -294,6 +302,8 @@ class SchedulerSide:
         for action in actions:
             for seg in (*action.memory_segments, *action.ssd_segments):
                 self._events.append(BlockEvent(False, seg.keys, seg.medium))
+                if self.cluster is not None:
+                    self._unpublish.append((seg.segment_id, seg.keys))
         cuts, drops = reclaim_tasks(actions)
         self._file_cuts.extend(cuts)
         self._drops.extend(drops)
@@ -349,6 +359,8 @@ class SchedulerSide:
         its restore was in flight, the restore."""
         state = self._reqs.pop(req.request_id, None)
         self.refcount.remove(req.request_id)
+        if self.cluster is not None:
+            self.cluster.forget(req.request_id)
         if state is None:
             return False, None
         if state.loading:
@@ -383,6 +395,11 @@ class SchedulerSide:
         holds a prefix when the first of them is written."""
         self._stats["prompt_tokens"] += req.num_prompt_tokens
         self.refcount.add(req.request_id, req.keys)
+
+    def close(self) -> None:
+        """Close the connection to the cluster index, if any."""
+        if self.cluster is not None:
+            self.cluster.close()
 
     def take_stats(self) -> dict[str, int | float]:
         """Counters since the last call (for the engine's stats interval), plus the

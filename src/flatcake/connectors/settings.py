@@ -12,9 +12,13 @@ Sources merge as in ``config.load_config``: defaults, then ``config_file``, then
 ``FLATCAKE_<SECTION>__<FIELD>`` environment variables, then the extra config itself.
 The geometry never comes from configuration: the connector reads it off the engine's
 KV cache, so ``model`` is refused. Any other unknown key is a ``ValueError`` naming it.
-The cluster settings (``store.node_id``, ``store.cluster_url``, ...) are validated like
-the others; a non-empty ``store.cluster_url`` is refused with a clear error, since the
-connector does not join a cluster yet.
+The cluster settings are the store's too: ``store.node_id`` (unique per node),
+``store.cluster_url`` (Redis; empty = this node alone), ``store.cluster_name``,
+``store.remote_timeout_s`` and ``store.remote_window_bytes``. With ``cluster_url`` set
+the worker half joins the cluster as ``node_id`` (serves its arena and files, publishes
+what it writes; it needs NIXL and the ``redis`` client) and the scheduler half counts
+the blocks other nodes hold after its own (``connectors.cluster_side``). Tensor
+parallelism above 1 is refused in a cluster (``connectors.vllm``).
 """
 
 from __future__ import annotations
@@ -71,12 +75,6 @@ class ConnectorSettings:
         if not isinstance(d, int | float) or isinstance(d, bool) or not 0 <= d < float("inf"):
             raise ValueError(f"kv_connector_extra_config.shutdown_drain_s must be a number "
                              f">= 0, got {d!r}")
-        if self.config.store.cluster_url:
-            raise ValueError(
-                f"kv_connector_extra_config store.cluster_url="
-                f"{self.config.store.cluster_url!r}: the vLLM connector does not join a "
-                "cluster yet (FlatCakeStore does: README, 'Beyond one node'); leave it "
-                "empty (store.node_id is used as always)")
 
 
 _CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks",

@@ -56,8 +56,19 @@ the engine's stats, and on ``/metrics`` as ``vllm:flatcake_*``. KV cache events
 (``BlockStored``/``BlockRemoved``, media ``CPU``/``STORAGE``) go out with vLLM's own
 when ``--kv-events-config`` enables them (``connectors.vllm_events``).
 
+In a cluster (``{"store": {"node_id": 1, "cluster_url": "redis://10.0.0.5:6379/0"}}``,
+the keys of ``flatcake node`` and ``FlatCakeStore``) the worker joins the cluster index
+as ``node_id``, serves its host arena and session files to the other nodes through NIXL
+and publishes each segment once durable; the scheduler counts the blocks other nodes
+hold after its own prefix (one batched lookup, each Redis call bounded; Redis down =
+local-only and a warning); the worker reads them through the remote readers, each
+layer's crc32 checked, and a block it cannot fetch (owner gone, timed out, bad crc) is a
+load error: the engine recomputes it.
+
 Limits: one KV cache group (no hybrid attention models), no pipeline parallelism;
-tensor-parallel workers each keep their own store directory (``<root>/tp<rank>``).
+tensor-parallel workers each keep their own store directory (``<root>/tp<rank>``);
+no tensor parallelism in a cluster (each rank's arena and files would need a node id of
+their own).
 """
 
 from __future__ import annotations
@@ -141,6 +152,12 @@ class FlatCakeConnector(KVConnectorBase_V1):
                              f"hash block size {hash_block}")
         self._hashes_per_block = self.block_size // hash_block
         self._world_size = int(parallel.tensor_parallel_size)
+        if self.settings.config.store.cluster_url and self._world_size != 1:
+            raise ValueError(
+                f"FlatCakeConnector: store.cluster_url with tensor_parallel_size="
+                f"{self._world_size}: each rank keeps its own arena and session files, and "
+                "a node id per rank needs a design FlatCake does not have yet; run "
+                "tensor_parallel_size=1 in a cluster, or leave store.cluster_url empty")
         root = Path(self.settings.config.store.root).absolute()
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
@@ -357,6 +374,8 @@ class FlatCakeConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self.worker_side is not None:
             self.worker_side.close()
+        if self.scheduler_side is not None:
+            self.scheduler_side.close()
 
     # -- metrics ---------------------------------------------------------------------
 

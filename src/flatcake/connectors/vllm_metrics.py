@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 GAUGE_KEYS = ("restores_in_flight", "restores_waiting")
-MEDIA = ("memory", "ssd")
-IO_KINDS = ("read_ssd", "copied_memory", "written_ssd", "written_memory")
+MEDIA = ("memory", "ssd", "remote")
+IO_KINDS = ("read_ssd", "copied_memory", "written_ssd", "written_memory", "read_remote")
 
 
 @dataclass
@@ -49,7 +49,7 @@ class FlatCakeStats(KVConnectorStats):
         out = dict(self.data)
         prompt = out.get("prompt_tokens", 0)
         if prompt:
-            loaded = out.get("loaded_tokens_memory", 0) + out.get("loaded_tokens_ssd", 0)
+            loaded = sum(out.get(f"loaded_tokens_{m}", 0) for m in MEDIA)
             out["delivered_hit_rate"] = round(loaded / prompt, 4)
         return out
 
@@ -77,6 +77,8 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
                                "SSD restores that waited for a staging window."),
         "lookup_waits": ("vllm:flatcake_lookup_waits",
                          "Lookups deferred behind a store of the same prefix."),
+        "cluster_lookup_failures": ("vllm:flatcake_cluster_lookup_failures",
+                                    "Cluster index lookups that failed (local-only)."),
         "stores_ok": ("vllm:flatcake_stores_ok", "Turn segments written and published."),
         "stores_failed": ("vllm:flatcake_stores_failed", "Turn segments whose write failed."),
         "stores_rejected": ("vllm:flatcake_stores_rejected",
@@ -105,7 +107,7 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
         self._bytes = self._counter_cls(
             name="vllm:flatcake_io_bytes",
             documentation="Bytes moved by FlatCake workers (read_ssd, copied_memory, "
-                          "written_ssd, written_memory).",
+                          "written_ssd, written_memory, read_remote).",
             labelnames=[*labelnames, "kind"])
         self._in_flight = self._gauge_cls(
             name="vllm:flatcake_restores_in_flight",
@@ -157,7 +159,7 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
         if "restores_waiting" in data:
             self._waiting.labels(*labels).set(data["restores_waiting"])
         total = self._totals.setdefault(engine_idx, [0.0, 0.0])
-        total[0] += data.get("loaded_tokens_memory", 0) + data.get("loaded_tokens_ssd", 0)
+        total[0] += sum(data.get(f"loaded_tokens_{m}", 0) for m in MEDIA)
         total[1] += data.get("prompt_tokens", 0)
         if total[1]:
             self._hit_rate.labels(*labels).set(total[0] / total[1])

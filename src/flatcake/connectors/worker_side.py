@@ -29,6 +29,14 @@ A load never hands over unverified bytes as good: a segment whose crc32 fails (o
 whose read fails) cuts the loaded prefix at its first block, and every block from the
 cut on is reported as a load error, so the engine recomputes it.
 
+In a cluster (``store.cluster_url``) the worker is the node's member
+(``store.cluster.StoreCluster``, as ``FlatCakeStore`` holds it): it joins the index as
+``store.node_id``, serves its arena and session files to peers, re-publishes the
+segments it kept at start-up, publishes each segment once written and durable, removes
+the entries of the segments the books dropped (``StepPlan.unpublish``), and reads the
+remote runs of a load through the executor's remote readers (a run it cannot fetch or
+verify is a load error like any other).
+
 Threads: the engine thread calls the public methods. Restore threads and the writer
 thread hand their results over through ``self._done`` (under ``self._lock``), which
 also guards ``self._writing``; the executor guards its files and crc book itself.
@@ -61,6 +69,7 @@ from flatcake.control.address import Medium
 from flatcake.control.plane import ControlPlane
 from flatcake.geometry import KVGeometry
 from flatcake.plan.tasks import LoadDone, LoadTask, StepPlan, StoreDone, StoreTask, WorkerReport
+from flatcake.store.cluster import StoreCluster
 from flatcake.store.record import write_record
 
 logger = logging.getLogger(__name__)
@@ -117,7 +126,15 @@ class WorkerSide:
         self._loads_in_flight = 0
         self._stats: Counter[str] = Counter()
         self.paged: PagedKV | None = None
-        self._adopt_files()
+        self.cluster: StoreCluster | None = None
+        scratch = self._adopt_files()
+        if config.store.cluster_url:
+            try:
+                self.cluster = StoreCluster(self.executor, self.executor.files.sessions_dir)
+                self.cluster.republish(scratch)
+            except BaseException:
+                self.executor.close()
+                raise
         # What this store runs with, for offline tools (``flatcake inspect``).
         write_record(self.store_dir, geometry, config, self.io_mode)
         self._exit_hook = partial(_drain_at_exit, weakref.ref(self))
@@ -125,7 +142,7 @@ class WorkerSide:
 
     # -- start-up --------------------------------------------------------------------
 
-    def _adopt_files(self) -> None:
+    def _adopt_files(self) -> ControlPlane:
         """Settle the session files left by an earlier process as the books' restart
         decision says (``cio.scan``, on scratch books of this worker's geometry): the
         scheduler half indexes the same segments, so both halves serve the same ones;
@@ -133,6 +150,7 @@ class WorkerSide:
         scratch = ControlPlane(self.geometry, self.config, WallClock())
         scan, recovery = recover_files(scratch, self.executor.files.sessions_dir)
         self.executor.settle(scan, recovery, scratch)
+        return scratch
 
     def register(self, kv_caches: Sequence[torch.Tensor]) -> None:
         """Learn the paged KV: one tensor per layer, in the layer order of the segments
@@ -158,6 +176,8 @@ class WorkerSide:
             self.executor.cut(cut)
         for drop in plan.drops:
             self.executor.drop(drop.file_id)
+        if self.cluster is not None and plan.unpublish:
+            self.cluster.service.remove(list(plan.unpublish))
         with self._lock:
             for store in plan.stores:
                 self._stores_left[store.request_id] += 1
@@ -247,14 +267,16 @@ class WorkerSide:
 
     @staticmethod
     def _failed_block_ids(task: LoadTask, done: LoadDone) -> set[int]:
-        """Slots of the blocks the task meant to load but did not deliver."""
+        """Slots of the blocks the task meant to load (remote ones included) but did
+        not deliver."""
         start = max(done.num_blocks_loaded, task.first_block)
-        return {task.block_ids[b] for b in range(start, task.num_blocks)}
+        return {task.block_ids[b] for b in range(start, task.remote_end)}
 
     def _count_load(self, done: LoadDone) -> None:
         with self._lock:
             self._stats["bytes_read_ssd"] += done.bytes_read
             self._stats["bytes_copied_memory"] += done.memory_bytes
+            self._stats["bytes_read_remote"] += done.remote_bytes
 
     # -- stores and drops ------------------------------------------------------------
 
@@ -263,6 +285,9 @@ class WorkerSide:
         try:
             out = self.executor.run_store(task, self._paged_kv())
             ok, written_bytes = out.done.ok, out.done.bytes_written
+            if ok and self.cluster is not None:  # durable: the books publish it too
+                seg = task.plan.segment
+                self.cluster.publish([(seg, self.cluster.segment_crcs(seg))])
             if not ok:
                 logger.warning("FlatCake store of segment %d (request %s) failed: %s",
                                task.plan.segment.segment_id, task.request_id, out.error)
@@ -314,4 +339,6 @@ class WorkerSide:
                            "%.1f s)", len(dropped) + (not stopped), self.drain_timeout_s)
         else:
             logger.debug("FlatCake writer drained in %.3f s", time.monotonic() - t0)
+        if self.cluster is not None:  # leave the index before the arena goes
+            self.cluster.close()
         self.executor.close(close_files=stopped)

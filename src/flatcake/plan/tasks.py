@@ -120,16 +120,20 @@ class StepPlan:
     """Everything the worker side does in one engine step.
 
     ``preempted``: requests the engine preempted (their blocks may be reused in this
-    step): the worker finishes their stores before the step touches the paged KV."""
+    step): the worker finishes their stores before the step touches the paged KV.
+    ``unpublish``: ``(segment id, keys)`` of the segments the books dropped, when the
+    worker serves a cluster: it removes their cluster index entries."""
 
     loads: tuple[LoadTask, ...] = ()
     stores: tuple[StoreTask, ...] = ()
     drops: tuple[FileDrop, ...] = ()
     cuts: tuple[FileCut, ...] = ()
     preempted: tuple[str, ...] = ()
+    unpublish: tuple[tuple[int, tuple[bytes, ...]], ...] = ()
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.stores or self.drops or self.cuts or self.preempted)
+        return not (self.loads or self.stores or self.drops or self.cuts or self.preempted
+                    or self.unpublish)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,187 @@
+"""The connector's scheduler half in a cluster (``store.cluster_url`` set): which blocks
+after the local prefix other nodes hold, and the load task that fetches them.
+
+Books only, like the scheduler half (no torch, no NIXL): the worker half is the node's
+member of the cluster (it joins the index, serves its arena and files, publishes what it
+writes); the scheduler half only reads the index::
+
+    lookup       after the local prefix (and the stores in flight): one batched lookup
+                 of the rest of the request's keys (``cluster.ClusterIndex`` as this
+                 node, so its own entries, the local index's business, are skipped)
+                 -> ``RemoteRun``s, kept for ``fresh_s`` per request (the engine asks
+                 again every step a request waits)
+    bounded      each Redis call times out after min(store.remote_timeout_s, 2 s); a
+                 failed lookup answers local-only and logs one warning, and for the
+                 next ``retry_s`` seconds no lookup asks Redis (local-only at once)
+    remote_task  the request's LoadTask with the remote runs after its local part; an
+                 async load (the request waits), queued in FC-MAS like an SSD restore
+                 (it takes a restore slot on the worker), the remote bytes counted in
+                 its size
+
+A run the load cannot fetch (owner gone, read timed out, crc32 failed) ends the loaded
+prefix there; the worker reports the blocks from there on as load errors and the engine
+recomputes them. Nothing unverified reaches the paged KV.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from flatcake.config import FlatCakeConfig
+from flatcake.control import ControlPlane, LoadPlan
+from flatcake.control.index import EMPTY_HIT, PrefixHit
+from flatcake.control.queues import RestoreRequest
+from flatcake.geometry import KVGeometry
+from flatcake.plan.remote import IndexHit, RemoteRun, remote_runs, trim_runs
+from flatcake.plan.serve import load_task
+from flatcake.plan.tasks import LoadTask
+
+logger = logging.getLogger(__name__)
+
+
+class Index(Protocol):
+    """What the lookup reads of a cluster index (``cluster.ClusterIndex``)."""
+
+    failures: int
+
+    def lookup(self, keys: Sequence[bytes], *, prefix: bool = True) -> Sequence[IndexHit]:
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Looked:
+    start: int
+    end: int
+    at: float
+    runs: tuple[RemoteRun, ...]
+
+
+class ClusterLookup:
+    """The cluster index as the scheduler half reads it (see the module docstring).
+
+    Args:
+        index: a ``ClusterIndex``-like object (``lookup``, ``failures``); by default one
+            on ``config.store.cluster_url`` as ``store.node_id``, not joined.
+        retry_s: after a failed lookup, answer local-only this long without asking.
+        fresh_s: a request's runs are looked up again after this long.
+        stats: counts ``cluster_lookup_failures``.
+    """
+
+    def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
+                 index: Index | None = None, retry_s: float = 5.0, fresh_s: float = 1.0,
+                 now: Callable[[], float] = time.monotonic,
+                 stats: Counter[str] | None = None) -> None:
+        store = config.store
+        if not store.cluster_url and index is None:
+            raise ValueError("ClusterLookup needs store.cluster_url")
+        if index is None:
+            from flatcake.cluster.index import ClusterIndex
+
+            index = ClusterIndex(store.cluster_url, store.node_id, cluster=store.cluster_name,
+                                 timeout_s=min(store.remote_timeout_s, 2.0))
+        self.index: Index = index
+        self.geometry = geometry
+        self.retry_s = retry_s
+        self.fresh_s = fresh_s
+        self._now = now
+        self._down_until = float("-inf")
+        self._looked: dict[str, _Looked] = {}
+        self.stats: Counter[str] = stats if stats is not None else Counter()
+        self.lookups = 0  # lookups asked of Redis
+
+    def runs(self, request_id: str, keys: Sequence[bytes], start: int, engine_blocks: int = 0
+             ) -> tuple[RemoteRun, ...]:
+        """Runs of the blocks other nodes hold from request block ``start`` on (in
+        ``keys``), from the engine's own prefix (``engine_blocks``) on; () when none,
+        when Redis failed, or while backing off after that."""
+        return trim_runs(self._runs(request_id, keys, start), max(start, engine_blocks))
+
+    def _runs(self, request_id: str, keys: Sequence[bytes], start: int
+              ) -> tuple[RemoteRun, ...]:
+        if start >= len(keys):
+            return ()
+        now = self._now()
+        seen = self._looked.get(request_id)
+        if seen is not None and seen.start == start and seen.end == len(keys) \
+                and now - seen.at < self.fresh_s:
+            return seen.runs
+        if now < self._down_until:
+            return ()
+        before = self.index.failures
+        self.lookups += 1
+        try:
+            hits = self.index.lookup(keys[start:], prefix=True)
+            found = remote_runs(hits, start, self.geometry.num_layers,
+                                self.geometry.block_bytes_per_layer)
+            ok = self.index.failures == before
+        except Exception as exc:  # never an exception into the engine
+            logger.warning("cluster index lookup failed: %s", exc)
+            ok, found = False, ()
+        if not ok:
+            self.stats["cluster_lookup_failures"] += 1
+            self._down_until = now + self.retry_s
+            logger.warning("FlatCake: the cluster index did not answer; lookups are "
+                           "local-only for %.0f s", self.retry_s)
+            return ()
+        self._looked[request_id] = _Looked(start, len(keys), now, found)
+        return found
+
+    def forget(self, request_id: str) -> None:
+        """The request left the engine."""
+        self._looked.pop(request_id, None)
+
+    def close(self) -> None:
+        self.index.close()
+
+
+def scheduler_lookup(geometry: KVGeometry, config: FlatCakeConfig, world_size: int,
+                     stats: Counter[str]) -> ClusterLookup | None:
+    """The scheduler half's cluster lookup; None without ``store.cluster_url``. Refused
+    with tensor parallelism: each rank keeps its own arena and files."""
+    if not config.store.cluster_url:
+        return None
+    if world_size != 1:
+        raise ValueError(
+            f"store.cluster_url with tensor parallel size {world_size}: each rank keeps its "
+            "own arena and files, and a node id per rank needs a design FlatCake does not "
+            "have yet; run tensor parallel size 1 in a cluster")
+    return ClusterLookup(geometry, config, stats=stats)
+
+
+def remote_task(control: ControlPlane, request_id: str, hit: PrefixHit,
+                block_ids: Sequence[int], local_blocks: int, far: Sequence[RemoteRun]
+                ) -> tuple[LoadTask, LoadPlan]:
+    """The load of ``hit`` (from the engine's ``local_blocks`` on), then of ``far``, the
+    runs other nodes hold after it, into ``block_ids``; queued in FC-MAS.
+
+    When the engine's own prefix reaches past the local hit, the local part loads
+    nothing (an empty hit, its first block the engine's prefix) and ``far`` is trimmed
+    to start there: blocks the engine computed are never written."""
+    start = max(hit.num_blocks, local_blocks)
+    far = trim_runs(far, start)
+    if not far:
+        raise ValueError(f"request {request_id!r}: no remote runs from block {start} on")
+    end = far[-1].end
+    if len(block_ids) < end:
+        raise ValueError(f"request {request_id!r}: {len(block_ids)} block ids for {end} "
+                         "hit blocks")
+    local: dict[str, Any] = {}
+    if local_blocks <= hit.num_blocks:
+        task, plan = load_task(control, request_id, hit, block_ids, first_block=local_blocks)
+    else:
+        task, plan = load_task(control, request_id, EMPTY_HIT, block_ids)
+        local = {"num_blocks": start, "first_block": start}
+    task = replace(task, **local, block_ids=tuple(int(b) for b in block_ids[:end]),
+                   remote=far, sync=False)
+    g = control.geometry
+    far_bytes = sum(r.count for r in far) * g.num_layers * g.block_bytes_per_layer
+    control.scheduler.submit(RestoreRequest(request_id, control.clock.now(),
+                                            plan.read_plan.useful_bytes + far_bytes, True))
+    return task, plan

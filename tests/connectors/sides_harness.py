@@ -1,0 +1,121 @@
+"""The connector's two halves driven step by step without vLLM (``test_sides`` and the
+cluster tests use it): a scheduler half on a real control plane, a worker half moving
+real bytes, and a paged KV of torch tensors with random bytes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from flatcake.clock import ManualClock
+from flatcake.config import FlatCakeConfig, load_config
+from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
+from flatcake.connectors.settings import ConnectorSettings
+from flatcake.connectors.worker_side import WorkerSide
+from flatcake.control.keys import chain_block_keys
+from flatcake.geometry import KVGeometry
+from flatcake.plan.tasks import StepPlan
+
+G = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
+               dtype="float32", name="tiny")  # 512 bytes per block per layer
+SLOTS = 64
+
+
+def settings(*overrides: str, infer: bool = True) -> ConnectorSettings:
+    base = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
+            "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
+            "placement.memory_copy_watermark=0"]
+    return ConnectorSettings(load_config(env={}, overrides=[*base, *overrides]),
+                             infer_sessions=infer)
+
+
+def random_kv(seed: int) -> list[torch.Tensor]:
+    """The paged KV of a harness made with ``seed``: random bytes in every slot."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.rand((SLOTS, 2, 4, 2, 8), generator=gen) for _ in range(G.num_layers)]
+
+
+class Harness:
+    """One engine: a scheduler half, a worker half, and its paged KV (random bytes)."""
+
+    def __init__(self, root: Path, s: ConnectorSettings | None = None, seed: int = 0,
+                 clock: ManualClock | None = None,
+                 worker_config: FlatCakeConfig | None = None) -> None:
+        self.s = s if s is not None else settings()
+        self.worker = WorkerSide(G, worker_config or self.s.config, root)
+        self.sched = SchedulerSide(G, self.s, root, clock=clock)
+        self.kv = random_kv(seed)
+        self.worker.register(self.kv)
+        self.reports: list[tuple[set[str], set[str], set[int]]] = []
+        self.finished: set[str] = set()  # requests finished since the last step
+        self.released: list[str] = []  # restores released to the engine, in order
+
+    def step(self) -> tuple[StepPlan, set[str], set[str], set[int]]:
+        """One engine step: plan, execute (sync loads per layer), wait for background
+        I/O, report back."""
+        finished, self.finished = self.finished, set()
+        plan = self.sched.build_step()
+        self.worker.start_step(plan)
+        for layer in range(G.num_layers):
+            self.worker.wait_for_layer(layer)
+        self.worker.end_step()
+        deadline = time.monotonic() + 30
+        while self.worker.pending() and time.monotonic() < deadline:
+            self._report(finished)
+            time.sleep(0.01)
+        self._report(finished)
+        all_s = set().union(*(r[0] for r in self.reports))
+        all_r = set().union(*(r[1] for r in self.reports))
+        all_i = set().union(*(r[2] for r in self.reports))
+        self.reports = []
+        return plan, all_s, all_r, all_i
+
+    def _report(self, finished: set[str]) -> None:
+        """What the connector does with a poll: the report to the books, and as the
+        restores the engine may run, those FC-MAS's ready queue released."""
+        sending, recving, invalid, report = self.worker.poll(finished)
+        self.sched.on_report(report)
+        released = self.sched.take_released(recving)
+        self.released.extend(released)
+        self.reports.append((sending, set(released), invalid))
+
+    def block(self, layer: int, slot: int) -> bytes:
+        return self.kv[layer][slot].contiguous().view(torch.uint8).numpy().tobytes()
+
+    def close(self) -> None:
+        self.worker.close()
+        self.sched.close()
+
+
+def tokens(prefix: list[int], n: int, start: int) -> list[int]:
+    return prefix + list(range(start, start + n))
+
+
+def view(rid: str, toks: list[int], *, prompt: int | None = None, out: int = 0,
+         computed: int = 0, session: str | None = None) -> RequestView:
+    keys = tuple(chain_block_keys(toks, G.tokens_per_block, "tiny"))
+    return RequestView(rid, keys, len(toks), prompt if prompt is not None else len(toks),
+                       out, computed, session)
+
+
+def end(h: Harness, v: RequestView, slots: list[int] | None = None) -> tuple[bool, dict]:
+    """``v``'s prompt was computed in the step just planned (its store is planned when
+    ``slots`` are given: the prompt's full blocks sit in them), then it finished."""
+    if slots is not None:
+        h.sched.prompt_computed(v, slots)
+    delay, params = h.sched.request_finished(v)
+    h.finished.add(v.request_id)
+    assert params is not None
+    return delay, params
+
+
+def finish(h: Harness, rid: str, toks: list[int], slots: list[int], *, out: int,
+           session: str | None = None) -> dict:
+    """A turn whose prompt is ``toks`` ran: lookup (it missed), its prompt computed and
+    its store planned, then it finished with an ``out``-token reply."""
+    v = view(rid, toks, out=out, computed=len(toks), session=session)
+    h.sched.num_matched_tokens(v, 0)
+    delay, params = end(h, v, slots)
+    return params["flatcake"] | {"delay": delay}
