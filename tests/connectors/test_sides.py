@@ -235,7 +235,7 @@ def test_cluster_settings_are_taken_and_tensor_parallelism_is_refused_there(
                                       "remote_timeout_s": 1.5}}, env={})
     assert s.config.store.cluster_url == "redis://127.0.0.1:1/0"
     assert s.config.store.node_id == 2 and s.config.store.remote_timeout_s == 1.5
-    with pytest.raises(ValueError, match="tensor parallel size 2.*node id per rank"):
+    with pytest.raises(ValueError, match=r"tensor parallel size 2.*node id per rank"):
         SchedulerSide(G, s, tmp_path, world_size=2)
 
 
