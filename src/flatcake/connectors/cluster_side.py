@@ -5,9 +5,10 @@ Books only, like the scheduler half (no torch, no NIXL): the worker half is the 
 member of the cluster (it joins the index, serves its arena and files, publishes what it
 writes); the scheduler half only reads the index::
 
-    lookup       after the local prefix (and the stores in flight): one batched lookup
-                 of the rest of the request's keys (``cluster.ClusterIndex`` as this
-                 node, so its own entries, the local index's business, are skipped)
+    lookup       after the local prefix, or the engine's own when it is longer (and
+                 the stores in flight): one batched lookup of the rest of the request's
+                 keys (``cluster.ClusterIndex`` as this node, so its own entries, the
+                 local index's business, are skipped)
                  -> ``RemoteRun``s, kept for ``fresh_s`` per request (the engine asks
                  again every step a request waits)
     bounded      each Redis call times out after min(store.remote_timeout_s, 2 s); a
@@ -96,15 +97,10 @@ class ClusterLookup:
         self.stats: Counter[str] = stats if stats is not None else Counter()
         self.lookups = 0  # lookups asked of Redis
 
-    def runs(self, request_id: str, keys: Sequence[bytes], start: int, engine_blocks: int = 0
+    def runs(self, request_id: str, keys: Sequence[bytes], start: int
              ) -> tuple[RemoteRun, ...]:
         """Runs of the blocks other nodes hold from request block ``start`` on (in
-        ``keys``), from the engine's own prefix (``engine_blocks``) on; () when none,
-        when Redis failed, or while backing off after that."""
-        return trim_runs(self._runs(request_id, keys, start), max(start, engine_blocks))
-
-    def _runs(self, request_id: str, keys: Sequence[bytes], start: int
-              ) -> tuple[RemoteRun, ...]:
+        ``keys``); () when none, when Redis failed, or while backing off after that."""
         if start >= len(keys):
             return ()
         now = self._now()

@@ -68,8 +68,9 @@ class RequestBooks:
         self.loaded_ssd_blocks += ssd
         self.loaded_remote_blocks += far
         self.load_error_blocks += errors
-        stats.update({"loaded_tokens_memory": mem * bs, "loaded_tokens_ssd": ssd * bs,
-                      "loaded_tokens_remote": far * bs, "load_error_blocks": errors})
+        counts = {"loaded_tokens_memory": mem * bs, "loaded_tokens_ssd": ssd * bs,
+                  "loaded_tokens_remote": far * bs, "load_error_blocks": errors}
+        stats.update(counts)
 
     def params(self, bs: int) -> dict[str, Any]:
         """What the connector did for the request, returned to the client in the
@@ -81,9 +82,10 @@ class RequestBooks:
             "hit_tokens": self.hit_blocks * bs,
             "loaded_tokens_memory": self.loaded_memory_blocks * bs,
             "loaded_tokens_ssd": self.loaded_ssd_blocks * bs,
-            "loaded_tokens_remote": self.loaded_remote_blocks * bs,
             "load_error_blocks": self.load_error_blocks,
         }
+        if self.remote:  # in a cluster, when other nodes held part of the hit
+            out["loaded_tokens_remote"] = self.loaded_remote_blocks * bs
         plan = self.store
         if plan is not None:
             out["stored_blocks"] = plan.segment.num_blocks

@@ -150,8 +150,8 @@ class SchedulerSide:
                 self.refcount.add(req.request_id, req.keys)
         state.hit, state.local_blocks, state.remote = hit, local_blocks, ()
         if self.cluster is not None:
-            state.remote = self.cluster.runs(req.request_id, keys, hit.num_blocks,
-                                             local_blocks)
+            state.remote = self.cluster.runs(req.request_id, keys,
+                                             max(hit.num_blocks, local_blocks))
         end = state.remote[-1].end if state.remote else hit.num_blocks
         num_blocks = end - local_blocks
         if num_blocks < self.settings.min_hit_blocks:
