@@ -18,7 +18,7 @@ def test_quick_run_end_to_end(direct_dir: Path, capsys: pytest.CaptureFixture[st
     assert main(["bench", "--quick", "--dir", str(direct_dir), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     rows = {r["layout"]: r for r in doc["layouts"]}
-    assert list(rows) == ["device", "flatcake", "scattered", "per-chunk-files"]
+    assert list(rows) == ["device", "device-paged", "flatcake", "scattered", "per-chunk-files"]
     for row in rows.values():
         for field in ("gbps", "ratio_to_device", "read_commands", "bytes_read",
                       "bytes_useful", "restore_s"):
@@ -40,6 +40,12 @@ def test_quick_run_end_to_end(direct_dir: Path, capsys: pytest.CaptureFixture[st
     # also cover segment padding.
     assert rows["scattered"]["bytes_read"] == useful
     assert rows["device"]["ratio_to_device"] == 1.0
+    # The device's own commands into the paged KV's slots: the same file bytes, one iovec
+    # per block half, no staging buffer.
+    assert rows["device-paged"]["bytes_read"] == rows["device"]["bytes_read"]
+    assert rows["device-paged"]["read_commands"] == rows["device"]["read_commands"]
+    assert rows["device-paged"]["staging_bytes"] == 0
+    assert any(n.startswith("device-paged: ") for n in doc["notes"])
     for row in rows.values():
         assert row["bytes_per_command"] == row["bytes_read"] // row["read_commands"]
         assert row["cpu_ns_per_byte"] == pytest.approx(

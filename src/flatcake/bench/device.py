@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from flatcake.cio import direct
@@ -176,21 +176,28 @@ def write_sequential(path: str, num_bytes: int, *, chunk_bytes: int = DEFAULT_CH
 
 
 def read_sequential(path: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                    in_flight: int = DEFAULT_IN_FLIGHT, num_bytes: int | None = None
+                    in_flight: int = DEFAULT_IN_FLIGHT, num_bytes: int | None = None,
+                    destination: Callable[[int], Sequence[memoryview]] | None = None
                     ) -> Throughput:
-    """Read ``path`` front to back with O_DIRECT, ``in_flight`` commands outstanding."""
+    """Read ``path`` front to back with O_DIRECT, ``in_flight`` commands outstanding.
+
+    Each command reads into its stream's own buffer, or, with ``destination``, into the
+    iovecs ``destination(i)`` gives for chunk ``i`` (``chunk_bytes`` in all; the
+    paged-KV ceiling, ``bench.paged_ceiling``)."""
     size = os.path.getsize(path) if num_bytes is None else num_bytes
     num_chunks = size // chunk_bytes
     if num_chunks == 0:
         raise ValueError(f"{path} holds {size} bytes, less than one {chunk_bytes}-byte chunk")
     streams = min(in_flight, num_chunks)
-    buffers = [aligned_buffer(chunk_bytes) for _ in range(streams)]
+    buffers = ([aligned_buffer(chunk_bytes) for _ in range(streams)] if destination is None
+               else [])
     fd = open_direct(path)
     try:
         def stream(k: int) -> int:
             n = 0
             for i in range(k, num_chunks, streams):
-                done = os.preadv(fd, [buffers[k]], i * chunk_bytes)
+                iov = [buffers[k]] if destination is None else destination(i)
+                done = os.preadv(fd, iov, i * chunk_bytes)
                 if done != chunk_bytes:
                     raise OSError(f"short read at chunk {i} of {path}: {done} bytes")
                 n += 1
