@@ -133,6 +133,19 @@ class PagedKV:
         span = self.plane_stride + (self.num_blocks - 1) * self.block_stride + self.part_bytes
         return [torch.as_strided(v, (span,), (1,)) for v in self._views]
 
+    def direct_io_refusal(self, align: int = 4096) -> str:
+        """Why O_DIRECT commands cannot use this paged KV's slots as their buffers ("" when
+        they can): every block part, stride and layer start must be ``align``-aligned.
+        The rule zero-copy restores (``cio.zerocopy``) and writes (``cio.writer``) share."""
+        if self.part_bytes % align:
+            return f"a block part of {self.part_bytes} bytes is not a multiple of {align}"
+        if self.block_stride % align or self.plane_stride % align:
+            return f"the paged KV's block strides are not multiples of {align}"
+        misaligned = [i for i, v in enumerate(self.layer_bytes()) if v.data_ptr() % align]
+        if misaligned:
+            return f"paged KV layer {misaligned[0]} is not {align}-aligned"
+        return ""
+
     def block_table(self, block_ids: Sequence[int] | torch.Tensor, *, unique: bool,
                     name: str = "block_ids") -> torch.Tensor:
         """Validate slot ids: 1-D ints in ``[0, num_blocks)``; ``unique`` for scatter

@@ -68,15 +68,7 @@ def zero_copy_write_refusal(paged: PagedKV) -> str:
     """Why a write cannot go straight from ``paged``'s slots ("" when it can)."""
     if paged.device.type != "cpu":
         return f"the paged KV is on {paged.device.type}"
-    part = paged.part_bytes
-    if part % ALIGN:
-        return f"a block part of {part} bytes is not a multiple of {ALIGN}"
-    if paged.block_stride % ALIGN or paged.plane_stride % ALIGN:
-        return f"the paged KV's block strides are not multiples of {ALIGN}"
-    misaligned = [i for i, v in enumerate(paged.layer_bytes()) if v.data_ptr() % ALIGN]
-    if misaligned:
-        return f"paged KV layer {misaligned[0]} is not {ALIGN}-aligned"
-    return ""
+    return paged.direct_io_refusal(ALIGN)
 
 
 class _InFlight:

@@ -38,15 +38,7 @@ def zero_copy_refusal(reader: Reader, paged: PagedKV, pieces_whole_blocks: bool)
         return "reads go to a GPU buffer"
     if not pieces_whole_blocks:
         return "a read splits a block"
-    part = paged.part_bytes
-    if part % ALIGN:
-        return f"a block part of {part} bytes is not a multiple of {ALIGN}"
-    if paged.block_stride % ALIGN or paged.plane_stride % ALIGN:
-        return f"the paged KV's block strides are not multiples of {ALIGN}"
-    misaligned = [i for i, v in enumerate(paged.layer_bytes()) if v.data_ptr() % ALIGN]
-    if misaligned:
-        return f"paged KV layer {misaligned[0]} is not {ALIGN}-aligned"
-    return ""
+    return paged.direct_io_refusal(ALIGN)
 
 
 class SlotViews:
