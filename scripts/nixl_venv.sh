@@ -10,20 +10,21 @@
 #   NIXL_VENV=/path scripts/nixl_venv.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=venv_lib.sh
+source scripts/venv_lib.sh
 
 PY="${PY:-python3}"
 VENV="${NIXL_VENV:-.venv-nixl}"
 NIXL_VERSION="1.5.1"
-STAMP="$VENV/.installed"
-WANT="nixl==$NIXL_VERSION $(cat pyproject.toml "$0" | sha256sum | cut -c1-16)"
+WANT="nixl==$NIXL_VERSION $(venv_want_hash "$0")"
 
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+if venv_current; then
     exit 0
 fi
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
+venv_begin
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --no-deps "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION"
 "${PIP[@]}" numpy "redis>=5" "pytest>=7" "pytest-timeout>=2"
 "${PIP[@]}" --no-deps -e .
 "$VENV/bin/python" -c "from nixl._api import nixl_agent, nixl_agent_config"
-echo "$WANT" > "$STAMP"
+venv_done nixl

@@ -16,12 +16,13 @@
 # disk) or from TORCH_FIND_LINKS; uv installs in parallel and comes from PyPI through pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=venv_lib.sh
+source scripts/venv_lib.sh
 
 PY="${PY:-python3}"
 VENV="${SGLANG_VENV:-.venv-sglang}"
 SGLANG_VERSION="0.5.23"
 TORCH_VERSION="2.13.0"
-STAMP="$VENV/.installed"
 # SGLang's own requirements that are pure Python or ship CPU wheels, pinned as SGLang pins them,
 # enough to import srt.mem_cache and srt.managers.cache_controller.
 REQS=(
@@ -33,20 +34,12 @@ REQS=(
     gguf "llguidance>=1.7.6,<2.0.0" "compressed-tensors==0.18.0" "apache-tvm-ffi==0.1.11"
     triton ipython dill pytest
 )
-WANT="sglang==$SGLANG_VERSION torch==$TORCH_VERSION $(cat pyproject.toml "$0" | sha256sum | cut -c1-16)"
+WANT="sglang==$SGLANG_VERSION torch==$TORCH_VERSION $(venv_want_hash "$0")"
 
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+if venv_current; then
     exit 0
 fi
-
-start_s=$(date +%s)
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check uv
-FIND_LINKS="${TORCH_FIND_LINKS:-$("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true)}"
-UV=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python")
-if [[ -n "$FIND_LINKS" ]]; then
-    UV+=(--find-links "$FIND_LINKS")
-fi
+venv_begin uv
 # The CPU torch first and kept: every later step names it so nothing swaps in a CUDA build.
 "${UV[@]}" "torch==$TORCH_VERSION+cpu"
 "${UV[@]}" "torch==$TORCH_VERSION+cpu" "${REQS[@]}"
@@ -67,5 +60,4 @@ install_torchvision_stub()
 import torch, sglang, flatcake.connectors.sglang
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 print("sglang venv: torch", torch.__version__, "sglang", sglang.__version__)'
-echo "$WANT" > "$STAMP"
-echo "sglang venv built in $(( $(date +%s) - start_s )) s"
+venv_done sglang
