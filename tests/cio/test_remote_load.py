@@ -74,6 +74,11 @@ def test_runs_split_by_node_segment_and_position() -> None:
         (2, 5, 1, 3), (3, 8, 0, 2)]
     # A record of another geometry stops the runs there; trimming keeps the continuation.
     assert remote_runs(hits, 5, LAYERS + 1, BBPL) == ()
+    # Positions past the record's blocks: that run and the rest are a miss.
+    assert [r.node for r in remote_runs([*hits[3:], Hit(3, 11, 2, rec_b)], 0, LAYERS,
+                                        BBPL)] == []
+    assert [r.count for r in remote_runs([*hits[:3], Hit(3, 11, 1, rec_b),
+                                          Hit(3, 11, 2, rec_b)], 0, LAYERS, BBPL)] == [3]
     assert [(r.request_start, r.start_pos, r.count) for r in trim_runs(runs, 6)] == [
         (6, 2, 2), (8, 0, 2)]
     assert trim_runs(runs, 4) == ()

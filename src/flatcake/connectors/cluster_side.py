@@ -6,9 +6,10 @@ member of the cluster (it joins the index, serves its arena and files, publishes
 writes); the scheduler half only reads the index::
 
     lookup       after the local prefix, or the engine's own when it is longer (and
-                 the stores in flight): one batched lookup of the rest of the request's
+                 the stores in flight): batched lookups of the rest of the request's
                  keys (``cluster.ClusterIndex`` as this node, so its own entries, the
-                 local index's business, are skipped)
+                 local index's business, are skipped), in chunks of 8, 32, 128, ...
+                 keys while every key asked was found (a miss costs one small lookup)
                  -> ``RemoteRun``s, kept for ``fresh_s`` per request (the engine asks
                  again every step a request waits)
     bounded      each Redis call times out after min(store.remote_timeout_s, 2 s); a
@@ -72,11 +73,14 @@ class ClusterLookup:
             on ``config.store.cluster_url`` as ``store.node_id``, not joined.
         retry_s: after a failed lookup, answer local-only this long without asking.
         fresh_s: a request's runs are looked up again after this long.
+        first_chunk: keys of the first lookup; each next one asks 4 times more, while
+            every key asked so far was found.
         stats: counts ``cluster_lookup_failures``.
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
                  index: Index | None = None, retry_s: float = 5.0, fresh_s: float = 1.0,
+                 first_chunk: int = 8,
                  now: Callable[[], float] = time.monotonic,
                  stats: Counter[str] | None = None) -> None:
         store = config.store
@@ -91,6 +95,7 @@ class ClusterLookup:
         self.geometry = geometry
         self.retry_s = retry_s
         self.fresh_s = fresh_s
+        self.first_chunk = first_chunk
         self._now = now
         self._down_until = float("-inf")
         self._looked: dict[str, _Looked] = {}
@@ -113,7 +118,7 @@ class ClusterLookup:
         before = self.index.failures
         self.lookups += 1
         try:
-            hits = self.index.lookup(keys[start:], prefix=True)
+            hits = self._lookup(keys[start:])
             found = remote_runs(hits, start, self.geometry.num_layers,
                                 self.geometry.block_bytes_per_layer)
             ok = self.index.failures == before
@@ -128,6 +133,20 @@ class ClusterLookup:
             return ()
         self._looked[request_id] = _Looked(start, len(keys), now, found)
         return found
+
+    def _lookup(self, keys: Sequence[bytes]) -> list[IndexHit]:
+        """The prefix of ``keys`` other nodes hold, asked in growing chunks: a miss (most
+        new prompts) costs one small lookup, a long hit a few."""
+        hits: list[IndexHit] = []
+        size = self.first_chunk
+        while len(hits) < len(keys):
+            chunk = keys[len(hits):len(hits) + size]
+            found = self.index.lookup(chunk, prefix=True)
+            hits.extend(found)
+            if len(found) < len(chunk):
+                break
+            size *= 4
+        return hits
 
     def forget(self, request_id: str) -> None:
         """The request left the engine."""

@@ -14,7 +14,7 @@ is used.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flatcake.control.address import Address, Medium
@@ -99,24 +99,28 @@ def remote_runs(hits: Sequence[IndexHit], request_start: int, num_layers: int,
                 block_bytes_per_layer: int) -> tuple[RemoteRun, ...]:
     """The runs of ``hits`` (request blocks ``request_start, request_start + 1, ...``):
     a new run where the node, the segment or the position sequence changes. Stops at
-    the first hit whose record is malformed or of another geometry (the rest is a miss).
+    the first run whose record is malformed, of another geometry, or too short for the
+    run (the rest is a miss).
     """
     runs: list[RemoteRun] = []
-    last: tuple[int, int, int] | None = None
-    for i, hit in enumerate(hits):
-        if runs and last == (hit.node, hit.segment_id, hit.position - 1):
-            runs[-1] = replace(runs[-1], count=runs[-1].count + 1)
-        else:
-            try:
-                run = _run(hit, request_start + i, num_layers, block_bytes_per_layer)
-            except (KeyError, TypeError, ValueError):
-                break
-            runs.append(run)
-        last = (hit.node, hit.segment_id, hit.position)
+    at = 0
+    while at < len(hits):
+        first = hits[at]
+        end = at + 1  # the hits continuing first's run: one RemoteRun each run
+        while end < len(hits) and hits[end].node == first.node and \
+                hits[end].segment_id == first.segment_id and \
+                hits[end].position == first.position + end - at:
+            end += 1
+        try:
+            runs.append(_run(first, request_start + at, end - at, num_layers,
+                             block_bytes_per_layer))
+        except (KeyError, TypeError, ValueError):
+            break
+        at = end
     return tuple(runs)
 
 
-def _run(hit: IndexHit, request_start: int, num_layers: int,
+def _run(hit: IndexHit, request_start: int, count: int, num_layers: int,
          block_bytes_per_layer: int) -> RemoteRun:
     rec = hit.record
     layout = SegmentLayout(int(rec["nb"]), int(rec["nl"]), int(rec["bbpl"]), int(rec["hdr"]))
@@ -125,7 +129,7 @@ def _run(hit: IndexHit, request_start: int, num_layers: int,
     base = int(rec["base"])
     if Address.decode(base).node != hit.node:
         raise ValueError("a segment record naming another node")
-    return RemoteRun(base, request_start, hit.position, 1, layout, str(rec.get("file", "")),
+    return RemoteRun(base, request_start, hit.position, count, layout, str(rec.get("file", "")),
                      int(rec.get("foff", 0)), tuple(int(c) for c in rec["crcs"]))
 
 
