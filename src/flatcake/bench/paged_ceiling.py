@@ -28,14 +28,21 @@ from flatcake.cio.zerocopy import SlotViews, zero_copy_refusal
 Destination = Callable[[int], Sequence[memoryview]]
 
 
+def paged_chunk_bytes(paged: PagedKV, chunk_bytes: int) -> int:
+    """The command size of the paged row: whole blocks, at most ``chunk_bytes`` (0 when a
+    block is larger)."""
+    return chunk_bytes // paged.block_bytes_per_layer * paged.block_bytes_per_layer
+
+
 def paged_destination(reader: Reader, paged: PagedKV, table: torch.Tensor,
                       chunk_bytes: int, num_chunks: int) -> tuple[Destination | None, str]:
-    """``(destination, "")``: chunk ``i`` -> the iovecs of the paged KV slots its blocks
-    would go to; or ``(None, why)`` where a zero-copy restore into ``paged`` is refused
-    or a chunk is not whole blocks within ``IOV_MAX`` iovecs."""
+    """``(destination, "")``: chunk ``i`` (``chunk_bytes`` each, whole blocks: see
+    ``paged_chunk_bytes``) -> the iovecs of the paged KV slots its blocks would go to;
+    or ``(None, why)`` where a zero-copy restore into ``paged`` is refused or a chunk is
+    not whole blocks within ``IOV_MAX`` iovecs."""
     bbl = paged.block_bytes_per_layer
     why = zero_copy_refusal(reader, paged, True)
-    if not why and chunk_bytes % bbl:
+    if not why and (chunk_bytes <= 0 or chunk_bytes % bbl):
         why = f"a {chunk_bytes}-byte command is not whole {bbl}-byte blocks"
     parts = 2 if paged.kv_layout == "kv_blocks" else 1
     per_chunk = chunk_bytes // bbl

@@ -14,7 +14,7 @@ def by_name(rows: list[LayoutResult], name: str) -> LayoutResult:
 def layout_rows(names: tuple[str, ...], runs: dict[str, list[ProgramRun]],
                  cpu: dict[str, list[float]],
                  staging: dict[str, int],
-                 verified: dict[str, bool], useful: int, device_bytes: int
+                 verified: dict[str, bool], useful: int
                  ) -> list[LayoutResult]:
     rows: list[LayoutResult] = []
     device_gbps = 0.0
@@ -22,7 +22,7 @@ def layout_rows(names: tuple[str, ...], runs: dict[str, list[ProgramRun]],
         times = tuple(r.seconds for r in runs[name])
         restore_s = median(times)
         last = runs[name][-1]
-        moved = device_bytes if name.startswith("device") else useful
+        moved = last.bytes_read if name.startswith("device") else useful
         gbps = moved / restore_s / 1e9 if restore_s > 0 else 0.0
         if name == "device":
             device_gbps = gbps

@@ -41,7 +41,7 @@ from flatcake.bench import write_rounds as wr
 from flatcake.bench.control_cost import control_plane_at_scale
 from flatcake.bench.flatcake_side import FlatcakeSide
 from flatcake.bench.layouts import ScatteredConfig, write_per_chunk_files, write_scattered
-from flatcake.bench.paged_ceiling import paged_destination
+from flatcake.bench.paged_ceiling import paged_chunk_bytes, paged_destination
 from flatcake.bench.program import ProgramRun, RestoreProgram, run_program, verify_restore
 from flatcake.bench.report import (
     BenchReport,
@@ -258,8 +258,9 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         for restore in restorers.values():
             restore(shifted_table(base_table, restore_index, num_slots))
             restore_index += 1
-        into_paged, why = paged_destination(reader, paged, base_table, chunk,
-                                            device_bytes // chunk)
+        paged_chunk = paged_chunk_bytes(paged, chunk)
+        into_paged, why = paged_destination(reader, paged, base_table, paged_chunk,
+                                            device_bytes // max(paged_chunk, 1))
         names = LAYOUTS if into_paged else tuple(n for n in LAYOUTS if n != "device-paged")
         if why:
             notes.append(f"device-paged not run: {why}")
@@ -269,9 +270,11 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
             for name in order:
                 if name in ("device", "device-paged"):
                     cpu0 = _cpu_s()
+                    paged_row = name == "device-paged"
                     t = dev.read_sequential(
-                        device_path, chunk_bytes=chunk, in_flight=options.device_in_flight,
-                        destination=into_paged if name == "device-paged" else None)
+                        device_path, chunk_bytes=paged_chunk if paged_row else chunk,
+                        in_flight=options.device_in_flight,
+                        destination=into_paged if paged_row else None)
                     cpu[name].append(_cpu_s() - cpu0)
                     runs[name].append(ProgramRun(t.seconds, t.num_commands, t.num_bytes))
                     bar.update()
@@ -300,7 +303,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         reader.close()
     read_paths = fc.read_paths
 
-    layouts = layout_rows(names, runs, cpu, staging, verified, useful, device_bytes)
+    layouts = layout_rows(names, runs, cpu, staging, verified, useful)
     fc_row = by_name(layouts, "flatcake")
     controls = [ControlPlaneCost(options.context_tokens, num_blocks, options.num_turns,
                                  cp_ms, fc_row.restore_s, False,
