@@ -24,7 +24,7 @@ def _two_turns() -> object:
 
 
 def _preset(**kw: object) -> object:
-    return tiny_preset(gpu_blocks=80, **kw)  # type: ignore[arg-type]
+    return tiny_preset(**{"gpu_blocks": 80, **kw})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("system", SHARING)
@@ -105,10 +105,31 @@ def test_session_affine_routing_keeps_a_session_on_one_node(system: str) -> None
     assert alone.hit_rate_gpu == pytest.approx(m.hit_rate_gpu)
 
 
+def _four_turns() -> object:
+    # 12 sessions of 4 growing turns; with 20 blocks of host memory, copies get dropped
+    # and SSD segments are read whole again (what ``copy_on_restore`` refills).
+    sessions = []
+    for k in range(12):
+        base = 1000 * k
+        sessions.append([(ids(base, base + 8), 8 * BT, 500, 0.0),
+                         (ids(base, base + 12), 12 * BT, 500, 5.0),
+                         (ids(base, base + 16), 16 * BT, 10, 5.0),
+                         (ids(base, base + 20), 20 * BT, 10, 5.0)])
+    return from_sessions(sessions, BT)
+
+
+def _copies(preset: object, copy_on_restore: bool) -> object:
+    fc = preset.flatcake  # type: ignore[attr-defined]
+    placement = dataclasses.replace(fc.placement, memory_copy_watermark=0.9,
+                                    copy_on_restore=copy_on_restore)
+    return dataclasses.replace(preset, flatcake=dataclasses.replace(fc, placement=placement))
+
+
+@pytest.mark.parametrize("copy_on_restore", [False, True])
 @pytest.mark.parametrize("system", ["flatcake", "tiered-direct", "memory-only"])
-def test_one_node_is_the_one_node_replay(system: str) -> None:
-    wl = _many_sessions()
-    preset = _preset(workers=2)
+def test_one_node_is_the_one_node_replay(system: str, copy_on_restore: bool) -> None:
+    wl = _four_turns()
+    preset = _copies(_preset(workers=2, host_blocks=20), copy_on_restore)
     plain = run_replay(wl, system, 1.0, preset).to_dict()
     one = run_cluster(wl, system, 1.0, preset, ClusterSpec(1, "round_robin", True)).to_dict()
     built = replay_cluster(wl, system, 1.0, preset, ClusterSpec(1, "session", True))[0]
@@ -117,10 +138,27 @@ def test_one_node_is_the_one_node_replay(system: str) -> None:
         d.pop("wall_s")
         d.pop("cpu_s")
     assert one == plain
-    # The cluster machinery itself (one loop, one recorder) changes no figure.
-    for key in ("hit_rate_gpu", "ttft_mean_s", "ttft_p99_s", "read_commands",
-                "throughput_req_s", "queue_mean"):
-        assert built_d[key] == plain[key]
+    # The cluster machinery itself (one loop, one recorder, the sharing system's class)
+    # changes no figure, field by field; it only adds its own counters.
+    extra, plain_extra = built_d.pop("extra"), plain.pop("extra")
+    assert built_d == plain
+    assert {k: extra[k] for k in plain_extra} == plain_extra
+    assert extra["remote_blocks"] == 0
+
+
+def test_a_restore_with_remote_blocks_refills_its_local_part() -> None:
+    # Round robin on 2 nodes: a session's turns alternate, so a restore reads its own
+    # node's older segments and the other node's newer ones. With copy_on_restore the
+    # local part fills memory copies as on one node (remote blocks fill none).
+    wl = _four_turns()
+    spec = ClusterSpec(2, "round_robin", True)
+    made = {}
+    for on in (False, True):
+        m, _ = replay_cluster(wl, "flatcake", 1.0,
+                              _copies(_preset(host_blocks=20, gpu_blocks=60), on), spec)
+        assert m.extra["remote_blocks"] > 0
+        made[on] = m.extra["memory_copies_made"]
+    assert made[True] > made[False]
 
 
 def test_round_robin_spreads_requests_evenly() -> None:

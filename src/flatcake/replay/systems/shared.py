@@ -8,6 +8,9 @@ block as ``replay.cluster`` describes, read from their owners with ``Cluster.fet
 (owner's SSD, the requesting worker's NIC) and are hits like local ones. Nothing is
 copied to the requesting node: what it stores after the turn is what the cluster did
 not hold, so a session's history ends up spread over the nodes that ran its turns.
+The requester's own part of a restore fills memory copies exactly as on one node
+(``placement.copy_on_restore``: the same ``prepare_load(refill=True)`` and the same
+wait for the copies); blocks read from other nodes fill none, as in the store.
 
 * ``SharedFlatCake``: the books of every node are the real ``ControlPlane``; a restore
   pins the owner's sessions (``prepare_load`` on the owner) until it ends and reads each
@@ -147,8 +150,12 @@ class SharedFlatCake(_Member, FlatCakeSystem):
         if local_hit is not None:
             part = _hit_of(list(trim_hit(local_hit, g)))
             if part is not None:
-                lp = self.cp.prepare_load(req.idx, part, planner=self._planner)
+                # The local part fills memory copies as a one-node restore does
+                # (``placement.copy_on_restore``); what the owners send is not copied.
+                lp = self.cp.prepare_load(req.idx, part, planner=self._planner, refill=True)
                 st.local, st.local_plan, st.load_pinned = local_hit, lp.read_plan, True
+                st.refills = tuple(home.segment_id for home, _ in lp.refills)
+                st.refill_bytes = sum(copy.total_bytes for _, copy in lp.refills)
                 useful += lp.read_plan.useful_bytes
         for owner, runs in remote.items():
             peer = self.peers[owner]
@@ -183,7 +190,7 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             plan = st.local_plan if g == st.gpu_prefix and st.local_plan is not None \
                 else stream_totals(runs, num_layers, None, self.config.planner,
                                    segment_cache=self.segment_cache)
-            end = self._charge(w, plan)
+            end = self._charge(w, plan, st.refill_bytes)
             useful += sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
         for owner, whole, plan0 in st.pieces:
             peer = self.peers[owner]
@@ -207,7 +214,7 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             super()._release(req)
             return
         if st.load_pinned and self.cp is not None:
-            self.cp.complete_load(req.idx)
+            self.cp.complete_load(req.idx, st.refills)
         st.load_pinned = False
         for owner, _whole, _plan in st.pieces:
             cp = self.peers[owner].cp
