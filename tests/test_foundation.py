@@ -67,6 +67,8 @@ def test_config_sources_merge_in_order(tmp_path) -> None:
         ("store.cluster_name=a:b", "store.cluster_name"),
         ("store.remote_timeout_s=0", "store.remote_timeout_s"),
         ("store.remote_window_bytes=100", "store.remote_window_bytes"),
+        ("store.remote_windows=0", "store.remote_windows"),
+        ("store.remote_windows=65", "store.remote_windows"),
     ],
 )
 def test_config_errors_name_field(override: str, needle: str) -> None:

@@ -188,8 +188,13 @@ class StoreConfig:
     its arena and session files to peers, and restores blocks other nodes hold after
     its local prefix. ``cluster_name`` keeps deployments sharing one Redis apart;
     ``remote_timeout_s`` bounds one remote read (a dead or slow owner is a miss after
-    it); ``remote_window_bytes`` is the receive window of remote reads (at least one
-    layer of the largest segment).
+    it); ``remote_window_bytes`` is one receive window of remote reads (at least one
+    layer of the largest segment); ``remote_windows`` is how many there are, each in
+    its own client agent: that many remote reads run at once (default 3: one per
+    restore in flight, ``scheduler.max_restores_in_flight``'s default 2, plus the
+    all-memory load thread). A read that timed out retires its window (a late write
+    may still land there); the store renews at most ``remote_windows`` of them, so the
+    windows never take more than ``2 * remote_windows * remote_window_bytes``.
     """
 
     root: str = "./flatcake-data"
@@ -204,6 +209,7 @@ class StoreConfig:
     cluster_name: str = "flatcake"
     remote_timeout_s: float = 5.0
     remote_window_bytes: int = 64 * MIB
+    remote_windows: int = 3
 
     def __post_init__(self) -> None:
         _check_types(self, "store")
@@ -216,6 +222,8 @@ class StoreConfig:
                "must be > 0")
         _check(self.remote_window_bytes >= 4 * KIB, "store.remote_window_bytes",
                self.remote_window_bytes, "must be >= 4096")
+        _check(1 <= self.remote_windows <= 64, "store.remote_windows", self.remote_windows,
+               "must be in [1, 64]")
         _check(0 <= self.node_id < 4096, "store.node_id", self.node_id, "must be in [0, 4096)")
         _check(self.memory_capacity_bytes >= 0, "store.memory_capacity_bytes",
                self.memory_capacity_bytes, "must be >= 0")

@@ -4,9 +4,13 @@ and NIXL importable (``store_python`` there); prints one JSON line per result.
     store_peer.py pair URL CLUSTER DIR      node 0 and node 1 in this process: the whole
                                             lifecycle (publish, restore, corrupt, drop,
                                             restart) and the checks of each step
-    store_peer.py owner URL CLUSTER DIR     node 0 writes session 7, prints "ready", waits
-    store_peer.py restore URL CLUSTER DIR   node 1 restores session 7 per line on stdin,
-                                            prints each result
+    store_peer.py owner URL CLUSTER DIR [NODE SESSIONS]
+                                            node NODE (0) writes the comma-separated
+                                            SESSIONS (7), prints "ready", waits
+    store_peer.py restore URL CLUSTER DIR   node 1, per line on stdin (comma-separated
+                                            sessions, "go" = 7): restores them all at
+                                            once, prints each result and the order in
+                                            which they finished
 """
 
 from __future__ import annotations
@@ -58,9 +62,30 @@ def write(store: FlatCakeStore, session: int, ssd: int, memory: int) -> list[byt
 def restore(store: FlatCakeStore, session: int, n: int) -> dict[str, Any]:
     """Load session ``session``'s ``n`` keys; the result and whether every loaded block
     equals what the owner wrote."""
-    want = random_kv(SMALL, SLOTS, seed=session)
     got = empty_kv(SMALL, SLOTS)
     res = store.load(session_keys(session, n), got, list(range(n)))
+    return checked(res, got, session)
+
+
+def restore_at_once(store: FlatCakeStore, sessions: list[int], n: int) -> dict[str, Any]:
+    """Start every session's load, then wait: each result, and the sessions in the
+    order their loads finished."""
+    started = []
+    for session in sessions:
+        got = empty_kv(SMALL, SLOTS)
+        started.append((session, got, store.start_load(session_keys(session, n), got,
+                                                       list(range(n)))))
+    order: list[int] = []
+    while len(order) < len(started):
+        order += [s for s, _, h in started if s not in order and h.done()]
+        time.sleep(0.002)
+    out: dict[str, Any] = {str(s): checked(h.wait(), got, s) for s, got, h in started}
+    out["order"] = order
+    return out
+
+
+def checked(res: Any, got: list[torch.Tensor], session: int) -> dict[str, Any]:
+    want = random_kv(SMALL, SLOTS, seed=session)
     same = all(block_bytes(got, layer, b, "kv_blocks") == block_bytes(want, layer, b,
                                                                         "kv_blocks")
                for layer in range(SMALL.num_layers) for b in range(res.num_blocks))
@@ -118,15 +143,18 @@ def main() -> None:
     if mode == "pair":
         pair(url, cluster, root)
     elif mode == "owner":
-        store = open_node(0, url, cluster, root / "n0")
-        write(store, 7, ssd=4, memory=3)
+        node = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+        store = open_node(node, url, cluster, root / f"n{node}")
+        for session in (sys.argv[6] if len(sys.argv) > 6 else "7").split(","):
+            write(store, int(session), ssd=4, memory=3)
         print("ready", flush=True)
         time.sleep(120)
-    elif mode == "restore":  # one restore per line read from stdin
+    elif mode == "restore":  # the sessions of each line read from stdin, at once
         with open_node(1, url, cluster, root / "n1") as store:
             print("ready", flush=True)
-            for _ in sys.stdin:
-                print(json.dumps(restore(store, 7, 7)), flush=True)
+            for line in sys.stdin:
+                sessions = [7] if line.strip() == "go" else [int(x) for x in line.split(",")]
+                print(json.dumps(restore_at_once(store, sessions, 7)), flush=True)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -76,35 +76,41 @@ def test_store_lifecycle_in_the_cluster(env: dict[str, str], redis_url: str, clu
                                   "memory": 0, "ssd": 0}
 
 
-def test_slow_or_killed_owner_is_a_bounded_miss(env: dict[str, str], redis_url: str, cluster: str,
-                                        tmp_path: Path) -> None:
+def _ask(asker: subprocess.Popen[str], sessions: str) -> dict:
+    """Restore ``sessions`` (comma-separated) at once on the asker; its JSON answer."""
+    assert asker.stdin is not None
+    asker.stdin.write(sessions + "\n")
+    asker.stdin.flush()
+    return json.loads(_line(asker, 60))
+
+
+def test_restores_at_once_and_a_slow_or_killed_owner_is_a_bounded_miss(
+        env: dict[str, str], redis_url: str, cluster: str, tmp_path: Path) -> None:
     cmd = [sys.executable, "-u", str(PEER), "{}", redis_url, cluster, str(tmp_path)]
-    with process([x.format("owner") for x in cmd], env) as owner, \
+    owner_cmd = [x.format("owner") for x in cmd]
+    with process([*owner_cmd, "0", "7,9"], env) as owner, \
+            process([*owner_cmd, "2", "8"], env) as other, \
             process([x.format("restore") for x in cmd], env) as asker:
-        assert _line(owner, 90) == "ready" and _line(asker, 90) == "ready"
-        assert asker.stdin is not None
-        asker.stdin.write("go\n")
-        asker.stdin.flush()
-        served = json.loads(_line(asker, 60))
-        # A stopped (slow) owner: the staged SSD read times out, a miss; the asker's
-        # window is retired and its new metadata published, so once the owner goes on
-        # it is served again.
+        assert [_line(p, 90) for p in (owner, other, asker)] == ["ready"] * 3
+        # Three restores at once, each in its own receive window: two sessions of node
+        # 0 and one of node 2 (4 SSD + 3 memory blocks each), all byte-exact.
+        served = _ask(asker, "7,9,8")
+        # A stopped (slow) owner: the staged SSD read of its session times out, a miss;
+        # node 2's restore, started after it, is not held up by it. The window of the
+        # timed-out read is retired and the new one's metadata published, so once the
+        # owner goes on it is served again.
         os.kill(owner.pid, signal.SIGSTOP)
-        asker.stdin.write("go\n")
-        asker.stdin.flush()
-        slow = json.loads(_line(asker, 60))
+        slow = _ask(asker, "7,8")
         os.kill(owner.pid, signal.SIGCONT)
-        asker.stdin.write("go\n")
-        asker.stdin.flush()
-        again = json.loads(_line(asker, 60))
+        again = _ask(asker, "7,9,8")
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=15)
         # Its entries outlive it until the lease ends: the reads fail or time out
         # (bounded by store.remote_timeout_s); nothing wrong reaches the paged KV.
-        asker.stdin.write("go\n")
-        asker.stdin.flush()
-        gone = json.loads(_line(asker, 60))
-    assert served["blocks"] == 7 and served["remote"] == 7 and served["exact"]
-    assert slow["blocks"] == 0 and slow["exact"]
-    assert again["blocks"] == 7 and again["exact"]
-    assert gone["blocks"] == 0 and gone["exact"]
+        gone = _ask(asker, "7,8")
+    whole = {"blocks": 7, "remote": 7, "exact": True, "hit": 7, "memory": 0, "ssd": 0}
+    assert all(served[s] == whole for s in ("7", "9", "8"))
+    assert slow["7"]["blocks"] == 0 and slow["7"]["exact"] and slow["8"] == whole
+    assert slow["order"] == [8, 7]
+    assert all(again[s] == whole for s in ("7", "9", "8"))
+    assert gone["7"]["blocks"] == 0 and gone["7"]["exact"] and gone["8"] == whole

@@ -23,8 +23,10 @@ a remote reader registers under its node without touching the books.
 
 Threads: SSD restores run on ``scheduler.max_restores_in_flight`` threads, one staging
 window each; all-memory (sync) loads on one more thread, so they never wait behind SSD
-reads. ``self.lock`` guards the session files and the crc book; callers may hold their
-own lock around a call, never the other way round (the executor calls back without it).
+reads; the remote runs of a load, after its local prefix, on ``store.remote_windows``
+threads (one per receive window of ``cio.remote_readers``). ``self.lock`` guards the
+session files and the crc book; callers may hold their own lock around a call, never
+the other way round (the executor calls back without it).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from flatcake.cio.format import FileHeader
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import GdsReader, Reader
 from flatcake.cio.refill import LayerRefills
-from flatcake.cio.remote_load import restore_remote
+from flatcake.cio.remote_load import remote_part
 from flatcake.cio.restore import LayerReady, OpenFile, RestoreJob, RestoreOutcome
 from flatcake.cio.scan import DiskScan
 from flatcake.cio.staging import StagingWindow
@@ -122,6 +124,8 @@ class Executor:
             raise
         self._restores = ThreadPoolExecutor(num, thread_name_prefix="flatcake-restore")
         self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-sync-load")
+        self._remote_pool = ThreadPoolExecutor(config.store.remote_windows,
+                                               thread_name_prefix="flatcake-remote")
 
     @property
     def reader(self) -> Reader:
@@ -189,18 +193,39 @@ class Executor:
                     on_done: Callable[[LoadOutcome], None] | None = None
                     ) -> Future[LoadOutcome]:
         """Start ``task``: an SSD restore on a restore thread (it waits for a free
-        staging window), an all-memory one on the sync thread. ``on_done`` runs on that
-        thread once every layer is settled."""
+        staging window), an all-memory one on the sync thread; its remote runs, if any,
+        then go on on a remote thread (``store.remote_windows`` of them), so remote
+        reads run side by side and neither other pool waits on another node.
+        ``on_done`` runs on the last of these threads once every layer is settled."""
         job, cut_tags = self.load_job(task, paged)
         refills = LayerRefills(task, paged, self.arena) if task.refills else None
         if refills is not None:
             job.after_layer = refills.after_layer
         pool = self._sync_pool if task.sync else self._restores
-        return pool.submit(self._run_load, task, job, cut_tags, ready, on_done, refills)
+        if not task.remote:
+            return pool.submit(self._run_load, task, job, cut_tags, ready, on_done, refills)
+        result: Future[LoadOutcome] = Future()
+
+        def then_remote(local: Future[tuple[RestoreOutcome, tuple[int, ...]]]) -> None:
+            try:
+                self._remote_pool.submit(self._settle, task, job, *local.result(), ready,
+                                         on_done, refills, result)
+            except BaseException as exc:  # the executor is closing
+                ready.fail(exc)
+                result.set_exception(exc)
+
+        pool.submit(self._run_local, task, job, cut_tags, ready).add_done_callback(then_remote)
+        return result
 
     def _run_load(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
                   ready: LayerReady, on_done: Callable[[LoadOutcome], None] | None,
                   refills: LayerRefills | None = None) -> LoadOutcome:
+        return self._settle(task, job, *self._run_local(task, job, cut_tags, ready), ready,
+                            on_done, refills)
+
+    def _run_local(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
+                   ready: LayerReady) -> tuple[RestoreOutcome, tuple[int, ...]]:
+        """The local prefix of ``task``: (its outcome, the failed segment tags)."""
         window = self._sync_window if task.sync else self._windows.get()
         local = LayerReady(ready.num_layers) if task.remote else ready
         try:
@@ -217,40 +242,35 @@ class Executor:
                 self._windows.put(window)
         for layer in range(ready.num_layers):
             local.set(layer)  # a plan with no reads has no layers to signal
-        failed = tuple(dict.fromkeys((*cut_tags, *outcome.failed_tags)))
+        return outcome, tuple(dict.fromkeys((*cut_tags, *outcome.failed_tags)))
+
+    def _settle(self, task: LoadTask, job: RestoreJob, outcome: RestoreOutcome,
+                failed: tuple[int, ...], ready: LayerReady,
+                on_done: Callable[[LoadOutcome], None] | None,
+                refills: LayerRefills | None, result: Future[LoadOutcome] | None = None
+                ) -> LoadOutcome:
+        """The remote runs once the local prefix is in (``cio.remote_load``), then the
+        task's ``LoadOutcome`` (also into ``result``)."""
         loaded = min(outcome.num_blocks_loaded, job.num_request_blocks)
         remote_bytes = 0
         if task.remote:
-            loaded, remote_bytes = self._run_remote(task, job.paged, loaded, ready)
+            loaded, remote_bytes = remote_part(task, job.paged, loaded, ready,
+                                               self.readers.remote)
         refilled = refills.written(loaded, failed) if refills is not None else ()
         done = LoadDone(task.request_id, max(loaded, task.first_block), task.remote_end,
                         failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s,
                         refilled, remote_bytes)
-        result = LoadOutcome(done, outcome)
-        if on_done is not None:
-            on_done(result)
-        return result
-
-    def _run_remote(self, task: LoadTask, paged: PagedKV, loaded: int, ready: LayerReady
-                    ) -> tuple[int, int]:
-        """The task's remote runs, once its local prefix is whole (``cio.remote_load``):
-        (blocks loaded, bytes moved). A failure is a miss, never a crash."""
+        out = LoadOutcome(done, outcome)
         try:
-            if loaded >= task.num_blocks:
-                def signal(layers: range) -> None:
-                    for layer in layers:
-                        ready.set(layer)
-
-                far = restore_remote(task.remote, self.readers.remote, paged,
-                                     task.block_ids, signal)
-                return max(loaded, far.loaded_end), far.bytes_read
-        except Exception as exc:
-            logger.warning("FlatCake remote load for request %s failed: %s",
-                           task.request_id, exc)
-        finally:
-            for layer in range(ready.num_layers):
-                ready.set(layer)
-        return loaded, 0
+            if on_done is not None:
+                on_done(out)
+        except BaseException as exc:
+            if result is not None:
+                result.set_exception(exc)
+            raise
+        if result is not None:
+            result.set_result(out)
+        return out
 
     # -- stores ----------------------------------------------------------------------
 
@@ -385,6 +405,7 @@ class Executor:
         (``close_files=False`` leaves them open for a write still running)."""
         self._restores.shutdown(wait=True)
         self._sync_pool.shutdown(wait=True)
+        self._remote_pool.shutdown(wait=True)
         while not self._windows.empty():
             self._windows.get_nowait().close()
         self._sync_window.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,11 +74,14 @@ class NixlNode:
         self._arena_reg = self.agent.register_memory([(_va(arena), arena.nbytes, 0, "")],
                                                      "DRAM")
         self.window = np.zeros(window_bytes, np.uint8)
-        self._window_reg = self.agent.register_memory(
+        self._window_reg: Any = self.agent.register_memory(
             [(_va(self.window), self.window.nbytes, 0, "")], "DRAM")
         self._peers: dict[bytes, str] = {}
         self._retired: list[np.ndarray] = []
         self.generation = 0
+        # Asked when a window is retired: may a new one be registered? (None: always.)
+        # Refused, the agent has no window left (``window`` is empty) and reads no more.
+        self.renew: Callable[[], bool] | None = None
 
     def metadata(self) -> bytes:
         """This agent's NIXL metadata, for ``ClusterIndex.publish_agent``."""
@@ -155,13 +158,19 @@ class NixlNode:
         """A transfer into the window may still land: never reuse it for another read,
         and never free it (a late write must not land in memory that was given back):
         it is kept until the agent goes. ``generation`` counts the retirements: peers
-        that write into the window (staged SSD) must load this node's metadata again."""
-        self.agent.deregister_memory(self._window_reg)
+        that write into the window (staged SSD) must load this node's metadata again.
+        A new window of the same size replaces it unless ``renew`` refuses."""
+        nbytes = self.window.nbytes
+        if self._window_reg is not None:
+            self.agent.deregister_memory(self._window_reg)
+            self._window_reg = None
         self._retired.append(self.window)
         self.generation += 1
-        self.window = np.zeros(self.window.nbytes, np.uint8)
-        self._window_reg = self.agent.register_memory(
-            [(_va(self.window), self.window.nbytes, 0, "")], "DRAM")
+        self.window = np.zeros(0, np.uint8)
+        if nbytes and (self.renew is None or self.renew()):
+            self.window = np.zeros(nbytes, np.uint8)
+            self._window_reg = self.agent.register_memory(
+                [(_va(self.window), self.window.nbytes, 0, "")], "DRAM")
 
     def close(self) -> None:
         for name in set(self._peers.values()):
@@ -170,5 +179,7 @@ class NixlNode:
             except Exception as exc:
                 logger.debug("remove_remote_agent(%s): %s", name, exc)
         self._peers.clear()
-        self.agent.deregister_memory(self._window_reg)
+        if self._window_reg is not None:
+            self.agent.deregister_memory(self._window_reg)
+            self._window_reg = None
         self.agent.deregister_memory(self._arena_reg)

@@ -24,8 +24,10 @@ import torch
 
 from flatcake.cio.crc import crc32
 from flatcake.cio.paged import PagedKV
+from flatcake.cio.restore import LayerReady
 from flatcake.control.address import Medium
 from flatcake.plan.remote import RemoteRun
+from flatcake.plan.tasks import LoadTask
 
 logger = logging.getLogger(__name__)
 
@@ -123,3 +125,25 @@ def _consumer(run: RemoteRun, paged: PagedKV, slots: torch.Tensor, why: list[str
         return True
 
     return consume
+
+
+def remote_part(task: LoadTask, paged: PagedKV, loaded: int, ready: LayerReady,
+                reader_of: Callable[[Medium, int], RemoteReader | None]) -> tuple[int, int]:
+    """``task``'s remote runs once its local prefix is whole (``loaded`` blocks), with
+    ``ready`` signalled per layer group: (blocks loaded, bytes moved). Every layer of
+    ``ready`` is set on return; a failure is a miss, never a crash."""
+    try:
+        if loaded >= task.num_blocks:
+            def signal(layers: range) -> None:
+                for layer in layers:
+                    ready.set(layer)
+
+            far = restore_remote(task.remote, reader_of, paged, task.block_ids, signal)
+            return max(loaded, far.loaded_end), far.bytes_read
+    except Exception as exc:
+        logger.warning("FlatCake remote load for request %s failed: %s", task.request_id,
+                       exc)
+    finally:
+        for layer in range(ready.num_layers):
+            ready.set(layer)
+    return loaded, 0

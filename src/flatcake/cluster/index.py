@@ -8,7 +8,8 @@ Layout under the prefix ``fc:{cluster}:`` (one cluster name per deployment)::
     k:{key hex}        hash, field "{node}" -> "{epoch}:{sid}:{position}:{address}"
     agent:{node}       hash: epoch, the node's transfer-agent metadata (NIXL's own
                        bytes) and a JSON record (agent name, registered arena base, size)
-    agent:{node}:{role}  the same for a node's other agent (a store's ``client``)
+    agent:{node}:{role}  the same for a node's other agents (a store's clients:
+                         ``client0``, ``client1``, ...)
 
 Rules: a node publishes a segment only after its bytes are durable (the caller's
 promise), removes its entries when it reclaims the segment, and re-publishes after

@@ -5,10 +5,12 @@
 * it joins the cluster index (``ClusterIndex``) as ``store.node_id`` under a new epoch;
 * a *serving* agent (``fc-node-{node}-{epoch}``) registers the store's host arena, so
   peers READ memory segments from it, and answers their staged SSD requests from the
-  store's session files (``StagingServer``); a *client* agent
-  (``fc-client-{node}-{epoch}``) holds the receive window of this node's own remote
-  reads (``cio.remote_readers``). Two agents, so the server's notifications and the
-  client's never mix. Both are published in the index for this epoch;
+  store's session files (``StagingServer``); ``windows`` *client* agents
+  (``fc-client-{node}-{epoch}-{k}``) each hold one receive window of this node's own
+  remote reads, a pool (``cio.remote_readers.NixlPeers``): up to ``windows`` reads run
+  at once. Separate agents, so the server's notifications and each client's never mix,
+  and no agent is used by two threads at once. All are published in the index for this
+  epoch (the clients under roles ``client0``, ``client1``, ...);
 * one thread (``flatcake-cluster``) publishes and removes index entries in the order the
   store queued them (publish after a segment is durable, remove when the books drop it:
   never out of order, never under the store's lock), serves staging requests and renews
@@ -47,13 +49,15 @@ class ClusterService:
 
     def __init__(self, url: str, node: int, arena: np.ndarray,
                  files: Callable[[str], str | None], *, cluster: str = "flatcake",
-                 window_bytes: int = 64 << 20, stage_bytes: int = 16 << 20,
-                 timeout_s: float = 5.0, lease_ms: int = 10_000,
-                 progress_thread: bool = False) -> None:
+                 window_bytes: int = 64 << 20, windows: int = 3,
+                 stage_bytes: int = 16 << 20, timeout_s: float = 5.0,
+                 lease_ms: int = 10_000, progress_thread: bool = False) -> None:
+        if not isinstance(windows, int) or windows < 1:
+            raise ValueError(f"windows must be an int >= 1, got {windows!r}")
         self.index = ClusterIndex(url, node, cluster=cluster, lease_ms=lease_ms,
                                   timeout_s=min(timeout_s, 2.0))
         self.server: NixlNode | None = None
-        self.client: NixlNode | None = None
+        self.clients: list[NixlNode] = []
         self.staging: StagingServer | None = None
         try:
             epoch = self.index.join()
@@ -61,12 +65,13 @@ class ClusterService:
                 arena = np.zeros(4096, np.uint8)  # nothing in memory to serve
             self.server = NixlNode(f"fc-node-{node}-{epoch}", arena, 4096,
                                    progress_thread=progress_thread)
-            self.client = NixlNode(f"fc-client-{node}-{epoch}", np.zeros(4096, np.uint8),
-                                   window_bytes)
+            for k in range(windows):
+                self.clients.append(NixlNode(f"fc-client-{node}-{epoch}-{k}",
+                                             np.zeros(4096, np.uint8), window_bytes))
             self.staging = StagingServer(self.server, files, self._resolve, stage_bytes)
             ok = self.index.publish_agent(self.server.metadata(), self.server.record()) \
-                and self.index.publish_agent(self.client.metadata(), self.client.record(),
-                                             role="client")
+                and all(self.index.publish_agent(c.metadata(), c.record(), role=f"client{k}")
+                        for k, c in enumerate(self.clients))
             if not ok:
                 raise RuntimeError(f"cannot publish node {node}'s agents in the cluster "
                                    f"index at {url}")
@@ -74,7 +79,7 @@ class ClusterService:
             self._close_agents()
             self.index.close()
             raise
-        self.peers = NixlPeers(self.client, self.index.agent, timeout_s)
+        self.peers = NixlPeers(self.clients, self.index.agent, timeout_s)
         self.peers.on_retired = self._republish_client
         self._ops: queue.Queue[tuple[str, list[Any]]] = queue.Queue()
         self._pending = 0  # ops queued and not applied yet (under _applied)
@@ -185,21 +190,22 @@ class ClusterService:
             self._applied.notify_all()
         return True
 
-    def _republish_client(self) -> None:
-        """A timed-out read retired the client's window: owners must WRITE into the new
-        one, so its metadata is published again (they load it on the next request)."""
-        client = self.client
-        if client is not None and not self.index.publish_agent(
-                client.metadata(), client.record(), role="client"):
-            logger.warning("node %d: the client agent's new metadata is not published; "
-                           "staged SSD reads from peers fail until it is", self.node)
+    def _republish_client(self, k: int) -> None:
+        """A timed-out read retired client ``k``'s window: owners must WRITE into the
+        new one, so its metadata is published again (they load it on the next request)."""
+        client = self.clients[k]
+        if not self.index.publish_agent(client.metadata(), client.record(),
+                                        role=f"client{k}"):
+            logger.warning("node %d: client %d's new metadata is not published; staged "
+                           "SSD reads into it fail until it is", self.node, k)
 
     def _resolve(self, agent_name: str) -> bytes | None:
         """A requester's client agent metadata (only its live epoch's)."""
         parts = agent_name.split("-")
-        if len(parts) != 4 or parts[1] != "client" or not parts[2].isdigit():
+        if len(parts) != 5 or parts[1] != "client" or not (parts[2].isdigit()
+                                                            and parts[4].isdigit()):
             return None
-        found = self.index.agent(int(parts[2]), role="client")
+        found = self.index.agent(int(parts[2]), role=f"client{int(parts[4])}")
         return None if found is None or found[1]["agent"] != agent_name else found[0]
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -217,7 +223,7 @@ class ClusterService:
         self.index.close()
 
     def _close_agents(self) -> None:
-        for part in (self.staging, self.client, self.server):
+        for part in (self.staging, *self.clients, self.server):
             if part is not None:
                 try:
                     part.close()

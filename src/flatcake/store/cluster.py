@@ -53,7 +53,8 @@ class StoreCluster:
         arena = executor.arena.tensor.numpy()
         self.service: ClusterService = ClusterService(
             cfg.cluster_url, cfg.node_id, arena, self._file, cluster=cfg.cluster_name,
-            window_bytes=cfg.remote_window_bytes, timeout_s=cfg.remote_timeout_s)
+            window_bytes=cfg.remote_window_bytes, windows=cfg.remote_windows,
+            timeout_s=cfg.remote_timeout_s)
         executor.readers.remote_source = self.service.reader
 
     def _file(self, name: str) -> str | None:
