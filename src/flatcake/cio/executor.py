@@ -91,6 +91,15 @@ class StoreOutcome:
     error: str = ""
 
 
+def _into(result: Future[LoadOutcome], fn: Callable[..., LoadOutcome], *args: object
+          ) -> None:
+    """``fn(*args)``'s outcome or exception into ``result``."""
+    try:
+        result.set_result(fn(*args))
+    except BaseException as exc:
+        result.set_exception(exc)
+
+
 class Executor:
     """Session files, crc book, host arena, writer, readers and staging windows of one
     store directory (see the module docstring)."""
@@ -203,25 +212,21 @@ class Executor:
             job.after_layer = refills.after_layer
         pool = self._sync_pool if task.sync else self._restores
         if not task.remote:
-            return pool.submit(self._run_load, task, job, cut_tags, ready, on_done, refills)
+            return pool.submit(lambda: self._settle(
+                task, job, *self._run_local(task, job, cut_tags, ready), ready, on_done,
+                refills))
         result: Future[LoadOutcome] = Future()
 
         def then_remote(local: Future[tuple[RestoreOutcome, tuple[int, ...]]]) -> None:
             try:
-                self._remote_pool.submit(self._settle, task, job, *local.result(), ready,
-                                         on_done, refills, result)
+                self._remote_pool.submit(_into, result, self._settle, task, job,
+                                         *local.result(), ready, on_done, refills)
             except BaseException as exc:  # the executor is closing
                 ready.fail(exc)
                 result.set_exception(exc)
 
         pool.submit(self._run_local, task, job, cut_tags, ready).add_done_callback(then_remote)
         return result
-
-    def _run_load(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
-                  ready: LayerReady, on_done: Callable[[LoadOutcome], None] | None,
-                  refills: LayerRefills | None = None) -> LoadOutcome:
-        return self._settle(task, job, *self._run_local(task, job, cut_tags, ready), ready,
-                            on_done, refills)
 
     def _run_local(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
                    ready: LayerReady) -> tuple[RestoreOutcome, tuple[int, ...]]:
@@ -247,10 +252,9 @@ class Executor:
     def _settle(self, task: LoadTask, job: RestoreJob, outcome: RestoreOutcome,
                 failed: tuple[int, ...], ready: LayerReady,
                 on_done: Callable[[LoadOutcome], None] | None,
-                refills: LayerRefills | None, result: Future[LoadOutcome] | None = None
-                ) -> LoadOutcome:
+                refills: LayerRefills | None) -> LoadOutcome:
         """The remote runs once the local prefix is in (``cio.remote_load``), then the
-        task's ``LoadOutcome`` (also into ``result``)."""
+        task's ``LoadOutcome``."""
         loaded = min(outcome.num_blocks_loaded, job.num_request_blocks)
         remote_bytes = 0
         if task.remote:
@@ -261,15 +265,8 @@ class Executor:
                         failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s,
                         refilled, remote_bytes)
         out = LoadOutcome(done, outcome)
-        try:
-            if on_done is not None:
-                on_done(out)
-        except BaseException as exc:
-            if result is not None:
-                result.set_exception(exc)
-            raise
-        if result is not None:
-            result.set_result(out)
+        if on_done is not None:
+            on_done(out)
         return out
 
     # -- stores ----------------------------------------------------------------------
