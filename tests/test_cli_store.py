@@ -81,6 +81,11 @@ def test_missing_root_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_demo_refuses_no_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--nodes", "0"]) == 2
+    assert "--nodes must be >= 1" in capsys.readouterr().err
+
+
 def test_demo_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Every rule the demo's turns can hit, and every restore read from its home.
     code = main(["demo", "--layers", "4", "--first-tokens", "256", "--turn-tokens", "64",

@@ -78,6 +78,8 @@ def _gb_s(num_bytes: int, seconds: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        raise ValueError(f"--nodes must be >= 1 (2 or more for a cluster), got {args.nodes}")
     if args.nodes > 1:
         from flatcake.cli.cluster_demo import run_cluster
 
