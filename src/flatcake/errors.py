@@ -10,3 +10,8 @@ class CapacityError(RuntimeError):
 
 class IntegrityError(RuntimeError):
     """A stateful component found its own books inconsistent (``check_integrity``)."""
+
+
+class ClusterUnavailableError(ConnectionError):
+    """The cluster index (Redis) cannot be reached when a node joins. The message names
+    the URL (without its password) and the client's own error."""

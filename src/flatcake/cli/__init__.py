@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Bars (rate, ETA) on stderr only for a person at a terminal; never with --json.
         with progress.shown(progress.on_terminal(getattr(args, "json", False))):
             return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError) as exc:
+    except (ValueError, FileNotFoundError, PermissionError, ConnectionError) as exc:
         print(f"flatcake {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -30,8 +30,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from flatcake.control.address import Address, Medium
+from flatcake.errors import ClusterUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,25 @@ class RemoteHit:
         return Address.decode(self.address).medium
 
 
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    """The Redis client's own error types (connection refused, timeouts), when installed."""
+    try:
+        from redis.exceptions import RedisError
+    except ImportError:
+        return (ConnectionError, TimeoutError)
+    return (RedisError, ConnectionError, TimeoutError)
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))
+
+
 class ClusterIndex:
     """One node's view of the cluster index (``node`` in [0, 4095], as in addresses)."""
 
@@ -92,6 +113,7 @@ class ClusterIndex:
             client = redis.Redis.from_url(url, socket_timeout=timeout_s,
                                           socket_connect_timeout=timeout_s)
         self._r = client
+        self.url = _without_password(url)
         self.node = node
         self.lease_ms = lease_ms
         self.epoch = 0  # 0 = not joined
@@ -105,9 +127,15 @@ class ClusterIndex:
     def join(self) -> int:
         """Start a new life of this node: a new epoch and a lease. Entries published under
         older epochs are ignored from now on until re-published."""
-        self.epoch = int(self._r.incr(f"{self._p}epoch:{self.node}"))
-        self.round_trips += 1
-        self.renew()
+        try:
+            self.epoch = int(self._r.incr(f"{self._p}epoch:{self.node}"))
+            self.round_trips += 1
+            self.renew()
+        except _redis_errors() as exc:
+            self.epoch = 0
+            raise ClusterUnavailableError(
+                f"cannot join the cluster index at {self.url}: {exc} (is Redis running "
+                f"there? store.cluster_url / --redis)") from exc
         return self.epoch
 
     def renew(self) -> None:
