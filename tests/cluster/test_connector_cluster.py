@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,17 +22,13 @@ import pytest
 from flatcake.cluster import RedisServer, redis_available
 from flatcake.connectors.settings import ConnectorSettings
 from tests.cluster.test_nixl import _line, process
-from tests.cluster.test_store_cluster import env  # noqa: F401  (fixture)
+from tests.cluster.test_store_cluster import (
+    _ask,
+    env,  # noqa: F401  (fixture)
+)
 from tests.connectors.sides_harness import Harness, finish, settings, tokens, view
 
 PEER = Path(__file__).with_name("connector_peer.py")
-
-
-def _ask(asker: subprocess.Popen[str], line: str) -> dict:
-    assert asker.stdin is not None
-    asker.stdin.write(line + "\n")
-    asker.stdin.flush()
-    return json.loads(_line(asker, 60))
 
 
 def test_a_session_written_on_node_0_is_restored_by_node_1(

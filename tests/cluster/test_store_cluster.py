@@ -76,10 +76,11 @@ def test_store_lifecycle_in_the_cluster(env: dict[str, str], redis_url: str, clu
                                   "memory": 0, "ssd": 0}
 
 
-def _ask(asker: subprocess.Popen[str], sessions: str) -> dict:
-    """Restore ``sessions`` (comma-separated) at once on the asker; its JSON answer."""
+def _ask(asker: subprocess.Popen[str], line: str) -> dict:
+    """Send ``line`` to a peer (the store asker: sessions to restore at once, comma-
+    separated); its JSON answer."""
     assert asker.stdin is not None
-    asker.stdin.write(sessions + "\n")
+    asker.stdin.write(line + "\n")
     asker.stdin.flush()
     return json.loads(_line(asker, 60))
 

@@ -79,14 +79,19 @@ def test_a_slower_network_delays_the_remote_restore(system: str) -> None:
     assert list(cs.rec.hit_blocks) == list(cf.rec.hit_blocks) == [0, 20]
 
 
-def _many_sessions() -> object:
+def _sessions(count: int, turns: int) -> object:
+    # ``count`` sessions of ``turns`` turns growing by 4 blocks from 8 (replies of 500
+    # tokens on the first two turns, 10 after), 5 s apart.
     sessions = []
-    for k in range(6):
+    for k in range(count):
         base = 1000 * k
-        sessions.append([(ids(base, base + 8), 8 * BT, 500, 0.0),
-                         (ids(base, base + 12), 12 * BT, 500, 5.0),
-                         (ids(base, base + 16), 16 * BT, 10, 5.0)])
+        sessions.append([(ids(base, base + 8 + 4 * t), (8 + 4 * t) * BT, 500 if t < 2 else 10,
+                          0.0 if t == 0 else 5.0) for t in range(turns)])
     return from_sessions(sessions, BT)
+
+
+def _many_sessions() -> object:
+    return _sessions(6, 3)
 
 
 @pytest.mark.parametrize("system", SHARING)
@@ -106,16 +111,9 @@ def test_session_affine_routing_keeps_a_session_on_one_node(system: str) -> None
 
 
 def _four_turns() -> object:
-    # 12 sessions of 4 growing turns; with 20 blocks of host memory, copies get dropped
-    # and SSD segments are read whole again (what ``copy_on_restore`` refills).
-    sessions = []
-    for k in range(12):
-        base = 1000 * k
-        sessions.append([(ids(base, base + 8), 8 * BT, 500, 0.0),
-                         (ids(base, base + 12), 12 * BT, 500, 5.0),
-                         (ids(base, base + 16), 16 * BT, 10, 5.0),
-                         (ids(base, base + 20), 20 * BT, 10, 5.0)])
-    return from_sessions(sessions, BT)
+    # With 20 blocks of host memory, copies get dropped and SSD segments are read whole
+    # again (what ``copy_on_restore`` refills).
+    return _sessions(12, 4)
 
 
 def _copies(preset: object, copy_on_restore: bool) -> object:
