@@ -281,3 +281,16 @@ def pwritev_all(fd: int, views: Sequence[memoryview], offset: int) -> int:
         if n:
             pending[0] = pending[0][n:]
     return calls
+
+
+def scrub_page(fd: int, file_offset: int) -> None:
+    """Zero the 4 KiB at ``file_offset`` and sync, best effort (a failure is logged).
+    After a failed segment write this keeps a header that did reach the disk from
+    passing for a segment on restart; the range is still that write's allocation, so
+    nothing else writes there."""
+    zeros = aligned_buffer(ALIGN, pin=False).zero_()
+    try:
+        pwrite_all(fd, writable_view(zeros), file_offset)
+        os.fdatasync(fd)
+    except OSError as exc:
+        logger.warning("could not scrub a failed segment write at %d: %s", file_offset, exc)

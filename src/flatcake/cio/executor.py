@@ -32,7 +32,6 @@ the other way round (the executor calls back without it).
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable
@@ -43,13 +42,7 @@ from pathlib import Path
 import torch
 
 from flatcake.cio.arena import ArenaBuffer
-from flatcake.cio.direct import (
-    aligned_buffer,
-    ensure_dir,
-    pwrite_all,
-    resolve_io_mode,
-    writable_view,
-)
+from flatcake.cio.direct import ensure_dir, resolve_io_mode, scrub_page
 from flatcake.cio.dispatch import LOCAL_NODE, ReaderDispatch, local_reader
 from flatcake.cio.files import SessionFiles
 from flatcake.cio.format import FileHeader
@@ -67,7 +60,6 @@ from flatcake.control.plane import ControlPlane
 from flatcake.control.restart import FileFate, Recovery
 from flatcake.control.types import FileCut, StorePlan
 from flatcake.geometry import KVGeometry
-from flatcake.plan.layout import ALIGN
 from flatcake.plan.stream import StreamCheck
 from flatcake.plan.tasks import LoadDone, LoadTask, StoreDone, StoreTask
 
@@ -313,7 +305,7 @@ class Executor:
                     target.fd, offset, paged, ids, seg.keys, file_id=file_id, seq=seq,
                     turn_index=seg.turn_index, first_block=plan.first_block)
             except BaseException:
-                self._scrub(target.fd, offset)
+                scrub_page(target.fd, offset)
                 raise
             with self.lock:
                 self.crcs[(file_id, offset)] = written.header.layer_crcs
@@ -331,19 +323,6 @@ class Executor:
             return StoreOutcome(StoreDone(task.request_id, task.plan.segment.segment_id,
                                           False), 0, str(exc) or type(exc).__name__)
         return self.write(task, paged, seq, target)
-
-    @staticmethod
-    def _scrub(fd: int, file_offset: int) -> None:
-        """After a failed write, zero the segment's first 4 KiB (best effort) so a
-        header that did reach the disk cannot pass for a segment on restart. The range
-        is still this write's allocation, so nothing else writes there."""
-        zeros = aligned_buffer(ALIGN, pin=False).zero_()
-        try:
-            pwrite_all(fd, writable_view(zeros), file_offset)
-            os.fdatasync(fd)
-        except OSError as exc:
-            logger.warning("could not scrub a failed segment write at %d: %s",
-                           file_offset, exc)
 
     def release(self, file_id: int, end_bytes: int | None) -> None:
         """Give a failed write's space back on disk: shrink the file to the books'
