@@ -36,7 +36,6 @@ Single-threaded: the engine's scheduler thread calls everything.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from flatcake.connectors.requests import (
     RequestView,
 )
 from flatcake.connectors.settings import ConnectorSettings
+from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.signals import PrefixRefcount, SessionTracker, hit_owner
@@ -65,7 +65,6 @@ from flatcake.plan.tasks import (
     LoadTask,
     StepPlan,
     StoreDone,
-    StoreTask,
     WorkerReport,
 )
 
@@ -102,9 +101,7 @@ class SchedulerSide:
         self._sync_loads: list[LoadTask] = []
         self._queued_loads: dict[str, LoadTask] = {}  # SSD loads waiting in FC-MAS
         self._loads: dict[str, LoadTask] = {}  # every load planned and not yet reported
-        self._new_stores: list[StoreTask] = []
-        self._stores: dict[int, tuple[StoreTask, list[bool]]] = {}  # seg id -> task, oks
-        self._pending_keys: Counter[bytes] = Counter()  # keys of stores in flight
+        self.stores = StoreBooks(world_size)
         self._load_reports: dict[str, list[LoadDone]] = {}
         self._drops: list[FileDrop] = []
         self._file_cuts: list[FileCut] = []
@@ -134,7 +131,7 @@ class SchedulerSide:
         hit = self.control.usable_hit(self.control.lookup(keys))
         local_blocks = num_local_tokens // bs
         pending_end = hit.num_blocks
-        while pending_end < max_blocks and self._pending_keys.get(keys[pending_end]):
+        while pending_end < max_blocks and self.stores.pending(keys[pending_end]):
             pending_end += 1
         if pending_end > max(hit.num_blocks, local_blocks):
             # A store of this prefix is being written and reaches past what the
@@ -215,11 +212,11 @@ class SchedulerSide:
         loads = self._sync_loads + [self._queued_loads.pop(str(r.request_id))
                                     for r in started]
         self._sync_loads = []
-        stores, self._new_stores = self._new_stores, []
+        stores = self.stores.take_new()
         self._settle_damage()
         drops, self._drops = self._drops, []
         cuts, self._file_cuts = self._file_cuts, []
-        writing = {task.request_id for task, _oks in self._stores.values()}
+        writing = self.stores.writing()
         unpublish, self._unpublish = self._unpublish, []
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
                         tuple(r for r in preempted if r in writing), tuple(unpublish))
@@ -237,23 +234,11 @@ class SchedulerSide:
         self._settle_damage()
 
     def _store_done(self, done: StoreDone) -> None:
-        entry = self._stores.get(done.segment_id)
-        if entry is None:
-            logger.warning("report for unknown store of segment %d", done.segment_id)
+        finished = self.stores.done(done)
+        if finished is None:
             return
-        task, oks = entry
-        oks.append(done.ok)
-        if len(oks) < self.world_size:
-            return
-        del self._stores[done.segment_id]
-        ok = all(oks)
+        task, ok = finished
         plan = task.plan
-        for key in plan.segment.keys:
-            n = self._pending_keys[key] - 1
-            if n:
-                self._pending_keys[key] = n
-            else:
-                del self._pending_keys[key]
         self.control.complete_store(plan, ok)
         medium = "memory" if plan.medium == Medium.MEMORY else "ssd"
         self._stats["stores_ok" if ok else "stores_failed"] += 1
@@ -325,7 +310,7 @@ class SchedulerSide:
             return None
         keys = req.keys[:n]
         first_new = self.control.usable_hit(self.control.lookup(keys)).num_blocks
-        if all(self._pending_keys.get(k) for k in keys[first_new:]):
+        if self.stores.all_pending(keys[first_new:]):
             return None  # nothing new, or only blocks another request is writing now
         shared = self.refcount.refcount(keys[first_new])
         turn = state.turn
@@ -343,9 +328,7 @@ class SchedulerSide:
             return None
         task = store_task(req.request_id, plan, block_ids)
         state.store = plan
-        self._new_stores.append(task)
-        self._stores[plan.segment.segment_id] = (task, [])
-        self._pending_keys.update(plan.segment.keys)
+        self.stores.add(task)
         self.counters.placements[plan.placement.rule.value] += 1
         return plan
 
@@ -377,11 +360,11 @@ class SchedulerSide:
 
     def num_pending_stores(self) -> int:
         """Turn segments planned and not yet reported by every worker."""
-        return len(self._stores)
+        return len(self.stores)
 
     def has_pending_stores(self) -> bool:
         """Stores planned and not yet reported: the engine must keep stepping."""
-        return bool(self._stores) or bool(self._new_stores)
+        return self.stores.has_pending()
 
     def take_events(self) -> list[BlockEvent]:
         """Blocks published and dropped since the last call, in order."""

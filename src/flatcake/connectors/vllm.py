@@ -97,13 +97,13 @@ from flatcake.connectors.vllm_events import EventBook
 from flatcake.connectors.vllm_glue import (
     FlatCakeMetadata,
     FlatCakeWorkerMetadata,
+    RequestKeys,
     engine_geometry,
     flush,
     layer_order,
 )
 from flatcake.connectors.vllm_metrics import FlatCakePromMetrics, FlatCakeStats
 from flatcake.connectors.worker_side import WorkerSide
-from flatcake.control.keys import engine_block_key, namespace_key
 from flatcake.plan.tasks import WorkerReport
 
 if TYPE_CHECKING:
@@ -161,8 +161,8 @@ class FlatCakeConnector(KVConnectorBase_V1):
         root = Path(self.settings.config.store.root).absolute()
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
-        # request -> (namespace, engine hashes converted, keys)
-        self._keys: dict[str, tuple[bytes, int, tuple[bytes, ...]]] = {}
+        self._keys = RequestKeys(self.geometry.name, self.settings.tenant_salt,
+                                 self._hashes_per_block)
         # requests looked up whose prompt is not computed yet (scheduler side)
         self._awaiting_prompt: dict[str, Request] = {}
         events = vllm_config.kv_events_config
@@ -203,31 +203,13 @@ class FlatCakeConnector(KVConnectorBase_V1):
 
     # -- scheduler side --------------------------------------------------------------
 
-    def _request_keys(self, request: Request) -> tuple[bytes, ...]:
-        """FlatCake keys of the request's full blocks: the engine block hash ending each
-        block, in the namespace of (model, tenant_salt, cache_salt) (``control.keys``);
-        converted incrementally as the request grows."""
-        hashes = request.block_hashes
-        step = self._hashes_per_block
-        entry = self._keys.get(request.request_id)
-        if entry is None:
-            entry = (namespace_key(self.geometry.name, self.settings.tenant_salt,
-                                   request.cache_salt), 0, ())
-        ns, done, keys = entry
-        if done < len(hashes):
-            new = tuple(engine_block_key(ns, bytes(h)) for h in hashes[done + step - 1::step])
-            keys = keys + new
-            done = len(hashes) - len(hashes) % step
-        self._keys[request.request_id] = (ns, done, keys)
-        return keys
-
     def _engine_hash(self, request: Request, block: int) -> bytes:
-        return bytes(request.block_hashes[(block + 1) * self._hashes_per_block - 1])
+        return self._keys.engine_hash(request, block)
 
     def _view(self, request: Request) -> RequestView:
         params = request.kv_transfer_params
         session = params.get("session_id") if isinstance(params, Mapping) else None
-        return RequestView(request.request_id, self._request_keys(request),
+        return RequestView(request.request_id, self._keys.keys(request),
                            int(request.num_tokens), int(request.num_prompt_tokens),
                            int(request.num_output_tokens), int(request.num_computed_tokens),
                            session)
@@ -309,7 +291,7 @@ class FlatCakeConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
         view = self._view(request)
-        self._keys.pop(request.request_id, None)
+        self._keys.forget(request.request_id)
         self._awaiting_prompt.pop(request.request_id, None)
         return self._sched().request_finished(view)
 
