@@ -7,6 +7,10 @@ and NIXL importable (``store_python`` there); prints one JSON line per result.
     store_peer.py owner URL CLUSTER DIR [NODE SESSIONS]
                                             node NODE (0) writes the comma-separated
                                             SESSIONS (7), prints "ready", waits
+    store_peer.py late URL CLUSTER DIR      node 0 opens before Redis answers: local-only,
+                                            prints its state and "ready"; once Redis is
+                                            there (started by the test) it joins, and
+                                            node 1 restores what node 0 held
     store_peer.py restore URL CLUSTER DIR   node 1, per line on stdin (comma-separated
                                             sessions, "go" = 7): restores them all at
                                             once, prints each result and the order in
@@ -137,11 +141,35 @@ def pair(url: str, cluster: str, root: Path) -> None:
     print(json.dumps(out), flush=True)
 
 
+def late(url: str, cluster: str, root: Path) -> None:
+    owner = open_node(0, url, cluster, root / "n0")
+    assert owner._cluster is not None
+    service = owner._cluster.service
+    try:
+        write(owner, 1, ssd=4, memory=3)
+        write(owner, 2, ssd=2, memory=0)
+        owner.drop_session("s2")  # dropped before the join: never published
+        print(json.dumps({"joined": service.joined, "epoch": service.epoch,
+                          "lookup": len(service.lookup(session_keys(1, 7))),
+                          "local": restore(owner, 1, 7)}), flush=True)
+        print("ready", flush=True)
+        out: dict[str, Any] = {"joined": service.wait_joined(60)}
+        out["flushed"] = service.flush()
+        with open_node(1, url, cluster, root / "n1") as asker:
+            out["remote"] = restore(asker, 1, 7)
+            out["dropped"] = restore(asker, 2, 2)
+    finally:
+        owner.close()
+    print(json.dumps(out), flush=True)
+
+
 def main() -> None:
     mode, url, cluster, root = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
     torch.set_num_threads(1)
     if mode == "pair":
         pair(url, cluster, root)
+    elif mode == "late":
+        late(url, cluster, root)
     elif mode == "owner":
         node = int(sys.argv[5]) if len(sys.argv) > 5 else 0
         store = open_node(node, url, cluster, root / f"n{node}")

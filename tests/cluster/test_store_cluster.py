@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from flatcake.cluster import RedisServer
 from tests.cluster.test_nixl import ROOT, _env, _line, nixl_python, process
 
 PEER = Path(__file__).with_name("store_peer.py")
@@ -115,3 +116,26 @@ def test_restores_at_once_and_a_slow_or_killed_owner_is_a_bounded_miss(
     assert slow["order"] == [8, 7]
     assert all(again[s] == whole for s in ("7", "9", "8"))
     assert gone["7"]["blocks"] == 0 and gone["7"]["exact"] and gone["8"] == whole
+
+
+def test_a_store_opened_before_redis_joins_later(env: dict[str, str], cluster: str,
+                                                 tmp_path: Path) -> None:
+    """Redis unreachable at open: the store serves local-only (one warning), joins in
+    the background once Redis answers, and publishes what it holds then."""
+    port = RedisServer.free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    with process([sys.executable, "-u", str(PEER), "late", url, cluster, str(tmp_path)],
+                 env) as peer:
+        before = json.loads(_line(peer, 90))
+        assert _line(peer, 30) == "ready"
+        with RedisServer(port=port):
+            after = json.loads(_line(peer, 120))
+    assert before == {"joined": False, "epoch": 0, "lookup": 0,
+                      "local": {"blocks": 7, "remote": 0, "exact": True, "hit": 7,
+                                "memory": 3, "ssd": 4}}
+    assert after["joined"] and after["flushed"]
+    # What node 0 held is published once joined: node 1 restores it byte-exact; the
+    # session dropped before the join was never published.
+    assert after["remote"] == {"blocks": 7, "remote": 7, "exact": True, "hit": 7,
+                               "memory": 0, "ssd": 0}
+    assert after["dropped"]["blocks"] == 0 and after["dropped"]["remote"] == 0

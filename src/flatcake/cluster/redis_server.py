@@ -1,9 +1,10 @@
 """A ``redis-server`` child process on 127.0.0.1, bounded in time, for tests and the demo.
 
 No persistence (``--save ''``, no AOF), bound to loopback only, protected mode on; the
-port is a free one chosen by the OS. ``start`` waits for PING up to ``start_timeout_s``
-and raises ``RuntimeError`` naming the log when the server does not answer; ``stop``
-terminates, then kills after ``stop_timeout_s``. A context manager stops it on exit.
+port is ``port``, or a free one chosen by the OS (0). ``start`` waits for PING up to
+``start_timeout_s`` and raises ``RuntimeError`` naming the log when the server does not
+answer; ``stop`` terminates, then kills after ``stop_timeout_s``. A context manager
+stops it on exit.
 """
 
 from __future__ import annotations
@@ -41,13 +42,16 @@ class RedisServer:
     """One ``redis-server`` on 127.0.0.1; ``url`` is ``redis://127.0.0.1:PORT/0``."""
 
     def __init__(self, *, start_timeout_s: float = 10.0, stop_timeout_s: float = 5.0,
-                 binary: str = "redis-server") -> None:
+                 binary: str = "redis-server", port: int = 0) -> None:
         if start_timeout_s <= 0 or stop_timeout_s <= 0:
             raise ValueError("RedisServer timeouts must be positive")
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.binary = binary
-        self.port = 0
+        self._want_port = port
+        self.port = port
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -57,6 +61,11 @@ class RedisServer:
             raise ValueError("the Redis server is not running")
         return f"redis://{HOST}:{self.port}/0"
 
+    @staticmethod
+    def free_port() -> int:
+        """A port nothing listens on now (for a server started later on it)."""
+        return _free_port()
+
     def start(self) -> RedisServer:
         if self._proc is not None:
             raise ValueError("the Redis server is already running")
@@ -64,8 +73,9 @@ class RedisServer:
             raise RuntimeError(f"{self.binary} is not installed (apt-get install redis-server)")
         self._dir = tempfile.TemporaryDirectory(prefix="flatcake-redis-")
         log = Path(self._dir.name) / "redis.log"
-        for _ in range(3):  # another process may take the free port between probe and bind
-            self.port = _free_port()
+        # Another process may take a free port between probe and bind: try 3 of them.
+        for _ in range(1 if self._want_port else 3):
+            self.port = self._want_port or _free_port()
             self._proc = subprocess.Popen(
                 [self.binary, "--bind", HOST, "--port", str(self.port), "--save", "",
                  "--appendonly", "no", "--dir", self._dir.name, "--logfile", str(log),

@@ -18,6 +18,14 @@
 
 Lookups (``lookup``) run on the caller's thread: one batched round trip set per call.
 A Redis or NIXL failure is a miss or a skipped publish, never a crash of the store.
+
+Redis unreachable at start-up (``background_join``, what every store host gets): the
+service logs one warning, serves local-only (lookups miss, no remote readers) and the
+thread retries the join with back-off (``join_backoff_s``: first and longest wait).
+Meanwhile it holds what the store published (a removal cancels its publish: nothing of
+this life reached Redis, and entries of an older epoch are ignored by every lookup), so
+the held entries are bounded by what the store holds; once joined it publishes them
+first, in order. ``background_join=False`` raises ``ClusterUnavailableError`` instead.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from flatcake.cio.remote_readers import NixlPeers, RemoteMemoryReader, RemoteSsd
 from flatcake.cio.remote_ssd import StagingServer
 from flatcake.cluster.index import ClusterIndex, RemoteHit, StaleNodeError
 from flatcake.control.address import Medium
+from flatcake.errors import ClusterUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +60,51 @@ class ClusterService:
                  files: Callable[[str], str | None], *, cluster: str = "flatcake",
                  window_bytes: int = 64 << 20, windows: int = 3,
                  stage_bytes: int = 16 << 20, timeout_s: float = 5.0,
-                 lease_ms: int = 10_000, progress_thread: bool = False) -> None:
+                 lease_ms: int = 10_000, progress_thread: bool = False,
+                 background_join: bool = True,
+                 join_backoff_s: tuple[float, float] = (0.5, 30.0)) -> None:
         if not isinstance(windows, int) or windows < 1:
             raise ValueError(f"windows must be an int >= 1, got {windows!r}")
+        if join_backoff_s[0] <= 0 or join_backoff_s[1] < join_backoff_s[0]:
+            raise ValueError(f"join_backoff_s must be (first > 0, longest >= first), got "
+                             f"{join_backoff_s!r}")
         self.index = ClusterIndex(url, node, cluster=cluster, lease_ms=lease_ms,
                                   timeout_s=min(timeout_s, 2.0))
+        self._arena, self._files = arena, files
+        self._agent_args = (windows, window_bytes, stage_bytes, progress_thread)
+        self._timeout_s = timeout_s
         self.server: NixlNode | None = None
         self.clients: list[NixlNode] = []
         self.staging: StagingServer | None = None
+        self.peers: NixlPeers | None = None
+        self._ops: queue.Queue[tuple[str, list[Any]]] = queue.Queue()
+        self._pending = 0  # ops queued and not applied yet (under _applied)
+        self._applied = threading.Condition()
+        self._joined = False  # under _applied
+        self._held: dict[int, Published] = {}  # published before the join (under _applied)
+        self._stop = threading.Event()
+        self._renewed = time.monotonic()
+        self._backoff = join_backoff_s
+        self.published = self.removed = 0  # segments, for stats and tests
+        try:
+            self._join()
+        except ClusterUnavailableError as exc:
+            if not background_join:
+                self.index.close()
+                raise
+            logger.warning("%s; node %d serves local-only and joins the cluster in the "
+                           "background", exc, node)
+        except BaseException:
+            self.index.close()
+            raise
+        self._thread = threading.Thread(target=self._loop, name="flatcake-cluster",
+                                        daemon=True)
+        self._thread.start()
+
+    def _join(self) -> None:
+        """Join the index, start the agents, publish them; then publish what was held."""
+        windows, window_bytes, stage_bytes, progress_thread = self._agent_args
+        node, arena = self.node, self._arena
         try:
             epoch = self.index.join()
             if arena.nbytes == 0:
@@ -68,28 +114,41 @@ class ClusterService:
             for k in range(windows):
                 self.clients.append(NixlNode(f"fc-client-{node}-{epoch}-{k}",
                                              np.zeros(4096, np.uint8), window_bytes))
-            self.staging = StagingServer(self.server, files, self._resolve, stage_bytes)
+            self.staging = StagingServer(self.server, self._files, self._resolve,
+                                         stage_bytes)
             ok = self.index.publish_agent(self.server.metadata(), self.server.record()) \
                 and all(self.index.publish_agent(c.metadata(), c.record(), role=f"client{k}")
                         for k, c in enumerate(self.clients))
             if not ok:
-                raise RuntimeError(f"cannot publish node {node}'s agents in the cluster "
-                                   f"index at {url}")
+                raise ClusterUnavailableError(f"cannot publish node {node}'s agents in the "
+                                              f"cluster index at {self.index.url}")
         except BaseException:
             self._close_agents()
-            self.index.close()
             raise
-        self.peers = NixlPeers(self.clients, self.index.agent, timeout_s)
-        self.peers.on_retired = self._republish_client
-        self._ops: queue.Queue[tuple[str, list[Any]]] = queue.Queue()
-        self._pending = 0  # ops queued and not applied yet (under _applied)
-        self._applied = threading.Condition()
-        self._stop = threading.Event()
+        peers = NixlPeers(self.clients, self.index.agent, self._timeout_s)
+        peers.on_retired = self._republish_client
+        self.peers = peers
         self._renewed = time.monotonic()
-        self.published = self.removed = 0  # segments, for stats and tests
-        self._thread = threading.Thread(target=self._loop, name="flatcake-cluster",
-                                        daemon=True)
-        self._thread.start()
+        with self._applied:
+            self._joined = True
+            held = list(self._held.values())
+            self._held.clear()
+            if held:
+                self._pending += 1
+                self._ops.put(("publish", held))
+
+    @property
+    def joined(self) -> bool:
+        """Whether this node is in the cluster (else local-only, joining in the back)."""
+        return self._joined
+
+    def wait_joined(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the join; whether the node joined."""
+        deadline = time.monotonic() + timeout_s
+        while not self._joined and time.monotonic() < deadline:
+            if self._stop.wait(0.01):
+                break
+        return self._joined
 
     @property
     def node(self) -> int:
@@ -112,23 +171,34 @@ class ClusterService:
 
     def _queue(self, kind: str, segments: list[Any]) -> None:
         with self._applied:
+            if not self._joined:  # held for the join; a removal cancels its publish
+                for seg in segments:
+                    if kind == "publish":
+                        self._held[seg[0]] = seg
+                    else:
+                        self._held.pop(seg[0], None)
+                return
             self._pending += 1
         self._ops.put((kind, segments))
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every queued publish and removal reached Redis (or failed)."""
+        """Wait until every queued publish and removal reached Redis (or failed); before
+        the join nothing is queued (what the store published is held for the join)."""
         with self._applied:
             return self._applied.wait_for(lambda: self._pending == 0 or
                                           not self._thread.is_alive(), timeout_s)
 
     # -- lookups and readers -----------------------------------------------------------
     def lookup(self, keys: Sequence[bytes]) -> list[RemoteHit]:
-        """The prefix of ``keys`` other live nodes hold (batched; a failure = [])."""
+        """The prefix of ``keys`` other live nodes hold (batched; a failure or not
+        joined yet = [])."""
+        if not self._joined:
+            return []
         return self.index.lookup(keys, prefix=True)
 
     def reader(self, medium: Medium, node: int) -> RemoteReader | None:
         """The remote reader of ``node``'s ``medium`` (the executor dispatch's source)."""
-        if node == self.node:
+        if node == self.node or self.peers is None:
             return None
         if medium == Medium.MEMORY:
             return RemoteMemoryReader(self.peers, node)
@@ -136,6 +206,22 @@ class ClusterService:
 
     # -- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
+        wait = self._backoff[0]
+        while not self._joined:
+            if self._stop.wait(wait):
+                return
+            try:
+                self._join()
+                logger.info("node %d joined the cluster index at %s (epoch %d)", self.node,
+                            self.index.url, self.epoch)
+            except ClusterUnavailableError as exc:
+                wait = min(wait * 2, self._backoff[1])
+                logger.debug("node %d: join failed (%s); next try in %.1f s", self.node,
+                             exc, wait)
+            except Exception as exc:
+                logger.error("node %d cannot join the cluster: %s; it stays local-only",
+                             self.node, exc)
+                return
         while not self._stop.is_set():
             busy = self._apply_ops()
             try:
@@ -229,3 +315,4 @@ class ClusterService:
                     part.close()
                 except Exception as exc:
                     logger.warning("closing a NIXL agent part: %s", exc)
+        self.staging, self.clients, self.server = None, [], None

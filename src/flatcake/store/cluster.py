@@ -14,6 +14,11 @@ this order on its own thread)::
     load      the local prefix ends at block h -> look keys[h:] up (batched) -> remote
               runs for the executor's remote readers
 
+Redis down at open is not an error here: the service joins in the background
+(``ClusterService`` with ``background_join``, for every host of the store: the library
+and the vLLM worker) and the store serves local-only until then; ``flatcake node`` joins
+strictly on its own (``cluster.node``).
+
 The crc32s of a memory segment are computed once, right after its copy and before it is
 published (the arena has none of its own); an SSD segment's come from its header.
 """
