@@ -16,8 +16,9 @@ promise), removes its entries when it reclaims the segment, and re-publishes aft
 restart recovery under the new epoch it got from ``join``. A lookup trusts an entry only
 when its node holds a live lease for the entry's epoch, so the entries of a node that is
 gone (lease expired) or restarted (new epoch, not yet re-published) are ignored. Lookups
-are batched: one pipeline of HGETALLs for the keys, one MGET for leases and segment
-records. Tenant salts need nothing here: they are inside the block keys.
+are batched: one server-side script returns the other nodes' fields of every key (for a
+prefix it stops at the first key no other node holds), one MGET each for leases and
+segment records. Tenant salts need nothing here: they are inside the block keys.
 
 Redis errors and timeouts never hang a caller: a lookup that fails is a miss (logged) and
 a publish that fails returns False (the node keeps serving locally).
@@ -48,6 +49,23 @@ _LEAVE = """
 local cur = redis.call('GET', KEYS[1])
 if cur ~= false and tonumber(cur) == tonumber(ARGV[1]) then redis.call('DEL', KEYS[2]) end
 return 1
+"""
+
+# One string: per key, the fields of other nodes "node=value,node=value" ("" = none),
+# keys joined by ";" (one reply to parse, not one per key); ARGV[1] = the asking node,
+# ARGV[2] = "1": stop at the first key with none (a prefix).
+_FIELDS = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local row = redis.call('HGETALL', key)
+  local parts = {}
+  for j = 1, #row, 2 do
+    if row[j] ~= ARGV[1] then parts[#parts + 1] = row[j] .. '=' .. row[j + 1] end
+  end
+  if #parts == 0 and ARGV[2] == '1' then break end
+  out[i] = table.concat(parts, ',')
+end
+return table.concat(out, ';')
 """
 
 
@@ -120,6 +138,7 @@ class ClusterIndex:
         self._p = f"fc:{cluster}:"
         self._renew = self._r.register_script(_RENEW)
         self._leave = self._r.register_script(_LEAVE)
+        self._fields = self._r.register_script(_FIELDS)
         self.round_trips = 0  # batched calls made to Redis (for tests and stats)
         self.failures = 0  # calls that failed or timed out (a caller may back off)
 
@@ -241,21 +260,22 @@ class ClusterIndex:
         wanted = [k for k in keys if local is None or not local(k)]
         if not wanted:
             return []
-        pipe = self._r.pipeline(transaction=False)
-        for key in wanted:
-            pipe.hgetall(self._key(key))
-        rows = self._run(pipe, "lookup")
-        if rows is None:
+        # Our own entries are the local index's business: the script leaves them out.
+        try:
+            rows = self._fields(keys=[self._key(k) for k in wanted],
+                                args=[self.node, 1 if prefix else 0])
+            self.round_trips += 1
+        except Exception as exc:  # redis.RedisError and socket errors alike
+            self.failures += 1
+            logger.warning("cluster index lookup failed: %s", exc)
             return []
         entries: list[list[tuple[int, int, int, int, int]]] = []
-        for row in rows:
+        for row in rows.split(b";"):
             parsed = []
-            for field, value in row.items():
-                node = int(field)
-                if node == self.node:
-                    continue  # our own entries are the local index's business
+            for part in row.split(b",") if row else ():
+                field, value = part.split(b"=", 1)
                 epoch, sid, pos, addr = (int(x) for x in value.split(b":"))
-                parsed.append((node, epoch, sid, pos, addr))
+                parsed.append((int(field), epoch, sid, pos, addr))
             entries.append(parsed)
         nodes = sorted({e[0] for row in entries for e in row})
         try:
@@ -265,9 +285,11 @@ class ClusterIndex:
             logger.warning("cluster index lookup failed: %s", exc)
             return []
         chosen: list[tuple[bytes, tuple[int, int, int, int, int]] | None] = []
-        for key, row in zip(wanted, entries, strict=True):
+        # With ``prefix`` the rows end at the first key no other node holds.
+        for key, row in zip(wanted, entries, strict=False):
             ok = [e for e in row if live.get(e[0]) == e[1]]
-            ok.sort(key=lambda e: (Address.decode(e[4]).medium != Medium.MEMORY, e[0]))
+            if len(ok) > 1:
+                ok.sort(key=lambda e: (Address.decode(e[4]).medium != Medium.MEMORY, e[0]))
             chosen.append((key, ok[0]) if ok else None)
             if prefix and not ok:
                 break
