@@ -286,6 +286,24 @@ class TestFragmentation:
         assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "acef"] == [2, 0, 2, 2]
         cp.check_integrity()
 
+    def test_the_copies_in_the_way_are_the_oldest_not_the_fewest_bytes(self) -> None:
+        # 8 pages: one-page copies a..f at pages 0..5; a and d leave (holes at 0 and 3).
+        cp, clock = make(memory_pages=8, copy_watermark=1.0)
+        for t, s in enumerate("abcdef"):
+            clock.set(float(t))
+            assert agent_turn(cp, s, 2, turn=0).copy is not None
+        for s in "ad":
+            cp.drop_session(s)
+        # A 3-page copy: dropping f alone (page 5, before the free 6..7) would fit it,
+        # but f is the newest copy; b and c (pages 1, 2, after the free page 0) are the
+        # two oldest and go instead, as LRU would drop them.
+        clock.set(9.0)
+        assert agent_turn(cp, "g", 40, turn=0).copy is not None
+        assert sorted(x.session_id for a in cp.take_reclaim_actions()
+                      for x in a.memory_segments) == ["b", "c"]
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "bcef"] == [0, 0, 2, 2]
+        cp.check_integrity()
+
     def test_a_copy_goes_while_its_session_writes_but_not_while_a_restore_reads_it(
             self) -> None:
         cp, _ = make(memory_pages=3, high=0.9, low=0.85, copy_watermark=1.0)

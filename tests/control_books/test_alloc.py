@@ -285,3 +285,15 @@ def test_cheapest_window_frees_the_fewest_bytes_in_the_way() -> None:
         arena.free(offset)
     assert arena.can_fit(35)
     arena.check_integrity()
+
+
+def test_cheapest_window_by_price() -> None:
+    arena = HostArena(100, align=1)
+    a, b, c, d, e = (arena.alloc(n) for n in (10, 30, 20, 15, 25))  # 0, 10, 40, 60, 75
+    arena.free(a)
+    arena.free(d)  # free: [0, 10), [60, 75)
+    # By bytes [40, 75) (c) is cheapest; priced, b's 30 bytes cost less than c.
+    assert arena.cheapest_window(35, {b: 1, c: 5, e: 9}) == [b]
+    assert arena.cheapest_window(35, {b: 9, c: 5, e: 1}) == [e]
+    assert arena.cheapest_window(35, {b: 0, c: 0, e: 0}) == [b]  # ties: lowest address
+    assert arena.cheapest_window(10, {b: 1}) == []

@@ -11,7 +11,7 @@ coalescing on free; sizes are rounded up to ``align``.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from flatcake.errors import CapacityError, IntegrityError
 from flatcake.plan.layout import ALIGN, align_up
@@ -82,16 +82,21 @@ class HostArena:
         """Whether ``try_alloc(size_bytes)`` would succeed now."""
         return align_up(size_bytes, self.align) <= self.largest_free_bytes
 
-    def cheapest_window(self, size_bytes: int, movable: Collection[int]) -> list[int] | None:
-        """The allocations to free, fewest bytes first, so that ``size_bytes`` fit in
-        one extent: the offsets (all in ``movable``) inside the cheapest run of free
-        extents and ``movable`` allocations, in address order, that spans ``size_bytes``;
-        ``[]`` when it fits now, ``None`` when no such run exists."""
+    def cheapest_window(self, size_bytes: int,
+                        movable: Collection[int] | Mapping[int, int]) -> list[int] | None:
+        """The allocations to free so that ``size_bytes`` fit in one extent: the offsets
+        (all in ``movable``) inside the cheapest run of free extents and ``movable``
+        allocations, in address order, that spans ``size_bytes``; ``[]`` when it fits
+        now, ``None`` when no such run exists. A run costs the sum of its allocations'
+        prices: ``movable[offset]`` (an int >= 0) when ``movable`` is a mapping, else
+        their bytes (fewest bytes first)."""
         size = align_up(size_bytes, self.align)
         if size <= self.largest_free_bytes:
             return []
+        prices = movable if isinstance(movable, Mapping) else None
         extents = sorted([(s, e - s, -1) for s, e in self._free_end.items()]
-                         + [(o, n, n) for o, n in self._allocated.items() if o in movable])
+                         + [(o, n, n if prices is None else prices[o])
+                            for o, n in self._allocated.items() if o in movable])
         best: tuple[int, int, int] | None = None  # (cost, first, last) extent indices
         first = span = cost = 0
         for last, (start, length, price) in enumerate(extents):

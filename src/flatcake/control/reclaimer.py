@@ -85,9 +85,11 @@ class _Reclaimer(_Books):
         (``used_bytes`` less what is freed) is at or under ``target``; then, if
         ``need_bytes`` still do not fit in one extent, the copies in the way: those in
         the cheapest run of free space and droppable copies that spans it
-        (``HostArena.cheapest_window``), so fragmentation costs the fewest copies. With
-        no such run no more copies go (dropping them could not make room). Returns the
-        bytes freed."""
+        (``HostArena.cheapest_window``), each copy priced at its bytes times its rank in
+        LRU order (1 for the least recently used, n for the most): fragmentation drops
+        few bytes of old copies rather than a copy just made or used, as close to LRU
+        as one extent allows. With no such run no more copies go (dropping them could
+        not make room). Returns the bytes freed."""
         freed = 0
         dropped: dict[str, list[Segment]] = {}
         for home_id in self.copies.homes_lru():
@@ -98,7 +100,10 @@ class _Reclaimer(_Books):
             movable = {c.offset: h for h, c in ((h, self.copies.get(h))
                                                 for h in self.copies.homes_lru())
                        if c is not None and c.segment_id not in self._copy_reads}
-            for offset in self.arena.cheapest_window(need_bytes, movable) or ():
+            # Least recently used first, so a copy's rank is its recency.
+            prices = {offset: self.arena.size_of(offset) * rank
+                      for rank, offset in enumerate(movable, start=1)}
+            for offset in self.arena.cheapest_window(need_bytes, prices) or ():
                 freed += self._drop_copy(movable[offset], dropped)
         for sid, copies in dropped.items():
             self._actions.append(ReclaimAction(sid, Medium.MEMORY, tuple(copies), (), (),
