@@ -267,42 +267,39 @@ def test_an_early_copy_is_found_behind_blocks_indexed_meanwhile() -> None:
     cp.check_integrity()
 
 
+def copy_after_holes(holes: str) -> tuple[ControlPlane, list[str]]:
+    """8 pages: one-page copies a..f at pages 0..5 (a the least recently used), the
+    sessions ``holes`` leave, then g's 3-page copy: under the watermark, but larger than
+    any free extent. Returns the books and the sessions whose copies made room."""
+    cp, clock = make(memory_pages=8, copy_watermark=1.0)
+    for t, s in enumerate("abcdef"):
+        clock.set(float(t))
+        assert agent_turn(cp, s, 2, turn=0).copy is not None
+    for s in holes:
+        cp.drop_session(s)
+    clock.set(9.0)
+    assert agent_turn(cp, "g", 40, turn=0).copy is not None
+    dropped = sorted(x.session_id for a in cp.take_reclaim_actions() for x in a.memory_segments)
+    cp.check_integrity()
+    return cp, dropped
+
+
 class TestFragmentation:
     def test_a_copy_that_fits_in_bytes_but_not_in_one_extent_drops_the_copy_in_the_way(
             self) -> None:
-        # 8 pages: one-page copies a..f at pages 0..5; b and d leave (holes at 1 and 3).
-        cp, clock = make(memory_pages=8, copy_watermark=1.0)
-        for t, s in enumerate("abcdef"):
-            clock.set(float(t))
-            assert agent_turn(cp, s, 2, turn=0).copy is not None
-        for s in "bd":
-            cp.drop_session(s)
-        # A 3-page copy: 7 of 8 pages, under the watermark, but the largest free extent
-        # is 2 pages. Dropping c (page 2) opens pages 1..3: one copy, not the oldest (a).
-        clock.set(9.0)
-        assert agent_turn(cp, "g", 40, turn=0).copy is not None
-        assert [(a.session_id, len(a.memory_segments)) for a in cp.take_reclaim_actions()] \
-            == [("c", 1)]
+        # Holes at pages 1 and 3: dropping c (page 2) opens pages 1..3: one copy, not
+        # the oldest (a).
+        cp, dropped = copy_after_holes("bd")
+        assert dropped == ["c"]
         assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "acef"] == [2, 0, 2, 2]
-        cp.check_integrity()
 
     def test_the_copies_in_the_way_are_the_oldest_not_the_fewest_bytes(self) -> None:
-        # 8 pages: one-page copies a..f at pages 0..5; a and d leave (holes at 0 and 3).
-        cp, clock = make(memory_pages=8, copy_watermark=1.0)
-        for t, s in enumerate("abcdef"):
-            clock.set(float(t))
-            assert agent_turn(cp, s, 2, turn=0).copy is not None
-        for s in "ad":
-            cp.drop_session(s)
-        # A 3-page copy: dropping f alone (page 5, before the free 6..7) would fit it,
-        # but f is the newest copy; b and c (pages 1, 2, after the free page 0) are the
-        # two oldest and go instead, as LRU would drop them.
-        clock.set(9.0)
-        assert agent_turn(cp, "g", 40, turn=0).copy is not None
-        assert sorted(x.session_id for a in cp.take_reclaim_actions()
-                      for x in a.memory_segments) == ["b", "c"]
+        # Holes at pages 0 and 3: dropping f alone (page 5, before the free 6..7) would
+        # make room, but f is the newest copy; b and c (pages 1, 2, after the free page
+        # 0) are the two oldest and go instead, as LRU would drop them.
+        cp, dropped = copy_after_holes("ad")
+        assert dropped == ["b", "c"]
         assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "bcef"] == [0, 0, 2, 2]
-        cp.check_integrity()
 
     def test_a_copy_goes_while_its_session_writes_but_not_while_a_restore_reads_it(
             self) -> None:
