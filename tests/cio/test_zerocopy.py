@@ -13,7 +13,7 @@ import flatcake.cio.zerocopy as zerocopy
 from flatcake.cio.direct import aligned_buffer
 from flatcake.cio.readers import DirectReader
 from flatcake.cio.restore import LayerReady, RestoreOutcome
-from flatcake.cio.staging import StagingWindow
+from flatcake.cio.staging import MAX_LAYERS_AHEAD, StagingWindow
 from tests.cio.test_staging import History, _history, _job, flip_byte
 
 BBPL = 8192
@@ -149,3 +149,41 @@ def test_the_store_reports_the_read_path(tmp_path: Path) -> None:
             for layer in range(g.num_layers):
                 assert torch.equal(dst[layer].flip(1).contiguous().view(torch.uint8),
                                    src[layer].view(torch.uint8))  # bytes: NaN != NaN
+
+
+def test_zero_copy_reads_further_ahead_than_two_layers(tmp_path: Path) -> None:
+    """No copy out of the slots to wait for: a zero-copy restore submits more layers
+    before the first is ready (small segment layers keep the disk's queue deep), each
+    into its own staging slot, and still lands every byte where it belongs."""
+    from tests.cio.test_staging import RecordingReader
+
+    h = _history(tmp_path, [5, 1, 9, 4], num_layers=8, bbpl=BBPL)
+    try:
+        dst = _dest(h, kv_blocks=True)
+        slots = list(range(h.num_blocks))
+        job = _job(h, dst, slots=slots)
+        log: list[tuple[str, int]] = []
+
+        class RecordingReady(LayerReady):
+            def set(self, layer: int) -> None:
+                log.append(("ready", layer))
+                super().set(layer)
+
+        reader = RecordingReader(job.plan, log)
+        window = StagingWindow(reader)  # no bound: every submitted read reaches the log
+        try:
+            outcome = window.run(job, RecordingReady(len(dst)))
+        finally:
+            window.close()
+            reader.close()
+    finally:
+        os.close(h.fd)
+    assert outcome.zero_copy and outcome.num_blocks_loaded == h.num_blocks
+    # A few commands a layer: layers 0 and 1 are all the two-slot window would have out;
+    # the zero-copy window has layer 2's reads out before layer 0 is ready.
+    assert log.index(("read", 2)) < log.index(("ready", 0))
+    assert max(layer for kind, layer in log[:log.index(("ready", 0))] if kind == "read") \
+        <= 1 + MAX_LAYERS_AHEAD
+    for layer, t in enumerate(dst):
+        for b, slot in enumerate(slots):
+            assert torch.equal(_block(t, slot, True), h.src[layer][b])

@@ -13,7 +13,11 @@ window's owner for the restore's duration)::
 
 When the paged KV is page-aligned (``cio.zerocopy``), the reads go straight into its
 slots (``preadv`` iovec lists) and the scatter step is skipped; only bytes bound for no
-slot use the staging slot. Which path ran is in ``RestoreOutcome.zero_copy``.
+slot use the staging slot. Which path ran is in ``RestoreOutcome.zero_copy``. With no
+copy out of the slots to wait for, a zero-copy restore also reads further ahead: up to
+``MAX_LAYERS_AHEAD`` more layers, each with its own staging slot, while fewer than
+2 x ``reads_in_flight`` of its commands are unfinished (small segment layers, e.g. a few
+MiB per turn, would otherwise leave the disk a shallow queue at every layer boundary).
 
 Slot ``(l+1) % 2`` last held layer ``l-1``, already scattered (scatter is synchronous),
 so reusing it is safe. Checksums run beside the reads: the reader thread that completes
@@ -75,6 +79,10 @@ class _Placement:
     memory: bool
 
 
+# Layers a zero-copy restore may have submitted beyond the two of the staging path.
+MAX_LAYERS_AHEAD = 4
+
+
 @dataclass(slots=True)
 class _LayerState:
     # Each future resolves once the read landed *and* its pieces' crcs are known:
@@ -109,6 +117,7 @@ class StagingWindow:
         self.reads_in_flight = reads_in_flight
         self.crc_chunk_bytes = crc_chunk_bytes
         self._slots: list[torch.Tensor] = []
+        self._ahead: list[torch.Tensor] = []  # zero-copy restores' extra layer slots
         # Checksums are the CPU cost of a restore (zlib crc32: ~1.5 GB/s a core); with
         # several threads a layer's checks run in parallel chunks.
         self._crc_pool = (ThreadPoolExecutor(crc_threads, thread_name_prefix="flatcake-crc")
@@ -146,30 +155,53 @@ class StagingWindow:
             all(p.dest_offset(bbpl) % bbpl == 0 and p.length % bbpl == 0
                 for lp in plan.layers for op in lp.ssd_ops for p in op.pieces))
         direct = None if refusal else _Direct(SlotViews(job.paged), job.stream_slots.tolist())
+        if direct is not None:
+            slots = slots + self._ahead_slots(slot_bytes)
+        free = list(reversed(slots))
+        pending: dict[int, tuple[_LayerState, torch.Tensor]] = {}
+        unfinished = 0  # commands of the layers submitted and not finished yet
+        n, nxt = len(plan.layers), 0
         try:
-            pending = (self._submit(job, reads, plan.layers[0], slots[0], direct)
-                       if plan.layers else None)
             for i, lp in enumerate(plan.layers):
-                nxt = None
-                if i + 1 < len(plan.layers):
-                    nxt = self._submit(job, reads, plan.layers[i + 1], slots[(i + 1) % 2],
-                                       direct)
-                state = pending if pending is not None else _LayerState()
+                # One layer ahead on the staging path (two slots); zero-copy goes further
+                # ahead while the restore has fewer than 2 x reads_in_flight commands
+                # unfinished, so the reader's queue never runs dry at a layer boundary.
+                while nxt < n and free and (nxt <= i + 1 or (
+                        direct is not None and unfinished < 2 * self._in_flight_goal())):
+                    slot = free.pop()
+                    st = self._submit(job, reads, plan.layers[nxt], slot, direct)
+                    pending[nxt] = (st, slot)
+                    unfinished += st.commands
+                    nxt += 1
+                state, slot = pending.pop(i)
+                unfinished -= state.commands
                 commands += state.commands
-                cut = self._finish_reads(job, reads, state, slots[i % 2], cut)
-                cut = self._verify(job, lp.layer, state, slots[i % 2], bbpl, cut, failed)
-                self._scatter(job, lp.layer, state, slots[i % 2], bbpl, cut,
+                cut = self._finish_reads(job, reads, state, slot, cut)
+                cut = self._verify(job, lp.layer, state, slot, bbpl, cut, failed)
+                self._scatter(job, lp.layer, state, slot, bbpl, cut,
                               memory_only=direct is not None)
+                free.append(slot)
                 ready.set(lp.layer)
                 if job.after_layer is not None:
-                    job.after_layer(lp.layer, cut)  # overlaps layer i + 1's reads
-                pending = nxt
+                    job.after_layer(lp.layer, cut)  # overlaps the next layers' reads
         except BaseException:
             reads.abandon()  # no read may still land in the slots once the window is free
             raise
         return RestoreOutcome(cut, tuple(dict.fromkeys(failed)), commands, plan.bytes_read,
                               plan.memory_bytes, time.perf_counter() - t0,
                               reads.peak_in_flight, direct is not None, refusal)
+
+    def _in_flight_goal(self) -> int:
+        return self.reads_in_flight if self.reads_in_flight is not None else 8
+
+    def _ahead_slots(self, slot_bytes: int) -> list[torch.Tensor]:
+        """Staging slots for the layers a zero-copy restore reads further ahead: they take
+        only bytes bound for no paged slot (gaps, blocks read for their crc), so plain
+        unpinned mappings whose untouched pages cost nothing."""
+        size = align_up(max(slot_bytes, 1))
+        if len(self._ahead) != MAX_LAYERS_AHEAD or self._ahead[0].numel() < size:
+            self._ahead = [aligned_buffer(size, pin=False) for _ in range(MAX_LAYERS_AHEAD)]
+        return self._ahead
 
     def _submit(self, job: RestoreJob, reads: ReadQueue, lp: LayerPlan,
                 slot: torch.Tensor, direct: _Direct | None) -> _LayerState:
