@@ -199,7 +199,7 @@ class StagingWindow:
         only bytes bound for no paged slot (gaps, blocks read for their crc), so plain
         unpinned mappings whose untouched pages cost nothing."""
         size = align_up(max(slot_bytes, 1))
-        if len(self._ahead) != MAX_LAYERS_AHEAD or self._ahead[0].numel() < size:
+        if not self._ahead or self._ahead[0].numel() < size:
             self._ahead = [aligned_buffer(size, pin=False) for _ in range(MAX_LAYERS_AHEAD)]
         return self._ahead
 

@@ -131,6 +131,7 @@ class ClusterService:
         self._renewed = time.monotonic()
         with self._applied:
             self._joined = True
+            self._applied.notify_all()
             held = list(self._held.values())
             self._held.clear()
             if held:
@@ -144,11 +145,9 @@ class ClusterService:
 
     def wait_joined(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the join; whether the node joined."""
-        deadline = time.monotonic() + timeout_s
-        while not self._joined and time.monotonic() < deadline:
-            if self._stop.wait(0.01):
-                break
-        return self._joined
+        with self._applied:
+            self._applied.wait_for(lambda: self._joined or self._stop.is_set(), timeout_s)
+            return self._joined
 
     @property
     def node(self) -> int:
@@ -300,6 +299,8 @@ class ClusterService:
         stop the thread, release the agents."""
         self.flush()
         self._stop.set()
+        with self._applied:
+            self._applied.notify_all()  # wait_joined gives up
         self._thread.join(timeout=10)
         try:
             self.index.leave()
