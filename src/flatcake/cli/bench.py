@@ -20,8 +20,9 @@ no at-scale control-plane check. Explicit flags still win."""
 
 DESCRIPTION = ("Restore the same multi-turn session from FlatCake's session files, from "
                "an eviction-order (scattered) tier and from per-chunk files, all with the "
-               "same O_DIRECT reader, next to the device's sequential ceiling; report GB/s, "
-               "read commands and bytes per layout.")
+               "same O_DIRECT reader, next to the device's sequential ceiling and the same "
+               "reads landing in the paged KV's slots (device-paged); report GB/s, read "
+               "commands and bytes per layout.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
