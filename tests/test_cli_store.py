@@ -59,7 +59,7 @@ def test_inspect_text(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_fsck_exit_codes(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fsck", str(root)]) == 0
-    assert "2 files, 0 damaged" in capsys.readouterr().out
+    assert "2 files: 2 ok, 0 settled (quarantined), 0 damaged" in capsys.readouterr().out
     path = sorted((root / SESSIONS_DIR).iterdir())[1]
     _, segs, _ = scan_session_file(path)
     with open(path, "r+b") as fh:
@@ -70,10 +70,12 @@ def test_fsck_exit_codes(root: Path, capsys: pytest.CaptureFixture[str]) -> None
         fh.write(bytes([b[0] ^ 1]))
     assert main(["fsck", str(root)]) == 1
     out = capsys.readouterr().out
-    assert "DAMAGED" in out and "layer 0 crc32 mismatch" in out and "1 damaged" in out
+    assert "DAMAGED" in out and "layer 0 crc32 mismatch" in out
+    assert "1 damaged and not settled" in out and "fsck --repair" in out
     assert main(["fsck", str(root), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and [f["ok"] for f in report["files"]] == [True, False]
+    assert [f["state"] for f in report["files"]] == ["ok", "damaged"]
 
 
 def test_missing_root_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,8 +1,9 @@
 """The walls between packages, read from the source (every import, also those inside
-functions): the books (``control``) and the plans (``plan``) stay pure, the replay
+functions): the books (``control``) and the plans (``plan``) stay pure, the books stand
+on the leaves alone (so the plans import the books, never the other way), the replay
 models devices instead of doing I/O, engines stay inside their connectors, Redis and NIXL
-stay behind the cluster index and the remote readers, and nothing
-reaches into the CLI or the connectors from outside."""
+stay behind the cluster index and the remote readers, nothing reaches into the CLI or the
+connectors from outside, and no two packages import each other, even through others."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ SRC = Path(flatcake.__file__).parent
 PURE = ("flatcake.control", "flatcake.plan")
 NOT_FROM_PURE = ("torch", "flatcake.cio", "flatcake.store", "flatcake.connectors",
                  "flatcake.replay", "flatcake.cluster")
+# What the books may import besides themselves: the leaves, modules of plain values and
+# arithmetic that import no other part of FlatCake.
+LEAVES = ("flatcake.clock", "flatcake.config", "flatcake.errors", "flatcake.geometry",
+          "flatcake.layout", "flatcake.readplan")
 NOT_FROM_REPLAY = ("torch", "flatcake.cio", "flatcake.store", "flatcake.cluster")
 # Transports stay behind one module each: Redis metadata in the cluster index, NIXL bytes
 # in the remote readers.
@@ -66,6 +71,9 @@ def violations(path: Path) -> list[str]:
         walls = []
         if _within(module, PURE) and _within(name, NOT_FROM_PURE):
             walls.append("the books and plans stay pure")
+        elif (_within(module, ("flatcake.control",)) and name.startswith("flatcake.")
+              and not _within(name, ("flatcake.control", *LEAVES))):
+            walls.append("the books import only themselves and the leaves")
         if _within(module, ("flatcake.replay",)) and _within(name, NOT_FROM_REPLAY):
             walls.append("the replay models devices, it does no I/O")
         if _within(name, ENGINES) and not _within(module, ("flatcake.connectors",)):
@@ -86,6 +94,64 @@ def test_every_module_keeps_the_walls() -> None:
     assert found == []
 
 
+def package_graph() -> dict[str, dict[str, str]]:
+    """Package (``control``, ``plan``, a top-level module such as ``layout``) -> the
+    packages it imports -> the first import doing so, as ``module:line``. The package
+    face ``flatcake/__init__.py`` is left out: it stands above them all."""
+    graph: dict[str, dict[str, str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        if module == "flatcake":
+            continue
+        source = module.split(".")[1]
+        edges = graph.setdefault(source, {})
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[0] != "flatcake" or len(parts) < 2 or parts[1] == source:
+                continue
+            if (SRC / parts[1]).is_dir() or (SRC / f"{parts[1]}.py").is_file():
+                edges.setdefault(parts[1], f"{module}:{line}")
+    return graph
+
+
+def package_cycles(graph: dict[str, dict[str, str]]) -> list[str]:
+    """Each ring of packages that import each other (directly or through others), with
+    the imports that close it; empty when the packages form floors."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            p = todo.pop()
+            if p not in seen:
+                seen.add(p)
+                todo.extend(graph.get(p, ()))
+        reach[start] = seen
+    rings = sorted({tuple(sorted(q for q in reach[p] if p in reach.get(q, ())))
+                    for p in graph if p in reach[p]})
+    return [", ".join(f"{a} -> {b} ({graph[a][b]})" for a in ring for b in ring
+                      if b in graph.get(a, {}))
+            for ring in rings]
+
+
+def test_no_two_packages_import_each_other() -> None:
+    assert package_cycles(package_graph()) == []
+
+
+def test_a_ring_of_packages_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "flatcake"
+    for where, source in [("control/a.py", "from flatcake.layout import ALIGN\n"),
+                          ("layout.py", "def f():\n    from flatcake.plan import b\n"),
+                          ("plan/b.py", "from flatcake.control import a\n"),
+                          ("cio/c.py", "from flatcake.plan import b\n")]:
+        (root / where).parent.mkdir(parents=True, exist_ok=True)
+        (root / where).write_text(source)
+    monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", root)
+    assert package_cycles(package_graph()) == [
+        "control -> layout (flatcake.control.a:1), layout -> plan (flatcake.layout:2), "
+        "plan -> control (flatcake.plan.b:1)"]
+
+
 @pytest.mark.parametrize(("where", "source", "wall"), [
     ("control/x.py", "def f():\n    import torch\n", "pure"),
     ("plan/x.py", "from flatcake.cio.direct import aligned_buffer\n", "pure"),
@@ -97,6 +163,9 @@ def test_every_module_keeps_the_walls() -> None:
     ("store/x.py", "from flatcake import cli\n", "flatcake.cli"),
     ("replay/x.py", "from flatcake.connectors.settings import X\n", "flatcake.connectors"),
     ("control/x.py", "from flatcake.cluster import ClusterIndex\n", "pure"),
+    ("control/x.py", "from flatcake.plan.reads import plan_reads\n", "leaves"),
+    ("control/x.py", "if TYPE_CHECKING:\n    from flatcake.plan import ReadPlan\n", "leaves"),
+    ("control/x.py", "from flatcake import progress\n", "leaves"),
     ("store/x.py", "import redis\n", "redis is imported"),
     ("cio/readers.py", "from nixl._api import nixl_agent\n", "nixl is imported"),
 ])
@@ -115,6 +184,9 @@ def test_a_broken_wall_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     ("connectors/x.py", "from flatcake.connectors.requests import RequestView\nimport vllm\n"),
     ("cli/x.py", "from flatcake.cli.replay import main\n"),
     ("replay/x.py", "from flatcake.control import ControlPlane\nimport numpy\n"),
+    ("plan/x.py", "from flatcake.control.index import HitRun\nfrom flatcake.layout import ALIGN\n"),
+    ("control/x.py", "from flatcake import errors\nfrom flatcake.geometry import KVGeometry\n"
+                     "from flatcake.readplan import ReadPlan\nfrom .index import Segment\n"),
     ("cluster/index.py", "import redis\n"),
     ("cio/remote.py", "from nixl._api import nixl_agent\n"),
 ])

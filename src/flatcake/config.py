@@ -300,6 +300,34 @@ def _apply(cfg: FlatCakeConfig, section: str, name: str, raw: Any) -> FlatCakeCo
     return dataclasses.replace(cfg, **{section: dataclasses.replace(current, **{name: value})})
 
 
+SECTIONS = tuple(_SECTIONS)
+"""The config sections an engine's extra config may set (nested or dotted)."""
+
+
+def section_overrides(where: str, key: str, value: Any) -> list[str] | None:
+    """The ``section.field=value`` overrides (``load_config``'s) of one entry of an
+    engine's extra config: a section (``{"store": {"root": ...}}``) or a dotted field
+    (``"store.root"``); ``None`` when ``key`` is neither. ``where`` names the engine's
+    option in errors; a value must be a scalar."""
+    if key in _SECTIONS:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}.{key} must be an object of {key} fields, got "
+                             f"{value!r}")
+        return [_scalar_override(where, key, str(name), v) for name, v in value.items()]
+    section, dot, name = key.partition(".")
+    if dot and section in _SECTIONS:
+        return [_scalar_override(where, section, name, value)]
+    return None
+
+
+def _scalar_override(where: str, section: str, name: str, value: Any) -> str:
+    if isinstance(value, Mapping | list | tuple):
+        raise ValueError(f"{where} {section}.{name} must be a scalar, got {value!r}")
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return f"{section}.{name}={value}"
+
+
 def load_config(
     path: str | Path | None = None,
     env: Mapping[str, str] | None = None,

@@ -1,6 +1,7 @@
-"""Package exports that resolve on first use (PEP 562), for the packages' ``__init__``s:
-importing a package does not import its submodules (the pure books stay free of the
-I/O modules, the connectors of the engines) until a name is used."""
+"""Package exports that resolve on first use (PEP 562), for the ``__init__``s of the
+packages whose modules load heavy or optional dependencies: importing ``flatcake.cio``
+(torch) or ``flatcake.connectors`` (vLLM, SGLang, torch) does not import its submodules
+until a name is used. Packages without such imports re-export plainly."""
 
 from __future__ import annotations
 

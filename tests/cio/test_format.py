@@ -31,7 +31,7 @@ from flatcake.cio.format import (
 )
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.writer import SegmentWriter, write_file_header
-from flatcake.plan.layout import SEGMENT_FIXED_HEADER_BYTES, SegmentLayout
+from flatcake.layout import SEGMENT_FIXED_HEADER_BYTES, SegmentLayout
 
 
 def _file_header(session_id: str = "chat/42", file_id: int = 7) -> FileHeader:

@@ -9,8 +9,8 @@ import torch
 from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.refill import LayerRefills
-from flatcake.plan.reads import ReadPlan
 from flatcake.plan.tasks import LoadTask
+from flatcake.readplan import ReadPlan
 
 LAYERS, SLOTS, BBPL = 3, 16, 4096
 

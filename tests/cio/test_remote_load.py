@@ -17,7 +17,7 @@ from flatcake.cio.dispatch import ReaderDispatch
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.remote_load import Consume, restore_remote
 from flatcake.control.address import Medium, encode_address
-from flatcake.plan.layout import SegmentLayout
+from flatcake.layout import SegmentLayout
 from flatcake.plan.remote import RemoteRun, remote_runs, trim_runs
 
 LAYERS, BBPL = 3, 64

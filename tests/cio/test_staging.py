@@ -10,96 +10,22 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from flatcake.cio.direct import open_file, resolve_io_mode
-from flatcake.cio.format import FILE_HEADER_BYTES, FileHeader
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader, ReaderStats, ReadRequest
-from flatcake.cio.restore import LayerReady, OpenFile, RestoreJob, RestoreOutcome
+from flatcake.cio.restore import LayerReady, RestoreOutcome
 from flatcake.cio.staging import StagingWindow
-from flatcake.cio.writer import SegmentWriter, write_file_header
 from flatcake.config import PlannerConfig
-from flatcake.control.address import Medium, encode_address
-from flatcake.control.index import HitRun, Segment
-from flatcake.plan.layout import SegmentLayout
-from flatcake.plan.reads import ReadPlan, plan_reads
-from flatcake.plan.stream import StreamCheck
-
-
-@dataclass
-class History:
-    """A session file holding ``turns`` segments, and the source KV it came from."""
-
-    path: str
-    fd: int
-    src: list[torch.Tensor]
-    segments: list[Segment]
-    crcs: list[tuple[int, ...]]
-    bbpl: int
-
-    @property
-    def num_blocks(self) -> int:
-        return sum(s.num_blocks for s in self.segments)
-
-
-def _history(tmp_path: Path, turns: list[int], num_layers: int = 3, bbpl: int = 300,
-             ) -> History:
-    total = sum(turns)
-    g = torch.Generator().manual_seed(len(turns) * 7 + bbpl)
-    src = [torch.randint(0, 256, (total, bbpl), dtype=torch.uint8, generator=g)
-           for _ in range(num_layers)]
-    paged = PagedKV(src, bbpl)
-    path = str(tmp_path / "0000000000000000.fcs")
-    fd = open_file(path, resolve_io_mode(tmp_path, "auto"), create=True)
-    os.posix_fallocate(fd, 0, 1 << 20)
-    write_file_header(fd, FileHeader("s", 0, 0, 0, 1 << 20, num_layers, bbpl))
-    writer = SegmentWriter()
-    offset, first = FILE_HEADER_BYTES, 0
-    segments, crcs = [], []
-    for seq, n in enumerate(turns):
-        ids = torch.arange(first, first + n)
-        keys = [i.to_bytes(32, "big") for i in range(first, first + n)]
-        w = writer.write_ssd(fd, offset, paged, ids, keys, file_id=0, seq=seq,
-                             turn_index=seq, first_block=first)
-        layout = SegmentLayout.for_ssd(n, num_layers, bbpl)
-        segments.append(Segment(seq, "s", Medium.SSD, encode_address(Medium.SSD, 0, offset),
-                                layout, tuple(keys), seq, 0, offset))
-        crcs.append(w.header.layer_crcs)
-        offset += w.total_bytes
-        first += n
-    return History(path, fd, src, segments, crcs, bbpl)
-
-
-def _job(h: History, dst: list[torch.Tensor], cfg: PlannerConfig | None = None,
-         slots: list[int] | None = None) -> RestoreJob:
-    runs, checks, start = [], [], 0
-    for seg, crcs in zip(h.segments, h.crcs, strict=True):
-        runs.append(HitRun(seg, 0, seg.num_blocks, start))
-        checks.append(StreamCheck(start, seg.num_blocks, crcs, start, seg.segment_id))
-        start += seg.num_blocks
-    plan = plan_reads(runs, len(h.src), None, cfg)
-    slots = slots if slots is not None else list(range(h.num_blocks))
-    return RestoreJob(plan, PagedKV(dst, h.bbpl), torch.tensor(slots), list(range(start)),
-                      tuple(checks), {0: OpenFile(h.path, h.fd)}, None, start)
-
-
-def flip_byte(path: str, at: int) -> None:
-    """Damage one byte of a session file in place (a bit flip at ``at``)."""
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 0x01]))
+from tests.cio.helpers import History, RecordingReader, flip_byte, restore_job, write_history
 
 
 @pytest.fixture
 def history(tmp_path: Path):  # type: ignore[no-untyped-def]
-    h = _history(tmp_path, [5, 1, 9, 4])
+    h = write_history(tmp_path, [5, 1, 9, 4])
     yield h
     os.close(h.fd)
 
@@ -111,7 +37,7 @@ def test_restore_is_byte_exact_even_when_reads_split_inside_blocks(history: Hist
     n = history.num_blocks
     dst = [torch.zeros(n + 5, history.bbpl, dtype=torch.uint8) for _ in history.src]
     slots = list(range(n + 4, 4, -1))  # reversed, offset slots
-    job = _job(history, dst, PlannerConfig(gap_limit_bytes=0, max_read_bytes=4096), slots)
+    job = restore_job(history, dst, PlannerConfig(gap_limit_bytes=0, max_read_bytes=4096), slots)
     reader = DirectReader(3)
     # Checksums in 1000-byte chunks on three threads, combined: same verdict.
     window = StagingWindow(reader, crc_threads=crc_threads, crc_chunk_bytes=1000)
@@ -127,20 +53,6 @@ def test_restore_is_byte_exact_even_when_reads_split_inside_blocks(history: Hist
         assert not dst[layer][:5].any()
 
 
-class RecordingReader(DirectReader):
-    """Logs the layer of every read as it is submitted."""
-
-    def __init__(self, plan: ReadPlan, log: list[tuple[str, int]]) -> None:
-        super().__init__(2)
-        # The window submits each layer's ops in plan order, layer after layer.
-        self._layers = iter([lp.layer for lp in plan.layers for _ in lp.ssd_ops])
-        self._log = log
-
-    def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
-        self._log.append(("read", next(self._layers)))
-        return super().submit(request, dest)
-
-
 class RecordingPaged(PagedKV):
     def __init__(self, inner: PagedKV, log: list[tuple[str, int]]) -> None:
         self.__dict__.update(inner.__dict__)
@@ -154,7 +66,7 @@ class RecordingPaged(PagedKV):
 def test_layer_l_plus_1_is_read_before_layer_l_is_scattered(history: History) -> None:
     dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
            for _ in history.src]
-    job = _job(history, dst)
+    job = restore_job(history, dst)
     log: list[tuple[str, int]] = []
     job.paged = RecordingPaged(job.paged, log)
     reader = RecordingReader(job.plan, log)
@@ -218,7 +130,7 @@ class GatedReader:
 def test_each_layer_is_signalled_as_soon_as_it_lands(history: History) -> None:
     dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
            for _ in history.src]
-    job = _job(history, dst)
+    job = restore_job(history, dst)
     per_layer = [len(lp.ssd_ops) for lp in job.plan.layers]
     reader = GatedReader()
     ready = LayerReady(len(dst))
@@ -251,7 +163,7 @@ def test_reads_in_flight_bounds_the_commands_of_a_restore(history: History,
     # 4 KiB reads: every layer is many commands, so the bound is what holds them back.
     dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
            for _ in history.src]
-    job = _job(history, dst, PlannerConfig(gap_limit_bytes=0, max_read_bytes=4096))
+    job = restore_job(history, dst, PlannerConfig(gap_limit_bytes=0, max_read_bytes=4096))
     per_layer = [len(lp.ssd_ops) for lp in job.plan.layers]
     assert min(per_layer) > 3
     reader = GatedReader()
@@ -302,7 +214,7 @@ def test_crc_failure_cuts_the_restore_at_the_damaged_segment(history: History,
     reader = DirectReader(2)
     window = StagingWindow(reader, crc_threads=crc_threads, crc_chunk_bytes=1000)
     try:
-        outcome = window.run(_job(history, dst), LayerReady(len(dst)))
+        outcome = window.run(restore_job(history, dst), LayerReady(len(dst)))
     finally:
         window.close()
         reader.close()
@@ -355,7 +267,7 @@ def test_checksums_run_on_the_reader_threads(history: History,
     dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
            for _ in history.src]
     cfg = PlannerConfig(max_read_bytes=max_read_bytes) if max_read_bytes else None
-    job = _job(history, dst, cfg)
+    job = restore_job(history, dst, cfg)
     reader = FailingOnceReader() if fail_once else DirectReader(2)
     window = StagingWindow(reader)
     try:

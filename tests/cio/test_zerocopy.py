@@ -14,14 +14,14 @@ from flatcake.cio.direct import aligned_buffer
 from flatcake.cio.readers import DirectReader
 from flatcake.cio.restore import LayerReady, RestoreOutcome
 from flatcake.cio.staging import MAX_LAYERS_AHEAD, StagingWindow
-from tests.cio.test_staging import History, _history, _job, flip_byte
+from tests.cio.helpers import History, RecordingReader, flip_byte, restore_job, write_history
 
 BBPL = 8192
 
 
 @pytest.fixture
 def aligned_history(tmp_path: Path):  # type: ignore[no-untyped-def]
-    h = _history(tmp_path, [5, 1, 9, 4], bbpl=BBPL)
+    h = write_history(tmp_path, [5, 1, 9, 4], bbpl=BBPL)
     yield h
     os.close(h.fd)
 
@@ -40,7 +40,7 @@ def _restore(h: History, dst: list[torch.Tensor], slots: list[int]
     reader = DirectReader(3)
     window = StagingWindow(reader)
     try:
-        outcome = window.run(_job(h, dst, slots=slots), LayerReady(len(dst)))
+        outcome = window.run(restore_job(h, dst, slots=slots), LayerReady(len(dst)))
     finally:
         window.close()
         reader.close()
@@ -64,7 +64,7 @@ def test_reads_land_in_the_slots(aligned_history: History, kv_blocks: bool, iov_
     assert outcome.zero_copy and outcome.zero_copy_refusal == ""
     assert outcome.num_blocks_loaded == h.num_blocks and outcome.failed_tags == ()
     assert outcome.commands == commands
-    ops = sum(len(lp.ssd_ops) for lp in _job(h, dst, slots=slots).plan.layers)
+    ops = sum(len(lp.ssd_ops) for lp in restore_job(h, dst, slots=slots).plan.layers)
     parts = 2 if kv_blocks else 1
     if iov_max == 3:
         assert commands > ops
@@ -104,7 +104,7 @@ def test_unaligned_destination_takes_the_staging_window(aligned_history: History
 
 
 def test_small_blocks_take_the_staging_window(tmp_path: Path) -> None:
-    h = _history(tmp_path, [3, 2], bbpl=300)
+    h = write_history(tmp_path, [3, 2], bbpl=300)
     try:
         dst = [aligned_buffer(h.num_blocks * 300, pin=False).view(h.num_blocks, 300)
                for _ in h.src]
@@ -120,8 +120,7 @@ def test_small_blocks_take_the_staging_window(tmp_path: Path) -> None:
 def test_the_store_reports_the_read_path(tmp_path: Path) -> None:
     from flatcake.geometry import KVGeometry
     from flatcake.store import FlatCakeStore, TurnSignals
-    from tests.store.helpers import TO_MEMORY, TO_SSD, random_kv, small_config
-    from tests.store.test_async_and_reclaim import session_keys
+    from tests.store.helpers import TO_MEMORY, TO_SSD, random_kv, session_keys, small_config
 
     g = KVGeometry(num_layers=2, tokens_per_block=16, num_kv_heads=1, head_dim=128,
                    dtype="float16", name="k4")  # K and V halves of 4 KiB per block
@@ -155,13 +154,11 @@ def test_zero_copy_reads_further_ahead_than_two_layers(tmp_path: Path) -> None:
     """No copy out of the slots to wait for: a zero-copy restore submits more layers
     before the first is ready (small segment layers keep the disk's queue deep), each
     into its own staging slot, and still lands every byte where it belongs."""
-    from tests.cio.test_staging import RecordingReader
-
-    h = _history(tmp_path, [5, 1, 9, 4], num_layers=8, bbpl=BBPL)
+    h = write_history(tmp_path, [5, 1, 9, 4], num_layers=8, bbpl=BBPL)
     try:
         dst = _dest(h, kv_blocks=True)
         slots = list(range(h.num_blocks))
-        job = _job(h, dst, slots=slots)
+        job = restore_job(h, dst, slots=slots)
         log: list[tuple[str, int]] = []
 
         class RecordingReady(LayerReady):

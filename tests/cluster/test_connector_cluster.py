@@ -5,7 +5,7 @@ them byte-exact through NIXL (real Redis, two processes on 127.0.0.1); an owner 
 between lookup and load is a load error for those blocks, never a hang or wrong bytes;
 Redis going away leaves the scheduler half answering from its own store.
 
-The two-node test needs torch and NIXL (``test_store_cluster.store_env``) and skips
+The two-node test needs torch and NIXL (``helpers.store_env``) and skips
 without them; the Redis test needs only redis-server and the client."""
 
 from __future__ import annotations
@@ -21,53 +21,49 @@ import pytest
 
 from flatcake.cluster import RedisServer, redis_available
 from flatcake.connectors.settings import ConnectorSettings
-from tests.cluster.test_nixl import _line, process
-from tests.cluster.test_store_cluster import (
-    _ask,
-    env,  # noqa: F401  (fixture)
-)
+from tests.cluster.helpers import ask, next_line, process
 from tests.connectors.sides_harness import Harness, finish, settings, tokens, view
 
 PEER = Path(__file__).with_name("connector_peer.py")
 
 
 def test_a_session_written_on_node_0_is_restored_by_node_1(
-        env: dict[str, str], redis_url: str, cluster: str, tmp_path: Path) -> None:  # noqa: F811
+        env: dict[str, str], redis_url: str, cluster: str, tmp_path: Path) -> None:
     cmd = [sys.executable, "-u", str(PEER), "{}", redis_url, cluster, str(tmp_path)]
     with process([x.format("owner") for x in cmd], env) as owner, \
             process([x.format("asker") for x in cmd], env) as asker:
-        wrote = json.loads(_line(owner, 120))
-        assert _line(owner, 30) == "ready" and _line(asker, 120) == "ready"
+        wrote = json.loads(next_line(owner, 120))
+        assert next_line(owner, 30) == "ready" and next_line(asker, 120) == "ready"
         assert wrote == {"placed": ["ssd:first_turn", "memory:short_reply", "ssd:first_turn"],
                          "published": 3}
         # Session s's first turn: 3 blocks on node 0's SSD, none here -> an async load.
-        assert _ask(asker, "lookup s0 0") == {"matched": 12, "async": True}
-        a = _ask(asker, "load")
+        assert ask(asker, "lookup s0 0") == {"matched": 12, "async": True}
+        a = ask(asker, "load")
         assert a["loads"] == [["r1", False, 1]] and a["recving"] == ["r1"]
         assert a["invalid"] == [] and a["exact"] and a["untouched"]
         assert a["params"]["loaded_tokens_remote"] == 12
         assert a["params"]["load_error_blocks"] == 0
         # Node 1 stores them itself; the next turn is its own 3 blocks, then node 0's 2
         # memory blocks.
-        assert _ask(asker, "store") == {"stored_blocks": 3}
-        assert _ask(asker, "lookup s1 0") == {"matched": 20, "async": True}
-        d = _ask(asker, "load")
+        assert ask(asker, "store") == {"stored_blocks": 3}
+        assert ask(asker, "lookup s1 0") == {"matched": 20, "async": True}
+        d = ask(asker, "load")
         assert d["invalid"] == [] and d["exact"] and d["untouched"]
         assert d["params"]["loaded_tokens_ssd"] == 12
         assert d["params"]["loaded_tokens_remote"] == 8
         # The engine holds 2 blocks of session t itself: only the third is loaded, and
         # the engine's slots are never written.
-        assert _ask(asker, "lookup t 2") == {"matched": 4, "async": True}
-        b = _ask(asker, "load")
+        assert ask(asker, "lookup t 2") == {"matched": 4, "async": True}
+        b = ask(asker, "load")
         assert b["invalid"] == [] and b["exact"] and b["untouched"]
         assert b["params"]["loaded_tokens_remote"] == 4
         # The owner dies between the lookup and the load: its 3 blocks are load errors
         # (the engine recomputes them), within store.remote_timeout_s, and no byte of
         # the request's slots changed.
-        assert _ask(asker, "lookup t 0") == {"matched": 12, "async": True}
+        assert ask(asker, "lookup t 0") == {"matched": 12, "async": True}
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=15)
-        c = _ask(asker, "load")
+        c = ask(asker, "load")
         assert c["recving"] == ["r4"] and c["invalid"] == [0, 1, 2]
         assert c["untouched"] and c["params"]["load_error_blocks"] == 3
         assert c["params"]["loaded_tokens_remote"] == 0

@@ -11,7 +11,7 @@ from flatcake.cluster import redis_available
 
 def test_demo_with_two_nodes_restores_byte_exact(monkeypatch: pytest.MonkeyPatch,
                                                  tmp_path, capsys) -> None:
-    from tests.cluster.test_nixl import nixl_python
+    from tests.cluster.helpers import nixl_python
 
     if redis_available():
         pytest.skip(redis_available() or "")

@@ -13,44 +13,17 @@ import os
 import signal
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
-import pytest
-
 from flatcake.cluster import RedisServer
-from tests.cluster.test_nixl import ROOT, _env, _line, nixl_python, process
+from tests.cluster.helpers import ask, child_env, next_line, process
 
 PEER = Path(__file__).with_name("store_peer.py")
 
 
-@cache
-def store_env() -> dict[str, str] | None:
-    """PYTHONPATH giving this interpreter (torch) NIXL too; None when it cannot."""
-    python = nixl_python()
-    if python is None:
-        return None
-    where = subprocess.run([python, "-c", "import nixl, os; "
-                            "print(os.path.dirname(os.path.dirname(nixl.__file__)))"],
-                           capture_output=True, text=True, timeout=60, env=_env({}))
-    paths = os.pathsep.join([str(ROOT / "src"), str(ROOT), where.stdout.strip()])
-    env = {"PYTHONPATH": paths}
-    probe = subprocess.run([sys.executable, "-c", "import nixl._api"],
-                           capture_output=True, timeout=120, env=_env(env))
-    return env if where.returncode == 0 and probe.returncode == 0 else None
-
-
-@pytest.fixture
-def env() -> dict[str, str]:
-    found = store_env()
-    if found is None:
-        pytest.skip("no NIXL venv usable with this interpreter's torch")
-    return found
-
-
 def _run(env: dict[str, str], *args: str) -> dict:
     done = subprocess.run([sys.executable, str(PEER), *args], capture_output=True,
-                          text=True, timeout=150, env=_env(env))
+                          text=True, timeout=150, env=child_env(env))
     lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     return json.loads(lines[-1])
@@ -77,15 +50,6 @@ def test_store_lifecycle_in_the_cluster(env: dict[str, str], redis_url: str, clu
                                   "memory": 0, "ssd": 0}
 
 
-def _ask(asker: subprocess.Popen[str], line: str) -> dict:
-    """Send ``line`` to a peer (the store asker: sessions to restore at once, comma-
-    separated); its JSON answer."""
-    assert asker.stdin is not None
-    asker.stdin.write(line + "\n")
-    asker.stdin.flush()
-    return json.loads(_line(asker, 60))
-
-
 def test_restores_at_once_and_a_slow_or_killed_owner_is_a_bounded_miss(
         env: dict[str, str], redis_url: str, cluster: str, tmp_path: Path) -> None:
     cmd = [sys.executable, "-u", str(PEER), "{}", redis_url, cluster, str(tmp_path)]
@@ -93,23 +57,23 @@ def test_restores_at_once_and_a_slow_or_killed_owner_is_a_bounded_miss(
     with process([*owner_cmd, "0", "7,9"], env) as owner, \
             process([*owner_cmd, "2", "8"], env) as other, \
             process([x.format("restore") for x in cmd], env) as asker:
-        assert [_line(p, 90) for p in (owner, other, asker)] == ["ready"] * 3
+        assert [next_line(p, 90) for p in (owner, other, asker)] == ["ready"] * 3
         # Three restores at once, each in its own receive window: two sessions of node
         # 0 and one of node 2 (4 SSD + 3 memory blocks each), all byte-exact.
-        served = _ask(asker, "7,9,8")
+        served = ask(asker, "7,9,8")
         # A stopped (slow) owner: the staged SSD read of its session times out, a miss;
         # node 2's restore, started after it, is not held up by it. The window of the
         # timed-out read is retired and the new one's metadata published, so once the
         # owner goes on it is served again.
         os.kill(owner.pid, signal.SIGSTOP)
-        slow = _ask(asker, "7,8")
+        slow = ask(asker, "7,8")
         os.kill(owner.pid, signal.SIGCONT)
-        again = _ask(asker, "7,9,8")
+        again = ask(asker, "7,9,8")
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=15)
         # Its entries outlive it until the lease ends: the reads fail or time out
         # (bounded by store.remote_timeout_s); nothing wrong reaches the paged KV.
-        gone = _ask(asker, "7,8")
+        gone = ask(asker, "7,8")
     whole = {"blocks": 7, "remote": 7, "exact": True, "hit": 7, "memory": 0, "ssd": 0}
     assert all(served[s] == whole for s in ("7", "9", "8"))
     assert slow["7"]["blocks"] == 0 and slow["7"]["exact"] and slow["8"] == whole
@@ -126,10 +90,10 @@ def test_a_store_opened_before_redis_joins_later(env: dict[str, str], cluster: s
     url = f"redis://127.0.0.1:{port}/0"
     with process([sys.executable, "-u", str(PEER), "late", url, cluster, str(tmp_path)],
                  env) as peer:
-        before = json.loads(_line(peer, 90))
-        assert _line(peer, 30) == "ready"
+        before = json.loads(next_line(peer, 90))
+        assert next_line(peer, 30) == "ready"
         with RedisServer(port=port):
-            after = json.loads(_line(peer, 120))
+            after = json.loads(next_line(peer, 120))
     assert before == {"joined": False, "epoch": 0, "lookup": 0,
                       "local": {"blocks": 7, "remote": 0, "exact": True, "hit": 7,
                                 "memory": 3, "ssd": 4}}

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from flatcake.connectors.cluster_side import ClusterLookup, remote_task
+from flatcake.connectors.cluster_side import ClusterLookup
 from flatcake.control.address import Medium, encode_address
+from flatcake.plan.requests import load, restore_request
 from tests.connectors.sides_harness import G, Harness, finish, settings, tokens, view
 
 
@@ -108,18 +107,27 @@ def test_remote_task_loads_after_the_local_hit_or_the_engines_own_prefix(
     v = view("b", tokens(turn0, 20, 200))  # 8 blocks: 3 here, 5 more on node 2
     index = Index(v.keys[3:8])
     look = ClusterLookup(G, settings().config, index=index)
-    hit = h.sched.control.usable_hit(h.sched.control.lookup(v.keys))
+    control = h.sched.control
+    hit = control.lookup(v.keys)
     far = look.runs("b", v.keys, hit.num_blocks)
     slots = list(range(20, 30))
-    task, _ = remote_task(h.sched.control, "b", hit, slots, 1, far)
+    task, plan = load(control, "b", hit, slots, 1, far)
     assert (task.first_block, task.num_blocks, task.remote_end, task.sync) == (1, 3, 8, False)
     assert task.block_ids == tuple(slots[:8])
-    h.sched.control.complete_load("b")
+    # FC-MAS weighs it as every host does: the local SSD bytes + the 5 remote blocks.
+    rr = restore_request(control, task, plan, 0.0)
+    assert rr.needs_ssd and rr.kv_bytes == plan.read_plan.useful_bytes + 5 * (
+        G.num_layers * G.block_bytes_per_layer)
+    control.complete_load("b")
     # The engine computed 5 blocks itself: nothing local is read, remote from block 5.
-    task, plan = remote_task(h.sched.control, "c", hit, slots, 5, far)
+    task, plan = load(control, "c", hit, slots, 5, far)
     assert (task.first_block, task.num_blocks, task.remote_end) == (5, 5, 8)
     assert [(r.request_start, r.start_pos, r.count) for r in task.remote] == [(5, 2, 3)]
     assert plan.hit.num_blocks == 0  # nothing of the local hit pinned or read
-    with pytest.raises(ValueError, match="no remote runs"):
-        remote_task(h.sched.control, "d", hit, slots, 8, far)
+    assert restore_request(control, task, plan, 0.0).kv_bytes == 3 * (
+        G.num_layers * G.block_bytes_per_layer)
+    control.complete_load("c")
+    # The engine holds all 8: no remote run is left, and the local part loads nothing.
+    task, _ = load(control, "d", hit, slots, 8, far)
+    assert task.remote == () and task.num_blocks <= 8 and task.first_block == 8
     h.close()

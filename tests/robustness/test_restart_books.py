@@ -17,7 +17,7 @@ from flatcake.cio.format import FormatError
 from flatcake.control import ControlPlane, FileFate, ScannedFile
 from flatcake.store import FlatCakeStore
 from tests.robustness import workload as w
-from tests.robustness.test_corruption import CONFIG, build, corrupt
+from tests.robustness.helpers import CONFIG, build, corrupt
 from tests.store.helpers import SMALL
 
 

@@ -25,6 +25,7 @@ from flatcake.cio.writer import zero_copy_write_refusal
 from flatcake.config import FlatCakeConfig, StoreConfig
 from flatcake.control.address import Medium
 from flatcake.geometry import KVGeometry
+from flatcake.plan.reads import plan_reads
 from flatcake.store.results import TurnSignals
 from flatcake.store.store import FlatCakeStore
 
@@ -97,7 +98,8 @@ class FlatcakeSide:
 
     def staging_bytes(self) -> int:
         """One staging slot: the largest layer of the restore's read plan."""
-        plan = self.store.control.prepare_load("bench-staging", self.keys)
+        plan = self.store.control.prepare_load("bench-staging", self.keys,
+                                               planner=plan_reads)
         self.store.control.complete_load("bench-staging")
         return max((sum(op.length for op in lp.ssd_ops) for lp in plan.read_plan.layers),
                    default=0)

@@ -49,7 +49,7 @@ import torch
 from flatcake.bench.program import FileRead, ReadPass, RestoreProgram, ScatterRun
 from flatcake.bench.source import make_kv
 from flatcake.cio.direct import aligned_buffer, writable_view
-from flatcake.plan.layout import ALIGN, align_up
+from flatcake.layout import ALIGN, align_up
 
 MOONCAKE_BUCKET_KEYS_LIMIT = 500
 MOONCAKE_BUCKET_SIZE_LIMIT_BYTES = 256 * 1024 * 1024

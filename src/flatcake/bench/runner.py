@@ -56,7 +56,7 @@ from flatcake.cio.hugepages import huge_pages_note
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader
 from flatcake.geometry import preset
-from flatcake.plan.layout import align_up
+from flatcake.layout import align_up
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,11 @@
 on-disk format, session files, the host arena, and the executor that runs the books'
 tasks with them (``executor``).
 
-Names resolve on first use (PEP 562): ``flatcake.cio.format`` / ``scan`` / ``names`` stay
-free of torch for the processes that only keep books (the vLLM scheduler half).
+Names resolve on first use (PEP 562), kept lazy for torch: most modules here import it
+(1-2 s of CPU), and a plain face would load it with ``flatcake.cio.format`` /
+``filescan`` / ``scan`` / ``names``, which stay free of it for the processes that only
+keep books (the vLLM scheduler half) and the commands that read a store without moving
+KV bytes (``flatcake fsck``, ``flatcake inspect``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from flatcake.cio.hugepages import HUGE_PAGE
-from flatcake.plan.layout import ALIGN, align_up
+from flatcake.layout import ALIGN, align_up
 
 logger = logging.getLogger(__name__)
 

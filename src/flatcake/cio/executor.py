@@ -253,9 +253,13 @@ class Executor:
             loaded, remote_bytes = remote_part(task, job.paged, loaded, ready,
                                                self.readers.remote)
         refilled = refills.written(loaded, failed) if refills is not None else ()
+        # A failed segment's file header is checked too: the books quarantine a file
+        # whose header is damaged instead of cutting it (``control.damage``).
+        files = {tag: file_id for tag, file_id, _ in task.check_files if tag in failed}
+        bad_headers = tuple(sorted({f for f in files.values() if self.header_damage(f)}))
         done = LoadDone(task.request_id, max(loaded, task.first_block), task.remote_end,
                         failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s,
-                        refilled, remote_bytes)
+                        refilled, remote_bytes, bad_headers)
         out = LoadOutcome(done, outcome)
         if on_done is not None:
             on_done(out)

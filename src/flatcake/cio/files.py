@@ -57,7 +57,7 @@ from flatcake.cio.names import LOCK_FILE, QUARANTINE_DIR, SESSIONS_DIR
 from flatcake.cio.names import session_files_in as session_files_in  # its old home
 from flatcake.cio.restore import OpenFile
 from flatcake.cio.writer import write_file_header
-from flatcake.plan.layout import ALIGN
+from flatcake.layout import ALIGN
 
 logger = logging.getLogger(__name__)
 

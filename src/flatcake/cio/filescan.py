@@ -25,7 +25,7 @@ from flatcake.cio.format import (
     decode_segment_header,
     segment_header_size,
 )
-from flatcake.plan.layout import ALIGN
+from flatcake.layout import ALIGN
 
 logger = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from flatcake.cio.crc import crc32
 from flatcake.control.sessions import MAX_SESSION_ID_BYTES
-from flatcake.plan.layout import (
+from flatcake.layout import (
     ALIGN,
     KEY_BYTES,
     SEGMENT_FIXED_HEADER_BYTES,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from flatcake.cio.paged import PagedKV
-from flatcake.plan.reads import ReadPlan
 from flatcake.plan.stream import StreamCheck
+from flatcake.readplan import ReadPlan
 
 
 @dataclass(frozen=True, slots=True)

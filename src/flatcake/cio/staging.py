@@ -60,9 +60,9 @@ from flatcake.cio.readcrc import OpGate, crc_pieces
 from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
 from flatcake.cio.restore import LayerReady, RestoreJob, RestoreOutcome
 from flatcake.cio.zerocopy import SlotViews, op_commands, zero_copy_refusal
-from flatcake.plan.layout import ALIGN, align_up
-from flatcake.plan.reads import LayerPlan, Piece
+from flatcake.layout import ALIGN, align_up
 from flatcake.plan.stream import StreamCheck
+from flatcake.readplan import LayerPlan, Piece
 
 logger = logging.getLogger(__name__)
 

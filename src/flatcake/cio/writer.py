@@ -44,7 +44,7 @@ from flatcake.cio.crc import crc32
 from flatcake.cio.direct import aligned_buffer, pwrite_all, pwritev_all, writable_view
 from flatcake.cio.format import FileHeader, SegmentHeader, encode_file_header, encode_segment_header
 from flatcake.cio.paged import PagedKV
-from flatcake.plan.layout import ALIGN, SegmentLayout, align_up
+from flatcake.layout import ALIGN, SegmentLayout, align_up
 
 DEFAULT_WRITE_CHUNK_BYTES = 16 << 20
 DEFAULT_WRITES_IN_FLIGHT = 3

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from flatcake.cio.direct import writable_view
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import IOV_MAX, IoVec, Reader, ReadRequest
-from flatcake.plan.layout import ALIGN
-from flatcake.plan.reads import ReadOp
+from flatcake.layout import ALIGN
+from flatcake.readplan import ReadOp
 
 
 def zero_copy_refusal(reader: Reader, paged: PagedKV, pieces_whole_blocks: bool) -> str:

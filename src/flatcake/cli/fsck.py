@@ -1,21 +1,36 @@
-"""``flatcake fsck ROOT [--repair]``: verify every header and data checksum under a store
-root; ``--repair`` first settles the root as a restart would (``store.recovery``).
+"""``flatcake fsck ROOT [--repair] [--json]``: verify every header and data checksum
+under a store root and tell damage the store has already settled from damage it has
+not (``store.inspect`` defines both); ``--repair`` first settles the root as a restart
+would (``store.recovery``).
 
-Exit status 0 when every file is clean, 1 when anything is damaged or quarantined (with
-``--repair``: when a live file is still damaged; quarantined files are kept for
-inspection and listed), 2 when ROOT is not a store or a store is serving it (repair)."""
+Exit status 0 when nothing is left to settle (every live file clean; quarantined files
+are settled damage, listed and kept for inspection), 1 when a live file still holds
+damage (``--repair`` or a restart settles it), 2 when ROOT is not a store, or (with
+``--repair``) a store is serving it. ``--json`` prints the same verdicts as the text.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING, Any
 
-DESCRIPTION = ("Read every session file under a store root and verify every header and "
-               "data checksum (the store may be serving meanwhile). Exit status 0 when "
-               "everything is clean, 1 when anything is damaged or quarantined. With "
+if TYPE_CHECKING:
+    from flatcake.store.inspect import FsckReport
+    from flatcake.store.recovery import RepairReport
+
+DESCRIPTION = ("Read every session file under a store root, verify every header and "
+               "data checksum (the store may be serving meanwhile), and tell damage the "
+               "store has settled (files it quarantined; files it cut look clean) from "
+               "damage it has not. Exit status 0 when nothing is left to settle, 1 when "
+               "a live file still holds damage, 2 when ROOT is not a store. With "
                "--repair, first do what a restart would: cut damaged files after their "
                "last valid segment, delete empty ones, quarantine unreadable or stray "
                "ones (refused while a store serves the root).")
+
+_ACTIONS = {"quarantine": "--repair moves it to quarantine/",
+            "cut": "--repair cuts the file after its last valid segment",
+            "delete": "--repair deletes the file (no valid segment before the damage)"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +38,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--repair", action="store_true",
                    help="settle damage as a restart would, then verify")
+
+
+def _repair_json(repair: RepairReport) -> dict[str, Any]:
+    return {k: getattr(repair, k) for k in (
+        "num_files", "quarantined", "cut", "deleted", "damaged_segments", "lost_segments")} | {
+        k: list(getattr(repair, k)) for k in ("quarantined_paths", "cut_paths",
+                                              "deleted_paths")}
+
+
+def _print_repair(repair: RepairReport) -> None:
+    print(f"repaired {repair.num_files} files: {repair.cut} cut after their last valid "
+          f"segment ({repair.damaged_segments} damaged segments, {repair.lost_segments} "
+          f"valid ones past them), {repair.deleted} deleted, {repair.quarantined} "
+          f"quarantined")
+    for verb, paths in (("cut", repair.cut_paths), ("deleted", repair.deleted_paths),
+                        ("quarantined", repair.quarantined_paths)):
+        for path in paths:
+            print(f"  {verb:11s} {path}")
+
+
+def _print_report(report: FsckReport) -> None:
+    for f in report.files:
+        if f.state == "ok":
+            print(f"ok       {f.path}: {f.num_segments} segments, {f.num_blocks} blocks")
+        elif f.state == "settled":
+            print(f"settled  {f.path}: quarantined ({f.problem}); out of service, never "
+                  f"read again, kept for inspection")
+        else:
+            print(f"DAMAGED  {f.path}: {f.problem}; not settled: {_ACTIONS[f.action]}")
+    print(f"{len(report.files)} files: {report.num_ok} ok, {report.num_settled} settled "
+          f"(quarantined), {report.num_damaged} damaged and not settled")
+    if report.num_damaged:
+        print(f"{report.num_damaged} files still hold damage: run flatcake fsck --repair "
+              f"{report.root} (refused while a store serves it; a restart of the store "
+              f"settles them too)")
+    elif report.num_settled:
+        print("nothing left to settle; quarantined files may be deleted once inspected")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,31 +86,13 @@ def run(args: argparse.Namespace) -> int:
 
         repair = repair_root(args.root)
     report = fsck_root(args.root)
-    ok = report.ok if repair is None else all(f.ok for f in report.files
-                                              if not f.quarantined)
     if args.json:
         out = report.to_json()
         if repair is not None:
-            out["repair"] = {k: getattr(repair, k) for k in (
-                "quarantined", "cut", "deleted", "damaged_segments", "lost_segments")}
+            out["repair"] = _repair_json(repair)
         print(json.dumps(out, indent=2, sort_keys=True))
-        return 0 if ok else 1
-    if repair is not None:
-        print(f"repaired {repair.num_files} files: {repair.cut} cut after their last valid "
-              f"segment ({repair.damaged_segments} damaged segments, {repair.lost_segments} "
-              f"valid ones past them), {repair.deleted} deleted, {repair.quarantined} "
-              f"quarantined")
-    for f in report.files:
-        where = " (quarantined)" if f.quarantined else ""
-        if f.ok:
-            print(f"ok       {f.path}: {f.num_segments} segments, {f.num_blocks} blocks")
-        elif f.error:
-            print(f"DAMAGED  {f.path}{where}: file header: {f.error}")
-        else:
-            for d in f.damaged:
-                print(f"DAMAGED  {f.path}{where}: segment at offset {d.file_offset}: "
-                      f"{d.reason} ({f.num_segments} segments before it are valid)")
-            if not f.damaged:
-                print(f"DAMAGED  {f.path}{where}: pulled out of service by the store")
-    print(f"{len(report.files)} files, {report.num_damaged} damaged")
-    return 0 if ok else 1
+    else:
+        if repair is not None:
+            _print_repair(repair)
+        _print_report(report)
+    return 0 if report.ok else 1

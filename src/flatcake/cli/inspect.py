@@ -1,5 +1,7 @@
 """``flatcake inspect ROOT``: what a store root holds (sessions, segments, bytes per
-medium, watermarks), from the session file headers; ``--json`` for machines."""
+medium, watermarks), from the session file headers; ``--json`` for machines. Live files
+whose headers show damage are listed apart from the quarantined ones the store already
+settled (``store.inspect``); segment data crcs are ``flatcake fsck``'s."""
 
 from __future__ import annotations
 
@@ -54,5 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"    {s['session_id']!r}: {s['segments']} segments, {s['blocks']} blocks, "
               f"{_mib(s['ssd_bytes'])} in files {s['files']}")
     for path in report["damaged_files"]:
-        print(f"  damaged or quarantined: {path} (run flatcake fsck)")
+        print(f"  damaged, not settled: {path} (run flatcake fsck; --repair settles it)")
+    for path in report["quarantined_files"]:
+        print(f"  quarantined (settled, out of service): {path}")
     return 0

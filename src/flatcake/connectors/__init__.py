@@ -3,8 +3,9 @@ halves, the scheduler half (the books, ``scheduler_side``) and the worker half (
 executor, ``worker_side``), with their settings and counters (sessions and placement
 signals are the books': ``flatcake.control.signals``).
 
-Names resolve on first use (PEP 562): importing the package loads neither vLLM nor
-torch; ``FlatCakeConnector`` and ``flush`` load vLLM when first asked for.
+Names resolve on first use (PEP 562), kept lazy for the optional engines: importing
+the package loads neither vLLM, SGLang nor torch; ``FlatCakeConnector`` and ``flush``
+load vLLM when first asked for, ``WorkerSide`` torch.
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ writes); the scheduler half only reads the index::
     bounded      each Redis call times out after min(store.remote_timeout_s, 2 s); a
                  failed lookup answers local-only and logs one warning, and for the
                  next ``retry_s`` seconds no lookup asks Redis (local-only at once)
-    remote_task  the request's LoadTask with the remote runs after its local part; an
-                 async load (the request waits), queued in FC-MAS like an SSD restore
-                 (it takes a restore slot on the worker), the remote bytes counted in
-                 its size
+    load         ``plan.requests.load``: the request's LoadTask with the remote runs
+                 after its local part, an async load (the request waits), queued in
+                 FC-MAS like an SSD restore (it takes a restore slot on the worker),
+                 its remote blocks counted in its size (``ControlPlane.restore_request``,
+                 as for every host)
 
 A run the load cannot fetch (owner gone, read timed out, crc32 failed) ends the loaded
 prefix there; the worker reports the blocks from there on as load errors and the engine
@@ -31,17 +32,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from flatcake.config import FlatCakeConfig
-from flatcake.control import ControlPlane, LoadPlan
-from flatcake.control.index import EMPTY_HIT, PrefixHit
-from flatcake.control.queues import RestoreRequest
 from flatcake.geometry import KVGeometry
-from flatcake.plan.remote import IndexHit, RemoteRun, remote_runs, trim_runs
-from flatcake.plan.serve import load_task
-from flatcake.plan.tasks import LoadTask
+from flatcake.plan.remote import IndexHit, RemoteRun, remote_runs
 
 logger = logging.getLogger(__name__)
 
@@ -168,35 +164,3 @@ def scheduler_lookup(geometry: KVGeometry, config: FlatCakeConfig, world_size: i
             "own arena and files, and a node id per rank needs a design FlatCake does not "
             "have yet; run tensor parallel size 1 in a cluster")
     return ClusterLookup(geometry, config, stats=stats)
-
-
-def remote_task(control: ControlPlane, request_id: str, hit: PrefixHit,
-                block_ids: Sequence[int], local_blocks: int, far: Sequence[RemoteRun]
-                ) -> tuple[LoadTask, LoadPlan]:
-    """The load of ``hit`` (from the engine's ``local_blocks`` on), then of ``far``, the
-    runs other nodes hold after it, into ``block_ids``; queued in FC-MAS.
-
-    When the engine's own prefix reaches past the local hit, the local part loads
-    nothing (an empty hit, its first block the engine's prefix) and ``far`` is trimmed
-    to start there: blocks the engine computed are never written."""
-    start = max(hit.num_blocks, local_blocks)
-    far = trim_runs(far, start)
-    if not far:
-        raise ValueError(f"request {request_id!r}: no remote runs from block {start} on")
-    end = far[-1].end
-    if len(block_ids) < end:
-        raise ValueError(f"request {request_id!r}: {len(block_ids)} block ids for {end} "
-                         "hit blocks")
-    local: dict[str, Any] = {}
-    if local_blocks <= hit.num_blocks:
-        task, plan = load_task(control, request_id, hit, block_ids, first_block=local_blocks)
-    else:
-        task, plan = load_task(control, request_id, EMPTY_HIT, block_ids)
-        local = {"num_blocks": start, "first_block": start}
-    task = replace(task, **local, block_ids=tuple(int(b) for b in block_ids[:end]),
-                   remote=far, sync=False)
-    g = control.geometry
-    far_bytes = sum(r.count for r in far) * g.num_layers * g.block_bytes_per_layer
-    control.scheduler.submit(RestoreRequest(request_id, control.clock.now(),
-                                            plan.read_plan.useful_bytes + far_bytes, True))
-    return task, plan

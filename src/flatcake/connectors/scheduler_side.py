@@ -43,7 +43,7 @@ from typing import Any
 from flatcake.cio.names import SESSIONS_DIR
 from flatcake.cio.scan import recover_files
 from flatcake.clock import Clock, WallClock
-from flatcake.connectors.cluster_side import remote_task, scheduler_lookup
+from flatcake.connectors.cluster_side import scheduler_lookup
 from flatcake.connectors.requests import (
     COUNTER_KEYS,
     BlockEvent,
@@ -58,7 +58,8 @@ from flatcake.control.address import Medium
 from flatcake.control.signals import PrefixRefcount, SessionTracker, hit_owner
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
-from flatcake.plan.serve import by_medium, load_task, reclaim_tasks, store_task
+from flatcake.plan.requests import finish_load, load, remote_blocks, servable, settle
+from flatcake.plan.serve import by_medium, reclaim_tasks, store_task
 from flatcake.plan.tasks import (
     FileDrop,
     LoadDone,
@@ -128,16 +129,14 @@ class SchedulerSide:
         # Leave at least one token to compute: the engine samples from its logits.
         max_blocks = min(len(req.keys), max(req.num_tokens - 1, 0) // bs)
         keys = req.keys[:max_blocks]
-        hit = self.control.usable_hit(self.control.lookup(keys))
         local_blocks = num_local_tokens // bs
-        pending_end = hit.num_blocks
-        while pending_end < max_blocks and self.stores.pending(keys[pending_end]):
-            pending_end += 1
-        if pending_end > max(hit.num_blocks, local_blocks):
+        found = servable(self.control, keys, local_blocks)
+        if found.wait:
             # A store of this prefix is being written and reaches past what the
             # engine holds itself: wait for it rather than recompute it.
             self._stats["lookup_waits"] += 1
             return None, False
+        hit = found.hit
         state = self._reqs.get(req.request_id)
         if state is None:
             owner = hit_owner(self.control, hit)
@@ -182,12 +181,7 @@ class SchedulerSide:
             raise ValueError(f"request {request_id!r}: {len(block_ids)} block ids for "
                              f"{num_blocks} hit blocks")
         first = state.local_blocks
-        if state.remote:  # async, queued in FC-MAS by remote_task
-            task, plan = remote_task(self.control, request_id, hit, block_ids, first,
-                                     state.remote)
-        else:
-            task, plan = load_task(self.control, request_id, hit, block_ids,
-                                   first_block=first)
+        task, plan = load(self.control, request_id, hit, block_ids, first, state.remote)
         state.load, state.loading = task, True
         self._loads[request_id] = task
         self._stats["hit_tokens"] += (num_blocks - first) * bs
@@ -196,8 +190,7 @@ class SchedulerSide:
             self._sync_loads.append(task)
         else:
             self._queued_loads[request_id] = task
-            if not state.remote:
-                self.control.submit_restore(plan)
+            self.control.submit_restore(plan, remote_blocks(task))
 
     # -- steps -----------------------------------------------------------------------
 
@@ -248,11 +241,7 @@ class SchedulerSide:
 
     def _load_done(self, reports: list[LoadDone]) -> None:
         request_id = reports[0].request_id
-        loaded = min(r.num_blocks_loaded for r in reports)
-        failed = {s for r in reports for s in r.failed_segments}
-        # A memory copy serves only if every tensor-parallel worker wrote its share.
-        refilled = set.intersection(*(set(r.refilled) for r in reports))
-        self.control.complete_load(request_id, refilled)
+        finished = finish_load(self.control, request_id, reports)
         task = self._loads.pop(request_id)
         state = self._reqs.get(request_id)
         if not task.sync:
@@ -261,13 +250,10 @@ class SchedulerSide:
             while (ready := self.control.pop_ready_restore()) is not None:
                 self._unreleased.discard(str(ready.request_id))
                 self._released.append(str(ready.request_id))
-        for seg_id in failed:
-            if self.control.mark_damaged(seg_id):
-                logger.warning("segment %d failed its checksum; its session is cut before "
-                               "it", seg_id)
         if state is not None:
-            state.count_load(task, loaded, self._stats, self.geometry.tokens_per_block)
-            self._stats["damaged_segments"] += len(failed)
+            state.count_load(task, finished.num_blocks_loaded, self._stats,
+                             self.geometry.tokens_per_block)
+            self._stats["damaged_segments"] += len(finished.failed_segments)
 
     def take_released(self, reported: Iterable[str]) -> list[str]:
         """Of the SSD restores the workers ``reported`` finished, and those held before,
@@ -279,9 +265,7 @@ class SchedulerSide:
         return released + [r for r in reported if r not in done and r not in self._unreleased]
 
     def _settle_damage(self) -> None:
-        self._apply([self.control.truncate_session(sid, seg.segment_id)
-                     for sid, seg in self.control.ready_cuts()])
-        self._apply(self.control.take_reclaim_actions())
+        self._apply(settle(self.control))
 
     def _apply(self, actions: Sequence[ReclaimAction]) -> None:
         for action in actions:
@@ -309,16 +293,19 @@ class SchedulerSide:
         if n <= 0:
             return None
         keys = req.keys[:n]
-        first_new = self.control.usable_hit(self.control.lookup(keys)).num_blocks
-        if self.stores.all_pending(keys[first_new:]):
-            return None  # nothing new, or only blocks another request is writing now
-        shared = self.refcount.refcount(keys[first_new])
+        refcount = self.refcount
+
+        def shared(i: int) -> int:
+            """Live requests holding the first block written (``keys[i]``)."""
+            return max(refcount.refcount(keys[i], i), 1)
+
         turn = state.turn
         try:
+            # None: nothing new, or only blocks another request is writing now.
             plan = self.control.prepare_store(
                 turn.session_id, keys, turn_index=turn.turn_index,
                 context_tokens=req.num_prompt_tokens,
-                prev_reply_tokens=turn.prev_reply_tokens, shared_refcount=max(shared, 1))
+                prev_reply_tokens=turn.prev_reply_tokens, shared_refcount=shared)
         except CapacityError as exc:
             self._stats["stores_rejected"] += 1
             logger.warning("FlatCake cannot store request %s: %s", req.request_id, exc)

@@ -27,10 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flatcake.config import FlatCakeConfig, load_config
-
-SECTIONS = ("placement", "reclaim", "planner", "scheduler", "store")
-"""``FlatCakeConfig`` sections accepted in the extra config."""
+from flatcake.config import SECTIONS, FlatCakeConfig, load_config, section_overrides
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +78,6 @@ _CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_bloc
                    "max_pending_stores", "shutdown_drain_s")
 
 
-def _override(section: str, name: str, value: Any) -> str:
-    if isinstance(value, Mapping | list | tuple):
-        raise ValueError(f"kv_connector_extra_config {section}.{name} must be a scalar, got "
-                         f"{value!r}")
-    if isinstance(value, bool):
-        value = "true" if value else "false"
-    return f"{section}.{name}={value}"
-
-
 def parse_extra_config(extra: Mapping[str, Any] | None,
                        env: Mapping[str, str] | None = None) -> ConnectorSettings:
     """Validate ``kv_connector_extra_config`` and build the settings.
@@ -117,14 +105,8 @@ def parse_extra_config(extra: Mapping[str, Any] | None,
         elif key == "model":
             raise ValueError("kv_connector_extra_config.model is not accepted: the connector "
                              "takes the KV geometry from the engine's KV cache")
-        elif key in SECTIONS:
-            if not isinstance(value, Mapping):
-                raise ValueError(f"kv_connector_extra_config.{key} must be an object of "
-                                 f"{key} fields, got {value!r}")
-            overrides.extend(_override(key, str(name), v) for name, v in value.items())
-        elif "." in key and key.split(".", 1)[0] in SECTIONS:
-            section, name = key.split(".", 1)
-            overrides.append(_override(section, name, value))
+        elif (found := section_overrides("kv_connector_extra_config", key, value)) is not None:
+            overrides.extend(found)
         else:
             known = sorted((*_CONNECTOR_KEYS, *SECTIONS))
             raise ValueError(f"unknown kv_connector_extra_config key {key!r}; known keys: "

@@ -39,12 +39,11 @@ from typing import Any
 import torch
 
 from flatcake.cio.direct import aligned_buffer
-from flatcake.config import FlatCakeConfig, load_config
+from flatcake.config import SECTIONS, FlatCakeConfig, load_config, section_overrides
 from flatcake.geometry import DTYPE_BYTES, KVGeometry
-from flatcake.plan.layout import ALIGN
+from flatcake.layout import ALIGN
 
 LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
-SECTIONS = ("placement", "reclaim", "planner", "scheduler", "store")
 # Keys SGLang itself reads from the same extra config (dynamic loading).
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "allocator")
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
@@ -240,15 +239,6 @@ class BackendSettings:
     model_name: str | None = None
 
 
-def _override(section: str, name: str, value: Any) -> str:
-    if isinstance(value, Mapping | list | tuple):
-        raise ValueError(f"hicache-storage-backend-extra-config {section}.{name} must be a "
-                         f"scalar, got {value!r}")
-    if isinstance(value, bool):
-        value = "true" if value else "false"
-    return f"{section}.{name}={value}"
-
-
 def parse_sglang_config(extra: Mapping[str, Any] | None,
                         env: Mapping[str, str] | None = None) -> BackendSettings:
     """Validate ``--hicache-storage-backend-extra-config`` (the store's section names,
@@ -278,14 +268,9 @@ def parse_sglang_config(extra: Mapping[str, Any] | None,
                 tenant_salt = value
             else:
                 model_name = value
-        elif key in SECTIONS:
-            if not isinstance(value, Mapping):
-                raise ValueError(f"extra config {key} must be an object of {key} fields, "
-                                 f"got {value!r}")
-            overrides.extend(_override(key, str(name), v) for name, v in value.items())
-        elif "." in key and key.split(".", 1)[0] in SECTIONS:
-            section, name = key.split(".", 1)
-            overrides.append(_override(section, name, value))
+        elif (found := section_overrides("hicache-storage-backend-extra-config", key,
+                                         value)) is not None:
+            overrides.extend(found)
         else:
             known = sorted((*BACKEND_KEYS, *SECTIONS, *SGLANG_KEYS))
             raise ValueError(f"unknown hicache-storage-backend-extra-config key {key!r}; "

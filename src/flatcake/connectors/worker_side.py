@@ -9,7 +9,7 @@ windows); this class adds the engine's step rhythm and a view of its paged KV::
     start_step(plan)   preempted requests: finish their stores first (their blocks
                          may be reused by this step);
                        cuts: truncate a file after its last good segment;
-                       drops: delete files
+                       drops: delete files (or quarantine them)
                        SSD loads: one restore thread each (two-layer staging window:
                          read layer l+1 while layer l is verified and scattered)
                        sync (all-memory) loads: a restore thread whose layers the
@@ -175,7 +175,7 @@ class WorkerSide:
         for cut in plan.cuts:
             self.executor.cut(cut)
         for drop in plan.drops:
-            self.executor.drop(drop.file_id)
+            self.executor.drop(drop.file_id, drop.quarantine)
         if self.cluster is not None and plan.unpublish:
             self.cluster.service.remove(list(plan.unpublish))
         with self._lock:

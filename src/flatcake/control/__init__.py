@@ -6,67 +6,91 @@ placement signals (``signals``), FC-MAS restore scheduling, and the ``ControlPla
 facade with its paired lifecycle verbs (``plane``; its state and query methods in
 ``books``, reclaim and cuts in ``reclaimer``, restart in ``restart``, the cross-check in
 ``integrity``, the plans and actions it returns in ``types``). Every host (the store,
-the vLLM connector, the replay) keeps its books with these classes. Names resolve on
-first use (PEP 562), so ``flatcake.plan`` can import from here without an import cycle.
+the vLLM connector, the replay) keeps its books with these classes.
+
+The bottom floor above the leaves: the books import only themselves and the leaves
+(``geometry``, ``layout``, ``readplan``, ``config``, ``clock``, ``errors``), never the plans
+that stand on them; the read planner is given to ``ControlPlane(..., planner=...)``.
 """
 
 from __future__ import annotations
 
-from flatcake.lazy import lazy_getattr
+from flatcake.control.address import Address, Medium, decode_address, encode_address
+from flatcake.control.alloc import HostArena
+from flatcake.control.copies import MemoryCopies
+from flatcake.control.index import EMPTY_HIT, BlockIndex, BlockLocation, HitRun, PrefixHit, Segment
+from flatcake.control.keys import (
+    BlockKey,
+    as_block_key,
+    chain_block_keys,
+    engine_block_key,
+    namespace_key,
+)
+from flatcake.control.placement import (
+    Placement,
+    PlacementRule,
+    PlacementSignals,
+    decide_placement,
+    explain,
+)
+from flatcake.control.plane import ControlPlane
+from flatcake.control.queues import PRIORITY_UNIT_BYTES, ReadyQueue, RestoreRequest, priority
+from flatcake.control.reclaim import SessionUsage, choose_victims
+from flatcake.control.restart import FileFate, FileVerdict, Recovery, ScannedFile
+from flatcake.control.scheduler import MasScheduler, SchedulerStats
+from flatcake.control.sessions import SessionRecord
+from flatcake.control.signals import HitOwner, PrefixRefcount, SessionTracker, TurnInfo, hit_owner
+from flatcake.control.ssd_space import SessionFile, SsdExtent, SsdSpace
+from flatcake.control.types import ControlStats, FileCut, LoadPlan, ReclaimAction, StorePlan
 
-_WHERE = {
-    "ControlPlane": "plane",
-    "ControlStats": "types",
-    "FileCut": "types",
-    "LoadPlan": "types",
-    "ReclaimAction": "types",
-    "StorePlan": "types",
-    "Address": "address",
-    "Medium": "address",
-    "decode_address": "address",
-    "encode_address": "address",
-    "HostArena": "alloc",
-    "SessionFile": "ssd_space",
-    "SsdExtent": "ssd_space",
-    "SsdSpace": "ssd_space",
-    "EMPTY_HIT": "index",
-    "BlockIndex": "index",
-    "BlockLocation": "index",
-    "HitRun": "index",
-    "PrefixHit": "index",
-    "Segment": "index",
-    "BlockKey": "keys",
-    "as_block_key": "keys",
-    "chain_block_keys": "keys",
-    "engine_block_key": "keys",
-    "namespace_key": "keys",
-    "Placement": "placement",
-    "PlacementRule": "placement",
-    "PlacementSignals": "placement",
-    "decide_placement": "placement",
-    "explain": "placement",
-    "SessionUsage": "reclaim",
-    "FileFate": "restart",
-    "FileVerdict": "restart",
-    "Recovery": "restart",
-    "ScannedFile": "restart",
-    "choose_victims": "reclaim",
-    "SessionRecord": "sessions",
-    "HitOwner": "signals",
-    "PrefixRefcount": "signals",
-    "SessionTracker": "signals",
-    "TurnInfo": "signals",
-    "hit_owner": "signals",
-    "MemoryCopies": "copies",
-    "PRIORITY_UNIT_BYTES": "queues",
-    "ReadyQueue": "queues",
-    "RestoreRequest": "queues",
-    "priority": "queues",
-    "MasScheduler": "scheduler",
-    "SchedulerStats": "scheduler",
-}
-
-__all__ = sorted(_WHERE)
-
-
-__getattr__ = lazy_getattr(__name__, _WHERE)
+__all__ = [
+    "EMPTY_HIT",
+    "PRIORITY_UNIT_BYTES",
+    "Address",
+    "BlockIndex",
+    "BlockKey",
+    "BlockLocation",
+    "ControlPlane",
+    "ControlStats",
+    "FileCut",
+    "FileFate",
+    "FileVerdict",
+    "HitOwner",
+    "HitRun",
+    "HostArena",
+    "LoadPlan",
+    "MasScheduler",
+    "Medium",
+    "MemoryCopies",
+    "Placement",
+    "PlacementRule",
+    "PlacementSignals",
+    "PrefixHit",
+    "PrefixRefcount",
+    "ReadyQueue",
+    "ReclaimAction",
+    "Recovery",
+    "RestoreRequest",
+    "ScannedFile",
+    "SchedulerStats",
+    "Segment",
+    "SessionFile",
+    "SessionRecord",
+    "SessionTracker",
+    "SessionUsage",
+    "SsdExtent",
+    "SsdSpace",
+    "StorePlan",
+    "TurnInfo",
+    "as_block_key",
+    "chain_block_keys",
+    "choose_victims",
+    "decide_placement",
+    "decode_address",
+    "encode_address",
+    "engine_block_key",
+    "explain",
+    "hit_owner",
+    "namespace_key",
+    "priority",
+]

@@ -14,7 +14,7 @@ import bisect
 from collections.abc import Collection, Mapping
 
 from flatcake.errors import CapacityError, IntegrityError
-from flatcake.plan.layout import ALIGN, align_up
+from flatcake.layout import ALIGN, align_up
 
 
 class HostArena:

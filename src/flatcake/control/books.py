@@ -28,7 +28,8 @@ from flatcake.control.sessions import SessionRecord
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.types import ControlStats, LoadPlan, ReclaimAction, StorePlan
 from flatcake.geometry import KVGeometry
-from flatcake.plan.layout import ALIGN
+from flatcake.layout import ALIGN
+from flatcake.readplan import ReadPlanner
 
 
 class _Books:
@@ -38,6 +39,9 @@ class _Books:
         geometry: KV geometry of the blocks stored (all segments share it).
         config: the whole configuration (placement, reclaim, planner, scheduler, store).
         clock: the time source for last access and restore waits.
+        planner: the read planner ``prepare_load`` calls when its caller names none
+            (the books plan no reads of their own: the planners live in ``plan``, the
+            floor above); ``None``: every ``prepare_load`` names one.
         index: the block index.
         arena: the host-memory arena allocator.
         ssd: the node's SSD virtual space.
@@ -46,12 +50,14 @@ class _Books:
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig | None = None,
-                 clock: Clock | None = None, *, file_header_bytes: int = ALIGN) -> None:
+                 clock: Clock | None = None, *, planner: ReadPlanner | None = None,
+                 file_header_bytes: int = ALIGN) -> None:
         if not isinstance(geometry, KVGeometry):
             raise ValueError(f"geometry must be a KVGeometry, got {type(geometry).__name__}")
         self.geometry = geometry
         self.config = config if config is not None else FlatCakeConfig()
         self.clock: Clock = clock if clock is not None else WallClock()
+        self.planner = planner
         store = self.config.store
         self.node_id = store.node_id
         self.index = BlockIndex()
@@ -84,6 +90,12 @@ class _Books:
         # earliest of them on disk, where the session is to be cut.
         self._damaged: set[int] = set()
         self._cut_at: dict[str, int] = {}
+        # Session files whose own header a restore found damaged (``mark_damaged``):
+        # a cut at one of their segments drops the session and quarantines its files.
+        self._bad_headers: set[int] = set()
+        # Keys of the stores in flight (prepare_store .. complete_store) -> how many:
+        # a lookup that stops at one waits for it rather than recompute it.
+        self._writing: Counter[bytes] = Counter()
 
     # -- sessions --------------------------------------------------------------------
 
@@ -164,11 +176,29 @@ class _Books:
     def ssd_capacity_bytes(self) -> int:
         return self.ssd.capacity_bytes
 
+    def store_in_flight(self, key: bytes) -> bool:
+        """Whether a store planned and not completed yet writes ``key``."""
+        return key in self._writing
+
     # -- FC-MAS restore order --------------------------------------------------------
 
-    def submit_restore(self, plan: LoadPlan) -> None:
-        """Queue a planned restore in FC-MAS, arriving now."""
-        self.scheduler.submit(plan.restore_request(self.clock.now()))
+    def restore_request(self, request_id: Hashable, arrival_time: float,
+                        plan: LoadPlan | None, remote_blocks: int = 0) -> RestoreRequest:
+        """The restore as FC-MAS sees it, for every host the same: its KV bytes are
+        the SSD bytes the local plan needs (``ReadPlan.useful_bytes``) plus every block
+        other nodes send (``remote_blocks`` whole blocks, all layers, whatever their
+        medium there: they cross the network either way); it waits in the SSD queue
+        when the local plan reads SSD or anything comes from another node."""
+        g = self.geometry
+        far = remote_blocks * g.num_layers * g.block_bytes_per_layer
+        local = plan.read_plan.useful_bytes if plan is not None else 0
+        ssd = remote_blocks > 0 or (plan is not None and plan.hit.needs_ssd)
+        return RestoreRequest(request_id, arrival_time, local + far, ssd)
+
+    def submit_restore(self, plan: LoadPlan, remote_blocks: int = 0) -> None:
+        """Queue a planned restore in FC-MAS, arriving now (``restore_request``)."""
+        self.scheduler.submit(self.restore_request(plan.request_id, self.clock.now(), plan,
+                                                   remote_blocks))
 
     def next_restores(self) -> list[RestoreRequest]:
         """The SSD restores FC-MAS starts now (see ``MasScheduler.next_restores``)."""

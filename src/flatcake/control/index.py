@@ -27,7 +27,7 @@ from typing import NamedTuple, cast
 
 from flatcake.control.address import MAX_OFFSET, Medium, address_medium
 from flatcake.errors import IntegrityError
-from flatcake.plan.layout import ALIGN, SegmentLayout
+from flatcake.layout import ALIGN, SegmentLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
-from flatcake.plan.layout import KEY_BYTES
+from flatcake.layout import KEY_BYTES
 
 BlockKey = bytes
 """A block key: exactly ``KEY_BYTES`` (32) bytes; stored verbatim in segment headers."""

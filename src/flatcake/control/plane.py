@@ -4,7 +4,7 @@ and restore scheduling behind paired lifecycle verbs. No I/O.
 The same object runs inside the store (wall clock), the replay simulator (simulated
 clock) and tests. The data plane executes what it plans and reports back::
 
-    lookup(keys) ─────────────────────────────► PrefixHit
+    lookup(keys) ─────────────────────────────► PrefixHit (what can be served now)
     prepare_store(session, keys, signals) ────► StorePlan (address allocated, unpublished)
         data plane writes the segment ...
     complete_copy(plan) ──────────────────────► its memory copy is written: readable now
@@ -17,8 +17,11 @@ clock) and tests. The data plane executes what it plans and reports back::
     truncate_session(session, segment) ───────► ReclaimAction: a damaged segment and the
                                                  session's later segments unpublished,
                                                  their file tails freed (files to cut)
-    mark_damaged(segment) / ready_cuts() ─────► a segment that failed its checksum stops
-                                                 being served; its session's cut, once
+    mark_damaged(segment, header) ────────────► a segment that failed its checksum stops
+                                                 being served (lookup stops before it)
+    settle_damage() ──────────────────────────► [ReclaimAction]: its session cut there
+                                                 (or dropped, files quarantined, when the
+                                                 file header is damaged too), once
                                                  nothing in flight uses the tail
     recover_files(scans) ─────────────────────► Recovery: scanned headers re-indexed, a
                                                  verdict per file (keep / cut / delete /
@@ -66,8 +69,8 @@ from flatcake.control.sessions import SessionRecord, check_session_id
 from flatcake.control.spare import _Spare
 from flatcake.control.types import LoadPlan, StorePlan
 from flatcake.errors import CapacityError
-from flatcake.plan.layout import SegmentLayout
-from flatcake.plan.reads import ReadPlan, plan_reads
+from flatcake.layout import SegmentLayout
+from flatcake.readplan import ReadPlanner
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,8 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
         geometry: KV geometry of the blocks stored (all segments share it).
         config: the whole configuration (placement, reclaim, planner, scheduler, store).
         clock: the time source for last access and restore waits.
+        planner: the read planner ``prepare_load`` uses when its caller names none
+            (``ControlPlane(..., planner=plan_reads)``; the books import no planner).
         index, arena, ssd, copies, scheduler: the parts, for the control plane's own
             modules and white-box tests; hosts use the query methods (``books``).
     """
@@ -86,16 +91,19 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
     # -- lookup ----------------------------------------------------------------------
 
     def lookup(self, keys: Sequence[bytes]) -> PrefixHit:
-        """The longest indexed prefix of ``keys`` (published segments only), with the
-        memory copy of an SSD segment in its place where one is held. The copies it
-        reports become the most recently used (a request is about to use them, as a
-        tiered store's LRU refreshes the blocks a lookup matched)."""
+        """The longest servable prefix of ``keys`` (published segments only, stopped
+        before a segment marked damaged), with the memory copy of an SSD segment in its
+        place where one is held. The copies it reports become the most recently used (a
+        request is about to use them, as a tiered store's LRU refreshes the blocks a
+        lookup matched)."""
         req = keys if isinstance(keys, tuple) else tuple(keys)
         hit = self.index.lookup(req)
         if len(self.copies) and hit.num_ssd_blocks:
             self.copies.touch_hit(hit)
             hit = self.copies.substitute(hit)
-        return self._with_early_copies(req, hit) if self._early else hit
+        if self._early:
+            hit = self._with_early_copies(req, hit)
+        return self._servable(hit)
 
     # -- store -----------------------------------------------------------------------
 
@@ -118,7 +126,8 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
         taken at the block that is really written, the same way everywhere.
 
         ``keys`` are the request's block keys (history + new prompt). The blocks after
-        the hit prefix become one new segment. Returns ``None`` when nothing is new.
+        the hit prefix become one new segment. Returns ``None`` when nothing is new, or
+        when every new block is being written by another store in flight.
         Otherwise decides the medium (``memory_full`` is computed here: the arena cannot
         take the segment even after memory reclaim), reclaims the chosen medium when the
         write would cross its high watermark (actions queue up for
@@ -134,7 +143,9 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
         new_keys = req[hit.num_blocks:]
         now = self.clock.now()
         rec = self._sessions.get(session_id)
-        if not new_keys:
+        if not new_keys or all(k in self._writing for k in new_keys):
+            # Nothing new, or only blocks another store in flight writes (served once
+            # durable; writing them twice would waste the SSD).
             if rec is not None:
                 rec.last_access = now
             return None
@@ -155,6 +166,7 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
             self._forget_if_empty(rec)
             raise
         self._pending_stores[plan.segment.segment_id] = plan
+        self._writing.update(plan.segment.keys)
         self._rules[plan.placement.rule] += 1
         return plan
 
@@ -216,6 +228,10 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
         if self._pending_stores.get(seg.segment_id) is not plan:
             raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
         del self._pending_stores[seg.segment_id]
+        self._writing.subtract(seg.keys)
+        for key in seg.keys:
+            if not self._writing[key]:
+                del self._writing[key]
         rec = self._sessions[plan.session_id]
         rec.num_pins -= 1
         early = plan.copy is not None and plan.copy.segment_id in self._early_ids
@@ -264,19 +280,25 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
 
     def prepare_load(self, request_id: Hashable,
                      keys_or_hit: Sequence[bytes] | PrefixHit, *,
-                     planner: Callable[..., ReadPlan] = plan_reads,
+                     planner: ReadPlanner | None = None,
                      refill: bool = False) -> LoadPlan:
         """Plan a restore and pin its sessions until ``complete_load(request_id)``.
 
         A ``PrefixHit`` from an earlier ``lookup`` is accepted if all its segments are
-        still live; otherwise ``ValueError`` (look up again). ``planner`` (same
-        signature as ``plan_reads``) lets the replay simulator plan with its bulk
-        totals-only twin (``plan.bulk.plan_totals``). ``refill``: the data plane can
-        write memory copies from restored bytes; with ``placement.copy_on_restore`` the
-        plan then lists copies for the SSD segments it reads whole (``LoadPlan.refills``;
-        the host names the ones it wrote in ``complete_load``)."""
+        still live; otherwise ``ValueError`` (look up again). ``planner`` plans the reads
+        in place of the one the books were built with (``ControlPlane(planner=...)``):
+        the data path's stream planner, the replay simulator's bulk totals-only twin
+        (``plan.bulk.plan_totals``); with neither, ``ValueError``. ``refill``: the data
+        plane can write memory copies from restored bytes; with
+        ``placement.copy_on_restore`` the plan then lists copies for the SSD segments it
+        reads whole (``LoadPlan.refills``; the host names the ones it wrote in
+        ``complete_load``)."""
         if request_id in self._loads:
             raise ValueError(f"request_id {request_id!r} already has a load in flight")
+        planner = planner if planner is not None else self.planner
+        if planner is None:
+            raise ValueError("prepare_load needs a read planner: pass planner= here or to "
+                             "ControlPlane (e.g. flatcake.plan.reads.plan_reads)")
         if isinstance(keys_or_hit, PrefixHit):
             hit = keys_or_hit
             published = self.index.segment_or_none

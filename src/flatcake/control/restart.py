@@ -34,7 +34,7 @@ from flatcake.control.books import _Books
 from flatcake.control.index import Segment
 from flatcake.control.keys import check_keys
 from flatcake.control.sessions import SessionRecord, check_session_id
-from flatcake.plan.layout import SegmentLayout
+from flatcake.layout import SegmentLayout
 
 
 class FileHeaderView(Protocol):

@@ -22,7 +22,7 @@ from flatcake.control.index import HitRun, PrefixHit, Segment, _common_run
 from flatcake.control.reclaimer import _Reclaimer
 from flatcake.control.sessions import SessionRecord
 from flatcake.control.types import StorePlan
-from flatcake.plan.layout import SegmentLayout
+from flatcake.layout import SegmentLayout
 
 
 class _Spare(_Reclaimer):

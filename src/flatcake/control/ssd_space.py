@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from flatcake.control.address import MAX_OFFSET
 from flatcake.errors import CapacityError, IntegrityError
-from flatcake.plan.layout import ALIGN, align_up
+from flatcake.layout import ALIGN, align_up
 
 
 @dataclass(slots=True)

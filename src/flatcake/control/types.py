@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit, Segment
 from flatcake.control.placement import Placement
-from flatcake.control.queues import RestoreRequest
-from flatcake.plan.reads import ReadPlan
+from flatcake.readplan import ReadPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +91,6 @@ class LoadPlan:
         """Bytes the restore reads from SSD (gaps and alignment included)."""
         return self.read_plan.bytes_read
 
-    def restore_request(self, arrival_time: float) -> RestoreRequest:
-        """The request as FC-MAS sees it."""
-        return RestoreRequest(self.request_id, arrival_time, self.read_plan.useful_bytes,
-                              self.hit.needs_ssd)
-
 
 @dataclass(frozen=True, slots=True)
 class FileCut:
@@ -129,6 +123,8 @@ class ReclaimAction:
         file_ids: session files to delete.
         session_dropped: the session has nothing left and is forgotten.
         cut_files: session files to truncate (``truncate_session`` only).
+        quarantine: move ``file_ids`` into ``quarantine/`` instead of deleting them
+            (``settle_damage``: a damaged segment whose file header is damaged too).
     """
 
     session_id: str
@@ -138,6 +134,7 @@ class ReclaimAction:
     file_ids: tuple[int, ...]
     session_dropped: bool
     cut_files: tuple[FileCut, ...] = ()
+    quarantine: bool = False
 
     @property
     def memory_bytes(self) -> int:

@@ -1,43 +1,49 @@
 """The plans: what to read and write, pure (no torch, no file I/O).
 
-``layout`` (a segment's on-disk geometry), ``reads`` (merged layer-major read commands
-from a hit), ``stream`` (the data path's planner: SSD runs widened to whole segments
-for the checksum), ``bulk`` (the replay's vectorised twins of ``reads`` and ``stream``,
-tied to them by property tests) and ``tasks`` (the load and store tasks the executor
-runs, picklable).
+``reads`` (merged layer-major read commands from a hit), ``stream`` (the data path's
+planner: SSD runs widened to whole segments for the checksum), ``bulk`` (the replay's
+vectorised twins of ``reads`` and ``stream``, tied to them by property tests), ``tasks``
+(the load and store tasks the executor runs, picklable) and ``serve`` (the books' verbs
+turned into those tasks).
+
+The floor above the books: the plans import ``control`` (its index, addresses and
+verbs) and the leaves (the segment layout in ``flatcake.layout``, the read plan's value
+types in ``flatcake.readplan``, re-exported here), never the other way round.
 """
 
 from __future__ import annotations
 
-from flatcake.lazy import lazy_getattr
+from flatcake.plan.bulk import SegmentCache, plan_totals, stream_totals
+from flatcake.plan.reads import plan_reads
+from flatcake.plan.stream import StreamCheck, StreamPlanner
+from flatcake.plan.tasks import (
+    FileDrop,
+    LoadDone,
+    LoadTask,
+    StepPlan,
+    StoreDone,
+    StoreTask,
+    WorkerReport,
+)
+from flatcake.readplan import CopyOp, LayerPlan, Piece, ReadOp, ReadPlan
 
-_WHERE = {
-    "ALIGN": "layout",
-    "KEY_BYTES": "layout",
-    "SegmentLayout": "layout",
-    "align_up": "layout",
-    "segment_header_bytes": "layout",
-    "CopyOp": "reads",
-    "LayerPlan": "reads",
-    "Piece": "reads",
-    "ReadOp": "reads",
-    "ReadPlan": "reads",
-    "plan_reads": "reads",
-    "StreamCheck": "stream",
-    "StreamPlanner": "stream",
-    "SegmentCache": "bulk",
-    "plan_totals": "bulk",
-    "stream_totals": "bulk",
-    "FileDrop": "tasks",
-    "LoadDone": "tasks",
-    "LoadTask": "tasks",
-    "StepPlan": "tasks",
-    "StoreDone": "tasks",
-    "StoreTask": "tasks",
-    "WorkerReport": "tasks",
-}
-
-__all__ = sorted(_WHERE)
-
-
-__getattr__ = lazy_getattr(__name__, _WHERE)
+__all__ = [
+    "CopyOp",
+    "FileDrop",
+    "LayerPlan",
+    "LoadDone",
+    "LoadTask",
+    "Piece",
+    "ReadOp",
+    "ReadPlan",
+    "SegmentCache",
+    "StepPlan",
+    "StoreDone",
+    "StoreTask",
+    "StreamCheck",
+    "StreamPlanner",
+    "WorkerReport",
+    "plan_reads",
+    "plan_totals",
+    "stream_totals",
+]

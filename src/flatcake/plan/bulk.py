@@ -15,7 +15,7 @@ Memory runs count one copy per maximal exactly-adjacent group per layer.
 
 Within one file the layer-``l`` ranges keep the same order in every layer (segments do
 not overlap, and blocks of a segment keep their order inside each layer), so a merged
-read's end is always the end of its last range. ``tests/replay/test_planfast.py`` checks
+read's end is always the end of its last range. ``tests/plan/test_bulk.py`` checks
 the totals against ``plan_reads`` on random hits.
 
 ``stream_totals`` is what the replay plans with: the totals of the plan the store and the
@@ -33,8 +33,9 @@ import numpy as np
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
-from flatcake.plan.layout import ALIGN
-from flatcake.plan.reads import ReadPlan, Resolve
+from flatcake.layout import ALIGN
+from flatcake.plan.reads import Resolve
+from flatcake.readplan import ReadPlan
 
 SegmentCache = dict[int, tuple[bool, int, int, int, int, int, int]]
 """segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, block_bytes_per_layer,

@@ -21,112 +21,23 @@ A history written as T segments therefore restores in at most ``num_layers * T``
 commands (before step 3's splits): one per segment and layer at worst, fewer when a
 layer's ranges merge.
 
-Where the bytes go: the *destination stream* of layer ``l`` is the request's blocks in
-request order, block ``b`` at bytes ``[b * block_bytes_per_layer, (b + 1) *
-block_bytes_per_layer)``. A ``Piece`` copies ``length`` bytes from ``offset_in_op`` of its
-op to ``dest_offset = block_index * block_bytes_per_layer + block_offset`` of that stream;
-it may span several consecutive blocks, and ``block_offset`` is non-zero only where a
-``max_read_bytes`` split fell inside a block.
+The plan's value types and where their bytes go: ``flatcake.readplan``.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
-from flatcake.plan.layout import ALIGN
+from flatcake.layout import ALIGN
+from flatcake.readplan import CopyOp, LayerPlan, Piece, ReadOp, ReadPlan
 
 Resolve = Callable[[int], tuple[int, int]]
 """Maps an SSD virtual offset to ``(file_id, file_offset)`` (``SsdSpace.resolve``)."""
-
-
-class Piece(NamedTuple):
-    """Bytes ``[offset_in_op, offset_in_op + length)`` of an op are the request's layer
-    stream bytes starting at block ``block_index``, byte ``block_offset`` of it."""
-
-    block_index: int
-    block_offset: int
-    offset_in_op: int
-    length: int
-
-    def dest_offset(self, block_bytes_per_layer: int) -> int:
-        """Start of the piece in the layer's destination stream."""
-        return self.block_index * block_bytes_per_layer + self.block_offset
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOp:
-    """One SSD read command: ``length`` bytes at ``file_offset`` of ``file_id``.
-
-    Attributes:
-        file_id: the session file (``cio.format.session_file_name``).
-        file_offset: start, a multiple of 4096.
-        length: bytes to read, a multiple of 4096.
-        pieces: where the wanted bytes of the op go, in op order; bytes of the op
-            not covered by a piece are gap or alignment bytes, to be ignored.
-    """
-
-    file_id: int
-    file_offset: int
-    length: int
-    pieces: tuple[Piece, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CopyOp:
-    """One copy out of the host arena: ``length`` bytes at ``arena_offset``.
-
-    Attributes:
-        arena_offset: start in the host arena.
-        length: bytes to copy (all wanted; copies never read through gaps).
-        pieces: where those bytes go (see ``Piece``).
-    """
-
-    arena_offset: int
-    length: int
-    pieces: tuple[Piece, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class LayerPlan:
-    """Everything to read for one layer: SSD reads sorted by ``(file_id,
-    file_offset)`` and arena copies sorted by ``arena_offset``."""
-
-    layer: int
-    ssd_ops: tuple[ReadOp, ...]
-    memory_ops: tuple[CopyOp, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ReadPlan:
-    """A restore's reads, layer by layer.
-
-    Attributes:
-        layers: one ``LayerPlan`` per layer, in layer order (empty when nothing hit).
-        num_blocks: request blocks covered (the hit prefix length).
-        block_bytes_per_layer: bytes of one block of one layer.
-        num_commands: SSD read commands over all layers.
-        useful_bytes: SSD bytes the request wants.
-        gap_bytes: SSD bytes read but not wanted (holes read through + alignment).
-        bytes_read: SSD bytes read (``useful_bytes + gap_bytes``).
-        num_copies: arena copy ops over all layers.
-        memory_bytes: bytes copied out of the arena.
-    """
-
-    layers: tuple[LayerPlan, ...]
-    num_blocks: int
-    block_bytes_per_layer: int
-    num_commands: int
-    useful_bytes: int
-    gap_bytes: int
-    bytes_read: int
-    num_copies: int
-    memory_bytes: int
 
 
 class _Span(NamedTuple):

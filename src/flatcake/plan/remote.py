@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from flatcake.control.address import Address, Medium
 from flatcake.control.index import Segment
-from flatcake.plan.layout import SegmentLayout
+from flatcake.layout import SegmentLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ only, tasks sent to the workers) both build their tasks here::
                    in from its own files (tensor-parallel workers hold other bytes);
                    refills: memory copies the executor writes from the restored blocks
     store_task     a StorePlan and the paged KV slots of its blocks -> StoreTask
-    reclaim_tasks  the books' ReclaimActions -> file cuts and file drops
+    reclaim_tasks  the books' ReclaimActions -> file cuts and file drops (or moves
+                   into quarantine)
     by_medium      request blocks of a hit per medium (what a load delivered)
 """
 
@@ -61,7 +62,7 @@ def reclaim_tasks(actions: Iterable[ReclaimAction]) -> tuple[list[FileCut], list
     drops: list[FileDrop] = []
     for action in actions:
         cuts.extend(action.cut_files)
-        drops.extend(FileDrop(f) for f in action.file_ids)
+        drops.extend(FileDrop(f, action.quarantine) for f in action.file_ids)
     return cuts, drops
 
 

@@ -22,7 +22,8 @@ from typing import Any
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
-from flatcake.plan.reads import ReadPlan, plan_reads
+from flatcake.plan.reads import plan_reads
+from flatcake.readplan import ReadPlan
 
 
 @dataclass(frozen=True, slots=True)

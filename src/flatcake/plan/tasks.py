@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flatcake.control import FileCut, StorePlan
-from flatcake.plan.reads import ReadPlan
 from flatcake.plan.remote import RemoteRun
 from flatcake.plan.stream import StreamCheck
+from flatcake.readplan import ReadPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +110,11 @@ class StoreTask:
 @dataclass(frozen=True, slots=True)
 class FileDrop:
     """A session file the control plane dropped (reclaim, or a session cut before a
-    damaged segment): delete it."""
+    damaged segment): delete it, or move it into ``quarantine/`` when ``quarantine``
+    (its header is damaged: kept for a post-mortem, never served)."""
 
     file_id: int
+    quarantine: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,8 @@ class LoadDone:
         refilled: home segment ids of the task's refills whose memory copies were
             written from verified bytes.
         remote_bytes: bytes the remote readers moved from other nodes.
+        damaged_headers: files among those of ``failed_segments`` whose file header is
+            damaged too (their session is dropped and the files quarantined).
     """
 
     request_id: str
@@ -178,6 +182,7 @@ class LoadDone:
     elapsed_s: float = 0.0
     refilled: tuple[int, ...] = ()
     remote_bytes: int = 0
+    damaged_headers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,36 @@
 headers only) and ``fsck_root`` (every checksum). Neither needs the store to be open,
 and neither takes its lock, so both work on a root another process is serving
 (``FlatCakeStore.fsck`` holds writes off while it runs).
+
+Settled and unsettled damage. The store settles damage the same way at open, while
+serving and in ``flatcake fsck --repair`` (``store.recovery``); fsck only reads the disk
+(no record of past repairs is kept), so "settled" is what the disk shows now: the store
+has already done to that damage what it does, and neither a restart nor ``--repair``
+would change anything::
+
+    damage                          settled when                  fsck reports it as
+    file header unreadable, or a    the file is in quarantine/    settled: quarantined,
+    stray (its header names         (never read again, kept for   out of service (delete
+    another file id)                inspection)                   it by hand when done)
+    anything else in quarantine/    always, as above              settled, as above
+    damaged segment (crc, torn,     the file is cut before it,    ok: a cut leaves no
+    zeroed header page, zeros or    i.e. ends where its last      trace (below); deleted
+    garbage at the end)             valid segment ends            files are simply gone
+    segment damage in sessions/     not yet                       DAMAGED: --repair cuts
+      (also a file the store could                                the file (deletes it if
+      only scrub, not truncate)                                   no segment is valid)
+    header unreadable or a stray    not yet                       DAMAGED: --repair moves
+      in sessions/                                                it to quarantine/
+
+A cut leaves no trace: the file then ends where its last valid segment ends, exactly
+like a file that never had the later turns (an append log without a commit record
+cannot tell), so fsck counts a cut file as ok; what was cut is in the store's
+``RecoveryReport`` and log, and in ``repair_root``'s report. Files of another geometry
+or span are the store's call at open (it quarantines them there); fsck checks their
+checksums like any other's.
+
+``FsckReport.ok`` (fsck's exit status 0): no live file holds damage that is not settled.
+``FsckReport.clean``: nothing damaged at all, settled or not (quarantine/ empty too).
 """
 
 from __future__ import annotations
@@ -10,7 +40,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from flatcake import progress
 from flatcake.cio.filescan import DamagedSegment, scan_session_file
@@ -19,6 +49,8 @@ from flatcake.cio.hugepages import huge_pages_note
 from flatcake.cio.names import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
 from flatcake.config import FlatCakeConfig
 from flatcake.store.record import read_record
+
+FileState = Literal["ok", "settled", "damaged"]
 
 
 class NotAStore(ValueError):
@@ -40,6 +72,8 @@ class FileCheck:
         damaged: where the scan stopped, if it did.
         error: why the file header is unreadable ("" if it is fine).
         quarantined: the store already pulled the file out of service.
+        stray: why the file is not the one its name says ("" if it is): its header
+            names another file id.
     """
 
     path: str
@@ -52,52 +86,121 @@ class FileCheck:
     damaged: tuple[DamagedSegment, ...]
     error: str
     quarantined: bool
+    stray: str = ""
 
     @property
     def ok(self) -> bool:
-        return not self.damaged and not self.error and not self.quarantined
+        """A clean live file."""
+        return not (self.damaged or self.error or self.stray or self.quarantined)
+
+    @property
+    def settled(self) -> bool:
+        """Out of service already (in quarantine/), whatever it holds."""
+        return self.quarantined
+
+    @property
+    def needs_repair(self) -> bool:
+        """A live file holding damage not settled yet (a restart or ``--repair`` would)."""
+        return not self.quarantined and bool(self.damaged or self.error or self.stray)
+
+    @property
+    def state(self) -> FileState:
+        return "settled" if self.settled else "damaged" if self.needs_repair else "ok"
+
+    @property
+    def problem(self) -> str:
+        """What is wrong with the file, in words ("" for a clean live file)."""
+        if self.error:
+            return f"file header damaged: {self.error}"
+        if self.stray:
+            return f"a stray: {self.stray}"
+        if self.damaged:
+            return "; ".join(f"segment at offset {d.file_offset}: {d.reason}"
+                             for d in self.damaged) + (
+                f" ({self.num_segments} valid segments before it)")
+        return "pulled out of service by the store" if self.quarantined else ""
+
+    @property
+    def action(self) -> str:
+        """What settled the file (``"quarantined"``) or what ``--repair`` will do to it
+        (``"quarantine"``, ``"cut"``, ``"delete"``); "" for a clean live file."""
+        if self.quarantined:
+            return "quarantined"
+        if self.error or self.stray:
+            return "quarantine"
+        if self.damaged:
+            return "cut" if self.num_segments else "delete"
+        return ""
 
 
 @dataclass(frozen=True, slots=True)
 class FsckReport:
-    """Every file under a root, checked."""
+    """Every file under a root, checked (live ones first, then quarantined ones)."""
 
     root: str
     files: tuple[FileCheck, ...]
 
     @property
     def ok(self) -> bool:
+        """Nothing left to settle: no live file holds damage (fsck's exit status 0)."""
+        return not any(f.needs_repair for f in self.files)
+
+    @property
+    def clean(self) -> bool:
+        """No damage at all, settled or not: every file live and clean."""
         return all(f.ok for f in self.files)
 
     @property
+    def num_ok(self) -> int:
+        return sum(1 for f in self.files if f.state == "ok")
+
+    @property
+    def num_settled(self) -> int:
+        return sum(1 for f in self.files if f.state == "settled")
+
+    @property
     def num_damaged(self) -> int:
-        return sum(1 for f in self.files if not f.ok)
+        """Live files holding damage not settled yet."""
+        return sum(1 for f in self.files if f.state == "damaged")
 
     def to_json(self) -> dict[str, Any]:
         return {
             "root": self.root,
             "ok": self.ok,
+            "clean": self.clean,
+            "num_files": len(self.files),
+            "num_ok": self.num_ok,
+            "num_settled": self.num_settled,
+            "num_damaged": self.num_damaged,
             "files": [
                 {"path": f.path, "file_id": f.file_id, "session_id": f.session_id,
                  "segments": f.num_segments, "blocks": f.num_blocks, "ok": f.ok,
-                 "quarantined": f.quarantined, "error": f.error,
-                 "damaged": [{"file_offset": d.file_offset, "seq": d.seq, "reason": d.reason}
-                             for d in f.damaged]}
+                 "state": f.state, "settled": f.settled, "needs_repair": f.needs_repair,
+                 "problem": f.problem, "action": f.action,
+                 "quarantined": f.quarantined, "error": f.error, "stray": f.stray,
+                 "damaged": [{"file_offset": d.file_offset, "seq": d.seq, "reason": d.reason,
+                              "lost_segments": d.lost_segments} for d in f.damaged]}
                 for f in self.files
             ],
         }
 
 
-def _check_file(file_id: int, path: Path, verify_data: bool, quarantined: bool) -> FileCheck:
-    size = path.stat().st_size
+def _check_file(file_id: int, path: Path, verify_data: bool,
+                quarantined: bool) -> FileCheck | None:
+    """``None`` when the file is gone (a serving store deleted or moved it meanwhile)."""
+    size = 0
     try:
+        size = path.stat().st_size
         header, ok, damaged = scan_session_file(path, verify_data=verify_data)
+    except FileNotFoundError:
+        return None
     except (FormatError, OSError) as exc:
         return FileCheck(str(path), file_id, None, 0, 0, size, 0, (), str(exc), quarantined)
+    stray = "" if header.file_id == file_id else f"its header names file id {header.file_id}"
     seg_bytes = 4096 + sum(s.header.layout.total_bytes for s in ok)
     return FileCheck(str(path), file_id, header.session_id, len(ok),
                      sum(s.header.num_blocks for s in ok), size, seg_bytes, tuple(damaged),
-                     "", quarantined)
+                     "", quarantined, stray)
 
 
 def check_root(root: str | os.PathLike[str], verify_data: bool) -> FsckReport:
@@ -110,9 +213,9 @@ def check_root(root: str | os.PathLike[str], verify_data: bool) -> FsckReport:
                         f"directory in it)")
     todo = [(fid, p, False) for fid, p in session_files_in(root_path / SESSIONS_DIR)]
     todo += [(fid, p, True) for fid, p in session_files_in(root_path / QUARANTINE_DIR)]
-    files = [_check_file(fid, p, verify_data, quarantined) for fid, p, quarantined in
-             progress.track(todo, "fsck" if verify_data else "scan", unit="file")]
-    return FsckReport(str(root_path), tuple(files))
+    checks = [_check_file(fid, p, verify_data, quarantined) for fid, p, quarantined in
+              progress.track(todo, "fsck" if verify_data else "scan", unit="file")]
+    return FsckReport(str(root_path), tuple(c for c in checks if c is not None))
 
 
 def fsck_root(root: str | os.PathLike[str]) -> FsckReport:
@@ -164,5 +267,7 @@ def inspect_root(root: str | os.PathLike[str],
                     "file_bytes_on_disk": sum(f.size_bytes for f in report.files)},
         },
         "sessions": sorted(sessions.values(), key=lambda s: s["session_id"]),
-        "damaged_files": [f.path for f in report.files if not f.ok],
+        # Headers only: segment data crcs are fsck's; quarantined files are settled.
+        "damaged_files": [f.path for f in report.files if f.needs_repair],
+        "quarantined_files": [f.path for f in report.files if f.quarantined],
     }

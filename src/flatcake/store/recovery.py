@@ -51,6 +51,8 @@ class RepairReport:
         deleted: files deleted (no valid segment).
         damaged_segments: damaged segments cut off.
         lost_segments: valid segments found past damage and cut off with it.
+        quarantined_paths, cut_paths, deleted_paths: the files of each count, where
+            they are now (quarantine/ for the quarantined ones).
     """
 
     root: str
@@ -60,13 +62,15 @@ class RepairReport:
     deleted: int
     damaged_segments: int
     lost_segments: int
+    quarantined_paths: tuple[str, ...] = ()
+    cut_paths: tuple[str, ...] = ()
+    deleted_paths: tuple[str, ...] = ()
 
 
-def _quarantine(files: SessionFiles, path: Path, why: str, quarantined: list[int],
-                file_id: int) -> None:
+def _quarantine(files: SessionFiles, path: Path, why: str, quarantined: list[str]) -> None:
     dest = files.quarantine_path(path)
     logger.warning("session file %s is %s; moved to %s", path, why, dest)
-    quarantined.append(file_id)
+    quarantined.append(str(dest))
 
 
 def recover_root(executor: Executor, control: ControlPlane,
@@ -99,18 +103,20 @@ def repair_root(root: str | os.PathLike[str]) -> RepairReport:
     files = SessionFiles(root_path, "buffered")
     files.lock_root()  # also removes the temp files a crash left
     try:
-        quarantined: list[int] = []
+        quarantined: list[str] = []
+        cut: list[str] = []
+        deleted: list[str] = []
         scan = scan_sessions(files.sessions_dir, True)
-        cut = deleted = damaged = lost = 0
+        damaged = lost = 0
         for f in scan.files:
             path = scan.paths[f.file_id]
             header = scan.headers.get(f.file_id)
             if header is None:
-                _quarantine(files, path, f"unreadable ({f.error})", quarantined, f.file_id)
+                _quarantine(files, path, f"unreadable ({f.error})", quarantined)
                 continue
             if header.file_id != f.file_id:
                 _quarantine(files, path, f"a stray: its header names file id "
-                            f"{header.file_id}", quarantined, f.file_id)
+                            f"{header.file_id}", quarantined)
                 continue
             last = f.segments[-1] if f.segments else None
             trimmed = bool(f.damage) or path.stat().st_size > (
@@ -119,13 +125,14 @@ def repair_root(root: str | os.PathLike[str]) -> RepairReport:
             lost += sum(d.lost_segments for d in f.damage)
             if last is None:
                 path.unlink(missing_ok=True)
-                deleted += 1
+                deleted.append(str(path))
                 continue
             files.adopt(path, header, last.end_offset, last.header.seq + 1,
                         cut=bool(f.damage))
             if trimmed:
-                cut += 1
+                cut.append(str(path))
     finally:
         files.close()
-    return RepairReport(str(root_path), len(scan.files), len(quarantined), cut, deleted,
-                        damaged, lost)
+    return RepairReport(str(root_path), len(scan.files), len(quarantined), len(cut),
+                        len(deleted), damaged, lost, tuple(quarantined), tuple(cut),
+                        tuple(deleted))

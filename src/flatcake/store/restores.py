@@ -28,6 +28,7 @@ from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.restore import LayerReady
 from flatcake.control import ControlPlane, LoadPlan
+from flatcake.plan.requests import remote_blocks
 from flatcake.plan.tasks import LoadTask
 from flatcake.store.results import LoadResult
 
@@ -68,15 +69,15 @@ class Restores:
         """Queue a planned restore (under the lock); its future resolves on delivery."""
         load = _Load(task, plan, paged, ready)
         self._loads[task.request_id] = load
-        self._control.submit_restore(plan)
+        self._control.submit_restore(plan, remote_blocks(task))
         self._pump()
         return load.future
 
     def _pump(self) -> None:
-        for req in self._control.next_restores():
-            self._start(self._loads[str(req.request_id)])
-        while (req := self._control.pop_ready_restore()) is not None:
-            load = self._loads[str(req.request_id)]
+        for started in self._control.next_restores():
+            self._start(self._loads[str(started.request_id)])
+        while (ready := self._control.pop_ready_restore()) is not None:
+            load = self._loads[str(ready.request_id)]
             load.popped = True
             if load.result is not None:
                 self._deliver(load)

@@ -1,15 +1,17 @@
 """``FlatCakeStore``: the public store = the books (``control.ControlPlane``) + the
 executor (``cio.executor``) in one process, over the same tasks (``plan.tasks``) as the
-vLLM connector's two halves::
+vLLM connector's two halves, driving the same request protocol (``plan.requests``)::
 
     store_turn:  prepare_store -> StoreTask -> executor: gather + write (+ fdatasync)
                  -> complete_store
-    load:        lookup -> prepare_load (reads widened to whole segments) -> LoadTask
-                 -> FC-MAS queues (``store.restores``) -> executor: staging window:
-                 read, verify crc32, scatter per layer -> complete_load
+    load:        servable (waits for a store in flight of the next blocks) -> load
+                 (reads widened to whole segments) -> LoadTask -> FC-MAS queues
+                 (``store.restores``) -> executor: staging window: read, verify crc32,
+                 scatter per layer -> finish_load
     reclaim:     control.reclaim -> delete the files it names
     damage:      a segment fails its crc32 -> it and the rest of the load are a miss ->
-                 control.truncate_session -> cut the file before it, delete later files
+                 settle: cut the file before it, delete later files (quarantine them
+                 when the file header is damaged too)
     open:        scan session files -> control.recover_segment for each valid segment
     cluster:     (``store.cluster_url`` set; ``store.cluster``) publish durable segments,
                  remove dropped ones, re-publish after recovery; a load's remote part
@@ -42,7 +44,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -60,8 +61,9 @@ from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.keys import check_key
 from flatcake.geometry import KVGeometry, preset
-from flatcake.plan.remote import RemoteRun, trim_runs
-from flatcake.plan.serve import by_medium, load_task, reclaim_tasks, store_task
+from flatcake.plan.remote import RemoteRun
+from flatcake.plan.requests import finish_load, load, servable, settle
+from flatcake.plan.serve import by_medium, reclaim_tasks, store_task
 from flatcake.store.cluster import StoreCluster
 from flatcake.store.inspect import FsckReport, fsck_root
 from flatcake.store.record import write_record
@@ -166,8 +168,7 @@ class FlatCakeStore:
             paged.block_table(table, unique=True)
         return paged, [int(b) for b in table.tolist()]
 
-    def _apply(self, actions: Sequence[ReclaimAction], quarantine: bool = False
-               ) -> ReclaimResult:
+    def _apply(self, actions: Sequence[ReclaimAction]) -> ReclaimResult:
         """Cut, delete (or quarantine) the files the books dropped (under the lock)."""
         if self._cluster is not None:
             self._cluster.dropped(actions)
@@ -175,32 +176,22 @@ class FlatCakeStore:
         for cut in cuts:
             self._exec.cut(cut)
         for drop in drops:
-            self._exec.drop(drop.file_id, quarantine)
+            self._exec.drop(drop.file_id, drop.quarantine)
         return ReclaimResult(tuple(a.session_id for a in actions), len(drops),
                              sum(a.memory_bytes for a in actions),
                              sum(len(a.ssd_segments) for a in actions))
 
     def _settle_damage(self) -> None:
-        """Apply every pending cut nothing in flight blocks (under the lock): cut the
-        session before its damaged segment, or, when the damaged segment's file header
-        is damaged too, drop the session and quarantine its files."""
-        for sid, seg in self.control.ready_cuts():
-            reason = self._exec.header_damage(int(seg.file_id or 0))
-            if not reason:
-                action, quarantine = self.control.truncate_session(sid, seg.segment_id), False
-            elif self.control.session(sid).num_pins == 0:
-                logger.warning("session %r: file %d has a damaged header (%s); the session "
-                               "is dropped", sid, seg.file_id, reason)
-                action, quarantine = self.control.drop_session(sid), True
-            else:
-                continue
-            try:
-                self._apply([action], quarantine=quarantine)
-            except OSError as exc:
-                # The books are already cut; a segment left on disk fails its crc again
-                # if a restart brings it back. The caller's own call is not failed.
-                logger.error("session %r: could not cut its files on disk: %s",
-                             action.session_id, exc)
+        """Apply what the books settled (under the lock): cuts before damaged segments,
+        drops with quarantine where a file header is damaged (``control.damage``)."""
+        actions = settle(self.control)
+        try:
+            self._apply(actions)
+        except OSError as exc:
+            # The books are already cut; a segment left on disk fails its crc again
+            # if a restart brings it back. The caller's own call is not failed.
+            logger.error("sessions %s: could not cut their files on disk: %s",
+                         [a.session_id for a in actions], exc)
 
     # -- store -----------------------------------------------------------------------
 
@@ -299,7 +290,7 @@ class FlatCakeStore:
         self._check_open()
         keys = self._check_keys(keys)
         with self._lock:
-            hit = self.control.usable_hit(self.control.lookup(keys))
+            hit = self.control.lookup(keys)
         return LookupResult(hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks)
 
     def load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
@@ -319,27 +310,24 @@ class FlatCakeStore:
         far: tuple[RemoteRun, ...] = ()
         if self._cluster is not None:  # the local prefix first, then the cluster's
             with self._lock:
-                local = self.control.usable_hit(self.control.lookup(keys)).num_blocks
+                local = self.control.lookup(keys).num_blocks
             far = self._cluster.remote(keys, local, self.geometry.num_layers,
                                        self.geometry.block_bytes_per_layer)
         with self._lock:
             self._settle_damage()
-            hit = self.control.usable_hit(self.control.lookup(keys))
-            task, plan = load_task(self.control, f"load-{next(self._request_ids)}", hit,
-                                   table)
-            far = trim_runs(far, hit.num_blocks)
-            if far:
-                task = replace(task, block_ids=tuple(table[:far[-1].end]), remote=far)
+            while (found := servable(self.control, keys)).wait:
+                # Another thread is writing the blocks right after the hit: wait for
+                # them to be durable rather than miss them.
+                self._unpinned.wait()
+                self._settle_damage()
+            task, plan = load(self.control, f"load-{next(self._request_ids)}", found.hit,
+                              table, 0, far)
             future = self._restores.submit(task, plan, paged, ready)
         return LoadHandle(task.remote_end, ready, future)
 
     def _load_finished(self, outcome: LoadOutcome, plan: LoadPlan) -> LoadResult:
         """A restore's bytes are settled (under the lock): unpin, book its damage."""
-        self.control.complete_load(plan.request_id, outcome.done.refilled)
-        for seg_id in outcome.done.failed_segments:
-            if self.control.mark_damaged(seg_id):
-                logger.warning("segment %d failed its checksum; its session is cut before "
-                               "it", seg_id)
+        finish_load(self.control, plan.request_id, [outcome.done])
         self._settle_damage()
         self._unpinned.notify_all()
         loaded = outcome.done.num_blocks_loaded

@@ -21,10 +21,12 @@ one-FIFO ablation). Only the devices are models:
   segment is published at once, an SSD segment after its write occupies the worker's
   SSD channel (``complete_store``); its memory copy, if the control plane made one, is
   readable at once (``complete_copy``);
-* a request whose prefix continues into a segment still being written waits for that
-  write and then looks up again, as the vLLM connector does (``get_num_new_matched_tokens``
-  answers "ask again next step" while a store of the prefix is in flight), instead of
-  recomputing blocks that are about to be durable.
+* the request protocol is the store's and the connector's (``plan.requests``): a
+  request whose prefix continues into a segment still being written, past what its GPU
+  holds, waits for that write and then looks up again (``servable``; the connector's
+  ``get_num_new_matched_tokens`` answers "ask again next step" then), instead of
+  recomputing blocks that are about to be durable; FC-MAS weighs a restore by
+  ``ControlPlane.restore_request``.
 
 Keys: dense block ids map to 32-byte keys (the id, little endian, in the first 8
 bytes); a session is ``str(session index)``. The placement signals come from the
@@ -57,7 +59,8 @@ from flatcake.control.scheduler import MasScheduler
 from flatcake.control.signals import PrefixRefcount, SessionTracker, TurnInfo, hit_owner
 from flatcake.errors import CapacityError
 from flatcake.plan.bulk import SegmentCache, stream_totals
-from flatcake.plan.reads import ReadPlan
+from flatcake.plan.requests import servable
+from flatcake.readplan import ReadPlan
 from flatcake.replay.engine import Node, Request, System, Worker, not_attached
 from flatcake.replay.systems.flatcake_runs import (
     keys_of,
@@ -104,8 +107,8 @@ class FlatCakeSystem(System):
         self.num_store_waits = 0
         self.read_gap_bytes = 0
         self.read_check_bytes = 0
-        # First key of each SSD segment being written -> (writes in flight, waiters).
-        self.writing: dict[bytes, tuple[int, list[Request]]] = {}
+        # Requests waiting for a store in flight, by the key their hit stopped at.
+        self.waiters: dict[bytes, list[Request]] = {}
         # Static geometry of live segments for the planner (ids are never reused).
         self.segment_cache: SegmentCache = {}
         self._planner = functools.partial(stream_totals, segment_cache=self.segment_cache)
@@ -132,14 +135,13 @@ class FlatCakeSystem(System):
         sched = self.scheds[req.worker]
         self.reqs[req.idx] = req
         keys = keys_of(self.keys, req.runs)
-        hit = cp.lookup(keys)
         g = w.gpu.prefix_hits(req.runs)
-        if g <= hit.num_blocks < len(keys):
-            writing = self.writing.get(keys[hit.num_blocks])
-            if writing is not None:
-                writing[1].append(req)  # looks up again when the write is durable
-                self.num_store_waits += 1
-                return
+        found = servable(cp, keys, g)
+        hit = found.hit
+        if found.wait:  # looks up again when the write is durable
+            self.waiters.setdefault(keys[hit.num_blocks], []).append(req)
+            self.num_store_waits += 1
+            return
         if hit.num_blocks < len(keys) and self._remote_arrival(req, keys, hit, g):
             return
         st = _FcState(hit, keys, self._turn(req, hit.num_blocks, hit))
@@ -169,7 +171,7 @@ class FlatCakeSystem(System):
             node.make_ready(req)
             return
         st.needs_ssd = True
-        sched.submit(RestoreRequest(req.idx, req.arrival_s, lp.read_plan.useful_bytes, True))
+        sched.submit(cp.restore_request(req.idx, req.arrival_s, lp))
         self._pump(req.worker)
 
     def _turn(self, req: Request, num_blocks: int, hit: PrefixHit) -> TurnInfo:
@@ -348,21 +350,16 @@ class FlatCakeSystem(System):
         t = node.spec.ssd.write_time_s(cmds, nbytes)
         end = w.ssd.submit(node.now, t, nbytes, cmds)
         node.rec.ssd_write(cmds, nbytes)
-        first = plan.segment.keys[0]
-        count, waiters = self.writing.get(first, (0, []))
-        self.writing[first] = (count + 1, waiters)
         node.loop.at(end, self._store_done, plan)
 
     def _store_done(self, plan: StorePlan) -> None:
         if self.cp is None:
             raise not_attached(self.name)
         self.cp.complete_store(plan, True)
-        first = plan.segment.keys[0]
-        count, waiters = self.writing.pop(first)
-        if count > 1:
-            self.writing[first] = (count - 1, [])
-        for req in waiters:
-            self.on_arrival(req)
+        if self.waiters:
+            for key in plan.segment.keys:
+                for req in self.waiters.pop(key, ()):
+                    self.on_arrival(req)
 
     def extra_metrics(self) -> dict[str, Any]:
         if self.cp is None:

@@ -34,7 +34,7 @@ from flatcake.control.address import Medium
 from flatcake.control.index import HitRun, PrefixHit
 from flatcake.control.queues import RestoreRequest
 from flatcake.plan.bulk import stream_totals
-from flatcake.plan.reads import ReadPlan
+from flatcake.readplan import ReadPlan
 from flatcake.replay.engine import Request
 from flatcake.replay.runs import Runs, runs_len, slice_runs
 from flatcake.replay.systems.flatcake import FlatCakeSystem, _FcState, trim_hit
@@ -91,19 +91,19 @@ class SharedFlatCake(_Member, FlatCakeSystem):
         me = self.me
         local = list(hit.runs)
         remote: dict[int, list[HitRun]] = {}
-        indexes = [peer.books().index for peer in self.peers]
+        books = [peer.books() for peer in self.peers]
         while p < n:
             key = keys[p]
             owner = -1
             owner_mem = False
-            for k, index in enumerate(indexes):
-                if key not in index:
+            for k, peer_books in enumerate(books):
+                loc = peer_books.locate(key)
+                if loc is None:
                     continue
                 if k == me:
                     owner = k
                     break
-                loc = index.get(key)
-                mem = loc is not None and loc.segment.medium is Medium.MEMORY
+                mem = loc.segment.medium is Medium.MEMORY
                 if owner < 0 or (mem and not owner_mem):
                     owner, owner_mem = k, mem
             cp = self.peers[owner].cp if owner >= 0 else None
@@ -145,18 +145,19 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             node.make_ready(req)
             return True
         st.gpu_prefix = g
-        useful = 0
+        local_plan = None
         local_hit = _hit_of(local)
         if local_hit is not None:
             part = _hit_of(list(trim_hit(local_hit, g)))
             if part is not None:
                 # The local part fills memory copies as a one-node restore does
                 # (``placement.copy_on_restore``); what the owners send is not copied.
-                lp = self.cp.prepare_load(req.idx, part, planner=self._planner, refill=True)
-                st.local, st.local_plan, st.load_pinned = local_hit, lp.read_plan, True
-                st.refills = tuple(home.segment_id for home, _ in lp.refills)
-                st.refill_bytes = sum(copy.total_bytes for _, copy in lp.refills)
-                useful += lp.read_plan.useful_bytes
+                local_plan = self.cp.prepare_load(req.idx, part, planner=self._planner,
+                                                  refill=True)
+                st.local, st.local_plan, st.load_pinned = local_hit, local_plan.read_plan, True
+                st.refills = tuple(home.segment_id for home, _ in local_plan.refills)
+                st.refill_bytes = sum(copy.total_bytes for _, copy in local_plan.refills)
+        far_blocks = 0
         for owner, runs in remote.items():
             peer = self.peers[owner]
             whole = _hit_of(runs)
@@ -165,10 +166,16 @@ class SharedFlatCake(_Member, FlatCakeSystem):
                 continue
             lp = peer.cp.prepare_load(self._pin_id(req), part, planner=peer._planner)
             st.pieces.append((owner, whole, lp.read_plan))
-            useful += max(lp.read_plan.useful_bytes, part.num_blocks * node.block_bytes)
+            far_blocks += part.num_blocks
         self.num_remote_restores += 1
-        useful = max(useful, (total - g) * node.block_bytes)
-        sched.submit(RestoreRequest(req.idx, req.arrival_s, useful, True))
+        # FC-MAS weighs it as the store and the connector do: the local SSD bytes plus
+        # every block the owners send.
+        rr = self.cp.restore_request(req.idx, req.arrival_s, local_plan, far_blocks)
+        sched.submit(rr)
+        if not rr.needs_ssd:  # nothing to read: what it pinned goes back at once
+            self._release(req)
+            node.make_ready(req)
+            return True
         self._pump(req.worker)
         return True
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from flatcake.control.signals import HitOwner, PrefixRefcount, SessionTracker, hit_owner
-from tests.test_control import first_turn, make, skeys
+from tests.control.helpers import first_turn, make, skeys
 
 
 def test_hit_owner_names_the_session_and_its_newest_turn() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flatcake.control.address import Medium
-from tests.test_control import K, chat_turn, first_turn, make, skeys
+from tests.control.helpers import K, chat_turn, first_turn, make, skeys
 
 
 class TestSegmentsAndBlocks:

@@ -9,7 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from tests.test_control import ControlMachine, chat_turn, first_turn, make, skeys
+from tests.control.helpers import chat_turn, first_turn, make, skeys
+from tests.control.machine import ControlMachine
 
 
 def ssd_turn(cp, session: str, n: int, turn: int):  # type: ignore[no-untyped-def]
@@ -30,7 +31,7 @@ class TestMarkAndCut:
         assert cp.mark_damaged(p1.segment.segment_id)
         assert cp.is_damaged(p1.segment.segment_id) and cp.num_damaged == 1
         assert cp.cut_pending("s") and not cp.cut_pending("other")
-        usable = cp.usable_hit(cp.lookup(ks))
+        usable = cp.lookup(ks)
         assert usable.num_blocks == 3 and usable.num_ssd_blocks == 3
         assert [r.segment for r in usable.runs] == [p0.segment]
         cut = cp.ready_cuts()
@@ -39,7 +40,7 @@ class TestMarkAndCut:
         action = cp.truncate_session("s", p1.segment.segment_id)
         assert action.ssd_segments == (p1.segment,)
         assert not cp.cut_pending("s") and cp.num_damaged == 0 and cp.ready_cuts() == []
-        assert cp.usable_hit(cp.lookup(ks)).num_blocks == 3
+        assert cp.lookup(ks).num_blocks == 3
         cp.check_integrity()
 
     def test_earliest_on_disk_wins_whatever_the_order(self) -> None:
@@ -110,14 +111,14 @@ class DamageMachine(ControlMachine):
             return
         s, seg_id = data.draw(st.sampled_from(found))
         assert self.cp.mark_damaged(seg_id) and self.cp.cut_pending(s)
-        hit = self.cp.usable_hit(self.cp.lookup(skeys(s, self.length[s])))
+        hit = self.cp.lookup(skeys(s, self.length[s]))
         assert not any(self.cp.is_damaged(r.segment.segment_id) for r in hit.runs)
 
     @rule()
     def settle(self) -> None:
-        for sid, seg in self.cp.ready_cuts():
-            self.cp.truncate_session(sid, seg.segment_id)
-            assert not self.cp.cut_pending(sid)
+        ready = [sid for sid, _seg in self.cp.ready_cuts()]
+        self.cp.settle_damage()
+        assert not any(self.cp.cut_pending(sid) for sid in ready)
 
 
 TestDamageMachine = DamageMachine.TestCase

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.index import BlockIndex, HitRun, Segment
-from flatcake.plan.layout import SegmentLayout
-from flatcake.plan.reads import CopyOp, ReadOp, ReadPlan, plan_reads
-from tests.control_books.helpers import keys
+from flatcake.layout import SegmentLayout
+from flatcake.plan.reads import plan_reads
+from flatcake.readplan import CopyOp, ReadOp, ReadPlan
+from tests.control.helpers import keys
 
 K = 4096
 NOISE = 0xEE

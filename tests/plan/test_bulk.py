@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.index import HitRun, Segment
+from flatcake.layout import SegmentLayout
 from flatcake.plan.bulk import plan_totals, stream_totals
-from flatcake.plan.layout import SegmentLayout
-from flatcake.plan.reads import ReadPlan, plan_reads
+from flatcake.plan.reads import plan_reads
 from flatcake.plan.stream import StreamPlanner
+from flatcake.readplan import ReadPlan
 
 FIELDS = ("num_blocks", "num_commands", "useful_bytes", "gap_bytes", "bytes_read",
           "num_copies", "memory_bytes")

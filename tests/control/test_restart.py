@@ -9,7 +9,7 @@ import pytest
 from flatcake.cio.filescan import DamagedSegment, ScannedSegment
 from flatcake.cio.format import FileHeader, SegmentHeader
 from flatcake.control import ControlPlane, FileFate, ScannedFile
-from tests.test_control import GEOM, K, make, skeys
+from tests.control.helpers import GEOM, K, make, skeys
 
 SPAN = 64 * K  # make()'s session_file_bytes
 

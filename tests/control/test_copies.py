@@ -11,7 +11,8 @@ import pytest
 from flatcake.clock import ManualClock
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
-from tests.test_control import K, chat_turn, make, skeys
+from flatcake.plan.reads import plan_reads
+from tests.control.helpers import K, chat_turn, make, skeys
 
 
 def agent_turn(cp: ControlPlane, session: str, n: int, turn: int = 1,
@@ -36,7 +37,7 @@ class TestCopies:
         assert (hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks) == (3, 3, 0)
         lp = cp.prepare_load("r", skeys("a", 3))
         assert lp.read_plan.bytes_read == 0 and lp.read_plan.num_copies > 0
-        assert lp.restore_request(0.0).needs_ssd is False
+        assert cp.restore_request(lp.request_id, 0.0, lp).needs_ssd is False
         cp.complete_load("r")
         st = cp.stats()
         assert (st.num_memory_copies, st.memory_copy_bytes, st.memory_copies_made) == \
@@ -197,7 +198,7 @@ def make_refill(memory_pages: int, copy_watermark: float) -> ControlPlane:
     cp, _ = make(memory_pages=memory_pages, copy_watermark=copy_watermark)
     placement = dataclasses.replace(cp.config.placement, copy_on_restore=True)
     return ControlPlane(cp.geometry, dataclasses.replace(cp.config, placement=placement),
-                        ManualClock())
+                        ManualClock(), planner=plan_reads)
 
 
 class TestRefillAndLru:

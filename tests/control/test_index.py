@@ -9,8 +9,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.index import EMPTY_HIT, BlockIndex, HitRun, PrefixHit, Segment
-from flatcake.plan.layout import SegmentLayout
-from tests.control_books.helpers import key, keys, memory_segment, ssd_segment
+from flatcake.layout import SegmentLayout
+from tests.control.helpers import key, keys, memory_segment, ssd_segment
 
 
 class TestLookupScenarios:

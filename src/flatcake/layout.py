@@ -1,5 +1,7 @@
 """Byte layout of one turn segment (FC-CIO). Pure arithmetic, shared by the control
-plane (address allocation, read planning) and the data plane (file format, I/O).
+plane (address allocation), the plans (read planning) and the data plane (file format,
+I/O); a leaf beside ``geometry``: it imports nothing of FlatCake, so every floor above
+stands on it.
 
 A segment holds one turn's new blocks of one session, layer-major, so layer ``l`` of
 the turn is one contiguous range::
