@@ -147,8 +147,10 @@ def test_one_node_is_the_one_node_replay(system: str, copy_on_restore: bool) -> 
 def test_a_restore_with_remote_blocks_refills_its_local_part() -> None:
     # Round robin on 2 nodes: a session's turns alternate, so a restore reads its own
     # node's older segments and the other node's newer ones. With copy_on_restore the
-    # local part fills memory copies as on one node (remote blocks fill none).
-    wl = _four_turns()
+    # local part fills memory copies as on one node (remote blocks fill none). Each node
+    # also stores the blocks it fetched (as the store and the connector do), so six
+    # turns pass before its copies are dropped and its segments read whole again.
+    wl = _sessions(12, 6)
     spec = ClusterSpec(2, "round_robin", True)
     made = {}
     for on in (False, True):

@@ -12,7 +12,7 @@ from flatcake.control.address import Medium
 from flatcake.control.index import EMPTY_HIT, PrefixHit
 from flatcake.control.signals import TurnInfo
 from flatcake.plan.remote import RemoteRun
-from flatcake.plan.serve import by_medium
+from flatcake.plan.requests import by_medium
 from flatcake.plan.tasks import LoadTask
 
 

@@ -2,7 +2,7 @@
 
 Books only: no torch, no store, no readers; no I/O except the header scan at start-up
 (``cio.scan``, the restart scan the store uses too). It builds the same tasks as
-``FlatCakeStore`` (``plan.serve``) and keeps damage in the same books (``control.damage``);
+``FlatCakeStore`` (``plan.requests``) and keeps damage in the same books (``control.damage``);
 the worker half runs them on the same executor. Engine-neutral: it sees requests as
 ``RequestView`` values, so it runs in tests without vLLM. Per request::
 
@@ -58,8 +58,16 @@ from flatcake.control.address import Medium
 from flatcake.control.signals import PrefixRefcount, SessionTracker, hit_owner
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
-from flatcake.plan.requests import finish_load, load, remote_blocks, servable, settle
-from flatcake.plan.serve import by_medium, reclaim_tasks, store_task
+from flatcake.plan.requests import (
+    by_medium,
+    finish_load,
+    load,
+    reclaim_tasks,
+    remote_blocks,
+    servable,
+    settle,
+    store_task,
+)
 from flatcake.plan.tasks import (
     FileDrop,
     LoadDone,
@@ -137,18 +145,19 @@ class SchedulerSide:
             self._stats["lookup_waits"] += 1
             return None, False
         hit = found.hit
+        remote = () if self.cluster is None else self.cluster.runs(
+            req.request_id, keys, max(hit.num_blocks, local_blocks))
+        end = remote[-1].end if remote else hit.num_blocks
         state = self._reqs.get(req.request_id)
         if state is None:
+            # The turn continues the conversation owning the end of the local hit; its
+            # history is everything the cluster holds of the prompt.
             owner = hit_owner(self.control, hit)
-            turn = self.sessions.resolve(req.session_param, hit.num_blocks, owner)
+            turn = self.sessions.resolve(req.session_param, end, owner)
             state = self._reqs[req.request_id] = RequestBooks(turn)
             if not self.refcount.holds(req.request_id):
                 self.refcount.add(req.request_id, req.keys)
-        state.hit, state.local_blocks, state.remote = hit, local_blocks, ()
-        if self.cluster is not None:
-            state.remote = self.cluster.runs(req.request_id, keys,
-                                             max(hit.num_blocks, local_blocks))
-        end = state.remote[-1].end if state.remote else hit.num_blocks
+        state.hit, state.local_blocks, state.remote = hit, local_blocks, remote
         num_blocks = end - local_blocks
         if num_blocks < self.settings.min_hit_blocks:
             return 0, False

@@ -3,8 +3,9 @@
 ``reads`` (merged layer-major read commands from a hit), ``stream`` (the data path's
 planner: SSD runs widened to whole segments for the checksum), ``bulk`` (the replay's
 vectorised twins of ``reads`` and ``stream``, tied to them by property tests), ``tasks``
-(the load and store tasks the executor runs, picklable) and ``serve`` (the books' verbs
-turned into those tasks).
+(the load and store tasks the executor runs, picklable) and ``requests`` (the request
+protocol every host drives: the servable hit, the load with its FC-MAS request, its
+completion and damage settling, the verbs turned into those tasks).
 
 The floor above the books: the plans import ``control`` (its index, addresses and
 verbs) and the leaves (the segment layout in ``flatcake.layout``, the read plan's value

@@ -153,10 +153,11 @@ class Cluster:
 
     # ---- remote reads --------------------------------------------------------------
     def fetch(self, node: int, worker: int, owner: int, ssd_commands: int, ssd_bytes: int,
-              memory_bytes: int, blocks: int) -> float:
+              memory_bytes: int, blocks: int, wire_bytes: int | None = None) -> float:
         """Read ``blocks`` of ``owner`` into ``worker`` of ``node``: ``ssd_bytes`` in
         ``ssd_commands`` from the owner's SSD plus ``memory_bytes`` from its host memory,
-        all over the worker's NIC. Returns when the bytes are in the GPU."""
+        ``wire_bytes`` of them over the worker's NIC (default: all; the owner's read
+        padding stays on the owner). Returns when the bytes are in the GPU."""
         own = self.nodes[owner]
         now = self.loop.now
         end = now
@@ -165,7 +166,7 @@ class Cluster:
             t = own.spec.ssd.read_time_s(ssd_commands, ssd_bytes)
             end = w.ssd.submit(now, t, ssd_bytes, ssd_commands)
             self.rec.ssd_read(ssd_commands, ssd_bytes, t)
-        nbytes = ssd_bytes + memory_bytes
+        nbytes = ssd_bytes + memory_bytes if wire_bytes is None else wire_bytes
         net_end = self.nics[node][worker].submit(now, nbytes / self.net.bytes_per_s, nbytes, 1)
         self.remote_transfers += 1
         self.remote_blocks += blocks

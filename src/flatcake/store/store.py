@@ -62,8 +62,15 @@ from flatcake.control.address import Medium
 from flatcake.control.keys import check_key
 from flatcake.geometry import KVGeometry, preset
 from flatcake.plan.remote import RemoteRun
-from flatcake.plan.requests import finish_load, load, servable, settle
-from flatcake.plan.serve import by_medium, reclaim_tasks, store_task
+from flatcake.plan.requests import (
+    by_medium,
+    finish_load,
+    load,
+    reclaim_tasks,
+    servable,
+    settle,
+    store_task,
+)
 from flatcake.store.cluster import StoreCluster
 from flatcake.store.inspect import FsckReport, fsck_root
 from flatcake.store.record import write_record

@@ -59,7 +59,7 @@ from flatcake.control.scheduler import MasScheduler
 from flatcake.control.signals import PrefixRefcount, SessionTracker, TurnInfo, hit_owner
 from flatcake.errors import CapacityError
 from flatcake.plan.bulk import SegmentCache, stream_totals
-from flatcake.plan.requests import servable
+from flatcake.plan.requests import servable, settle
 from flatcake.readplan import ReadPlan
 from flatcake.replay.engine import Node, Request, System, Worker, not_attached
 from flatcake.replay.systems.flatcake_runs import (
@@ -270,6 +270,14 @@ class FlatCakeSystem(System):
         # in the restore's end, ``refill_wait_s``).
         self.cp.complete_load(req.idx, req.sys.refills)
         req.sys.load_pinned = False
+        self._settle()
+
+    def _settle(self) -> None:
+        """What the books settled once a load or a write ended (``plan.requests``): the
+        replay reads no bytes, so damage only comes from ``mark_damaged`` (a test's),
+        and the actions free nothing on a device."""
+        if self.cp is not None:
+            self.num_reclaim_actions += len(settle(self.cp))
 
     # ---- ready / prefill ----------------------------------------------------------
     def pop_ready(self, worker: Worker) -> Request | None:
@@ -286,6 +294,7 @@ class FlatCakeSystem(System):
         n = memory_run(st.hit, req.gpu_prefix)
         cp.complete_load(req.idx)
         st.load_pinned = False
+        self._settle()
         if n == 0:
             return 0, 0.0
         nbytes = n * node.block_bytes
@@ -313,17 +322,17 @@ class FlatCakeSystem(System):
             return
         # A trace's session owns the files of all its chains (sub-agents included).
         sid = str(req.session) if req.session >= 0 else turn.session_id
-        # The connector hands the store the blocks after what the store already held
-        # when the request arrived (the engine knows what it loaded); prepare_store
-        # looks them up again and writes those it does not hold.
-        start = max(min(st.hit.num_blocks, req.num_blocks - 1), 0)
-        keys = st.keys[start:] if start else st.keys
+        # As the connector does: the request's keys from its first block; prepare_store
+        # writes those the books do not hold (also blocks dropped since the request
+        # arrived, so the new segment is never cut off from its prefix, and blocks it
+        # fetched from other nodes: this node then holds the whole prefix).
+        keys = st.keys
         refcount = self.refcount
 
         def shared(i: int) -> int:
             """Live requests holding the first block written (``keys[i]``), this one
             included."""
-            return refcount.refcount(keys[i], start + i)
+            return refcount.refcount(keys[i], i)
 
         try:
             plan = cp.prepare_store(sid, keys, turn_index=turn.turn_index,
@@ -356,6 +365,7 @@ class FlatCakeSystem(System):
         if self.cp is None:
             raise not_attached(self.name)
         self.cp.complete_store(plan, True)
+        self._settle()
         if self.waiters:
             for key in plan.segment.keys:
                 for req in self.waiters.pop(key, ()):

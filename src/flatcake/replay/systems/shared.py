@@ -35,7 +35,7 @@ from flatcake.control.index import HitRun, PrefixHit
 from flatcake.control.queues import RestoreRequest
 from flatcake.plan.bulk import stream_totals
 from flatcake.readplan import ReadPlan
-from flatcake.replay.engine import Request
+from flatcake.replay.engine import Request, not_attached
 from flatcake.replay.runs import Runs, runs_len, slice_runs
 from flatcake.replay.systems.flatcake import FlatCakeSystem, _FcState, trim_hit
 from flatcake.replay.systems.tiered import TieredSystem, _TState
@@ -172,8 +172,10 @@ class SharedFlatCake(_Member, FlatCakeSystem):
         # every block the owners send.
         rr = self.cp.restore_request(req.idx, req.arrival_s, local_plan, far_blocks)
         sched.submit(rr)
-        if not rr.needs_ssd:  # nothing to read: what it pinned goes back at once
-            self._release(req)
+        if not rr.needs_ssd:
+            # What the owners hold is on the GPU already, the rest is in local memory:
+            # it runs at once, as a one-node all-memory hit does (its memory copy
+            # overlaps its prefill; ``prefill_load`` unpins it).
             node.make_ready(req)
             return True
         self._pump(req.worker)
@@ -198,7 +200,7 @@ class SharedFlatCake(_Member, FlatCakeSystem):
                 else stream_totals(runs, num_layers, None, self.config.planner,
                                    segment_cache=self.segment_cache)
             end = self._charge(w, plan, st.refill_bytes)
-            useful += sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
+            useful += self._account(plan, runs)
         for owner, whole, plan0 in st.pieces:
             peer = self.peers[owner]
             runs = trim_hit(whole, g)
@@ -207,13 +209,28 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             plan = plan0 if g == st.gpu_prefix else stream_totals(
                 runs, num_layers, None, peer.config.planner, segment_cache=peer.segment_cache)
             cmds = plan.num_commands * node.spec.gpus_per_worker if plan.bytes_read else 0
+            # The owner reads with its padding and gaps; whole segment layers cross the
+            # network (the crc32 covers a whole layer), as the remote readers send them.
             end = max(end, self.cluster.fetch(self.me, req.worker, owner, cmds,
                                               plan.bytes_read, plan.memory_bytes,
-                                              sum(r[2] for r in runs)))
-            useful += sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
+                                              sum(r[2] for r in runs),
+                                              wire_bytes=plan.useful_bytes + plan.memory_bytes))
+            useful += self._account(plan, runs)
         st.local_plan = None
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
         node.loop.at(end + node.spec.restore_overhead_s, self._restore_done, (req, useful))
+
+    def _account(self, plan: ReadPlan, runs: tuple[HitRun, ...]) -> int:
+        """Book where ``plan``'s SSD bytes go, as a one-node restore does (gaps and
+        padding, the segments' other blocks read for the checksum); returns the SSD
+        bytes the request wanted."""
+        node = self.node
+        if node is None:
+            raise not_attached(self.name)
+        wanted = sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
+        self.read_gap_bytes += plan.gap_bytes
+        self.read_check_bytes += plan.useful_bytes - wanted
+        return wanted
 
     def _release(self, req: Request) -> None:
         st = req.sys
@@ -224,10 +241,12 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             self.cp.complete_load(req.idx, st.refills)
         st.load_pinned = False
         for owner, _whole, _plan in st.pieces:
-            cp = self.peers[owner].cp
-            if cp is not None:
-                cp.complete_load(self._pin_id(req))
+            peer = self.peers[owner]
+            if peer.cp is not None:
+                peer.cp.complete_load(self._pin_id(req))
+                peer._settle()
         st.pieces = []
+        self._settle()
 
     def extra_metrics(self) -> dict[str, Any]:
         return {**super().extra_metrics(), "remote_restores": self.num_remote_restores}

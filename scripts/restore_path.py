@@ -1,0 +1,96 @@
+"""Count the path of one vLLM restore, as it runs: the FlatCake source files whose
+functions are called, and the package boundaries the calls cross, from the scheduler
+half's ``num_matched_tokens`` (what ``get_num_new_matched_tokens`` calls) to the
+worker's report of the restored bytes.
+
+Usage: ``python scripts/restore_path.py`` (from the repository root, with the project's
+virtualenv). It drives the connector's two halves without an engine (the tests' sides
+harness): a first turn of 12 blocks is stored on SSD, then a second turn extends it and
+restores those 12 blocks through FC-MAS and the staging window. Every thread is traced
+(``sys.settrace`` and ``threading.settrace``) while the second turn's restore runs.
+Reported: files (distinct source files with a call), packages, and package hops
+(distinct caller -> callee file pairs whose packages differ). Module-level code and
+comprehensions count for their file; nothing outside ``src/flatcake`` is counted.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flatcake  # noqa: E402
+from tests.connectors.sides_harness import Harness, finish, tokens, view  # noqa: E402
+
+SRC = Path(flatcake.__file__).resolve().parent
+
+
+def _package(path: str) -> str:
+    rel = Path(path).resolve().relative_to(SRC)
+    return rel.parts[0] if len(rel.parts) > 1 else "(top)"
+
+
+class _Trace:
+    def __init__(self) -> None:
+        self.files: set[str] = set()
+        self.hops: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
+        if event != "call":
+            return None
+        callee = frame.f_code.co_filename
+        if not callee.startswith(str(SRC)):
+            return None
+        with self._lock:
+            self.files.add(callee)
+            caller = frame.f_back
+            while caller is not None and not caller.f_code.co_filename.startswith(str(SRC)):
+                caller = caller.f_back
+            if caller is not None and caller.f_code.co_filename != callee:
+                a, b = caller.f_code.co_filename, callee
+                if _package(a) != _package(b):
+                    self.hops.add((a, b))
+        return None
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        h = Harness(Path(tmp))
+        first = list(range(100, 148))  # 12 blocks of 4 tokens
+        finish(h, "a", first, list(range(12)), out=3, session="s")
+        h.step()  # the first turn is written (first turn of a session: SSD)
+        v = view("b", tokens(first, 8, 300), session="s")
+        trace = _Trace()
+        threading.settrace(trace)
+        sys.settrace(trace)
+        try:
+            n, is_async = h.sched.num_matched_tokens(v, 0)
+            assert n == 12 * 4 and is_async, (n, is_async)
+            h.sched.after_alloc("b", list(range(20, 40)), n)
+            while "b" not in h.released:
+                h.step()
+        finally:
+            sys.settrace(None)
+            threading.settrace(None)  # type: ignore[arg-type]
+        h.close()
+    files = sorted(str(Path(f).resolve().relative_to(SRC)) for f in trace.files)
+    packages = sorted({_package(str(SRC / f)) for f in files})
+    print(f"files: {len(files)}")
+    for f in files:
+        print(f"  {f}")
+    print(f"packages: {len(packages)} ({', '.join(packages)})")
+    print(f"package hops (distinct caller -> callee files across packages): "
+          f"{len(trace.hops)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
