@@ -3,7 +3,8 @@ functions): the books (``control``) and the plans (``plan``) stay pure, the book
 on the leaves alone (so the plans import the books, never the other way), the replay
 models devices instead of doing I/O, engines stay inside their connectors, Redis and NIXL
 stay behind the cluster index and the remote readers, nothing reaches into the CLI or the
-connectors from outside, and no two packages import each other, even through others."""
+connectors from outside, no two packages import each other, even through others, and no
+host reaches into a control plane's parts (it asks the query methods)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ NOT_FROM_REPLAY = ("torch", "flatcake.cio", "flatcake.store", "flatcake.cluster"
 # in the remote readers.
 TRANSPORTS = {"redis": ("flatcake.cluster",), "nixl": ("flatcake.cio.remote",)}
 ENGINES = ("vllm", "sglang")
-PRIVATE = ("flatcake.cli", "flatcake.connectors")  # only from inside themselves
+PRIVATE = ("flatcake.cli", "flatcake.connectors")  # only from inside themselves, but:
+# the node service hosts the connectors' engine-neutral scheduler halves, one per engine.
+ALSO_FROM = {"flatcake.connectors": ("flatcake.service",)}
 
 
 def _module_name(path: Path) -> str:
@@ -82,7 +85,7 @@ def violations(path: Path) -> list[str]:
             if _within(name, (transport,)) and not _within(module, owners):
                 walls.append(f"{transport} is imported by {', '.join(owners)} only")
         private = _within(name, PRIVATE)
-        if private and not _within(module, (private,)):
+        if private and not _within(module, (private, *ALSO_FROM.get(private, ()))):
             walls.append(f"nothing outside {private} imports it")
         for wall in walls:
             found.setdefault((line, wall), f"{module}:{line} imports {name} ({wall})")
@@ -198,3 +201,83 @@ def test_allowed_imports_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     path.write_text(source)
     monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", root)
     assert violations(path) == []
+
+
+# A host asks the control plane through its query methods, never through its parts:
+# these attributes (and every private one) of a control plane stay for ``flatcake.control``.
+CONTROL_PARTS = frozenset({"index", "arena", "ssd", "copies", "scheduler"})
+# What a control plane is called in a host: a name, an attribute of something, or
+# ``x.books()``.
+PLANE_NAMES = frozenset({"control", "cp", "_control", "books"})
+PLANE_ATTRS = frozenset({"control", "cp", "_control"})
+
+
+def _is_plane(node: ast.expr) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in PLANE_NAMES
+    if isinstance(node, ast.Attribute):
+        # ``flatcake.control.index`` names a module, not a part.
+        root: ast.expr = node
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        return node.attr in PLANE_ATTRS and not (isinstance(root, ast.Name)
+                                                 and root.id == "flatcake")
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "books")
+
+
+def part_reaches(path: Path) -> list[str]:
+    """Where a module outside ``flatcake.control`` reads a part (or a private field) of
+    a control plane, one line each."""
+    module = _module_name(path)
+    if _within(module, ("flatcake.control",)):
+        return []
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and _is_plane(node.value) and (
+                node.attr in CONTROL_PARTS
+                or (node.attr.startswith("_") and not node.attr.startswith("__"))):
+            found.append(f"{module}:{node.lineno} reads {ast.unparse(node)} (a part of the "
+                         f"control plane: ask a query method)")
+    return found
+
+
+def test_no_host_reaches_into_the_control_plane() -> None:
+    found = [v for path in sorted(SRC.rglob("*.py")) for v in part_reaches(path)]
+    assert found == []
+
+
+@pytest.mark.parametrize("source", [
+    "def f(self):\n    self.control.scheduler.submit(1)\n",
+    "def f(peer):\n    return peer.cp.index\n",
+    "def f(control, s):\n    return control.ssd.files_of(s)\n",
+    "def f(self):\n    return len(self._control.copies)\n",
+    "def f(node):\n    return node.books().arena.used_bytes\n",
+    "def f(cp):\n    return cp._sessions\n",
+    "def f(self):\n    return self._control._reclaimer.take_reclaim_actions()\n",
+])
+def test_a_reach_into_the_control_plane_is_found(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 source: str) -> None:
+    path = tmp_path / "flatcake" / "store" / "x.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", tmp_path / "flatcake")
+    (found,) = part_reaches(path)
+    assert "flatcake.store.x:2 reads" in found
+
+
+@pytest.mark.parametrize(("where", "source"), [
+    ("store/x.py", "def f(self, keys):\n    return self.control.lookup(keys).num_blocks\n"),
+    ("replay/x.py", "def f(cp):\n    return cp.segment(3), cp.stats().num_keys\n"),
+    ("cio/x.py", "import flatcake.control.index\nX = flatcake.control.index.Segment\n"),
+    ("store/x.py", "def f(self):\n    return self.index.lookup(()), self.control.__class__\n"),
+    ("control/x.py", "def f(control):\n    return control.index\n"),
+])
+def test_asking_the_control_plane_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         where: str, source: str) -> None:
+    path = tmp_path / "flatcake" / where
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", tmp_path / "flatcake")
+    assert part_reaches(path) == []

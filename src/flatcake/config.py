@@ -195,6 +195,17 @@ class StoreConfig:
     all-memory load thread). A read that timed out retires its window (a late write
     may still land there); the store renews at most ``remote_windows`` of them, so the
     windows never take more than ``2 * remote_windows * remote_window_bytes``.
+
+    One store per machine (``flatcake serve``, ``flatcake.service``): ``node`` is the
+    node service's socket (``unix:/run/flatcake/node.sock`` or a plain path; empty = the
+    store is embedded in this process, the default). Set in an engine's configuration,
+    the engine attaches to that service instead of opening ``root`` itself: the
+    service's budgets, root and books serve every engine attached to it.
+    ``node_timeout_s`` bounds one call to the service (past it: a miss, one warning,
+    and the engine re-attaches later); ``node_lease_s`` is how long the service keeps an
+    engine that stopped calling (its pins released, its unfinished writes rolled back
+    after it); ``node_arena_dir`` is where the service keeps its shared arena (a tmpfs
+    or hugetlbfs mount; the arena file is readable by the service's user only).
     """
 
     root: str = "./flatcake-data"
@@ -210,9 +221,20 @@ class StoreConfig:
     remote_timeout_s: float = 5.0
     remote_window_bytes: int = 64 * MIB
     remote_windows: int = 3
+    node: str = ""
+    node_timeout_s: float = 2.0
+    node_lease_s: float = 30.0
+    node_arena_dir: str = "/dev/shm"
 
     def __post_init__(self) -> None:
         _check_types(self, "store")
+        _check(self.node_timeout_s > 0, "store.node_timeout_s", self.node_timeout_s,
+               "must be > 0")
+        _check(self.node_lease_s >= 1, "store.node_lease_s", self.node_lease_s,
+               "must be >= 1")
+        _check(not (self.node and self.cluster_url), "store.node", self.node,
+               "cannot be set with store.cluster_url yet (the service does not join a "
+               "cluster); leave one of them empty")
         _check(not self.cluster_url or self.cluster_url.startswith(
             ("redis://", "rediss://", "unix://")), "store.cluster_url", self.cluster_url,
             "must be a Redis URL (redis://host:port/db, rediss://..., unix://...) or empty")

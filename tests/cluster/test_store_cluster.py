@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from flatcake.cluster import RedisServer
 from tests.cluster.helpers import ask, child_env, next_line, process
 
 PEER = Path(__file__).with_name("store_peer.py")
+WHOLE = {"blocks": 7, "remote": 7, "exact": True, "hit": 7, "memory": 0, "ssd": 0}
 
 
 def _run(env: dict[str, str], *args: str) -> dict:
@@ -68,17 +70,25 @@ def test_restores_at_once_and_a_slow_or_killed_owner_is_a_bounded_miss(
         os.kill(owner.pid, signal.SIGSTOP)
         slow = ask(asker, "7,8")
         os.kill(owner.pid, signal.SIGCONT)
-        again = ask(asker, "7,9,8")
+        # Served again once the owner has caught up (it handles the stale request and
+        # the new window's metadata first): on a loaded machine the first ask after it
+        # resumes may still miss, so it may take a few asks, a bounded number.
+        tries = [ask(asker, "7,9,8")]
+        while len(tries) < 4 and not all(tries[-1][s] == WHOLE for s in ("7", "9", "8")):
+            time.sleep(1.0)
+            tries.append(ask(asker, "7,9,8"))
+        again = tries[-1]
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=15)
         # Its entries outlive it until the lease ends: the reads fail or time out
         # (bounded by store.remote_timeout_s); nothing wrong reaches the paged KV.
         gone = ask(asker, "7,8")
-    whole = {"blocks": 7, "remote": 7, "exact": True, "hit": 7, "memory": 0, "ssd": 0}
+    whole = WHOLE
     assert all(served[s] == whole for s in ("7", "9", "8"))
     assert slow["7"]["blocks"] == 0 and slow["7"]["exact"] and slow["8"] == whole
     assert slow["order"] == [8, 7]
-    assert all(again[s] == whole for s in ("7", "9", "8"))
+    assert all(again[s] == whole for s in ("7", "9", "8")), tries
+    assert all(r[s]["exact"] for r in tries for s in ("7", "9", "8"))
     assert gone["7"]["blocks"] == 0 and gone["7"]["exact"] and gone["8"] == whole
 
 

@@ -137,7 +137,10 @@ class ControlMachine(RuleBasedStateMachine):
         self.cp.complete_store(plan, ok)
         if ok:
             hit = self.cp.lookup(plan.segment.keys)
-            assert hit.num_blocks == plan.segment.num_blocks
+            # All served, unless a damaged segment of the session (its cut pending)
+            # owns one of these keys first: this segment shadows it until it is settled.
+            assert hit.num_blocks == plan.segment.num_blocks or \
+                self.cp.cut_pending(plan.session_id)
 
     @rule(s=st.sampled_from(SESSIONS))
     def load(self, s: str) -> None:

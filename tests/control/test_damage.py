@@ -99,6 +99,28 @@ class TestMarkAndCut:
         cp.check_integrity()
 
 
+class TestShadow:
+    def test_a_shadow_of_a_damaged_segment_serves_once_settled(self) -> None:
+        """Two stores in flight write the same first block (the second started before
+        the first was published); the later-started one is published first and owns
+        it. Damaged, it is not served; once settled, the other store's copy serves."""
+        cp, _ = make(0, 6, 3)
+        p0 = cp.prepare_store("s", skeys("s", 1), turn_index=0, context_tokens=4,
+                              prev_reply_tokens=None)
+        p1 = cp.prepare_store("s", skeys("s", 2), turn_index=1, context_tokens=8,
+                              prev_reply_tokens=10)
+        assert p0 is not None and p1 is not None and p1.first_block == 0
+        cp.complete_store(p1, True)
+        assert cp.mark_damaged(p1.segment.segment_id)
+        cp.complete_store(p0, True)
+        assert cp.lookup(skeys("s", 1)).num_blocks == 0 and cp.cut_pending("s")
+        cp.settle_damage()
+        hit = cp.lookup(skeys("s", 2))
+        assert [r.segment.segment_id for r in hit.runs] == [p0.segment.segment_id]
+        assert hit.num_blocks == 1
+        cp.check_integrity()
+
+
 class DamageMachine(ControlMachine):
     """The control machine, with segments failing their checksums and the pending
     cuts applied whenever nothing blocks them."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
-from flatcake.config import FlatCakeConfig, ReclaimConfig
 from flatcake.control import ControlPlane, FileCut, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.placement import PlacementRule
@@ -191,8 +190,13 @@ class TestReclaim:
             clock.set(float(t))
             first_turn(cp, s, 2)
         assert cp.reclaim() == []  # SSD far below its watermark
-        cp.config = FlatCakeConfig(store=cp.config.store,
-                                   reclaim=ReclaimConfig(ssd_high=0.001, ssd_low=0.0))
+        # Under a watermark every store crosses (the config is fixed at construction),
+        # each store drops the sessions before it; reclaim() returns those actions with
+        # its own (the last session, unpinned once its write completed).
+        cp, clock = make(memory_pages=4, high=0.001, low=0.0)
+        for t, s in enumerate("abcd"):
+            clock.set(float(t))
+            first_turn(cp, s, 2)
         dropped = [a.session_id for a in cp.reclaim()]
         assert dropped == ["a", "b", "c", "d"]
         assert cp.stats().ssd_used_bytes == 0 and cp.stats().num_sessions == 0

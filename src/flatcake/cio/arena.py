@@ -1,13 +1,20 @@
 """The host-memory arena's bytes: one ``uint8`` tensor of ``memory_capacity_bytes``.
 
 The control plane's ``control.alloc.HostArena`` decides offsets; this class only holds the
-bytes. The tensor comes from ``torch.empty``, so the kernel maps pages on first touch:
-a 64 GiB budget costs nothing until blocks are written into it. It is not pinned
-(pinning would touch and lock every page up front); host-to-GPU copies out of it go
-through the engine's stream like any pageable copy.
+bytes. Embedded, the tensor comes from ``torch.empty``, so the kernel maps pages on first
+touch: a 64 GiB budget costs nothing until blocks are written into it. Attached to a node
+service, it maps the service's shared arena file (``path``, under ``/dev/shm`` or a
+hugetlbfs mount; created and sized by the service, mode 0600) with ``MAP_SHARED``, so
+every engine on the machine reads the blocks any of them wrote, and they outlive the
+engine that wrote them. It is not pinned (pinning would touch and lock every page up
+front); host-to-GPU copies out of it go through the engine's stream like any pageable
+copy.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import torch
 
@@ -16,11 +23,24 @@ class ArenaBuffer:
     """Bytes of the host arena. Writers and readers touch disjoint ranges that the
     control plane handed out, so the buffer itself needs no lock."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, path: Path | None = None) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"store.memory_capacity_bytes must be >= 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
-        self.tensor = torch.empty(capacity_bytes, dtype=torch.uint8)
+        self.path = path
+        if path is None:
+            self.tensor = torch.empty(capacity_bytes, dtype=torch.uint8)
+            return
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise ValueError(f"cannot map the node service's arena {path}: {exc}") from None
+        if size < capacity_bytes:
+            raise ValueError(f"the node service's arena {path} has {size} bytes, this "
+                             f"engine's store.memory_capacity_bytes is {capacity_bytes}")
+        self.tensor = (torch.from_file(str(path), shared=True, size=capacity_bytes,
+                                       dtype=torch.uint8) if capacity_bytes
+                       else torch.empty(0, dtype=torch.uint8))
 
     def view(self, offset: int, length: int) -> torch.Tensor:
         """Bytes ``[offset, offset + length)`` (a view, no copy)."""

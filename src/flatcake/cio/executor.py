@@ -45,7 +45,8 @@ from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.direct import ensure_dir, resolve_io_mode, scrub_page
 from flatcake.cio.dispatch import LOCAL_NODE, ReaderDispatch, local_reader
 from flatcake.cio.files import SessionFiles
-from flatcake.cio.format import FileHeader
+from flatcake.cio.filescan import segment_at
+from flatcake.cio.format import FileHeader, FormatError
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import GdsReader, Reader
 from flatcake.cio.refill import LayerRefills
@@ -57,13 +58,17 @@ from flatcake.cio.writer import SegmentWriter
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium
 from flatcake.control.plane import ControlPlane
-from flatcake.control.restart import FileFate, Recovery
+from flatcake.control.recovery import FileFate, Recovery
 from flatcake.control.types import FileCut, StorePlan
 from flatcake.geometry import KVGeometry
+from flatcake.layout import ALIGN
 from flatcake.plan.stream import StreamCheck
 from flatcake.plan.tasks import LoadDone, LoadTask, StoreDone, StoreTask
 
 logger = logging.getLogger(__name__)
+
+# Attached: how long a write into a file waits for the process creating it.
+ATTACH_WAIT_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class LoadOutcome:
@@ -96,21 +101,28 @@ class Executor:
     """Session files, crc book, host arena, writer, readers and staging windows of one
     store directory (see the module docstring)."""
 
-    def __init__(self, root: Path, geometry: KVGeometry, config: FlatCakeConfig) -> None:
+    def __init__(self, root: Path, geometry: KVGeometry, config: FlatCakeConfig, *,
+                 arena_path: Path | None = None) -> None:
         self.root = Path(root)
         self.geometry = geometry
         self.config = config
+        # Attached to a node service (``arena_path``: the arena it shares): the service
+        # holds the root's lock and recovered it; files other processes created are
+        # opened when a task first names them, their segments' crcs read from their
+        # headers; a failed write never shrinks a file another process appends to.
+        self.attached = arena_path is not None
         ensure_dir(self.root)
         self.io_mode = resolve_io_mode(self.root, config.store.io_mode)
         self.lock = threading.Lock()
         self.files = SessionFiles(self.root, self.io_mode)
-        self.files.lock_root()
+        if not self.attached:
+            self.files.lock_root()
         # (file_id, file_offset) of an SSD segment -> crc32 of each of its layers.
         self.crcs: dict[tuple[int, int], tuple[int, ...]] = {}
         self.readers = ReaderDispatch()
         self._windows: queue.Queue[StagingWindow] = queue.Queue()
         try:
-            self.arena = ArenaBuffer(config.store.memory_capacity_bytes)
+            self.arena = ArenaBuffer(config.store.memory_capacity_bytes, arena_path)
             self.writer = SegmentWriter()
             self.readers.register(Medium.SSD, LOCAL_NODE, local_reader(config, self.io_mode))
             num = config.scheduler.max_restores_in_flight
@@ -150,7 +162,7 @@ class Executor:
             else:
                 with self.lock:
                     self.files.adopt(path, scan.headers[verdict.file_id], verdict.end_bytes,
-                                     verdict.next_seq, cut=verdict.cut)
+                                     cut=verdict.cut)
                     for seg_id in verdict.segment_ids:
                         offset = int(control.segment(seg_id).file_offset or 0)
                         self.crcs[(verdict.file_id, offset)] = recovery.crcs[seg_id]
@@ -169,6 +181,8 @@ class Executor:
             for check in task.checks:
                 fid, off = where[check.tag]
                 crcs = self.crcs.get((fid, off))
+                if crcs is None and self.attached:
+                    crcs = self._crcs_on_disk(fid, off)
                 if crcs is None or fid not in self.files:
                     cut = min(cut, check.request_start)
                     cut_tags.append(check.tag)
@@ -177,7 +191,8 @@ class Executor:
                                           check.request_start, check.tag))
             for lp in task.read_plan.layers:
                 for op in lp.ssd_ops:
-                    if op.file_id in self.files:
+                    if op.file_id in self.files or (self.attached
+                                                    and self.files.attach(op.file_id)):
                         files[op.file_id] = self.files.open_file(op.file_id)
                     else:
                         cut = task.first_block  # a file of the plan is gone: load nothing
@@ -189,6 +204,22 @@ class Executor:
                          list(task.stream_request), tuple(checks), files, self.arena.tensor,
                          cut)
         return job, tuple(cut_tags)
+
+    def _crcs_on_disk(self, file_id: int, file_offset: int) -> tuple[int, ...] | None:
+        """Attached: the layer crcs a segment another process wrote carries in its
+        header (read once, then kept); None when the file or header is unreadable.
+        Call under ``self.lock``."""
+        if not self.files.attach(file_id):
+            return None
+        try:
+            header = segment_at(self.files.open_file(file_id).path, file_offset)
+        except (OSError, FormatError) as exc:
+            logger.warning("segment at %d of session file %d: %s", file_offset, file_id, exc)
+            return None
+        if header.file_id != file_id or header.num_layers != self.geometry.num_layers:
+            return None
+        self.crcs[(file_id, file_offset)] = header.layer_crcs
+        return header.layer_crcs
 
     def submit_load(self, task: LoadTask, paged: PagedKV, ready: LayerReady,
                     on_done: Callable[[LoadOutcome], None] | None = None
@@ -268,21 +299,25 @@ class Executor:
     # -- stores ----------------------------------------------------------------------
 
     def prepare_file(self, plan: StorePlan) -> tuple[int, OpenFile | None]:
-        """SSD: create the file if new, grow it to cover the segment, and take the
-        segment's sequence number (call in allocation order). Returns (seq, the open
-        file); (0, None) for memory. Raises ``OSError`` (ENOSPC, EIO)."""
+        """SSD: create the file if new, grow it to cover the segment, and give the
+        segment's sequence number: its file offset in pages, which increases along the
+        file whichever process appends (the books allocate in file order). Returns
+        (seq, the open file); (0, None) for memory. Raises ``OSError`` (ENOSPC, EIO,
+        or, attached, a file another process did not create in time)."""
         if plan.medium != Medium.SSD:
             return 0, None
-        file_id = int(plan.file_id or 0)
+        file_id, offset = int(plan.file_id or 0), int(plan.file_offset or 0)
         with self.lock:
             if plan.new_file:
                 self.files.create(FileHeader(
                     plan.session_id, file_id, self.config.store.node_id,
                     int(plan.file_base_offset or 0), int(plan.span_bytes or 0),
                     self.geometry.num_layers, self.geometry.block_bytes_per_layer))
-            self.files.ensure_allocated(file_id, int(plan.file_offset or 0)
-                                        + plan.segment.total_bytes)
-            return self.files.take_seq(file_id), self.files.open_file(file_id)
+            elif self.attached and not self.files.attach(file_id, ATTACH_WAIT_S):
+                raise FileNotFoundError(f"session file {file_id} was not created by the "
+                                        f"store that allocated it within {ATTACH_WAIT_S} s")
+            self.files.ensure_allocated(file_id, offset + plan.segment.total_bytes)
+            return offset // ALIGN, self.files.open_file(file_id)
 
     def write(self, task: StoreTask, paged: PagedKV, seq: int, target: OpenFile | None,
               on_copy: Callable[[], None] | None = None) -> StoreOutcome:
@@ -335,7 +370,8 @@ class Executor:
             if file_id not in self.files:
                 return
             if end_bytes is not None:
-                self.files.shrink(file_id, end_bytes)
+                if not self.attached:  # attached: others may have appended past it
+                    self.files.shrink(file_id, end_bytes)
                 return
             try:
                 self.files.delete(file_id)

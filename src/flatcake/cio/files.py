@@ -33,6 +33,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,14 +73,12 @@ class _LiveFile:
         path, fd: the file and its descriptor (O_DIRECT in direct mode).
         header: its file header.
         allocated_bytes: how far writes were allowed to extend the file.
-        next_seq: sequence number of the next segment appended.
     """
 
     path: str
     fd: int
     header: FileHeader
     allocated_bytes: int
-    next_seq: int
 
 
 class SessionFiles:
@@ -149,9 +148,9 @@ class SessionFiles:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        self._files[header.file_id] = _LiveFile(str(path), fd, header, FILE_HEADER_BYTES, 0)
+        self._files[header.file_id] = _LiveFile(str(path), fd, header, FILE_HEADER_BYTES)
 
-    def adopt(self, path: Path, header: FileHeader, valid_end_bytes: int, next_seq: int,
+    def adopt(self, path: Path, header: FileHeader, valid_end_bytes: int,
               cut: bool = False) -> None:
         """Restart: keep serving ``path``, truncated at ``valid_end_bytes`` (a damaged
         tail, ``cut``, or space a crashed write reserved) so appends continue after the
@@ -167,14 +166,39 @@ class SessionFiles:
         except BaseException:
             os.close(fd)
             raise
-        self._files[header.file_id] = _LiveFile(str(path), fd, header, size, next_seq)
+        self._files[header.file_id] = _LiveFile(str(path), fd, header, size)
 
-    def take_seq(self, file_id: int) -> int:
-        """Sequence number for the next segment of ``file_id`` (called in allocation
-        order, so seqs increase along the file)."""
-        f = self._files[file_id]
-        f.next_seq += 1
-        return f.next_seq - 1
+    def attach(self, file_id: int, wait_s: float = 0.0) -> bool:
+        """Shared root (a node service's): open a live file another process created,
+        as it is (nothing trimmed: the service recovered the root, and other writers
+        may be appending to it). Waits up to ``wait_s`` for a file whose creating write
+        is still in flight elsewhere; False when it does not appear (or its header is
+        not a session file's)."""
+        if file_id in self._files:
+            return True
+        path = self.sessions_dir / session_file_name(file_id)
+        deadline = time.monotonic() + wait_s
+        pause = 0.0005
+        while True:
+            try:
+                fd = open_file(path, self.io_mode)
+                break
+            except FileNotFoundError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+        try:
+            buf = aligned_buffer(FILE_HEADER_BYTES, pin=False)
+            n = os.preadv(fd, [writable_view(buf)], 0)
+            header = decode_file_header(writable_view(buf)[:n])
+            size = os.fstat(fd).st_size
+        except (OSError, FormatError) as exc:
+            os.close(fd)
+            logger.warning("cannot attach session file %s: %s", path, exc)
+            return False
+        self._files[file_id] = _LiveFile(str(path), fd, header, size)
+        return True
 
     def ensure_allocated(self, file_id: int, end_bytes: int) -> None:
         """Let the next write extend the file to ``end_bytes`` (never past its span).

@@ -113,6 +113,16 @@ def scan_session_file(
         os.close(fd)
 
 
+def segment_at(path: str | os.PathLike[str], offset: int) -> SegmentHeader:
+    """The header of the segment at ``offset`` of the session file ``path`` (buffered
+    reads: headers are small and read once). Raises ``OSError`` / ``FormatError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _segment_at(fd, offset)
+    finally:
+        os.close(fd)
+
+
 def _segment_at(fd: int, offset: int) -> SegmentHeader:
     first = _read_exact(fd, offset, ALIGN)
     size = segment_header_size(first)

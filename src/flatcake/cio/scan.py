@@ -23,7 +23,7 @@ from flatcake.cio.filescan import scan_session_file
 from flatcake.cio.format import FileHeader, FormatError
 from flatcake.cio.names import session_files_in
 from flatcake.control.plane import ControlPlane
-from flatcake.control.restart import Recovery, ScannedFile
+from flatcake.control.recovery import Recovery, ScannedFile
 
 logger = logging.getLogger(__name__)
 

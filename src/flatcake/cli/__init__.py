@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "prints the best [placement] as TOML"),
     "node": ("flatcake.cli.node", "one cluster node: Redis index + NIXL agent; serve peers "
              "or restore their blocks"),
+    "serve": ("flatcake.cli.serve", "the node service: one store per machine, shared by "
+              "every engine on it"),
     "sweep": ("flatcake.cli.sweep", "replay every system at every load; tables, plots, "
               "report.html"),
 }

@@ -36,7 +36,8 @@ Single-threaded: the engine's scheduler thread calls everything.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,29 @@ logger = logging.getLogger(__name__)
 __all__ = ["COUNTER_KEYS", "BlockEvent", "RequestView", "SchedulerSide"]
 
 
+@dataclass(frozen=True, slots=True)
+class NodeParts:
+    """What the engines of one store share: the books, the conversations they infer
+    and the live requests' prefix refcounts. One per engine embedded; one per machine
+    in a node service (``flatcake.service``), every attached engine's half over it."""
+
+    control: ControlPlane
+    sessions: SessionTracker
+    refcount: PrefixRefcount
+    recovered_segments: int
+
+    @classmethod
+    def embedded(cls, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
+                 clock: Clock) -> NodeParts:
+        """Fresh books over ``store_dir``, re-indexed from its segments (headers only:
+        data crcs are checked on every load; the worker half or the service settles
+        the files themselves)."""
+        control = ControlPlane(geometry, settings.config, clock)
+        recovered = recover_files(control, store_dir / SESSIONS_DIR)[1].num_segments
+        return cls(control, SessionTracker(settings.infer_sessions), PrefixRefcount(),
+                   recovered)
+
+
 class SchedulerSide:
     """Control plane of one vLLM instance (see the module docstring).
 
@@ -93,17 +117,25 @@ class SchedulerSide:
     """
 
     def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
-                 *, world_size: int = 1, clock: Clock | None = None) -> None:
+                 *, world_size: int = 1, clock: Clock | None = None,
+                 node: NodeParts | None = None, queue: Hashable = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.geometry = geometry
         self.settings = settings
         self.world_size = world_size
         self.store_dir = Path(store_dir)
-        self.control = ControlPlane(geometry, settings.config,
-                                    clock if clock is not None else WallClock())
-        self.sessions = SessionTracker(settings.infer_sessions)
-        self.refcount = PrefixRefcount()
+        # A node service's engine: the node's books, sessions and prefix refcounts,
+        # shared with every engine attached to it, and an FC-MAS queue of its own.
+        self.node = node
+        self.queue = queue
+        if node is None:
+            node = NodeParts.embedded(geometry, settings, self.store_dir,
+                                      clock if clock is not None else WallClock())
+        self.control = node.control
+        self.sessions = node.sessions
+        self.refcount = node.refcount
+        self.recovered_segments = node.recovered_segments
         self._reqs: dict[str, RequestBooks] = {}
         self._unreleased: set[str] = set()  # restored, not out of FC-MAS's ready queue
         self._released: list[str] = []  # out of the ready queue, in its order
@@ -118,11 +150,8 @@ class SchedulerSide:
         self._stats = self.counters.stats
         self._events: list[BlockEvent] = []
         self._unpublish: list[tuple[int, tuple[bytes, ...]]] = []
-        self.cluster = scheduler_lookup(geometry, settings.config, world_size, self._stats)
-        # Restart: the segments under ``store_dir`` (headers only: data crcs are checked
-        # on every load; the worker half settles the files themselves).
-        self.recovered_segments = recover_files(
-            self.control, self.store_dir / SESSIONS_DIR)[1].num_segments
+        self.cluster = (None if self.node is not None else
+                        scheduler_lookup(geometry, settings.config, world_size, self._stats))
 
     # -- restart ---------------------------------------------------------------------
 
@@ -199,16 +228,16 @@ class SchedulerSide:
             self._sync_loads.append(task)
         else:
             self._queued_loads[request_id] = task
-            self.control.submit_restore(plan, remote_blocks(task))
+            self.control.submit_restore(plan, remote_blocks(task), self.queue)
 
     # -- steps -----------------------------------------------------------------------
 
     def build_step(self, preempted: Sequence[str] = ()) -> StepPlan:
         """``build_connector_meta``: this step's loads, stores and file drops;
         ``preempted``: requests the engine preempted in this step."""
-        before = self.control.restore_stats().num_slot_waits
-        started = self.control.next_restores()
-        self._stats["staging_slot_waits"] += (self.control.restore_stats().num_slot_waits
+        before = self.control.restore_stats(self.queue).num_slot_waits
+        started = self.control.next_restores(self.queue)
+        self._stats["staging_slot_waits"] += (self.control.restore_stats(self.queue).num_slot_waits
                                               - before)
         self._stats["restores_started"] += len(started)
         loads = self._sync_loads + [self._queued_loads.pop(str(r.request_id))
@@ -254,9 +283,9 @@ class SchedulerSide:
         task = self._loads.pop(request_id)
         state = self._reqs.get(request_id)
         if not task.sync:
-            self.control.restore_done(request_id)
+            self.control.restore_done(request_id, self.queue)
             self._unreleased.add(request_id)
-            while (ready := self.control.pop_ready_restore()) is not None:
+            while (ready := self.control.pop_ready_restore(self.queue)) is not None:
                 self._unreleased.discard(str(ready.request_id))
                 self._released.append(str(ready.request_id))
         if state is not None:
@@ -362,6 +391,12 @@ class SchedulerSide:
         """Stores planned and not yet reported: the engine must keep stepping."""
         return self.stores.has_pending()
 
+    def has_work(self) -> bool:
+        """Anything the next ``build_step`` would hand out or wait on: stores in flight,
+        loads planned or queued, file drops, cuts or unpublishing."""
+        return (self.stores.has_pending() or bool(self._loads) or bool(self._drops)
+                or bool(self._file_cuts) or bool(self._unpublish))
+
     def take_events(self) -> list[BlockEvent]:
         """Blocks published and dropped since the last call, in order."""
         out, self._events = self._events, []
@@ -375,6 +410,33 @@ class SchedulerSide:
         self._stats["prompt_tokens"] += req.num_prompt_tokens
         self.refcount.add(req.request_id, req.keys)
 
+    def abandon(self) -> tuple[list[FileDrop], list[FileCut]]:
+        """The engine is gone (a node service ended its lease): its restores are
+        unpinned, its unfinished writes rolled back (never published), its requests
+        forgotten. Returns the file drops and cuts it had not handed to its workers
+        yet, for another engine's workers to run."""
+        for request_id in list(self._loads):
+            self.control.complete_load(request_id)
+        for task in self.stores.abandon():
+            self.control.complete_store(task.plan, False)
+        for request_id in list(self._reqs):
+            self.refcount.remove(request_id)
+        self._reqs.clear()
+        self._loads.clear()
+        self._queued_loads.clear()
+        self._sync_loads = []
+        self._load_reports.clear()
+        self._apply(self.control.take_reclaim_actions())
+        self._settle_damage()
+        drops, cuts = self._drops, self._file_cuts
+        self._drops, self._file_cuts = [], []
+        return drops, cuts
+
+    def adopt_file_work(self, drops: Sequence[FileDrop], cuts: Sequence[FileCut]) -> None:
+        """File drops and cuts another engine left: this engine's workers run them."""
+        self._drops.extend(drops)
+        self._file_cuts.extend(cuts)
+
     def close(self) -> None:
         """Close the connection to the cluster index, if any."""
         if self.cluster is not None:
@@ -383,7 +445,8 @@ class SchedulerSide:
     def take_stats(self) -> dict[str, int | float]:
         """Counters since the last call (for the engine's stats interval), plus the
         gauges of now; placements are counted under ``placements.<rule>``."""
-        return self.counters.take({"restores_in_flight": self.control.restores_in_flight,
+        in_flight = self.control.restores_in_flight_in(self.queue)
+        return self.counters.take({"restores_in_flight": in_flight,
                                    "restores_waiting": len(self._queued_loads)})
 
     def totals(self) -> dict[str, int]:

@@ -51,6 +51,14 @@ class StoreBooks:
         del self._stores[report.segment_id]
         return task, all(oks)
 
+    def abandon(self) -> list[StoreTask]:
+        """Every store in flight, forgotten (its engine is gone: the host rolls them
+        back in the books)."""
+        out = [task for task, _oks in self._stores.values()]
+        self._stores.clear()
+        self._new = []
+        return out
+
     def __len__(self) -> int:
         """Stores planned and not yet reported by every worker."""
         return len(self._stores)

@@ -117,6 +117,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
+    from flatcake.connectors.node_client import RemoteSchedulerSide
+
 # Under vLLM's logger, so these lines land in the engine's log with its format.
 logger = logging.getLogger("vllm.flatcake")
 
@@ -159,7 +161,7 @@ class FlatCakeConnector(KVConnectorBase_V1):
                 "a node id per rank needs a design FlatCake does not have yet; run "
                 "tensor_parallel_size=1 in a cluster, or leave store.cluster_url empty")
         root = Path(self.settings.config.store.root).absolute()
-        self.scheduler_side: SchedulerSide | None = None
+        self.scheduler_side: SchedulerSide | RemoteSchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         self._keys = RequestKeys(self.geometry.name, self.settings.tenant_salt,
                                  self._hashes_per_block)
@@ -171,7 +173,17 @@ class FlatCakeConnector(KVConnectorBase_V1):
         self._layer_index: dict[str, int] = {}
         self._invalid: set[int] = set()
         self._report = WorkerReport()
-        if role == KVConnectorRole.SCHEDULER:
+        node = self.settings.config.store.node
+        if role == KVConnectorRole.SCHEDULER and node:
+            from flatcake.connectors.node_client import RemoteSchedulerSide
+
+            dp = parallel.data_parallel_rank
+            self.scheduler_side = RemoteSchedulerSide(
+                self.geometry, self.settings, world_size=self._world_size,
+                name=f"vllm {vllm_config.model_config.served_model_name} dp{dp}")
+            logger.info("FlatCake scheduler side: attached to the node service %s as %r",
+                        node, self.scheduler_side.engine_id or "(not yet)")
+        elif role == KVConnectorRole.SCHEDULER:
             self.scheduler_side = SchedulerSide(self.geometry, self.settings,
                                                 self._rank_dir(root, 0),
                                                 world_size=self._world_size)
@@ -183,15 +195,22 @@ class FlatCakeConnector(KVConnectorBase_V1):
             from vllm.distributed import get_tensor_model_parallel_rank
 
             rank = get_tensor_model_parallel_rank() if self._world_size > 1 else 0
+            config, store_dir, arena = self.settings.config, self._rank_dir(root, rank), None
+            if node:
+                from flatcake.connectors.node_client import worker_root
+
+                where = worker_root(node, config.store.node_timeout_s, rank, self.geometry,
+                                    self._world_size)
+                config, store_dir, arena = where.config, where.store_dir, where.arena_path
             self.worker_side = WorkerSide(
-                self.geometry, self.settings.config, self._rank_dir(root, rank),
+                self.geometry, config, store_dir,
                 max_pending_stores=self.settings.max_pending_stores,
-                drain_timeout_s=self.settings.shutdown_drain_s)
+                drain_timeout_s=self.settings.shutdown_drain_s, arena_path=arena)
 
     def _rank_dir(self, root: Path, rank: int) -> Path:
         return root if self._world_size == 1 else root / f"tp{rank}"
 
-    def _sched(self) -> SchedulerSide:
+    def _sched(self) -> SchedulerSide | RemoteSchedulerSide:
         if self.scheduler_side is None:
             raise RuntimeError("scheduler-side method called on a worker-side connector")
         return self.scheduler_side

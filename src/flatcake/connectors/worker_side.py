@@ -100,14 +100,17 @@ class WorkerSide:
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
-                 max_pending_stores: int = 64, drain_timeout_s: float = 60.0) -> None:
+                 max_pending_stores: int = 64, drain_timeout_s: float = 60.0,
+                 arena_path: Path | None = None) -> None:
         if max_pending_stores < 1 or drain_timeout_s < 0:
             raise ValueError(f"max_pending_stores must be >= 1 and drain_timeout_s >= 0, got "
                              f"{max_pending_stores}, {drain_timeout_s}")
         self.geometry = geometry
         self.config = config
         self.store_dir = Path(store_dir)
-        self.executor = Executor(self.store_dir, geometry, config)
+        # ``arena_path``: attached to a node service, which recovered the files, holds
+        # the root and shares its arena; this worker only runs the tasks.
+        self.executor = Executor(self.store_dir, geometry, config, arena_path=arena_path)
         self.io_mode = self.executor.io_mode
         self.reader = self.executor.reader
         self._lock = threading.Lock()
@@ -120,6 +123,7 @@ class WorkerSide:
         self._done: list[_Finished] = []
         self._sync: list[tuple[LoadTask, LayerReady, Future[LoadOutcome]]] = []
         self._sync_errors: set[int] = set()
+        self._unplanned: set[str] = set()  # async loads the scheduler could not plan
         self._sync_done: list[LoadDone] = []
         self._stores_left: Counter[str] = Counter()
         self._stores_to_start: list[StoreTask] = []
@@ -127,16 +131,18 @@ class WorkerSide:
         self._stats: Counter[str] = Counter()
         self.paged: PagedKV | None = None
         self.cluster: StoreCluster | None = None
-        scratch = self._adopt_files()
-        if config.store.cluster_url:
-            try:
-                self.cluster = StoreCluster(self.executor, self.executor.files.sessions_dir)
-                self.cluster.republish(scratch)
-            except BaseException:
-                self.executor.close()
-                raise
-        # What this store runs with, for offline tools (``flatcake inspect``).
-        write_record(self.store_dir, geometry, config, self.io_mode)
+        if arena_path is None:
+            scratch = self._adopt_files()
+            if config.store.cluster_url:
+                try:
+                    self.cluster = StoreCluster(self.executor,
+                                                self.executor.files.sessions_dir)
+                    self.cluster.republish(scratch)
+                except BaseException:
+                    self.executor.close()
+                    raise
+            # What this store runs with, for offline tools (``flatcake inspect``).
+            write_record(self.store_dir, geometry, config, self.io_mode)
         self._exit_hook = partial(_drain_at_exit, weakref.ref(self))
         atexit.register(self._exit_hook)
 
@@ -183,6 +189,10 @@ class WorkerSide:
                 self._stores_left[store.request_id] += 1
                 self._writing[store.request_id] += 1
         self._stores_to_start.extend(plan.stores)
+        for failed in plan.failed_loads:  # admitted, never planned: recomputed
+            self._sync_errors.update(failed.block_ids)
+            if failed.is_async:
+                self._unplanned.add(failed.request_id)
         for task in plan.loads:
             ready = LayerReady(self.geometry.num_layers)
             if task.sync:
@@ -241,7 +251,7 @@ class WorkerSide:
         with self._lock:
             done, self._done = self._done, []
         sending: set[str] = set()
-        recving: set[str] = set()
+        recving, self._unplanned = self._unplanned, set()
         invalid = self._sync_errors
         self._sync_errors = set()
         stores: list[StoreDone] = []

@@ -3,10 +3,12 @@
 Keys and 64-bit addresses, the block index, write-time placement, allocation (host
 arena in ``alloc``, SSD space in ``ssd_space``), reclaim, memory copies, sessions,
 placement signals (``signals``), FC-MAS restore scheduling, and the ``ControlPlane``
-facade with its paired lifecycle verbs (``plane``; its state and query methods in
-``books``, reclaim and cuts in ``reclaimer``, restart in ``restart``, the cross-check in
-``integrity``, the plans and actions it returns in ``types``). Every host (the store,
-the vLLM connector, the replay) keeps its books with these classes.
+facade with its paired lifecycle verbs (``plane``), composed of objects that own their
+state: the query methods in ``books``, the store and load verbs in ``stores`` and
+``loads``, memory copies in ``spare`` and ``early``, reclaim and cuts in ``reclaimer``,
+damage in ``damage``, restart in ``restart`` (its value types in ``recovery``), the
+cross-check in ``integrity``, the plans and actions it returns in ``types``. Every host
+(the store, the vLLM connector, the replay) keeps its books with these classes.
 
 The bottom floor above the leaves: the books import only themselves and the leaves
 (``geometry``, ``layout``, ``readplan``, ``config``, ``clock``, ``errors``), never the plans
@@ -36,7 +38,7 @@ from flatcake.control.placement import (
 from flatcake.control.plane import ControlPlane
 from flatcake.control.queues import PRIORITY_UNIT_BYTES, ReadyQueue, RestoreRequest, priority
 from flatcake.control.reclaim import SessionUsage, choose_victims
-from flatcake.control.restart import FileFate, FileVerdict, Recovery, ScannedFile
+from flatcake.control.recovery import FileFate, FileVerdict, Recovery, ScannedFile
 from flatcake.control.scheduler import MasScheduler, SchedulerStats
 from flatcake.control.sessions import SessionRecord
 from flatcake.control.signals import HitOwner, PrefixRefcount, SessionTracker, TurnInfo, hit_owner

@@ -1,47 +1,44 @@
-"""The state of a ``ControlPlane`` and the questions hosts ask of it.
+"""The questions hosts ask of a ``ControlPlane``: sessions, segments and blocks, files,
+budgets, stores in flight, damage, FC-MAS restore order and stats.
 
-``_Books`` owns the parts (block index, host arena, SSD space, memory copies, FC-MAS
-scheduler) and the per-session records; ``ControlPlane`` adds the verbs that change
-them (``plane``, ``reclaimer``, ``restart``). Hosts (the store, the vLLM connector, the
-replay, tools) read the books through the query methods here, never by reaching into
-``index`` / ``ssd`` / ``arena`` / ``copies`` / ``scheduler``: those attributes stay for
-the control plane's own modules and its white-box tests.
+``Books`` is the read side of the facade (``control.plane``): it declares the parts and
+collaborators the ``ControlPlane`` constructor creates, writes none of them, and answers
+through them. Hosts (the store, the vLLM connector, the replay, tools) ask here, never by
+reaching into ``index`` / ``ssd`` / ``arena`` / ``copies`` / ``scheduler``: those
+attributes stay for the control plane's own modules and its white-box tests.
 
 Single-threaded: the owner serialises calls (see ``plane``).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterator
 
-from flatcake.clock import Clock, WallClock
+from flatcake.clock import Clock
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium
 from flatcake.control.alloc import HostArena
 from flatcake.control.copies import MemoryCopies
+from flatcake.control.damage import Damage
 from flatcake.control.index import BlockIndex, BlockLocation, Segment
+from flatcake.control.loads import Loads
 from flatcake.control.placement import PlacementRule
 from flatcake.control.queues import RestoreRequest
+from flatcake.control.reclaimer import Reclaimer
 from flatcake.control.scheduler import MasScheduler, SchedulerStats
-from flatcake.control.sessions import SessionRecord
+from flatcake.control.sessions import SessionRecord, SessionTable
+from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
-from flatcake.control.types import ControlStats, LoadPlan, ReclaimAction, StorePlan
+from flatcake.control.stores import Stores
+from flatcake.control.types import ControlStats, LoadPlan
 from flatcake.geometry import KVGeometry
-from flatcake.layout import ALIGN
 from flatcake.readplan import ReadPlanner
 
 
-class _Books:
-    """Books of one node's FlatCake store.
+class Books:
+    """The query methods of ``ControlPlane`` (every field is set by its constructor).
 
     Attributes:
-        geometry: KV geometry of the blocks stored (all segments share it).
-        config: the whole configuration (placement, reclaim, planner, scheduler, store).
-        clock: the time source for last access and restore waits.
-        planner: the read planner ``prepare_load`` calls when its caller names none
-            (the books plan no reads of their own: the planners live in ``plan``, the
-            floor above); ``None``: every ``prepare_load`` names one.
         index: the block index.
         arena: the host-memory arena allocator.
         ssd: the node's SSD virtual space.
@@ -49,62 +46,58 @@ class _Books:
         scheduler: the FC-MAS scheduler, on the same clock.
     """
 
-    def __init__(self, geometry: KVGeometry, config: FlatCakeConfig | None = None,
-                 clock: Clock | None = None, *, planner: ReadPlanner | None = None,
-                 file_header_bytes: int = ALIGN) -> None:
-        if not isinstance(geometry, KVGeometry):
-            raise ValueError(f"geometry must be a KVGeometry, got {type(geometry).__name__}")
-        self.geometry = geometry
-        self.config = config if config is not None else FlatCakeConfig()
-        self.clock: Clock = clock if clock is not None else WallClock()
-        self.planner = planner
-        store = self.config.store
-        self.node_id = store.node_id
-        self.index = BlockIndex()
-        self.arena = HostArena(store.memory_capacity_bytes)
-        self.ssd = SsdSpace(store.node_id, store.ssd_capacity_bytes, store.session_file_bytes,
-                            file_header_bytes)
-        self.scheduler = MasScheduler(self.config.scheduler, self.clock)
-        self._sessions: dict[str, SessionRecord] = {}
-        self._pending_stores: dict[int, StorePlan] = {}
-        self._loads: dict[Hashable, LoadPlan] = {}
-        self._actions: list[ReclaimAction] = []
-        self._rules: Counter[PlacementRule] = Counter()
-        self._next_segment_id = 0
-        self._reclaimed = {Medium.MEMORY: 0, Medium.SSD: 0}
-        self._rejected = 0
-        self._truncated = 0
-        self.copies = MemoryCopies()
-        self._copy_holders: set[str] = set()  # sessions with published copies
-        # Memory segments (copies among them) that loads in flight read -> how many:
-        # a copy is dropped only when no load reads it.
-        self._copy_reads: Counter[int] = Counter()
-        # Copies written ahead of their segment (complete_copy): first key -> plan.
-        # key -> (store in flight whose memory copy holds it, position in that copy)
-        self._early: dict[bytes, tuple[StorePlan, int]] = {}
-        # Their copy segment ids -> whether the copy owns every entry of its keys.
-        self._early_ids: dict[int, bool] = {}
-        self._copies_made = 0
-        self._copies_dropped = 0
-        # Damage (``damage``): SSD segments that failed a checksum, and per session the
-        # earliest of them on disk, where the session is to be cut.
-        self._damaged: set[int] = set()
-        self._cut_at: dict[str, int] = {}
-        # Session files whose own header a restore found damaged (``mark_damaged``):
-        # a cut at one of their segments drops the session and quarantines its files.
-        self._bad_headers: set[int] = set()
-        # Keys of the stores in flight (prepare_store .. complete_store) -> how many:
-        # a lookup that stops at one waits for it rather than recompute it.
-        self._writing: Counter[bytes] = Counter()
+    index: BlockIndex
+    arena: HostArena
+    ssd: SsdSpace
+    copies: MemoryCopies
+    scheduler: MasScheduler
+    _queues: dict[Hashable, MasScheduler]
+    _geometry: KVGeometry
+    _config: FlatCakeConfig
+    _clock: Clock
+    _node_id: int
+    _planner: ReadPlanner | None
+    _sessions: SessionTable
+    _stores: Stores
+    _loads: Loads
+    _spare: Spare
+    _damage: Damage
+    _reclaimer: Reclaimer
+
+    # -- what it was built with ------------------------------------------------------
+
+    @property
+    def geometry(self) -> KVGeometry:
+        """KV geometry of the blocks stored (all segments share it)."""
+        return self._geometry
+
+    @property
+    def config(self) -> FlatCakeConfig:
+        """The whole configuration (placement, reclaim, planner, scheduler, store),
+        fixed at construction: the parts were sized and the collaborators built by it."""
+        return self._config
+
+    @property
+    def clock(self) -> Clock:
+        """The time source for last access and restore waits."""
+        return self._clock
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
+    @property
+    def planner(self) -> ReadPlanner | None:
+        """The read planner ``prepare_load`` calls when its caller names none (the
+        books plan no reads of their own: the planners live in ``plan``, the floor
+        above); ``None``: every ``prepare_load`` names one."""
+        return self._planner
 
     # -- sessions --------------------------------------------------------------------
 
     def session(self, session_id: str) -> SessionRecord:
         """The books of a session (``KeyError`` naming it when unknown)."""
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise KeyError(f"unknown session_id {session_id!r}") from None
+        return self._sessions.session(session_id)
 
     def session_ids(self) -> list[str]:
         return list(self._sessions)
@@ -156,7 +149,7 @@ class _Books:
         segment, at least its header); ``KeyError`` when the file is not live."""
         return self.ssd.file(file_id).end_bytes
 
-    # -- budgets ---------------------------------------------------------------------
+    # -- budgets and work in flight --------------------------------------------------
 
     @property
     def memory_used_bytes(self) -> int:
@@ -178,7 +171,29 @@ class _Books:
 
     def store_in_flight(self, key: bytes) -> bool:
         """Whether a store planned and not completed yet writes ``key``."""
-        return key in self._writing
+        return self._stores.writes(key)
+
+    # -- damage ----------------------------------------------------------------------
+
+    def is_damaged(self, segment_id: int) -> bool:
+        return self._damage.is_damaged(segment_id)
+
+    @property
+    def num_damaged(self) -> int:
+        """Damaged segments still in the books (their sessions not cut yet)."""
+        return self._damage.num_damaged
+
+    def cut_pending(self, session_id: str) -> bool:
+        """Whether the session waits to be cut before a damaged segment (a write into
+        it should wait: it would land behind the cut)."""
+        return self._damage.cut_pending(session_id)
+
+    def tail_in_use(self, session_id: str, from_segment_id: int) -> bool:
+        """Whether ``truncate_session(session_id, from_segment_id)`` must wait: a
+        restore in flight reads a segment it would drop (or its copy), or a write into
+        the session prepared after that segment is in flight (it would land behind the
+        cut). Restores of the earlier segments do not block it."""
+        return self._reclaimer.tail_in_use(session_id, from_segment_id)
 
     # -- FC-MAS restore order --------------------------------------------------------
 
@@ -189,67 +204,64 @@ class _Books:
         other nodes send (``remote_blocks`` whole blocks, all layers, whatever their
         medium there: they cross the network either way); it waits in the SSD queue
         when the local plan reads SSD or anything comes from another node."""
-        g = self.geometry
+        g = self._geometry
         far = remote_blocks * g.num_layers * g.block_bytes_per_layer
         local = plan.read_plan.useful_bytes if plan is not None else 0
         ssd = remote_blocks > 0 or (plan is not None and plan.hit.needs_ssd)
         return RestoreRequest(request_id, arrival_time, local + far, ssd)
 
-    def submit_restore(self, plan: LoadPlan, remote_blocks: int = 0) -> None:
+    def restore_queue(self, queue: Hashable = None) -> MasScheduler:
+        """The FC-MAS queue named ``queue``: ``None`` is the node's own (``scheduler``);
+        a node service gives each attached engine one of its own (its GPU's SSD
+        restores), created on first use over the same clock and settings."""
+        if queue is None:
+            return self.scheduler
+        sched = self._queues.get(queue)
+        if sched is None:
+            sched = self._queues[queue] = MasScheduler(self._config.scheduler, self._clock)
+        return sched
+
+    def drop_restore_queue(self, queue: Hashable) -> None:
+        """Forget an engine's FC-MAS queue (the engine detached)."""
+        self._queues.pop(queue, None)
+
+    def submit_restore(self, plan: LoadPlan, remote_blocks: int = 0,
+                       queue: Hashable = None) -> None:
         """Queue a planned restore in FC-MAS, arriving now (``restore_request``)."""
-        self.scheduler.submit(self.restore_request(plan.request_id, self.clock.now(), plan,
-                                                   remote_blocks))
+        self.restore_queue(queue).submit(self.restore_request(
+            plan.request_id, self._clock.now(), plan, remote_blocks))
 
-    def next_restores(self) -> list[RestoreRequest]:
+    def next_restores(self, queue: Hashable = None) -> list[RestoreRequest]:
         """The SSD restores FC-MAS starts now (see ``MasScheduler.next_restores``)."""
-        return self.scheduler.next_restores()
+        return self.restore_queue(queue).next_restores()
 
-    def restore_done(self, request_id: Hashable) -> None:
+    def restore_done(self, request_id: Hashable, queue: Hashable = None) -> None:
         """An SSD restore finished: the request becomes ready at its arrival position."""
-        self.scheduler.restore_done(request_id)
+        self.restore_queue(queue).restore_done(request_id)
 
-    def pop_ready_restore(self) -> RestoreRequest | None:
+    def pop_ready_restore(self, queue: Hashable = None) -> RestoreRequest | None:
         """The next request FC-MAS lets run, or ``None`` when none is ready."""
-        return self.scheduler.pop_ready()
+        return self.restore_queue(queue).pop_ready()
+
+    def restores_in_flight_in(self, queue: Hashable = None) -> int:
+        """SSD restores of ``queue`` FC-MAS started and not yet reported done."""
+        return self.restore_queue(queue).num_in_flight
 
     @property
     def restores_in_flight(self) -> int:
-        """SSD restores FC-MAS started and not yet reported done."""
+        """SSD restores FC-MAS started and not yet reported done (the node's queue)."""
         return self.scheduler.num_in_flight
 
-    def restore_stats(self) -> SchedulerStats:
-        """FC-MAS counters since construction."""
-        return self.scheduler.stats
-
-    # -- internals shared by the verbs ------------------------------------------------
-
-    def _live_segment_ids(self, seg: Segment) -> tuple[int, ...]:
-        if self.copies.is_live(seg) or seg.segment_id in self._early_ids:
-            return (seg.segment_id,)
-        try:
-            return (seg.segment_id,) if self.index.segment(seg.segment_id) is seg else ()
-        except KeyError:
-            return ()
-
-    def _forget_damage(self, session_id: str, removed: Iterable[int]) -> None:
-        """Segments of ``session_id`` left the books: they are damaged no more, and a
-        pending cut at one of them is done."""
-        self._damaged.difference_update(removed)
-        if self._cut_at.get(session_id, -1) not in self._damaged:
-            self._cut_at.pop(session_id, None)
-
-    def _forget_if_empty(self, rec: SessionRecord) -> bool:
-        if rec.num_pins == 0 and rec.num_segments == 0 and not self.ssd.files_of(
-                rec.session_id):
-            self._sessions.pop(rec.session_id, None)
-            return True
-        return False
+    def restore_stats(self, queue: Hashable = None) -> SchedulerStats:
+        """FC-MAS counters of ``queue`` since it was created."""
+        return self.restore_queue(queue).stats
 
     # -- reporting -------------------------------------------------------------------
 
     def stats(self) -> ControlStats:
-        rc = self.config.reclaim
+        rc = self._config.reclaim
         recs = self._sessions.values()
+        stores, reclaimer, spare = self._stores, self._reclaimer, self._spare
         return ControlStats(
             memory_used_bytes=self.arena.used_bytes,
             memory_capacity_bytes=self.arena.capacity_bytes,
@@ -265,15 +277,15 @@ class _Books:
             num_ssd_segments=sum(len(r.ssd_segment_ids) for r in recs),
             num_files=self.ssd.num_files,
             num_keys=len(self.index),
-            stores_in_flight=len(self._pending_stores),
-            loads_in_flight=len(self._loads),
-            placements_by_rule={r.value: self._rules[r] for r in PlacementRule},
-            sessions_reclaimed_memory=self._reclaimed[Medium.MEMORY],
-            sessions_reclaimed_ssd=self._reclaimed[Medium.SSD],
-            stores_rejected=self._rejected,
-            sessions_truncated=self._truncated,
+            stores_in_flight=len(stores.pending),
+            loads_in_flight=len(self._loads.loads),
+            placements_by_rule={r.value: stores.num_placed(r) for r in PlacementRule},
+            sessions_reclaimed_memory=reclaimer.num_reclaimed(Medium.MEMORY),
+            sessions_reclaimed_ssd=reclaimer.num_reclaimed(Medium.SSD),
+            stores_rejected=stores.num_rejected,
+            sessions_truncated=reclaimer.num_truncated,
             num_memory_copies=len(self.copies),
             memory_copy_bytes=sum(r.copy_bytes for r in recs),
-            memory_copies_made=self._copies_made,
-            memory_copies_dropped=self._copies_dropped,
+            memory_copies_made=spare.num_made,
+            memory_copies_dropped=spare.num_dropped,
         )

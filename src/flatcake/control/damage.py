@@ -18,32 +18,60 @@ in flight uses that tail; ``settle_damage`` decides how, the same for every host
 
 Reclaim and drops that remove a damaged segment settle its damage the same way, so
 a host never tracks damage itself. Single-threaded, like every verb.
+
+``Damage`` owns what is known to be damaged and decides how each cut is made; the
+``Reclaimer`` makes them (``Cuts``) and tells it what its cuts and drops removed
+(``forget``); nothing else writes it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import replace
+from typing import Protocol
 
 from flatcake.control.address import Medium
-from flatcake.control.index import PrefixHit, Segment
-from flatcake.control.reclaimer import _Reclaimer
+from flatcake.control.index import BlockIndex, PrefixHit, Segment
+from flatcake.control.sessions import SessionTable
 from flatcake.control.types import ReclaimAction
+from flatcake.errors import IntegrityError
 
 logger = logging.getLogger(__name__)
 
 
-class _Damage(_Reclaimer):
-    """Damage marking and pending cuts for ``ControlPlane``."""
+class Cuts(Protocol):
+    """What settling damage asks of the reclaimer (``control.reclaimer.Reclaimer``)."""
 
-    def mark_damaged(self, segment_id: int, header_damaged: bool = False) -> bool:
-        """A restore found segment ``segment_id``'s bytes wrong (and, with
-        ``header_damaged``, its file's header too): stop serving it and cut its session
-        before it (or before an earlier damaged segment of the same session) once
-        ``settle_damage`` can. Returns ``False`` (and changes nothing) when the segment
-        is no longer a published SSD segment (already cut off or reclaimed)."""
+    def tail_in_use(self, session_id: str, from_segment_id: int) -> bool: ...
+    def truncate_session(self, session_id: str, from_segment_id: int) -> ReclaimAction: ...
+    def drop_session(self, session_id: str) -> ReclaimAction: ...
+    def take_reclaim_actions(self) -> list[ReclaimAction]: ...
+
+
+class Damage:
+    """SSD segments that failed a checksum and the cuts they wait for.
+
+    Owns (written only by its methods): ``_damaged``, the damaged segment ids still in
+    the books; ``_cut_at``, per session its earliest damaged segment on disk, where the
+    session is to be cut (in the order the sessions were first marked); and
+    ``_bad_headers``, the session files whose own header a restore found damaged (a cut
+    at one of their segments drops the session and quarantines its files). Reads the
+    index and the session table it is given (never writes them).
+    """
+
+    def __init__(self, index: BlockIndex, sessions: SessionTable) -> None:
+        self._index = index
+        self._sessions = sessions
+        self._damaged: set[int] = set()
+        self._cut_at: dict[str, int] = {}
+        self._bad_headers: set[int] = set()
+
+    def mark(self, segment_id: int, header_damaged: bool = False) -> bool:
+        """``ControlPlane.mark_damaged``: ``False`` (nothing changes) when the segment
+        is no longer a published SSD segment."""
         try:
-            seg = self.index.segment(segment_id)
+            seg = self._index.segment(segment_id)
         except KeyError:
             return False
         if seg.medium != Medium.SSD:
@@ -53,7 +81,7 @@ class _Damage(_Reclaimer):
             self._bad_headers.add(int(seg.file_id or 0))
         sid = seg.session_id
         first = self._cut_at.get(sid)
-        if first is None or _disk_order(seg) < _disk_order(self.index.segment(first)):
+        if first is None or _disk_order(seg) < _disk_order(self._index.segment(first)):
             self._cut_at[sid] = segment_id
         return True
 
@@ -66,11 +94,9 @@ class _Damage(_Reclaimer):
         return len(self._damaged)
 
     def cut_pending(self, session_id: str) -> bool:
-        """Whether the session waits to be cut before a damaged segment (a write into
-        it should wait: it would land behind the cut)."""
         return session_id in self._cut_at
 
-    def _servable(self, hit: PrefixHit) -> PrefixHit:
+    def servable(self, hit: PrefixHit) -> PrefixHit:
         """``hit`` stopped before its first run in a damaged segment."""
         if not self._damaged:
             return hit
@@ -85,31 +111,51 @@ class _Damage(_Reclaimer):
         ssd = sum(r.num_blocks for r in runs if r.segment.medium == Medium.SSD)
         return PrefixHit(mem + ssd, mem, ssd, tuple(runs))
 
-    def ready_cuts(self) -> list[tuple[str, Segment]]:
-        """The pending cuts nothing in flight blocks (``tail_in_use`` is false), as
-        ``(session_id, damaged segment)``, oldest mark first (``settle_damage`` applies
-        them)."""
-        return [(sid, self.index.segment(seg_id)) for sid, seg_id in self._cut_at.items()
-                if not self.tail_in_use(sid, seg_id)]
+    def forget(self, session_id: str, removed: Iterable[int]) -> None:
+        """Segments of ``session_id`` left the books: they are damaged no more, and a
+        pending cut at one of them is done."""
+        self._damaged.difference_update(removed)
+        if self._cut_at.get(session_id, -1) not in self._damaged:
+            self._cut_at.pop(session_id, None)
 
-    def settle_damage(self) -> list[ReclaimAction]:
-        """Apply every pending cut nothing in flight blocks (see the module docstring)
-        and return the actions for the data plane, followed by any reclaim actions
-        queued meanwhile. A cut whose file header is damaged waits until the whole
-        session is unpinned (it drops the session)."""
+    def ready_cuts(self, cuts: Cuts) -> list[tuple[str, Segment]]:
+        """``ControlPlane.ready_cuts``: the pending cuts ``cuts`` can make now."""
+        return [(sid, self._index.segment(seg_id)) for sid, seg_id in self._cut_at.items()
+                if not cuts.tail_in_use(sid, seg_id)]
+
+    def settle(self, cuts: Cuts) -> list[ReclaimAction]:
+        """``ControlPlane.settle_damage``: every ready cut made by ``cuts`` (see the
+        module docstring), then the reclaim actions queued meanwhile."""
         actions: list[ReclaimAction] = []
-        for sid, seg in self.ready_cuts():
+        for sid, seg in self.ready_cuts(cuts):
             file_id = int(seg.file_id or 0)
             if file_id not in self._bad_headers:
-                actions.append(self.truncate_session(sid, seg.segment_id))
-            elif self.session(sid).num_pins == 0:
+                actions.append(cuts.truncate_session(sid, seg.segment_id))
+            elif self._sessions.session(sid).num_pins == 0:
                 logger.warning("session %r: file %d has a damaged header; the session is "
                                "dropped and its files quarantined", sid, file_id)
-                action = replace(self.drop_session(sid), quarantine=True)
+                action = replace(cuts.drop_session(sid), quarantine=True)
                 self._bad_headers.difference_update(action.file_ids)
                 actions.append(action)
-        actions.extend(self.take_reclaim_actions())
+        actions.extend(cuts.take_reclaim_actions())
         return actions
+
+    def check_integrity(self) -> None:
+        """Every damaged segment is a live SSD segment, and every pending cut is at its
+        session's earliest damaged segment on disk."""
+        sessions = self._sessions
+        ssd_live = {i for r in sessions.values() for i in r.ssd_segment_ids}
+        if not self._damaged <= ssd_live:
+            raise IntegrityError(f"damaged segments {sorted(self._damaged - ssd_live)} are "
+                                 f"not live SSD segments")
+        for sid, seg_id in self._cut_at.items():
+            owner = sessions.get(sid)
+            mine = self._damaged & set(owner.ssd_segment_ids) if owner is not None else set()
+            on_disk = {i: (self._index.segment(i).file_id, self._index.segment(i).file_offset)
+                       for i in mine}
+            if seg_id not in mine or on_disk[seg_id] != min(on_disk.values()):
+                raise IntegrityError(f"session {sid!r} waits for a cut at segment {seg_id}, "
+                                     f"not its earliest damaged segment")
 
 
 def _disk_order(seg: Segment) -> tuple[int, int]:

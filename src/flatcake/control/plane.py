@@ -27,12 +27,21 @@ clock) and tests. The data plane executes what it plans and reports back::
                                                  verdict per file (keep / cut / delete /
                                                  quarantine)
 
-The modules behind it: ``types`` (the plans and actions), ``books`` (state and the
-query methods hosts use instead of reaching into the parts), ``reclaimer`` (reclaim,
-drops, cuts at damage; the no-hole rule is stated there), ``damage`` (checksum
-failures and the cuts they wait for), ``restart`` (re-indexing scanned files),
-``integrity`` (the cross-check), ``spare`` (memory copies: made under the watermark,
-early, on restore).
+The objects behind it, each owning its state (its docstring says what it owns, what
+of the shared parts it writes, and who calls it)::
+
+    ControlPlane ── creates the shared parts: index, arena, ssd, copies, scheduler,
+      │             the session table, segment ids, the stores / loads in flight, the
+      │             reclaim queue; hands each collaborator the ones it needs
+      ├─ Books         (books)      the query methods hosts use (reads only)
+      ├─ Stores        (stores)     prepare/complete_store, complete_copy; keys in flight
+      ├─ Loads         (loads)      prepare/complete_load; the loads in flight
+      ├─ Spare         (spare)      memory copies: watermark, refills, copy reads, drops
+      ├─ EarlyCopies   (early)      copies written ahead of their segments
+      ├─ Reclaimer     (reclaimer)  reclaim, drop_session, truncate_session, no holes
+      ├─ Damage        (damage)     damaged segments, pending cuts, bad file headers
+      ├─ Restart       (restart)    recover_segment / recover_files (``recovery`` types)
+      └─ check_books   (integrity)  the cross-check, reading all of them
 
 Spare memory: while host memory use (the copy included) stays at or under
 ``placement.memory_copy_watermark``, an SSD-homed turn also gets a *memory copy*
@@ -54,39 +63,86 @@ Single-threaded: the owner (store, engine scheduler, simulator loop) serialises 
 
 from __future__ import annotations
 
-import logging
-from collections import deque
-from collections.abc import Callable, Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from typing import Literal
 
-from flatcake.control.address import Medium, encode_address
-from flatcake.control.damage import _Damage
-from flatcake.control.index import PrefixHit, Segment
-from flatcake.control.integrity import _Integrity
-from flatcake.control.keys import check_keys
-from flatcake.control.placement import PlacementSignals, decide_placement
-from flatcake.control.restart import _Restart
-from flatcake.control.sessions import SessionRecord, check_session_id
-from flatcake.control.spare import _Spare
-from flatcake.control.types import LoadPlan, StorePlan
-from flatcake.errors import CapacityError
-from flatcake.layout import SegmentLayout
+from flatcake.clock import Clock, WallClock
+from flatcake.config import FlatCakeConfig
+from flatcake.control.alloc import HostArena
+from flatcake.control.books import Books
+from flatcake.control.copies import MemoryCopies
+from flatcake.control.damage import Damage
+from flatcake.control.early import EarlyCopies
+from flatcake.control.index import BlockIndex, PrefixHit, Segment
+from flatcake.control.integrity import check_books
+from flatcake.control.loads import Loads
+from flatcake.control.reclaimer import Reclaimer
+from flatcake.control.recovery import Recovery, ScannedFile
+from flatcake.control.restart import Restart
+from flatcake.control.scheduler import MasScheduler
+from flatcake.control.sessions import SegmentIds, SessionTable
+from flatcake.control.spare import Spare
+from flatcake.control.ssd_space import SsdSpace
+from flatcake.control.stores import Stores
+from flatcake.control.types import LoadPlan, ReclaimAction, StorePlan
+from flatcake.geometry import KVGeometry
+from flatcake.layout import ALIGN, SegmentLayout
 from flatcake.readplan import ReadPlanner
 
-logger = logging.getLogger(__name__)
 
-
-class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
+class ControlPlane(Books):
     """Books of one node's FlatCake store (see the module docstring for the verbs).
 
-    Attributes:
-        geometry: KV geometry of the blocks stored (all segments share it).
-        config: the whole configuration (placement, reclaim, planner, scheduler, store).
-        clock: the time source for last access and restore waits.
-        planner: the read planner ``prepare_load`` uses when its caller names none
-            (``ControlPlane(..., planner=plan_reads)``; the books import no planner).
-        index, arena, ssd, copies, scheduler: the parts, for the control plane's own
-            modules and white-box tests; hosts use the query methods (``books``).
+    The lifecycle verbs are here, the queries in ``Books``; both delegate to the
+    collaborators built below and keep no state of their own beyond the references.
+    ``geometry``, ``config``, ``clock``, ``node_id`` and ``planner`` (the read planner
+    ``prepare_load`` uses when its caller names none: ``ControlPlane(...,
+    planner=plan_reads)``; the books import no planner) are fixed at construction.
+    ``index``, ``arena``, ``ssd``, ``copies``, ``scheduler``: the parts, for the control
+    plane's own modules and white-box tests; hosts use the query methods.
     """
+
+    def __init__(self, geometry: KVGeometry, config: FlatCakeConfig | None = None,
+                 clock: Clock | None = None, *, planner: ReadPlanner | None = None,
+                 file_header_bytes: int = ALIGN) -> None:
+        if not isinstance(geometry, KVGeometry):
+            raise ValueError(f"geometry must be a KVGeometry, got {type(geometry).__name__}")
+        cfg = self._config = config if config is not None else FlatCakeConfig()
+        clk: Clock = clock if clock is not None else WallClock()
+        self._geometry, self._clock, self._planner = geometry, clk, planner
+        store = cfg.store
+        node = self._node_id = store.node_id
+        # The shared parts: each is written through its own methods only.
+        index = self.index = BlockIndex()
+        arena = self.arena = HostArena(store.memory_capacity_bytes)
+        ssd = self.ssd = SsdSpace(store.node_id, store.ssd_capacity_bytes,
+                                  store.session_file_bytes, file_header_bytes)
+        self.scheduler = MasScheduler(cfg.scheduler, clk)
+        self._queues: dict[Hashable, MasScheduler] = {}  # an attached engine's own
+        copies = self.copies = MemoryCopies()
+        sessions = self._sessions = SessionTable(ssd)
+        ids = SegmentIds()
+        # Written by Stores / Loads alone; the Reclaimer reads them (what is in flight).
+        pending: dict[int, StorePlan] = {}
+        loads: dict[Hashable, LoadPlan] = {}
+        # Reclaim actions not taken yet: Spare (copies dropped) and the Reclaimer append,
+        # the Reclaimer drains (take_reclaim_actions).
+        actions: list[ReclaimAction] = []
+        damage = self._damage = Damage(index, sessions)
+        early = EarlyCopies()
+        spare = self._spare = Spare(cfg, geometry, node, index, arena, copies, sessions, ids,
+                                    actions)
+        reclaimer = self._reclaimer = Reclaimer(cfg, index, arena, ssd, copies, sessions,
+                                                spare, damage, actions, pending, loads)
+        self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions, ids,
+                              spare, early, reclaimer, pending)
+        self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
+                            early, self.lookup, loads)
+        self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)
+        # The lookup path runs on every request: its steps bound once.
+        self._index_lookup = index.lookup
+        self._extend_early = early.extend
+        self._servable = damage.servable
 
     # -- lookup ----------------------------------------------------------------------
 
@@ -97,13 +153,12 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
         request is about to use them, as a tiered store's LRU refreshes the blocks a
         lookup matched)."""
         req = keys if isinstance(keys, tuple) else tuple(keys)
-        hit = self.index.lookup(req)
-        if len(self.copies) and hit.num_ssd_blocks:
-            self.copies.touch_hit(hit)
-            hit = self.copies.substitute(hit)
-        if self._early:
-            hit = self._with_early_copies(req, hit)
-        return self._servable(hit)
+        hit = self._index_lookup(req)
+        copies = self.copies
+        if len(copies) and hit.num_ssd_blocks:
+            copies.touch_hit(hit)
+            hit = copies.substitute(hit)
+        return self._servable(self._extend_early(req, hit))
 
     # -- store -----------------------------------------------------------------------
 
@@ -137,144 +192,18 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
         If the middle of a prefix was reclaimed, blocks after the gap that are still
         indexed are written again; the index keeps the first copy (first writer wins).
         """
-        check_session_id(session_id)
-        req = keys if isinstance(keys, tuple) else tuple(keys)
-        hit = self.index.lookup(req)
-        new_keys = req[hit.num_blocks:]
-        now = self.clock.now()
-        rec = self._sessions.get(session_id)
-        if not new_keys or all(k in self._writing for k in new_keys):
-            # Nothing new, or only blocks another store in flight writes (served once
-            # durable; writing them twice would waste the SSD).
-            if rec is not None:
-                rec.last_access = now
-            return None
-        check_keys(new_keys, hit.num_blocks)
-        shared = shared_refcount(hit.num_blocks) if callable(shared_refcount) \
-            else shared_refcount
-        # Validates the signal fields before anything changes.
-        signals = PlacementSignals(False, shared, turn_index, context_tokens,
-                                   prev_reply_tokens)
-        if rec is None:
-            rec = self._sessions[session_id] = SessionRecord(session_id, now)
-        rec.last_access = now
-        rec.num_pins += 1  # a write is in flight: reclaim must skip this session
-        try:
-            plan = self._place_and_allocate(rec, new_keys, hit.num_blocks, turn_index, signals)
-        except BaseException:
-            rec.num_pins -= 1
-            self._forget_if_empty(rec)
-            raise
-        self._pending_stores[plan.segment.segment_id] = plan
-        self._writing.update(plan.segment.keys)
-        self._rules[plan.placement.rule] += 1
-        return plan
+        return self._stores.prepare(session_id, keys, turn_index, context_tokens,
+                                    prev_reply_tokens, shared_refcount)
 
-    def _place_and_allocate(self, rec: SessionRecord, new_keys: tuple[bytes, ...],
-                            first_block: int, turn_index: int,
-                            signals: PlacementSignals) -> StorePlan:
-        g = self.geometry
-        n = len(new_keys)
-        mem_layout = SegmentLayout.for_memory(n, g.num_layers, g.block_bytes_per_layer)
-        rc = self.config.reclaim
-        tentative = decide_placement(signals, self.config.placement)
-        # Reclaim memory only for a write that would go there, and only if the segment
-        # could fit in the arena at all (no point dropping sessions otherwise).
-        if tentative.medium == Medium.MEMORY and \
-                mem_layout.total_bytes <= self.arena.capacity_bytes:
-            projected = self.arena.used_bytes + mem_layout.total_bytes
-            if projected > rc.memory_high * self.arena.capacity_bytes or \
-                    not self.arena.can_fit(mem_layout.total_bytes):
-                self._reclaim_memory(projected, mem_layout.total_bytes)
-        fits = self.arena.can_fit(mem_layout.total_bytes)
-        signals = PlacementSignals(not fits, signals.shared_refcount, signals.turn_index,
-                                   signals.context_tokens, signals.prev_reply_tokens)
-        placement = decide_placement(signals, self.config.placement)
-        seg_id = self._next_segment_id
-        if placement.medium == Medium.MEMORY:
-            offset = self.arena.alloc(mem_layout.total_bytes)
-            self._next_segment_id += 1
-            segment = Segment(seg_id, rec.session_id, Medium.MEMORY,
-                              encode_address(Medium.MEMORY, self.node_id, offset),
-                              mem_layout, new_keys, turn_index)
-            rec.memory_bytes += mem_layout.total_bytes
-            return StorePlan(rec.session_id, segment, placement, first_block)
-        ssd_layout = SegmentLayout.for_ssd(n, g.num_layers, g.block_bytes_per_layer)
-        size = ssd_layout.total_bytes
-        projected = self.ssd.used_bytes + size + self.ssd.file_header_bytes
-        if projected > rc.ssd_high * self.ssd.capacity_bytes:
-            self._reclaim_ssd(projected)
-        ext = self.ssd.try_allocate(rec.session_id, size)
-        if ext is None:
-            self._rejected += 1
-            raise CapacityError(
-                f"cannot store {n} blocks ({size} bytes) of session {rec.session_id!r}: "
-                f"SSD used {self.ssd.used_bytes} of store.ssd_capacity_bytes="
-                f"{self.ssd.capacity_bytes} after reclaim, host arena full"
-            )
-        self._next_segment_id += 1
-        segment = Segment(seg_id, rec.session_id, Medium.SSD,
-                          encode_address(Medium.SSD, self.node_id, ext.offset),
-                          ssd_layout, new_keys, turn_index, ext.file_id, ext.file_offset)
-        rec.ssd_bytes += size + (self.ssd.file_header_bytes if ext.new_file else 0)
-        return StorePlan(rec.session_id, segment, placement, first_block,
-                         ext.base_offset, self.ssd.span_bytes, ext.new_file,
-                         self._allocate_copy(rec, segment, mem_layout))
+    def complete_copy(self, plan: StorePlan) -> None:
+        """The data plane wrote ``plan.copy`` (the segment itself may still be in
+        flight): lookups and restores may use the copy from now on."""
+        self._stores.complete_copy(plan)
 
     def complete_store(self, plan: StorePlan, ok: bool) -> None:
         """The data plane finished writing ``plan``: publish it when ``ok`` (its bytes
         are durable), else give its allocation back. Unpins the session."""
-        seg = plan.segment
-        if self._pending_stores.get(seg.segment_id) is not plan:
-            raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
-        del self._pending_stores[seg.segment_id]
-        self._writing.subtract(seg.keys)
-        for key in seg.keys:
-            if not self._writing[key]:
-                del self._writing[key]
-        rec = self._sessions[plan.session_id]
-        rec.num_pins -= 1
-        early = plan.copy is not None and plan.copy.segment_id in self._early_ids
-        if plan.copy is not None and early:
-            if self._early_ids.pop(plan.copy.segment_id):
-                # It owns every entry of its keys (only its own store removes them).
-                deque(map(self._early.__delitem__, plan.copy.keys), maxlen=0)
-            else:
-                for key in plan.copy.keys:
-                    entry = self._early.get(key)
-                    if entry is not None and entry[0] is plan:
-                        del self._early[key]
-        if ok:
-            self.index.publish(seg)
-            rec.segment_ids_on(seg.medium).append(seg.segment_id)
-            rec.last_access = self.clock.now()
-            if plan.copy is not None:
-                self.copies.add(seg, plan.copy)
-                rec.copy_ids.append(seg.segment_id)
-                self._copy_holders.add(rec.session_id)
-                self._copies_made += 1
-            return
-        if plan.copy is not None and early:
-            # Restores may be reading the copy: it becomes the blocks' memory home.
-            self.index.publish(plan.copy)
-            rec.memory_segment_ids.append(plan.copy.segment_id)
-            rec.memory_bytes += plan.copy.total_bytes
-            rec.copy_bytes -= plan.copy.total_bytes
-        elif plan.copy is not None:
-            rec.copy_bytes -= self.arena.free(plan.copy.offset)
-        if seg.medium == Medium.MEMORY:
-            rec.memory_bytes -= self.arena.free(seg.offset)
-        else:
-            # Segment.__post_init__ guarantees both are set on SSD.
-            file_id = int(seg.file_id or 0)
-            rec.ssd_bytes -= self.ssd.free_extent(file_id, int(seg.file_offset or 0))
-            if not self.ssd.file(file_id).extents:
-                # Nothing in it and nothing in flight into it (a write holds an
-                # extent): the file goes, so a creation that failed leaks nothing.
-                rec.ssd_bytes -= self.ssd.release_file(file_id)
-        self._forget_if_empty(rec)
-        logger.debug("store of segment %d (session %r) failed; allocation freed",
-                     seg.segment_id, plan.session_id)
+        self._stores.complete(plan, ok)
 
     # -- load ------------------------------------------------------------------------
 
@@ -293,69 +222,103 @@ class ControlPlane(_Spare, _Damage, _Restart, _Integrity):
         ``placement.copy_on_restore`` the plan then lists copies for the SSD segments it
         reads whole (``LoadPlan.refills``; the host names the ones it wrote in
         ``complete_load``)."""
-        if request_id in self._loads:
-            raise ValueError(f"request_id {request_id!r} already has a load in flight")
-        planner = planner if planner is not None else self.planner
-        if planner is None:
-            raise ValueError("prepare_load needs a read planner: pass planner= here or to "
-                             "ControlPlane (e.g. flatcake.plan.reads.plan_reads)")
-        if isinstance(keys_or_hit, PrefixHit):
-            hit = keys_or_hit
-            published = self.index.segment_or_none
-            for run in hit.runs:
-                seg = run.segment
-                if published(seg.segment_id) is not seg and not self._live_segment_ids(seg):
-                    raise ValueError(f"stale PrefixHit: segment {seg.segment_id} was "
-                                     f"reclaimed; look the keys up again")
-        else:
-            hit = self.lookup(keys_or_hit)
-        read_plan = planner(hit.runs, self.geometry.num_layers, self.ssd.resolve,
-                            self.config.planner)
-        sessions = hit.session_ids
-        for sid in sessions:
-            self._sessions[sid].num_pins += 1
-        if hit.num_memory_blocks:
-            for run in hit.runs:
-                if run.segment.medium is Medium.MEMORY:
-                    self.copies.touch(run.segment)
-                    self._copy_reads[run.segment.segment_id] += 1
-        refills = self._refills(hit) if refill and self.config.placement.copy_on_restore \
-            and hit.num_ssd_blocks else ()
-        plan = LoadPlan(request_id, hit, read_plan, sessions, refills)
-        self._loads[request_id] = plan
-        return plan
+        return self._loads.prepare(request_id, keys_or_hit, planner, refill)
 
     def complete_load(self, request_id: Hashable, refilled: Collection[int] = ()) -> None:
         """The restore finished (or was abandoned): unpin and touch its sessions.
         ``refilled``: home segment ids of ``LoadPlan.refills`` whose copies the data
         plane wrote (verified bytes); they serve lookups from now on, the others are
         freed."""
-        plan = self._loads.pop(request_id, None)
-        if plan is None:
-            raise KeyError(f"request_id {request_id!r} has no load in flight")
-        for home, copy in plan.refills:
-            rec = self._sessions[home.session_id]
-            if home.segment_id in refilled and self.index.has_segment(home.segment_id) \
-                    and self.copies.get(home.segment_id) is None:
-                self.copies.add(home, copy)
-                rec.copy_ids.append(home.segment_id)
-                self._copy_holders.add(rec.session_id)
-                self._copies_made += 1
-            else:
-                rec.copy_bytes -= self.arena.free(copy.offset)
-        now = self.clock.now()
-        for sid in plan.session_ids:
-            rec = self._sessions[sid]
-            rec.num_pins -= 1
-            rec.last_access = now
-        if plan.hit.num_memory_blocks:
-            reads = self._copy_reads
-            for run in plan.hit.runs:
-                if run.segment.medium is Medium.MEMORY:
-                    reads[run.segment.segment_id] -= 1
-                    if not reads[run.segment.segment_id]:
-                        del reads[run.segment.segment_id]
+        self._loads.complete(request_id, refilled)
 
     def touch(self, session_id: str) -> None:
         """Mark a session used now (reclaim drops the least recently used first)."""
-        self.session(session_id).last_access = self.clock.now()
+        self._sessions.session(session_id).last_access = self._clock.now()
+
+    # -- reclaim and cuts (``reclaimer``) ----------------------------------------------
+
+    def reclaim(self) -> list[ReclaimAction]:
+        """Run reclaim for each medium over its high watermark, and return every action
+        not yet taken (including those ``prepare_store`` ran)."""
+        return self._reclaimer.reclaim()
+
+    def take_reclaim_actions(self) -> list[ReclaimAction]:
+        """Drain the reclaim actions done so far (the data plane deletes the files)."""
+        return self._reclaimer.take_reclaim_actions()
+
+    def drop_session(self, session_id: str) -> ReclaimAction:
+        """Forget a whole session now (e.g. the engine says it ended). Refuses a pinned
+        session. The returned action is not queued."""
+        return self._reclaimer.drop_session(session_id)
+
+    def truncate_session(self, session_id: str, from_segment_id: int) -> ReclaimAction:
+        """Cut a session at a damaged SSD segment: unpublish it and every later segment
+        of the session on either medium (so no later block sits behind the hole), give
+        their space back, and keep the earlier segments served.
+
+        The returned action (not queued) names the file to truncate (``cut_files``; a
+        file left with no segment is deleted instead) and the later files to delete;
+        the next ``prepare_store`` of the session appends after its last good segment.
+        Raises ``KeyError`` when the segment is not a live SSD segment of the session,
+        ``ValueError`` while ``tail_in_use``.
+        """
+        return self._reclaimer.truncate_session(session_id, from_segment_id)
+
+    # -- damage (``damage``) -----------------------------------------------------------
+
+    def mark_damaged(self, segment_id: int, header_damaged: bool = False) -> bool:
+        """A restore found segment ``segment_id``'s bytes wrong (and, with
+        ``header_damaged``, its file's header too): stop serving it and cut its session
+        before it (or before an earlier damaged segment of the same session) once
+        ``settle_damage`` can. Returns ``False`` (and changes nothing) when the segment
+        is no longer a published SSD segment (already cut off or reclaimed)."""
+        return self._damage.mark(segment_id, header_damaged)
+
+    def ready_cuts(self) -> list[tuple[str, Segment]]:
+        """The pending cuts nothing in flight blocks (``tail_in_use`` is false), as
+        ``(session_id, damaged segment)``, oldest mark first (``settle_damage`` applies
+        them)."""
+        return self._damage.ready_cuts(self._reclaimer)
+
+    def settle_damage(self) -> list[ReclaimAction]:
+        """Apply every pending cut nothing in flight blocks (see ``control.damage``)
+        and return the actions for the data plane, followed by any reclaim actions
+        queued meanwhile. A cut whose file header is damaged waits until the whole
+        session is unpinned (it drops the session)."""
+        return self._damage.settle(self._reclaimer)
+
+    # -- restart (``restart``) ---------------------------------------------------------
+
+    def reserve_file_id(self, file_id: int) -> None:
+        """A session file ``file_id`` exists on disk (served, stray or quarantined):
+        the books never hand its id out for a new file."""
+        self._restart.reserve_file_id(file_id)
+
+    def recover_segment(self, session_id: str, file_id: int, file_offset: int,
+                        layout: SegmentLayout, keys: Sequence[bytes], turn_index: int, *,
+                        virtual_base: int | None = None,
+                        last_access: float | None = None) -> Segment:
+        """Restart: re-index a valid segment found by scanning a session file (see
+        ``Restart.recover_segment``)."""
+        return self._restart.recover_segment(session_id, file_id, file_offset, layout, keys,
+                                             turn_index, virtual_base=virtual_base,
+                                             last_access=last_access)
+
+    def recover_files(self, scans: Sequence[ScannedFile], *,
+                      other_file_ids: Iterable[int] = (),
+                      mismatch: Literal["quarantine", "refuse"] = "quarantine") -> Recovery:
+        """Re-index every valid segment of ``scans`` and decide each file's fate (see
+        ``control.restart``); the data plane then acts on ``Recovery.files``."""
+        return self._restart.recover_files(scans, other_file_ids=other_file_ids,
+                                           mismatch=mismatch)
+
+    # -- integrity (``integrity``) ------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Check every component and that their books agree with each other."""
+        check_books(index=self.index, arena=self.arena, ssd=self.ssd,
+                    scheduler=self.scheduler, copies=self.copies, sessions=self._sessions,
+                    stores=self._stores, loads=self._loads, spare=self._spare,
+                    damage=self._damage)
+        for queue in self._queues.values():
+            queue.check_integrity()

@@ -18,194 +18,54 @@ serve every host: the store's open path and ``fsck --repair``, and both halves o
 vLLM connector (the worker half runs them on a scratch ``ControlPlane`` of its own
 geometry, so it keeps the same files and segments the scheduler half serves).
 
-The header types are protocols: ``cio.format``'s ``FileHeader`` and ``cio.filescan``'s
-``ScannedSegment`` and ``DamagedSegment`` satisfy them as they are.
+The value types (``ScannedFile`` in, ``Recovery`` out) are ``control.recovery``'s.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
+from flatcake.clock import Clock
 from flatcake.control.address import Medium, encode_address
-from flatcake.control.books import _Books
-from flatcake.control.index import Segment
+from flatcake.control.index import BlockIndex, Segment
 from flatcake.control.keys import check_keys
-from flatcake.control.sessions import SessionRecord, check_session_id
+from flatcake.control.recovery import (
+    FileFate,
+    FileHeaderView,
+    FileVerdict,
+    Recovery,
+    ScannedFile,
+    SegmentView,
+)
+from flatcake.control.sessions import SegmentIds, SessionTable, check_session_id
+from flatcake.control.ssd_space import SsdSpace
+from flatcake.geometry import KVGeometry
 from flatcake.layout import SegmentLayout
 
 
-class FileHeaderView(Protocol):
-    """A session file's decoded header (``cio.format.FileHeader``)."""
+class Restart:
+    """Re-indexing scanned segments (the verbs behind ``ControlPlane.recover_*``).
 
-    @property
-    def session_id(self) -> str: ...
-    @property
-    def file_id(self) -> int: ...
-    @property
-    def virtual_base(self) -> int: ...
-    @property
-    def span_bytes(self) -> int: ...
-    @property
-    def num_layers(self) -> int: ...
-    @property
-    def block_bytes_per_layer(self) -> int: ...
-
-
-class SegmentHeaderView(Protocol):
-    """A segment's decoded header (``cio.format.SegmentHeader``)."""
-
-    @property
-    def seq(self) -> int: ...
-    @property
-    def turn_index(self) -> int: ...
-    @property
-    def num_blocks(self) -> int: ...
-    @property
-    def keys(self) -> tuple[bytes, ...]: ...
-    @property
-    def layer_crcs(self) -> tuple[int, ...]: ...
-    @property
-    def layout(self) -> SegmentLayout: ...
-
-
-class SegmentView(Protocol):
-    """A segment that passed the scan (``cio.format.ScannedSegment``)."""
-
-    @property
-    def file_offset(self) -> int: ...
-    @property
-    def header(self) -> SegmentHeaderView: ...
-    @property
-    def end_offset(self) -> int: ...
-
-
-class DamageView(Protocol):
-    """Where a scan stopped (``cio.format.DamagedSegment``)."""
-
-    @property
-    def reason(self) -> str: ...
-    @property
-    def lost_segments(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ScannedFile:
-    """One session file as the data plane's scan decoded it.
-
-    Attributes:
-        file_id: the id in the file's name.
-        header: its header, ``None`` when unreadable.
-        segments: the valid segments, in file order.
-        damage: where the scan stopped on damage (at most one entry in practice).
-        age_s: seconds since the file was last written (orders reclaim).
-        name: how messages name it (e.g. its path).
-        error: why the header is unreadable (with ``header=None``).
+    Owns no state of its own. Writes the parts it is given: the SSD space (adopted
+    extents, reserved file ids), the index (publish), session records and the table (new
+    sessions), segment ids.
     """
 
-    file_id: int
-    header: FileHeaderView | None
-    segments: Sequence[SegmentView] = ()
-    damage: Sequence[DamageView] = ()
-    age_s: float = 0.0
-    name: str = ""
-    error: str = ""
-
-
-class FileFate(enum.Enum):
-    KEEP = "keep"  # trimmed to end_bytes (cut there when cut=True)
-    DELETE = "delete"  # nothing servable left in it
-    QUARANTINE = "quarantine"  # unreadable or a stray: moved aside, never served
-
-
-@dataclass(frozen=True, slots=True)
-class FileVerdict:
-    """What the data plane does with one scanned file.
-
-    Attributes:
-        file_id: the file.
-        fate: keep, delete or quarantine it.
-        reason: why (quarantine, damage), empty for a clean file.
-        session_id: the session its header names ("" when unreadable).
-        end_bytes: KEEP: the file's end after its last kept segment.
-        next_seq: KEEP: the ``seq`` of the next segment appended.
-        cut: KEEP: damage was cut off (the file is truncated at ``end_bytes``).
-        segment_ids: the segments re-indexed, in file order.
-        num_blocks: their blocks.
-        num_damaged: damaged segments (scan damage, or a segment the books refused).
-        num_lost: valid segments past the damage, cut off with it.
-    """
-
-    file_id: int
-    fate: FileFate
-    reason: str = ""
-    session_id: str = ""
-    end_bytes: int = 0
-    next_seq: int = 0
-    cut: bool = False
-    segment_ids: tuple[int, ...] = ()
-    num_blocks: int = 0
-    num_damaged: int = 0
-    num_lost: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """What ``recover_files`` did to the books and asks of the data plane.
-
-    Attributes:
-        files: one verdict per scanned file, in the order given.
-        crcs: each re-indexed segment's layer crcs, by segment id.
-    """
-
-    files: tuple[FileVerdict, ...]
-    crcs: dict[int, tuple[int, ...]] = field(default_factory=dict)
-
-    @property
-    def num_files(self) -> int:
-        return len(self.files)
-
-    @property
-    def num_sessions(self) -> int:
-        """Sessions with at least one segment re-indexed."""
-        return len({v.session_id for v in self.files if v.segment_ids})
-
-    @property
-    def num_segments(self) -> int:
-        return sum(len(v.segment_ids) for v in self.files)
-
-    @property
-    def num_blocks(self) -> int:
-        return sum(v.num_blocks for v in self.files)
-
-    @property
-    def num_damaged(self) -> int:
-        return sum(v.num_damaged for v in self.files)
-
-    @property
-    def num_lost(self) -> int:
-        return sum(v.num_lost for v in self.files)
-
-    @property
-    def num_quarantined(self) -> int:
-        return sum(1 for v in self.files if v.fate == FileFate.QUARANTINE)
-
-    @property
-    def damaged_file_ids(self) -> tuple[int, ...]:
-        """Files quarantined or with damage cut off, sorted."""
-        return tuple(sorted(v.file_id for v in self.files
-                            if v.fate == FileFate.QUARANTINE or v.num_damaged))
-
-
-class _Restart(_Books):
-    """Re-indexing scanned segments for ``ControlPlane``."""
+    def __init__(self, geometry: KVGeometry, clock: Clock, node_id: int, index: BlockIndex,
+                 ssd: SsdSpace, sessions: SessionTable, ids: SegmentIds) -> None:
+        self._geometry = geometry
+        self._clock = clock
+        self._node_id = node_id
+        self._index = index
+        self._ssd = ssd
+        self._sessions = sessions
+        self._ids = ids
 
     def reserve_file_id(self, file_id: int) -> None:
         """A session file ``file_id`` exists on disk (served, stray or quarantined):
         the books never hand its id out for a new file."""
-        self.ssd.reserve_file_id(file_id)
+        self._ssd.reserve_file_id(file_id)
 
     def recover_segment(self, session_id: str, file_id: int, file_offset: int,
                         layout: SegmentLayout, keys: Sequence[bytes], turn_index: int, *,
@@ -219,7 +79,7 @@ class _Restart(_Books):
         has verified their checksums.
         """
         check_session_id(session_id)
-        g = self.geometry
+        g = self._geometry
         if layout.num_layers != g.num_layers or \
                 layout.block_bytes_per_layer != g.block_bytes_per_layer:
             raise ValueError(
@@ -228,21 +88,23 @@ class _Restart(_Books):
             )
         key_tuple = tuple(keys)
         check_keys(key_tuple, 0)
-        known_file = file_id in self.ssd.files_of(session_id)
-        ext = self.ssd.adopt_extent(session_id, file_id, file_offset, layout.total_bytes,
+        known_file = file_id in self._ssd.files_of(session_id)
+        ext = self._ssd.adopt_extent(session_id, file_id, file_offset, layout.total_bytes,
                                     virtual_base)
-        segment = Segment(self._next_segment_id, session_id, Medium.SSD,
-                          encode_address(Medium.SSD, self.node_id, ext.offset), layout,
+        # The id is drawn once the segment is built (a header the books refuse here
+        # takes none).
+        segment = Segment(self._ids.upcoming, session_id, Medium.SSD,
+                          encode_address(Medium.SSD, self._node_id, ext.offset), layout,
                           key_tuple, turn_index, file_id, file_offset)
-        self._next_segment_id += 1
-        self.index.publish(segment)
-        when = self.clock.now() if last_access is None else last_access
+        self._ids.take()
+        self._index.publish(segment)
+        when = self._clock.now() if last_access is None else last_access
         rec = self._sessions.get(session_id)
         if rec is None:
-            rec = self._sessions[session_id] = SessionRecord(session_id, when)
+            rec = self._sessions.create(session_id, when)
         rec.last_access = max(rec.last_access, when)
         rec.ssd_segment_ids.append(segment.segment_id)
-        rec.ssd_bytes += ext.size_bytes + (0 if known_file else self.ssd.file_header_bytes)
+        rec.ssd_bytes += ext.size_bytes + (0 if known_file else self._ssd.file_header_bytes)
         return segment
 
     def recover_files(self, scans: Sequence[ScannedFile], *,
@@ -257,7 +119,7 @@ class _Restart(_Books):
         span instead of quarantining it. Raises ``ValueError`` before touching the books
         when no readable file matches the geometry.
         """
-        g, span = self.geometry, self.ssd.span_bytes
+        g, span = self._geometry, self._ssd.span_bytes
 
         def fits(h: FileHeaderView) -> bool:
             return (h.num_layers, h.block_bytes_per_layer, h.span_bytes) == (
@@ -279,7 +141,7 @@ class _Restart(_Books):
                 f"{g.num_layers} x {g.block_bytes_per_layer} B")
         for file_id in (*(s.file_id for s in scans), *other_file_ids):
             self.reserve_file_id(file_id)
-        now = self.clock.now()
+        now = self._clock.now()
         crcs: dict[int, tuple[int, ...]] = {}
         verdicts: list[FileVerdict] = []
         for scan in scans:

@@ -1,4 +1,5 @@
-"""Per-session books kept by the control plane (no I/O).
+"""Per-session books kept by the control plane (no I/O): the records, the table that
+holds them and the segment id count.
 
 A session owns its segments (in memory and on SSD), its SSD files and the memory
 copies of some of its SSD segments. Reclaim takes sessions oldest ``last_access``
@@ -8,9 +9,11 @@ writes is still in flight); see ``control.ControlPlane`` for the units it drops.
 
 from __future__ import annotations
 
+from collections.abc import ItemsView, Iterator
 from dataclasses import dataclass, field
 
 from flatcake.control.address import Medium
+from flatcake.control.ssd_space import SsdSpace
 
 MAX_SESSION_ID_BYTES = 2048  # UTF-8 bytes; the session file header holds the id
 
@@ -35,7 +38,7 @@ def check_session_id(session_id: object, field_name: str = "session_id") -> str:
 
 @dataclass(slots=True)
 class SessionRecord:
-    """Books of one session (mutable; owned by the ``ControlPlane``).
+    """Books of one session (mutable; held by the ``SessionTable``).
 
     Attributes:
         session_id: the session.
@@ -70,3 +73,78 @@ class SessionRecord:
     @property
     def num_segments(self) -> int:
         return len(self.memory_segment_ids) + len(self.ssd_segment_ids)
+
+
+class SessionTable:
+    """The session records of one control plane, by session id.
+
+    Owns the table: records are added by ``create`` (a first store, or a re-indexed
+    segment) and leave by ``forget_if_empty`` only. Their fields are written by the verbs
+    that change what they count (``stores``, ``loads``, ``spare``, ``reclaimer``,
+    ``restart``), each field described on ``SessionRecord``.
+    """
+
+    __slots__ = ("_records", "_ssd", "get", "values")
+
+    def __init__(self, ssd: SsdSpace) -> None:
+        self._records: dict[str, SessionRecord] = {}
+        self._ssd = ssd
+        # The verbs ask these on every call: the dict's own methods, no wrapper.
+        self.get = self._records.get
+        self.values = self._records.values
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._records
+
+    def __getitem__(self, session_id: str) -> SessionRecord:
+        """The record of a session the books hold (plain ``KeyError`` otherwise)."""
+        return self._records[session_id]
+
+    def items(self) -> ItemsView[str, SessionRecord]:
+        return self._records.items()
+
+    def session(self, session_id: str) -> SessionRecord:
+        """The record of a session (``KeyError`` naming it when unknown)."""
+        try:
+            return self._records[session_id]
+        except KeyError:
+            raise KeyError(f"unknown session_id {session_id!r}") from None
+
+    def create(self, session_id: str, last_access: float) -> SessionRecord:
+        """A record for a session the table does not hold yet."""
+        rec = self._records[session_id] = SessionRecord(session_id, last_access)
+        return rec
+
+    def forget_if_empty(self, rec: SessionRecord) -> bool:
+        """Drop ``rec`` when nothing pins it and it holds no segment and no file."""
+        if rec.num_pins == 0 and rec.num_segments == 0 and not self._ssd.files_of(
+                rec.session_id):
+            self._records.pop(rec.session_id, None)
+            return True
+        return False
+
+
+class SegmentIds:
+    """The segment ids of one control plane, handed out in order: segments, memory copies
+    and re-indexed segments draw from the same count, so no two ever share an id."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    @property
+    def upcoming(self) -> int:
+        """The id ``take`` returns next."""
+        return self._next
+
+    def take(self) -> int:
+        n = self._next
+        self._next = n + 1
+        return n

@@ -132,10 +132,23 @@ class StepPlan:
     cuts: tuple[FileCut, ...] = ()
     preempted: tuple[str, ...] = ()
     unpublish: tuple[tuple[int, tuple[bytes, ...]], ...] = ()
+    failed_loads: tuple[FailedLoad, ...] = ()
 
     def is_empty(self) -> bool:
         return not (self.loads or self.stores or self.drops or self.cuts or self.preempted
-                    or self.unpublish)
+                    or self.unpublish or self.failed_loads)
+
+
+@dataclass(frozen=True, slots=True)
+class FailedLoad:
+    """A hit the engine admitted whose load could not be planned (the node service went
+    away in between): the worker reports its blocks as load errors (the engine
+    recomputes them) and, when the engine waits for it (``is_async``), the request as
+    received."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    is_async: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,8 +127,7 @@ def repair_root(root: str | os.PathLike[str]) -> RepairReport:
                 path.unlink(missing_ok=True)
                 deleted.append(str(path))
                 continue
-            files.adopt(path, header, last.end_offset, last.header.seq + 1,
-                        cut=bool(f.damage))
+            files.adopt(path, header, last.end_offset, cut=bool(f.damage))
             if trimmed:
                 cut.append(str(path))
     finally:

@@ -1,0 +1,313 @@
+"""The engine side of the node service: a bounded call, and the scheduler half that
+forwards to the service (``RemoteSchedulerSide``, the same methods as ``SchedulerSide``).
+
+Each vLLM hook is at most one call; a step with nothing in flight and nothing to hand
+out is answered here without one. When the service does not answer within
+``store.node_timeout_s`` (down, restarting) the engine keeps serving: lookups miss, stores
+are skipped, restores already running finish and are released, hits admitted but never
+planned are handed to the workers as load errors (the engine recomputes them); one
+warning, then the half re-attaches on a later call, at most every ``REATTACH_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import zmq
+
+from flatcake.connectors import node_wire as wire
+from flatcake.connectors.node_wire import Attached, WorkerRoot
+from flatcake.connectors.requests import BlockEvent, RequestView
+from flatcake.connectors.settings import ConnectorSettings
+from flatcake.control import StorePlan
+from flatcake.geometry import KVGeometry
+from flatcake.plan.tasks import FailedLoad, StepPlan, WorkerReport
+
+logger = logging.getLogger("flatcake.service")
+
+# Re-attach attempts back off from REATTACH_S to REATTACH_MAX_S while the service is gone,
+# so a hung service costs the engine's scheduler one timeout per attempt, not per hook.
+REATTACH_S = 1.0
+REATTACH_MAX_S = 30.0
+
+
+class NodeClient:
+    """One socket to the node service; ``call`` waits at most ``timeout_s``."""
+
+    def __init__(self, node: str, timeout_s: float) -> None:
+        self.path = wire.socket_path(node)
+        self.timeout_ms = max(1, int(timeout_s * 1000))
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._sock: zmq.Socket[bytes] | None = None
+        self._ids = itertools.count()
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(wire.endpoint(self.path))
+            self._sock = sock
+        return self._sock
+
+    def call(self, method: str, engine_id: str = "", *args: Any) -> Any:
+        """The service's answer; ``NodeUnavailable`` past the timeout (the socket is
+        then renewed, so a late answer never meets a later call), ``NodeRefused`` for
+        an error it answered."""
+        sock = self._socket()
+        call_id = next(self._ids)
+        sock.send(wire.encode((call_id, engine_id, method, args)))
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0 or not sock.poll(left):
+                self.reset()
+                raise wire.NodeUnavailable(f"the node service at {self.path} did not "
+                                           f"answer {method} within {self.timeout_ms} ms")
+            got_id, ok, value = wire.decode(sock.recv())
+            if got_id != call_id:
+                continue  # a late answer to an earlier call
+            if not ok:
+                raise wire.NodeRefused(str(value))
+            return value
+
+    def reset(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+
+    def close(self) -> None:
+        self.reset()
+
+
+def worker_root(node: str, timeout_s: float, rank: int, geometry: KVGeometry,
+                world_size: int, wait_s: float = 60.0) -> WorkerRoot:
+    """A worker's store directory and arena, from the service (waits up to ``wait_s``
+    for it to come up: a worker cannot run without its files)."""
+    client = NodeClient(node, timeout_s)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                root: WorkerRoot = client.call(wire.WORKER, "", rank, geometry, world_size)
+                return root
+            except wire.NodeUnavailable:
+                if time.monotonic() >= deadline:
+                    raise ValueError(f"store.node={node!r}: no node service answers at "
+                                     f"{client.path} (start it with `flatcake serve`)"
+                                     ) from None
+                time.sleep(0.5)
+    finally:
+        client.close()
+
+
+class RemoteSchedulerSide:
+    """``SchedulerSide``'s methods, answered by the node service (module docstring)."""
+
+    def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, *,
+                 world_size: int = 1, name: str = "engine") -> None:
+        self.geometry = geometry
+        self.settings = settings
+        self.world_size = world_size
+        self.name = name
+        store = settings.config.store
+        self.client = NodeClient(store.node, store.node_timeout_s)
+        self.engine_id = ""
+        self.recovered_segments = 0
+        self._next_attach = 0.0
+        self._backoff = REATTACH_S
+        self._report: WorkerReport | None = None
+        self._warned = False
+        self._pending_stores = False
+        self._events: list[BlockEvent] = []
+        # Hits the engine admitted, by request: (block ids to load, async), until their
+        # load is in a step's plan; async loads in a plan, until released.
+        self._admitted: dict[str, tuple[tuple[int, ...], bool]] = {}
+        self._matched: dict[str, tuple[int, bool]] = {}  # request -> (local blocks, async)
+        self._restoring: set[str] = set()
+        self._sources: dict[str, tuple[int, int]] = {}
+        self._failed: list[FailedLoad] = []
+        self._stats: dict[str, int | float] = {}
+        self._attach()
+
+    # -- attachment -----------------------------------------------------------------
+
+    def _attach(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_attach:
+            return False
+        self._next_attach = now + self._backoff
+        self._backoff = min(self._backoff * 2, REATTACH_MAX_S)
+        if not self.client.path.exists():
+            self._lost(wire.NodeUnavailable(f"no node service socket at {self.client.path}"))
+            return False
+        try:
+            got: Attached = self.client.call(wire.ATTACH, "", self.name, os.getpid(),
+                                             self.geometry, self.world_size, self.settings)
+        except (wire.NodeUnavailable, wire.NodeRefused) as exc:
+            self._lost(exc)
+            return False
+        self.engine_id, self.recovered_segments = got.engine_id, got.recovered_segments
+        self._backoff = REATTACH_S
+        if self._warned:
+            logger.warning("FlatCake: attached to the node service again as %s",
+                           self.engine_id)
+        self._warned = False
+        return True
+
+    def _lost(self, exc: Exception) -> None:
+        """The service is gone (or forgot this engine): what it planned for us is
+        void; admitted hits become load errors, running restores release themselves."""
+        if not self._warned:
+            logger.warning("FlatCake: %s; serving without FlatCake until it is back", exc)
+            self._warned = True
+        self.engine_id = ""
+        self._pending_stores = False
+        for rid, (blocks, is_async) in self._admitted.items():
+            self._failed.append(FailedLoad(rid, blocks, is_async))
+        self._admitted.clear()
+        self._matched.clear()
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """A call to this engine's half; raises ``NodeUnavailable`` when detached."""
+        if not self.engine_id and not self._attach():
+            raise wire.NodeUnavailable("not attached")
+        try:
+            return self.client.call(method, self.engine_id, *args)
+        except wire.NodeRefused as exc:
+            if "unknown engine" not in str(exc):
+                raise
+            self._lost(exc)
+            raise wire.NodeUnavailable(str(exc)) from None
+        except wire.NodeUnavailable as exc:
+            self._lost(exc)
+            raise
+
+    # -- the hooks ------------------------------------------------------------------
+
+    def new_request(self, req: RequestView) -> None:
+        with contextlib.suppress(wire.NodeUnavailable):
+            self._call("new_request", req)
+
+    def num_matched_tokens(self, req: RequestView, num_local_tokens: int
+                           ) -> tuple[int | None, bool]:
+        try:
+            n, is_async = self._call("num_matched_tokens", req, num_local_tokens)
+        except wire.NodeUnavailable:
+            return 0, False
+        if n:
+            bs = self.geometry.tokens_per_block
+            self._matched[req.request_id] = (num_local_tokens // bs, is_async)
+        return n, is_async
+
+    def after_alloc(self, request_id: str, block_ids: Sequence[int],
+                    num_external_tokens: int) -> None:
+        if num_external_tokens <= 0:
+            return
+        local, is_async = self._matched.pop(request_id, (0, False))
+        bs = self.geometry.tokens_per_block
+        mine = tuple(block_ids[local:local + num_external_tokens // bs])
+        try:
+            self._sources[request_id] = self._call("after_alloc", request_id,
+                                                   list(block_ids), num_external_tokens)
+        except (wire.NodeUnavailable, wire.NodeRefused) as exc:
+            logger.warning("FlatCake: the load of request %s was not planned (%s): its "
+                           "%d blocks are recomputed", request_id, exc, len(mine))
+            self._failed.append(FailedLoad(request_id, mine, is_async))
+            return
+        self._admitted[request_id] = (mine, is_async)
+
+    def hit_sources(self, request_id: str) -> tuple[int, int]:
+        return self._sources.pop(request_id, (0, 0))
+
+    def prompt_computed(self, req: RequestView, block_ids: Sequence[int]
+                        ) -> StorePlan | None:
+        try:
+            plan: StorePlan | None = self._call("prompt_computed", req, list(block_ids))
+        except (wire.NodeUnavailable, wire.NodeRefused):
+            return None
+        if plan is not None:
+            self._pending_stores = True
+        return plan
+
+    def build_step(self, preempted: Sequence[str] = ()) -> StepPlan:
+        failed, self._failed = tuple(self._failed), []
+        if not (self._pending_stores or self._admitted or preempted) or not self.engine_id:
+            # Nothing of ours in flight: only file work another engine left could be
+            # waiting, and the next step that has something collects it.
+            return StepPlan(failed_loads=failed)
+        try:
+            plan, self._pending_stores, events = self._call("step", tuple(preempted))
+        except (wire.NodeUnavailable, wire.NodeRefused):
+            return StepPlan(failed_loads=(*failed, *self._take_failed()))
+        self._events.extend(events)
+        for task in plan.loads:
+            _blocks, _is_async = self._admitted.pop(task.request_id, ((), False))
+            if not task.sync:
+                self._restoring.add(task.request_id)
+        if failed:
+            plan = StepPlan(plan.loads, plan.stores, plan.drops, plan.cuts, plan.preempted,
+                            plan.unpublish, failed)
+        return plan
+
+    def _take_failed(self) -> list[FailedLoad]:
+        out, self._failed = self._failed, []
+        return out
+
+    def has_pending_stores(self) -> bool:
+        return self._pending_stores
+
+    def on_report(self, report: WorkerReport) -> None:
+        self._report = report
+
+    def take_released(self, reported: Iterable[str]) -> list[str]:
+        """The report and the released restores in one call (``update``); requests the
+        service does not know (unplanned loads) pass through as the embedded half's."""
+        report, self._report = self._report, None
+        reported = list(reported)
+        if (report is None or report.is_empty()) and not reported:
+            return []
+        try:
+            released, self._pending_stores, events = self._call("update", report, reported)
+        except (wire.NodeUnavailable, wire.NodeRefused):
+            # Without the books, every restore the workers finished runs now.
+            self._restoring.difference_update(reported)
+            return reported
+        self._events.extend(events)
+        self._restoring.difference_update(released)
+        return list(released)
+
+    def request_finished(self, req: RequestView) -> tuple[bool, dict[str, Any] | None]:
+        self._matched.pop(req.request_id, None)
+        try:
+            out: tuple[bool, dict[str, Any] | None] = self._call("request_finished", req)
+        except (wire.NodeUnavailable, wire.NodeRefused):
+            return req.request_id in self._restoring, None
+        return out
+
+    def take_events(self) -> list[BlockEvent]:
+        out, self._events = self._events, []
+        return out
+
+    def take_stats(self) -> dict[str, int | float]:
+        if not self.engine_id:
+            return {}
+        try:
+            stats: dict[str, int | float] = self._call("take_stats")
+        except (wire.NodeUnavailable, wire.NodeRefused):
+            return {}
+        return stats
+
+    def num_pending_stores(self) -> int:
+        return int(self._pending_stores)
+
+    def close(self) -> None:
+        if self.engine_id:
+            with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
+                self.client.call(wire.DETACH, self.engine_id)
+        self.client.close()

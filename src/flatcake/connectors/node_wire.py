@@ -1,0 +1,81 @@
+"""The node service's wire: where it listens, how a call and its answer travel.
+
+Transport is ZeroMQ over a unix socket (``ipc://``): a ROUTER in the service, one DEALER
+per client socket. A call is one frame, ``pickle((call_id, engine_id, method, args))``;
+its answer one frame, ``pickle((call_id, ok, value))`` with ``value`` the result or, when
+``ok`` is false, the error's message. Pickle carries the books' own task types as they go
+to vLLM's workers; the socket's directory is 0700 and the socket 0600, so only the
+service's user can connect (a peer that could would hold the store's files anyway).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flatcake.config import FlatCakeConfig
+
+# The calls a client may make (anything else is refused by name).
+ATTACH = "attach"
+RENEW = "renew"
+DETACH = "detach"
+WORKER = "worker"
+STATUS = "status"
+# An engine's scheduler half, forwarded to its ``SchedulerSide`` in the service.
+ENGINE_CALLS = frozenset({
+    "new_request", "num_matched_tokens", "after_alloc", "prompt_computed", "step",
+    "update", "request_finished", "take_stats",
+})
+
+
+class NodeUnavailable(ConnectionError):
+    """The node service did not answer in time (down, restarting, or overloaded)."""
+
+
+class NodeRefused(ValueError):
+    """The node service answered with an error (a bad call, an engine it refuses)."""
+
+
+def socket_path(node: str) -> Path:
+    """The socket file of ``store.node`` (``unix:PATH``, ``ipc://PATH`` or ``PATH``)."""
+    for prefix in ("unix://", "unix:", "ipc://"):
+        if node.startswith(prefix):
+            node = node[len(prefix):]
+            break
+    if not node:
+        raise ValueError("store.node is empty: name the node service's socket "
+                         "(unix:/run/flatcake/node.sock)")
+    return Path(node)
+
+
+def endpoint(path: Path) -> str:
+    return f"ipc://{os.path.abspath(path)}"
+
+
+def encode(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Any:
+    return pickle.loads(data)  # a 0600 socket of the service's own user
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """What an engine's scheduler half learns when it attaches."""
+
+    engine_id: str
+    config: FlatCakeConfig
+    recovered_segments: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRoot:
+    """Where a worker of tensor-parallel rank ``rank`` runs its tasks."""
+
+    store_dir: Path
+    arena_path: Path
+    config: FlatCakeConfig

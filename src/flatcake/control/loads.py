@@ -1,0 +1,112 @@
+"""The load verbs behind ``ControlPlane``: plan a restore and pin what it reads, then
+unpin and touch it (no I/O)::
+
+    prepare(request, keys | hit) ─► LoadPlan: the hit (looked up again, or checked
+                                    live), its ReadPlan, its sessions pinned, its memory
+                                    segments counted as read, maybe refills
+    complete(request, refilled) ──► refills published or freed, sessions unpinned and
+                                    touched, reads uncounted
+
+Single-threaded, like every verb.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+
+from flatcake.clock import Clock
+from flatcake.config import FlatCakeConfig
+from flatcake.control.copies import MemoryCopies
+from flatcake.control.early import EarlyCopies
+from flatcake.control.index import BlockIndex, PrefixHit, Segment
+from flatcake.control.sessions import SessionTable
+from flatcake.control.spare import Spare
+from flatcake.control.ssd_space import SsdSpace
+from flatcake.control.types import LoadPlan
+from flatcake.geometry import KVGeometry
+from flatcake.readplan import ReadPlanner
+
+
+class Loads:
+    """The loads in flight, from ``prepare`` to ``complete``.
+
+    Owns (written only here): ``loads``, the loads in flight by request id (the
+    ``Reclaimer`` reads it: nothing a load reads may be cut). Writes the pins and last
+    access of session records, and the reads and refills of memory copies through
+    ``spare``. Reads the index, the SSD space (to resolve addresses), the memory copies
+    and the early copies.
+    """
+
+    def __init__(self, config: FlatCakeConfig, geometry: KVGeometry, clock: Clock,
+                 planner: ReadPlanner | None, index: BlockIndex, ssd: SsdSpace,
+                 copies: MemoryCopies, sessions: SessionTable, spare: Spare,
+                 early: EarlyCopies, lookup: Callable[[Sequence[bytes]], PrefixHit],
+                 loads: dict[Hashable, LoadPlan]) -> None:
+        self._config = config
+        self._geometry = geometry
+        self._clock = clock
+        self._planner = planner
+        self._index = index
+        self._ssd = ssd
+        self._copies = copies
+        self._sessions = sessions
+        self._spare = spare
+        self._early = early
+        self._lookup = lookup  # the facade's: the servable prefix
+        self._loads = loads
+
+    @property
+    def loads(self) -> Mapping[Hashable, LoadPlan]:
+        """The loads in flight by request id (read-only)."""
+        return self._loads
+
+    def is_live(self, seg: Segment) -> bool:
+        """Whether ``seg`` (from a hit) still serves: published, or a memory copy still
+        held (published, or written early)."""
+        if self._copies.is_live(seg) or self._early.holds(seg.segment_id):
+            return True
+        return self._index.segment_or_none(seg.segment_id) is seg
+
+    def prepare(self, request_id: Hashable, keys_or_hit: Sequence[bytes] | PrefixHit,
+                planner: ReadPlanner | None, refill: bool) -> LoadPlan:
+        """``ControlPlane.prepare_load``."""
+        if request_id in self._loads:
+            raise ValueError(f"request_id {request_id!r} already has a load in flight")
+        planner = planner if planner is not None else self._planner
+        if planner is None:
+            raise ValueError("prepare_load needs a read planner: pass planner= here or to "
+                             "ControlPlane (e.g. flatcake.plan.reads.plan_reads)")
+        if isinstance(keys_or_hit, PrefixHit):
+            hit = keys_or_hit
+            published = self._index.segment_or_none
+            for run in hit.runs:
+                seg = run.segment
+                if published(seg.segment_id) is not seg and not self.is_live(seg):
+                    raise ValueError(f"stale PrefixHit: segment {seg.segment_id} was "
+                                     f"reclaimed; look the keys up again")
+        else:
+            hit = self._lookup(keys_or_hit)
+        read_plan = planner(hit.runs, self._geometry.num_layers, self._ssd.resolve,
+                            self._config.planner)
+        sessions = hit.session_ids
+        for sid in sessions:
+            self._sessions[sid].num_pins += 1
+        self._spare.start_reads(hit)
+        refills = self._spare.refills(hit) if refill and self._config.placement.copy_on_restore \
+            and hit.num_ssd_blocks else ()
+        plan = LoadPlan(request_id, hit, read_plan, sessions, refills)
+        self._loads[request_id] = plan
+        return plan
+
+    def complete(self, request_id: Hashable, refilled: Collection[int]) -> None:
+        """``ControlPlane.complete_load``."""
+        plan = self._loads.pop(request_id, None)
+        if plan is None:
+            raise KeyError(f"request_id {request_id!r} has no load in flight")
+        self._spare.finish_refills(plan.refills, refilled)
+        now = self._clock.now()
+        for sid in plan.session_ids:
+            rec = self._sessions[sid]
+            rec.num_pins -= 1
+            rec.last_access = now
+        self._spare.end_reads(plan.hit)

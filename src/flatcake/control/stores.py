@@ -1,0 +1,223 @@
+"""The store verbs behind ``ControlPlane``: place and allocate a turn's new blocks, then
+publish them once durable or give the allocation back (no I/O)::
+
+    prepare(session, keys, signals) ─► placement (memory or SSD, reclaim first when the
+                                       write would cross the medium's high watermark),
+                                       an address, maybe a memory copy; session pinned
+    complete_copy(plan) ─────────────► the copy serves lookups early (``control.early``)
+    complete(plan, ok) ──────────────► published (ok) or freed; session unpinned
+
+Single-threaded, like every verb.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+from flatcake.clock import Clock
+from flatcake.config import FlatCakeConfig
+from flatcake.control.address import Medium, encode_address
+from flatcake.control.alloc import HostArena
+from flatcake.control.early import EarlyCopies
+from flatcake.control.index import BlockIndex, Segment
+from flatcake.control.keys import check_keys
+from flatcake.control.placement import PlacementRule, PlacementSignals, decide_placement
+from flatcake.control.reclaimer import Reclaimer
+from flatcake.control.sessions import SegmentIds, SessionRecord, SessionTable, check_session_id
+from flatcake.control.spare import Spare
+from flatcake.control.ssd_space import SsdSpace
+from flatcake.control.types import StorePlan
+from flatcake.errors import CapacityError
+from flatcake.geometry import KVGeometry
+from flatcake.layout import SegmentLayout
+
+logger = logging.getLogger(__name__)
+
+
+class Stores:
+    """The stores in flight, from ``prepare`` to ``complete``.
+
+    Owns (written only here): ``pending``, the stores in flight by segment id (the
+    ``Reclaimer`` reads it: nothing in flight may be cut); ``_writing``, their keys ->
+    how many write each (a lookup that stops at one waits for it rather than recompute
+    it); the placements made per rule and the stores rejected. Writes the parts it is
+    given: allocations in the arena and the SSD space, the index (publish), session
+    records (pins, bytes, segment ids) and the table (new sessions), segment ids; memory
+    copies through ``spare`` and ``early``; reclaim through ``reclaimer``.
+    """
+
+    def __init__(self, config: FlatCakeConfig, geometry: KVGeometry, clock: Clock,
+                 node_id: int, index: BlockIndex, arena: HostArena, ssd: SsdSpace,
+                 sessions: SessionTable, ids: SegmentIds, spare: Spare, early: EarlyCopies,
+                 reclaimer: Reclaimer, pending: dict[int, StorePlan]) -> None:
+        self._config = config
+        self._geometry = geometry
+        self._clock = clock
+        self._node_id = node_id
+        self._index = index
+        self._arena = arena
+        self._ssd = ssd
+        self._sessions = sessions
+        self._ids = ids
+        self._spare = spare
+        self._early = early
+        self._reclaimer = reclaimer
+        self._pending = pending
+        self._writing: Counter[bytes] = Counter()
+        self._rules: Counter[PlacementRule] = Counter()
+        self._rejected = 0
+
+    @property
+    def pending(self) -> Mapping[int, StorePlan]:
+        """The stores in flight by segment id (read-only)."""
+        return self._pending
+
+    def writes(self, key: bytes) -> bool:
+        """Whether a store in flight writes ``key``."""
+        return key in self._writing
+
+    def num_placed(self, rule: PlacementRule) -> int:
+        """Stores placed by ``rule`` so far."""
+        return self._rules[rule]
+
+    @property
+    def num_rejected(self) -> int:
+        """Stores refused for lack of space so far."""
+        return self._rejected
+
+    def prepare(self, session_id: str, keys: Sequence[bytes], turn_index: int,
+                context_tokens: int, prev_reply_tokens: int | None,
+                shared_refcount: int | Callable[[int], int]) -> StorePlan | None:
+        """``ControlPlane.prepare_store``."""
+        check_session_id(session_id)
+        req = keys if isinstance(keys, tuple) else tuple(keys)
+        hit = self._index.lookup(req)
+        new_keys = req[hit.num_blocks:]
+        now = self._clock.now()
+        rec = self._sessions.get(session_id)
+        if not new_keys or all(k in self._writing for k in new_keys):
+            # Nothing new, or only blocks another store in flight writes (served once
+            # durable; writing them twice would waste the SSD).
+            if rec is not None:
+                rec.last_access = now
+            return None
+        check_keys(new_keys, hit.num_blocks)
+        shared = shared_refcount(hit.num_blocks) if callable(shared_refcount) \
+            else shared_refcount
+        # Validates the signal fields before anything changes.
+        signals = PlacementSignals(False, shared, turn_index, context_tokens,
+                                   prev_reply_tokens)
+        if rec is None:
+            rec = self._sessions.create(session_id, now)
+        rec.last_access = now
+        rec.num_pins += 1  # a write is in flight: reclaim must skip this session
+        try:
+            plan = self._place_and_allocate(rec, new_keys, hit.num_blocks, turn_index, signals)
+        except BaseException:
+            rec.num_pins -= 1
+            self._sessions.forget_if_empty(rec)
+            raise
+        self._pending[plan.segment.segment_id] = plan
+        self._writing.update(plan.segment.keys)
+        self._rules[plan.placement.rule] += 1
+        return plan
+
+    def _place_and_allocate(self, rec: SessionRecord, new_keys: tuple[bytes, ...],
+                            first_block: int, turn_index: int,
+                            signals: PlacementSignals) -> StorePlan:
+        g, arena, ssd = self._geometry, self._arena, self._ssd
+        n = len(new_keys)
+        mem_layout = SegmentLayout.for_memory(n, g.num_layers, g.block_bytes_per_layer)
+        rc = self._config.reclaim
+        tentative = decide_placement(signals, self._config.placement)
+        # Reclaim memory only for a write that would go there, and only if the segment
+        # could fit in the arena at all (no point dropping sessions otherwise).
+        if tentative.medium == Medium.MEMORY and \
+                mem_layout.total_bytes <= arena.capacity_bytes:
+            projected = arena.used_bytes + mem_layout.total_bytes
+            if projected > rc.memory_high * arena.capacity_bytes or \
+                    not arena.can_fit(mem_layout.total_bytes):
+                self._reclaimer.reclaim_memory(projected, mem_layout.total_bytes)
+        fits = arena.can_fit(mem_layout.total_bytes)
+        signals = PlacementSignals(not fits, signals.shared_refcount, signals.turn_index,
+                                   signals.context_tokens, signals.prev_reply_tokens)
+        placement = decide_placement(signals, self._config.placement)
+        if placement.medium == Medium.MEMORY:
+            offset = arena.alloc(mem_layout.total_bytes)
+            segment = Segment(self._ids.take(), rec.session_id, Medium.MEMORY,
+                              encode_address(Medium.MEMORY, self._node_id, offset),
+                              mem_layout, new_keys, turn_index)
+            rec.memory_bytes += mem_layout.total_bytes
+            return StorePlan(rec.session_id, segment, placement, first_block)
+        ssd_layout = SegmentLayout.for_ssd(n, g.num_layers, g.block_bytes_per_layer)
+        size = ssd_layout.total_bytes
+        projected = ssd.used_bytes + size + ssd.file_header_bytes
+        if projected > rc.ssd_high * ssd.capacity_bytes:
+            self._reclaimer.reclaim_ssd(projected)
+        ext = ssd.try_allocate(rec.session_id, size)
+        if ext is None:
+            self._rejected += 1
+            raise CapacityError(
+                f"cannot store {n} blocks ({size} bytes) of session {rec.session_id!r}: "
+                f"SSD used {ssd.used_bytes} of store.ssd_capacity_bytes="
+                f"{ssd.capacity_bytes} after reclaim, host arena full"
+            )
+        segment = Segment(self._ids.take(), rec.session_id, Medium.SSD,
+                          encode_address(Medium.SSD, self._node_id, ext.offset),
+                          ssd_layout, new_keys, turn_index, ext.file_id, ext.file_offset)
+        rec.ssd_bytes += size + (ssd.file_header_bytes if ext.new_file else 0)
+        return StorePlan(rec.session_id, segment, placement, first_block,
+                         ext.base_offset, ssd.span_bytes, ext.new_file,
+                         self._spare.allocate(rec, segment, mem_layout))
+
+    def complete_copy(self, plan: StorePlan) -> None:
+        """``ControlPlane.complete_copy``."""
+        seg = plan.segment
+        if self._pending.get(seg.segment_id) is not plan or plan.copy is None:
+            raise KeyError(f"no store with a memory copy in flight for segment_id "
+                           f"{seg.segment_id!r}")
+        self._early.file(plan, plan.copy)
+
+    def complete(self, plan: StorePlan, ok: bool) -> None:
+        """``ControlPlane.complete_store``."""
+        seg = plan.segment
+        if self._pending.get(seg.segment_id) is not plan:
+            raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
+        del self._pending[seg.segment_id]
+        self._writing.subtract(seg.keys)
+        for key in seg.keys:
+            if not self._writing[key]:
+                del self._writing[key]
+        rec = self._sessions[plan.session_id]
+        rec.num_pins -= 1
+        early = self._early.settle(plan)
+        if ok:
+            self._index.publish(seg)
+            rec.segment_ids_on(seg.medium).append(seg.segment_id)
+            rec.last_access = self._clock.now()
+            if plan.copy is not None:
+                self._spare.publish(rec, seg, plan.copy)
+            return
+        if plan.copy is not None and early:
+            # Restores may be reading the copy: it becomes the blocks' memory home.
+            self._index.publish(plan.copy)
+            rec.memory_segment_ids.append(plan.copy.segment_id)
+            rec.memory_bytes += plan.copy.total_bytes
+            rec.copy_bytes -= plan.copy.total_bytes
+        elif plan.copy is not None:
+            rec.copy_bytes -= self._arena.free(plan.copy.offset)
+        if seg.medium == Medium.MEMORY:
+            rec.memory_bytes -= self._arena.free(seg.offset)
+        else:
+            # Segment.__post_init__ guarantees both are set on SSD.
+            file_id = int(seg.file_id or 0)
+            rec.ssd_bytes -= self._ssd.free_extent(file_id, int(seg.file_offset or 0))
+            if not self._ssd.file(file_id).extents:
+                # Nothing in it and nothing in flight into it (a write holds an
+                # extent): the file goes, so a creation that failed leaks nothing.
+                rec.ssd_bytes -= self._ssd.release_file(file_id)
+        self._sessions.forget_if_empty(rec)
+        logger.debug("store of segment %d (session %r) failed; allocation freed",
+                     seg.segment_id, plan.session_id)

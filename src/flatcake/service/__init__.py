@@ -1,0 +1,21 @@
+"""One FlatCake per machine: the node service (``flatcake serve``) and its clients.
+
+::
+
+    engine A (vLLM DP rank / instance)      engine B               flatcake serve
+    scheduler half ── RemoteSchedulerSide ──┐                     ┌─ NodeService ───────────┐
+                                            ├─ ZeroMQ (unix) ────►│ books: one ControlPlane │
+    scheduler half ── RemoteSchedulerSide ──┘  one call per hook  │ per engine: its half    │
+                                                                  │ (SchedulerSide) and its │
+    worker (TP rank r) ─┐  StepPlan (as embedded)                 │ FC-MAS queue; leases    │
+    worker (TP rank r) ─┴─ Executor, attached: ROOT/tp<r>/ files  │ LOCK of every rank root │
+                           (O_DIRECT, zero-copy as today) and the └─────────────────────────┘
+                           shared arena (/dev/shm, MAP_SHARED)
+
+The service holds the books and never a KV byte: workers read and write the shared
+session files and the shared arena exactly as an embedded worker does (the same
+``StepPlan`` tasks, the same executor). ``server`` is the service; the engine side and
+the message format live with the connectors (``connectors.node_client``,
+``connectors.node_wire``), whose engine-neutral scheduler halves the service hosts. Import
+``flatcake.service.server`` directly (it needs pyzmq).
+"""

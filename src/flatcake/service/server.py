@@ -1,0 +1,294 @@
+"""The node service: one FlatCake per machine, shared by every engine on it.
+
+It holds the root's ``LOCK`` (and every tensor-parallel rank root's), recovers the files
+at the first attach (the engines' geometry names their layout), owns the books (one
+``ControlPlane``: index, placement, allocation, reclaim, damage) and one FC-MAS queue per
+attached engine, and keeps the shared arena files. It never moves a KV byte: each
+engine's scheduler half calls it (``client.RemoteSchedulerSide``) and its workers run the
+``StepPlan`` it returns on the shared files and arena, as embedded workers do::
+
+    attach(name, pid, geometry, world_size, settings) -> Attached   an engine's half
+    worker(rank, geometry, world_size)                -> WorkerRoot  a worker's files
+    call(engine, method, args)                        -> its SchedulerSide's answer
+    renew / detach / status
+
+Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
+released: its restores' pins dropped, its unfinished writes rolled back (never
+published), its FC-MAS queue gone, its pending file drops and cuts handed to the next
+engine that steps. It re-attaches on its next call, as after a service restart.
+
+Single-threaded: one loop receives, answers and expires; the books need no lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from flatcake.cio.direct import ensure_private_dir
+from flatcake.cio.executor import Executor
+from flatcake.cio.files import SessionFiles
+from flatcake.cio.scan import recover_files
+from flatcake.clock import WallClock
+from flatcake.config import FlatCakeConfig
+from flatcake.connectors import node_wire as wire
+from flatcake.connectors.node_wire import Attached, WorkerRoot
+from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
+from flatcake.connectors.settings import ConnectorSettings
+from flatcake.control import ControlPlane, FileCut
+from flatcake.geometry import KVGeometry
+from flatcake.plan.tasks import FileDrop, StepPlan
+
+logger = logging.getLogger("flatcake.service")
+
+
+@dataclass(slots=True)
+class _Engine:
+    engine_id: str
+    name: str
+    pid: int
+    side: SchedulerSide
+    last_call: float
+
+
+socket_path = wire.socket_path
+
+
+def rank_dir(root: Path, rank: int, world_size: int) -> Path:
+    """A tensor-parallel rank's store directory (the root itself without TP)."""
+    return root if world_size == 1 else root / f"tp{rank}"
+
+
+class NodeService:
+    """The node service of ``root`` (see the module docstring)."""
+
+    def __init__(self, root: Path, config: FlatCakeConfig, socket: Path) -> None:
+        self.root = Path(root).absolute()
+        self.config = config
+        self.socket = Path(socket).absolute()
+        self.lease_s = config.store.node_lease_s
+        ensure_private_dir(self.root)
+        self._lock = SessionFiles(self.root, "buffered")
+        self._lock.lock_root()  # no embedded store opens this root while we serve
+        self._parts: NodeParts | None = None
+        self._geometry: KVGeometry | None = None
+        self._world_size = 0
+        self._rank_roots: list[Executor] = []
+        self._arenas: list[Path] = []
+        self._engines: dict[str, _Engine] = {}
+        self._orphans: tuple[list[FileDrop], list[FileCut]] = ([], [])
+        self._next_engine = 0
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        ensure_private_dir(self.socket.parent)
+        self.socket.unlink(missing_ok=True)
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(wire.endpoint(self.socket))
+        finally:
+            os.umask(old)
+        os.chmod(self.socket, 0o600)
+        self.calls = 0
+
+    # -- the books, made at the first attach ----------------------------------------
+
+    def _ensure_books(self, geometry: KVGeometry, world_size: int) -> NodeParts:
+        if self._parts is not None:
+            if geometry != self._geometry or world_size != self._world_size:
+                raise wire.NodeRefused(
+                    f"this node service serves {self._geometry} at tensor_parallel_size="
+                    f"{self._world_size}; an engine of {geometry} at tensor_parallel_size="
+                    f"{world_size} cannot share it: run one service per model")
+            return self._parts
+        cfg = self.config
+        if world_size == 1:
+            self._lock.close()  # the rank root is the root: its executor locks it
+        quiet = dataclasses.replace(cfg, store=dataclasses.replace(
+            cfg.store, memory_capacity_bytes=0))
+        for rank in range(world_size):
+            ex = Executor(rank_dir(self.root, rank, world_size), geometry, quiet)
+            scratch = ControlPlane(geometry, cfg, WallClock())
+            scan, recovery = recover_files(scratch, ex.files.sessions_dir)
+            ex.settle(scan, recovery, scratch)
+            self._rank_roots.append(ex)
+            self._arenas.append(self._make_arena(rank, cfg.store.memory_capacity_bytes))
+        settings = ConnectorSettings(config=cfg)
+        self._parts = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0,
+                                                                      world_size), WallClock())
+        self._geometry, self._world_size = geometry, world_size
+        logger.info("books of %s: %d segments recovered, %d layers x %d B blocks, "
+                    "tensor_parallel_size=%d", self.root, self._parts.recovered_segments,
+                    geometry.num_layers, geometry.block_bytes_per_layer, world_size)
+        return self._parts
+
+    def _make_arena(self, rank: int, capacity: int) -> Path:
+        """The shared arena file of ``rank``: one path per root, kept across service
+        restarts (never unlinked nor shrunk: workers attached before a restart keep
+        their mapping of it, so every engine reads the one arena). What an earlier
+        service left in it is not in these books and is overwritten as it is
+        allocated again."""
+        digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
+        arena_dir = Path(self.config.store.node_arena_dir)
+        path = arena_dir / f"flatcake-{os.getuid()}-{digest}-tp{rank}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            if os.fstat(fd).st_size < capacity:
+                os.ftruncate(fd, capacity)
+        finally:
+            os.close(fd)
+        return path
+
+    # -- calls ----------------------------------------------------------------------
+
+    def handle(self, method: str, engine_id: str, args: tuple[Any, ...]) -> Any:
+        """Answer one call (raises ``NodeRefused`` for a call it refuses)."""
+        self.calls += 1
+        now = time.monotonic()
+        if method == wire.ATTACH:
+            return self._attach(now, *args)
+        if method == wire.WORKER:
+            rank, geometry, world_size = args
+            self._ensure_books(geometry, world_size)
+            return WorkerRoot(rank_dir(self.root, rank, world_size), self._arenas[rank],
+                              self.config)
+        if method == wire.STATUS:
+            return self.status()
+        engine = self._engines.get(engine_id)
+        if engine is None:
+            raise wire.NodeRefused(f"unknown engine {engine_id!r} (its lease ended or the "
+                                   "service restarted): attach again")
+        engine.last_call = now
+        if method == wire.RENEW:
+            return None
+        if method == wire.DETACH:
+            self._release(engine, "detached")
+            return None
+        if method not in wire.ENGINE_CALLS:
+            raise wire.NodeRefused(f"unknown call {method!r}")
+        side = engine.side
+        if method == "step":
+            drops, cuts = self._orphans
+            if drops or cuts:
+                side.adopt_file_work(drops, cuts)
+                self._orphans = ([], [])
+            plan: StepPlan = side.build_step(*args)
+            return plan, side.has_work(), side.take_events()
+        if method == "update":
+            report, finished = args
+            if report is not None:
+                side.on_report(report)
+            return side.take_released(finished), side.has_work(), side.take_events()
+        if method == "after_alloc":
+            side.after_alloc(*args)
+            return side.hit_sources(args[0])
+        return getattr(side, method)(*args)
+
+    def _attach(self, now: float, name: str, pid: int, geometry: KVGeometry,
+                world_size: int, settings: ConnectorSettings) -> Attached:
+        parts = self._ensure_books(geometry, world_size)
+        engine_id = f"e{self._next_engine}"
+        self._next_engine += 1
+        mine = dataclasses.replace(settings, config=self.config)
+        side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, world_size),
+                             world_size=world_size, node=parts, queue=engine_id)
+        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now)
+        logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
+        return Attached(engine_id, self.config, parts.recovered_segments)
+
+    def _release(self, engine: _Engine, why: str) -> None:
+        del self._engines[engine.engine_id]
+        drops, cuts = engine.side.abandon()
+        self._orphans[0].extend(drops)
+        self._orphans[1].extend(cuts)
+        if self._parts is not None:
+            self._parts.control.drop_restore_queue(engine.engine_id)
+        logger.warning("engine %s (%s, pid %d) %s: its restores unpinned, its unfinished "
+                       "writes rolled back", engine.engine_id, engine.name, engine.pid, why)
+
+    def expire(self, now: float | None = None) -> int:
+        """Release every engine silent for longer than its lease; how many."""
+        now = time.monotonic() if now is None else now
+        late = [e for e in self._engines.values() if now - e.last_call > self.lease_s]
+        for engine in late:
+            self._release(engine, f"silent for over {self.lease_s:g} s (lease ended)")
+        return len(late)
+
+    def status(self) -> dict[str, Any]:
+        """Engines attached and the books' figures (``flatcake serve --status``)."""
+        out: dict[str, Any] = {"root": str(self.root), "socket": str(self.socket),
+                               "engines": {e.engine_id: {"name": e.name, "pid": e.pid}
+                                           for e in self._engines.values()},
+                               "calls": self.calls}
+        if self._parts is not None:
+            st = self._parts.control.stats()
+            out.update(memory_used_bytes=st.memory_used_bytes,
+                       ssd_used_bytes=st.ssd_used_bytes, sessions=st.num_sessions,
+                       world_size=self._world_size)
+        return out
+
+    # -- the loop -------------------------------------------------------------------
+
+    def serve(self, stop: threading.Event) -> None:
+        """Answer calls until ``stop`` is set."""
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        tick = min(1.0, self.lease_s / 4)
+        next_expiry = time.monotonic() + tick
+        while not stop.is_set():
+            if poller.poll(100):
+                while True:
+                    try:
+                        who, frame = self._sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._sock.send_multipart([who, self._answer(frame)])
+            if time.monotonic() >= next_expiry:
+                self.expire()
+                next_expiry = time.monotonic() + tick
+
+    def _answer(self, frame: bytes) -> bytes:
+        try:
+            call_id, engine_id, method, args = wire.decode(frame)
+        except Exception as exc:
+            return wire.encode((None, False, f"malformed call: {exc}"))
+        try:
+            return wire.encode((call_id, True, self.handle(method, engine_id, args)))
+        except wire.NodeRefused as exc:
+            return wire.encode((call_id, False, str(exc)))
+        except Exception as exc:
+            logger.exception("call %s of engine %s failed", method, engine_id)
+            return wire.encode((call_id, False, f"{type(exc).__name__}: {exc}"))
+
+    def close(self) -> None:
+        """Stop answering and release every root lock. The arena files stay (engines
+        still attached map them; ``rm`` them once every engine has stopped)."""
+        self._sock.close(0)
+        self._ctx.term()
+        self.socket.unlink(missing_ok=True)
+        for ex in self._rank_roots:
+            ex.close()
+        self._lock.close()
+
+
+def ask_status(sock: Path, timeout_s: float) -> dict[str, Any]:
+    """What the service listening on ``sock`` serves (``flatcake serve --status``);
+    raises ``NodeUnavailable`` / ``NodeRefused``."""
+    from flatcake.connectors.node_client import NodeClient
+
+    client = NodeClient(str(sock), timeout_s)
+    try:
+        out: dict[str, Any] = client.call(wire.STATUS)
+        return out
+    finally:
+        client.close()

@@ -1,0 +1,91 @@
+"""A real node service (``flatcake serve`` in its own process, bounded by timeouts) and
+engines attached to it: the connector's two halves without vLLM (``RemoteSchedulerSide``
++ an attached ``WorkerSide``), each with its own paged KV of random bytes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from flatcake.connectors.node_client import RemoteSchedulerSide, worker_root
+from flatcake.connectors.settings import ConnectorSettings
+from flatcake.connectors.worker_side import WorkerSide
+from tests.connectors.sides_harness import G, Harness, random_kv, settings
+
+BASE = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
+        "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
+        "placement.memory_copy_watermark=0", "store.node_lease_s=2"]
+
+
+class Service:
+    """``flatcake serve`` on ``root`` in a child process."""
+
+    def __init__(self, root: Path, sock: Path, *extra: str) -> None:
+        self.root, self.sock, self.extra = root, sock, extra
+        self.proc: subprocess.Popen[str] | None = None
+        self.arena_dir = root.parent / "shm"
+        self.arena_dir.mkdir(exist_ok=True)
+
+    def start(self) -> Service:
+        cmd = [sys.executable, "-m", "flatcake.cli", "serve", "--root", str(self.root),
+               "--socket", str(self.sock),
+               *[x for kv in [*BASE, f"store.node_arena_dir={self.arena_dir}", *self.extra]
+                 for x in ("--set", kv)]]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("ready:"):
+                return self
+            if not line and self.proc.poll() is not None:
+                break
+        self.stop()
+        raise AssertionError(f"flatcake serve did not start: {self.stderr()}")
+
+    def stderr(self) -> str:
+        if self.proc is None or self.proc.poll() is None or self.proc.stderr is None:
+            return ""
+        return self.proc.stderr.read()[-3000:]
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=15)
+
+    def stop(self) -> int:
+        """SIGTERM; the exit status (the test fails if it does not stop in 15 s)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc is not None else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+            raise AssertionError("flatcake serve did not stop on SIGTERM") from None
+
+
+def node_settings(sock: Path, *overrides: str) -> ConnectorSettings:
+    return settings(f"store.node=unix:{sock}", "store.node_timeout_s=1", *overrides)
+
+
+class Engine(Harness):
+    """One engine attached to the service at ``sock`` (same steps as ``Harness``)."""
+
+    def __init__(self, sock: Path, seed: int, name: str = "engine") -> None:
+        self.s = node_settings(sock)
+        where = worker_root(str(sock), 1.0, 0, G, 1, wait_s=10)
+        self.worker = WorkerSide(G, where.config, where.store_dir,
+                                 arena_path=where.arena_path)
+        self.sched = RemoteSchedulerSide(G, self.s, name=name)  # type: ignore[assignment]
+        self.kv = random_kv(seed)
+        self.worker.register(self.kv)
+        self.reports = []
+        self.finished = set()
+        self.released = []

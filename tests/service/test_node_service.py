@@ -1,0 +1,138 @@
+"""The node service (``flatcake serve``) shared by two engines on one machine: a
+session's turn on engine B restores what engine A wrote (from SSD, from the shared
+arena), byte for byte; a session alternating between them stays in one file; a dead
+engine's pins and writes are released after its lease; a killed service leaves the
+engines serving (misses, no exception) and they re-attach once it is back."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from flatcake.connectors.scheduler_side import RequestView
+from flatcake.service.server import ask_status
+from tests.connectors.sides_harness import end, finish, tokens, view
+from tests.service.helpers import Engine, Service
+
+pytest.importorskip("zmq")
+
+
+@pytest.fixture
+def node(tmp_path: Path):  # type: ignore[no-untyped-def]
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    yield svc
+    assert svc.stop() == 0, svc.stderr()
+
+
+def status(svc: Service) -> dict:
+    return ask_status(svc.sock, 5.0)
+
+
+def test_turn_on_engine_b_restores_what_engine_a_wrote(node: Service) -> None:
+    a, b = Engine(node.sock, seed=1, name="A"), Engine(node.sock, seed=2, name="B")
+    try:
+        turn0 = list(range(100, 113))  # 3 full blocks + 1 token
+        p = finish(a, "a0", turn0, [5, 6, 7, 8], out=3, session="s")
+        assert p["placement"] == "ssd:first_turn" and p["stored_blocks"] == 3
+        _, sending, _, _ = a.step()
+        assert sending == {"a0"}
+        want = {(layer, j): a.block(layer, s) for layer in range(3)
+                for j, s in enumerate([5, 6, 7])}
+        # Turn 1 on engine B: the 3 blocks from SSD (A's file), async.
+        turn1 = tokens(turn0, 8, 200)
+        v = view("b1", turn1, session="s")
+        assert b.sched.num_matched_tokens(v, 0) == (12, True)
+        b.sched.after_alloc("b1", [20, 21, 22, 23, 24], 12)
+        plan, _, recving, invalid = b.step()
+        assert [t.request_id for t in plan.loads] == ["b1"] and not plan.loads[0].sync
+        assert recving == {"b1"} and invalid == set()
+        for (layer, j), raw in want.items():
+            assert b.block(layer, 20 + j) == raw
+        # B's turn (short reply: memory) then A restores it from the shared arena.
+        _, params = end(b, RequestView("b1", v.keys, len(turn1), len(turn1), 3, 12, "s"),
+                        [20, 21, 22, 23, 24])
+        assert params["flatcake"]["loaded_tokens_ssd"] == 12
+        assert params["flatcake"]["placement"] == "memory:short_reply"
+        b.step()
+        mem = {(layer, j): b.block(layer, s) for layer in range(3)
+               for j, s in enumerate([23, 24])}
+        turn2 = tokens(turn1[:20], 8, 300)
+        v2 = view("a2", turn2, session="s")
+        n, _ = a.sched.num_matched_tokens(v2, 0)
+        assert n == 20
+        a.sched.after_alloc("a2", list(range(40, 46)), 20)
+        _, _, _, invalid = a.step()
+        assert invalid == set()
+        for (layer, j), raw in mem.items():
+            assert a.block(layer, 43 + j) == raw
+        for (layer, j), raw in want.items():
+            assert a.block(layer, 40 + j) == raw
+        # One session, one file, whichever engine wrote its turns.
+        files = list((node.root / "sessions").iterdir())
+        assert len(files) == 1
+        assert set(status(node)["engines"]) == {a.sched.engine_id, b.sched.engine_id}
+    finally:
+        a.close()
+        b.close()
+    assert status(node)["engines"] == {}
+
+
+def test_an_engine_that_stops_calling_is_released_after_its_lease(node: Service) -> None:
+    a, b = Engine(node.sock, seed=1, name="A"), Engine(node.sock, seed=2, name="B")
+    try:
+        turn0 = list(range(100, 113))
+        finish(a, "a0", turn0, [5, 6, 7, 8], out=3, session="s")
+        a.step()
+        # B admits a restore, then goes silent before stepping (a dead engine): its
+        # session stays pinned until the lease ends, then B is forgotten.
+        v = view("b1", tokens(turn0, 8, 200), session="s")
+        assert b.sched.num_matched_tokens(v, 0) == (12, True)
+        b.sched.after_alloc("b1", [20, 21, 22, 23, 24], 12)
+        deadline = time.monotonic() + 15
+        while b.sched.engine_id in status(node)["engines"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert b.sched.engine_id not in status(node)["engines"]
+        # B calls again: its admitted hit is a load error (recomputed), it re-attaches.
+        plan, _, recving, invalid = b.step()
+        assert invalid == {20, 21, 22} and recving == {"b1"}
+        assert not plan.loads
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_killed_service_is_a_miss_then_engines_reattach(tmp_path: Path) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    a = Engine(svc.sock, seed=1, name="A")
+    try:
+        turn0 = list(range(100, 113))
+        finish(a, "a0", turn0, [5, 6, 7, 8], out=3, session="s")
+        a.step()
+        svc.kill()
+        v = view("a1", tokens(turn0, 8, 200), session="s")
+        t0 = time.monotonic()
+        assert a.sched.num_matched_tokens(v, 0) == (0, False)  # a miss, no exception
+        assert time.monotonic() - t0 < 3
+        plan, _, _, _ = a.step()
+        assert plan.is_empty()
+        svc.start()  # recovers the SSD segment A wrote
+        deadline = time.monotonic() + 40
+        got = (0, False)
+        while time.monotonic() < deadline and got[0] == 0:
+            got = a.sched.num_matched_tokens(view("a2", tokens(turn0, 8, 200),
+                                                  session="s"), 0)
+            time.sleep(0.2)
+        assert got == (12, True)
+    finally:
+        a.close()
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_an_embedded_store_cannot_open_a_served_root(node: Service) -> None:
+    from flatcake.store import FlatCakeStore
+    from tests.store.helpers import SMALL, small_config
+
+    with pytest.raises(ValueError, match="already open"):
+        FlatCakeStore.open(node.root, SMALL, small_config())
