@@ -136,3 +136,49 @@ def test_an_embedded_store_cannot_open_a_served_root(node: Service) -> None:
 
     with pytest.raises(ValueError, match="already open"):
         FlatCakeStore.open(node.root, SMALL, small_config())
+
+
+def test_an_idle_engine_whose_lease_ended_attaches_again_at_once(node: Service) -> None:
+    a = Engine(node.sock, seed=1, name="A")
+    try:
+        turn0 = list(range(100, 113))
+        finish(a, "a0", turn0, [5, 6, 7, 8], out=3, session="s")
+        a.step()
+        old = a.sched.engine_id
+        deadline = time.monotonic() + 15
+        while old in status(node)["engines"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert old not in status(node)["engines"]
+        # Its next lookup is a hit, not a miss: it attached again within the call.
+        v = view("a1", tokens(turn0, 8, 200), session="s")
+        assert a.sched.num_matched_tokens(v, 0) == (12, True)
+        assert a.sched.engine_id not in ("", old)
+    finally:
+        a.close()
+
+
+def test_a_session_another_engine_wrote_is_reclaimed_on_disk_too(tmp_path: Path) -> None:
+    """Engine A writes sessions; engine B's writes push the SSD over its watermark:
+    the books drop A's oldest session and B's worker deletes A's file (never opened by
+    B), so the disk holds what the books hold, and a service restart resurrects nothing."""
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.ssd_capacity_bytes=49152").start()
+    a, b = Engine(svc.sock, seed=1, name="A"), Engine(svc.sock, seed=2, name="B")
+    try:
+        for i in range(2):
+            finish(a, f"a{i}", list(range(100 * (i + 1), 100 * (i + 1) + 13)), [5, 6, 7, 8],
+                   out=3, session=f"s{i}")
+            a.step()
+        assert len(list((svc.root / "sessions").iterdir())) == 2
+        for i in range(2, 4):
+            finish(b, f"b{i}", list(range(100 * (i + 1), 100 * (i + 1) + 13)),
+                   [9, 10, 11, 12], out=3, session=f"s{i}")
+            b.step()
+            b.step()  # the drop rides the step after the reclaim
+        on_disk = len(list((svc.root / "sessions").iterdir()))
+        held = status(svc)["sessions"]
+        assert on_disk == held < 4
+    finally:
+        a.close()
+        b.close()
+        assert svc.stop() == 0, svc.stderr()

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE = ["store.memory_capacity_bytes=67108864", "store.ssd_capacity_bytes=1073741824",
+           "store.node_lease_s=30",
            "store.session_file_bytes=67108864"]
 
 
@@ -153,7 +154,7 @@ def test_two_servers_and_two_dp_ranks_share_one_node_service(tmp_path: Path) -> 
             c0 = carol.turn(dp)
         c1 = carol.turn(solo)
         print(missed, c0, c1, sep="\n")
-        assert c0["stored_blocks"] == 2 and c1["loaded_tokens_ssd"] == 64
+        assert c0.get("stored_blocks") == 2 and c1["loaded_tokens_ssd"] == 64
     finally:
         rcs = [s.stop() for s in (dp, solo)]
         svc_rc = svc.stop()

@@ -391,6 +391,8 @@ class Executor:
         with self.lock:
             for key in [k for k in self.crcs if k[0] == file_id]:
                 del self.crcs[key]
+            if self.attached:  # another engine may have created it: act on the file
+                self.files.attach(file_id)
             if file_id not in self.files:
                 return
             reader = self.reader
@@ -407,6 +409,8 @@ class Executor:
         with self.lock:
             for key in [k for k in self.crcs if k[0] == cut.file_id and k[1] >= cut.end_bytes]:
                 del self.crcs[key]
+            if self.attached:
+                self.files.attach(cut.file_id)
             if cut.file_id in self.files:
                 try:
                     self.files.truncate(cut.file_id, cut.end_bytes)

@@ -137,11 +137,12 @@ class RemoteSchedulerSide:
 
     # -- attachment -----------------------------------------------------------------
 
-    def _attach(self) -> bool:
-        now = time.monotonic()
-        if now < self._next_attach:
+    def _attach(self, now: bool = False) -> bool:
+        t = time.monotonic()
+        if t < self._next_attach and not now:
             return False
-        self._next_attach = now + self._backoff
+        now_t = t
+        self._next_attach = now_t + self._backoff
         self._backoff = min(self._backoff * 2, REATTACH_MAX_S)
         if not self.client.path.exists():
             self._lost(wire.NodeUnavailable(f"no node service socket at {self.client.path}"))
@@ -166,27 +167,37 @@ class RemoteSchedulerSide:
         if not self._warned:
             logger.warning("FlatCake: %s; serving without FlatCake until it is back", exc)
             self._warned = True
-        self.engine_id = ""
         self._pending_stores = False
+        self._forgotten()
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """A call to this engine's half; raises ``NodeUnavailable`` when detached. An
+        engine the service forgot (its lease ended while it was idle, or the service
+        restarted) attaches again at once and the call is made once more."""
+        if not self.engine_id and not self._attach():
+            raise wire.NodeUnavailable("not attached")
+        for again in (False, True):
+            try:
+                return self.client.call(method, self.engine_id, *args)
+            except wire.NodeRefused as exc:
+                if wire.UNKNOWN_ENGINE not in str(exc):
+                    raise
+                self._forgotten()
+                if again or not self._attach(now=True):
+                    raise wire.NodeUnavailable(str(exc)) from None
+            except wire.NodeUnavailable as exc:
+                self._lost(exc)
+                raise
+        raise AssertionError("unreachable")
+
+    def _forgotten(self) -> None:
+        """The service no longer knows this engine: what it had planned for it is void
+        (admitted hits become load errors), without a warning (an idle lease ends)."""
+        self.engine_id = ""
         for rid, (blocks, is_async) in self._admitted.items():
             self._failed.append(FailedLoad(rid, blocks, is_async))
         self._admitted.clear()
         self._matched.clear()
-
-    def _call(self, method: str, *args: Any) -> Any:
-        """A call to this engine's half; raises ``NodeUnavailable`` when detached."""
-        if not self.engine_id and not self._attach():
-            raise wire.NodeUnavailable("not attached")
-        try:
-            return self.client.call(method, self.engine_id, *args)
-        except wire.NodeRefused as exc:
-            if "unknown engine" not in str(exc):
-                raise
-            self._lost(exc)
-            raise wire.NodeUnavailable(str(exc)) from None
-        except wire.NodeUnavailable as exc:
-            self._lost(exc)
-            raise
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -250,6 +261,7 @@ class RemoteSchedulerSide:
             _blocks, _is_async = self._admitted.pop(task.request_id, ((), False))
             if not task.sync:
                 self._restoring.add(task.request_id)
+        failed = (*failed, *self._take_failed())  # and those of a re-attach just now
         if failed:
             plan = StepPlan(plan.loads, plan.stores, plan.drops, plan.cuts, plan.preempted,
                             plan.unpublish, failed)

@@ -31,6 +31,10 @@ ENGINE_CALLS = frozenset({
 })
 
 
+# The service's answer to a call of an engine it does not know (lease ended, restart).
+UNKNOWN_ENGINE = "unknown engine"
+
+
 class NodeUnavailable(ConnectionError):
     """The node service did not answer in time (down, restarting, or overloaded)."""
 

@@ -166,8 +166,8 @@ class NodeService:
             return self.status()
         engine = self._engines.get(engine_id)
         if engine is None:
-            raise wire.NodeRefused(f"unknown engine {engine_id!r} (its lease ended or the "
-                                   "service restarted): attach again")
+            raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
+                                   "or the service restarted): attach again")
         engine.last_call = now
         if method == wire.RENEW:
             return None
@@ -208,13 +208,16 @@ class NodeService:
 
     def _release(self, engine: _Engine, why: str) -> None:
         del self._engines[engine.engine_id]
+        busy = engine.side.has_work()
         drops, cuts = engine.side.abandon()
         self._orphans[0].extend(drops)
         self._orphans[1].extend(cuts)
         if self._parts is not None:
             self._parts.control.drop_restore_queue(engine.engine_id)
-        logger.warning("engine %s (%s, pid %d) %s: its restores unpinned, its unfinished "
-                       "writes rolled back", engine.engine_id, engine.name, engine.pid, why)
+        # An idle engine whose lease ends loses nothing (it attaches again when it calls).
+        (logger.warning if busy else logger.info)(
+            "engine %s (%s, pid %d) %s%s", engine.engine_id, engine.name, engine.pid, why,
+            ": its restores unpinned, its unfinished writes rolled back" if busy else "")
 
     def expire(self, now: float | None = None) -> int:
         """Release every engine silent for longer than its lease; how many."""
