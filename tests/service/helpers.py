@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from flatcake.connectors.node_client import RemoteSchedulerSide, worker_root
+from flatcake.connectors.node_client import RemoteSchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
+from flatcake.link.client import worker_root
 from tests.connectors.sides_harness import G, Harness, random_kv, settings
 
 BASE = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",

@@ -1,5 +1,5 @@
-"""The engine side of the node service: a bounded call, and the scheduler half that
-forwards to the service (``RemoteSchedulerSide``, the same methods as ``SchedulerSide``).
+"""The vLLM scheduler half attached to the node service (``RemoteSchedulerSide``, the
+same methods as ``SchedulerSide``, answered by the service through ``link.client``).
 
 Each vLLM hook is at most one call; a step with nothing in flight and nothing to hand
 out is answered here without one. When the service does not answer within
@@ -12,21 +12,19 @@ warning, then the half re-attaches on a later call, at most every ``REATTACH_S``
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import zmq
-
-from flatcake.connectors import node_wire as wire
-from flatcake.connectors.node_wire import Attached, WorkerRoot
 from flatcake.connectors.requests import BlockEvent, RequestView
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import StorePlan
 from flatcake.geometry import KVGeometry
+from flatcake.link import wire
+from flatcake.link.client import NodeClient
+from flatcake.link.wire import Attached
 from flatcake.plan.tasks import FailedLoad, StepPlan, WorkerReport
 
 logger = logging.getLogger("flatcake.service")
@@ -35,75 +33,6 @@ logger = logging.getLogger("flatcake.service")
 # so a hung service costs the engine's scheduler one timeout per attempt, not per hook.
 REATTACH_S = 1.0
 REATTACH_MAX_S = 30.0
-
-
-class NodeClient:
-    """One socket to the node service; ``call`` waits at most ``timeout_s``."""
-
-    def __init__(self, node: str, timeout_s: float) -> None:
-        self.path = wire.socket_path(node)
-        self.timeout_ms = max(1, int(timeout_s * 1000))
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._sock: zmq.Socket[bytes] | None = None
-        self._ids = itertools.count()
-
-    def _socket(self) -> zmq.Socket[bytes]:
-        if self._sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(wire.endpoint(self.path))
-            self._sock = sock
-        return self._sock
-
-    def call(self, method: str, engine_id: str = "", *args: Any) -> Any:
-        """The service's answer; ``NodeUnavailable`` past the timeout (the socket is
-        then renewed, so a late answer never meets a later call), ``NodeRefused`` for
-        an error it answered."""
-        sock = self._socket()
-        call_id = next(self._ids)
-        sock.send(wire.encode((call_id, engine_id, method, args)))
-        deadline = time.monotonic() + self.timeout_ms / 1000
-        while True:
-            left = int((deadline - time.monotonic()) * 1000)
-            if left <= 0 or not sock.poll(left):
-                self.reset()
-                raise wire.NodeUnavailable(f"the node service at {self.path} did not "
-                                           f"answer {method} within {self.timeout_ms} ms")
-            got_id, ok, value = wire.decode(sock.recv())
-            if got_id != call_id:
-                continue  # a late answer to an earlier call
-            if not ok:
-                raise wire.NodeRefused(str(value))
-            return value
-
-    def reset(self) -> None:
-        if self._sock is not None:
-            self._sock.close(0)
-            self._sock = None
-
-    def close(self) -> None:
-        self.reset()
-
-
-def worker_root(node: str, timeout_s: float, rank: int, geometry: KVGeometry,
-                world_size: int, wait_s: float = 60.0) -> WorkerRoot:
-    """A worker's store directory and arena, from the service (waits up to ``wait_s``
-    for it to come up: a worker cannot run without its files)."""
-    client = NodeClient(node, timeout_s)
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                root: WorkerRoot = client.call(wire.WORKER, "", rank, geometry, world_size)
-                return root
-            except wire.NodeUnavailable:
-                if time.monotonic() >= deadline:
-                    raise ValueError(f"store.node={node!r}: no node service answers at "
-                                     f"{client.path} (start it with `flatcake serve`)"
-                                     ) from None
-                time.sleep(0.5)
-    finally:
-        client.close()
 
 
 class RemoteSchedulerSide:

@@ -168,7 +168,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             return 0
         try:
             return store.lookup(self._keys(keys)).num_blocks
-        except ValueError:  # the store was closed by clear() meanwhile
+        except (ValueError, ConnectionError):  # closed by clear(), or the node service
+            # is gone (a miss: SGLang recomputes)
             return 0
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
@@ -227,7 +228,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             result = store.load(bkeys, layers, torch.arange(len(bkeys)))
             got = result.num_blocks
             view.scatter(layers, pages[:got])
-        except ValueError:  # the store was closed by clear() meanwhile
+        except (ValueError, ConnectionError):  # closed by clear(), or the node service
+            # is gone (a miss: SGLang recomputes)
             return [False] * len(bkeys)
         finally:
             self._bounce_give(bounce)
@@ -240,7 +242,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         """Restore straight into the pool's pages (``read_path`` "direct")."""
         try:
             result = store.load(bkeys, caches, pages)
-        except ValueError:  # the store was closed by clear() meanwhile
+        except (ValueError, ConnectionError):  # closed by clear(), or the node service
+            # is gone (a miss: SGLang recomputes)
             return [False] * len(bkeys)
         got = result.num_blocks
         scrub = 0
@@ -297,8 +300,13 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
     # -- housekeeping -----------------------------------------------------------------
 
     def clear(self) -> None:
-        """Drops every stored page of this rank (its store root is emptied)."""
+        """Drops every stored page of this rank (its store root is emptied). Attached to
+        a node service the root is the machine's, shared with other engines: refused."""
         store, _ = self._ready()
+        if store.attached:
+            raise ValueError("clear() empties the store root, which the node service "
+                             "shares with every engine on this machine: stop the service "
+                             "and delete its root instead")
         root, geometry, config = store.root, store.geometry, store.config
         with self._lock:
             store.close()

@@ -197,7 +197,7 @@ class FlatCakeConnector(KVConnectorBase_V1):
             rank = get_tensor_model_parallel_rank() if self._world_size > 1 else 0
             config, store_dir, arena = self.settings.config, self._rank_dir(root, rank), None
             if node:
-                from flatcake.connectors.node_client import worker_root
+                from flatcake.link.client import worker_root
 
                 where = worker_root(node, config.store.node_timeout_s, rank, self.geometry,
                                     self._world_size)

@@ -68,7 +68,7 @@ class EarlyCopies:
         else:
             for key in copy.keys:
                 entry = self._early.get(key)
-                if entry is not None and entry[0] is plan:
+                if entry is not None and entry[0].segment.segment_id == plan.segment.segment_id:
                     del self._early[key]
         return True
 

@@ -65,7 +65,7 @@ class Loads:
         held (published, or written early)."""
         if self._copies.is_live(seg) or self._early.holds(seg.segment_id):
             return True
-        return self._index.segment_or_none(seg.segment_id) is seg
+        return self._index.segment_or_none(seg.segment_id) == seg
 
     def prepare(self, request_id: Hashable, keys_or_hit: Sequence[bytes] | PrefixHit,
                 planner: ReadPlanner | None, refill: bool) -> LoadPlan:
@@ -81,7 +81,7 @@ class Loads:
             published = self._index.segment_or_none
             for run in hit.runs:
                 seg = run.segment
-                if published(seg.segment_id) is not seg and not self.is_live(seg):
+                if published(seg.segment_id) != seg and not self.is_live(seg):
                     raise ValueError(f"stale PrefixHit: segment {seg.segment_id} was "
                                      f"reclaimed; look the keys up again")
         else:

@@ -175,7 +175,7 @@ class Stores:
     def complete_copy(self, plan: StorePlan) -> None:
         """``ControlPlane.complete_copy``."""
         seg = plan.segment
-        if self._pending.get(seg.segment_id) is not plan or plan.copy is None:
+        if self._pending.get(seg.segment_id) != plan or plan.copy is None:
             raise KeyError(f"no store with a memory copy in flight for segment_id "
                            f"{seg.segment_id!r}")
         self._early.file(plan, plan.copy)
@@ -183,7 +183,7 @@ class Stores:
     def complete(self, plan: StorePlan, ok: bool) -> None:
         """``ControlPlane.complete_store``."""
         seg = plan.segment
-        if self._pending.get(seg.segment_id) is not plan:
+        if self._pending.get(seg.segment_id) != plan:
             raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
         del self._pending[seg.segment_id]
         self._writing.subtract(seg.keys)

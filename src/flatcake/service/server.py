@@ -40,12 +40,12 @@ from flatcake.cio.files import SessionFiles
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
-from flatcake.connectors import node_wire as wire
-from flatcake.connectors.node_wire import Attached, WorkerRoot
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
-from flatcake.control import ControlPlane, FileCut
+from flatcake.control import ControlPlane, FileCut, StorePlan
 from flatcake.geometry import KVGeometry
+from flatcake.link import wire
+from flatcake.link.wire import Attached, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 
 logger = logging.getLogger("flatcake.service")
@@ -61,6 +61,18 @@ class _Engine:
 
 
 socket_path = wire.socket_path
+
+
+@dataclass(slots=True)
+class _Store:
+    """An attached ``FlatCakeStore``: what it holds in the books, for its lease."""
+
+    client_id: str
+    name: str
+    pid: int
+    last_call: float
+    loads: set[Any] = dataclasses.field(default_factory=set)
+    stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
 
 
 def rank_dir(root: Path, rank: int, world_size: int) -> Path:
@@ -85,6 +97,7 @@ class NodeService:
         self._rank_roots: list[Executor] = []
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
+        self._stores: dict[str, _Store] = {}
         self._orphans: tuple[list[FileDrop], list[FileCut]] = ([], [])
         self._next_engine = 0
         self._ctx = zmq.Context()
@@ -164,6 +177,19 @@ class NodeService:
                               self.config)
         if method == wire.STATUS:
             return self.status()
+        if method == wire.ATTACH_STORE:
+            return self._attach_store(now, *args)
+        store = self._stores.get(engine_id)
+        if store is not None:
+            store.last_call = now
+            if method == wire.DETACH:
+                self._release_store(store, "detached")
+                return None
+            if method == wire.RENEW:
+                return None
+            if method != wire.CONTROL:
+                raise wire.NodeRefused(f"unknown call {method!r} of a store")
+            return self._control(store, *args)
         engine = self._engines.get(engine_id)
         if engine is None:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
@@ -206,6 +232,52 @@ class NodeService:
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
 
+    def _attach_store(self, now: float, name: str, pid: int, geometry: KVGeometry
+                      ) -> Attached:
+        parts = self._ensure_books(geometry, 1)
+        client_id = f"s{self._next_engine}"
+        self._next_engine += 1
+        self._stores[client_id] = _Store(client_id, name, pid, now)
+        logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
+        return Attached(client_id, self.config, parts.recovered_segments)
+
+    def _control(self, store: _Store, method: str, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        """One ``ControlPlane`` call of an attached store, on its own FC-MAS queue; its
+        loads and stores in flight are kept for its lease."""
+        if method not in wire.CONTROL_CALLS:
+            raise wire.NodeRefused(f"unknown control call {method!r}")
+        assert self._parts is not None
+        control = self._parts.control
+        if method in wire.FCMAS_CALLS:
+            kwargs = {**kwargs, "queue": store.client_id}
+        out = getattr(control, method)(*args, **kwargs)
+        if method == "prepare_load":
+            store.loads.add(args[0])
+            # The planner the store passed records the stream it planned: it goes back.
+            return out, kwargs.get("planner")
+        elif method == "complete_load":
+            store.loads.discard(args[0])
+        elif method == "prepare_store" and out is not None:
+            store.stores[out.segment.segment_id] = out
+        elif method == "complete_store":
+            store.stores.pop(args[0].segment.segment_id, None)
+        return out
+
+    def _release_store(self, store: _Store, why: str) -> None:
+        del self._stores[store.client_id]
+        busy = bool(store.loads or store.stores)
+        if self._parts is not None:
+            control = self._parts.control
+            for request_id in store.loads:
+                control.complete_load(request_id)
+            for plan in store.stores.values():
+                control.complete_store(plan, False)
+            control.drop_restore_queue(store.client_id)
+        (logger.warning if busy else logger.info)(
+            "store %s (%s, pid %d) %s%s", store.client_id, store.name, store.pid, why,
+            ": its restores unpinned, its unfinished writes rolled back" if busy else "")
+
     def _release(self, engine: _Engine, why: str) -> None:
         del self._engines[engine.engine_id]
         busy = engine.side.has_work()
@@ -222,16 +294,22 @@ class NodeService:
     def expire(self, now: float | None = None) -> int:
         """Release every engine silent for longer than its lease; how many."""
         now = time.monotonic() if now is None else now
+        why = f"silent for over {self.lease_s:g} s (lease ended)"
         late = [e for e in self._engines.values() if now - e.last_call > self.lease_s]
         for engine in late:
-            self._release(engine, f"silent for over {self.lease_s:g} s (lease ended)")
-        return len(late)
+            self._release(engine, why)
+        gone = [s for s in self._stores.values() if now - s.last_call > self.lease_s]
+        for store in gone:
+            self._release_store(store, why)
+        return len(late) + len(gone)
 
     def status(self) -> dict[str, Any]:
         """Engines attached and the books' figures (``flatcake serve --status``)."""
         out: dict[str, Any] = {"root": str(self.root), "socket": str(self.socket),
                                "engines": {e.engine_id: {"name": e.name, "pid": e.pid}
                                            for e in self._engines.values()},
+                               "stores": {s.client_id: {"name": s.name, "pid": s.pid}
+                                          for s in self._stores.values()},
                                "calls": self.calls}
         if self._parts is not None:
             st = self._parts.control.stats()
@@ -287,7 +365,7 @@ class NodeService:
 def ask_status(sock: Path, timeout_s: float) -> dict[str, Any]:
     """What the service listening on ``sock`` serves (``flatcake serve --status``);
     raises ``NodeUnavailable`` / ``NodeRefused``."""
-    from flatcake.connectors.node_client import NodeClient
+    from flatcake.link.client import NodeClient
 
     client = NodeClient(str(sock), timeout_s)
     try:

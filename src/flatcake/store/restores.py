@@ -103,6 +103,11 @@ class Restores:
             except BaseException as exc:
                 del self._loads[request_id]
                 load.future.set_exception(exc)
+                if isinstance(exc, ConnectionError):
+                    # The node service is gone: the restores queued behind this one
+                    # would never be started by its FC-MAS queue; they fail too (misses).
+                    for rid in [r for r, q in self._loads.items() if not q.started]:
+                        self._loads.pop(rid).future.set_exception(exc)
                 self._cond.notify_all()
                 raise
 

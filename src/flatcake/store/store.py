@@ -80,6 +80,7 @@ from flatcake.store.results import (
     LoadResult,
     LookupResult,
     ReclaimResult,
+    RecoveryReport,
     StoreResult,
     TurnSignals,
 )
@@ -96,16 +97,26 @@ class FlatCakeStore:
         self.root = root
         self.geometry = geometry
         self.config = config
-        self._exec = Executor(root, geometry, config)
+        self._rid_prefix = ""
+        # ``store.node``: attached to the machine's node service, which holds the root
+        # and the books; this store runs its own I/O on the shared files and arena.
+        self.attached = bool(config.store.node)
+        if self.attached:
+            self._attach(geometry, config, clock)
+        else:
+            self._exec = Executor(root, geometry, config)
+            self.control = ControlPlane(geometry, config, clock)
         self.io_mode = self._exec.io_mode
         self._lock = threading.Lock()
         self._unpinned = threading.Condition(self._lock)
-        self.control = ControlPlane(geometry, config, clock)
         self._restores = Restores(self._unpinned, self.control, self._exec,
                                   self._load_finished)
         self._request_ids = itertools.count()
         self._closed = False
         self._cluster: StoreCluster | None = None
+        if self.attached:
+            self.recovery = RecoveryReport(0, 0, self._recovered, 0, 0, 0, 0, ())
+            return
         try:
             self.recovery = recover_root(self._exec, self.control, verify_on_open)
             write_record(root, geometry, config, self.io_mode)  # for offline `inspect`
@@ -115,6 +126,28 @@ class FlatCakeStore:
         except BaseException:
             self._exec.close()
             raise
+
+    def _attach(self, geometry: KVGeometry, config: FlatCakeConfig, clock: Clock) -> None:
+        from flatcake.link.client import worker_root
+        from flatcake.link.control import RemoteControl
+
+        node, timeout = config.store.node, config.store.node_timeout_s
+        where = worker_root(node, timeout, 0, geometry, 1, wait_s=timeout)
+        control = RemoteControl(node, timeout, geometry, clock,
+                                name=f"FlatCakeStore pid {os.getpid()}")
+        # The same verbs, answered by the service.
+        self.control = control  # type: ignore[assignment]
+        self._recovered = control.recovered_segments
+        self.config = control.config
+        self.root = where.store_dir
+        self._rid_prefix = f"{os.getpid()}-{id(self):x}-"
+        self._exec = Executor(where.store_dir, geometry, self.config,
+                              arena_path=where.arena_path)
+
+    def _wait(self) -> None:
+        """Wait for a store or restore to finish (under ``self._lock``); attached, the
+        one waited for may run in another process, so the books are asked again soon."""
+        self._unpinned.wait(0.005 if self.attached else None)
 
     @classmethod
     def open(cls, root: str | os.PathLike[str], geometry: KVGeometry | str,
@@ -225,7 +258,7 @@ class FlatCakeStore:
                 # The session is being cut before a damaged segment: append only after
                 # the cut, right behind the last good segment (waits for the restores
                 # or writes still using the cut-off part).
-                self._unpinned.wait()
+                self._wait()
                 self._settle_damage()
             plan = self.control.prepare_store(
                 session_id, keys, turn_index=signals.turn_index,
@@ -325,9 +358,10 @@ class FlatCakeStore:
             while (found := servable(self.control, keys)).wait:
                 # Another thread is writing the blocks right after the hit: wait for
                 # them to be durable rather than miss them.
-                self._unpinned.wait()
+                self._wait()
                 self._settle_damage()
-            task, plan = load(self.control, f"load-{next(self._request_ids)}", found.hit,
+            rid = f"{self._rid_prefix}load-{next(self._request_ids)}"
+            task, plan = load(self.control, rid, found.hit,
                               table, 0, far)
             future = self._restores.submit(task, plan, paged, ready)
         return LoadHandle(task.remote_end, ready, future)
@@ -391,6 +425,8 @@ class FlatCakeStore:
         if self._cluster is not None:
             self._cluster.close()
         self._exec.close()
+        if self.attached:
+            self.control.close()  # type: ignore[attr-defined]
 
     def __enter__(self) -> FlatCakeStore:
         return self

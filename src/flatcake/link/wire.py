@@ -1,4 +1,5 @@
-"""The node service's wire: where it listens, how a call and its answer travel.
+"""The node service's wire: where it listens, how a call and its answer travel, and
+what an attach answers.
 
 Transport is ZeroMQ over a unix socket (``ipc://``): a ROUTER in the service, one DEALER
 per client socket. A call is one frame, ``pickle((call_id, engine_id, method, args))``;
@@ -24,6 +25,19 @@ RENEW = "renew"
 DETACH = "detach"
 WORKER = "worker"
 STATUS = "status"
+ATTACH_STORE = "attach_store"
+CONTROL = "control"
+# An attached store's calls of the books (``link.control.RemoteControl``); the FC-MAS
+# ones run on the store's own queue.
+CONTROL_CALLS = frozenset({
+    "lookup", "store_in_flight", "prepare_store", "take_reclaim_actions", "complete_store",
+    "complete_copy", "files_of", "file_end_bytes", "cut_pending", "settle_damage",
+    "prepare_load", "complete_load", "segment", "mark_damaged", "restore_request",
+    "submit_restore", "next_restores", "restore_done", "pop_ready_restore", "reclaim",
+    "drop_session", "session_ids", "session", "stats", "segments", "ready_cuts",
+})
+FCMAS_CALLS = frozenset({"submit_restore", "next_restores", "restore_done",
+                         "pop_ready_restore"})
 # An engine's scheduler half, forwarded to its ``SchedulerSide`` in the service.
 ENGINE_CALLS = frozenset({
     "new_request", "num_matched_tokens", "after_alloc", "prompt_computed", "step",

@@ -1,0 +1,5 @@
+"""The link to the node service (``flatcake serve``): its wire format (``wire``), a
+bounded call and a worker's files (``client``), and the books seen through it
+(``control.RemoteControl``). Every host attached to the service uses these; the service
+itself lives in ``flatcake.service``. Import the modules directly (they need pyzmq).
+"""

@@ -1,0 +1,85 @@
+"""A bounded call to the node service (``NodeClient``) and a worker's files from it
+(``worker_root``): what every host attached to the service uses (the vLLM halves, the
+store, the SGLang backend through the store).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import zmq
+
+from flatcake.geometry import KVGeometry
+from flatcake.link import wire
+from flatcake.link.wire import WorkerRoot
+
+
+class NodeClient:
+    """One socket to the node service; ``call`` waits at most ``timeout_s``."""
+
+    def __init__(self, node: str, timeout_s: float) -> None:
+        self.path = wire.socket_path(node)
+        self.timeout_ms = max(1, int(timeout_s * 1000))
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._sock: zmq.Socket[bytes] | None = None
+        self._ids = itertools.count()
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(wire.endpoint(self.path))
+            self._sock = sock
+        return self._sock
+
+    def call(self, method: str, engine_id: str = "", *args: Any) -> Any:
+        """The service's answer; ``NodeUnavailable`` past the timeout (the socket is
+        then renewed, so a late answer never meets a later call), ``NodeRefused`` for
+        an error it answered."""
+        sock = self._socket()
+        call_id = next(self._ids)
+        sock.send(wire.encode((call_id, engine_id, method, args)))
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0 or not sock.poll(left):
+                self.reset()
+                raise wire.NodeUnavailable(f"the node service at {self.path} did not "
+                                           f"answer {method} within {self.timeout_ms} ms")
+            got_id, ok, value = wire.decode(sock.recv())
+            if got_id != call_id:
+                continue  # a late answer to an earlier call
+            if not ok:
+                raise wire.NodeRefused(str(value))
+            return value
+
+    def reset(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+
+    def close(self) -> None:
+        self.reset()
+
+
+def worker_root(node: str, timeout_s: float, rank: int, geometry: KVGeometry,
+                world_size: int, wait_s: float = 60.0) -> WorkerRoot:
+    """A worker's store directory and arena, from the service (waits up to ``wait_s``
+    for it to come up: a worker cannot run without its files)."""
+    client = NodeClient(node, timeout_s)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                root: WorkerRoot = client.call(wire.WORKER, "", rank, geometry, world_size)
+                return root
+            except wire.NodeUnavailable:
+                if time.monotonic() >= deadline:
+                    raise ValueError(f"store.node={node!r}: no node service answers at "
+                                     f"{client.path} (start it with `flatcake serve`)"
+                                     ) from None
+                time.sleep(0.5)
+    finally:
+        client.close()

@@ -1,0 +1,72 @@
+"""``FlatCakeStore`` attached to the node service (``store.node``): two stores (one per
+engine process in a deployment; here two in one process, each with its own executor and
+its own mapping of the shared arena) share one root's books: a turn stored by one is
+restored by the other byte for byte, from SSD and from the shared arena; a store cannot
+open the served root embedded; the service gone, a store call fails with a clear
+``ConnectionError``, never hangs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flatcake.store import FlatCakeStore
+from tests.service.helpers import Service
+from tests.store.helpers import (
+    SMALL,
+    TO_MEMORY,
+    TO_SSD,
+    block_bytes,
+    empty_kv,
+    random_kv,
+    session_keys,
+    small_config,
+)
+
+pytest.importorskip("zmq")
+SLOTS = 16
+
+
+def attached(svc: Service) -> FlatCakeStore:
+    cfg = small_config(f"store.node=unix:{svc.sock}", "store.node_timeout_s=2")
+    return FlatCakeStore.open(svc.root, SMALL, cfg)
+
+
+def test_two_stores_share_one_root_through_the_service(tmp_path: Path) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.memory_capacity_bytes=4194304",
+                  "store.ssd_capacity_bytes=268435456").start()
+    a, b = attached(svc), attached(svc)
+    try:
+        kv = random_kv(SMALL, SLOTS, seed=7)
+        keys = session_keys(1, 7)
+        slots = list(range(7))
+        ra = a.store_turn("s1", keys[:4], kv, slots, TO_SSD)
+        rb = a.store_turn("s1", keys, kv, slots, TO_MEMORY)
+        assert ra.num_blocks == 4 and rb.num_blocks == 3
+        assert b.lookup(keys).num_blocks == 7
+        got = empty_kv(SMALL, SLOTS)
+        res = b.load(keys, got, slots)
+        assert (res.num_blocks, res.num_ssd_blocks, res.num_memory_blocks) == (7, 4, 3)
+        for layer in range(SMALL.num_layers):
+            for s in slots:
+                assert block_bytes(got, layer, s, "kv_blocks") == \
+                    block_bytes(kv, layer, s, "kv_blocks")
+        # B extends the session: one file for the session, whoever writes.
+        more = session_keys(1, 9)
+        kv2 = random_kv(SMALL, SLOTS, seed=8)
+        assert b.store_turn("s1", more, kv2, list(range(9)), TO_SSD).num_blocks == 2
+        assert len(list((svc.root / "sessions").iterdir())) == 1
+        got2 = empty_kv(SMALL, SLOTS)
+        assert a.load(more, got2, list(range(9))).num_blocks == 9
+        assert block_bytes(got2, 2, 8, "kv_blocks") == block_bytes(kv2, 2, 8, "kv_blocks")
+        with pytest.raises(ValueError, match="already open"):
+            FlatCakeStore.open(svc.root, SMALL, small_config())
+        svc.kill()
+        with pytest.raises(ConnectionError, match="did not answer"):
+            b.lookup(keys)
+    finally:
+        a.close()
+        b.close()
+        svc.stop()
