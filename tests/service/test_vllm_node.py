@@ -89,13 +89,15 @@ class Server:
 class Chat:
     """One conversation (the README client's words), its turns sent where told."""
 
-    def __init__(self, session: str) -> None:
-        self.session, self.history = session, []  # type: ignore[var-annotated]
+    def __init__(self, session: str, offset: int) -> None:
+        self.session, self.offset = session, offset
+        self.history: list[dict] = []
 
     def turn(self, server: Server) -> dict:
         words = 90 if not self.history else 30
         n = len(self.history)
-        question = " ".join(f"w{3 + (n * 37 + i) % 509}" for i in range(words))
+        # ``offset`` keeps sessions' prompts apart (the same words would be the same KV).
+        question = " ".join(f"w{3 + (n * 37 + i + self.offset) % 509}" for i in range(words))
         self.history.append({"role": "user", "content": question})
         body = {"model": "tiny", "messages": self.history, "max_tokens": 16,
                 "kv_transfer_params": {"session_id": self.session}}
@@ -125,7 +127,7 @@ def test_two_servers_and_two_dp_ranks_share_one_node_service(tmp_path: Path) -> 
     try:
         dp.wait_healthy()
         solo.wait_healthy()
-        alice = Chat("alice")
+        alice = Chat("alice", 0)
         t0 = alice.turn(dp)
         t1 = alice.turn(solo)  # a cold engine: turn 0's 2 full blocks from FlatCake
         t2 = alice.turn(dp)
@@ -141,19 +143,22 @@ def test_two_servers_and_two_dp_ranks_share_one_node_service(tmp_path: Path) -> 
         assert len(list((svc.root / "sessions").iterdir())) == 1  # one session, one file
         # The service dies: both servers keep answering, without FlatCake.
         svc.kill()
-        bob = Chat("bob")
+        bob = Chat("bob", 101)
         missed = [bob.turn(solo), bob.turn(dp)]
         assert all(m["hit_tokens"] == 0 for m in missed)
         svc.start()  # SSD recovered; the servers re-attach on their next calls
-        carol = Chat("carol")
-        deadline, c1 = time.monotonic() + 120, {"loaded_tokens_ssd": 0}
-        c0 = carol.turn(dp)
-        while c0.get("stored_blocks", 0) == 0 and time.monotonic() < deadline:
-            time.sleep(2)
-            carol = Chat("carol")
+        # A new session's first turn, until one is stored (the first ones may run
+        # before the server re-attached): its next turn on the other server hits.
+        deadline, tries = time.monotonic() + 120, 0
+        while True:
+            carol = Chat(f"carol{tries}", 211 + 17 * tries)
             c0 = carol.turn(dp)
+            tries += 1
+            if c0.get("stored_blocks") or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         c1 = carol.turn(solo)
-        print(missed, c0, c1, sep="\n")
+        print(missed, tries, c0, c1, sep="\n")
         assert c0.get("stored_blocks") == 2 and c1["loaded_tokens_ssd"] == 64
     finally:
         rcs = [s.stop() for s in (dp, solo)]
