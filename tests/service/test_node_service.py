@@ -182,3 +182,30 @@ def test_a_session_another_engine_wrote_is_reclaimed_on_disk_too(tmp_path: Path)
         a.close()
         b.close()
         assert svc.stop() == 0, svc.stderr()
+
+
+def test_socket_and_arena_are_private_and_a_second_service_is_refused(node: Service,
+                                                                       tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    a = Engine(node.sock, seed=1, name="A")  # the arena exists once an engine attached
+    try:
+        assert os.stat(node.sock).st_mode & 0o777 == 0o600
+        (arena,) = list(node.arena_dir.iterdir())
+        assert os.stat(arena).st_mode & 0o777 == 0o600
+    finally:
+        a.close()
+    serve = [sys.executable, "-m", "flatcake.cli", "serve"]
+    same_root = subprocess.run([*serve, "--root", str(node.root), "--socket",
+                                str(tmp_path / "other.sock")],
+                               capture_output=True, text=True, timeout=60)
+    assert same_root.returncode == 2 and "already open" in same_root.stdout
+    same_socket = subprocess.run([*serve, "--root", str(tmp_path / "root2"), "--socket",
+                                  str(node.sock)], capture_output=True, text=True, timeout=60)
+    assert same_socket.returncode == 2 and "another node service" in same_socket.stdout
+    (tmp_path / "file").write_text("x")
+    not_dir = subprocess.run([*serve, "--root", str(tmp_path / "file")],
+                             capture_output=True, text=True, timeout=60)
+    assert not_dir.returncode == 2 and "Traceback" not in not_dir.stdout + not_dir.stderr

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -75,6 +76,19 @@ class _Store:
     stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
 
 
+def _listening(path: Path) -> bool:
+    """Whether a live process accepts connections on the unix socket ``path``."""
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def rank_dir(root: Path, rank: int, world_size: int) -> Path:
     """A tensor-parallel rank's store directory (the root itself without TP)."""
     return root if world_size == 1 else root / f"tp{rank}"
@@ -103,7 +117,13 @@ class NodeService:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        ensure_private_dir(self.socket.parent)
+        # A missing socket directory is made 0700; an existing one (/run, /tmp) is left
+        # as it is: the socket itself is 0600 (connecting needs write access to it).
+        self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _listening(self.socket):
+            self._lock.close()
+            raise ValueError(f"another node service listens on {self.socket}: stop it, or "
+                             "give this one another --socket")
         self.socket.unlink(missing_ok=True)
         old = os.umask(0o177)
         try:
