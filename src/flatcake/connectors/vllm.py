@@ -65,6 +65,11 @@ local-only and a warning); the worker reads them through the remote readers, eac
 layer's crc32 checked, and a block it cannot fetch (owner gone, timed out, bad crc) is a
 load error: the engine recomputes it.
 
+One store per machine (``{"store": {"node": "unix:/run/flatcake/node.sock"}}``, the
+socket of ``flatcake serve``): the scheduler half forwards its calls to the node service
+(``connectors.node_client``) and the worker runs the same plans on the service's files
+and shared arena, so every DP rank and every vLLM on the machine shares one store.
+
 Limits: one KV cache group (no hybrid attention models), no pipeline parallelism;
 tensor-parallel workers each keep their own store directory (``<root>/tp<rank>``);
 no tensor parallelism in a cluster (each rank's arena and files would need a node id of
