@@ -34,7 +34,7 @@ test: $(STAMP) engine-venv nixl-venv sglang-venv
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
-	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors tests/service
+	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors tests/service tests/loadgen
 	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang*.py
 
 # The inner loop: ruff, then the tests but the slow, engine, SGLang and trace ones, on few
@@ -53,7 +53,7 @@ nixl-venv:
 
 # FlatCake behind a real vLLM engine, end to end (tests/connectors/test_vllm_e2e.py).
 engine-test: engine-venv
-	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors tests/service
+	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors tests/service tests/loadgen
 
 # SGLang's CPU-safe requirements + sglang==0.5.23 --no-deps + torch 2.13.0 (CPU); a stamp
 # makes reruns free.

@@ -56,7 +56,7 @@ def restore(sock: str, sessions: list[int], blocks: int, start: object, out: obj
             res = store.load(keys_of(s, blocks), got, list(range(blocks)))
             moved += res.bytes_read
             exact &= res.num_blocks == blocks and all(torch.equal(
-                a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, kvs[s]))
+                a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, kvs[s], strict=True))
         out.put((time.perf_counter() - t0, time.process_time() - c0, moved, exact))  # type: ignore[attr-defined]
     finally:
         store.close()

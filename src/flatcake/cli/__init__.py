@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "every engine on it"),
     "sweep": ("flatcake.cli.sweep", "replay every system at every load; tables, plots, "
               "report.html"),
+    "loadgen": ("flatcake.cli.loadgen", "drive a live OpenAI-compatible server with a "
+                "session workload; TTFT and cached share"),
 }
 
 

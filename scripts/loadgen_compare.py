@@ -1,0 +1,316 @@
+"""Side by side on a live vLLM: one ``flatcake loadgen`` working-set sweep against each
+server configuration, started with identical flags, alternating over repeats.
+
+    .venv/bin/python scripts/loadgen_compare.py --out loadgen-compare
+
+Configurations: ``none`` (vLLM alone, its own prefix cache) and ``flatcake`` (the
+FlatCake connector with ``--flatcake-memory-mib`` of host memory and
+``--flatcake-ssd-mib`` of SSD under a fresh store root). Repeat ``r`` runs them in
+order when r is even, reversed when odd (none, flatcake, flatcake, none, ...), each on a
+fresh server; on each server every working set gets a warm-up pass (one visit of each
+prompt, not measured), then a measured run of ``--duration`` seconds. Seeds are the same
+for every configuration and differ between working sets, so each server sees the same
+prompts and no two working sets share one. Each stop is SIGINT to the API server
+(``--stop group``: to its whole process group, as a terminal's Ctrl-C) with
+``--shutdown-timeout 30``; a server still up after ``STOP_WAIT_S`` is killed, and the
+table says how each stop went (read from the server's log: a worker that died, an
+engine vLLM force-killed). Writes ``compare.md`` and ``compare.json`` to --out,
+and each run's loadgen output under ``--out/runs``.
+
+The model is a random Llama built offline in --model when it is missing (12 layers,
+hidden 512, 4 KV heads of 64: 24,576 B of float32 KV per token, as in issue 28), so
+prefill is costly enough on a CPU for a restore to matter. vLLM's own cache is capped
+with ``--num-gpu-blocks-override``. Needs ./.venv-engine (scripts/engine_venv.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE_PY = REPO / ".venv-engine" / "bin" / "python"
+STOP_WAIT_S = 90
+BLOCK = 32
+CONFIGS = ("none", "flatcake")
+# What the server log says when a stop was not clean.
+STOP_EVENTS = {
+    "a worker died": r"died unexpectedly",
+    "vLLM force-killed the engine": r"force killing remaining process",
+    "engine fatal error": r"EngineCore encountered a fatal error",
+}
+
+BUILD_MODEL = """
+import sys, torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+out, layers, hidden, heads, kv_heads, inter = sys.argv[1], *map(int, sys.argv[2:])
+vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 512)}}
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                        unk_token="<unk>").save_pretrained(out)
+torch.manual_seed(0)
+LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=inter,
+    num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+    max_position_embeddings=8192, bos_token_id=1, eos_token_id=2,
+    tie_word_embeddings=False)).save_pretrained(out)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+             VLLM_CPU_KVCACHE_SPACE="1")
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"),
+                                                   os.environ.get("PYTHONPATH", "")) if p)
+    return e
+
+
+class Server:
+    """One vLLM OpenAI server in its own process group, its log in ``log``."""
+
+    def __init__(self, args: argparse.Namespace, config: str, store: Path, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        cmd = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server",
+               "--host", "127.0.0.1", "--port", str(self.port), "--model", str(args.model),
+               "--served-model-name", "model", "--dtype", "float32",
+               "--max-model-len", str(args.max_model_len), "--block-size", str(BLOCK),
+               "--num-gpu-blocks-override", str(args.vllm_blocks), "--enforce-eager",
+               "--enable-prompt-tokens-details", "--shutdown-timeout", "30"]
+        if config == "flatcake":
+            cmd += ["--kv-transfer-config", json.dumps({
+                "kv_connector": "FlatCakeConnector", "kv_role": "kv_both",
+                "kv_connector_module_path": "flatcake.connectors.vllm",
+                "kv_connector_extra_config": {"store": {
+                    "root": str(store), "memory_capacity_bytes": args.flatcake_memory_mib << 20,
+                    "ssd_capacity_bytes": args.flatcake_ssd_mib << 20}}})]
+        self.started = time.monotonic()
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited ({self.proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        self.start_s = time.monotonic() - self.started
+                        return
+            except OSError:
+                pass
+            time.sleep(2)
+        self.stop("group")
+        raise SystemExit(f"server not healthy in 300 s; see {log}")
+
+    def flatcake_metrics(self) -> dict[str, float]:
+        """The ``vllm:flatcake_*`` series by name and labels (the engine label left
+        out), without Prometheus' ``_created`` timestamps."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        got: dict[str, float] = {}
+        for m in re.finditer(r"^vllm:flatcake_(\w+?)(\{[^}]*\})? (\S+)$", text, re.M):
+            if m.group(1).endswith("_created"):
+                continue
+            labels = ",".join(x for x in re.findall(r'(\w+="[^"]*")', m.group(2) or "")
+                              if not x.startswith(("engine=", "model_name=")))
+            key = m.group(1) + (f"{{{labels}}}" if labels else "")
+            got[key] = got.get(key, 0.0) + float(m.group(3))
+        return got
+
+    def stop(self, how: str) -> dict[str, Any]:
+        """Ctrl-C to the API server (``server``, as a supervisor stops it) or to its
+        whole process group (``group``, as a terminal's Ctrl-C does); a kill of the
+        group after ``STOP_WAIT_S``. Says how it went, from the log."""
+        start = time.monotonic()
+        if how == "group":
+            os.killpg(self.proc.pid, signal.SIGINT)
+        else:
+            self.proc.send_signal(signal.SIGINT)
+        forced = False
+        try:
+            rc = self.proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            rc = self.proc.wait()
+            forced = True
+        with contextlib.suppress(ProcessLookupError):  # a child left behind
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        tail = self.log.read_text(errors="replace")[-200_000:]
+        events = [name for name, pattern in STOP_EVENTS.items() if re.search(pattern, tail)]
+        if forced:
+            events.insert(0, f"killed by this script after {STOP_WAIT_S} s")
+        return {"stop_s": round(time.monotonic() - start, 1), "rc": rc,
+                "clean": not events, "events": events}
+
+
+def loadgen(args: argparse.Namespace, url: str, ws: int, seed: int, out: Path,
+            warm: bool) -> dict:
+    cmd = [sys.executable, "-m", "flatcake.cli", "loadgen", url, "--working-set", str(ws),
+           "--prompt-tokens", str(args.prompt_tokens), "--suffix-tokens", "32",
+           "--max-tokens", str(args.max_tokens), "--vocab-size", "512",
+           "--concurrency", str(args.concurrency), "--seed", str(seed), "--timeout", "300",
+           "--json", "--no-plots", "--out", str(out)]
+    cmd += (["--max-requests", str(ws), "--duration", "0"] if warm
+            else ["--duration", str(args.duration)])
+    if args.session_ids:
+        cmd.append("--session-ids")
+    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=1200)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"loadgen failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    return dict(json.loads(done.stdout)["summary"])
+
+
+def build_model(model: Path) -> None:
+    if model.is_dir():
+        return
+    print(f"building the random model in {model}", flush=True)
+    subprocess.run([str(ENGINE_PY), "-c", BUILD_MODEL, str(model), "12", "512", "8", "4",
+                    "1024"], env=env(), check=True, timeout=600, capture_output=True)
+
+
+def cell(runs: list[dict], key: str, fmt: str) -> str:
+    vals = [r["summary"][key] for r in runs if r["summary"][key] is not None]
+    if not vals:
+        return "-"
+    mean = sum(vals) / len(vals)
+    each = " / ".join(format(v, fmt) for v in vals)
+    return f"{format(mean, fmt)} ({each})" if len(vals) > 1 else format(mean, fmt)
+
+
+def table(results: list[dict], working_sets: list[int]) -> str:
+    lines = ["| working set | config | TTFT p50 (s) | TTFT p95 (s) | cached share | "
+             "req/s | errors | load avg (1 min) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for ws in working_sets:
+        for config in CONFIGS:
+            runs = [r for r in results if r["config"] == config and r["working_set"] == ws]
+            if not runs:
+                continue
+            pct = [dict(r, summary={k: (v * 100 if isinstance(v, float) else v)
+                                    for k, v in r["summary"].items()}) for r in runs]
+            lines.append(
+                f"| {ws} prompts | {config} | {cell(runs, 'ttft_p50_s', '.3f')} | "
+                f"{cell(runs, 'ttft_p95_s', '.3f')} | {cell(pct, 'cached_share', '.1f')} % | "
+                f"{cell(runs, 'req_per_s', '.2f')} | "
+                f"{sum(r['summary']['errors'] for r in runs)} | "
+                f"{' / '.join(r['load_before'].split()[0] for r in runs)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("loadgen-compare"))
+    p.add_argument("--model", type=Path, default=Path("/tmp/flatcake-loadgen-model"))
+    p.add_argument("--working-sets", default="4,32", help="prompts per working set")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--vllm-blocks", type=int, default=150,
+                   help="vLLM's KV cache in blocks of 32 tokens (default 150: 8 prompts of "
+                        "512 + 32 tokens)")
+    p.add_argument("--flatcake-memory-mib", type=int, default=32,
+                   help="FlatCake's host memory (default 32 MiB: 2.5 such prompts)")
+    p.add_argument("--flatcake-ssd-mib", type=int, default=2048)
+    p.add_argument("--stop", default="server", choices=("server", "group"),
+                   help="SIGINT to the API server only (default) or to its process group")
+    p.add_argument("--session-ids", action="store_true",
+                   help="loadgen sends each prompt's session id")
+    args = p.parse_args()
+    if not ENGINE_PY.is_file():
+        raise SystemExit(f"{ENGINE_PY} is missing: run scripts/engine_venv.sh first")
+    working_sets = [int(x) for x in args.working_sets.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    build_model(args.model)
+    results: list[dict] = []
+    stops: list[dict] = []
+    began = time.monotonic()
+    for r in range(args.repeats):
+        for config in (CONFIGS if r % 2 == 0 else CONFIGS[::-1]):
+            tag = f"r{r}-{config}"
+            store = args.out / "stores" / tag
+            print(f"[{time.monotonic() - began:6.0f} s] {tag}: starting vLLM "
+                  f"(load {loadavg()})", flush=True)
+            server = Server(args, config, store, args.out / f"server-{tag}.log")
+            try:
+                for k, ws in enumerate(working_sets):
+                    runs = args.out / "runs" / f"{tag}-ws{ws}"
+                    loadgen(args, server.url, ws, k + 1, runs / "warm", warm=True)
+                    before = loadavg()
+                    summary = loadgen(args, server.url, ws, k + 1, runs / "measured",
+                                      warm=False)
+                    results.append({"repeat": r, "config": config, "working_set": ws,
+                                    "summary": summary, "load_before": before,
+                                    "load_after": loadavg()})
+                    print(f"[{time.monotonic() - began:6.0f} s]   {ws} prompts: TTFT p50 "
+                          f"{summary['ttft_p50_s']:.3f} s, cached "
+                          f"{100 * (summary['cached_share'] or 0):.1f} %, "
+                          f"{summary['req_per_s']:.2f} req/s", flush=True)
+                metrics = server.flatcake_metrics()
+            finally:
+                stopped = server.stop(args.stop)
+            files = (len(list((store / "sessions").iterdir()))
+                     if (store / "sessions").is_dir() else None)
+            stops.append({"run": tag, "start_s": round(server.start_s, 1), **stopped,
+                          "session_files": files, "flatcake_metrics": metrics})
+            print(f"[{time.monotonic() - began:6.0f} s] {tag}: stopped in "
+                  f"{stopped['stop_s']} s, "
+                  f"{'cleanly' if stopped['clean'] else ', '.join(stopped['events'])}",
+                  flush=True)
+    text = "\n".join([
+        f"# loadgen comparison, {time.strftime('%Y-%m-%d %H:%M')}", "",
+        f"Working sets {args.working_sets} of {args.prompt_tokens}-token prompts + 32-token "
+        f"questions, {args.max_tokens} output tokens, concurrency {args.concurrency}, "
+        f"{args.duration:g} s measured after one warm-up pass; vLLM cache "
+        f"{args.vllm_blocks} blocks of {BLOCK} tokens; FlatCake {args.flatcake_memory_mib} "
+        f"MiB memory + {args.flatcake_ssd_mib} MiB SSD; {args.repeats} repeats, "
+        f"alternating. Cells: mean (each repeat).", "",
+        table(results, working_sets), "",
+        f"| server | start (s) | stop (s, SIGINT to the {args.stop}) | stopped | "
+        "session files |",
+        "|---|---|---|---|---|",
+        *(f"| {s['run']} | {s['start_s']} | {s['stop_s']} | "
+          f"{'cleanly' if s['clean'] else ', '.join(s['events'])} | "
+          f"{s['session_files'] if s['session_files'] is not None else '-'} |"
+          for s in stops),
+        "", f"total wall time {time.monotonic() - began:.0f} s; load average at the end "
+        f"{loadavg()}", ""])
+    (args.out / "compare.md").write_text(text)
+    (args.out / "compare.json").write_text(json.dumps(
+        {"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
+         "servers": stops}, indent=2))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
