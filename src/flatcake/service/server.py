@@ -43,11 +43,12 @@ from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
-from flatcake.control import ControlPlane, FileCut, StorePlan
+from flatcake.control import ControlPlane, FileCut
 from flatcake.geometry import KVGeometry
 from flatcake.link import wire
 from flatcake.link.wire import Attached, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
+from flatcake.service.stores import AttachedStore, attached_call, release_store
 
 logger = logging.getLogger("flatcake.service")
 
@@ -62,18 +63,6 @@ class _Engine:
 
 
 socket_path = wire.socket_path
-
-
-@dataclass(slots=True)
-class _Store:
-    """An attached ``FlatCakeStore``: what it holds in the books, for its lease."""
-
-    client_id: str
-    name: str
-    pid: int
-    last_call: float
-    loads: set[Any] = dataclasses.field(default_factory=set)
-    stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
 
 
 def _listening(path: Path) -> bool:
@@ -111,7 +100,7 @@ class NodeService:
         self._rank_roots: list[Executor] = []
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
-        self._stores: dict[str, _Store] = {}
+        self._stores: dict[str, AttachedStore] = {}
         self._orphans: tuple[list[FileDrop], list[FileCut]] = ([], [])
         self._next_engine = 0
         self._ctx = zmq.Context()
@@ -209,7 +198,7 @@ class NodeService:
                 return None
             if method != wire.CONTROL:
                 raise wire.NodeRefused(f"unknown call {method!r} of a store")
-            return self._control(store, *args)
+            return attached_call(store, self._books(), *args)
         engine = self._engines.get(engine_id)
         if engine is None:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
@@ -252,51 +241,22 @@ class NodeService:
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
 
+    def _books(self) -> ControlPlane:
+        assert self._parts is not None  # a store attached: the books exist
+        return self._parts.control
+
+    def _release_store(self, store: AttachedStore, why: str) -> None:
+        del self._stores[store.client_id]
+        release_store(store, self._parts.control if self._parts is not None else None, why)
+
     def _attach_store(self, now: float, name: str, pid: int, geometry: KVGeometry
                       ) -> Attached:
         parts = self._ensure_books(geometry, 1)
         client_id = f"s{self._next_engine}"
         self._next_engine += 1
-        self._stores[client_id] = _Store(client_id, name, pid, now)
+        self._stores[client_id] = AttachedStore(client_id, name, pid, now)
         logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
         return Attached(client_id, self.config, parts.recovered_segments)
-
-    def _control(self, store: _Store, method: str, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
-        """One ``ControlPlane`` call of an attached store, on its own FC-MAS queue; its
-        loads and stores in flight are kept for its lease."""
-        if method not in wire.CONTROL_CALLS:
-            raise wire.NodeRefused(f"unknown control call {method!r}")
-        assert self._parts is not None
-        control = self._parts.control
-        if method in wire.FCMAS_CALLS:
-            kwargs = {**kwargs, "queue": store.client_id}
-        out = getattr(control, method)(*args, **kwargs)
-        if method == "prepare_load":
-            store.loads.add(args[0])
-            # The planner the store passed records the stream it planned: it goes back.
-            return out, kwargs.get("planner")
-        elif method == "complete_load":
-            store.loads.discard(args[0])
-        elif method == "prepare_store" and out is not None:
-            store.stores[out.segment.segment_id] = out
-        elif method == "complete_store":
-            store.stores.pop(args[0].segment.segment_id, None)
-        return out
-
-    def _release_store(self, store: _Store, why: str) -> None:
-        del self._stores[store.client_id]
-        busy = bool(store.loads or store.stores)
-        if self._parts is not None:
-            control = self._parts.control
-            for request_id in store.loads:
-                control.complete_load(request_id)
-            for plan in store.stores.values():
-                control.complete_store(plan, False)
-            control.drop_restore_queue(store.client_id)
-        (logger.warning if busy else logger.info)(
-            "store %s (%s, pid %d) %s%s", store.client_id, store.name, store.pid, why,
-            ": its restores unpinned, its unfinished writes rolled back" if busy else "")
 
     def _release(self, engine: _Engine, why: str) -> None:
         del self._engines[engine.engine_id]

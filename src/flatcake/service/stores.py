@@ -1,0 +1,66 @@
+"""``FlatCakeStore``s attached to the node service (``link.control.RemoteControl``):
+their ``ControlPlane`` calls, run on the node's books on each store's own FC-MAS queue,
+and what each holds there (its loads and stores in flight), released when its lease ends
+or it detaches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from flatcake.control import ControlPlane, StorePlan
+from flatcake.link import wire
+
+logger = logging.getLogger("flatcake.service")
+
+
+@dataclass(slots=True)
+class AttachedStore:
+    """An attached ``FlatCakeStore``: what it holds in the books, for its lease."""
+
+    client_id: str
+    name: str
+    pid: int
+    last_call: float
+    loads: set[Any] = dataclasses.field(default_factory=set)
+    stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
+
+
+def attached_call(store: AttachedStore, control: ControlPlane, method: str,
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One ``ControlPlane`` call of an attached store, on its own FC-MAS queue; its
+    loads and stores in flight are kept for its lease."""
+    if method not in wire.CONTROL_CALLS:
+        raise wire.NodeRefused(f"unknown control call {method!r}")
+    if method in wire.FCMAS_CALLS:
+        kwargs = {**kwargs, "queue": store.client_id}
+    out = getattr(control, method)(*args, **kwargs)
+    if method == "prepare_load":
+        store.loads.add(args[0])
+        # The planner the store passed records the stream it planned: it goes back.
+        return out, kwargs.get("planner")
+    if method == "complete_load":
+        store.loads.discard(args[0])
+    elif method == "prepare_store" and out is not None:
+        store.stores[out.segment.segment_id] = out
+    elif method == "complete_store":
+        store.stores.pop(args[0].segment.segment_id, None)
+    return out
+
+
+def release_store(store: AttachedStore, control: ControlPlane | None, why: str) -> None:
+    """Its lease ended (or it detached): its restores unpinned, its unfinished writes
+    rolled back (never published), its FC-MAS queue gone."""
+    busy = bool(store.loads or store.stores)
+    if control is not None:
+        for request_id in store.loads:
+            control.complete_load(request_id)
+        for plan in store.stores.values():
+            control.complete_store(plan, False)
+        control.drop_restore_queue(store.client_id)
+    (logger.warning if busy else logger.info)(
+        "store %s (%s, pid %d) %s%s", store.client_id, store.name, store.pid, why,
+        ": its restores unpinned, its unfinished writes rolled back" if busy else "")
