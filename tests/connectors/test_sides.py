@@ -302,3 +302,36 @@ def test_scheduler_half_imports_no_torch_store_or_readers() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": src})
     assert out.stdout.strip() == "[]"
+
+
+def test_a_restore_reads_only_the_segments_past_what_the_engine_holds(tmp_path: Path) -> None:
+    """vLLM holds the session's first turn itself (its own prefix cache): the load of
+    the rest reads only the second turn's segment from SSD, and delivers it whole."""
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 117))  # 4 full blocks + 1
+    v0 = view("a", turn0, session="s")
+    h.sched.num_matched_tokens(v0, 0)
+    end(h, RequestView("a", v0.keys, 17, 17, 600, 17, "s"), [1, 2, 3, 4, 5])
+    h.step()
+    turn1 = [*tokens(turn0[:16], 16, 300), 7]
+    v1 = view("b", turn1, session="s")
+    assert h.sched.num_matched_tokens(v1, 0) == (16, True)
+    h.sched.after_alloc("b", [10, 11, 12, 13, 14, 15, 16, 17, 18], 16)
+    h.step()
+    end(h, RequestView("b", v1.keys, 33, 33, 3, 33, "s"), [10, 11, 12, 13, 14, 15, 16, 17, 18])
+    h.step()
+    want = {(layer, j): h.block(layer, 14 + j) for layer in range(3) for j in range(4)}
+    # The engine holds blocks 0-3 (16 tokens): FlatCake loads 4-7, one segment's worth.
+    v2 = view("c", tokens(turn1[:32], 8, 900), session="s")
+    assert h.sched.num_matched_tokens(v2, 16) == (16, True)
+    slots = list(range(30, 41))
+    h.sched.after_alloc("c", slots, 16)
+    plan, _, recving, invalid = h.step()
+    (task,) = plan.loads
+    per_segment = 3 * 4 * 512  # layers x blocks x bytes per block per layer
+    assert task.first_block == 4 and task.num_blocks == 8
+    assert task.read_plan.useful_bytes == per_segment  # not the first turn's segment
+    assert recving == {"c"} and invalid == set()
+    for (layer, j), raw in want.items():
+        assert h.block(layer, 34 + j) == raw
+    h.close()

@@ -172,6 +172,26 @@ class PrefixHit:
 EMPTY_HIT = PrefixHit(0, 0, 0, ())
 
 
+def trim_hit(hit: PrefixHit, start: int) -> tuple[HitRun, ...]:
+    """The runs of ``hit`` covering request blocks ``[start, hit.num_blocks)`` (a run
+    crossing ``start`` is cut there): what a restore reads when the engine already
+    holds blocks ``[0, start)``."""
+    out: list[HitRun] = []
+    # HitRun is a NamedTuple whose ``count`` field is shadowed by ``tuple.count``:
+    # unpack it instead of reading the attribute.
+    for run in hit.runs:
+        seg, start_pos, count, prefix_start = run
+        end = prefix_start + count
+        if end <= start:
+            continue
+        if prefix_start >= start:
+            out.append(run)
+        else:
+            cut = start - prefix_start
+            out.append(HitRun(seg, start_pos + cut, count - cut, start))
+    return tuple(out)
+
+
 def _common_run(a: tuple[bytes, ...], ai: int, b: tuple[bytes, ...], bi: int) -> int:
     """Length of the longest common run of ``a[ai:]`` and ``b[bi:]``, given that
     ``a[ai] == b[bi]``. Whole-slice comparisons run at C speed; a mismatch is found by

@@ -50,7 +50,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from flatcake.control.address import Medium
-from flatcake.control.index import EMPTY_HIT, PrefixHit
+from flatcake.control.index import EMPTY_HIT, PrefixHit, trim_hit
 from flatcake.control.plane import ControlPlane
 from flatcake.control.queues import RestoreRequest
 from flatcake.control.types import FileCut, LoadPlan, ReclaimAction, StorePlan
@@ -184,19 +184,27 @@ def load_task(control: ControlPlane, request_id: Hashable, hit: PrefixHit,
     if len(block_ids) < hit.num_blocks:
         raise ValueError(f"request {request_id!r}: {len(block_ids)} block ids for "
                          f"{hit.num_blocks} hit blocks")
+    # Where each hit run starts in the request (a refill copies its segment from there).
+    start_of = {run.segment.segment_id: run.prefix_start for run in hit.runs}
+    read = hit
+    if first_block > 0:
+        # The engine holds blocks [0, first_block): only the runs past them are read (an
+        # SSD segment crossing first_block is still read whole, for its crc32).
+        runs = trim_hit(hit, first_block)
+        ssd = sum(r[2] for r in runs if r.segment.medium == Medium.SSD)
+        read = PrefixHit(hit.num_blocks, hit.num_blocks - first_block - ssd, ssd, runs)
     planner = StreamPlanner({})
-    plan = control.prepare_load(request_id, hit, planner=planner, refill=True)
+    plan = control.prepare_load(request_id, read, planner=planner, refill=True)
     stream_request = tuple(r if r >= first_block else -1 for r in planner.stream_request)
     where = {run.segment.segment_id: (int(run.segment.file_id or 0),
                                       int(run.segment.file_offset or 0))
-             for run in hit.runs if run.segment.medium == Medium.SSD}
+             for run in read.runs if run.segment.medium == Medium.SSD}
     check_files = tuple((c.tag, *where[c.tag]) for c in planner.checks)
-    start_of = {run.segment.segment_id: run.prefix_start for run in hit.runs}
     refills = tuple((home.segment_id, start_of[home.segment_id], home.num_blocks,
                      int(copy.offset), copy.total_bytes) for home, copy in plan.refills)
     task = LoadTask(str(request_id), plan.read_plan, stream_request, tuple(planner.checks),
                     check_files, tuple(int(b) for b in block_ids[:hit.num_blocks]),
-                    hit.num_blocks, first_block, sync=not hit.needs_ssd, refills=refills)
+                    hit.num_blocks, first_block, sync=not read.needs_ssd, refills=refills)
     return task, plan
 
 

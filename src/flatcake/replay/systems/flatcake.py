@@ -53,7 +53,7 @@ from typing import Any
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
-from flatcake.control.index import PrefixHit
+from flatcake.control.index import PrefixHit, trim_hit
 from flatcake.control.queues import RestoreRequest
 from flatcake.control.scheduler import MasScheduler
 from flatcake.control.signals import PrefixRefcount, SessionTracker, TurnInfo, hit_owner
@@ -67,7 +67,6 @@ from flatcake.replay.systems.flatcake_runs import (
     make_keys,
     memory_run,
     refill_wait_s,
-    trim_hit,
 )
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from flatcake.control.address import Medium
-from flatcake.control.index import HitRun, PrefixHit
+from flatcake.control.index import PrefixHit
 from flatcake.replay.runs import Runs
 
 
@@ -28,24 +28,6 @@ def keys_of(keys: list[bytes], runs: Runs) -> tuple[bytes, ...]:
     out = keys[s:e]
     for s, e in runs[1:]:
         out += keys[s:e]  # list slices and extends copy pointers at C speed
-    return tuple(out)
-
-
-def trim_hit(hit: PrefixHit, start: int) -> tuple[HitRun, ...]:
-    """The runs of ``hit`` covering request blocks ``[start, hit.num_blocks)``."""
-    out: list[HitRun] = []
-    # HitRun is a NamedTuple whose ``count`` field is shadowed by ``tuple.count``:
-    # unpack it instead of reading the attribute.
-    for run in hit.runs:
-        seg, start_pos, count, prefix_start = run
-        end = prefix_start + count
-        if end <= start:
-            continue
-        if prefix_start >= start:
-            out.append(run)
-        else:
-            cut = start - prefix_start
-            out.append(HitRun(seg, start_pos + cut, count - cut, start))
     return tuple(out)
 
 

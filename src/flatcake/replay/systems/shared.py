@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from flatcake.control.address import Medium
-from flatcake.control.index import HitRun, PrefixHit
+from flatcake.control.index import HitRun, PrefixHit, trim_hit
 from flatcake.control.queues import RestoreRequest
 from flatcake.plan.bulk import stream_totals
 from flatcake.readplan import ReadPlan
 from flatcake.replay.engine import Request, not_attached
 from flatcake.replay.runs import Runs, runs_len, slice_runs
-from flatcake.replay.systems.flatcake import FlatCakeSystem, _FcState, trim_hit
+from flatcake.replay.systems.flatcake import FlatCakeSystem, _FcState
 from flatcake.replay.systems.tiered import TieredSystem, _TState
 
 
