@@ -335,3 +335,33 @@ def test_a_restore_reads_only_the_segments_past_what_the_engine_holds(tmp_path: 
     for (layer, j), raw in want.items():
         assert h.block(layer, 34 + j) == raw
     h.close()
+
+
+def test_a_hit_whose_ssd_part_the_engine_holds_loads_synchronously(tmp_path: Path) -> None:
+    """The SSD turn lies inside vLLM's own hit, the rest is in memory: FlatCake admits a
+    sync load (the engine does not wait for a transfer) and the load is planned sync,
+    from memory only, in the same step."""
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 117))  # 4 full blocks + 1: SSD, first turn
+    finish(h, "a", turn0, [1, 2, 3, 4, 5], out=3, session="s")
+    h.step()
+    turn1 = [*tokens(turn0[:16], 16, 300), 7]  # a short reply before it: memory
+    v1 = view("b", turn1, session="s")
+    assert h.sched.num_matched_tokens(v1, 0) == (16, True)
+    h.sched.after_alloc("b", [10, 11, 12, 13, 14, 15, 16, 17, 18], 16)
+    h.step()
+    _, p1 = end(h, RequestView("b", v1.keys, 33, 33, 3, 33, "s"),
+                [10, 11, 12, 13, 14, 15, 16, 17, 18])
+    assert p1["flatcake"]["placement"] == "memory:short_reply"
+    h.step()
+    want = {(layer, j): h.block(layer, 14 + j) for layer in range(3) for j in range(4)}
+    v2 = view("c", tokens(turn1[:32], 8, 900), session="s")
+    assert h.sched.num_matched_tokens(v2, 16) == (16, False)  # blocks 0-3 are vLLM's
+    slots = list(range(30, 41))
+    h.sched.after_alloc("c", slots, 16)
+    plan, _, recving, invalid = h.step()
+    (task,) = plan.loads
+    assert task.sync and task.read_plan.bytes_read == 0 and invalid == set()
+    for (layer, j), raw in want.items():
+        assert h.block(layer, 34 + j) == raw
+    h.close()

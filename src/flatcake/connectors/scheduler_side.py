@@ -63,6 +63,7 @@ from flatcake.plan.requests import (
     by_medium,
     finish_load,
     load,
+    reads_ssd,
     reclaim_tasks,
     remote_blocks,
     servable,
@@ -190,7 +191,8 @@ class SchedulerSide:
         num_blocks = end - local_blocks
         if num_blocks < self.settings.min_hit_blocks:
             return 0, False
-        return num_blocks * bs, hit.needs_ssd or bool(state.remote)
+        # Async when the part past the engine's own blocks reads SSD (the load's rule).
+        return num_blocks * bs, reads_ssd(hit, local_blocks) or bool(state.remote)
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
         """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD."""

@@ -177,6 +177,13 @@ def settle(control: ControlPlane) -> list[ReclaimAction]:
 # -- the verbs as executor tasks ---------------------------------------------------
 
 
+def reads_ssd(hit: PrefixHit, first_block: int = 0) -> bool:
+    """Whether a restore of ``hit`` into an engine holding blocks ``[0, first_block)``
+    reads SSD (an async load); the same rule ``load_task`` plans by."""
+    return any(r.segment.medium == Medium.SSD and r.prefix_start + r[2] > first_block
+               for r in hit.runs)
+
+
 def load_task(control: ControlPlane, request_id: Hashable, hit: PrefixHit,
               block_ids: Sequence[int], first_block: int = 0) -> tuple[LoadTask, LoadPlan]:
     """Pin ``hit`` for a restore (``prepare_load``) and describe it for the executor:
@@ -204,7 +211,8 @@ def load_task(control: ControlPlane, request_id: Hashable, hit: PrefixHit,
                      int(copy.offset), copy.total_bytes) for home, copy in plan.refills)
     task = LoadTask(str(request_id), plan.read_plan, stream_request, tuple(planner.checks),
                     check_files, tuple(int(b) for b in block_ids[:hit.num_blocks]),
-                    hit.num_blocks, first_block, sync=not read.needs_ssd, refills=refills)
+                    hit.num_blocks, first_block, sync=not reads_ssd(hit, first_block),
+                    refills=refills)
     return task, plan
 
 
