@@ -362,6 +362,7 @@ def test_a_hit_whose_ssd_part_the_engine_holds_loads_synchronously(tmp_path: Pat
     plan, _, recving, invalid = h.step()
     (task,) = plan.loads
     assert task.sync and task.read_plan.bytes_read == 0 and invalid == set()
+    assert recving == set()  # nothing for the engine to wait for
     for (layer, j), raw in want.items():
         assert h.block(layer, 34 + j) == raw
     h.close()
