@@ -61,7 +61,6 @@ class RemoteSchedulerSide:
         self._restoring: set[str] = set()
         self._sources: dict[str, tuple[int, int]] = {}
         self._failed: list[FailedLoad] = []
-        self._stats: dict[str, int | float] = {}
         self._attach()
 
     # -- attachment -----------------------------------------------------------------
@@ -70,8 +69,7 @@ class RemoteSchedulerSide:
         t = time.monotonic()
         if t < self._next_attach and not now:
             return False
-        now_t = t
-        self._next_attach = now_t + self._backoff
+        self._next_attach = t + self._backoff
         self._backoff = min(self._backoff * 2, REATTACH_MAX_S)
         if not self.client.path.exists():
             self._lost(wire.NodeUnavailable(f"no node service socket at {self.client.path}"))

@@ -21,7 +21,6 @@ from flatcake.config import FlatCakeConfig
 
 # The calls a client may make (anything else is refused by name).
 ATTACH = "attach"
-RENEW = "renew"
 DETACH = "detach"
 WORKER = "worker"
 STATUS = "status"

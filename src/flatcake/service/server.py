@@ -10,7 +10,7 @@ engine's scheduler half calls it (``client.RemoteSchedulerSide``) and its worker
     attach(name, pid, geometry, world_size, settings) -> Attached   an engine's half
     worker(rank, geometry, world_size)                -> WorkerRoot  a worker's files
     call(engine, method, args)                        -> its SchedulerSide's answer
-    renew / detach / status
+    detach / status
 
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
@@ -194,8 +194,6 @@ class NodeService:
             if method == wire.DETACH:
                 self._release_store(store, "detached")
                 return None
-            if method == wire.RENEW:
-                return None
             if method != wire.CONTROL:
                 raise wire.NodeRefused(f"unknown call {method!r} of a store")
             return attached_call(store, self._books(), *args)
@@ -204,8 +202,6 @@ class NodeService:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
                                    "or the service restarted): attach again")
         engine.last_call = now
-        if method == wire.RENEW:
-            return None
         if method == wire.DETACH:
             self._release(engine, "detached")
             return None
