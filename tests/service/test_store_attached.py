@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flatcake.store import FlatCakeStore
+from flatcake.store import FlatCakeStore, TurnSignals
 from tests.service.helpers import Service
 from tests.store.helpers import (
     SMALL,
@@ -66,6 +66,45 @@ def test_two_stores_share_one_root_through_the_service(tmp_path: Path) -> None:
         svc.kill()
         with pytest.raises(ConnectionError, match="did not answer"):
             b.lookup(keys)
+    finally:
+        a.close()
+        b.close()
+        svc.stop()
+
+
+def test_a_session_alternating_between_two_stores_stays_in_one_file(tmp_path: Path) -> None:
+    """Turns 0..5 of one session written alternately by two attached stores (two engines),
+    all on SSD: one session file, and a cold restore of the whole session (every turn's
+    blocks, after the others were written) reads them in at most layers x turns commands,
+    byte for byte."""
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.memory_capacity_bytes=4194304",
+                  "store.ssd_capacity_bytes=268435456").start()
+    a, b = attached(svc), attached(svc)
+    turns, per_turn = 6, 2
+    keys = session_keys(3, turns * per_turn)
+    kv = random_kv(SMALL, SLOTS, seed=11)
+    slots = list(range(turns * per_turn))
+    try:
+        for t in range(turns):
+            end = (t + 1) * per_turn
+            res = (a, b)[t % 2].store_turn(
+                "s3", keys[:end], kv, slots[:end],
+                TurnSignals(turn_index=t, context_tokens=end * SMALL.tokens_per_block,
+                            prev_reply_tokens=4096))
+            assert (res.num_blocks, res.first_block) == (per_turn, t * per_turn)
+            assert res.medium is not None and res.medium.name == "SSD", res
+        files = list((svc.root / "sessions").iterdir())
+        assert len(files) == 1, files
+        for store in (a, b):
+            got = empty_kv(SMALL, SLOTS)
+            res = store.load(keys, got, slots)
+            assert (res.num_blocks, res.num_ssd_blocks) == (len(keys), len(keys))
+            assert 0 < res.commands <= SMALL.num_layers * turns, res
+            for layer in range(SMALL.num_layers):
+                for s in slots:
+                    assert block_bytes(got, layer, s, "kv_blocks") == \
+                        block_bytes(kv, layer, s, "kv_blocks")
     finally:
         a.close()
         b.close()
