@@ -5,6 +5,7 @@ dropped first under pressure (never while pinned), and dropped with their home."
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 
@@ -43,6 +44,17 @@ class TestCopies:
         assert (st.num_memory_copies, st.memory_copy_bytes, st.memory_copies_made) == \
             (1, p.copy.total_bytes, 1)
         assert st.memory_used_bytes == p.copy.total_bytes
+        cp.check_integrity()
+
+    def test_a_hit_that_crossed_a_process_boundary_is_served_from_its_copy(self) -> None:
+        # An engine attached to the node service gets the hit pickled and hands it back.
+        cp, _ = make(memory_pages=8, copy_watermark=0.5)
+        agent_turn(cp, "a", 3, turn=0)
+        hit = pickle.loads(pickle.dumps(cp.lookup(skeys("a", 3))))
+        assert hit.num_memory_blocks == 3
+        lp = cp.prepare_load("r", hit)
+        assert lp.read_plan.bytes_read == 0 and lp.read_plan.num_copies > 0
+        cp.complete_load("r")
         cp.check_integrity()
 
     def test_copies_are_a_cache_of_the_newest_turns(self) -> None:

@@ -76,9 +76,10 @@ logger = logging.getLogger(__name__)
 
 MAX_SESSIONS = 100_000
 STAT_KEYS = ("set_calls", "pages_set", "pages_set_failed", "get_calls", "pages_got",
-             "pages_missed", "exists_calls", "read_commands", "bytes_read",
-             "damaged_segments", "bytes_written", "pages_read_direct", "pages_read_bounce",
-             "pages_staged", "loads_zero_copy", "loads_staging", "pages_scrubbed")
+             "pages_missed", "pages_got_memory", "pages_got_ssd", "exists_calls",
+             "read_commands", "bytes_read", "damaged_segments", "bytes_written",
+             "pages_read_direct", "pages_read_bounce", "pages_staged", "loads_zero_copy",
+             "loads_staging", "pages_scrubbed")
 
 
 def _engine_hash(key: str) -> bytes:
@@ -268,7 +269,9 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
     def _count_load(self, result: Any, asked: int, **deltas: int) -> None:
         zero_copy = result.read_path == "zero-copy"
         self._count(get_calls=1, pages_got=result.num_blocks,
-                    pages_missed=asked - result.num_blocks, read_commands=result.commands,
+                    pages_missed=asked - result.num_blocks,
+                    pages_got_memory=result.num_memory_blocks,
+                    pages_got_ssd=result.num_ssd_blocks, read_commands=result.commands,
                     bytes_read=result.bytes_read, damaged_segments=result.damaged_segments,
                     loads_zero_copy=int(zero_copy), loads_staging=int(not zero_copy),
                     **deltas)

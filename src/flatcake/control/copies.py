@@ -79,9 +79,11 @@ class MemoryCopies:
         return self._by_home.get(home_id)
 
     def is_live(self, seg: Segment) -> bool:
-        """Whether ``seg`` is a copy still held (not dropped since it was looked up)."""
+        """Whether ``seg`` is a copy still held (not dropped since it was looked up).
+        Matched by equality: a hit may come back pickled (an engine attached to the node
+        service), and segment ids are never reused."""
         home = self._home_of.get(seg.segment_id)
-        return home is not None and self._by_home[home] is seg
+        return home is not None and self._by_home[home] == seg
 
     def home_id(self, seg: Segment) -> int:
         """The id of the segment whose blocks ``seg`` holds: its home for a copy, else

@@ -1,0 +1,70 @@
+"""SGLang with DP attention on one machine: each DP rank runs its own scheduler, host
+pool and ``HiCacheController`` with FlatCake as its L3 backend, all attached to one node
+service (``store.node``). A session's turn 0 backed up by rank A is prefetched whole by
+rank B's controller for turn 1, byte for byte: from SSD with memory copies off, from the
+service's shared arena with copies on. The two ranks are two controllers (each with its
+own backend, store and arena mapping) in this process; with DP attention each DP rank's
+attention-TP rank is 0 of 1, as here. Runs in the SGLang virtualenv."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.connectors.sglang_helpers import (
+    PAGE,
+    backup,
+    controller,
+    host_pool,
+    one_rank_group,
+    pages_of,
+    prefetch,
+)
+from tests.service.helpers import Service
+
+pytestmark = pytest.mark.sglang
+pytest.importorskip("zmq")
+
+# After the helpers: they skip this module where SGLang is absent and install the stand-ins.
+from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> Iterator[None]:
+    with one_rank_group():
+        yield
+
+
+@pytest.mark.parametrize("copies", [False, True], ids=["ssd", "memory-copy"])
+def test_turn_1_on_rank_b_gets_turn_0_from_the_node_service(one_rank: None, tmp_path: Path,
+                                                            copies: bool) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.memory_capacity_bytes=8388608",
+                  f"placement.memory_copy_watermark={0.9 if copies else 0}").start()
+    store = {"node": f"unix:{svc.sock}", "node_timeout_s": 2}
+    pool_a, pool_b = host_pool("layer_first", dim=64), host_pool("layer_first", dim=64)
+    pool_b.kv_buffer.zero_()  # rank B holds nothing of rank A's
+    turn0 = list(range(1000, 1000 + 3 * PAGE))
+    turn1 = turn0 + list(range(3000, 3000 + 2 * PAGE + 5))
+    hashes = get_storage_hash_str(turn0, None, page_size=PAGE)
+    rank_a = rank_b = None
+    try:
+        rank_a = controller(pool_a, store)
+        rank_b = controller(pool_b, store)
+        src = pool_a.alloc(len(turn0))
+        assert backup(rank_a, src, turn0, hashes, []) == len(turn0)
+        loaded, dst = prefetch(rank_b, pool_b, "turn1", turn1)
+        assert loaded == len(turn0)  # every full page of turn 0, from FlatCake
+        assert pages_of(pool_b, dst) == pages_of(pool_a, src)
+        stats = rank_b.storage_backend.get_stats()
+        medium = "pages_got_memory" if copies else "pages_got_ssd"
+        assert stats[medium] == 3 and stats["pages_got"] == 3, stats
+        assert (stats["bytes_read"] > 0) == (not copies), stats
+        assert len(list((svc.root / "sessions").iterdir())) == 1
+    finally:
+        for ctrl in (rank_a, rank_b):
+            if ctrl is not None:
+                ctrl.detach_storage_backend()
+        assert svc.stop() == 0, svc.stderr()
