@@ -27,9 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flatcake.replay.load import load_workload
 from flatcake.replay.presets import get_preset
-from flatcake.replay.run import run_replay
+from flatcake.replay.simulate import run_replay
+from flatcake.replay.workload.source import load_workload
 
 CLAUDE_CODE = "../shared/traces/weka-claude-code/weka_claude_code_traces.jsonl.gz"
 MOONCAKE = "../shared/traces/mooncake-fast25/conversation_trace.jsonl"

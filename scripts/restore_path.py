@@ -26,8 +26,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flatcake  # noqa: E402
 from tests.connectors.sides_harness import Harness, finish, tokens, view  # noqa: E402
+
+import flatcake  # noqa: E402
 
 SRC = Path(flatcake.__file__).resolve().parent
 

@@ -13,9 +13,9 @@ import pytest
 
 from flatcake import progress
 from flatcake.cli import main
-from flatcake.replay.load import load_workload
 from flatcake.replay.presets import get_preset
-from flatcake.replay.run import run_replay
+from flatcake.replay.simulate import run_replay
+from flatcake.replay.workload.source import load_workload
 from flatcake.traces.source import open_binary
 
 

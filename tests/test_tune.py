@@ -11,8 +11,8 @@ import pytest
 
 from flatcake.cli import main
 from flatcake.config import PlacementConfig, load_config
-from flatcake.replay.load import load_workload
-from flatcake.replay.workload import from_requests
+from flatcake.replay.workload.source import load_workload
+from flatcake.replay.workload.trace import from_requests
 from flatcake.tune import split, toml_snippet, tune
 
 

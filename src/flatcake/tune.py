@@ -37,7 +37,7 @@ import numpy as np
 
 from flatcake import progress
 from flatcake.config import FlatCakeConfig, PlacementConfig
-from flatcake.replay.workload import Workload, subset
+from flatcake.replay.workload.trace import Workload, subset
 
 if TYPE_CHECKING:
     from flatcake.replay.presets import ReplayPreset
@@ -124,7 +124,7 @@ def with_config(preset: ReplayPreset, config: FlatCakeConfig) -> ReplayPreset:
 def _replay(task: tuple[str, str, PlacementConfig, float, int]) -> tuple[float, float, float]:
     """Process-pool entry: replay one (workload file, preset, placement, rate)."""
     from flatcake.replay.presets import get_preset
-    from flatcake.replay.run import run_replay
+    from flatcake.replay.simulate import run_replay
 
     path, preset_name, placement, rate, seed = task
     preset = get_preset(preset_name)

@@ -6,7 +6,7 @@ import dataclasses
 
 from flatcake.config import FlatCakeConfig, PlacementConfig, SchedulerConfig
 from flatcake.geometry import KVGeometry
-from flatcake.replay.devices import GpuSpec, NodeSpec, SsdSpec
+from flatcake.replay.node.devices import GpuSpec, NodeSpec, SsdSpec
 from flatcake.replay.presets import ReplayPreset
 from flatcake.replay.systems.tiered import TieredConfig
 

@@ -33,8 +33,8 @@ def test_a_file_sets_the_fixed_cost_and_flatcakes_cost_per_command(tmp_path: Pat
 def test_flatcake_restores_pay_the_measured_cost_per_command() -> None:
     """Same workload, same drive: only FlatCake's restore time moves with the
     measured per-command cost; the baseline's does not."""
-    from flatcake.replay.run import run_replay
-    from flatcake.replay.workload import from_requests
+    from flatcake.replay.simulate import run_replay
+    from flatcake.replay.workload.trace import from_requests
     from tests.replay.helpers import BLOCK_BYTES, GEOMETRY, ids, tiny_preset
 
     bt = GEOMETRY.tokens_per_block

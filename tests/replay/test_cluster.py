@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from flatcake.replay.cluster import ClusterSpec, replay_cluster, run_cluster, session_node
-from flatcake.replay.devices import NetSpec
-from flatcake.replay.run import run_replay
-from flatcake.replay.workload import from_sessions
+from flatcake.replay.node.devices import NetSpec
+from flatcake.replay.simulate import run_replay
+from flatcake.replay.workload.trace import from_sessions
 from tests.replay.helpers import BLOCK_BYTES, GEOMETRY, ids, tiny_preset
 
 BT = GEOMETRY.tokens_per_block
@@ -180,29 +180,3 @@ def test_bad_cluster_settings_are_refused() -> None:
     # Without sharing every system runs on a cluster.
     m = run_cluster(_two_turns(), "tiered", 1.0, _preset(), ClusterSpec(2, "session", False))
     assert m.num_requests == 2
-
-
-def test_report_step_tabulates_every_node_count_and_setting(tmp_path: object) -> None:
-    from pathlib import Path
-
-    from flatcake.replay import cluster_report
-    from flatcake.replay.load import load_workload
-
-    wl = load_workload(None, kind="agent", sessions=4)[0]
-    out = Path(str(tmp_path)) / "cluster"
-    grid = cluster_report.run_grid(wl, out, jobs=1, quick=True)
-    assert cluster_report.load_grid(out) == json_roundtrip(grid)
-    lines = cluster_report.cluster_table(grid)
-    rows = [line for line in lines if line.startswith("| ")]
-    assert [r.split(" | ")[:2] for r in rows[1:]] == [
-        ["| 1", "flatcake"], ["| 1", "tiered-direct"], ["| 2", "flatcake"],
-        ["| 2", "tiered-direct"], ["| 8", "flatcake"], ["| 8", "tiered-direct"]]
-    shared = [r for r in grid["runs"] if (r["extra"].get("node_routing") == "round_robin"
-                                          and r["extra"]["sharing"])]
-    assert shared and all(r["extra"]["remote_blocks"] > 0 for r in shared)
-
-
-def json_roundtrip(d: object) -> object:
-    import json
-
-    return json.loads(json.dumps(d))

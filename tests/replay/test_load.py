@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from flatcake.replay.arrivals import session_schedule, window_rate
-from flatcake.replay.occupancy import BusyTracker, LevelTracker, level_stats
-from flatcake.replay.run import replay_node, run_replay
-from flatcake.replay.workload import from_requests, from_sessions
+from flatcake.replay.node.arrivals import session_schedule, window_rate
+from flatcake.replay.node.occupancy import BusyTracker, LevelTracker, level_stats
+from flatcake.replay.simulate import replay_node, run_replay
+from flatcake.replay.workload.trace import from_requests, from_sessions
 from tests.replay.helpers import GEOMETRY, ids, tiny_preset
 
 BT = GEOMETRY.tokens_per_block

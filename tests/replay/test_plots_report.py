@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from flatcake.replay.html_report import markdown_to_html, render
-from flatcake.replay.load import load_workload
+from flatcake.replay.page import markdown_to_html, render
 from flatcake.replay.plots import PLOTS, STYLES, figure, panel_notes, title
 from flatcake.replay.sweep import SweepResult, markdown, run_sweep
+from flatcake.replay.workload.source import load_workload
 
 SYSTEMS = ["flatcake", "flatcake-1q", "tiered", "tiered-direct", "memory-only"]
 RATES = [0.1, 0.5, 1.0]

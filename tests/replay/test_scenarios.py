@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from flatcake.replay.run import replay_node, run_replay
-from flatcake.replay.workload import from_requests, from_sessions
+from flatcake.replay.simulate import replay_node, run_replay
+from flatcake.replay.workload.trace import from_requests, from_sessions
 from tests.replay.helpers import BLOCK_BYTES, GEOMETRY, ids, tiny_preset
 
 BT = GEOMETRY.tokens_per_block

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from flatcake.cli import main
-from flatcake.replay.load import load_workload
-from flatcake.replay.metrics import METRIC_COLUMNS
+from flatcake.replay.node.metrics import METRIC_COLUMNS
 from flatcake.replay.sweep import load_result, run_sweep
+from flatcake.replay.workload.source import load_workload
 
 
 def test_sweep_tables_plots_and_process_count_independence(tmp_path: Path) -> None:

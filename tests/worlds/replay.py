@@ -16,9 +16,9 @@ from flatcake.config import ReclaimConfig
 from flatcake.geometry import KVGeometry
 from flatcake.replay import cluster as replay_cluster
 from flatcake.replay.cluster import Cluster, ClusterSpec
-from flatcake.replay.engine import Node, Request
+from flatcake.replay.node.node import Node, Request
 from flatcake.replay.presets import ReplayPreset
-from flatcake.replay.systems.shared import SharedFlatCake
+from flatcake.replay.systems.sharing import SharedFlatCake
 from tests.replay.helpers import tiny_preset
 from tests.worlds.scenario import Record, Script, tap_fc_mas
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from flatcake.control.queues import RestoreRequest
 from flatcake.control.scheduler import MasScheduler
 from flatcake.geometry import KVGeometry
-from flatcake.replay.workload import Workload, from_requests
+from flatcake.replay.workload.trace import Workload, from_requests
 from tests.replay.helpers import GEOMETRY, ids
 
 BT = GEOMETRY.tokens_per_block

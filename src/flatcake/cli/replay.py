@@ -8,9 +8,9 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from flatcake.replay.load import SESSIONS_BY_KIND
 from flatcake.replay.presets import PRESETS, ReplayPreset
 from flatcake.replay.systems import ALL_SYSTEMS
+from flatcake.replay.workload.source import SESSIONS_BY_KIND
 
 if TYPE_CHECKING:
     from flatcake.replay.cluster import ClusterSpec
@@ -92,10 +92,10 @@ def cluster_spec(args: argparse.Namespace) -> ClusterSpec | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flatcake.replay.load import load_workload
-    from flatcake.replay.metrics import format_metrics
+    from flatcake.replay.node.metrics import format_metrics
     from flatcake.replay.presets import get_preset
-    from flatcake.replay.run import run_replay
+    from flatcake.replay.simulate import run_replay
+    from flatcake.replay.workload.source import load_workload
 
     preset = get_preset(args.preset)
     if args.routing:

@@ -22,7 +22,7 @@ DESCRIPTION = ("Replay a trace (default: the built-in agent, chat and mixed work
 KINDS = ("agent", "chat", "mixed")
 # The built-in sweep compares FlatCake with its peers; the one-queue ablation
 # (flatcake-1q) is identical wherever per-worker queues stay empty, so it runs where they
-# form (``python -m flatcake.replay.report``, step ``ablation``) or when asked for.
+# form (``python -m flatcake.report.steps``, step ``ablation``) or when asked for.
 BUILTIN_SYSTEMS = tuple(s for s in SYSTEMS if s != "flatcake-1q")
 
 
@@ -103,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace, preset: ReplayPreset, rates: list[float],
              systems: list[str], kind: str | None, out: Path, verdict: bool = True) -> int:
-    from flatcake.replay.load import load_workload
     from flatcake.replay.sweep import run_sweep
     from flatcake.replay.sweep import verdict as verdict_table
+    from flatcake.replay.workload.source import load_workload
 
     overrides: tuple[tuple[str, object], ...] = ()
     if args.routing:

@@ -45,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from flatcake.cli.sweep import _floats
     from flatcake.config import PlacementConfig, load_config
-    from flatcake.replay.load import load_workload
     from flatcake.replay.presets import get_preset
+    from flatcake.replay.workload.source import load_workload
     from flatcake.tune import Score, toml_snippet, tune
 
     preset = get_preset(args.preset)

@@ -116,8 +116,8 @@ def _sessions(turns: list[tuple[str, list[tuple[int, Turn]]]]) -> Iterator[Sessi
 
 def builtin_trace(kind: str, sessions: int | None, seed: int) -> Trace:
     """The built-in ``agent`` / ``chat`` / ``mixed`` workload, as ``flatcake replay``
-    generates it (``replay.load.builtin_spec``)."""
-    from flatcake.replay.load import builtin_spec
+    generates it (``replay.workload.source.builtin_spec``)."""
+    from flatcake.replay.workload.source import builtin_spec
     from flatcake.traces.generator import generate_workload
 
     return generate_workload(builtin_spec(sessions, kind, seed))

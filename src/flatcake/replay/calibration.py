@@ -9,7 +9,7 @@ no I/O and imports no I/O code, so it takes those numbers from the file:
   the measured fixed cost (every system pays it, as the guess it replaces) and
   ``node.store_command_s`` to the measured cost per command: FlatCake's restores pay it
   instead of the SSD model's ``command_latency_s / queue_depth``. The baselines' read
-  paths were not measured, so they keep the drive's figures (``replay.calibrate``);
+  paths were not measured, so they keep the drive's figures (``bench.disk``);
   whichever way the measurement falls, no baseline is charged a cost measured on
   FlatCake's code;
 * ``get_preset("local")`` applies the file named by ``$FLATCAKE_CALIBRATION`` when set.

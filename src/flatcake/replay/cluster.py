@@ -1,6 +1,6 @@
 """The replay at cluster scale: ``nodes`` simulated serving nodes on one clock.
 
-Each node is a whole ``replay.engine.Node`` (its workers, host memory, SSDs) with its
+Each node is a whole ``replay.node.node.Node`` (its workers, host memory, SSDs) with its
 own store: its own ``System`` object and so, for FlatCake, its own ``ControlPlane``
 books, whose addresses carry the node's id in their node bits. The nodes run on one
 event loop and fill one recorder, so a cluster run is summarised like a one-node run
@@ -29,7 +29,7 @@ blocks stay pinned until the restore ends. With ``sharing`` off every node sees 
 its own store, so a session routed to a node that lacks its history recomputes it.
 Systems that share: ``flatcake`` and ``flatcake-1q`` (the real books of every node) and
 ``tiered-direct`` (Mooncake Store's cluster-wide object lookup); see
-``replay.systems.shared``.
+``replay.systems.sharing``.
 
 One node (``nodes=1``) never builds a cluster: ``run_cluster`` runs the one-node replay.
 """
@@ -43,14 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from flatcake.replay.devices import FifoServer, NetSpec
-from flatcake.replay.engine import Node, Worker
-from flatcake.replay.metrics import Recorder, RunMetrics
+from flatcake.replay.node.clock import EventLoop
+from flatcake.replay.node.devices import FifoServer, NetSpec
+from flatcake.replay.node.metrics import Recorder, RunMetrics
+from flatcake.replay.node.node import Node, Worker
 from flatcake.replay.presets import ReplayPreset
-from flatcake.replay.run import replay_geometry, run_replay, timed_run
-from flatcake.replay.sim import EventLoop
+from flatcake.replay.simulate import replay_geometry, run_replay, timed_run
 from flatcake.replay.systems import make_system
-from flatcake.replay.workload import Workload
+from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
 

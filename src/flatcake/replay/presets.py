@@ -23,7 +23,7 @@ from flatcake.config import FlatCakeConfig, PlannerConfig, SchedulerConfig, Stor
 from flatcake.geometry import KVGeometry
 from flatcake.geometry import preset as geometry_preset
 from flatcake.replay.calibration import CALIBRATION_ENV, Calibration, with_calibration, with_costs
-from flatcake.replay.devices import GB, GIB, GpuSpec, NetSpec, NodeSpec, SsdSpec
+from flatcake.replay.node.devices import GB, GIB, GpuSpec, NetSpec, NodeSpec, SsdSpec
 from flatcake.replay.systems.tiered import TieredConfig
 
 TIB = 1024 * GIB
@@ -45,7 +45,7 @@ class ReplayPreset:
         rates: the default sweep's request rates (req/s).
         assumptions: every number not taken from a published source.
         builtin_block_tokens: block size of the built-in generated workload.
-        think_cap_s: longest think time replayed (``replay.arrivals``): longer gaps
+        think_cap_s: longest think time replayed (``replay.node.arrivals``): longer gaps
             in a session trace (a user away) are cut to this.
         cost_source: where the fixed per-restore cost and the per-command cost come
             from (a guess, or a measurement on the disk at hand).
@@ -286,7 +286,7 @@ LLAMA70B = ReplayPreset(
 
 # ---------------------------------------------------------------------------- local
 # Measured on the development machine (2 vCPUs, virtio disk, other jobs running: load
-# average about 5) with ``python -m flatcake.replay.calibrate /work/main/.calib-tmp``:
+# average about 5) with ``python -m flatcake.bench.disk /work/main/.calib-tmp``:
 # O_DIRECT 16 MiB reads 4 in flight 234.6 MB/s, 16 MiB writes 385.8 MB/s, 4 KiB random
 # reads 238 us each one at a time, and 8 in flight hide about 3 of them.
 LOCAL_SSD = SsdSpec(
@@ -317,7 +317,7 @@ LOCAL = with_costs(dataclasses.replace(
     assumptions=(*(a for a in PAPER_ASSUMPTIONS if a is not PAPER_FIXED_COST),
                  "SSD measured on this machine: 234.6 MB/s read, 385.8 MB/s write, 238 us "
                  "per 4 KiB command, about 3 commands hidden per latency (O_DIRECT, "
-                 "python -m flatcake.replay.calibrate); host->GPU kept at 5x the SSD.",
+                 "python -m flatcake.bench.disk); host->GPU kept at 5x the SSD.",
                  "Fixed cost per restore and cost per read command measured through the "
                  "store's restore path (flatcake bench --calibrate): 1.34 ms, paid by "
                  "every system, and 220 us per command of a FlatCake restore (the drive's "

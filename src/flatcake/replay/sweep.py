@@ -23,10 +23,10 @@ from typing import Any
 
 from flatcake import progress as progress_bars
 from flatcake.replay.cluster import ClusterSpec, run_cluster
-from flatcake.replay.metrics import METRIC_COLUMNS
+from flatcake.replay.node.metrics import METRIC_COLUMNS
 from flatcake.replay.presets import get_preset
-from flatcake.replay.run import run_replay
-from flatcake.replay.workload import Workload
+from flatcake.replay.simulate import run_replay
+from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
     result = SweepResult(runs, info)
     write_tables(result, out)
     wl_path.unlink(missing_ok=True)
-    from flatcake.replay.html_report import write_html
+    from flatcake.replay.page import write_html
     from flatcake.replay.plots import write_plots
 
     write_html(result, out, write_plots(result, out) if plots else ())

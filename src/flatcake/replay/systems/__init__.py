@@ -6,11 +6,11 @@ import dataclasses
 from typing import Any
 
 from flatcake.config import FlatCakeConfig
-from flatcake.replay.engine import System
+from flatcake.replay.node.node import System
 from flatcake.replay.systems.flatcake import FlatCakeSystem
 from flatcake.replay.systems.hicache import HiCacheSystem
-from flatcake.replay.systems.memory_only import MemoryOnlySystem
-from flatcake.replay.systems.shared import SharedFlatCake, SharedTieredDirect
+from flatcake.replay.systems.memory import MemoryOnlySystem
+from flatcake.replay.systems.sharing import SharedFlatCake, SharedTieredDirect
 from flatcake.replay.systems.tiered import TieredConfig, TieredSystem
 
 SYSTEMS: tuple[str, ...] = ("flatcake", "flatcake-1q", "tiered", "tiered-wait",

@@ -61,8 +61,8 @@ from flatcake.errors import CapacityError
 from flatcake.plan.bulk import SegmentCache, stream_totals
 from flatcake.plan.requests import servable, settle
 from flatcake.readplan import ReadPlan
-from flatcake.replay.engine import Node, Request, System, Worker, not_attached
-from flatcake.replay.systems.flatcake_runs import (
+from flatcake.replay.node.node import Node, Request, System, Worker, not_attached
+from flatcake.replay.systems.keys import (
     keys_of,
     make_keys,
     memory_run,

@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flatcake.replay.engine import Node, Request, Worker, not_attached
-from flatcake.replay.runs import Runs, runs_len, slice_runs
+from flatcake.replay.node.node import Node, Request, Worker, not_attached
 from flatcake.replay.systems.prefetch import PrefetchOp, PrefetchThread, timeout_s
 from flatcake.replay.systems.tiered import TieredConfig, TieredSystem, _TState
+from flatcake.replay.workload.runs import Runs, runs_len, slice_runs
 
 
 class HiCacheSystem(TieredSystem):

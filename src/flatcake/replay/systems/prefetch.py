@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from flatcake.replay.runs import Runs, runs_len, slice_runs
+from flatcake.replay.workload.runs import Runs, runs_len, slice_runs
 
 POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")
 

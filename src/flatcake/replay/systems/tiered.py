@@ -58,11 +58,11 @@ from typing import Any
 
 import numpy as np
 
-from flatcake.replay.blockcache import BlockLru
-from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker, not_attached
-from flatcake.replay.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
-from flatcake.replay.systems.tiered_config import TieredConfig
-from flatcake.replay.types import IdArray
+from flatcake.replay.node.blockcache import BlockLru
+from flatcake.replay.node.node import ArrivalQueue, Node, Request, System, Worker, not_attached
+from flatcake.replay.systems.settings import TieredConfig
+from flatcake.replay.workload.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
+from flatcake.replay.workload.types import IdArray
 
 
 class HostTier:

@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flatcake.replay.workload import Workload, cached_path, from_trace
+from flatcake.replay.workload.trace import Workload, cached_path, from_trace
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SESSIONS = 128
 """Sessions of the built-in agent workload (about 9,000 requests and 18 M block accesses);
 a (system, rate) run of it takes a few seconds. Fewer sessions cannot offer the default
-sweep's top rate (``replay.arrivals``: 64 sessions reach about 0.85 req/s, 128 about
+sweep's top rate (``replay.node.arrivals``: 64 sessions reach about 0.85 req/s, 128 about
 1.5 with the 60 s think cap)."""
 
 SESSIONS_BY_KIND = {"agent": DEFAULT_SESSIONS, "chat": 4096, "mixed": 1280}

@@ -1,5 +1,5 @@
 """The paper's claims, each checked against replay results: reproduced or not, with the
-measured numbers and the mechanism counters that explain it (for ``replay.report``).
+measured numbers and the mechanism counters that explain it (for ``report.steps``).
 
 Each check takes the sweeps it needs (``None`` when that experiment was not run) and
 returns one table row. The tolerances are stated in the row's claim text; a claim is

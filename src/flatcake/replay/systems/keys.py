@@ -8,7 +8,7 @@ import numpy as np
 
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit
-from flatcake.replay.runs import Runs
+from flatcake.replay.workload.runs import Runs
 
 
 def make_keys(num_ids: int) -> list[bytes]:

@@ -28,8 +28,8 @@ from collections import deque
 
 import numpy as np
 
-from flatcake.replay.runs import Runs
-from flatcake.replay.types import IdArray
+from flatcake.replay.workload.runs import Runs
+from flatcake.replay.workload.types import IdArray
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 # ``count_nonzero`` is the cheapest whole-slice test numpy has (no temporary array, no

@@ -11,7 +11,7 @@ O_DIRECT reads (no page cache):
 
 It returns an ``SsdSpec`` with those figures (the capacity is the caller's budget). The
 ``local`` preset stores the figures measured on the development machine; rerun
-``python -m flatcake.replay.calibrate DIR`` to see this machine's.
+``python -m flatcake.bench.disk DIR`` to see this machine's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from flatcake.replay.devices import SsdSpec
+from flatcake.replay.node.devices import SsdSpec
 
 MIB = 1024**2
 

@@ -35,10 +35,10 @@ from flatcake.control.index import HitRun, PrefixHit, trim_hit
 from flatcake.control.queues import RestoreRequest
 from flatcake.plan.bulk import stream_totals
 from flatcake.readplan import ReadPlan
-from flatcake.replay.engine import Request, not_attached
-from flatcake.replay.runs import Runs, runs_len, slice_runs
+from flatcake.replay.node.node import Request, not_attached
 from flatcake.replay.systems.flatcake import FlatCakeSystem, _FcState
 from flatcake.replay.systems.tiered import TieredSystem, _TState
+from flatcake.replay.workload.runs import Runs, runs_len, slice_runs
 
 
 def _hit_of(runs: list[HitRun]) -> PrefixHit | None:

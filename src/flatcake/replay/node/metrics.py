@@ -13,7 +13,7 @@ Definitions (all over the whole run):
   arrival times (a finite trace ramps up and drains; long sessions make the drain long).
   ``throughput_req_s`` is the *delivered* request rate.
 * ``offered_req_s``: the rate the arrival model offers in the same window (an ideal,
-  unloaded node; ``replay.arrivals``). ``load_status``: ``ok`` when the delivered rate is
+  unloaded node; ``replay.node.arrivals``). ``load_status``: ``ok`` when the delivered rate is
   within 5% of the requested one, ``saturated`` when the arrival model offered it but
   the node delivered less (requests waited, so chains sent their next turns later),
   ``unreachable`` when the trace cannot offer it at all.
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from flatcake.replay.occupancy import LevelTracker, level_stats
+from flatcake.replay.node.occupancy import LevelTracker, level_stats
 
 SATURATION_SLACK = 0.05
 """Delivered more than this fraction below requested counts as saturation."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flatcake.replay.types import FloatArray, IdArray, IntArray
+from flatcake.replay.workload.types import FloatArray, IdArray, IntArray
 
 logger = logging.getLogger(__name__)
 

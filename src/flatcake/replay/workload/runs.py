@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flatcake.replay.types import IdArray
+from flatcake.replay.workload.types import IdArray
 
 Runs = tuple[tuple[int, int], ...]
 """Half-open id ranges in prefix order."""

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flatcake.replay.blockcache import BlockLru
-from flatcake.replay.runs import expand, runs_of, slice_runs
+from flatcake.replay.node.blockcache import BlockLru
+from flatcake.replay.workload.runs import expand, runs_of, slice_runs
 
 
 def test_eviction_is_least_recent_first_and_leaf_first_within_a_touch() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flatcake.replay.claims import claims_table
 from flatcake.replay.sweep import SweepResult
+from flatcake.report.claims import claims_table
 
 
 def _run(system: str, rate: float, hit: float, **kw: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The replay report's ``cluster`` step: what sharing KV across nodes gains.
 
-    python -m flatcake.replay.report --only cluster [--quick]
+    python -m flatcake.report.steps --only cluster [--quick]
 
 The Claude Code trace on 2, 4 and 8 nodes of the ``paper`` preset at the same load
 per node (``RATE_PER_NODE``; the cluster's rate is that times the node count), for
@@ -23,7 +23,7 @@ from typing import Any
 
 from flatcake.replay.cluster import ClusterSpec
 from flatcake.replay.sweep import SweepTask, run_task
-from flatcake.replay.workload import Workload
+from flatcake.replay.workload.trace import Workload
 
 NODE_COUNTS = (2, 4, 8)
 RATE_PER_NODE = 0.5

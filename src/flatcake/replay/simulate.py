@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from flatcake.geometry import KVGeometry
-from flatcake.replay.engine import Node
-from flatcake.replay.metrics import Recorder, RunMetrics, summarize
+from flatcake.replay.node.metrics import Recorder, RunMetrics, summarize
+from flatcake.replay.node.node import Node
 from flatcake.replay.presets import ReplayPreset
 from flatcake.replay.systems import make_system
-from flatcake.replay.workload import Workload
+from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flatcake.replay.devices import GpuSpec
-from flatcake.replay.types import FloatArray
-from flatcake.replay.workload import Workload
+from flatcake.replay.node.devices import GpuSpec
+from flatcake.replay.workload.trace import Workload
+from flatcake.replay.workload.types import FloatArray
 
 WINDOW_PCT = (10.0, 90.0)
 """Percentiles of arrival times bounding the measured window (offered and delivered)."""

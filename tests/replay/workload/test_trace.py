@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flatcake.replay.workload import Workload, dense_runs, expand_runs, from_trace
+from flatcake.replay.workload.trace import Workload, dense_runs, expand_runs, from_trace
 from flatcake.traces.model import build_trace
 
 

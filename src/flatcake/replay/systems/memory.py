@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flatcake.replay.blockcache import BlockLru
-from flatcake.replay.engine import ArrivalQueue, Node, Request, System, Worker, not_attached
-from flatcake.replay.runs import slice_runs
+from flatcake.replay.node.blockcache import BlockLru
+from flatcake.replay.node.node import ArrivalQueue, Node, Request, System, Worker, not_attached
+from flatcake.replay.workload.runs import slice_runs
 
 
 class MemoryOnlySystem(System):

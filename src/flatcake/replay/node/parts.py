@@ -1,5 +1,5 @@
 """The simulated node's parts: a request, a worker, the ``System`` hooks a store
-implements, and the arrival queue. ``replay.engine`` puts them together.
+implements, and the arrival queue. ``replay.node.node`` puts them together.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
-from flatcake.replay.blockcache import BlockLru
-from flatcake.replay.devices import FifoServer
-from flatcake.replay.occupancy import BusyTracker, LevelTracker
-from flatcake.replay.runs import Runs, runs_len
-from flatcake.replay.workload import Workload
+from flatcake.replay.node.blockcache import BlockLru
+from flatcake.replay.node.devices import FifoServer
+from flatcake.replay.node.occupancy import BusyTracker, LevelTracker
+from flatcake.replay.workload.runs import Runs, runs_len
+from flatcake.replay.workload.trace import Workload
 
 if TYPE_CHECKING:
-    from flatcake.replay.engine import Node
+    from flatcake.replay.node.node import Node
 
 
 class Request:

@@ -9,7 +9,7 @@ host memory and SSD, when, and where finished turns are stored. Request life::
                                    └─ restore (host/SSD -> GPU) ─ done ─► ready
     ready ──► (worker idle, GPU pool admits it) prefill ──► first token ──► decode
           ──► done: system.on_complete (store) ──► the chain's next request arrives
-              think_s later (capped; see ``replay.arrivals`` for when sessions start)
+              think_s later (capped; see ``replay.node.arrivals`` for when sessions start)
 
 Prefill and decode share the GPU: a prefill starts after the decode step in progress
 (one step's time is added to it when a batch is decoding), and every sequence decoding
@@ -37,18 +37,18 @@ import numpy as np
 
 from flatcake import progress
 from flatcake.geometry import KVGeometry
-from flatcake.replay.arrivals import session_schedule, window_rate
-from flatcake.replay.devices import NodeSpec
-from flatcake.replay.metrics import Recorder
-from flatcake.replay.parts import (  # noqa: F401  (re-exported)
+from flatcake.replay.node.arrivals import session_schedule, window_rate
+from flatcake.replay.node.clock import EventLoop
+from flatcake.replay.node.devices import NodeSpec
+from flatcake.replay.node.metrics import Recorder
+from flatcake.replay.node.parts import (  # noqa: F401  (re-exported)
     ArrivalQueue,
     Request,
     System,
     Worker,
     not_attached,
 )
-from flatcake.replay.sim import EventLoop
-from flatcake.replay.workload import Workload
+from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
 
