@@ -3,7 +3,8 @@ functions): the books (``control``) and the plans (``plan``) stay pure, the book
 on the leaves alone (so the plans import the books, never the other way), the replay
 models devices instead of doing I/O, engines stay inside their connectors, Redis and NIXL
 stay behind the cluster index and the remote readers, nothing reaches into the CLI or the
-connectors from outside, no two packages import each other, even through others, and no
+connectors from outside, no two packages import each other, even through others, no
+module of the replay imports itself back and its floors stand one on the other, and no
 host reaches into a control plane's parts (it asks the query methods)."""
 
 from __future__ import annotations
@@ -140,6 +141,79 @@ def package_cycles(graph: dict[str, dict[str, str]]) -> list[str]:
 def test_no_two_packages_import_each_other() -> None:
     assert package_cycles(package_graph()) == []
 
+
+
+# The replay's floors: a module in the first may import (inside ``replay``) only its own
+# floor and those named beside it; the modules above them (presets, simulate, cluster,
+# results, sweep, plots, page) stand on them all.
+REPLAY_FLOORS = {"workload": (), "node": ("workload",), "systems": ("node", "workload")}
+
+
+def _resolve(name: str) -> str | None:
+    """The module of ``SRC``'s tree that an imported name is, or is inside."""
+    parts = name.split(".")
+    while len(parts) > 1:
+        path = SRC.parent.joinpath(*parts)
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def module_graph(package: str) -> dict[str, dict[str, str]]:
+    """Module of ``package`` -> the modules of ``package`` it imports (every import,
+    also inside functions and under TYPE_CHECKING) -> the first import doing so."""
+    graph: dict[str, dict[str, str]] = {}
+    root = SRC.parent.joinpath(*package.split("."))
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(path)
+        edges = graph.setdefault(module, {})
+        for line, name in _imports(path):
+            target = _resolve(name) if _within(name, (package,)) else None
+            if target is not None and target != module:
+                edges.setdefault(target, f"{module}:{line}")
+    return graph
+
+
+def floor_violations(package: str, floors: dict[str, tuple[str, ...]]) -> list[str]:
+    """Imports from a floor of ``package`` into a floor it does not stand on."""
+    def floor(module: str) -> str:
+        return module.removeprefix(package + ".").split(".")[0]
+    out = []
+    for module, edges in module_graph(package).items():
+        if floor(module) not in floors:
+            continue
+        allowed = (floor(module), *floors[floor(module)])
+        out += [f"{where} imports {target}" for target, where in edges.items()
+                if floor(target) not in allowed]
+    return out
+
+
+def test_the_replay_has_no_import_circle_and_keeps_its_floors() -> None:
+    assert package_cycles(module_graph("flatcake.replay")) == []
+    assert floor_violations("flatcake.replay", REPLAY_FLOORS) == []
+
+
+def test_a_circle_or_a_floor_broken_in_the_replay_is_found(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "flatcake"
+    for where, source in [
+            ("replay/node/a.py", "from flatcake.replay.workload.w import X\n"),
+            ("replay/node/b.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    from flatcake.replay.node.a import Y\n"),
+            ("replay/node/c.py", "def f():\n    from flatcake.replay.node import b\n"),
+            ("replay/node/__init__.py", ""),
+            ("replay/workload/w.py", "from flatcake.replay.node.c import Z\n")]:
+        (root / where).parent.mkdir(parents=True, exist_ok=True)
+        (root / where).write_text(source)
+    monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", root)
+    assert package_cycles(module_graph("flatcake.replay")) == [
+        "flatcake.replay.node.a -> flatcake.replay.workload.w (flatcake.replay.node.a:1), "
+        "flatcake.replay.node.b -> flatcake.replay.node.a (flatcake.replay.node.b:3), "
+        "flatcake.replay.node.c -> flatcake.replay.node.b (flatcake.replay.node.c:2), "
+        "flatcake.replay.workload.w -> flatcake.replay.node.c (flatcake.replay.workload.w:1)"]
+    assert floor_violations("flatcake.replay", REPLAY_FLOORS) == [
+        "flatcake.replay.workload.w:1 imports flatcake.replay.node.c"]
 
 def test_a_ring_of_packages_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "flatcake"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from flatcake.cli import main
-from flatcake.replay.calibration import CALIBRATION_ENV, FORMAT, load_calibration, with_calibration
-from flatcake.replay.presets import get_preset
+from flatcake.replay.calibration import CALIBRATION_ENV, FORMAT, load_calibration
+from flatcake.replay.presets import get_preset, with_calibration
 
 
 def _file(tmp_path: Path, **values: object) -> Path:

@@ -13,7 +13,8 @@ import pytest
 
 from flatcake.replay.page import markdown_to_html, render
 from flatcake.replay.plots import PLOTS, STYLES, figure, panel_notes, title
-from flatcake.replay.sweep import SweepResult, markdown, run_sweep
+from flatcake.replay.results import SweepResult, markdown
+from flatcake.replay.sweep import run_sweep
 from flatcake.replay.workload.source import load_workload
 
 SYSTEMS = ["flatcake", "flatcake-1q", "tiered", "tiered-direct", "memory-only"]
@@ -50,7 +51,7 @@ def _result() -> SweepResult:
 def test_every_system_has_its_own_marker_and_line_style() -> None:
     from flatcake.replay.systems import ALL_SYSTEMS
 
-    assert set(ALL_SYSTEMS) <= set(STYLES)  # a new system needs a style here
+    assert set(ALL_SYSTEMS) <= set(STYLES)  # every registry entry has a style
     assert len({s.marker for s in STYLES.values()}) == len(STYLES)
     assert len({str(s.linestyle) for s in STYLES.values()}) >= len(STYLES) - 1
     assert len({s.color for s in STYLES.values()}) == len(STYLES)

@@ -10,7 +10,8 @@ import pytest
 
 from flatcake.cli import main
 from flatcake.replay.node.metrics import METRIC_COLUMNS
-from flatcake.replay.sweep import load_result, run_sweep
+from flatcake.replay.results import load_result
+from flatcake.replay.sweep import run_sweep
 from flatcake.replay.workload.source import load_workload
 
 

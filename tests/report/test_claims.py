@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flatcake.replay.sweep import SweepResult
+from flatcake.replay.results import SweepResult
 from flatcake.report.claims import claims_table
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flatcake.replay.sweep import SweepResult
+from flatcake.replay.results import SweepResult
 from flatcake.report.steps import sensitivity_table
 
 

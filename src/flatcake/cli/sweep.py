@@ -13,17 +13,13 @@ from pathlib import Path
 from flatcake import progress
 from flatcake.cli.replay import add_workload_args, cluster_spec
 from flatcake.replay.presets import PRESETS, ReplayPreset
-from flatcake.replay.systems import ALL_SYSTEMS, SYSTEMS
+from flatcake.replay.systems import ALL_SYSTEMS, BUILTIN_SYSTEMS, SYSTEMS
 
 DESCRIPTION = ("Replay a trace (default: the built-in agent, chat and mixed workloads) for "
                "each system at each request rate, on all cores, and write sweep.md, "
                "sweep.csv, sweep.json, plots and report.html to --out (one folder per "
                "built-in workload).")
 KINDS = ("agent", "chat", "mixed")
-# The built-in sweep compares FlatCake with its peers; the one-queue ablation
-# (flatcake-1q) is identical wherever per-worker queues stay empty, so it runs where they
-# form (``python -m flatcake.report.steps``, step ``ablation``) or when asked for.
-BUILTIN_SYSTEMS = tuple(s for s in SYSTEMS if s != "flatcake-1q")
 
 
 def _floats(text: str) -> list[float]:
@@ -89,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"== workload {i + 1}/{len(kinds)}: built-in {kind} ==")
         _run_one(args, preset, rates, systems, kind, Path(args.out) / kind, verdict=False)
         verdicts.append(kind)
-    from flatcake.replay.sweep import load_result, verdict
+    from flatcake.replay.results import load_result, verdict
     text = []
     for kind in verdicts:
         result = load_result(Path(args.out) / kind / "sweep.json")
@@ -103,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace, preset: ReplayPreset, rates: list[float],
              systems: list[str], kind: str | None, out: Path, verdict: bool = True) -> int:
+    from flatcake.replay.results import verdict as verdict_table
     from flatcake.replay.sweep import run_sweep
-    from flatcake.replay.sweep import verdict as verdict_table
     from flatcake.replay.workload.source import load_workload
 
     overrides: tuple[tuple[str, object], ...] = ()

@@ -5,7 +5,7 @@ the store on the disk at hand and writes a JSON file with ``restore_overhead_s``
 cost of one restore) and ``command_s`` (cost of one more read command). The replay does
 no I/O and imports no I/O code, so it takes those numbers from the file:
 
-* ``with_calibration(preset, path)``: the preset with ``node.restore_overhead_s`` set to
+* ``presets.with_calibration(preset, path)``: the preset with ``node.restore_overhead_s`` set to
   the measured fixed cost (every system pays it, as the guess it replaces) and
   ``node.store_command_s`` to the measured cost per command: FlatCake's restores pay it
   instead of the SSD model's ``command_latency_s / queue_depth``. The baselines' read
@@ -25,10 +25,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from flatcake.replay.presets import ReplayPreset
+from typing import Any
 
 CALIBRATION_ENV = "FLATCAKE_CALIBRATION"
 FORMAT = "flatcake-calibration/1"
@@ -73,15 +70,3 @@ def load_calibration(path: str | Path) -> Calibration:
     return Calibration(values["restore_overhead_s"], values["command_s"],
                        f"measured by flatcake bench --calibrate under {where} at {when} "
                        f"({p})")
-
-
-def with_costs(preset: ReplayPreset, cal: Calibration) -> ReplayPreset:
-    """``preset`` charging ``cal``'s fixed cost per restore and cost per command."""
-    node = dataclasses.replace(preset.node, restore_overhead_s=cal.restore_overhead_s,
-                               store_command_s=cal.command_s)
-    return dataclasses.replace(preset, node=node, cost_source=cal.source)
-
-
-def with_calibration(preset: ReplayPreset, path: str | Path) -> ReplayPreset:
-    """``preset`` with the measured fixed costs of the calibration file ``path``."""
-    return with_costs(preset, load_calibration(path))

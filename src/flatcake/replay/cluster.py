@@ -49,14 +49,12 @@ from flatcake.replay.node.metrics import Recorder, RunMetrics
 from flatcake.replay.node.node import Node, Worker
 from flatcake.replay.presets import ReplayPreset
 from flatcake.replay.simulate import replay_geometry, run_replay, timed_run
-from flatcake.replay.systems import make_system
+from flatcake.replay.systems import SHARING_SYSTEMS, make_system
 from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
 
 NODE_ROUTINGS: tuple[str, ...] = ("session", "round_robin")
-SHARING_SYSTEMS: tuple[str, ...] = ("flatcake", "flatcake-1q", "tiered-direct")
-"""Systems whose nodes can read each other's blocks (``sharing=True``)."""
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1

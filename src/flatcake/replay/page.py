@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from flatcake.replay.sweep import SweepResult, markdown
+from flatcake.replay.results import SweepResult, markdown
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1300px;

@@ -18,29 +18,11 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from flatcake.replay.sweep import SweepResult
+from flatcake.replay.results import SweepResult
+from flatcake.replay.systems.registry import STYLES, Style
 
-
-class Style(NamedTuple):
-    color: str
-    marker: str
-    linestyle: str | tuple[int, tuple[int, ...]]  # a name or (offset, dash pattern)
-    markersize: float
-    hollow: bool
-
-
-STYLES: dict[str, Style] = {
-    "flatcake": Style("tab:blue", "o", "-", 11, True),
-    "flatcake-1q": Style("tab:cyan", "x", "--", 7, False),
-    "tiered": Style("tab:red", "s", "-", 10, True),
-    "tiered-wait": Style("tab:purple", "D", (0, (3, 1, 1, 1, 1, 1)), 6, False),
-    "tiered-timeout": Style("tab:brown", "v", (0, (6, 2)), 7, False),
-    "tiered-uring": Style("tab:pink", "<", (0, (2, 2)), 7, False),
-    "tiered-direct": Style("tab:orange", "P", "-.", 7, False),
-    "memory-only": Style("dimgray", "^", (0, (5, 2, 1, 2)), 8, False),
-}
 _OTHER = Style("black", "d", "-", 6, False)
 MAX_LINE = {"color": "black", "linestyle": ":", "linewidth": 1.6}
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flatcake.config import FlatCakeConfig, PlannerConfig, SchedulerConfig, StoreConfig
 from flatcake.geometry import KVGeometry
 from flatcake.geometry import preset as geometry_preset
-from flatcake.replay.calibration import CALIBRATION_ENV, Calibration, with_calibration, with_costs
+from flatcake.replay.calibration import CALIBRATION_ENV, Calibration, load_calibration
 from flatcake.replay.node.devices import GB, GIB, GpuSpec, NetSpec, NodeSpec, SsdSpec
 from flatcake.replay.systems.tiered import TieredConfig
 
@@ -306,6 +307,18 @@ LOCAL_COSTS = Calibration(
     restore_overhead_s=1.34e-3, command_s=220e-6,
     source="measured by flatcake bench --calibrate on the development machine (load "
            "average about 9); $FLATCAKE_CALIBRATION names a file measured here")
+
+def with_costs(preset: ReplayPreset, cal: Calibration) -> ReplayPreset:
+    """``preset`` charging ``cal``'s fixed cost per restore and cost per command."""
+    node = dataclasses.replace(preset.node, restore_overhead_s=cal.restore_overhead_s,
+                               store_command_s=cal.command_s)
+    return dataclasses.replace(preset, node=node, cost_source=cal.source)
+
+
+def with_calibration(preset: ReplayPreset, path: str | Path) -> ReplayPreset:
+    """``preset`` with the measured fixed costs of the calibration file ``path``."""
+    return with_costs(preset, load_calibration(path))
+
 
 LOCAL = with_costs(dataclasses.replace(
     PAPER,

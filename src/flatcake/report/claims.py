@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from flatcake.replay.sweep import SweepResult
+from flatcake.replay.results import SweepResult
 
 Row = tuple[str, str, str]
 """(claim, verdict, measured numbers and mechanisms)."""

@@ -1,6 +1,6 @@
 """The replay report's ``cluster`` step: what sharing KV across nodes gains.
 
-    python -m flatcake.report.steps --only cluster [--quick]
+    python -m flatcake.report --only cluster [--quick]
 
 The Claude Code trace on 2, 4 and 8 nodes of the ``paper`` preset at the same load
 per node (``RATE_PER_NODE``; the cluster's rate is that times the node count), for

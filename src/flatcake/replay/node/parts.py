@@ -1,22 +1,17 @@
-"""The simulated node's parts: a request, a worker, the ``System`` hooks a store
-implements, and the arrival queue. ``replay.node.node`` puts them together.
-"""
+"""The simulated node's parts: a request, a worker and the arrival queue;
+``replay.node.node`` puts them together with a ``System``."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flatcake.replay.node.blockcache import BlockLru
 from flatcake.replay.node.devices import FifoServer
 from flatcake.replay.node.occupancy import BusyTracker, LevelTracker
 from flatcake.replay.workload.runs import Runs, runs_len
 from flatcake.replay.workload.trace import Workload
-
-if TYPE_CHECKING:
-    from flatcake.replay.node.node import Node
 
 
 class Request:
@@ -80,50 +75,6 @@ class Worker:
         self.queue = LevelTracker()  # requests arrived here that have not started prefill
         self.gpu_busy = BusyTracker()  # prefilling or decoding
         self.stall_s = 0.0  # total prefill time that held the decode batch back
-
-
-def not_attached(system: str) -> ValueError:
-    """The error a system raises when it is driven before ``attach`` gave it a node."""
-    return ValueError(f"system {system!r} is not attached to a node (call attach first)")
-
-
-class System(ABC):
-    """What differs between FlatCake and its baselines.
-
-    Contract: called from the node's event loop only. ``on_arrival`` must eventually
-    make the request ready through ``node.make_ready`` (at once, or when a restore ends);
-    ``pop_ready`` hands the worker its next ready request; ``prefill_load`` is asked at
-    prefill start of a request that did not restore (what else can be loaded, and how
-    long the copy takes); ``on_complete`` stores the finished turn.
-    """
-
-    name = "system"
-
-    def __init__(self) -> None:
-        self.node: Node | None = None
-
-    def attach(self, node: Node) -> None:
-        self.node = node
-
-    @abstractmethod
-    def on_arrival(self, req: Request) -> None: ...
-
-    @abstractmethod
-    def pop_ready(self, worker: Worker) -> Request | None: ...
-
-    def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
-        """Blocks loaded right after the GPU prefix at prefill start, and the copy time
-        (overlapped with compute). Default: nothing."""
-        return 0, 0.0
-
-    def on_prefill_start(self, req: Request) -> None:  # noqa: B027 - optional hook
-        """Called once the hit is final, before compute."""
-
-    @abstractmethod
-    def on_complete(self, req: Request) -> None: ...
-
-    def extra_metrics(self) -> dict[str, Any]:
-        return {}
 
 
 class ArrivalQueue:
