@@ -108,7 +108,6 @@ class FileVerdict:
         reason: why (quarantine, damage), empty for a clean file.
         session_id: the session its header names ("" when unreadable).
         end_bytes: KEEP: the file's end after its last kept segment.
-        next_seq: KEEP: the ``seq`` of the next segment appended.
         cut: KEEP: damage was cut off (the file is truncated at ``end_bytes``).
         segment_ids: the segments re-indexed, in file order.
         num_blocks: their blocks.
@@ -121,7 +120,6 @@ class FileVerdict:
     reason: str = ""
     session_id: str = ""
     end_bytes: int = 0
-    next_seq: int = 0
     cut: bool = False
     segment_ids: tuple[int, ...] = ()
     num_blocks: int = 0

@@ -187,5 +187,5 @@ class Restart:
             return FileVerdict(scan.file_id, FileFate.DELETE, reason, h.session_id,
                                num_damaged=num_damaged, num_lost=num_lost)
         return FileVerdict(scan.file_id, FileFate.KEEP, reason, h.session_id,
-                           kept[-1].end_offset, kept[-1].header.seq + 1, num_damaged > 0,
+                           kept[-1].end_offset, num_damaged > 0,
                            tuple(ids), blocks, num_damaged, num_lost)
