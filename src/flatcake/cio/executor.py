@@ -307,13 +307,17 @@ class Executor:
         if plan.medium != Medium.SSD:
             return 0, None
         file_id, offset = int(plan.file_id or 0), int(plan.file_offset or 0)
+        if self.attached and not plan.new_file:
+            # A file another process may still be creating: waited for without the
+            # lock, so this process's loads go on meanwhile.
+            self.files.wait_for(file_id, ATTACH_WAIT_S)
         with self.lock:
             if plan.new_file:
                 self.files.create(FileHeader(
                     plan.session_id, file_id, self.config.store.node_id,
                     int(plan.file_base_offset or 0), int(plan.span_bytes or 0),
                     self.geometry.num_layers, self.geometry.block_bytes_per_layer))
-            elif self.attached and not self.files.attach(file_id, ATTACH_WAIT_S):
+            elif self.attached and not self.files.attach(file_id):
                 raise FileNotFoundError(f"session file {file_id} was not created by the "
                                         f"store that allocated it within {ATTACH_WAIT_S} s")
             self.files.ensure_allocated(file_id, offset + plan.segment.total_bytes)

@@ -168,26 +168,34 @@ class SessionFiles:
             raise
         self._files[header.file_id] = _LiveFile(str(path), fd, header, size)
 
-    def attach(self, file_id: int, wait_s: float = 0.0) -> bool:
-        """Shared root (a node service's): open a live file another process created,
-        as it is (nothing trimmed: the service recovered the root, and other writers
-        may be appending to it). Waits up to ``wait_s`` for a file whose creating write
-        is still in flight elsewhere; False when it does not appear (or its header is
-        not a session file's)."""
+    def wait_for(self, file_id: int, wait_s: float) -> bool:
+        """Shared root: wait up to ``wait_s`` for the file another process is creating
+        (it appears whole: created under a temporary name, then renamed); whether it
+        is there. Touches nothing of ``self``'s, so callers wait without their lock."""
         if file_id in self._files:
             return True
         path = self.sessions_dir / session_file_name(file_id)
         deadline = time.monotonic() + wait_s
         pause = 0.0005
-        while True:
-            try:
-                fd = open_file(path, self.io_mode)
-                break
-            except FileNotFoundError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(pause)
-                pause = min(pause * 2, 0.05)
+        while not path.exists():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        return True
+
+    def attach(self, file_id: int) -> bool:
+        """Shared root (a node service's): open a live file another process created,
+        as it is (nothing trimmed: the service recovered the root, and other writers
+        may be appending to it). False when it is not there (or its header is not a
+        session file's)."""
+        if file_id in self._files:
+            return True
+        path = self.sessions_dir / session_file_name(file_id)
+        try:
+            fd = open_file(path, self.io_mode)
+        except FileNotFoundError:
+            return False
         try:
             buf = aligned_buffer(FILE_HEADER_BYTES, pin=False)
             n = os.preadv(fd, [writable_view(buf)], 0)

@@ -99,23 +99,20 @@ class RemoteSchedulerSide:
 
     def _call(self, method: str, *args: Any) -> Any:
         """A call to this engine's half; raises ``NodeUnavailable`` when detached. An
-        engine the service forgot (its lease ended while it was idle, or the service
-        restarted) attaches again at once and the call is made once more."""
+        engine the service forgot attaches again at once (``NodeClient.call_as``)."""
         if not self.engine_id and not self._attach():
             raise wire.NodeUnavailable("not attached")
-        for again in (False, True):
-            try:
-                return self.client.call(method, self.engine_id, *args)
-            except wire.NodeRefused as exc:
-                if wire.UNKNOWN_ENGINE not in str(exc):
-                    raise
-                self._forgotten()
-                if again or not self._attach(now=True):
-                    raise wire.NodeUnavailable(str(exc)) from None
-            except wire.NodeUnavailable as exc:
-                self._lost(exc)
-                raise
-        raise AssertionError("unreachable")
+        try:
+            return self.client.call_as(self.engine_id, self._attach_again, method, *args)
+        except wire.NodeUnavailable as exc:
+            self._lost(exc)
+            raise
+
+    def _attach_again(self) -> str:
+        self._forgotten()
+        if not self._attach(now=True):
+            raise wire.NodeUnavailable("could not attach to the node service again")
+        return self.engine_id
 
     def _forgotten(self) -> None:
         """The service no longer knows this engine: what it had planned for it is void

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -34,26 +35,47 @@ class NodeClient:
             self._sock = sock
         return self._sock
 
-    def call(self, method: str, engine_id: str = "", *args: Any) -> Any:
-        """The service's answer; ``NodeUnavailable`` past the timeout (the socket is
-        then renewed, so a late answer never meets a later call), ``NodeRefused`` for
-        an error it answered."""
+    def call(self, method: str, engine_id: str = "", *args: Any, wait_s: float = 0.0
+             ) -> Any:
+        """The service's answer; ``NodeUnavailable`` past the timeout (plus ``wait_s``
+        for a call the service may hold that long; the socket is then renewed, so a
+        late answer never meets a later call), ``NodeRefused`` for an error it
+        answered."""
         sock = self._socket()
         call_id = next(self._ids)
         sock.send(wire.encode((call_id, engine_id, method, args)))
-        deadline = time.monotonic() + self.timeout_ms / 1000
+        deadline = time.monotonic() + self.timeout_ms / 1000 + wait_s
         while True:
             left = int((deadline - time.monotonic()) * 1000)
             if left <= 0 or not sock.poll(left):
                 self.reset()
-                raise wire.NodeUnavailable(f"the node service at {self.path} did not "
-                                           f"answer {method} within {self.timeout_ms} ms")
+                raise wire.NodeUnavailable(
+                    f"the node service at {self.path} did not answer {method} within "
+                    f"{self.timeout_ms + int(wait_s * 1000)} ms")
             got_id, ok, value = wire.decode(sock.recv())
             if got_id != call_id:
                 continue  # a late answer to an earlier call
             if not ok:
                 raise wire.NodeRefused(str(value))
             return value
+
+    def call_as(self, client_id: str, attach_again: Callable[[], str], method: str,
+                *args: Any, wait_s: float = 0.0) -> Any:
+        """``call`` as the attached client ``client_id``. When the service no longer
+        knows it (its lease ended while it was idle, or the service restarted), what
+        it held there is void: ``attach_again()`` attaches anew and gives the new id
+        (or raises ``NodeUnavailable``), and the call is made once more. Forgotten
+        twice is ``NodeUnavailable``."""
+        for again in (False, True):
+            try:
+                return self.call(method, client_id, *args, wait_s=wait_s)
+            except wire.NodeRefused as exc:
+                if wire.UNKNOWN_ENGINE not in str(exc):
+                    raise
+                if again:
+                    raise wire.NodeUnavailable(str(exc)) from None
+            client_id = attach_again()
+        raise AssertionError("unreachable")
 
     def reset(self) -> None:
         if self._sock is not None:

@@ -1,8 +1,10 @@
 """The node service's books seen from an attached ``FlatCakeStore``: ``RemoteControl``
 answers the ``ControlPlane`` verbs and queries the store and the request protocol
 (``plan.requests``) call, each one call to the service, which runs them on the node's
-one ``ControlPlane``. FC-MAS is this store's own queue there. What the store reads
-without asking (geometry, configuration, clock) is kept here.
+one ``ControlPlane``; ``servable`` is the protocol's step in one call, and
+``wait_servable`` a call the service holds while a store in flight writes the blocks
+after the hit. FC-MAS is this store's own queue there. What the store reads without
+asking (geometry, configuration, clock) is kept here.
 
 The values cross pickled: a plan handed back (``complete_store(plan, ok)``) is matched
 by equality there, not identity.
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flatcake.clock import Clock
@@ -21,6 +24,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.link import wire
 from flatcake.link.client import NodeClient
 from flatcake.link.wire import Attached
+from flatcake.plan.requests import Servable
 
 
 class RemoteControl:
@@ -28,7 +32,10 @@ class RemoteControl:
 
     def __init__(self, node: str, timeout_s: float, geometry: KVGeometry, clock: Clock,
                  name: str) -> None:
-        self._client = NodeClient(node, timeout_s)
+        self._client = NodeClient(node, timeout_s)  # used under the store's lock
+        self._waiters = threading.local()  # each waiting thread's own NodeClient
+        self._waiters_lock = threading.Lock()
+        self._waiter_clients: list[NodeClient] = []
         self._name = name
         self.geometry, self.clock = geometry, clock
         got = self._attach()
@@ -42,21 +49,41 @@ class RemoteControl:
         self._id = got.engine_id
         return got
 
+    def _attach_again(self) -> str:
+        return self._attach().engine_id
+
+    def servable(self, keys: Sequence[bytes], engine_blocks: int = 0) -> Servable:
+        """``plan.requests.servable`` in one call."""
+        found: Servable = self._client.call_as(
+            self._id, self._attach_again, wire.CONTROL, wire.SERVABLE, (tuple(keys),),
+            {"engine_blocks": engine_blocks})
+        return found
+
+    def wait_servable(self, keys: Sequence[bytes], wait_s: float) -> None:
+        """Wait until no store in flight (of any process) writes the blocks right after
+        the hit of ``keys``, at most ``wait_s``: the service answers once the store is
+        durable, failed or rolled back. On a socket of the calling thread's own, so the
+        caller need not hold the store's lock (its own store in flight completes
+        meanwhile); a service gone or that forgot this store ends the wait (ask
+        ``servable`` again)."""
+        client = getattr(self._waiters, "client", None)
+        if client is None:
+            client = self._waiters.client = NodeClient(str(self._client.path),
+                                                       self._client.timeout_ms / 1000)
+            with self._waiters_lock:
+                self._waiter_clients.append(client)
+        with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
+            client.call(wire.CONTROL, self._id, wire.SERVABLE, (tuple(keys),),
+                        {"wait_s": wait_s}, wait_s=wait_s)
+
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("_") or name not in wire.CONTROL_CALLS:
             raise AttributeError(f"RemoteControl has no {name!r} (not a call the node "
                                  "service answers)")
 
         def ask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            try:
-                return self._client.call(wire.CONTROL, self._id, name, args, kwargs)
-            except wire.NodeRefused as exc:
-                if wire.UNKNOWN_ENGINE not in str(exc):
-                    raise
-            # Forgotten (an idle lease ended, or the service restarted): what it held
-            # there is void; attach again and ask once more.
-            self._attach()
-            return self._client.call(wire.CONTROL, self._id, name, args, kwargs)
+            return self._client.call_as(self._id, self._attach_again, wire.CONTROL, name,
+                                        args, kwargs)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if name != "prepare_load":
@@ -75,3 +102,6 @@ class RemoteControl:
         with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
             self._client.call(wire.DETACH, self._id)
         self._client.close()
+        with self._waiters_lock:
+            for client in self._waiter_clients:
+                client.close()

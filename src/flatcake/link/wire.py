@@ -26,6 +26,10 @@ WORKER = "worker"
 STATUS = "status"
 ATTACH_STORE = "attach_store"
 CONTROL = "control"
+# An attached store's servable hit (``plan.requests.servable``) in one call; with
+# ``wait_s`` the service answers once no store in flight writes the blocks right after
+# the hit (or ``wait_s`` has passed).
+SERVABLE = "servable"
 # An attached store's calls of the books (``link.control.RemoteControl``); the FC-MAS
 # ones run on the store's own queue.
 CONTROL_CALLS = frozenset({
@@ -34,6 +38,7 @@ CONTROL_CALLS = frozenset({
     "prepare_load", "complete_load", "segment", "mark_damaged", "restore_request",
     "submit_restore", "next_restores", "restore_done", "pop_ready_restore", "reclaim",
     "drop_session", "session_ids", "session", "stats", "segments", "ready_cuts",
+    SERVABLE,
 })
 FCMAS_CALLS = frozenset({"submit_restore", "next_restores", "restore_done",
                          "pop_ready_restore"})

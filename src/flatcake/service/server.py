@@ -17,6 +17,9 @@ released: its restores' pins dropped, its unfinished writes rolled back (never
 published), its FC-MAS queue gone, its pending file drops and cuts handed to the next
 engine that steps. It re-attaches on its next call, as after a service restart.
 
+An attached store's ``servable`` that must wait for a store in flight (``wait_s``) is
+held and answered once that store is durable, failed or rolled back, or its wait is up.
+
 Single-threaded: one loop receives, answers and expires; the books need no lock.
 """
 
@@ -48,7 +51,12 @@ from flatcake.geometry import KVGeometry
 from flatcake.link import wire
 from flatcake.link.wire import Attached, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
-from flatcake.service.stores import AttachedStore, attached_call, release_store
+from flatcake.service.stores import (
+    AttachedStore,
+    ServableWait,
+    attached_call,
+    release_store,
+)
 
 logger = logging.getLogger("flatcake.service")
 
@@ -102,6 +110,8 @@ class NodeService:
         self._engines: dict[str, _Engine] = {}
         self._stores: dict[str, AttachedStore] = {}
         self._orphans: tuple[list[FileDrop], list[FileCut]] = ([], [])
+        # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
+        self._waits: list[tuple[bytes, int, ServableWait]] = []
         self._next_engine = 0
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -303,29 +313,54 @@ class NodeService:
         tick = min(1.0, self.lease_s / 4)
         next_expiry = time.monotonic() + tick
         while not stop.is_set():
-            if poller.poll(100):
+            wait_ms = 100
+            if self._waits:
+                first = min(w.deadline for _, _, w in self._waits)
+                wait_ms = max(0, min(wait_ms, int((first - time.monotonic()) * 1000) + 1))
+            if poller.poll(wait_ms):
                 while True:
                     try:
                         who, frame = self._sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._sock.send_multipart([who, self._answer(frame)])
+                    self._answer(who, frame)
             if time.monotonic() >= next_expiry:
                 self.expire()
                 next_expiry = time.monotonic() + tick
+            if self._waits:
+                self._answer_waits(time.monotonic())
 
-    def _answer(self, frame: bytes) -> bytes:
+    def _answer(self, who: bytes, frame: bytes) -> None:
         try:
             call_id, engine_id, method, args = wire.decode(frame)
         except Exception as exc:
-            return wire.encode((None, False, f"malformed call: {exc}"))
+            self._sock.send_multipart([who, wire.encode((None, False,
+                                                         f"malformed call: {exc}"))])
+            return
         try:
-            return wire.encode((call_id, True, self.handle(method, engine_id, args)))
+            out = self.handle(method, engine_id, args)
+            if isinstance(out, ServableWait):  # answered by ``_answer_waits``
+                self._waits.append((who, call_id, out))
+                return
+            reply = (call_id, True, out)
         except wire.NodeRefused as exc:
-            return wire.encode((call_id, False, str(exc)))
+            reply = (call_id, False, str(exc))
         except Exception as exc:
             logger.exception("call %s of engine %s failed", method, engine_id)
-            return wire.encode((call_id, False, f"{type(exc).__name__}: {exc}"))
+            reply = (call_id, False, f"{type(exc).__name__}: {exc}")
+        self._sock.send_multipart([who, wire.encode(reply)])
+
+    def _answer_waits(self, now: float) -> None:
+        """Answer the held ``servable`` calls whose store in flight ended (durable,
+        failed, or rolled back with its lease), whose store left, or whose wait is up."""
+        held = []
+        for who, call_id, wait in self._waits:
+            found = wait.answer(self._books(), now, wait.client_id in self._stores)
+            if found is None:
+                held.append((who, call_id, wait))
+            else:
+                self._sock.send_multipart([who, wire.encode((call_id, True, found))])
+        self._waits = held
 
     def close(self) -> None:
         """Stop answering and release every root lock. The arena files stay (engines

@@ -1,7 +1,8 @@
 """``FlatCakeStore``s attached to the node service (``link.control.RemoteControl``):
 their ``ControlPlane`` calls, run on the node's books on each store's own FC-MAS queue,
 and what each holds there (its loads and stores in flight), released when its lease ends
-or it detaches.
+or it detaches. A ``servable`` asked to wait for a store in flight is held
+(``ServableWait``) and answered by the service's loop once the store is durable.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.link import wire
+from flatcake.plan.requests import Servable, servable
 
 logger = logging.getLogger("flatcake.service")
 
@@ -29,12 +31,37 @@ class AttachedStore:
     stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class ServableWait:
+    """A store's ``servable`` held until no store in flight writes the blocks right
+    after its hit, its store is released, or ``deadline`` (monotonic seconds)."""
+
+    client_id: str
+    keys: tuple[bytes, ...]
+    engine_blocks: int
+    deadline: float
+
+    def answer(self, control: ControlPlane, now: float, attached: bool) -> Servable | None:
+        """The answer now, or None while it still waits."""
+        found = servable(control, self.keys, self.engine_blocks)
+        return None if found.wait and attached and now < self.deadline else found
+
+
 def attached_call(store: AttachedStore, control: ControlPlane, method: str,
                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """One ``ControlPlane`` call of an attached store, on its own FC-MAS queue; its
-    loads and stores in flight are kept for its lease."""
+    loads and stores in flight are kept for its lease. ``servable`` with ``wait_s``
+    may answer a ``ServableWait`` for the service to hold."""
     if method not in wire.CONTROL_CALLS:
         raise wire.NodeRefused(f"unknown control call {method!r}")
+    if method == wire.SERVABLE:
+        keys, engine_blocks = tuple(args[0]), int(kwargs.get("engine_blocks", 0))
+        found = servable(control, keys, engine_blocks)
+        wait_s = float(kwargs.get("wait_s", 0.0))
+        if found.wait and wait_s > 0:
+            return ServableWait(store.client_id, keys, engine_blocks,
+                                store.last_call + wait_s)
+        return found
     if method in wire.FCMAS_CALLS:
         kwargs = {**kwargs, "queue": store.client_id}
     out = getattr(control, method)(*args, **kwargs)

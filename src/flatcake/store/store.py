@@ -44,9 +44,10 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -54,7 +55,7 @@ from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import Reader
-from flatcake.cio.restore import LayerReady
+from flatcake.cio.restore import LayerReady, OpenFile
 from flatcake.clock import Clock, WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
@@ -63,6 +64,7 @@ from flatcake.control.keys import check_key
 from flatcake.geometry import KVGeometry, preset
 from flatcake.plan.remote import RemoteRun
 from flatcake.plan.requests import (
+    Servable,
     by_medium,
     finish_load,
     load,
@@ -86,6 +88,9 @@ from flatcake.store.results import (
 )
 from flatcake.store.snapshot import snapshot
 
+if TYPE_CHECKING:
+    from flatcake.link.control import RemoteControl
+
 logger = logging.getLogger(__name__)
 
 
@@ -101,6 +106,7 @@ class FlatCakeStore:
         # ``store.node``: attached to the machine's node service, which holds the root
         # and the books; this store runs its own I/O on the shared files and arena.
         self.attached = bool(config.store.node)
+        self._remote: RemoteControl | None = None  # attached: the books, through the service
         if self.attached:
             self._attach(geometry, config, clock)
         else:
@@ -137,6 +143,7 @@ class FlatCakeStore:
                                 name=f"FlatCakeStore pid {os.getpid()}")
         # The same verbs, answered by the service.
         self.control = control  # type: ignore[assignment]
+        self._remote = control
         self._recovered = control.recovered_segments
         self.config = control.config
         self.root = where.store_dir
@@ -268,14 +275,16 @@ class FlatCakeStore:
             self._apply(self.control.take_reclaim_actions())
             if plan is None:
                 return StoreResult(session_id, 0, len(keys), None, "", None, 0, 0, 0.0)
-            try:
-                seq, target = self._exec.prepare_file(plan)  # in allocation order
-            except OSError as exc:
-                self._store_failed(plan)
-                return self._failed_result(plan, str(exc) or type(exc).__name__, t0)
-            except BaseException:
-                self._store_failed(plan)
-                raise
+            # A new file is created in allocation order, before any append to it;
+            # attached, an existing one may be another process's still being created:
+            # waited for without the lock.
+            prepared = self._prepare_file(plan, nullcontext()) \
+                if plan.new_file or not self.attached else None
+        if prepared is None:
+            prepared = self._prepare_file(plan, self._lock)
+        if isinstance(prepared, str):
+            return self._failed_result(plan, prepared, t0)
+        seq, target = prepared
         ok = False
         try:
             out = self._exec.write(store_task(session_id, plan, table), paged, seq, target,
@@ -300,6 +309,20 @@ class FlatCakeStore:
         return StoreResult(session_id, seg.num_blocks, plan.first_block, plan.medium,
                            plan.placement.rule.value, seg.base_address, seg.total_bytes,
                            out.write_calls, elapsed)
+
+    def _prepare_file(self, plan: StorePlan, lock: AbstractContextManager[Any]
+                      ) -> tuple[int, OpenFile | None] | str:
+        """``Executor.prepare_file``; ENOSPC, EIO or a file not created in time fails
+        the store (its error given), anything else too but is raised. ``lock``: taken
+        to fail it (a null context where the caller holds ``self._lock``)."""
+        try:
+            return self._exec.prepare_file(plan)
+        except BaseException as exc:
+            with lock:
+                self._store_failed(plan)
+            if isinstance(exc, OSError):
+                return str(exc) or type(exc).__name__
+            raise
 
     def _copy_done(self, plan: StorePlan) -> None:
         with self._lock:
@@ -354,16 +377,35 @@ class FlatCakeStore:
             far = self._cluster.remote(keys, local, self.geometry.num_layers,
                                        self.geometry.block_bytes_per_layer)
         with self._lock:
+            found = self._servable(keys)
+            if not found.wait:
+                return self._start(found, table, far, paged, ready)
+        # Attached: a store in flight (of another process, or of a thread of this one)
+        # writes the blocks right after the hit: the service answers once it is
+        # durable (at most store.node_timeout_s), waited for without the lock.
+        assert self._remote is not None  # only an attached store's servable waits
+        self._remote.wait_servable(keys, self.config.store.node_timeout_s)
+        with self._lock:
+            return self._start(self._servable(keys), table, far, paged, ready)
+
+    def _servable(self, keys: tuple[bytes, ...]) -> Servable:
+        """(Under the lock.) The servable hit of ``keys``; embedded, a store in flight
+        of another thread that writes the blocks right after it is waited for here,
+        rather than missed. Attached, one call to the service (``wait`` may be set)."""
+        self._settle_damage()
+        if self._remote is not None:
+            return self._remote.servable(keys)
+        while (found := servable(self.control, keys)).wait:
+            self._unpinned.wait()
             self._settle_damage()
-            while (found := servable(self.control, keys)).wait:
-                # Another thread is writing the blocks right after the hit: wait for
-                # them to be durable rather than miss them.
-                self._wait()
-                self._settle_damage()
-            rid = f"{self._rid_prefix}load-{next(self._request_ids)}"
-            task, plan = load(self.control, rid, found.hit,
-                              table, 0, far)
-            future = self._restores.submit(task, plan, paged, ready)
+        return found
+
+    def _start(self, found: Servable, table: list[int], far: tuple[RemoteRun, ...],
+               paged: PagedKV, ready: LayerReady) -> LoadHandle:
+        """(Under the lock.) Pin the hit and queue its restore (FC-MAS)."""
+        rid = f"{self._rid_prefix}load-{next(self._request_ids)}"
+        task, plan = load(self.control, rid, found.hit, table, 0, far)
+        future = self._restores.submit(task, plan, paged, ready)
         return LoadHandle(task.remote_end, ready, future)
 
     def _load_finished(self, outcome: LoadOutcome, plan: LoadPlan) -> LoadResult:
