@@ -10,16 +10,18 @@ ENGINE_VENV := .venv-engine
 NIXL_VENV := .venv-nixl
 # SGLang 0.5.23 on CPU torch (scripts/sglang_venv.sh) for the HiCache L3 backend tests.
 SGLANG_VENV := .venv-sglang
+# mkdocs 1.x prints a banner about its successor on every build.
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: venv demo sweep test check-fast lint typecheck check clean engine-venv engine-test \
-	nixl-venv sglang-venv sglang-test
+	nixl-venv sglang-venv sglang-test docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch (an unpinned torch would pull a multi-GB CUDA build).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,plot]'
+	$(BIN)/pip install -q -e '.[dev,plot,docs]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,6 +35,7 @@ demo: $(STAMP)
 test: $(STAMP) engine-venv nixl-venv sglang-venv
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
+	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/pytest -q
 	$(ENGINE_VENV)/bin/pytest -q -m engine tests/connectors tests/service tests/loadgen
 	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang*.py
@@ -65,6 +68,14 @@ sglang-venv:
 sglang-test: sglang-venv
 	$(SGLANG_VENV)/bin/pytest -q -m sglang tests/connectors/test_sglang*.py
 
+# The docs site (mkdocs.yml, docs/): built into site/, or served with live reload on
+# http://127.0.0.1:8000. `make test` builds it with --strict.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
@@ -73,7 +84,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(NIXL_VENV) $(SGLANG_VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) $(NIXL_VENV) $(SGLANG_VENV) build site *.egg-info src/*.egg-info
 
 # fio's figures for the disk under FIO_DIR: the jobs `flatcake bench` runs itself when fio
 # is installed (libaio, O_DIRECT, queue depth 32): 4 MiB sequential write and read, then

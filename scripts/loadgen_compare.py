@@ -39,6 +39,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flatcake import docsout
+
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_PY = REPO / ".venv-engine" / "bin" / "python"
 STOP_WAIT_S = 90
@@ -245,7 +247,11 @@ def main() -> int:
                    help="SIGINT to the API server only (default) or to its process group")
     p.add_argument("--session-ids", action="store_true",
                    help="loadgen sends each prompt's session id")
+    p.add_argument("--docs-out", type=Path, default=None, metavar="FILE",
+                   help="also write the tables to FILE for the docs site "
+                        "(docs/results/generated/engine.md)")
     args = p.parse_args()
+    load_start = docsout.load_average()
     if not ENGINE_PY.is_file():
         raise SystemExit(f"{ENGINE_PY} is missing: run scripts/engine_venv.sh first")
     working_sets = [int(x) for x in args.working_sets.split(",")]
@@ -309,6 +315,9 @@ def main() -> int:
         {"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
          "servers": stops}, indent=2))
     print(text)
+    if args.docs_out:
+        docsout.write(args.docs_out, ["python", "scripts/loadgen_compare.py", *sys.argv[1:]],
+                      text.split("\n", 1)[1], load_start)
     return 0
 
 

@@ -192,7 +192,8 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def _size(num_bytes: int) -> str:
+def size_text(num_bytes: int) -> str:
+    """``num_bytes`` in the largest binary unit it reaches (``1.00 GiB``)."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if num_bytes >= scale:
             return f"{num_bytes / scale:.2f} {unit}"
@@ -204,7 +205,7 @@ def format_table(report: BenchReport) -> str:
     lines = [
         f"flatcake bench: {report.model}, {report.context_tokens} tokens in "
         f"{report.num_turns} turns ({report.num_blocks} blocks x {report.num_layers} layers x "
-        f"{_size(report.block_bytes_per_layer)}), dir {report.directory}, "
+        f"{size_text(report.block_bytes_per_layer)}), dir {report.directory}, "
         f"{report.rounds} rounds (median)",
         f"command: {report.command}",
         "",
@@ -215,16 +216,16 @@ def format_table(report: BenchReport) -> str:
     for r in report.layouts:
         lines.append(
             f"{r.layout:<16} {r.gbps:>7.3f} {r.ratio_to_device:>6.2f} {r.read_commands:>13} "
-            f"{_size(r.bytes_read):>12} {_size(r.bytes_useful):>12} {r.restore_s:>9.3f} "
-            f"{_size(r.staging_bytes):>10} {r.cpu_ns_per_byte:>8.2f} "
-            f"{'yes' if r.verified else 'NO':>8} {_size(r.bytes_per_command):>10}"
+            f"{size_text(r.bytes_read):>12} {size_text(r.bytes_useful):>12} {r.restore_s:>9.3f} "
+            f"{size_text(r.staging_bytes):>10} {r.cpu_ns_per_byte:>8.2f} "
+            f"{'yes' if r.verified else 'NO':>8} {size_text(r.bytes_per_command):>10}"
         )
     d = report.device
     lines += [
         "",
         f"device: seq read {d.seq_read_gbps:.3f} GB/s, seq write {d.seq_write_gbps:.3f} GB/s "
-        f"({_size(d.chunk_bytes)} x {d.in_flight} in flight); random "
-        f"{_size(d.rand_op_bytes)} reads {d.rand_read_gbps:.3f} GB/s "
+        f"({size_text(d.chunk_bytes)} x {d.in_flight} in flight); random "
+        f"{size_text(d.rand_op_bytes)} reads {d.rand_read_gbps:.3f} GB/s "
         f"({d.rand_read_iops:.0f} IOPS)",
     ]
     if d.fio:
@@ -235,7 +236,7 @@ def format_table(report: BenchReport) -> str:
         lines.append("fio:    not run")
     w = report.write
     lines.append(
-        f"write:  flatcake {w.write_gbps:.3f} GB/s ({_size(w.bytes_written)} in {w.write_s:.2f} s)"
+        f"write:  flatcake {w.write_gbps:.3f} GB/s ({size_text(w.bytes_written)} in {w.write_s:.2f} s)"
         f" = {w.ratio_to_device:.2f} x device sequential write, "
         f"{w.cpu_ns_per_byte:.2f} CPU ns/B")
     for c in report.control_plane:

@@ -25,6 +25,9 @@ import torch
 
 KV_LAYOUTS = ("auto", "blocks", "kv_blocks")
 
+BlockIds = Sequence[int] | torch.Tensor
+"""Paged KV slot ids, one per block: a ``range``, a list of ints or a 1-D integer tensor."""
+
 
 def _per_block_bytes(t: torch.Tensor, layout: str) -> int:
     total = t.numel() * t.element_size()
@@ -146,7 +149,7 @@ class PagedKV:
             return f"paged KV layer {misaligned[0]} is not {align}-aligned"
         return ""
 
-    def block_table(self, block_ids: Sequence[int] | torch.Tensor, *, unique: bool,
+    def block_table(self, block_ids: BlockIds, *, unique: bool,
                     name: str = "block_ids") -> torch.Tensor:
         """Validate slot ids: 1-D ints in ``[0, num_blocks)``; ``unique`` for scatter
         targets (two blocks into one slot is a caller bug). Returns int64 on ``device``."""

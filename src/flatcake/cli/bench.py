@@ -6,6 +6,7 @@ import argparse
 import shlex
 from typing import TYPE_CHECKING
 
+from flatcake import docsout
 from flatcake.geometry import PRESETS
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "($FLATCAKE_CALIBRATION) and print them")
     p.add_argument("--calibration-out", default="flatcake-calibration.json",
                    help="file --calibrate writes (default: flatcake-calibration.json)")
+    p.add_argument("--docs-out", default=None, metavar="FILE",
+                   help="also write the report as markdown tables to FILE, under the "
+                        "command, date, commit and machine (the docs site's "
+                        "docs/results/generated/bench.md)")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when a bar is missed too (default: only when a restore "
                         "differs from the bytes written)")
@@ -100,8 +105,14 @@ def run(args: argparse.Namespace) -> int:
     from flatcake.bench.runner import run_bench
 
     options = options_from_args(args)
+    load_start = docsout.load_average()
     report = run_bench(options, command=command_line(options, json_out=args.json))
     print(dump_json(report) if args.json else format_table(report))
+    if args.docs_out:
+        from flatcake.bench.markdown import format_markdown
+
+        argv = [*shlex.split(command_line(options)), "--docs-out", args.docs_out]
+        docsout.write(args.docs_out, argv, format_markdown(report), load_start)
     return exit_status(report, strict=args.strict)
 
 

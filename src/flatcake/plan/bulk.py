@@ -1,6 +1,6 @@
 """The read planner's totals, computed in bulk for the simulator.
 
-``cio.plan.plan_reads`` builds every ``ReadOp`` and ``Piece`` of a restore: about
+``plan.reads.plan_reads`` builds every ``ReadOp`` and ``Piece`` of a restore: about
 ``num_layers x segments`` Python objects (6,100 for a 100-turn history of a 61-layer
 model, ~27 ms). The simulator plans tens of thousands of restores and only needs the
 totals (commands, bytes read, useful and gap bytes, arena copies), so this module

@@ -32,7 +32,7 @@ class LoadTask:
 
     Attributes:
         request_id: the engine's request id.
-        read_plan: per-layer SSD reads and arena copies (stream layout, ``cio.plan``).
+        read_plan: per-layer SSD reads and arena copies (stream layout, ``plan.stream``).
         stream_request: request block index of each stream block, -1 for a block read
             only so its segment's crc32 can be checked (or already computed locally).
         checks: crc32 checks of the SSD segments read, *without* their crcs: each

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flatcake import docsout
 from flatcake.replay.node.devices import GIB
 from flatcake.replay.presets import get_preset
 from flatcake.replay.results import SweepResult, load_result, markdown
@@ -138,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer rates and sizes")
     ap.add_argument("--reuse", action="store_true",
                     help="reuse sweep.json files already in --out instead of rerunning them")
+    ap.add_argument("--docs-out", default=None, metavar="FILE",
+                    help="also write report.md's tables to FILE for the docs site "
+                         "(docs/results/generated/replay.md)")
     args = ap.parse_args(argv)
+    load_start = docsout.load_average()
     steps = {x.strip() for x in args.only.split(",") if x.strip()}
     if steps - set(STEPS):
         raise SystemExit(f"--only: unknown steps {sorted(steps - set(STEPS))}; "
@@ -243,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         grid = cluster_step.load_grid(out / "cluster")
     _write(out, args, speed, cc, (sens, pools), ablations, llama, mooncake, builtin,
            cluster_step.cluster_table(grid) if grid is not None else [])
+    if args.docs_out:
+        body = (out / "report.md").read_text().split("\n", 1)[1]  # without its title
+        docsout.write(args.docs_out, [*ap.prog.split(), *(sys.argv[1:] if argv is None
+                                                          else argv)], body, load_start)
     return 0
 
 

@@ -53,7 +53,7 @@ import torch
 
 from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.executor import Executor, LoadOutcome
-from flatcake.cio.paged import PagedKV
+from flatcake.cio.paged import BlockIds, PagedKV
 from flatcake.cio.readers import Reader
 from flatcake.cio.restore import LayerReady, OpenFile
 from flatcake.clock import Clock, WallClock
@@ -201,7 +201,7 @@ class FlatCakeStore:
                              f"{type(keys).__name__}")
         return tuple(check_key(k, f"keys[{i}]") for i, k in enumerate(keys))
 
-    def _paged(self, kv_caches: Sequence[torch.Tensor], block_ids: Any, num_keys: int,
+    def _paged(self, kv_caches: Sequence[torch.Tensor], block_ids: BlockIds, num_keys: int,
                unique: bool) -> tuple[PagedKV, list[int]]:
         paged = PagedKV(kv_caches, self.geometry.block_bytes_per_layer)
         if paged.num_layers != self.geometry.num_layers:
@@ -243,7 +243,7 @@ class FlatCakeStore:
     # -- store -----------------------------------------------------------------------
 
     def store_turn(self, session_id: str, keys: Sequence[bytes],
-                   kv_caches: Sequence[torch.Tensor], block_ids: Any,
+                   kv_caches: Sequence[torch.Tensor], block_ids: BlockIds,
                    signals: TurnSignals) -> StoreResult:
         """Store the blocks of ``keys`` not stored yet, from the paged KV.
 
@@ -357,13 +357,13 @@ class FlatCakeStore:
         return LookupResult(hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks)
 
     def load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
-             block_ids: Any) -> LoadResult:
+             block_ids: BlockIds) -> LoadResult:
         """Restore the stored prefix of ``keys`` into the paged KV slots ``block_ids``
         (``block_ids[i]`` receives block ``i``) and wait for it."""
         return self.start_load(keys, kv_caches, block_ids).wait()
 
     def start_load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
-                   block_ids: Any) -> LoadHandle:
+                   block_ids: BlockIds) -> LoadHandle:
         """Start restoring the stored prefix of ``keys`` (queued by FC-MAS); returns at
         once."""
         self._check_open()

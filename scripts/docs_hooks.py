@@ -1,0 +1,38 @@
+"""mkdocs hooks of the docs site (``mkdocs.yml``: ``hooks``).
+
+- ``<!-- cli-reference -->`` in a page becomes the CLI reference generated from the
+  real parser (``flatcake.cli.reference``).
+- ``<!-- include: generated/NAME.md -->`` becomes that file, relative to the page: the
+  tables a measuring command wrote with ``--docs-out`` (``flatcake.docsout``). A file
+  not written yet becomes a note that says so; the page names the command that writes it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's flatcake, whatever is installed
+
+CLI = "<!-- cli-reference -->"
+INCLUDE = re.compile(r"^<!-- include: (\S+) -->$", re.MULTILINE)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **_: Any) -> str:
+    if CLI in markdown:
+        from flatcake.cli.reference import markdown as cli_reference
+
+        markdown = markdown.replace(CLI, cli_reference())
+    here = Path(page.file.abs_src_path).parent
+
+    def include(m: re.Match[str]) -> str:
+        path = here / m.group(1)
+        if not path.is_file():
+            return (f"!!! note \"Not measured yet\"\n    No run has written "
+                    f"`{m.group(1)}` yet: the command above writes it.\n")
+        return path.read_text()
+
+    return INCLUDE.sub(include, markdown)
