@@ -1,8 +1,9 @@
-"""The README's vLLM walkthrough, run as written: the OpenAI-compatible server with the
-FlatCake connector, the README's chat client for three turns, ``/metrics``, a stop, a
-restart over the same store, and one more turn whose history comes back from SSD.
+"""The vLLM walkthrough (docs/integrations/vllm.md), run as written: the OpenAI-compatible
+server with the FlatCake connector, the page's chat client for three turns, ``/metrics``,
+a stop, a restart over the same store, and one more turn whose history comes back from
+SSD.
 
-The commands are the README's own blocks (``<!-- walkthrough:NAME -->``), with only
+The commands are the page's own blocks (``<!-- walkthrough:NAME -->``), with only
 ``/tmp/flatcake-demo`` -> a temporary directory, port 8000 -> a free port and
 ``.venv-engine/bin/python`` -> this interpreter (the engine venv). Runs under
 ./.venv-engine (``make test`` does it); skipped where vLLM is not installed.
@@ -29,15 +30,16 @@ pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 32
+WALKTHROUGH = REPO / "docs" / "integrations" / "vllm.md"
 
 
-def readme_block(name: str) -> str:
-    """The fenced block right after ``<!-- walkthrough:NAME -->`` in the README."""
-    text = (REPO / "README.md").read_text()
+def walkthrough_block(name: str) -> str:
+    """The fenced block right after ``<!-- walkthrough:NAME -->`` in the walkthrough."""
+    text = WALKTHROUGH.read_text()
     m = re.search(rf"<!-- walkthrough:{name} -->\n(?:<!-- doc: [^>]*-->\n)?```\w*\n(.*?)\n```",
                   text, re.S)
     if m is None:
-        raise AssertionError(f"README has no walkthrough:{name} block")
+        raise AssertionError(f"{WALKTHROUGH.name} has no walkthrough:{name} block")
     return m.group(1)
 
 
@@ -48,7 +50,7 @@ def free_port() -> int:
 
 
 class Walkthrough:
-    """The README's commands, pointed at ``root`` and ``port``."""
+    """The walkthrough's commands, pointed at ``root`` and ``port``."""
 
     def __init__(self, root: Path, port: int) -> None:
         self.root, self.port = root, port
@@ -57,7 +59,7 @@ class Walkthrough:
             p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)
 
     def text(self, name: str) -> str:
-        return (readme_block(name).replace("/tmp/flatcake-demo", str(self.root))
+        return (walkthrough_block(name).replace("/tmp/flatcake-demo", str(self.root))
                 .replace("127.0.0.1:8000", f"127.0.0.1:{self.port}")
                 .replace("--port 8000", f"--port {self.port}")
                 .replace(".venv-engine/bin/python", sys.executable)
@@ -117,8 +119,8 @@ class Walkthrough:
 
 
 def documented_series() -> set[str]:
-    """Every ``vllm:flatcake_*`` name the README's metrics block lists."""
-    return set(re.findall(r"vllm:flatcake_\w+", readme_block("metrics")))
+    """Every ``vllm:flatcake_*`` name the walkthrough's metrics block lists."""
+    return set(re.findall(r"vllm:flatcake_\w+", walkthrough_block("metrics")))
 
 
 @pytest.mark.timeout(1200)  # two server starts, ~1-2 min each on 2 busy cores

@@ -1,4 +1,5 @@
-"""Every command block of the README is run here, so the README cannot drift.
+"""Every command block of the README and of the docs pages (docs/**/*.md) is run or
+checked here, so the docs cannot drift.
 
 Each code block (fenced or indented) must follow a marker comment, a blank line above it:
 
@@ -8,7 +9,8 @@ Each code block (fenced or indented) must follow a marker comment, a blank line 
                                FLATCAKE_DOC_BUDGET_S=0 to run long blocks to the end
     <!-- doc: python -->       run the block with Python; it must succeed
     <!-- doc: python long -->  the same, for LONG_BUDGET_S seconds
-    <!-- doc: toml -->         the block must load with ``load_config`` and equal the defaults
+    <!-- doc: toml -->         the block must load with ``load_config``, equal the defaults
+                               and name every field
     <!-- doc: output -->       sample output or a file format: nothing to run
     <!-- doc: needs-model -->  needs a served model, <!-- doc: needs-gpu --> a GPU,
     <!-- doc: needs-engine --> the 3.3 GB vLLM engine virtualenv,
@@ -24,6 +26,11 @@ native trace) and ``.venv/bin/{flatcake,python}`` pointing at this checkout; a `
 line runs the ``flatcake`` commands its target would run. Placeholders for the user's own
 paths are substituted (``PLACEHOLDERS``). Blocks that read the shared traces are skipped
 when they are absent.
+
+Results tables are written by the commands that measure them (``--docs-out``, see
+``flatcake.docsout``) into docs/results/generated/, each under a line naming its
+command; a table of measured figures anywhere else in docs/ fails here (the dated
+history page is the record of past runs and is the one exception).
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ from flatcake.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+GENERATED = DOCS / "results" / "generated"
+HISTORY = DOCS / "results" / "history.md"
 SHARED = REPO.parent / "shared"
 KINDS = ("run", "long", "python", "python long", "toml", "output", "needs-model",
          "needs-gpu", "needs-engine", "needs-cluster", "self")
@@ -54,9 +64,14 @@ _MARKER = re.compile(r"^<!-- doc: ([a-z-]+(?: long)?) -->$")
 
 @dataclass(frozen=True)
 class Block:
-    line: int  # 1-based line of the block's first line in the README
+    path: str  # the page, relative to the repository
+    line: int  # 1-based line of the block's first line in the page
     kind: str
     lines: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
 
     @property
     def text(self) -> str:
@@ -84,7 +99,7 @@ class Block:
         return out
 
 
-def readme_blocks(text: str) -> list[Block]:
+def page_blocks(text: str, path: str = "README.md") -> list[Block]:
     """Every code block with the marker above it (kind ``""`` when it has none)."""
     lines = text.splitlines()
     blocks: list[Block] = []
@@ -103,7 +118,7 @@ def readme_blocks(text: str) -> list[Block]:
             j = i + 1
             while not lines[j].startswith("```"):
                 j += 1
-            blocks.append(Block(i + 2, marker(i), tuple(lines[i + 1:j])))
+            blocks.append(Block(path, i + 2, marker(i), tuple(lines[i + 1:j])))
             i, prev_blank = j + 1, False
             continue
         if prev_blank and line.startswith("    ") and line.strip():
@@ -112,7 +127,7 @@ def readme_blocks(text: str) -> list[Block]:
                 j += 1
             while not lines[j - 1].strip():
                 j -= 1
-            blocks.append(Block(i + 1, marker(i), tuple(x[4:] for x in lines[i:j])))
+            blocks.append(Block(path, i + 1, marker(i), tuple(x[4:] for x in lines[i:j])))
             i, prev_blank = j, False
             continue
         prev_blank = not line.strip()
@@ -120,18 +135,49 @@ def readme_blocks(text: str) -> list[Block]:
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text())
+def pages() -> list[Path]:
+    """The README and every docs page but the generated tables."""
+    return [README, *sorted(p for p in DOCS.rglob("*.md") if GENERATED not in p.parents)]
+
+
+BLOCKS = [b for page in pages()
+          for b in page_blocks(page.read_text(), str(page.relative_to(REPO)))]
 
 
 def _id(b: Block) -> str:
-    return f"L{b.line}-{b.kind or 'unmarked'}"
+    return f"{b.path}:L{b.line}-{b.kind or 'unmarked'}"
+
+
+def _config_fields() -> list[tuple[str, str]]:
+    """(section, field) of every configuration field; section "" for top-level ones."""
+    import dataclasses
+
+    from flatcake.config import FlatCakeConfig
+
+    out: list[tuple[str, str]] = []
+    for f in dataclasses.fields(FlatCakeConfig):
+        value = getattr(FlatCakeConfig(), f.name)
+        if dataclasses.is_dataclass(value):
+            out += [(f.name, g.name) for g in dataclasses.fields(value)]
+        else:
+            out.append(("", f.name))
+    return out
+
+
+def _section(toml: str, section: str) -> str:
+    """The lines of one ``[section]`` of a TOML text ("" : the lines before the first)."""
+    parts = re.split(r"^\[(\w+)\]", toml, flags=re.M)
+    if not section:
+        return parts[0]
+    return next((parts[i + 1] for i in range(1, len(parts) - 1, 2) if parts[i] == section), "")
 
 
 def test_every_block_is_marked() -> None:
-    bad = [f"README.md:{b.line}: {b.lines[0][:60]!r}" for b in BLOCKS if b.kind not in KINDS]
+    bad = [f"{b.where}: {b.lines[0][:60]!r}" for b in BLOCKS if b.kind not in KINDS]
     assert not bad, ("code blocks without a '<!-- doc: KIND -->' marker (kinds: "
-                     f"{', '.join(KINDS)}; see tests/test_readme_commands.py): {bad}")
-    assert len(BLOCKS) >= 15  # the extractor still finds the README's blocks
+                     f"{', '.join(KINDS)}; see tests/test_doc_commands.py): {bad}")
+    assert len(BLOCKS) >= 40  # the extractor still finds the pages' blocks
+    assert any(b.path == "README.md" for b in BLOCKS)
 
 
 def _flatcake_argv(command: str) -> list[str] | None:
@@ -156,12 +202,12 @@ def test_flatcake_lines_parse_and_make_targets_exist(block: Block) -> None:
                 build_parser().parse_args(argv)
             except SystemExit as exc:
                 if exc.code:  # --help exits 0
-                    pytest.fail(f"README.md:{block.line}: {command!r} does not parse")
+                    pytest.fail(f"{block.where}: {command!r} does not parse")
         words = shlex.split(command, comments=True)
         if words and words[0] == "make":
             done = subprocess.run(["make", "-n", *words[1:]], cwd=REPO, capture_output=True,
                                   text=True, timeout=60)
-            assert done.returncode == 0, f"README.md:{block.line}: {command}: {done.stderr}"
+            assert done.returncode == 0, f"{block.where}: {command}: {done.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +216,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from flatcake.traces import WorkloadSpec, generate_workload
     from flatcake.traces.readers.native import write_native
 
-    top = tmp_path_factory.mktemp("readme")
+    top = tmp_path_factory.mktemp("docs")
     work = top / "work"
     (work / ".venv" / "bin").mkdir(parents=True)
     if SHARED.is_dir():
@@ -189,7 +235,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env(work: Path) -> dict[str, str]:
-    """The README's examples assume ``.venv/bin`` on PATH (its quick start says how)."""
+    """The examples assume ``.venv/bin`` on PATH (getting started says how)."""
     path = f"{work / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     pythonpath = f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     return {**os.environ, "PATH": path, "PYTHONPATH": pythonpath}
@@ -241,18 +287,21 @@ RUNNABLE = [b for b in BLOCKS if b.kind in ("run", "long", "python", "python lon
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=_id)
-def test_readme_block_runs(block: Block, scratch: Path) -> None:
-    where = f"README.md:{block.line}"
+def test_doc_block_runs(block: Block, scratch: Path) -> None:
+    where = block.where
     if ("shared/traces" in block.text or "weka_claude_code" in block.text) \
             and not SHARED.is_dir():
         pytest.skip("needs ../shared/traces")
     if block.kind == "toml":
         from flatcake.config import FlatCakeConfig, load_config
 
-        path = scratch / "readme.toml"
+        path = scratch / "docs.toml"
         path.write_text(block.text)
         assert load_config(path, env={}) == FlatCakeConfig(), \
-            f"{where}: the README's config block no longer shows the defaults"
+            f"{where}: the config block no longer shows the defaults"
+        missing = [f"[{section}] {name}" for section, name in _config_fields()
+                   if not re.search(rf"^{name} = ", _section(block.text, section), re.M)]
+        assert not missing, f"{where}: the config block does not show {missing}"
         return
     budget = LONG_BUDGET_S if block.kind.endswith("long") else None
     if block.kind.startswith("python"):
@@ -277,3 +326,74 @@ def test_command_table_lists_every_command() -> None:
     text = README.read_text()
     for name, (_, help_text) in COMMANDS.items():
         assert f"| `flatcake {name}` | {help_text} |" in text, f"README: no row for {name}"
+
+
+# A markdown table row holding a measured figure: a number with a unit of speed, time,
+# share or cost (GB/s, req/s, ns/B, s, ms, us, %, x).
+_MEASURED = re.compile(r"\d(?:\.\d+)?\s*(?:GB/s|req/s|ns/B|ms|us|s|%|x)(?:\W|$)")
+
+
+def _tables_with_figures(text: str) -> list[int]:
+    """1-based lines of table rows holding a measured figure, outside code blocks."""
+    out, fenced = [], False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("|") and _MEASURED.search(line):
+            out.append(n)
+    return out
+
+
+def test_no_results_table_is_typed_into_the_docs() -> None:
+    typed = [f"{page.relative_to(REPO)}:{n}" for page in pages()[1:] if page != HISTORY
+             for n in _tables_with_figures(page.read_text())]
+    assert not typed, ("tables of measured figures typed into a page; have the command "
+                       "that measures them write them (--docs-out, flatcake.docsout) and "
+                       f"include the file: {typed}")
+    assert _tables_with_figures("| flatcake | 1.62 GB/s |\n")  # the check still bites
+
+
+def test_every_generated_table_names_the_command_that_wrote_it() -> None:
+    from flatcake.docsout import MARKER
+
+    for path in sorted(GENERATED.glob("*.md")):
+        first, second = path.read_text().splitlines()[:2]
+        assert first.startswith(MARKER) and first.endswith(" -->"), \
+            f"{path.name}: not written by a command (no {MARKER!r} line)"
+        command = first[len(MARKER):-len(" -->")]
+        assert second.startswith("Measured ") and " at commit " in second, path.name
+        argv = _flatcake_argv(command)
+        if argv is not None:
+            build_parser().parse_args(argv)
+        else:  # python -m MODULE or python scripts/X.py
+            words = shlex.split(command)
+            assert words[1] == "-m" or (REPO / words[1]).is_file(), \
+                f"{path.name}: {command!r} names no command of this checkout"
+
+
+def test_every_include_names_a_generated_file_and_results_at_a_glance_cite_them() -> None:
+    for page in pages()[1:]:
+        for name in re.findall(r"^<!-- include: (\S+) -->$", page.read_text(), re.M):
+            assert (page.parent / name).resolve().parent == GENERATED, \
+                f"{page.relative_to(REPO)}: includes {name}, outside {GENERATED}"
+    glance = README.read_text().split("## Results at a glance", 1)[1].split("\n## ", 1)[0]
+    for row in [r for r in glance.splitlines() if r.startswith("| ") and "](" in r]:
+        page = re.search(r"\]\((docs/results/\w+\.md)\)", row)
+        assert page, f"README results at a glance: {row!r} links to no results page"
+        generated = GENERATED / Path(page.group(1)).name
+        if generated.is_file():  # the row's commit is the one the table was measured at
+            provenance = generated.read_text().splitlines()[1]
+            commit = re.search(r"at commit (\w+)", provenance)
+            assert commit and commit.group(1) in row, \
+                f"README results at a glance: {row!r} does not cite {generated.name}'s run"
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: a broken link, nav entry or API reference fails it."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                           "--site-dir", str(tmp_path / "site")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
