@@ -236,7 +236,8 @@ def format_table(report: BenchReport) -> str:
         lines.append("fio:    not run")
     w = report.write
     lines.append(
-        f"write:  flatcake {w.write_gbps:.3f} GB/s ({size_text(w.bytes_written)} in {w.write_s:.2f} s)"
+        f"write:  flatcake {w.write_gbps:.3f} GB/s ({size_text(w.bytes_written)} in "
+        f"{w.write_s:.2f} s)"
         f" = {w.ratio_to_device:.2f} x device sequential write, "
         f"{w.cpu_ns_per_byte:.2f} CPU ns/B")
     for c in report.control_plane:
