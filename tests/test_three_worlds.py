@@ -1,7 +1,7 @@
 """One scenario, three worlds: the same scripted multi-session workload goes through
 
-1. the replay's FlatCake (``replay.systems.sharing.SharedFlatCake`` on two simulated
-   nodes: devices modelled, no I/O),
+1. the replay's FlatCake (``replay.systems.flatcake`` reading the other node's blocks
+   through ``sharing.FlatCakeReads``, on two simulated nodes: devices modelled, no I/O),
 2. ``FlatCakeStore`` (one store per node, real bytes in a temporary directory), and
 3. the vLLM connector's two halves without an engine (``SchedulerSide`` on the books,
    ``WorkerSide`` moving real bytes; one pair per node),

@@ -1,5 +1,5 @@
 """World 1: the replay. Two simulated nodes sharing KV (``replay.cluster`` with
-``systems.shared.SharedFlatCake``): node 1 runs only the steps the script puts there.
+``systems.sharing.FlatCakeReads``): node 1 runs only the steps the script puts there.
 The system records what it decides (``Record``) and the order things happened (the
 event log the other two worlds follow, at the replay's times). The replay does no I/O,
 so a segment's rot is the books verb the hosts call when a checksum fails
@@ -18,7 +18,8 @@ from flatcake.replay import cluster as replay_cluster
 from flatcake.replay.cluster import Cluster, ClusterSpec
 from flatcake.replay.node.node import Node, Request
 from flatcake.replay.presets import ReplayPreset
-from flatcake.replay.systems.sharing import SharedFlatCake
+from flatcake.replay.systems.flatcake import FlatCakeSystem
+from flatcake.replay.systems.sharing import FlatCakeReads
 from tests.replay.helpers import tiny_preset
 from tests.worlds.scenario import Record, Script, tap_fc_mas
 
@@ -55,7 +56,7 @@ class _Routed(Cluster):
                              blocks, wire_bytes)
 
 
-class Recorded(SharedFlatCake):
+class Recorded(FlatCakeSystem):
     """The replay's FlatCake on one node, recording into ``rec`` and ``events``."""
 
     def __init__(self, *args: Any, script: Script, events: list[Event], rec: Record,
@@ -116,11 +117,11 @@ class Recorded(SharedFlatCake):
     def _start_restore(self, req: Request) -> None:
         assert self.node is not None
         rec = self.node.rec
-        fetched = len(self.cluster.fetches)
+        fetched = len(self.node.cluster.fetches)
         before = (rec.ssd_read_commands, rec.ssd_read_bytes, self.read_check_bytes,
                   self.read_gap_bytes)
         super()._start_restore(req)
-        far = self.cluster.fetches[fetched:]
+        far = self.node.cluster.fetches[fetched:]
         commands = rec.ssd_read_commands - before[0] - sum(f[0] for f in far)
         nbytes = rec.ssd_read_bytes - before[1] - sum(f[1] for f in far)
         if nbytes:
@@ -137,13 +138,13 @@ class Recorded(SharedFlatCake):
             self.events.append(("load_done", req.idx, self.node.now))
         return super().prefill_load(req, worker)
 
-    def _restore_done(self, arg: tuple[Request, int]) -> None:
+    def restore_done(self, arg: tuple[Request, int]) -> None:
         assert self.node is not None
         req, useful = arg
         self.events.append(("load_done", req.idx, self.node.now))
         read, _, check, gap = self.rec.accounted[req.idx]
         self.rec.accounted[req.idx] = (read, useful, check, gap)
-        super()._restore_done(arg)
+        super().restore_done(arg)
 
     def on_complete(self, req: Request) -> None:
         assert self.node is not None and self.cp is not None
@@ -174,7 +175,7 @@ def run_replay(script: Script, geometry: KVGeometry) -> ReplayWorld:
     rec = Record()
 
     def make_system(name: str, config: Any, tiered: Any, shared: bool = False) -> Recorded:
-        return Recorded(config, name, script=script, events=events, rec=rec)
+        return Recorded(config, name, FlatCakeReads, script=script, events=events, rec=rec)
 
     wl = script.workload()
     with pytest.MonkeyPatch.context() as mp:

@@ -124,9 +124,9 @@ class Cluster:
                 node.seen = self.nodes[0].seen  # the infinite-cache bound is the cluster's
             self.nodes.append(node)
         for k, node in enumerate(self.nodes):
-            join = getattr(node.system, "join", None)
-            if join is not None:
-                join(self, k)
+            sharing = getattr(node.system, "sharing", None)
+            if sharing is not None:
+                sharing.join(self, k)
         # Each worker's NIC (remote reads into that GPU queue on it).
         self.nics = [[FifoServer() for _ in node.workers] for node in self.nodes]
         self.requests_per_node = np.zeros(spec.nodes, dtype=np.int64)

@@ -39,7 +39,7 @@ connector does without a ``session_id`` (a request that extends the conversation
 the end of its hit joins it, else it starts its own).
 
 The pure arithmetic (keys of dense ids, hit runs, the refill pipeline) is in
-``systems.flatcake_runs``.
+``systems.keys``.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
 
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, StorePlan
@@ -72,7 +72,7 @@ from flatcake.replay.systems.keys import (
 logger = logging.getLogger(__name__)
 
 
-class _FcState:
+class FcState:
     __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan", "refill_bytes",
                  "refills", "turn")
 
@@ -88,13 +88,37 @@ class _FcState:
         self.refill_bytes = 0  # their bytes
 
 
-class FlatCakeSystem(System):
-    """``flatcake`` (two queues) and ``flatcake-1q`` (``single_queue=True``)."""
+class Sharing(Protocol):
+    """What a FlatCake node of a cluster that shares KV asks of the part that reads
+    other nodes' blocks (``systems.sharing``)."""
 
-    def __init__(self, config: FlatCakeConfig, name: str = "flatcake") -> None:
+    def arrive(self, req: Request, keys: tuple[bytes, ...], hit: PrefixHit, g: int) -> bool:
+        """Serve the blocks past the local ``hit`` from other nodes; True when it took
+        the request over."""
+        ...
+
+    def start(self, req: Request) -> bool:
+        """Start the restore of a request it took over (True), else leave it (False)."""
+        ...
+
+    def release(self, req: Request) -> bool:
+        """Unpin what a restore it took over read (True), else leave it (False)."""
+        ...
+
+    def metrics(self) -> dict[str, Any]: ...
+
+
+class FlatCakeSystem(System):
+    """``flatcake`` (two queues) and ``flatcake-1q`` (``single_queue=True``).
+    ``sharing``: in a cluster that shares KV, builds the part that reads the blocks
+    other nodes hold (given this system)."""
+
+    def __init__(self, config: FlatCakeConfig, name: str = "flatcake",
+                 sharing: Callable[[FlatCakeSystem], Sharing] | None = None) -> None:
         super().__init__()
         self.name = name
         self.config = config
+        self.sharing = sharing(self) if sharing is not None else None
         self.cp: ControlPlane | None = None
         self.scheds: list[MasScheduler] = []
         self.reqs: dict[Hashable, Request] = {}
@@ -110,7 +134,7 @@ class FlatCakeSystem(System):
         self.waiters: dict[bytes, list[Request]] = {}
         # Static geometry of live segments for the planner (ids are never reused).
         self.segment_cache: SegmentCache = {}
-        self._planner = functools.partial(stream_totals, segment_cache=self.segment_cache)
+        self.planner = functools.partial(stream_totals, segment_cache=self.segment_cache)
 
     def attach(self, node: Node) -> None:
         super().attach(node)
@@ -141,9 +165,10 @@ class FlatCakeSystem(System):
             self.waiters.setdefault(keys[hit.num_blocks], []).append(req)
             self.num_store_waits += 1
             return
-        if hit.num_blocks < len(keys) and self._remote_arrival(req, keys, hit, g):
+        if (hit.num_blocks < len(keys) and self.sharing is not None
+                and self.sharing.arrive(req, keys, hit, g)):
             return
-        st = _FcState(hit, keys, self._turn(req, hit.num_blocks, hit))
+        st = FcState(hit, keys, self.turn(req, hit.num_blocks, hit))
         req.sys = st
         if hit.num_blocks <= g:
             sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
@@ -158,7 +183,7 @@ class FlatCakeSystem(System):
             part = PrefixHit(hit.num_blocks - g, hit.num_blocks - g - ssd_blocks, ssd_blocks,
                              runs)
         needs_ssd = ssd_blocks > 0
-        lp = cp.prepare_load(req.idx, part, planner=self._planner, refill=True)
+        lp = cp.prepare_load(req.idx, part, planner=self.planner, refill=True)
         if lp.refills:
             st.refills = tuple(home.segment_id for home, _ in lp.refills)
             st.refill_bytes = sum(copy.total_bytes for _, copy in lp.refills)
@@ -171,9 +196,9 @@ class FlatCakeSystem(System):
             return
         st.needs_ssd = True
         sched.submit(cp.restore_request(req.idx, req.arrival_s, lp))
-        self._pump(req.worker)
+        self.pump(req.worker)
 
-    def _turn(self, req: Request, num_blocks: int, hit: PrefixHit) -> TurnInfo:
+    def turn(self, req: Request, num_blocks: int, hit: PrefixHit) -> TurnInfo:
         """The request's turn in its session, given ``num_blocks`` hit (``hit``: this
         store's own part, whose owner a trace without sessions joins)."""
         if self.cp is None:
@@ -182,13 +207,7 @@ class FlatCakeSystem(System):
             return self.sessions.resolve(f"chain-{req.chain}", num_blocks, None)
         return self.sessions.resolve(None, num_blocks, hit_owner(self.cp, hit))
 
-    def _remote_arrival(self, req: Request, keys: tuple[bytes, ...], hit: PrefixHit,
-                        g: int) -> bool:
-        """Cluster hook (``systems.shared``): serve the blocks past the local ``hit``
-        from other nodes; True when it took the request over. One node: never."""
-        return False
-
-    def _pump(self, worker: int) -> None:
+    def pump(self, worker: int) -> None:
         node = self.node
         if node is None:
             raise not_attached(self.name)
@@ -201,8 +220,10 @@ class FlatCakeSystem(System):
         node = self.node
         if node is None:
             raise not_attached(self.name)
+        if self.sharing is not None and self.sharing.start(req):
+            return
         w = node.workers[req.worker]
-        st: _FcState = req.sys
+        st: FcState = req.sys
         g = req.gpu_prefix
         plan = st.plan
         runs = trim_hit(st.hit, g) if g else st.hit.runs
@@ -218,12 +239,12 @@ class FlatCakeSystem(System):
         self.read_gap_bytes += plan.gap_bytes
         self.read_check_bytes += plan.useful_bytes - useful
         st.plan = None
-        end = self._charge(w, plan, st.refill_bytes)
+        end = self.charge(w, plan, st.refill_bytes)
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
         # Fixed cost of a restore (lookup, submission, completion), same for every system.
-        node.loop.at(end + node.spec.restore_overhead_s, self._restore_done, (req, useful))
+        node.loop.at(end + node.spec.restore_overhead_s, self.restore_done, (req, useful))
 
-    def _charge(self, w: Worker, plan: ReadPlan, refill_bytes: int = 0) -> float:
+    def charge(self, w: Worker, plan: ReadPlan, refill_bytes: int = 0) -> float:
         """Put ``plan``'s SSD reads on ``w``'s SSD channel and its memory copies on its
         host->GPU link; returns when both are done (and the ``refill_bytes`` of memory
         copies the restore fills are written, ``refill_wait_s``)."""
@@ -248,7 +269,7 @@ class FlatCakeSystem(System):
                                          plan.memory_bytes))
         return end
 
-    def _restore_done(self, arg: tuple[Request, int]) -> None:
+    def restore_done(self, arg: tuple[Request, int]) -> None:
         req, useful = arg
         node, cp = self.node, self.cp
         if node is None or cp is None:
@@ -258,20 +279,22 @@ class FlatCakeSystem(System):
         node.rec.ssd_useful_bytes += useful
         self.scheds[req.worker].restore_done(req.idx)
         self._release(req)
-        self._pump(req.worker)
+        self.pump(req.worker)
         node.make_ready(req)
 
     def _release(self, req: Request) -> None:
         """Unpin what the restore read."""
         if self.cp is None:
             raise not_attached(self.name)
+        if self.sharing is not None and self.sharing.release(req):
+            return
         # The restored bytes filled the memory copies the plan asked for (their time is
         # in the restore's end, ``refill_wait_s``).
         self.cp.complete_load(req.idx, req.sys.refills)
         req.sys.load_pinned = False
-        self._settle()
+        self.settle_books()
 
-    def _settle(self) -> None:
+    def settle_books(self) -> None:
         """What the books settled once a load or a write ended (``plan.requests``): the
         replay reads no bytes, so damage only comes from ``mark_damaged`` (a test's),
         and the actions free nothing on a device."""
@@ -287,13 +310,13 @@ class FlatCakeSystem(System):
         node, cp = self.node, self.cp
         if node is None or cp is None:
             raise not_attached(self.name)
-        st: _FcState = req.sys
+        st: FcState = req.sys
         if not st.load_pinned:
             return 0, 0.0
         n = memory_run(st.hit, req.gpu_prefix)
         cp.complete_load(req.idx)
         st.load_pinned = False
-        self._settle()
+        self.settle_books()
         if n == 0:
             return 0, 0.0
         nbytes = n * node.block_bytes
@@ -310,7 +333,7 @@ class FlatCakeSystem(System):
         if node is None or cp is None:
             raise not_attached(self.name)
         self.reqs.pop(req.idx, None)
-        st: _FcState = req.sys
+        st: FcState = req.sys
         turn = st.turn
         # The prompt's full blocks, as the connector counts them: a trace's partial last
         # block is re-hashed once the next turn fills it, so a continuation never hits it.
@@ -364,7 +387,7 @@ class FlatCakeSystem(System):
         if self.cp is None:
             raise not_attached(self.name)
         self.cp.complete_store(plan, True)
-        self._settle()
+        self.settle_books()
         if self.waiters:
             for key in plan.segment.keys:
                 for req in self.waiters.pop(key, ()):
@@ -386,4 +409,5 @@ class FlatCakeSystem(System):
             "memory_copies_dropped": st.memory_copies_dropped,
             "memory_used_bytes": st.memory_used_bytes,
             "ssd_used_bytes": st.ssd_used_bytes,
+            **(self.sharing.metrics() if self.sharing is not None else {}),
         }

@@ -22,7 +22,7 @@ from typing import Any
 
 from flatcake.replay.node.node import Node, Request, Worker, not_attached
 from flatcake.replay.systems.prefetch import PrefetchOp, PrefetchThread, timeout_s
-from flatcake.replay.systems.tiered import TieredConfig, TieredSystem, _TState
+from flatcake.replay.systems.tiered import TieredConfig, TieredSystem, TState
 from flatcake.replay.workload.runs import Runs, runs_len, slice_runs
 
 
@@ -60,7 +60,7 @@ class HiCacheSystem(TieredSystem):
             raise not_attached(self.name)
         w = node.workers[req.worker]
         g = w.gpu.prefix_hits(req.runs)
-        _total, host_parts, ssd_parts = self._plan(req.runs, g)
+        _total, host_parts, ssd_parts = self.plan_read(req.runs, g)
         need = runs_len(ssd_parts)
         if need == 0:
             self._ready(req)
@@ -80,7 +80,7 @@ class HiCacheSystem(TieredSystem):
             self._ready(req)
             return
         self.reserved[k] += take
-        st = _TState()
+        st = TState()
         req.sys = st
         if host_parts:
             st.host_pinned = host_parts
@@ -98,7 +98,7 @@ class HiCacheSystem(TieredSystem):
             node.loop.after(limit, self._mark_ready, req)
 
     def _mark_ready(self, req: Request) -> None:
-        st: _TState = req.sys
+        st: TState = req.sys
         if not st.ready:
             st.ready = True
             self._ready(req)
@@ -145,12 +145,12 @@ class HiCacheSystem(TieredSystem):
     # ---- scheduled ----------------------------------------------------------------------
     def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
         st = req.sys
-        op = st.op if isinstance(st, _TState) else None
+        op = st.op if isinstance(st, TState) else None
         if op is not None:
             self._terminate(req, st, op)
         return super().prefill_load(req, worker)
 
-    def _terminate(self, req: Request, st: _TState, op: PrefetchOp) -> None:
+    def _terminate(self, req: Request, st: TState, op: PrefetchOp) -> None:
         """The request is scheduled: stop its prefetch, keep the finished batches."""
         node = self.node
         if node is None or self.host is None:

@@ -15,7 +15,7 @@ from flatcake.replay.systems.flatcake import FlatCakeSystem
 from flatcake.replay.systems.hicache import HiCacheSystem
 from flatcake.replay.systems.memory import MemoryOnlySystem
 from flatcake.replay.systems.settings import TieredConfig
-from flatcake.replay.systems.sharing import SharedFlatCake, SharedTieredDirect
+from flatcake.replay.systems.sharing import FlatCakeReads, TieredReads
 from flatcake.replay.systems.tiered import TieredSystem
 
 
@@ -62,7 +62,7 @@ def _flatcake(single_queue: bool) -> Factory:
     def make(name: str, fc: FlatCakeConfig, tiered: TieredConfig, shared: bool) -> System:
         cfg = dataclasses.replace(
             fc, scheduler=dataclasses.replace(fc.scheduler, single_queue=single_queue))
-        return (SharedFlatCake if shared else FlatCakeSystem)(cfg, name)
+        return FlatCakeSystem(cfg, name, FlatCakeReads if shared else None)
     return make
 
 
@@ -74,8 +74,8 @@ def _hicache(**knobs: Any) -> Factory:
 
 def _tiered_direct(name: str, fc: FlatCakeConfig, tiered: TieredConfig,
                    shared: bool) -> System:
-    cls = SharedTieredDirect if shared else TieredSystem
-    return cls(dataclasses.replace(tiered, direct=True), name)
+    return TieredSystem(dataclasses.replace(tiered, direct=True), name,
+                        TieredReads if shared else None)
 
 
 def _memory_only(name: str, fc: FlatCakeConfig, tiered: TieredConfig,
@@ -123,7 +123,8 @@ STYLES: dict[str, Style] = {e.name: e.style for e in REGISTRY}
 def make_system(name: str, fc_config: FlatCakeConfig, tiered: TieredConfig,
                 shared: bool = False) -> System:
     """A fresh system object for one run. ``shared``: the cluster variant that reads
-    other nodes' blocks (``systems.sharing``), for the systems that have one."""
+    other nodes' blocks (built with a ``systems.sharing`` collaborator), for the
+    systems that have one."""
     entry = ENTRIES.get(name)
     if entry is None:
         raise ValueError(f"unknown system {name!r}; choose from {', '.join(ALL_SYSTEMS)}")

@@ -12,16 +12,21 @@ The requester's own part of a restore fills memory copies exactly as on one node
 (``placement.copy_on_restore``: the same ``prepare_load(refill=True)`` and the same
 wait for the copies); blocks read from other nodes fill none, as in the store.
 
-* ``SharedFlatCake``: the books of every node are the real ``ControlPlane``; a restore
+Both are collaborators a node's system is built with (``sharing=``) and calls at the
+points where a cluster changes what it does (an arrival past the local hit, the start
+and the end of a restore it took over, which blocks a finished turn puts); a run with
+one node builds none.
+
+* ``FlatCakeReads``: the books of every node are the real ``ControlPlane``; a restore
   pins the owner's sessions (``prepare_load`` on the owner) until it ends and reads each
   owner's part with the owner's plan (whole SSD segments, for the requester's checksum
   check), all through the worker's FC-MAS queues like a local restore.
-* ``SharedTieredDirect``: Mooncake Store's lookup is cluster-wide (its master knows
+* ``TieredReads``: Mooncake Store's lookup is cluster-wide (its master knows
   every replica): blocks in another node's host tier or SSD buckets are read by their
   owner (one object per block from its bucket) and sent over the NIC; a finished turn
   puts only blocks no node holds (``Put`` skips existing keys).
 
-With one node both behave exactly as their one-node classes.
+In a cluster of one node both leave every request to their system.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from flatcake.control.queues import RestoreRequest
 from flatcake.plan.bulk import stream_totals
 from flatcake.readplan import ReadPlan
 from flatcake.replay.node.node import Request, not_attached
-from flatcake.replay.systems.flatcake import FlatCakeSystem, _FcState
-from flatcake.replay.systems.tiered import TieredSystem, _TState
+from flatcake.replay.systems.flatcake import FcState, FlatCakeSystem
+from flatcake.replay.systems.tiered import HostTier, TieredSystem, TState
 from flatcake.replay.workload.runs import Runs, runs_len, slice_runs
 
 
@@ -50,7 +55,7 @@ def _hit_of(runs: list[HitRun]) -> PrefixHit | None:
     return PrefixHit(n, mem, n - mem, tuple(runs))
 
 
-class _SharedState(_FcState):
+class _SharedState(FcState):
     __slots__ = ("local", "local_plan", "pieces")
 
     def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...], turn: Any) -> None:
@@ -64,10 +69,11 @@ class _SharedState(_FcState):
 class _Member:
     """A node's place in its cluster: set by ``join`` once every node exists."""
 
-    cluster: Any = None
-    me = 0
-    peers: list[Any] = []  # noqa: RUF012 - replaced per object by join
-    num_remote_restores = 0
+    def __init__(self) -> None:
+        self.cluster: Any = None
+        self.me = 0
+        self.peers: list[Any] = []  # every node's system, this one's included
+        self.num_remote_restores = 0
 
     def join(self, cluster: Any, me: int) -> None:
         self.cluster = cluster
@@ -78,9 +84,16 @@ class _Member:
         """Whether other nodes exist to read from."""
         return self.cluster is not None and len(self.peers) > 1
 
+    def metrics(self) -> dict[str, Any]:
+        return {"remote_restores": self.num_remote_restores}
 
-class SharedFlatCake(_Member, FlatCakeSystem):
-    """FlatCake on one node of a cluster that shares KV."""
+
+class FlatCakeReads(_Member):
+    """What FlatCake on one node of a cluster that shares KV reads from the others."""
+
+    def __init__(self, system: FlatCakeSystem) -> None:
+        super().__init__()
+        self.system = system
 
     def walk(self, keys: tuple[bytes, ...], hit: PrefixHit
              ) -> tuple[int, list[HitRun], dict[int, list[HitRun]]]:
@@ -91,13 +104,13 @@ class SharedFlatCake(_Member, FlatCakeSystem):
         me = self.me
         local = list(hit.runs)
         remote: dict[int, list[HitRun]] = {}
-        books = [peer.books() for peer in self.peers]
+        books = [peer.cp for peer in self.peers]
         while p < n:
             key = keys[p]
             owner = -1
             owner_mem = False
             for k, peer_books in enumerate(books):
-                loc = peer_books.locate(key)
+                loc = peer_books.locate(key) if peer_books is not None else None
                 if loc is None:
                     continue
                 if k == me:
@@ -117,29 +130,24 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             p += part.num_blocks
         return p, local, remote
 
-    def books(self) -> Any:
-        if self.cp is None:
-            raise ValueError(f"system {self.name!r} is not attached to a node")
-        return self.cp
-
     def _pin_id(self, req: Request) -> tuple[str, int, int]:
         return ("peer", self.me, req.idx)
 
-    def _remote_arrival(self, req: Request, keys: tuple[bytes, ...], hit: PrefixHit,
-                        g: int) -> bool:
-        if not self.sharing() or self.node is None or self.cp is None:
+    def arrive(self, req: Request, keys: tuple[bytes, ...], hit: PrefixHit, g: int) -> bool:
+        fc = self.system
+        if not self.sharing() or fc.node is None or fc.cp is None:
             return False
         total, local, remote = self.walk(keys, hit)
         if not remote:
             return False
-        node = self.node
+        node, cp = fc.node, fc.cp
         merged = sorted([*local, *(r for runs in remote.values() for r in runs)],
                         key=lambda r: r[3])
         mem = sum(r[2] for r in merged if r[0].medium is Medium.MEMORY)
         st = _SharedState(PrefixHit(total, mem, total - mem, tuple(merged)), keys,
-                          self._turn(req, total, hit))
+                          fc.turn(req, total, hit))
         req.sys = st
-        sched = self.scheds[req.worker]
+        sched = fc.scheds[req.worker]
         if total <= g:
             sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
             node.make_ready(req)
@@ -152,8 +160,8 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             if part is not None:
                 # The local part fills memory copies as a one-node restore does
                 # (``placement.copy_on_restore``); what the owners send is not copied.
-                local_plan = self.cp.prepare_load(req.idx, part, planner=self._planner,
-                                                  refill=True)
+                local_plan = cp.prepare_load(req.idx, part, planner=fc.planner,
+                                             refill=True)
                 st.local, st.local_plan, st.load_pinned = local_hit, local_plan.read_plan, True
                 st.refills = tuple(home.segment_id for home, _ in local_plan.refills)
                 st.refill_bytes = sum(copy.total_bytes for _, copy in local_plan.refills)
@@ -164,13 +172,13 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             part = _hit_of(list(trim_hit(whole, g))) if whole is not None else None
             if whole is None or part is None or peer.cp is None:
                 continue
-            lp = peer.cp.prepare_load(self._pin_id(req), part, planner=peer._planner)
+            lp = peer.cp.prepare_load(self._pin_id(req), part, planner=peer.planner)
             st.pieces.append((owner, whole, lp.read_plan))
             far_blocks += part.num_blocks
         self.num_remote_restores += 1
         # FC-MAS weighs it as the store and the connector do: the local SSD bytes plus
         # every block the owners send.
-        rr = self.cp.restore_request(req.idx, req.arrival_s, local_plan, far_blocks)
+        rr = cp.restore_request(req.idx, req.arrival_s, local_plan, far_blocks)
         sched.submit(rr)
         if not rr.needs_ssd:
             # What the owners hold is on the GPU already, the rest is in local memory:
@@ -178,17 +186,17 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             # overlaps its prefill; ``prefill_load`` unpins it).
             node.make_ready(req)
             return True
-        self._pump(req.worker)
+        fc.pump(req.worker)
         return True
 
-    def _start_restore(self, req: Request) -> None:
+    def start(self, req: Request) -> bool:
         st = req.sys
         if not isinstance(st, _SharedState):
-            super()._start_restore(req)
-            return
-        node = self.node
+            return False
+        fc = self.system
+        node = fc.node
         if node is None:
-            raise RuntimeError("not attached")
+            raise not_attached(fc.name)
         w = node.workers[req.worker]
         g = req.gpu_prefix
         num_layers = node.geometry.num_layers
@@ -197,9 +205,9 @@ class SharedFlatCake(_Member, FlatCakeSystem):
         if st.local is not None:
             runs = trim_hit(st.local, g)
             plan = st.local_plan if g == st.gpu_prefix and st.local_plan is not None \
-                else stream_totals(runs, num_layers, None, self.config.planner,
-                                   segment_cache=self.segment_cache)
-            end = self._charge(w, plan, st.refill_bytes)
+                else stream_totals(runs, num_layers, None, fc.config.planner,
+                                   segment_cache=fc.segment_cache)
+            end = fc.charge(w, plan, st.refill_bytes)
             useful += self._account(plan, runs)
         for owner, whole, plan0 in st.pieces:
             peer = self.peers[owner]
@@ -218,41 +226,40 @@ class SharedFlatCake(_Member, FlatCakeSystem):
             useful += self._account(plan, runs)
         st.local_plan = None
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
-        node.loop.at(end + node.spec.restore_overhead_s, self._restore_done, (req, useful))
+        node.loop.at(end + node.spec.restore_overhead_s, fc.restore_done, (req, useful))
+        return True
 
     def _account(self, plan: ReadPlan, runs: tuple[HitRun, ...]) -> int:
         """Book where ``plan``'s SSD bytes go, as a one-node restore does (gaps and
         padding, the segments' other blocks read for the checksum); returns the SSD
         bytes the request wanted."""
-        node = self.node
+        node = self.system.node
         if node is None:
-            raise not_attached(self.name)
+            raise not_attached(self.system.name)
         wanted = sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
-        self.read_gap_bytes += plan.gap_bytes
-        self.read_check_bytes += plan.useful_bytes - wanted
+        self.system.read_gap_bytes += plan.gap_bytes
+        self.system.read_check_bytes += plan.useful_bytes - wanted
         return wanted
 
-    def _release(self, req: Request) -> None:
+    def release(self, req: Request) -> bool:
         st = req.sys
         if not isinstance(st, _SharedState):
-            super()._release(req)
-            return
-        if st.load_pinned and self.cp is not None:
-            self.cp.complete_load(req.idx, st.refills)
+            return False
+        fc = self.system
+        if st.load_pinned and fc.cp is not None:
+            fc.cp.complete_load(req.idx, st.refills)
         st.load_pinned = False
         for owner, _whole, _plan in st.pieces:
             peer = self.peers[owner]
             if peer.cp is not None:
                 peer.cp.complete_load(self._pin_id(req))
-                peer._settle()
+                peer.settle_books()
         st.pieces = []
-        self._settle()
-
-    def extra_metrics(self) -> dict[str, Any]:
-        return {**super().extra_metrics(), "remote_restores": self.num_remote_restores}
+        fc.settle_books()
+        return True
 
 
-class _SharedTState(_TState):
+class _SharedTState(TState):
     __slots__ = ("remote",)
 
     def __init__(self) -> None:
@@ -260,17 +267,17 @@ class _SharedTState(_TState):
         self.remote = True
 
 
-class SharedTieredDirect(_Member, TieredSystem):
-    """``tiered-direct`` on one node of a cluster that shares KV."""
+class TieredReads(_Member):
+    """What ``tiered-direct`` on one node of a cluster that shares KV reads from the
+    others, and which blocks it leaves to them."""
 
-    def host_tick(self) -> np.ndarray:
-        if self.host is None:
-            raise ValueError(f"system {self.name!r} is not attached to a node")
-        return self.host.lru.tick
+    def __init__(self, system: TieredSystem) -> None:
+        super().__init__()
+        self.system = system
 
     def _held(self, s: int, e: int) -> tuple[np.ndarray, np.ndarray]:
         """Per node, which of blocks ``[s, e)`` it holds in host memory / at all."""
-        host = np.stack([p.host_tick()[s:e] != 0 for p in self.peers])
+        host = np.stack([_host_tier(p).lru.tick[s:e] != 0 for p in self.peers])
         held = host | np.stack([p.bucket_of[s:e] >= 0 for p in self.peers])
         return host, held
 
@@ -304,8 +311,8 @@ class SharedTieredDirect(_Member, TieredSystem):
                 break
         return total, out
 
-    def _remote_arrival(self, req: Request, end: int) -> bool:
-        node = self.node
+    def arrive(self, req: Request, end: int) -> bool:
+        node = self.system.node
         if node is None or not self.sharing():
             return False
         _more, owners = self.extend(req.runs, end)
@@ -314,43 +321,47 @@ class SharedTieredDirect(_Member, TieredSystem):
         req.sys = _SharedTState()
         req.restore_start_s = node.now
         self.num_remote_restores += 1
-        node.admit_or_wait(req, self._start_io)
+        node.admit_or_wait(req, self.system.start_io)
         return True
 
-    def _start_io(self, req: Request) -> None:
+    def start(self, req: Request) -> bool:
+        ts = self.system
         st = req.sys
-        node = self.node
+        node = ts.node
         if not isinstance(st, _SharedTState) or node is None:
-            super()._start_io(req)
-            return
+            return False
         w = node.workers[req.worker]
         g = req.gpu_prefix
-        total, _host, ssd = self._plan(req.runs, g)
+        total, _host, ssd = ts.plan_read(req.runs, g)
         s = runs_len(ssd)
         more, owners = self.extend(req.runs, g + total) if g + total < req.num_blocks \
             else (0, {})
         mine = owners.pop(self.me, [0, 0])
         local_ssd = s + mine[1]
-        end = self._read_local(w, total - s + mine[0], local_ssd)
+        end = ts.read_local(w, total - s + mine[0], local_ssd)
         bb = node.block_bytes
         remote_ssd = 0
         for k, (hm, sm) in owners.items():
-            cmds = sm * self.gpw
+            cmds = sm * ts.gpw
             end = max(end, self.cluster.fetch(self.me, req.worker, k, cmds,
                                               sm * self.peers[k].obj_bytes, hm * bb, hm + sm))
             remote_ssd += sm
         req.restore_blocks = total + more
         ssd_blocks = local_ssd + remote_ssd
-        node.loop.at(end + node.spec.restore_overhead_s, self._restore_done,
+        node.loop.at(end + node.spec.restore_overhead_s, ts.restore_done,
                      (req, ssd_blocks, ssd_blocks * bb))
+        return True
 
-    def _to_put(self, s: int, e: int) -> np.ndarray:
+    def to_put(self, s: int, e: int) -> np.ndarray | None:
         if not self.sharing():
-            return super()._to_put(s, e)
+            return None
         host, held = self._held(s, e)
         elsewhere = np.delete(held, self.me, axis=0).any(axis=0)
         # A refresh of this node's host copy, or a block no node holds.
         return host[self.me] | (~held[self.me] & ~elsewhere)
 
-    def extra_metrics(self) -> dict[str, Any]:
-        return {**super().extra_metrics(), "remote_restores": self.num_remote_restores}
+
+def _host_tier(system: TieredSystem) -> HostTier:
+    if system.host is None:
+        raise not_attached(system.name)
+    return system.host

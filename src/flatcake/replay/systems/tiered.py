@@ -54,7 +54,8 @@ their sources, are ``TieredConfig`` (``tiered_config``).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class HostTier:
         return self.lru.prefix_hits(runs, start)
 
 
-class _TState:
+class TState:
     __slots__ = ("host_pinned", "op", "ready", "ssd_parts")
 
     def __init__(self) -> None:
@@ -85,15 +86,39 @@ class _TState:
         self.ready = False
 
 
+class Sharing(Protocol):
+    """What a tiered node of a cluster that shares KV asks of the part that reads other
+    nodes' blocks (``systems.sharing``)."""
+
+    def arrive(self, req: Request, end: int) -> bool:
+        """Restore blocks from ``end`` on from other nodes; True when it took the
+        request over."""
+        ...
+
+    def start(self, req: Request) -> bool:
+        """Start the reads of a request it took over (True), else leave it (False)."""
+        ...
+
+    def to_put(self, s: int, e: int) -> np.ndarray | None:
+        """Which of blocks ``[s, e)`` a finished turn puts, the cluster's holdings
+        counted; ``None``: this node's own rule."""
+        ...
+
+    def metrics(self) -> dict[str, Any]: ...
+
+
 class TieredSystem(System):
     """The tiered store (host tier, eviction-order buckets) with ``tiered-direct``'s
     read path; ``HiCacheSystem`` (``hicache.py``) replaces the read path with SGLang's
-    L3 prefetch."""
+    L3 prefetch. ``sharing``: in a cluster that shares KV, builds the part that reads
+    the blocks other nodes hold (given this system)."""
 
-    def __init__(self, cfg: TieredConfig, name: str | None = None) -> None:
+    def __init__(self, cfg: TieredConfig, name: str | None = None,
+                 sharing: Callable[[TieredSystem], Sharing] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.name = name or "tiered-direct"
+        self.sharing = sharing(self) if sharing is not None else None
         self.queues: list[ArrivalQueue] = []
         self.host: HostTier | None = None
         self.bucket_of = np.zeros(0, dtype=np.int32)
@@ -217,7 +242,7 @@ class TieredSystem(System):
                 break
         return total, tuple(host_parts), tuple(ssd_parts)
 
-    def _plan(self, runs: Runs, g: int) -> tuple[int, Runs, Runs]:
+    def plan_read(self, runs: Runs, g: int) -> tuple[int, Runs, Runs]:
         """What to restore after a GPU prefix of ``g``: SSD prefetches shorter than the
         threshold are not issued, so the hit then stops at the host-memory prefix."""
         if self.node is None or self.host is None:
@@ -238,45 +263,43 @@ class TieredSystem(System):
         w = node.workers[req.worker]
         runs = req.runs
         g = w.gpu.prefix_hits(runs)
-        total, host_parts, ssd_parts = self._plan(runs, g)
-        if g + total < req.num_blocks and self._remote_arrival(req, g + total):
+        total, host_parts, ssd_parts = self.plan_read(runs, g)
+        if (g + total < req.num_blocks and self.sharing is not None
+                and self.sharing.arrive(req, g + total)):
             return
         if runs_len(ssd_parts) == 0:
             self._ready(req)  # host-memory hits are loaded when the prefill starts
             return
-        st = _TState()
+        st = TState()
         req.sys = st
         if host_parts:
             st.host_pinned = host_parts
             self.host.lru.pin(host_parts)
         req.restore_start_s = node.now
-        node.admit_or_wait(req, self._start_io)
+        node.admit_or_wait(req, self.start_io)
 
-    def _remote_arrival(self, req: Request, end: int) -> bool:
-        """Cluster hook (``systems.shared``): restore blocks from ``end`` on from other
-        nodes; True when it took the request over. One node: never."""
-        return False
-
-    def _start_io(self, req: Request) -> None:
+    def start_io(self, req: Request) -> None:
         node = self.node
         if node is None or self.host is None:
             raise not_attached(self.name)
-        st: _TState = req.sys
+        if self.sharing is not None and self.sharing.start(req):
+            return
+        st: TState = req.sys
         w = node.workers[req.worker]
         g = req.gpu_prefix
-        total, _host_parts, ssd_parts = self._plan(req.runs, g)
+        total, _host_parts, ssd_parts = self.plan_read(req.runs, g)
         s = runs_len(ssd_parts)
         hm = total - s
         st.ssd_parts = ssd_parts
         req.restore_blocks = total
-        end = self._read_local(w, hm, s)
+        end = self.read_local(w, hm, s)
         if s == 0:
-            node.loop.at(end, self._restore_done, (req, 0, 0))
+            node.loop.at(end, self.restore_done, (req, 0, 0))
             return
-        node.loop.at(end + node.spec.restore_overhead_s, self._restore_done,
+        node.loop.at(end + node.spec.restore_overhead_s, self.restore_done,
                      (req, s, s * node.block_bytes))
 
-    def _read_local(self, w: Worker, host_blocks: int, ssd_blocks: int) -> float:
+    def read_local(self, w: Worker, host_blocks: int, ssd_blocks: int) -> float:
         """Copy ``host_blocks`` over ``w``'s host->GPU link and read ``ssd_blocks``
         straight into the GPU on its SSD channel; returns when both are done."""
         node = self.node
@@ -304,12 +327,12 @@ class TieredSystem(System):
         node.rec.ssd_read(cmds, nbytes, t)
         return max(end, host_end)
 
-    def _restore_done(self, arg: tuple[Request, int, int]) -> None:
+    def restore_done(self, arg: tuple[Request, int, int]) -> None:
         req, s, useful = arg
         node = self.node
         if node is None or self.host is None:
             raise not_attached(self.name)
-        st: _TState = req.sys
+        st: TState = req.sys
         req.restore_end_s = node.now
         if s:
             node.rec.prefetch_s.append(node.now - req.arrival_s)
@@ -364,6 +387,10 @@ class TieredSystem(System):
         refresh) and those the store does not hold."""
         if self.host is None:
             raise not_attached(self.name)
+        if self.sharing is not None:
+            keep = self.sharing.to_put(s, e)
+            if keep is not None:
+                return keep
         return (self.host.lru.tick[s:e] != 0) | (self.bucket_of[s:e] < 0)
 
     def extra_metrics(self) -> dict[str, Any]:
@@ -372,4 +399,5 @@ class TieredSystem(System):
             "blocks_lost_to_recycling": self.blocks_lost_to_recycling,
             "blocks_demoted": self.blocks_demoted,
             "ssd_used_bytes": self.ssd_used_bytes,
+            **(self.sharing.metrics() if self.sharing is not None else {}),
         }
