@@ -31,8 +31,9 @@ NOT_FROM_REPLAY = ("torch", "flatcake.cio", "flatcake.store", "flatcake.cluster"
 TRANSPORTS = {"redis": ("flatcake.cluster",), "nixl": ("flatcake.cio.remote",)}
 ENGINES = ("vllm", "sglang")
 PRIVATE = ("flatcake.cli", "flatcake.connectors")  # only from inside themselves, but:
-# the node service hosts the connectors' engine-neutral scheduler halves, one per engine.
-ALSO_FROM = {"flatcake.connectors": ("flatcake.service",)}
+# the node service hosts the connectors' engine-neutral scheduler halves, one per engine;
+# the bench times their calls (``flatcake bench --node``).
+ALSO_FROM = {"flatcake.connectors": ("flatcake.service", "flatcake.bench.node")}
 
 
 def _module_name(path: Path) -> str:

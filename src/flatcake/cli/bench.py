@@ -10,6 +10,7 @@ from flatcake import docsout
 from flatcake.geometry import PRESETS
 
 if TYPE_CHECKING:
+    from flatcake.bench.node import NodeBenchOptions
     from flatcake.bench.report import BenchReport
     from flatcake.bench.runner import BenchOptions
 
@@ -17,6 +18,9 @@ QUICK = {"context_tokens": 512, "num_turns": 2, "rounds": 1, "scattered_sessions
          "scale_tokens": 0, "use_fio": False}
 """``--quick``: a smoke run of a few seconds (CI): small request, one round, no fio and
 no at-scale control-plane check. Explicit flags still win."""
+
+NODE_QUICK = {"clients": 2, "sessions": 2, "blocks": 4, "rounds": 1, "calls": 20}
+"""``--node --quick``: the node rows at a tiny size (CI)."""
 
 
 DESCRIPTION = ("Restore the same multi-turn session from FlatCake's session files, from "
@@ -64,6 +68,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the report as markdown tables to FILE, under the "
                         "command, date, commit and machine (the docs site's "
                         "docs/results/generated/bench.md)")
+    p.add_argument("--node", action="store_true",
+                   help="instead of the layout comparison, the node service's rows: "
+                        "--clients attached processes restoring at once against one, every "
+                        "byte compared, and the scheduler half's CPU per call through "
+                        "`flatcake serve` beside the embedded half's")
+    p.add_argument("--clients", type=int, default=None,
+                   help="--node: attached processes restoring at once (default 4)")
+    p.add_argument("--sessions", type=int, default=None,
+                   help="--node: sessions written, one SSD turn each (default 8)")
+    p.add_argument("--blocks", type=int, default=None,
+                   help="--node: blocks per session (default 64)")
+    p.add_argument("--calls", type=int, default=None,
+                   help="--node: scheduler-half calls timed per figure (default 300)")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when a bar is missed too (default: only when a restore "
                         "differs from the bytes written)")
@@ -98,9 +115,24 @@ def command_line(options: BenchOptions, *, json_out: bool = False) -> str:
     return shlex.join(parts)
 
 
+def node_options_from_args(args: argparse.Namespace) -> NodeBenchOptions:
+    """``--node``: defaults < ``--quick`` < explicit flags."""
+    from flatcake.bench.node import NodeBenchOptions
+
+    values: dict[str, object] = dict(NODE_QUICK) if args.quick else {}
+    for name in ("model", "clients", "sessions", "blocks", "rounds", "calls", "seed"):
+        value = getattr(args, name)
+        if value is not None:
+            values[name] = value
+    return NodeBenchOptions(directory=args.dir, keep_files=args.keep_files,
+                            **values)  # type: ignore[arg-type]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.calibrate:
         return calibrate(args)
+    if args.node:
+        return node(args)
     from flatcake.bench.report import dump_json, format_table
     from flatcake.bench.runner import run_bench
 
@@ -121,6 +153,24 @@ def exit_status(report: BenchReport, *, strict: bool) -> int:
     if not all(r.verified for r in report.layouts):
         return 1
     return 1 if strict and not all(b.passed for b in report.bars) else 0
+
+
+def node(args: argparse.Namespace) -> int:
+    """``--node``: run the node rows, print them; exit as the layout comparison does."""
+    import json
+
+    from flatcake.bench.node import format_node_table, run_node_bench
+
+    options = node_options_from_args(args)
+    parts = ["flatcake", "bench", "--node", "--dir", options.directory, "--model",
+             options.model, "--clients", str(options.clients), "--sessions",
+             str(options.sessions), "--blocks", str(options.blocks), "--rounds",
+             str(options.rounds), "--calls", str(options.calls), "--seed", str(options.seed)]
+    report = run_node_bench(options, command=shlex.join(parts))
+    print(json.dumps(report.to_json(), indent=2) if args.json else format_node_table(report))
+    if not all(r.verified for r in report.restores):
+        return 1
+    return 1 if args.strict and not all(b.passed for b in report.bars) else 0
 
 
 def calibrate(args: argparse.Namespace) -> int:
