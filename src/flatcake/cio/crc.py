@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 
 def _fast_crc32() -> Callable[[memoryview | bytes | bytearray, int], int]:
-    """ISA-L's crc32 (``isal`` package, PCLMUL; same values as zlib's, ~2.8x faster on
-    this box) when installed, else zlib's."""
+    """ISA-L's crc32 (``isal`` package, PCLMUL; same values as zlib's, about 6x faster
+    per CPU second on the reference machine: 20 against 3 GB/s on 64 MiB buffers) when
+    installed, else zlib's."""
     try:
         from isal import isal_zlib
     except ImportError:
