@@ -87,7 +87,7 @@ class Server:
 
 
 class Chat:
-    """One conversation (the README client's words), its turns sent where told."""
+    """One conversation (the vLLM walkthrough client's words), its turns sent where told."""
 
     def __init__(self, session: str, offset: int) -> None:
         self.session, self.offset = session, offset

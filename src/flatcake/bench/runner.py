@@ -356,7 +356,7 @@ def _steady_malloc() -> None:
     heap and freed heap memory is kept, so a layout's large temporaries reuse pages
     already faulted in instead of depending on what an earlier restore freed (glibc
     raises its mmap threshold dynamically), the same for every layout. (It did not cure
-    the per-chunk-files slowdown next to zero-copy restores; see the README.)"""
+    the per-chunk-files slowdown next to zero-copy restores; see docs/results/history.md.)"""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)

@@ -2,7 +2,7 @@
 
 Every number is either sourced (a datasheet, a peer's default, a paper figure) or an
 *assumption*, and each preset lists its assumptions in ``assumptions`` so that
-``flatcake replay --explain`` and the README can print them.
+``flatcake replay --explain`` and the docs can print them.
 
 * ``paper``: the paper's setting as far as it is published. 8 workers; about 0.8 GiB of
   KV per worker for a 219K-token request; about 5x memory-over-SSD bandwidth; a 4 TiB
@@ -191,7 +191,7 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "live sessions of the Claude Code trace at 0.1 req/s (about 13 sessions, 6 GB) but "
     "not at 1 req/s (about 130); the paper gives every system the same budget but not "
     "its size. FlatCake's hit rate does not depend on it (its SSD holds every session); "
-    "the baselines' does (see the sensitivity table in the README).",
+    "the baselines' does (see the replay report's host-memory sensitivity table).",
     "SSD: 6 GB/s read, 4 GB/s write per worker channel (one PCIe Gen4 NVMe drive per GPU), "
     "80 us command latency, 32 commands in flight (2.5 us per command, 400K IOPS).",
     "Host->GPU 30 GB/s per worker: the paper's 'about 5x memory-over-SSD bandwidth'.",

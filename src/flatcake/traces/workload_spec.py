@@ -172,7 +172,8 @@ class ChatParams:
         followup_tokens: user text added per later turn (on top of the previous reply).
         output_tokens: fitted to the trace's output mean 343, p90 597.
         think_time_s: delay before the next turn; set so that the gap between turns
-            (reply time + think time) matches the README reuse gap, median 113 s,
+            (reply time + think time) matches the Mooncake conversation trace's reuse gap
+            (docs/usage/traces.md), median 113 s,
             p90 518 s.
     """
 

@@ -98,7 +98,7 @@ def _pct(a: np.ndarray, q: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class RunMetrics:
-    """One (system, rate) run. Field names are the metric names of the README."""
+    """One (system, rate) run. Field names are the metric names ``--json`` prints."""
 
     system: str
     rate_req_s: float
