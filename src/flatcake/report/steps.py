@@ -3,7 +3,7 @@ one command.
 
     python -m flatcake.report --out replay-report [--trace PATH] [--jobs N]
         [--quick] [--only speed,claude-code,sensitivity,ablation,llama70b,mooncake,builtin,
-                          cluster]
+                          cluster,deployments]
 
 Steps (each prints its timing; ``--reuse`` keeps sweeps already in ``--out``):
 
@@ -22,6 +22,8 @@ Steps (each prints its timing; ``--reuse`` keeps sweeps already in ``--out``):
    timed;
 8. ``cluster``: the Claude Code trace on 2 / 4 / 8 nodes, session-affine vs round-robin
    routing, KV shared across nodes or not (``report.cluster``);
+9. ``deployments``: the Claude Code trace on one node whose engines share one store
+   (``flatcake serve``) against one private store per engine (``report.deployments``);
 
 and writes ``report.md``: speed, the paper's claims (``report.claims``), the mechanism
 counters, and every sweep's tables. ``--quick`` runs fewer rates and sizes (about a
@@ -48,10 +50,11 @@ from flatcake.replay.sweep import run_sweep
 from flatcake.replay.systems import SYSTEMS
 from flatcake.replay.workload.source import load_workload
 from flatcake.report import cluster as cluster_step
+from flatcake.report import deployments as deployments_step
 from flatcake.report.claims import claims_table
 
 STEPS = ("speed", "claude-code", "sensitivity", "ablation", "llama70b", "mooncake",
-         "builtin", "cluster")
+         "builtin", "cluster", "deployments")
 
 CLAUDE_CODE = "../shared/traces/weka-claude-code/weka_claude_code_traces.jsonl.gz"
 MOONCAKE_CONVERSATION = "../shared/traces/mooncake-fast25/conversation_trace.jsonl"
@@ -246,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
                                                               jobs=args.jobs, quick=args.quick)
     else:
         grid = cluster_step.load_grid(out / "cluster")
+    deployed: dict[str, Any] | None = deployments_step.load_deployments(out / "deployments")
+    if "deployments" in steps:
+        deployed = deployments_step.run_deployments(cc_wl(), out / "deployments",
+                                                    jobs=args.jobs, quick=args.quick)
     _write(out, args, speed, cc, (sens, pools), ablations, llama, mooncake, builtin,
-           cluster_step.cluster_table(grid) if grid is not None else [])
+           [*(cluster_step.cluster_table(grid) if grid is not None else []),
+            *(deployments_step.deployments_table(deployed) if deployed is not None else [])])
     if args.docs_out:
         body = (out / "report.md").read_text().split("\n", 1)[1]  # without its title
         docsout.write(args.docs_out, [*ap.prog.split(), *(sys.argv[1:] if argv is None
