@@ -4,7 +4,8 @@ The control plane's ``control.alloc.HostArena`` decides offsets; this class only
 bytes. Embedded, the tensor comes from ``torch.empty``, so the kernel maps pages on first
 touch: a 64 GiB budget costs nothing until blocks are written into it. Attached to a node
 service, it maps the service's shared arena file (``path``, under ``/dev/shm`` or a
-hugetlbfs mount; created and sized by the service, mode 0600) with ``MAP_SHARED``, so
+hugetlbfs mount; created and sized by the service, mode 0600) with ``MAP_SHARED``,
+advised ``MADV_HUGEPAGE`` (``cio.hugepages.shared_arena_pages`` says what it gets), so
 every engine on the machine reads the blocks any of them wrote, and they outlive the
 engine that wrote them. It is not pinned (pinning would touch and lock every page up
 front); host-to-GPU copies out of it go through the engine's stream like any pageable
@@ -13,6 +14,8 @@ copy.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 from pathlib import Path
 
@@ -38,9 +41,21 @@ class ArenaBuffer:
         if size < capacity_bytes:
             raise ValueError(f"the node service's arena {path} has {size} bytes, this "
                              f"engine's store.memory_capacity_bytes is {capacity_bytes}")
-        self.tensor = (torch.from_file(str(path), shared=True, size=capacity_bytes,
-                                       dtype=torch.uint8) if capacity_bytes
-                       else torch.empty(0, dtype=torch.uint8))
+        self.tensor = self._map(path, size)[:capacity_bytes] if capacity_bytes \
+            else torch.empty(0, dtype=torch.uint8)
+
+    def _map(self, path: Path, size: int) -> torch.Tensor:
+        """The whole file, ``MAP_SHARED``, advised ``MADV_HUGEPAGE`` (huge pages where
+        its tmpfs mount allows them; a hugetlbfs file is huge pages anyway)."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self._mmap = mmap.mmap(fd, size, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            with contextlib.suppress(OSError):
+                self._mmap.madvise(mmap.MADV_HUGEPAGE)
+        return torch.frombuffer(self._mmap, dtype=torch.uint8)
 
     def view(self, offset: int, length: int) -> torch.Tensor:
         """Bytes ``[offset, offset + length)`` (a view, no copy)."""

@@ -41,6 +41,7 @@ import zmq
 from flatcake.cio.direct import ensure_private_dir
 from flatcake.cio.executor import Executor
 from flatcake.cio.files import SessionFiles
+from flatcake.cio.hugepages import shared_arena_pages
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
@@ -131,6 +132,14 @@ class NodeService:
             os.umask(old)
         os.chmod(self.socket, 0o600)
         self.calls = 0
+        self.arena_pages = shared_arena_pages(config.store.node_arena_dir)
+        try:  # refused now, not at the first attach, when hugetlbfs cannot hold it
+            self._make_arena(0, config.store.memory_capacity_bytes)
+        except (OSError, ValueError):
+            self.close()
+            raise
+        logger.info("shared arena in %s: %s", config.store.node_arena_dir,
+                    self.arena_pages.note)
 
     # -- the books, made at the first attach ----------------------------------------
 
@@ -168,15 +177,29 @@ class NodeService:
         restarts (never unlinked nor shrunk: workers attached before a restart keep
         their mapping of it, so every engine reads the one arena). What an earlier
         service left in it is not in these books and is overwritten as it is
-        allocated again."""
+        allocated again. On hugetlbfs it is sized in whole huge pages and reserved now
+        (a page the pool could not give later would kill the engine touching it)."""
         digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
         arena_dir = Path(self.config.store.node_arena_dir)
         path = arena_dir / f"flatcake-{os.getuid()}-{digest}-tp{rank}"
+        size = capacity
+        if self.arena_pages.explicit and capacity:
+            page = os.statvfs(arena_dir).f_bsize  # hugetlbfs: its huge page size
+            size = -(-capacity // page) * page
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             os.fchmod(fd, 0o600)
-            if os.fstat(fd).st_size < capacity:
-                os.ftruncate(fd, capacity)
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+            if self.arena_pages.explicit and size:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as exc:
+                    raise ValueError(
+                        f"store.node_arena_dir={arena_dir} (hugetlbfs) cannot reserve "
+                        f"{size} B of huge pages for the arena ({exc.strerror}): raise "
+                        "/proc/sys/vm/nr_hugepages, lower store.memory_capacity_bytes, or "
+                        "point store.node_arena_dir at /dev/shm") from None
         finally:
             os.close(fd)
         return path
@@ -296,7 +319,10 @@ class NodeService:
                                            for e in self._engines.values()},
                                "stores": {s.client_id: {"name": s.name, "pid": s.pid}
                                           for s in self._stores.values()},
-                               "calls": self.calls}
+                               "calls": self.calls, "arena_dir":
+                               self.config.store.node_arena_dir,
+                               "arena_pages": self.arena_pages.note,
+                               "arena_huge_pages": self.arena_pages.huge}
         if self._parts is not None:
             st = self._parts.control.stats()
             out.update(memory_used_bytes=st.memory_used_bytes,
