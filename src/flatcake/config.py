@@ -79,6 +79,14 @@ class PlacementConfig:
     memory fills; a turn homed in memory is then dropped (reclaim never writes back),
     which cost 0.4 points of hit rate on the Mooncake chat trace against tiered LRU
     demotion. ``flatcake tune`` turns the rule back on where it pays.
+
+    ``branch_tail_tokens``: a request without a ``session_id`` that shares only part of
+    a stored session (the same history with a different question, a retry, a
+    sub-agent) is a *branch*; its new blocks append to the session owning the block it
+    branches from, so one conversation's tails stay in one file instead of a new
+    session file each. A session takes this many tokens of branch tails; past it, its
+    branches go to an heir session under the same cap (``control.signals``), which
+    bounds what a reclaim of one session drops and what a hot shared prompt keeps.
     """
 
     agent_context_threshold_tokens: int = 32 * 1024
@@ -86,11 +94,13 @@ class PlacementConfig:
     short_reply_threshold_tokens: int = 0
     memory_copy_watermark: float = 0.9
     copy_on_restore: bool = False
+    branch_tail_tokens: int = 32 * 1024
 
     def __post_init__(self) -> None:
         _check_types(self, "placement")
         for name in (
             "agent_context_threshold_tokens",
+            "branch_tail_tokens",
             "long_reply_threshold_tokens",
             "short_reply_threshold_tokens",
         ):

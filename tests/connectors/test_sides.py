@@ -273,12 +273,21 @@ def test_session_rules_and_prefix_refcount() -> None:
     # No session id: covering the session's latest prompt continues it ...
     cont = t.resolve(None, 6, HitOwner("chat-1", True, 1))
     assert (cont.session_id, cont.turn_index, cont.inferred) == ("chat-1", 1, True)
-    # ... sharing only part of it (a system prompt) starts a new session.
+    # ... sharing only part of it (a system prompt) is a branch. A session the client
+    # named takes none: the branch goes to its heir, a session of its own ...
     other = t.resolve(None, 2, HitOwner("chat-1", True, 1))
-    assert other.session_id.startswith("auto-") and other.turn_index == 0
-    # A session only the store knows (after a restart) continues at its newest segment.
+    assert other.session_id.startswith("auto-") and other.branch_point == 2
+    # ... an inferred one takes it as a later turn, without the previous reply.
+    auto = t.resolve(None, 0, None)
+    t.finish_turn(auto, reply_tokens=40, prompt_blocks=5)
+    other = t.resolve(None, 2, HitOwner(auto.session_id, True, 1))
+    assert (other.session_id, other.turn_index, other.prev_reply_tokens,
+            other.branch_point) == (auto.session_id, 1, None, 2)
+    # A session only the store knows (after a restart) continues at its newest segment,
+    # and a hit ending before it branches off it.
     assert t.resolve(None, 3, HitOwner("old", True, 4)).turn_index == 4
-    assert t.resolve(None, 3, HitOwner("old", False, 4)).session_id != "old"
+    branch = t.resolve(None, 3, HitOwner("old", False, 4))
+    assert (branch.session_id, branch.turn_index, branch.branch_point) == ("old", 4, 3)
     assert SessionTracker(infer_sessions=False).resolve(
         None, 6, HitOwner("chat-1", True, 1)).session_id.startswith("auto-")
     with pytest.raises(ValueError, match="session_id"):

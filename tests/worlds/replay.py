@@ -27,11 +27,18 @@ Event = tuple[str, int, float]  # ("arrive" | "load_done" | "complete", request,
 
 
 def preset(geometry: KVGeometry) -> ReplayPreset:
-    """A one-worker node, one restore slot, small host memory and SSD (reclaim)."""
+    """A one-worker node, one restore slot, small host memory and SSD (reclaim).
+
+    Each branch is a session of its own (``branch_tail_tokens=0``): the replay learns
+    of a rot before the branch that reads it looks up, the store and the connector
+    only when they read it, so a branch joining the session it branches from would
+    join a different session in the replay (``tests/connectors/test_branches.py``
+    covers the rule itself)."""
     p = tiny_preset(gpu_blocks=200, host_blocks=40, ssd_blocks=150, geometry=geometry,
                     slots=1)
     fc = dataclasses.replace(
         p.flatcake, store=dataclasses.replace(p.flatcake.store, session_file_bytes=1 << 20),
+        placement=dataclasses.replace(p.flatcake.placement, branch_tail_tokens=0),
         reclaim=ReclaimConfig(ssd_high=0.9, ssd_low=0.5, memory_high=0.9, memory_low=0.5))
     return dataclasses.replace(p, flatcake=fc)
 

@@ -26,7 +26,10 @@ from flatcake.connectors.cluster_side import ClusterLookup
 from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
-from flatcake.control.signals import SessionTracker
+from flatcake.control.signals import (
+    SessionTracker,
+    max_branch_blocks,
+)
 from flatcake.geometry import KVGeometry
 from flatcake.plan.tasks import LoadDone, StoreDone, WorkerReport
 from flatcake.replay.systems.flatcake import keys_of, make_keys
@@ -55,8 +58,9 @@ class _Node:
         self.worker = WorkerSide(g, config, root)
         self.sched = SchedulerSide(g, ConnectorSettings(config), root, clock=clock)
         names = itertools.count()  # session names that repeat, as the replay's do
-        self.sched.sessions = SessionTracker(max_sessions=num_requests,
-                                             new_session_id=lambda: f"auto-{next(names)}")
+        self.sched.sessions = SessionTracker(
+            max_sessions=num_requests, new_session_id=lambda: f"auto-{next(names)}",
+            max_branch_blocks=max_branch_blocks(config.placement, g))
         self.kv = PagedBlocks(g)
         self.worker.register(self.kv.tensors)
         tap_fc_mas(self.sched.control.scheduler, rec, _index)

@@ -22,7 +22,13 @@ from typing import Any
 from flatcake.cio.names import QUARANTINE_DIR, SESSIONS_DIR
 from flatcake.clock import ManualClock
 from flatcake.config import FlatCakeConfig
-from flatcake.control.signals import PrefixRefcount, SessionTracker, TurnInfo, hit_owner
+from flatcake.control.signals import (
+    PrefixRefcount,
+    SessionTracker,
+    TurnInfo,
+    hit_owner,
+    max_branch_blocks,
+)
 from flatcake.geometry import KVGeometry
 from flatcake.replay.systems.flatcake import keys_of, make_keys
 from flatcake.store import FlatCakeStore, TurnSignals
@@ -74,7 +80,8 @@ class _Node:
         self.control = self.store.control
         names = itertools.count()
         self.sessions = SessionTracker(max_sessions=num_requests,
-                                       new_session_id=lambda: f"auto-{next(names)}")
+                                       new_session_id=lambda: f"auto-{next(names)}",
+                                       max_branch_blocks=max_branch_blocks(config.placement, g))
         self.refcount = PrefixRefcount()
         self.kv = PagedBlocks(g)
         self.held = _Held(self.store._exec)

@@ -56,7 +56,12 @@ from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
-from flatcake.control.signals import PrefixRefcount, SessionTracker, hit_owner
+from flatcake.control.signals import (
+    PrefixRefcount,
+    SessionTracker,
+    hit_owner,
+    max_branch_blocks,
+)
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.requests import (
@@ -103,8 +108,9 @@ class NodeParts:
         the files themselves)."""
         control = ControlPlane(geometry, settings.config, clock)
         recovered = recover_files(control, store_dir / SESSIONS_DIR)[1].num_segments
-        return cls(control, SessionTracker(settings.infer_sessions), PrefixRefcount(),
-                   recovered)
+        sessions = SessionTracker(settings.infer_sessions, max_branch_blocks=max_branch_blocks(
+            settings.config.placement, geometry))
+        return cls(control, sessions, PrefixRefcount(), recovered)
 
 
 class SchedulerSide:

@@ -36,7 +36,8 @@ counts its own turns while its blocks live in its session's files), and
 ``PrefixRefcount`` counts the requests holding each block from prefill start to
 completion. A global-clock trace has no sessions: the tracker infers them as the
 connector does without a ``session_id`` (a request that extends the conversation owning
-the end of its hit joins it, else it starts its own).
+the end of its hit continues it, a branch of it joins it up to the branch cap, a miss
+starts its own).
 
 The pure arithmetic (keys of dense ids, hit runs, the refill pipeline) is in
 ``systems.keys``.
@@ -56,7 +57,13 @@ from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit, trim_hit
 from flatcake.control.queues import RestoreRequest
 from flatcake.control.scheduler import MasScheduler
-from flatcake.control.signals import PrefixRefcount, SessionTracker, TurnInfo, hit_owner
+from flatcake.control.signals import (
+    PrefixRefcount,
+    SessionTracker,
+    TurnInfo,
+    hit_owner,
+    max_branch_blocks,
+)
 from flatcake.errors import CapacityError
 from flatcake.plan.bulk import SegmentCache, stream_totals
 from flatcake.plan.requests import servable, settle
@@ -146,7 +153,9 @@ class FlatCakeSystem(System):
         # Every session has a request, so nothing is evicted; ids count up (runs repeat).
         ids = itertools.count()
         self.sessions = SessionTracker(max_sessions=max(node.wl.num_requests, 1),
-                                       new_session_id=lambda: f"auto-{next(ids)}")
+                                       new_session_id=lambda: f"auto-{next(ids)}",
+                                       max_branch_blocks=max_branch_blocks(
+                                           self.config.placement, node.geometry))
         self.refcount = PrefixRefcount()
 
     # ---- arrival ------------------------------------------------------------------
