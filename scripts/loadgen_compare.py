@@ -251,7 +251,7 @@ def main() -> int:
                    help="also write the tables to FILE for the docs site "
                         "(docs/results/generated/engine.md)")
     args = p.parse_args()
-    load_start = docsout.load_average()
+    started = docsout.start()
     if not ENGINE_PY.is_file():
         raise SystemExit(f"{ENGINE_PY} is missing: run scripts/engine_venv.sh first")
     working_sets = [int(x) for x in args.working_sets.split(",")]
@@ -317,7 +317,7 @@ def main() -> int:
     print(text)
     if args.docs_out:
         docsout.write(args.docs_out, ["python", "scripts/loadgen_compare.py", *sys.argv[1:]],
-                      text.split("\n", 1)[1], load_start)
+                      text.split("\n", 1)[1], started)
     return 0
 
 

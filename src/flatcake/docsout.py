@@ -23,6 +23,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "<!-- written by: "
@@ -57,20 +58,38 @@ def _memory_gib() -> float:
         return 0.0
 
 
-def provenance(command: str, load_start: float) -> str:
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What a measuring command notes when it starts: the code it runs and the load.
+
+    Attributes:
+        commit: ``commit()`` at the start (the code measured, even if the checkout
+            moves on while the command runs).
+        load_average: the 1-minute load average at the start.
+    """
+
+    commit: str
+    load_average: float
+
+
+def start() -> Start:
+    return Start(commit(), load_average())
+
+
+def provenance(command: str, started: Start) -> str:
     """The two lines above a generated table: the marker and when/where/how it ran."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return (f"{MARKER}{command} -->\n"
-            f"Measured {when} at commit {commit()}, on {os.cpu_count()} cores, "
-            f"{_memory_gib():.1f} GiB, load average {load_start:.1f} at the start and "
-            f"{load_average():.1f} at the end, by `{command}`.\n")
+            f"Measured {when} at commit {started.commit}, on {os.cpu_count()} cores, "
+            f"{_memory_gib():.1f} GiB, load average {started.load_average:.1f} at the start "
+            f"and {load_average():.1f} at the end, by `{command}`.\n")
 
 
 def write(path: str | os.PathLike[str], argv: Sequence[str], body: str,
-          load_start: float) -> Path:
+          started: Start) -> Path:
     """Write ``body`` (markdown) to ``path`` under its provenance; ``argv`` is the command
-    as typed (``["flatcake", "bench", ...]``)."""
+    as typed (``["flatcake", "bench", ...]``), ``started`` what ``start()`` noted."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(provenance(shlex.join(argv), load_start) + "\n" + body.rstrip() + "\n")
+    out.write_text(provenance(shlex.join(argv), started) + "\n" + body.rstrip() + "\n")
     return out

@@ -137,14 +137,14 @@ def run(args: argparse.Namespace) -> int:
     from flatcake.bench.runner import run_bench
 
     options = options_from_args(args)
-    load_start = docsout.load_average()
+    started = docsout.start()
     report = run_bench(options, command=command_line(options, json_out=args.json))
     print(dump_json(report) if args.json else format_table(report))
     if args.docs_out:
         from flatcake.bench.markdown import format_markdown
 
         argv = [*shlex.split(command_line(options)), "--docs-out", args.docs_out]
-        docsout.write(args.docs_out, argv, format_markdown(report), load_start)
+        docsout.write(args.docs_out, argv, format_markdown(report), started)
     return exit_status(report, strict=args.strict)
 
 

@@ -172,14 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.trace).is_file():
         print(f"deployments: skipped, no trace at {args.trace}")
         return 0
-    load_start = docsout.load_average()
+    started = docsout.start()
     result = run_deployments(load_workload(args.trace)[0], Path(args.out) / "deployments",
                              jobs=args.jobs, quick=args.quick)
     table = "\n".join(deployments_table(result))
     print(table)
     if args.docs_out:
         docsout.write(args.docs_out, [*ap.prog.split(), *(sys.argv[1:] if argv is None
-                                                          else argv)], table, load_start)
+                                                          else argv)], table, started)
     return 0
 
 

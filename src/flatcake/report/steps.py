@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also write report.md's tables to FILE for the docs site "
                          "(docs/results/generated/replay.md)")
     args = ap.parse_args(argv)
-    load_start = docsout.load_average()
+    started = docsout.start()
     steps = {x.strip() for x in args.only.split(",") if x.strip()}
     if steps - set(STEPS):
         raise SystemExit(f"--only: unknown steps {sorted(steps - set(STEPS))}; "
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs_out:
         body = (out / "report.md").read_text().split("\n", 1)[1]  # without its title
         docsout.write(args.docs_out, [*ap.prog.split(), *(sys.argv[1:] if argv is None
-                                                          else argv)], body, load_start)
+                                                          else argv)], body, started)
     return 0
 
 
