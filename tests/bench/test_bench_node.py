@@ -16,9 +16,11 @@ from flatcake.geometry import preset
 pytest.importorskip("zmq")
 
 
-def test_node_rows_run_and_report(direct_dir: Path, capsys: pytest.CaptureFixture[str]
-                                  ) -> None:
-    assert main(["bench", "--node", "--quick", "--dir", str(direct_dir), "--json"]) == 0
+def test_node_rows_run_and_report(direct_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    md = tmp_path_factory.mktemp("docs") / "node.md"
+    assert main(["bench", "--node", "--quick", "--dir", str(direct_dir), "--json",
+                 "--docs-out", str(md)]) == 0
     doc = json.loads(capsys.readouterr().out)
     g = preset(doc["model"])
     everything = doc["sessions"] * doc["blocks"] * g.num_layers * g.block_bytes_per_layer
@@ -37,6 +39,11 @@ def test_node_rows_run_and_report(direct_dir: Path, capsys: pytest.CaptureFixtur
     assert any(n.startswith("1-minute load average") for n in doc["notes"])
     assert "--node" in doc["command"] and "--clients 2" in doc["command"]
     assert list(direct_dir.iterdir()) == []  # the bench's files are gone
+    # The docs' tables, under the command that wrote them.
+    text = md.read_text()
+    assert text.startswith("<!-- written by: flatcake bench --node ")
+    assert "--docs-out" in text.splitlines()[0]
+    assert "| 2 attached processes |" in text and "| every restored byte equal |" in text
 
 
 def test_more_clients_than_sessions_is_refused_by_name() -> None:

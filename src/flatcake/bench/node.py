@@ -381,3 +381,25 @@ def format_node_table(report: NodeBenchReport) -> str:
     lines += [f"note: {n}" for n in report.notes]
     lines.append(f"elapsed {report.elapsed_s:.1f} s")
     return "\n".join(lines)
+
+
+def format_node_markdown(report: NodeBenchReport) -> str:
+    """The report as markdown tables (``--docs-out``, under its provenance lines)."""
+    lines = [f"{report.model}, {report.sessions} sessions x {report.blocks} blocks "
+             f"({report.session_bytes / 2**20:.1f} MiB each) on SSD, {report.rounds} rounds "
+             "(median), one node service.", "",
+             "| restore | GB/s | runs | CPU ns/B | bytes | every byte equal |",
+             "|---|---|---|---|---|---|"]
+    for r in report.restores:
+        lines.append(f"| {r.processes} attached process{'es' if r.processes > 1 else ''} "
+                     f"| {r.gbps:.3f} | {' / '.join(f'{g:.3f}' for g in r.gbps_runs)} "
+                     f"| {r.cpu_ns_per_byte:.2f} | {r.bytes_restored} "
+                     f"| {'yes' if r.verified else 'NO'} |")
+    lines += ["", "| scheduler-half call | half | CPU us | wall us |", "|---|---|---|---|"]
+    lines += [f"| {c.call} | {c.half} | {c.cpu_us:.2f} | {c.wall_us:.2f} |"
+              for c in report.costs]
+    lines += ["", "| bar | value | target | |", "|---|---|---|---|"]
+    lines += [f"| {b.name} | {b.value:.3f} | {b.op} {b.threshold:g} | "
+              f"{'PASS' if b.passed else 'MISS'} |" for b in report.bars]
+    lines += ["", *[f"- {n}" for n in report.notes]]
+    return "\n".join(lines)
