@@ -161,7 +161,7 @@ def node(args: argparse.Namespace) -> int:
 
     from flatcake.bench.node import format_node_markdown, format_node_table, run_node_bench
 
-    load_start = docsout.load_average()
+    started = docsout.start()
     options = node_options_from_args(args)
     parts = ["flatcake", "bench", "--node", "--dir", options.directory, "--model",
              options.model, "--clients", str(options.clients), "--sessions",
@@ -171,7 +171,7 @@ def node(args: argparse.Namespace) -> int:
     print(json.dumps(report.to_json(), indent=2) if args.json else format_node_table(report))
     if args.docs_out:
         docsout.write(args.docs_out, [*parts, "--docs-out", args.docs_out],
-                      format_node_markdown(report), load_start)
+                      format_node_markdown(report), started)
     if not all(r.verified for r in report.restores):
         return 1
     return 1 if args.strict and not all(b.passed for b in report.bars) else 0
