@@ -85,6 +85,27 @@ def test_restore_after_restart_within_read_bar(tmp_path: Path) -> None:
     b.close()
 
 
+def test_a_session_continues_in_its_file_after_a_restart(tmp_path: Path) -> None:
+    """The next turn of a session written before a restart goes into its file; a batch
+    branching off an older turn starts a new session (and file)."""
+    pool = host_pool("layer_first")
+    keys, branch = chain(9), chain(2, "branch")
+    b = backend(pool, tmp_path)
+    assert all(b.batch_set_v1(keys[:4], slots([1, 2, 3, 4]), extra([])))
+    assert all(b.batch_set_v1(keys[4:7], slots([5, 6, 7]), extra(keys[:4])))
+    b.close()
+    b = backend(pool, tmp_path)  # a new process: nothing of the sessions in memory
+    assert all(b.batch_set_v1(keys[7:], slots([8, 9]), extra(keys[:7])))
+    sessions = tmp_path / "tp0-pp0" / "sessions"
+    assert len(list(sessions.iterdir())) == 1
+    assert all(b.batch_set_v1(branch, slots([10, 11]), extra(keys[:4])))
+    assert len(list(sessions.iterdir())) == 2
+    dst = list(range(20, 29))
+    assert b.batch_get_v1(keys, slots(dst), extra([])) == [True] * 9
+    assert [page_bytes(pool, p) for p in dst] == [page_bytes(pool, p) for p in range(1, 10)]
+    b.close()
+
+
 def test_corrupted_segment_is_a_miss_from_that_page_on(tmp_path: Path) -> None:
     pool = host_pool("page_first")
     keys = chain(6)

@@ -2,9 +2,11 @@
 pool and ``HiCacheController`` with FlatCake as its L3 backend, all attached to one node
 service (``store.node``). A session's turn 0 backed up by rank A is prefetched whole by
 rank B's controller for turn 1, byte for byte: from SSD with memory copies off, from the
-service's shared arena with copies on. The two ranks are two controllers (each with its
-own backend, store and arena mapping) in this process; with DP attention each DP rank's
-attention-TP rank is 0 of 1, as here. Runs in the SGLang virtualenv."""
+service's shared arena with copies on. Turns backed up by either rank stay in the
+session's one file, and a restore of the whole session reads at most layers x turns.
+The two ranks are two controllers (each with its own backend, store and arena mapping)
+in this process; with DP attention each DP rank's attention-TP rank is 0 of 1, as here.
+Runs in the SGLang virtualenv."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.connectors.sglang_helpers import (
+    LAYERS,
     PAGE,
     backup,
     controller,
@@ -62,7 +65,22 @@ def test_turn_1_on_rank_b_gets_turn_0_from_the_node_service(one_rank: None, tmp_
         medium = "pages_got_memory" if copies else "pages_got_ssd"
         assert stats[medium] == 3 and stats["pages_got"] == 3, stats
         assert (stats["bytes_read"] > 0) == (not copies), stats
+        # Rank B backs up turn 1, rank A turn 2: the session stays in its one file.
+        turn2 = turn1[:5 * PAGE] + list(range(5000, 5000 + 2 * PAGE))
+        chain = get_storage_hash_str(turn2, None, page_size=PAGE)
+        more = pool_b.alloc(2 * PAGE)
+        assert backup(rank_b, more, turn1[3 * PAGE:5 * PAGE], chain[3:5], chain[:3]) == \
+            2 * PAGE
+        last = pool_a.alloc(2 * PAGE)
+        assert backup(rank_a, last, turn2[5 * PAGE:], chain[5:], chain[:5]) == 2 * PAGE
         assert len(list((svc.root / "sessions").iterdir())) == 1
+        # A cold restore of the whole session on rank A: its own pages, B's and its own.
+        loaded, dst = prefetch(rank_a, pool_a, "turn3", turn2 + [7] * 3)
+        assert loaded == len(turn2)
+        assert pages_of(pool_a, dst) == pages_of(pool_a, src) + pages_of(pool_b, more) + \
+            pages_of(pool_a, last)
+        reads = rank_a.storage_backend.get_stats()["read_commands"]
+        assert reads <= LAYERS * 3, reads
     finally:
         for ctrl in (rank_a, rank_b):
             if ctrl is not None:

@@ -34,12 +34,13 @@ byte stays in the pool.
 
 Sessions: SGLang's page keys are chained hashes, and ``extra_info.prefix_keys`` names the
 pages before a batch; a batch whose prefix ends where a stored batch ended is that
-session's next turn, otherwise a new session starts. Placement signals: turn index and
-context length come from that; SGLang's storage calls carry no request, so the previous
-reply length and the shared-prefix refcount are not available (unknown reply, refcount
-1): the placement rule decides on turn and context alone. Sessions are remembered for
-this process only; after a restart a continuation starts a new session file while the
-earlier turns stay readable.
+session's next turn (in its file), otherwise a new session starts. Placement signals: turn
+index and context length come from that; SGLang's storage calls carry no request, so the
+previous reply length and the shared-prefix refcount are not available (unknown reply,
+refcount 1): the placement rule decides on turn and context alone. A batch this process
+did not write is found in the books (``FlatCakeStore.session_ending_at``: the prefix
+stored whole, ending in its session's newest turn), so a session continues in its file
+after a restart and when its turns move between DP ranks attached to one node service.
 
 Key space: a page key is ``engine_block_key(ns, hash)`` with ``ns`` over the model, the
 tenant salt, and the pool's memory layout, dtype, page size, TP/PP ranks (SGLang's keys
@@ -184,6 +185,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         with self._lock:
             self._stats["set_calls"] += 1
             owner = self._tails.get(self._keys(prefix[-1:])[0]) if prefix else None
+        if prefix and owner is None:
+            owner = self._stored_tail(store, prefix)
         sid, turn = (owner[0], owner[1] + 1) if owner else (f"sglang-{bkeys[0][:12].hex()}", 0)
         signals = TurnSignals(turn_index=turn,
                               context_tokens=(len(prefix) + len(bkeys)) * view.page_size)
@@ -214,6 +217,17 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
                 while len(self._tails) > MAX_SESSIONS:
                     self._tails.popitem(last=False)
         return [i < stored for i in range(len(bkeys))]
+
+    def _stored_tail(self, store: FlatCakeStore, prefix: list[str]) -> tuple[str, int] | None:
+        """(session, turn) of the stored turn ``prefix`` ends, when this process did not
+        write it: another DP rank attached to the same node service did, or this
+        process before a restart (the books hold the prefix whole, ending in its
+        session's newest turn)."""
+        try:
+            owner = store.session_ending_at(self._keys(prefix))
+        except (ValueError, ConnectionError):  # closed, or the node service is gone
+            return None
+        return (owner.session_id, owner.recovered_turns - 1) if owner else None
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:

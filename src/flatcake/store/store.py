@@ -61,6 +61,7 @@ from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.keys import check_key
+from flatcake.control.signals import HitOwner, hit_owner
 from flatcake.geometry import KVGeometry, preset
 from flatcake.plan.remote import RemoteRun
 from flatcake.plan.requests import (
@@ -355,6 +356,20 @@ class FlatCakeStore:
         with self._lock:
             hit = self.control.lookup(keys)
         return LookupResult(hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks)
+
+    def session_ending_at(self, keys: Sequence[bytes]) -> HitOwner | None:
+        """The session a turn extending ``keys`` continues: the one holding all of
+        ``keys``, the last in its newest turn (``HitOwner``: its id and how many turns
+        it holds), whichever process stored them; ``None`` otherwise (a branch off an
+        older turn, or keys not stored whole)."""
+        self._check_open()
+        keys = self._check_keys(keys)
+        with self._lock:
+            hit = self.control.lookup(keys)
+            if not keys or hit.num_blocks < len(keys):
+                return None
+            owner = hit_owner(self.control, hit)
+        return owner if owner is not None and owner.reaches_newest_segment else None
 
     def load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
              block_ids: BlockIds) -> LoadResult:
