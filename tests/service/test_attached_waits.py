@@ -158,3 +158,29 @@ def test_a_write_into_a_file_another_process_creates_waits_outside_the_lock(
     finally:
         mine.close()
         theirs.close()
+
+
+def test_a_hit_another_process_reclaims_before_the_pin_is_looked_up_again(node: Service
+                                                                         ) -> None:
+    a, b = attached(node), attached(node)
+    try:
+        kv = random_kv(SMALL, SLOTS, seed=5)
+        keys = session_keys(4, 3)
+        assert a.store_turn("s4", keys, kv, [0, 1, 2], TO_SSD).num_blocks == 3
+        servable = b.control.servable  # type: ignore[attr-defined]
+        asked: list[int] = []
+
+        def then_dropped(*args: Any, **kw: Any) -> Any:
+            found = servable(*args, **kw)
+            if not asked:  # between B's lookup and its pin, A drops the session
+                a.drop_session("s4")
+            asked.append(found.hit.num_blocks)
+            return found
+
+        b.control.servable = then_dropped  # type: ignore[attr-defined]
+        res = b.load(keys, empty_kv(SMALL, SLOTS), [0, 1, 2])
+        # Not an error: looked up again, and what is left (nothing) is served.
+        assert asked == [3, 0] and res.num_blocks == 0
+    finally:
+        a.close()
+        b.close()

@@ -28,6 +28,7 @@ from flatcake.control.keys import (
     engine_block_key,
     namespace_key,
 )
+from flatcake.control.loads import STALE_HIT
 from flatcake.control.placement import (
     Placement,
     PlacementRule,
@@ -48,6 +49,7 @@ from flatcake.control.types import ControlStats, FileCut, LoadPlan, ReclaimActio
 __all__ = [
     "EMPTY_HIT",
     "PRIORITY_UNIT_BYTES",
+    "STALE_HIT",
     "Address",
     "BlockIndex",
     "BlockKey",

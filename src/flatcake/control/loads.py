@@ -26,6 +26,9 @@ from flatcake.control.types import LoadPlan
 from flatcake.geometry import KVGeometry
 from flatcake.readplan import ReadPlanner
 
+# How ``prepare_load`` refuses a hit whose segments were reclaimed since the lookup.
+STALE_HIT = "stale PrefixHit"
+
 
 class Loads:
     """The loads in flight, from ``prepare`` to ``complete``.
@@ -82,7 +85,7 @@ class Loads:
             for run in hit.runs:
                 seg = run.segment
                 if published(seg.segment_id) != seg and not self.is_live(seg):
-                    raise ValueError(f"stale PrefixHit: segment {seg.segment_id} was "
+                    raise ValueError(f"{STALE_HIT}: segment {seg.segment_id} was "
                                      f"reclaimed; look the keys up again")
         else:
             hit = self._lookup(keys_or_hit)

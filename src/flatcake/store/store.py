@@ -58,7 +58,14 @@ from flatcake.cio.readers import Reader
 from flatcake.cio.restore import LayerReady, OpenFile
 from flatcake.clock import Clock, WallClock
 from flatcake.config import FlatCakeConfig
-from flatcake.control import ControlPlane, LoadPlan, ReclaimAction, StorePlan
+from flatcake.control import (
+    EMPTY_HIT,
+    STALE_HIT,
+    ControlPlane,
+    LoadPlan,
+    ReclaimAction,
+    StorePlan,
+)
 from flatcake.control.address import Medium
 from flatcake.control.keys import check_key
 from flatcake.control.signals import HitOwner, hit_owner
@@ -93,6 +100,9 @@ if TYPE_CHECKING:
     from flatcake.link.control import RemoteControl
 
 logger = logging.getLogger(__name__)
+
+# Attached: lookups again after a hit another process reclaimed, before serving a miss.
+STALE_TRIES = 3
 
 
 class FlatCakeStore:
@@ -394,14 +404,14 @@ class FlatCakeStore:
         with self._lock:
             found = self._servable(keys)
             if not found.wait:
-                return self._start(found, table, far, paged, ready)
+                return self._start(keys, found, table, far, paged, ready)
         # Attached: a store in flight (of another process, or of a thread of this one)
         # writes the blocks right after the hit: the service answers once it is
         # durable (at most store.node_timeout_s), waited for without the lock.
         assert self._remote is not None  # only an attached store's servable waits
         self._remote.wait_servable(keys, self.config.store.node_timeout_s)
         with self._lock:
-            return self._start(self._servable(keys), table, far, paged, ready)
+            return self._start(keys, self._servable(keys), table, far, paged, ready)
 
     def _servable(self, keys: tuple[bytes, ...]) -> Servable:
         """(Under the lock.) The servable hit of ``keys``; embedded, a store in flight
@@ -415,11 +425,23 @@ class FlatCakeStore:
             self._settle_damage()
         return found
 
-    def _start(self, found: Servable, table: list[int], far: tuple[RemoteRun, ...],
-               paged: PagedKV, ready: LayerReady) -> LoadHandle:
-        """(Under the lock.) Pin the hit and queue its restore (FC-MAS)."""
-        rid = f"{self._rid_prefix}load-{next(self._request_ids)}"
-        task, plan = load(self.control, rid, found.hit, table, 0, far)
+    def _start(self, keys: tuple[bytes, ...], found: Servable, table: list[int],
+               far: tuple[RemoteRun, ...], paged: PagedKV, ready: LayerReady
+               ) -> LoadHandle:
+        """(Under the lock.) Pin the hit and queue its restore (FC-MAS). Attached,
+        another process may reclaim the hit between the lookup and the pin (two calls):
+        it is looked up again, a few times, then served as a miss."""
+        hit = found.hit
+        for tries in range(STALE_TRIES + 1):
+            rid = f"{self._rid_prefix}load-{next(self._request_ids)}"
+            try:
+                task, plan = load(self.control, rid, hit, table, 0, far)
+                break
+            except ValueError as exc:
+                if self._remote is None or STALE_HIT not in str(exc):
+                    raise
+                logger.debug("load %s: %s", rid, exc)
+                hit = EMPTY_HIT if tries + 1 == STALE_TRIES else self._servable(keys).hit
         future = self._restores.submit(task, plan, paged, ready)
         return LoadHandle(task.remote_end, ready, future)
 
