@@ -14,16 +14,14 @@ one-node replay at the same per-node rate is the reference row. Results go to
 from __future__ import annotations
 
 import json
-import math
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from flatcake.replay.cluster import ClusterSpec
-from flatcake.replay.sweep import SweepTask, run_task
+from flatcake.replay.sweep import SweepTask
 from flatcake.replay.workload.trace import Workload
+from flatcake.report.tasks import ratio, read_grid, run_tasks
 
 NODE_COUNTS = (2, 4, 8)
 RATE_PER_NODE = 0.5
@@ -39,26 +37,19 @@ def run_grid(workload: Workload, out_dir: Path, *, jobs: int | None = None,
              quick: bool = False) -> dict[str, Any]:
     """Every (nodes, system, case) run plus the one-node reference; written to
     ``out_dir/cluster.json`` and returned."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    wl_path = out_dir / "workload.npz"
-    workload.save(wl_path)
     counts = (2, 8) if quick else NODE_COUNTS
-    tasks = [SweepTask(str(wl_path), s, RATE_PER_NODE, "paper", 0) for s in SYSTEMS]
-    tasks += [SweepTask(str(wl_path), s, RATE_PER_NODE * n, "paper", 0,
-                        cluster=ClusterSpec(n, routing, sharing))
-              for n in counts for s in SYSTEMS for routing, sharing in CASES]
-    tasks.sort(key=lambda t: -(t.cluster.nodes if t.cluster else 1))  # big ones first
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
-    start = time.perf_counter()
-    if jobs == 1:
-        runs = [run_task(t) for t in tasks]
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
-            runs = list(ex.map(run_task, tasks))
-    wl_path.unlink(missing_ok=True)
+
+    def make(wl_path: str) -> list[SweepTask]:
+        tasks = [SweepTask(wl_path, s, RATE_PER_NODE, "paper", 0) for s in SYSTEMS]
+        tasks += [SweepTask(wl_path, s, RATE_PER_NODE * n, "paper", 0,
+                            cluster=ClusterSpec(n, routing, sharing))
+                  for n in counts for s in SYSTEMS for routing, sharing in CASES]
+        return sorted(tasks, key=lambda t: -(t.cluster.nodes if t.cluster else 1))  # big first
+
+    runs, jobs, wall = run_tasks(workload, out_dir, make, jobs)
     result = {"trace": workload.name, "rate_per_node": RATE_PER_NODE,
               "node_counts": list(counts), "systems": list(SYSTEMS), "jobs": jobs,
-              "wall_s": time.perf_counter() - start,
+              "wall_s": wall,
               "cpu_s": sum(r.get("cpu_s", 0.0) for r in runs),
               "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs}
     (out_dir / "cluster.json").write_text(json.dumps(result, indent=1))
@@ -103,8 +94,8 @@ def cluster_table(result: dict[str, Any]) -> list[str]:
             remote = "–"
             if shared is not None and alone is not None:
                 gain = (f"+{100 * (shared['hit_rate_gpu'] - alone['hit_rate_gpu']):.2f} pt, "
-                        f"{_ratio(alone['ttft_mean_s'], shared['ttft_mean_s'])} mean, "
-                        f"{_ratio(alone['ttft_p99_s'], shared['ttft_p99_s'])} P99")
+                        f"{ratio(alone['ttft_mean_s'], shared['ttft_mean_s'])} mean, "
+                        f"{ratio(alone['ttft_p99_s'], shared['ttft_p99_s'])} P99")
                 ex = shared.get("extra") or {}
                 nbytes = ex.get("remote_memory_bytes", 0) + ex.get("remote_ssd_bytes", 0)
                 remote = f"{nbytes / 1e9:.0f}"
@@ -117,10 +108,5 @@ def cluster_table(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b > 0 and math.isfinite(a) and math.isfinite(b) else "–"
-
-
 def load_grid(out_dir: Path) -> dict[str, Any] | None:
-    path = out_dir / "cluster.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_grid(out_dir / "cluster.json")

@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from flatcake.replay.cluster import ClusterSpec
 from flatcake.replay.presets import ReplayPreset, get_preset
-from flatcake.replay.sweep import SweepTask, run_task
+from flatcake.replay.sweep import SweepTask
 from flatcake.replay.workload.trace import Workload
+from flatcake.report.tasks import ratio, read_grid, run_tasks
 
 RATES = (0.5, 1.0, 1.5)
 QUICK_RATES = (1.0,)
@@ -77,25 +75,20 @@ def run_deployments(workload: Workload, out_dir: Path, *, jobs: int | None = Non
                     systems: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
     """Every (deployment, system, rate) run; written to ``out_dir/deployments.json``
     and returned."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    wl_path = out_dir / "workload.npz"
-    workload.save(wl_path)
-    named = tasks(str(wl_path), QUICK_RATES if quick else RATES, preset, systems)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(named)))
-    start = time.perf_counter()
-    if jobs == 1:
-        runs = [run_task(t) for _, t in named]
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
-            runs = list(ex.map(run_task, [t for _, t in named]))
-    wl_path.unlink(missing_ok=True)
+    named: list[tuple[str, SweepTask]] = []
+
+    def make(wl_path: str) -> list[SweepTask]:
+        named.extend(tasks(wl_path, QUICK_RATES if quick else RATES, preset, systems))
+        return [t for _, t in named]
+
+    runs, jobs, wall = run_tasks(workload, out_dir, make, jobs)
     for (name, _), r in zip(named, runs, strict=True):
         r["deployment"] = name
     p = get_preset(preset)
     result = {"trace": workload.name, "preset": preset, "engines": p.node.num_workers,
               "host_memory_bytes": p.node.host_memory_bytes,
               "ssd_capacity_bytes": p.node.ssd.capacity_bytes, "systems": list(systems),
-              "jobs": jobs, "wall_s": time.perf_counter() - start,
+              "jobs": jobs, "wall_s": wall,
               "cpu_s": sum(r.get("cpu_s", 0.0) for r in runs),
               "date": time.strftime("%Y-%m-%d %H:%M"), "runs": runs}
     (out_dir / "deployments.json").write_text(json.dumps(result, indent=1))
@@ -129,7 +122,7 @@ def deployments_table(result: dict[str, Any]) -> list[str]:
                 gain = "–"
                 if shared is not None and r is not shared:
                     gain = (f"{100 * (shared['hit_rate_gpu'] - r['hit_rate_gpu']):+.2f} pt, "
-                            f"{_ratio(r['ttft_mean_s'], shared['ttft_mean_s'])} mean")
+                            f"{ratio(r['ttft_mean_s'], shared['ttft_mean_s'])} mean")
                 out.append(
                     f"| {s} | {rate:g} | {name} | {100 * r['hit_rate_gpu']:.2f}% | "
                     f"{100 * r['max_hit_rate']:.2f}% | {r['ttft_mean_s']:.3f} | "
@@ -140,13 +133,8 @@ def deployments_table(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b > 0 and math.isfinite(a) and math.isfinite(b) else "–"
-
-
 def load_deployments(out_dir: Path) -> dict[str, Any] | None:
-    path = out_dir / "deployments.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_grid(out_dir / "deployments.json")
 
 
 def main(argv: list[str] | None = None) -> int:
