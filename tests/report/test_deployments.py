@@ -20,9 +20,14 @@ def test_a_private_engine_gets_its_share_of_the_node() -> None:
     assert over["ssd"].capacity_bytes * n == paper.node.ssd.capacity_bytes
     assert over["ssd"].read_bytes_per_s == paper.node.ssd.read_bytes_per_s
     named = deployments.tasks("wl.npz", (1.0,))
-    assert [name for name, _ in named] == list(deployments.DEPLOYMENTS)
-    shared, rr, affine = (t for _, t in named)
-    assert shared.cluster is None and not shared.preset_overrides
+    assert [name for name, _ in named] == list(deployments.DEPLOYMENTS) == [
+        "shared, round robin", "shared, session-affine", "private, round robin",
+        "private, session-affine"]
+    shared_rr, shared_affine, rr, affine = (t for _, t in named)
+    assert shared_rr.cluster is None and shared_rr.preset_overrides == (("routing",
+                                                                         "round_robin"),)
+    assert shared_affine.cluster is None and dict(shared_affine.preset_overrides) == {
+        "routing": "session"}
     assert (rr.cluster.nodes, rr.cluster.routing, rr.cluster.sharing) == (n, "round_robin",
                                                                           False)
     assert affine.cluster.routing == "session" and not affine.cluster.sharing
@@ -37,12 +42,14 @@ def test_the_shared_store_serves_what_private_stores_behind_round_robin_miss(
     assert set(runs) == set(deployments.DEPLOYMENTS)
     # Private stores see only their engine's turns: round robin sends a session's next
     # turn to an engine whose store never saw its history.
-    assert runs["shared"]["hit_rate_gpu"] > runs["private, round robin"]["hit_rate_gpu"]
+    assert (runs["shared, round robin"]["hit_rate_gpu"]
+            > runs["private, round robin"]["hit_rate_gpu"])
     assert runs["private, round robin"]["extra"]["nodes"] == get_preset("paper").node.num_workers
     assert all(r["num_requests"] == wl.num_requests for r in runs.values())
     rows = [line for line in deployments.deployments_table(result) if line.startswith("| flatcake")]
     assert [row.split(" | ")[2] for row in rows] == list(deployments.DEPLOYMENTS)
-    assert " pt, " in rows[1] and rows[0].split(" | ")[8] == "–"
+    assert [row.split(" | ")[8] == "–" for row in rows] == [True, True, False, False]
+    assert " pt, " in rows[2] and " pt, " in rows[3]
 
 
 def test_no_trace_is_a_skip_not_an_error(tmp_path: Path, capsys: object) -> None:

@@ -5,17 +5,19 @@ mode: each engine opens its own store).
     python -m flatcake.report --only deployments [--quick]
 
 The Claude Code trace on the ``paper`` preset's node (8 data-parallel engines) at the
-same offered load, three ways:
+same offered load, the store shared or private, behind two routings:
 
 * ``shared``: one store for the node: one index, host memory and SSD space for every
-  engine (the preset as is; requests spread round robin over the engines);
-* ``private, round robin``: each engine has its own store with an eighth of the node's
-  host-memory and SSD budgets, and requests spread round robin (vLLM's data parallelism,
-  a load balancer in front of one server per GPU): a session's next turn usually lands
-  on an engine whose store never saw its history;
-* ``private, session-affine``: the same private stores behind a router that keeps a
-  session on one engine (a hash of the session), the best a private store can do, at
-  the price of balance: a busy session's engine queues while others idle.
+  engine (the preset as is);
+* ``private``: each engine has its own store with an eighth of the node's host-memory
+  and SSD budgets, and sees only the turns it ran;
+* ``round robin``: requests spread over the engines in turn (vLLM's data parallelism, a
+  load balancer in front of one server per GPU): a session's next turn usually lands on
+  another engine;
+* ``session-affine``: a session stays on one engine, so its history is in that engine's
+  GPU prefix cache and store (shared: a new session goes to the engine with the fewest
+  sessions, the node's ``session`` routing; private: a hash of the session picks the
+  engine, as a stateless router in front of the servers does).
 
 A private deployment is replayed as a cluster of one-engine nodes that share nothing
 (``replay.cluster``), so its engines, GPU caches and SSD channels are the shared node's,
@@ -41,7 +43,8 @@ RATES = (0.5, 1.0, 1.5)
 QUICK_RATES = (1.0,)
 SYSTEMS = ("flatcake",)
 CLAUDE_CODE = "../shared/traces/weka-claude-code/weka_claude_code_traces.jsonl.gz"
-DEPLOYMENTS = ("shared", "private, round robin", "private, session-affine")
+ROUTINGS = (("round robin", "round_robin"), ("session-affine", "session"))
+DEPLOYMENTS = tuple(f"{store}, {name}" for store in ("shared", "private") for name, _ in ROUTINGS)
 
 
 def private_overrides(preset: ReplayPreset) -> tuple[tuple[str, Any], ...]:
@@ -62,11 +65,13 @@ def tasks(wl_path: str, rates: tuple[float, ...], preset: str = "paper",
     out: list[tuple[str, SweepTask]] = []
     for s in systems:
         for r in rates:
-            out.append(("shared", SweepTask(wl_path, s, r, preset, 0)))
-            for name, routing in (("private, round robin", "round_robin"),
-                                  ("private, session-affine", "session")):
-                out.append((name, SweepTask(wl_path, s, r, preset, 0, private,
-                                            ClusterSpec(engines, routing, sharing=False))))
+            for name, routing in ROUTINGS:
+                out.append((f"shared, {name}", SweepTask(wl_path, s, r, preset, 0,
+                                                         (("routing", routing),))))
+            for name, routing in ROUTINGS:
+                out.append((f"private, {name}", SweepTask(
+                    wl_path, s, r, preset, 0, private,
+                    ClusterSpec(engines, routing, sharing=False))))
     return out
 
 
@@ -106,21 +111,22 @@ def deployments_table(result: dict[str, Any]) -> list[str]:
            f"{result['host_memory_bytes'] / gib:g} GiB of host memory and "
            f"{result['ssd_capacity_bytes'] / gib:g} GiB of SSD (`flatcake serve`). "
            f"Private: each engine's own store with 1/{n} of each (the embedded mode). "
-           "Gain: the shared store against that row (hit-rate points; mean TTFT, "
-           "private / shared).", "",
+           "Gain: the shared store against that private row, same routing (hit-rate "
+           "points; mean TTFT, private / shared).", "",
            "| system | req/s | deployment | hit rate | max | mean TTFT (s) | P99 TTFT (s) "
            "| SSD GB read | gain of the shared store | load | CPU s |",
            "|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|"]
     runs = {(r["system"], r["rate_req_s"], r["deployment"]): r for r in result["runs"]}
     for s in result["systems"]:
         for rate in sorted({k[1] for k in runs if k[0] == s}):
-            shared = runs.get((s, rate, "shared"))
             for name in DEPLOYMENTS:
                 r = runs.get((s, rate, name))
                 if r is None:
                     continue
+                store, routing = name.split(", ")
+                shared = runs.get((s, rate, f"shared, {routing}"))
                 gain = "–"
-                if shared is not None and r is not shared:
+                if store == "private" and shared is not None:
                     gain = (f"{100 * (shared['hit_rate_gpu'] - r['hit_rate_gpu']):+.2f} pt, "
                             f"{ratio(r['ttft_mean_s'], shared['ttft_mean_s'])} mean")
                 out.append(
