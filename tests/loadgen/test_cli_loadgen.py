@@ -43,6 +43,27 @@ def test_a_working_set_run_writes_one_line_per_request(
     assert (out / "ttft.png").is_file()
 
 
+def test_warmup_visits_each_prompt_once_and_is_not_measured(
+        server: FakeServer, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc = main(["loadgen", server.url, "--working-set", "3", "--prompt-tokens", "64",
+               "--suffix-tokens", "4", "--max-tokens", "3", "--vocab-size", "1000",
+               "--max-requests", "4", "--concurrency", "2", "--warmup", "--no-plots",
+               "--out", str(out)])
+    assert rc == 0
+    warm = lines(out / "warmup.jsonl")
+    assert sorted(r["session_id"] for r in warm) == ["ws-0", "ws-1", "ws-2"]
+    assert all(r["cached_tokens"] == 0 for r in warm)
+    # The measured run goes on after the warm-up: every request revisits a prompt.
+    recs = lines(out / "requests.jsonl")
+    assert len(recs) == 4 and len(server.bodies) == 7
+    assert all(r["cached_tokens"] == 64 and r["reusable_tokens"] == 64 for r in recs)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["summary"]["requests"] == 4 and summary["run"]["warmup_requests"] == 3
+    # Another question on each visit: the warm-up's are not sent again.
+    assert len({tuple(b["prompt"]) for b in server.bodies}) == 7
+
+
 def test_json_prints_only_the_summary(server: FakeServer, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["loadgen", server.url, "--workload", "chat", "--max-requests", "5",
@@ -107,6 +128,8 @@ def test_a_server_that_rejects_every_request(tmp_path: Path,
     (["--working-set", "2", "--prompt-tokens", "2000"], "exceed the context budget"),
     (["--trace", "/nonexistent/trace.jsonl"], "trace file not found"),
     (["--vocab-size", "2"], "vocab_size must be > 4"),
+    (["--warmup"], "--warmup without N applies to --working-set only"),
+    (["--warmup", "-2"], "--warmup must be >= 1"),
 ])
 def test_option_mistakes_are_one_line(server: FakeServer, tmp_path: Path, argv: list[str],
                                       message: str,

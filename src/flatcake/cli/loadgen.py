@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--duration", type=float, default=60.0,
                    help="stop sending after this many seconds (default 60; 0: no limit)")
     r.add_argument("--max-requests", type=int, default=None, help="stop after N requests")
+    r.add_argument("--warmup", type=int, nargs="?", const=0, default=None, metavar="N",
+                   help="first send the workload's first N requests, not measured "
+                        "(warmup.jsonl); the measured run goes on with the requests after "
+                        "them. Without N: one visit of each --working-set prompt")
     r.add_argument("--timeout", type=float, default=120.0,
                    help="seconds one request may take (default 120)")
     r.add_argument("--session-ids", action="store_true",
@@ -123,13 +128,18 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--duration must be >= 0 s, got {args.duration}")
     if args.format is not None and args.trace is None:
         raise ValueError("--format applies to --trace only")
+    if args.warmup is not None and args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 1 requests, got {args.warmup}")
+    if args.warmup == 0 and args.working_set is None:
+        raise ValueError("--warmup without N applies to --working-set only; give "
+                         "--warmup N requests")
 
 
 def run(args: argparse.Namespace) -> int:
     from flatcake import progress
     from flatcake.loadgen import Endpoint, Pacing, completion_body, probe, stream_completion
     from flatcake.loadgen import driver as drive
-    from flatcake.loadgen.output import plot, record_log, write_summary
+    from flatcake.loadgen.output import WARMUP_FILE, plot, record_log, write_summary
     from flatcake.loadgen.summary import summarize, table
 
     _check(args)
@@ -163,6 +173,23 @@ def run(args: argparse.Namespace) -> int:
         return stream_completion(endpoint, body, args.timeout)
 
     out = Path(args.out)
+    warmup = (args.warmup or args.working_set) if args.warmup is not None else 0
+    seen: set[int] = set()  # block ids sent: what the measured run may find reused
+    if warmup:
+        say(f"warm-up: the first {warmup} requests, not measured")
+        warm = replace(pacing, duration_s=None, max_requests=warmup)
+        bar = progress.task("warm-up", warmup, "req")
+        with record_log(out, WARMUP_FILE) as log:
+            def on_warm(rec: drive.Record) -> None:
+                log(rec)
+                bar.update(1)
+
+            warmed = drive.run(workload, warm, send, on_warm, seen)
+        bar.close()
+        if warmed.aborted or warmed.interrupted:
+            print(f"flatcake loadgen: warm-up stopped: {warmed.aborted or 'interrupted'}",
+                  file=sys.stderr)
+            return 1 if warmed.aborted else 130
     limits = [n for n in (workload.num_requests, args.max_requests) if n is not None]
     bar = progress.task("loadgen", min(limits) if limits else None, "req")
     with record_log(out) as log:
@@ -170,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             log(rec)
             bar.update(1)
 
-        result = drive.run(workload, pacing, send, on_record)
+        result = drive.run(workload, pacing, send, on_record, seen)
     bar.close()
     summary = summarize(result.records, result.wall_s)
     meta = {"label": args.label, "url": endpoint.url, "model": model,
@@ -178,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
             "workload_meta": workload.meta, "block_tokens": workload.block_tokens,
             "num_cut": workload.num_cut, "pacing": mode, "bounds": bounds,
             "max_tokens": args.max_tokens, "session_ids": args.session_ids,
+            "warmup_requests": warmup,
             "seed": args.seed, "interrupted": result.interrupted, "aborted": result.aborted}
     write_summary(out, summary, meta)
     picture = None if args.no_plots else plot(out, result.records, workload.description)

@@ -131,14 +131,15 @@ Sender = Callable[[Job, list[int]], Reply]
 class _Books:
     """Sessions started, waiting and in flight; every method holds ``_cond``."""
 
-    def __init__(self, workload: Workload, pacing: Pacing, start: float) -> None:
+    def __init__(self, workload: Workload, pacing: Pacing, start: float,
+                 seen: set[int] | None = None) -> None:
         self._cond = threading.Condition()
         self._sessions: Iterator[Session] = workload.sessions
         self._block_tokens = workload.block_tokens
         self._pacing = pacing
         self._start = start
         self._waiting: deque[tuple[Session, int]] = deque()
-        self._seen: set[int] = set()
+        self._seen: set[int] = set() if seen is None else seen
         self._in_flight = 0
         self._sent = 0
         self._exhausted = False
@@ -223,11 +224,14 @@ class _Books:
 
 
 def run(workload: Workload, pacing: Pacing, send: Sender,
-        on_record: Callable[[Record], None] = lambda r: None) -> RunResult:
+        on_record: Callable[[Record], None] = lambda r: None,
+        seen: set[int] | None = None) -> RunResult:
     """Drive ``workload`` with ``pacing`` through ``send``; ``on_record`` sees each
-    record on the calling thread as it completes."""
+    record on the calling thread as it completes. A second run of the same workload
+    goes on with the sessions the first did not start (a warm-up, then the measured
+    run); ``seen``, the block ids sent so far, carries what is reusable across them."""
     start = time.perf_counter()
-    books = _Books(workload, pacing, start)
+    books = _Books(workload, pacing, start, seen)
     done: queue.Queue[Record | None] = queue.Queue()
     slots = threading.Semaphore(pacing.concurrency)
 

@@ -1,6 +1,7 @@
 """What a run leaves in ``--out``: the per-request JSONL, the summary JSON, one plot.
 
     requests.jsonl   one line per request, written as it completes (``Record.to_json``)
+    warmup.jsonl     the same for the warm-up requests (``--warmup``), not summarized
     summary.json     {"summary": Summary, "run": how it was run (URL, model, workload,
                      pacing, how it ended)}
     ttft.png         TTFT of each request over the run (colour: cached share of its
@@ -19,16 +20,17 @@ from flatcake.loadgen.driver import Record
 from flatcake.loadgen.summary import Summary
 
 REQUESTS_FILE = "requests.jsonl"
+WARMUP_FILE = "warmup.jsonl"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "ttft.png"
 
 
 @contextmanager
-def record_log(out: Path) -> Iterator[Callable[[Record], None]]:
-    """A writer of ``requests.jsonl`` under ``out``: one line per record, flushed as
-    each comes (a run cut short keeps what it did)."""
+def record_log(out: Path, name: str = REQUESTS_FILE) -> Iterator[Callable[[Record], None]]:
+    """A writer of ``name`` (``requests.jsonl``) under ``out``: one line per record,
+    flushed as each comes (a run cut short keeps what it did)."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / REQUESTS_FILE, "w") as fh:
+    with open(out / name, "w") as fh:
         def write(record: Record) -> None:
             fh.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
             fh.flush()
