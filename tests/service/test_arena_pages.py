@@ -63,3 +63,23 @@ def test_an_arena_hugetlbfs_cannot_hold_is_refused_at_start(
     monkeypatch.undo()
     again = server.NodeService(tmp_path / "root", cfg, sock)  # the root's lock was let go
     again.close()
+
+
+def test_an_arena_its_mount_cannot_hold_is_warned_of_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    real = os.statvfs
+
+    def small(path: object) -> os.statvfs_result:
+        got = real(path)  # type: ignore[arg-type]
+        return os.statvfs_result((got.f_bsize, 4096, got.f_blocks, 10, 10, *got[5:]))
+
+    monkeypatch.setattr(os, "statvfs", small)
+    (tmp_path / "shm").mkdir()
+    cfg = load_config(env={}, overrides=[f"store.node_arena_dir={tmp_path / 'shm'}",
+                                         "store.memory_capacity_bytes=1048576"])
+    with caplog.at_level("WARNING", logger="flatcake.service"):
+        svc = server.NodeService(tmp_path / "root", cfg, tmp_path / "node.sock")
+        svc.close()
+    (warned,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "has 40960 B free, the arena needs 1048576 B more" in warned and "SIGBUS" in warned

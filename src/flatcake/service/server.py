@@ -200,9 +200,24 @@ class NodeService:
                         f"{size} B of huge pages for the arena ({exc.strerror}): raise "
                         "/proc/sys/vm/nr_hugepages, lower store.memory_capacity_bytes, or "
                         "point store.node_arena_dir at /dev/shm") from None
+            else:
+                self._check_room(fd, arena_dir, size)
         finally:
             os.close(fd)
         return path
+
+    @staticmethod
+    def _check_room(fd: int, arena_dir: Path, size: int) -> None:
+        """Warn when the arena's mount cannot hold the pages not written yet: a page it
+        cannot give kills the engine touching it (SIGBUS), so say it now."""
+        held = os.fstat(fd).st_blocks * 512
+        vfs = os.statvfs(arena_dir)
+        free = vfs.f_bavail * vfs.f_frsize
+        if size - held > free:
+            logger.warning("store.node_arena_dir=%s has %d B free, the arena needs %d B "
+                           "more as it fills: an engine writing past that is killed "
+                           "(SIGBUS); lower store.memory_capacity_bytes or give the mount "
+                           "more room (tmpfs size=)", arena_dir, free, size - held)
 
     # -- calls ----------------------------------------------------------------------
 
