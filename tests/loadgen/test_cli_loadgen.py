@@ -41,6 +41,9 @@ def test_a_working_set_run_writes_one_line_per_request(
     assert summary["run"]["model"] == "fake" and summary["run"]["max_model_len"] == 1024
     assert "TTFT p50 / p95 / p99" in text and "cached share" in text
     assert (out / "ttft.png").is_file()
+    page = (out / "report.html").read_text()
+    assert '<img src="ttft.png"' in page and "<td>TTFT p50 / p95 / p99</td>" in page
+    assert "<td>cached share</td>" in page and "working set: 2 prompts" in page
 
 
 def test_warmup_visits_each_prompt_once_and_is_not_measured(

@@ -139,7 +139,13 @@ def run(args: argparse.Namespace) -> int:
     from flatcake import progress
     from flatcake.loadgen import Endpoint, Pacing, completion_body, probe, stream_completion
     from flatcake.loadgen import driver as drive
-    from flatcake.loadgen.output import WARMUP_FILE, plot, record_log, write_summary
+    from flatcake.loadgen.output import (
+        WARMUP_FILE,
+        plot,
+        record_log,
+        write_page,
+        write_summary,
+    )
     from flatcake.loadgen.summary import summarize, table
 
     _check(args)
@@ -209,12 +215,13 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed, "interrupted": result.interrupted, "aborted": result.aborted}
     write_summary(out, summary, meta)
     picture = None if args.no_plots else plot(out, result.records, workload.description)
+    write_page(out, summary, meta, picture)
     if args.json:
         print(json.dumps({"summary": summary.to_json(), "run": meta}, indent=2))
     else:
         print()
         print(table(summary))
-        print(f"wrote {out}/requests.jsonl, summary.json"
+        print(f"wrote {out}/report.html (open it in a browser), requests.jsonl, summary.json"
               + (f", {picture.name}" if picture else ""))
     if result.aborted:
         print(f"flatcake loadgen: error: {result.aborted}", file=sys.stderr)

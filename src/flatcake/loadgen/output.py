@@ -6,6 +6,8 @@
                      pacing, how it ended)}
     ttft.png         TTFT of each request over the run (colour: cached share of its
                      prompt) and the TTFT CDF; only with matplotlib, never with --no-plots
+    report.html      the run on one page a browser opens: how it was run, the summary
+                     table and the plot (the sweep page's HTML, ``replay.page``)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ REQUESTS_FILE = "requests.jsonl"
 WARMUP_FILE = "warmup.jsonl"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "ttft.png"
+PAGE_FILE = "report.html"
 
 
 @contextmanager
@@ -71,4 +74,35 @@ def plot(out: Path, records: list[Record], title: str) -> Path | None:
     path = out / PLOT_FILE
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return path
+
+
+def write_page(out: Path, summary: Summary, run: dict[str, Any],
+               picture: Path | None) -> Path:
+    """``report.html``: the run's settings, the summary as a table and ``picture``."""
+    import html
+
+    from flatcake.loadgen.summary import markdown
+    from flatcake.replay.page import CSS, markdown_to_html
+
+    title = f"flatcake loadgen: {run['workload']}"
+    how = [("server", f"{run['url']} (model {run['model']}, max_model_len "
+                      f"{run['max_model_len']})"),
+           ("pacing", f"{run['pacing']}, until {run['bounds']}"),
+           ("warm-up", f"{run.get('warmup_requests') or 0} requests, not measured"),
+           ("session ids sent", "yes" if run.get("session_ids") else "no"),
+           ("output tokens", str(run["max_tokens"])), ("seed", str(run["seed"]))]
+    how_md = "\n".join(["| run | |", "|---|---|", *(f"| {k} | {v} |" for k, v in how)])
+    figure = (f'<div class="plots"><figure class="wide"><img src="{html.escape(picture.name)}" '
+              f'alt="TTFT"></figure></div>' if picture else "<p>No plot.</p>")
+    page = "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        markdown_to_html("## Summary\n" + markdown(summary)), figure,
+        markdown_to_html("## How it was run\n" + how_md),
+        f'<p class="meta">Per request: <code>{REQUESTS_FILE}</code>; the same numbers: '
+        f"<code>{SUMMARY_FILE}</code>.</p>", "</body></html>", ""])
+    path = out / PAGE_FILE
+    path.write_text(page, encoding="utf-8")
     return path

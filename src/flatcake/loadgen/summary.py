@@ -113,9 +113,9 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f} %"
 
 
-def table(s: Summary) -> str:
-    """The summary as an aligned two-column table."""
-    rows = [
+def rows(s: Summary) -> list[tuple[str, str]]:
+    """The summary's lines: (what, value), as the table and the page show them."""
+    return [
         ("requests", f"{s.requests} ({s.ok} ok, {s.errors} failed)"),
         ("wall time", f"{s.wall_s:.1f} s"),
         ("throughput", f"{s.req_per_s:.2f} req/s, {s.output_tokens_per_s:.1f} output tok/s"),
@@ -130,9 +130,23 @@ def table(s: Summary) -> str:
             " (what an infinite prefix cache serves)" if s.reusable_share is not None else "")),
         ("cached of reusable", _pct(s.cached_of_reusable)),
     ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    if s.ok and s.cached_tokens is None:
-        lines.append(f"note: {CACHED_MISSING}")
-    lines += [f"error: {e}" for e in s.error_examples]
-    return "\n".join(lines)
+
+
+def notes(s: Summary) -> list[str]:
+    """What the numbers need said beside them: a server that reports no cached
+    tokens, and examples of the errors."""
+    out = [f"note: {CACHED_MISSING}"] if s.ok and s.cached_tokens is None else []
+    return out + [f"error: {e}" for e in s.error_examples]
+
+
+def table(s: Summary) -> str:
+    """The summary as an aligned two-column table."""
+    lines = rows(s)
+    width = max(len(k) for k, _ in lines)
+    return "\n".join([f"{k:<{width}}  {v}" for k, v in lines] + notes(s))
+
+
+def markdown(s: Summary) -> str:
+    """The summary as a Markdown table (``report.html``)."""
+    body = [f"| {k} | {v} |" for k, v in rows(s)]
+    return "\n".join(["| metric | value |", "|---|---|", *body, "", *notes(s)])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from flatcake.replay.results import SweepResult, markdown
 
-_CSS = """
+CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1300px;
        padding: 0 1em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
@@ -89,7 +89,7 @@ def render(result: SweepResult, plot_names: list[str]) -> str:
     assumptions = "".join(f"<li>{_inline(a)}</li>" for a in meta.get("assumptions", []))
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title(result))}</title>", f"<style>{_CSS}</style>",
+        f"<title>{html.escape(title(result))}</title>", f"<style>{CSS}</style>",
         "</head><body>",
         markdown_to_html(head),
         f'<p class="meta">{html.escape(title(result))}; systems '
