@@ -7,8 +7,8 @@ Configurations: ``none`` (vLLM alone, its own prefix cache) and ``flatcake`` (th
 FlatCake connector with ``--flatcake-memory-mib`` of host memory and
 ``--flatcake-ssd-mib`` of SSD under a fresh store root). Repeat ``r`` runs them in
 order when r is even, reversed when odd (none, flatcake, flatcake, none, ...), each on a
-fresh server; on each server every working set gets a warm-up pass (one visit of each
-prompt, not measured), then a measured run of ``--duration`` seconds. Seeds are the same
+fresh server; on each server every working set gets one loadgen run: its ``--warmup`` pass
+(one visit of each prompt, not measured), then ``--duration`` measured seconds. Seeds are the same
 for every configuration and differ between working sets, so each server sees the same
 prompts and no two working sets share one. Each stop is SIGINT to the API server
 (``--stop group``: to its whole process group, as a terminal's Ctrl-C) with
@@ -172,15 +172,15 @@ class Server:
                 "clean": not events, "events": events}
 
 
-def loadgen(args: argparse.Namespace, url: str, ws: int, seed: int, out: Path,
-            warm: bool) -> dict:
+def loadgen(args: argparse.Namespace, url: str, ws: int, seed: int, out: Path) -> dict:
+    """One loadgen run: its warm-up (one visit of each prompt), then ``--duration``
+    measured seconds on the same stream."""
     cmd = [sys.executable, "-m", "flatcake.cli", "loadgen", url, "--working-set", str(ws),
            "--prompt-tokens", str(args.prompt_tokens), "--suffix-tokens", "32",
            "--max-tokens", str(args.max_tokens), "--vocab-size", "512",
            "--concurrency", str(args.concurrency), "--seed", str(seed), "--timeout", "300",
-           "--json", "--no-plots", "--out", str(out)]
-    cmd += (["--max-requests", str(ws), "--duration", "0"] if warm
-            else ["--duration", str(args.duration)])
+           "--json", "--no-plots", "--out", str(out), "--warmup",
+           "--duration", str(args.duration)]
     if args.session_ids:
         cmd.append("--session-ids")
     done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=1200)
@@ -269,11 +269,9 @@ def main() -> int:
             server = Server(args, config, store, args.out / f"server-{tag}.log")
             try:
                 for k, ws in enumerate(working_sets):
-                    runs = args.out / "runs" / f"{tag}-ws{ws}"
-                    loadgen(args, server.url, ws, k + 1, runs / "warm", warm=True)
                     before = loadavg()
-                    summary = loadgen(args, server.url, ws, k + 1, runs / "measured",
-                                      warm=False)
+                    summary = loadgen(args, server.url, ws, k + 1,
+                                      args.out / "runs" / f"{tag}-ws{ws}")
                     results.append({"repeat": r, "config": config, "working_set": ws,
                                     "summary": summary, "load_before": before,
                                     "load_after": loadavg()})
