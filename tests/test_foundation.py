@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flatcake.config import FlatCakeConfig, load_config
-from flatcake.geometry import KVGeometry, preset
+from flatcake.geometry import KVGeometry, LayerGroup, preset
 
 
 def test_presets_bytes_per_token() -> None:
@@ -31,6 +31,34 @@ def test_presets_bytes_per_token() -> None:
 def test_geometry_rejects_bad_fields(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         KVGeometry(**kwargs)  # type: ignore[arg-type]
+
+
+def test_deepseek_v4_flash_keeps_three_layer_kinds() -> None:
+    # 2 sliding-window layers (584 B a token), 21 c4a layers (584 + 132 B per 4 tokens),
+    # 20 c128a layers (584 B per 128 tokens), 128-token blocks.
+    g = preset("deepseek-v4-flash")
+    assert g.num_layers == 43 and [grp.kind for grp in g.groups] == ["sliding", "c4a", "c128a"]
+    assert g.layer_block_bytes == (128 * 584,) * 2 + (32 * 716,) * 21 + (584,) * 20
+    assert g.block_bytes == 2 * 74752 + 21 * 22912 + 20 * 584
+    assert not g.is_uniform and preset("deepseek-v3").is_uniform
+    with pytest.raises(ValueError, match="layer_block_bytes"):
+        _ = g.block_bytes_per_layer
+    assert KVGeometry.from_record(g.to_record()) == g
+    assert KVGeometry.from_record(preset("llama-3.1-8b").to_record()) == preset("llama-3.1-8b")
+
+
+@pytest.mark.parametrize(("groups", "needle"), [
+    ((LayerGroup(2, 64),), "hold 2 layers, num_layers is 3"),
+    ((LayerGroup(3, 64, tokens_per_entry=32),), "does not divide the block of 16"),
+    (("full",), "LayerGroup values"),
+])
+def test_layer_groups_are_checked(groups: tuple[LayerGroup, ...], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        KVGeometry(num_layers=3, tokens_per_block=16, groups=groups)
+    with pytest.raises(ValueError, match="entry_bytes"):
+        LayerGroup(1, 0)
+    with pytest.raises(ValueError, match="window_tokens"):
+        LayerGroup(1, 8, window_tokens=-1)
 
 
 def test_unknown_preset_named() -> None:

@@ -1,17 +1,24 @@
-"""KV-cache geometry: how many bytes one block of one layer takes.
+"""KV-cache geometry: how many bytes one block of each layer takes.
 
 FlatCake treats a block's KV as opaque bytes; geometry only fixes sizes. A block
-of layer ``l`` holds ``tokens_per_block`` tokens of that layer's K and V (or, for
-MLA models, of the compressed latent), so
+(``tokens_per_block`` tokens, one key) of layer ``l`` holds those tokens' K and V (or,
+for MLA models, the compressed latent), so for a model whose layers are alike
 
     block_bytes_per_layer = tokens_per_block * bytes_per_token_per_layer
+
+A model whose layers differ (sliding-window and full attention of other shapes,
+compressed layers keeping one entry per several tokens) lists its ``LayerGroup``s in
+layer order; each group has its own bytes per block (``layer_block_bytes``) and its
+own rule for what a next turn reads (``window_tokens``).
 
 Presets name the public model config they come from.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -22,6 +29,55 @@ DTYPE_BYTES: dict[str, int] = {
     "uint8": 1,
     "int8": 1,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroup:
+    """Consecutive layers of one kind, each keeping ``entry_bytes`` per
+    ``tokens_per_entry`` tokens.
+
+    Attributes:
+        num_layers: layers in the group.
+        entry_bytes: bytes of one cache entry of one layer (K and V of one token for
+            plain attention; a compressed entry for compressed layers).
+        tokens_per_entry: tokens one entry covers (1, or a compression ratio); the
+            group's own block is ``tokens_per_entry`` x the model's block in tokens.
+        window_tokens: a sliding window: the next turn reads only the last
+            ``window_tokens`` tokens of these layers; 0 keeps the whole history.
+        kind: a name for reports ("full", "sliding", "c4a", ...).
+    """
+
+    num_layers: int
+    entry_bytes: int
+    tokens_per_entry: int = 1
+    window_tokens: int = 0
+    kind: str = "full"
+
+    def __post_init__(self) -> None:
+        for field_name in ("num_layers", "entry_bytes", "tokens_per_entry",
+                           "window_tokens"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"LayerGroup.{field_name} must be an int, got {value!r}")
+        for field_name in ("num_layers", "entry_bytes", "tokens_per_entry"):
+            if getattr(self, field_name) <= 0:
+                raise ValueError(f"LayerGroup.{field_name} must be > 0, got "
+                                 f"{getattr(self, field_name)!r}")
+        if self.window_tokens < 0:
+            raise ValueError(f"LayerGroup.window_tokens must be >= 0, got "
+                             f"{self.window_tokens!r}")
+
+    def block_bytes(self, tokens_per_block: int) -> int:
+        """Bytes of one model block (``tokens_per_block`` tokens) of one layer."""
+        if tokens_per_block % self.tokens_per_entry:
+            raise ValueError(
+                f"LayerGroup {self.kind!r}: one entry covers {self.tokens_per_entry} "
+                f"tokens, which does not divide the block of {tokens_per_block} tokens")
+        return self.entry_bytes * (tokens_per_block // self.tokens_per_entry)
+
+    def window_blocks(self, tokens_per_block: int) -> int:
+        """Blocks a next turn reads of this group (0: all of them)."""
+        return -(-self.window_tokens // tokens_per_block) if self.window_tokens else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +94,8 @@ class KVGeometry:
         mla_latent_dim: for MLA models, elements per token per layer
             (kv_lora_rank + rope dim); 0 for standard attention (K and V stored).
         name: preset name or "custom".
+        groups: layers of different kinds, in layer order (their layer counts sum to
+            ``num_layers``); empty when every layer is the one the fields above size.
     """
 
     num_layers: int
@@ -47,8 +105,19 @@ class KVGeometry:
     dtype: str = "bfloat16"
     mla_latent_dim: int = 0
     name: str = "custom"
+    groups: tuple[LayerGroup, ...] = ()
+    _layer_sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self._validate()
+        if self.groups:
+            sizes = tuple(size for grp in self.groups for size in
+                          (grp.block_bytes(self.tokens_per_block),) * grp.num_layers)
+        else:
+            sizes = (self.block_bytes_per_layer,) * self.num_layers
+        object.__setattr__(self, "_layer_sizes", sizes)
+
+    def _validate(self) -> None:
         for field_name in ("num_layers", "tokens_per_block", "num_kv_heads", "head_dim",
                            "mla_latent_dim"):
             value = getattr(self, field_name)
@@ -65,6 +134,9 @@ class KVGeometry:
                 f"KVGeometry.dtype {self.dtype!r} is not supported; choose one of "
                 f"{sorted(DTYPE_BYTES)}"
             )
+        if self.groups:
+            self._check_groups()
+            return
         if self.mla_latent_dim < 0:
             raise ValueError(f"KVGeometry.mla_latent_dim must be >= 0, got {self.mla_latent_dim}")
         if self.mla_latent_dim == 0:
@@ -77,6 +149,34 @@ class KVGeometry:
                     f"KVGeometry.head_dim must be > 0 without MLA, got {self.head_dim!r}"
                 )
 
+    def _check_groups(self) -> None:
+        if not all(isinstance(grp, LayerGroup) for grp in self.groups):
+            raise ValueError(f"KVGeometry.groups must hold LayerGroup values, got "
+                             f"{self.groups!r}")
+        total = sum(grp.num_layers for grp in self.groups)
+        if total != self.num_layers:
+            raise ValueError(f"KVGeometry.groups hold {total} layers, num_layers is "
+                             f"{self.num_layers}")
+        for grp in self.groups:
+            grp.block_bytes(self.tokens_per_block)
+
+    @property
+    def layer_block_bytes(self) -> tuple[int, ...]:
+        """Bytes of one block of each layer, in layer order."""
+        return self._layer_sizes
+
+    @property
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        """The groups, or one group of every layer for a model whose layers are alike."""
+        if self.groups:
+            return self.groups
+        return (LayerGroup(self.num_layers, self.bytes_per_token_per_layer),)
+
+    @property
+    def is_uniform(self) -> bool:
+        """Every layer's block has the same size."""
+        return len(set(self.layer_block_bytes)) == 1
+
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
@@ -87,13 +187,17 @@ class KVGeometry:
 
     @property
     def bytes_per_token_per_layer(self) -> int:
+        if self.groups:
+            raise ValueError(f"geometry {self.name!r} has layers of different kinds; "
+                             f"use layer_block_bytes")
         if self.is_mla:
             return self.mla_latent_dim * self.dtype_bytes
         return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def bytes_per_token(self) -> int:
-        return self.bytes_per_token_per_layer * self.num_layers
+        """All layers' bytes per token (a compressed layer's share of its entries)."""
+        return self.block_bytes // self.tokens_per_block
 
     @property
     def block_bytes_per_layer(self) -> int:
@@ -102,11 +206,24 @@ class KVGeometry:
     @property
     def block_bytes(self) -> int:
         """All layers of one block."""
-        return self.block_bytes_per_layer * self.num_layers
+        return sum(self.layer_block_bytes)
 
     def kv_bytes(self, num_tokens: int) -> int:
         """KV bytes of ``num_tokens`` tokens, all layers."""
-        return num_tokens * self.bytes_per_token
+        return num_tokens * self.block_bytes // self.tokens_per_block
+
+    def to_record(self) -> dict[str, Any]:
+        """The fields as plain JSON values (``from_record`` reads them back)."""
+        return {f.name: getattr(self, f.name) if f.name != "groups" else
+                [dataclasses.asdict(grp) for grp in self.groups]
+                for f in dataclasses.fields(self) if f.init}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> KVGeometry:
+        """A geometry from ``to_record``'s values (a record without groups: one kind)."""
+        fields = dict(data)
+        groups = tuple(LayerGroup(**grp) for grp in fields.pop("groups", ()))
+        return cls(**fields, groups=groups)
 
     def with_block_size(self, tokens_per_block: int) -> KVGeometry:
         return KVGeometry(
@@ -117,6 +234,7 @@ class KVGeometry:
             dtype=self.dtype,
             mla_latent_dim=self.mla_latent_dim,
             name=self.name,
+            groups=self.groups,
         )
 
 
@@ -126,6 +244,12 @@ class KVGeometry:
 # - DeepSeek-V3: deepseek-ai/DeepSeek-V3 config.json (num_hidden_layers 61,
 #   kv_lora_rank 512, qk_rope_head_dim 64): MLA caches 512 + 64 = 576 elements per
 #   token per layer, replicated on every worker.
+# - DeepSeek-V4-Flash: deepseek-ai/DeepSeek-V4-Flash config.json ``compress_ratios``:
+#   21 layers keep one entry per 4 tokens ("c4a": a 584 B fp8 latent entry, 448 fp8 +
+#   64 bf16 elements + 8 scale bytes, and its 132 B indexer key), 20 layers one per 128
+#   tokens ("c128a", 584 B), 2 layers only a 128-token sliding window (584 B a token);
+#   one block is 128 tokens so every kind holds whole entries.
+_DSV4_ENTRY = 448 + 64 * 2 + 8
 PRESETS: dict[str, KVGeometry] = {
     "llama-3.1-8b": KVGeometry(
         num_layers=32, tokens_per_block=16, num_kv_heads=8, head_dim=128,
@@ -138,6 +262,12 @@ PRESETS: dict[str, KVGeometry] = {
     "deepseek-v3": KVGeometry(
         num_layers=61, tokens_per_block=64, mla_latent_dim=576,
         dtype="bfloat16", name="deepseek-v3",
+    ),
+    "deepseek-v4-flash": KVGeometry(
+        num_layers=43, tokens_per_block=128, dtype="uint8", name="deepseek-v4-flash",
+        groups=(LayerGroup(2, _DSV4_ENTRY, window_tokens=128, kind="sliding"),
+                LayerGroup(21, _DSV4_ENTRY + 128 + 4, tokens_per_entry=4, kind="c4a"),
+                LayerGroup(20, _DSV4_ENTRY, tokens_per_entry=128, kind="c128a")),
     ),
 }
 

@@ -11,20 +11,23 @@ the turn is one contiguous range::
     | segment header              |  header_bytes (multiple of 4 KiB): fixed fields,
     |  (see cio.format)           |  one key per block, one checksum per layer
     +-----------------------------+  <- data_offset (4 KiB aligned)
-    | layer 0: block 0 .. n-1     |  n * block_bytes_per_layer
-    | layer 1: block 0 .. n-1     |
+    | layer 0: block 0 .. n-1     |  n * layer_block_bytes[0]
+    | layer 1: block 0 .. n-1     |  n * layer_block_bytes[1]
     | ...                         |
     | layer L-1: block 0 .. n-1   |
     +-----------------------------+
     | zero padding to 4 KiB       |
     +-----------------------------+  <- segment_offset + total_bytes
 
-Host-memory segments use the same data layout with ``header_bytes == 0``.
+Layers may differ in size (``KVGeometry.layer_block_bytes``); a layer's range starts
+where the previous one ends, at no alignment. Host-memory segments use the same data
+layout with ``header_bytes == 0``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 ALIGN = 4096
 KEY_BYTES = 32
@@ -38,10 +41,22 @@ def align_up(n: int, align: int = ALIGN) -> int:
     return (n + align - 1) // align * align
 
 
-def segment_header_bytes(num_blocks: int, num_layers: int) -> int:
-    """On-disk header size: fixed fields + one key per block + one crc32 per layer."""
-    raw = SEGMENT_FIXED_HEADER_BYTES + num_blocks * KEY_BYTES + num_layers * 4
+def segment_header_bytes(num_blocks: int, layer_block_bytes: tuple[int, ...]) -> int:
+    """On-disk header size: fixed fields + one key per block + one crc32 per layer, and
+    one 4-byte size per layer when the layers differ in size."""
+    num_layers = len(layer_block_bytes)
+    sizes = num_layers * 4 if len(set(layer_block_bytes)) > 1 else 0
+    raw = SEGMENT_FIXED_HEADER_BYTES + num_blocks * KEY_BYTES + num_layers * 4 + sizes
     return align_up(raw)
+
+
+def describe_layers(layer_block_bytes: tuple[int, ...]) -> str:
+    """``layer_block_bytes`` for a message: "32 layers x 4096 B", or each run of alike
+    layers ("2 x 74752 B + 21 x 22912 B")."""
+    runs = [(b, len(list(grp))) for b, grp in itertools.groupby(layer_block_bytes)]
+    if len(runs) == 1:
+        return f"{runs[0][1]} layers x {runs[0][0]} B"
+    return " + ".join(f"{n} x {b} B" for b, n in runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,55 +65,63 @@ class SegmentLayout:
 
     Attributes:
         num_blocks: blocks in the segment (one turn's new blocks).
-        num_layers: layers per block.
-        block_bytes_per_layer: bytes of one block of one layer.
+        layer_block_bytes: bytes of one block of each layer, in layer order.
         header_bytes: 0 for host memory, ``segment_header_bytes(...)`` on SSD.
     """
 
     num_blocks: int
-    num_layers: int
-    block_bytes_per_layer: int
+    layer_block_bytes: tuple[int, ...]
     header_bytes: int
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.num_blocks <= 0:
             raise ValueError(f"SegmentLayout.num_blocks must be > 0, got {self.num_blocks}")
-        if self.num_layers <= 0:
-            raise ValueError(f"SegmentLayout.num_layers must be > 0, got {self.num_layers}")
-        if self.block_bytes_per_layer <= 0:
-            raise ValueError(
-                f"SegmentLayout.block_bytes_per_layer must be > 0, got "
-                f"{self.block_bytes_per_layer}"
-            )
+        if not isinstance(self.layer_block_bytes, tuple) or not self.layer_block_bytes:
+            raise ValueError(f"SegmentLayout.layer_block_bytes must be a non-empty tuple, "
+                             f"got {self.layer_block_bytes!r}")
+        if min(self.layer_block_bytes) <= 0:
+            raise ValueError(f"SegmentLayout.layer_block_bytes must be > 0, got "
+                             f"{self.layer_block_bytes}")
         if self.header_bytes < 0 or self.header_bytes % ALIGN:
             raise ValueError(
                 f"SegmentLayout.header_bytes must be a multiple of {ALIGN}, got "
                 f"{self.header_bytes}"
             )
+        # Layer l's data starts at num_blocks * sum(layer_block_bytes[:l]).
+        object.__setattr__(self, "_starts", (0, *itertools.accumulate(
+            self.num_blocks * b for b in self.layer_block_bytes)))
 
     @classmethod
-    def for_ssd(cls, num_blocks: int, num_layers: int, block_bytes_per_layer: int
-                ) -> SegmentLayout:
-        return cls(num_blocks, num_layers, block_bytes_per_layer,
-                   segment_header_bytes(num_blocks, num_layers))
+    def for_ssd(cls, num_blocks: int, layer_block_bytes: tuple[int, ...]) -> SegmentLayout:
+        return cls(num_blocks, layer_block_bytes,
+                   segment_header_bytes(num_blocks, layer_block_bytes))
 
     @classmethod
-    def for_memory(cls, num_blocks: int, num_layers: int, block_bytes_per_layer: int
+    def for_memory(cls, num_blocks: int, layer_block_bytes: tuple[int, ...]
                    ) -> SegmentLayout:
-        return cls(num_blocks, num_layers, block_bytes_per_layer, 0)
+        return cls(num_blocks, layer_block_bytes, 0)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_block_bytes)
+
+    @property
+    def is_uniform(self) -> bool:
+        """Every layer's block has the same size (the layer stride is constant)."""
+        return len(set(self.layer_block_bytes)) == 1
 
     @property
     def data_offset(self) -> int:
         return self.header_bytes
 
-    @property
-    def layer_bytes(self) -> int:
-        """Bytes of one layer of the whole segment (= the layer stride)."""
-        return self.num_blocks * self.block_bytes_per_layer
+    def layer_bytes(self, layer: int) -> int:
+        """Bytes of ``layer`` of the whole segment."""
+        return self.num_blocks * self.layer_block_bytes[layer]
 
     @property
     def data_bytes(self) -> int:
-        return self.layer_bytes * self.num_layers
+        return self._starts[-1]
 
     @property
     def total_bytes(self) -> int:
@@ -106,8 +129,8 @@ class SegmentLayout:
 
     def layer_offset(self, layer: int) -> int:
         """Start of ``layer`` relative to the segment start."""
-        return self.header_bytes + layer * self.layer_bytes
+        return self.header_bytes + self._starts[layer]
 
     def block_offset(self, layer: int, block: int) -> int:
         """Start of block ``block`` (0-based within the segment) of ``layer``."""
-        return self.layer_offset(layer) + block * self.block_bytes_per_layer
+        return self.layer_offset(layer) + block * self.layer_block_bytes[layer]

@@ -4,9 +4,10 @@ a ``LoadPlan``, and the executor (``cio``) carries out. A leaf beside ``layout``
 imports nothing of FlatCake.
 
 Where the bytes go: the *destination stream* of layer ``l`` is the request's blocks in
-request order, block ``b`` at bytes ``[b * block_bytes_per_layer, (b + 1) *
-block_bytes_per_layer)``. A ``Piece`` copies ``length`` bytes from ``offset_in_op`` of its
-op to ``dest_offset = block_index * block_bytes_per_layer + block_offset`` of that stream;
+request order, block ``b`` at bytes ``[b * B, (b + 1) * B)`` with ``B`` the layer's block
+size (``ReadPlan.layer_block_bytes[l]``). A ``Piece`` copies ``length`` bytes from
+``offset_in_op`` of its op to ``dest_offset = block_index * B + block_offset`` of that
+stream;
 it may span several consecutive blocks, and ``block_offset`` is non-zero only where a
 ``max_read_bytes`` split fell inside a block.
 """
@@ -82,7 +83,7 @@ class ReadPlan:
     Attributes:
         layers: one ``LayerPlan`` per layer, in layer order (empty when nothing hit).
         num_blocks: request blocks covered (the hit prefix length).
-        block_bytes_per_layer: bytes of one block of one layer.
+        layer_block_bytes: bytes of one block of each layer (empty when nothing hit).
         num_commands: SSD read commands over all layers.
         useful_bytes: SSD bytes the request wants.
         gap_bytes: SSD bytes read but not wanted (holes read through + alignment).
@@ -93,7 +94,7 @@ class ReadPlan:
 
     layers: tuple[LayerPlan, ...]
     num_blocks: int
-    block_bytes_per_layer: int
+    layer_block_bytes: tuple[int, ...]
     num_commands: int
     useful_bytes: int
     gap_bytes: int

@@ -54,7 +54,7 @@ def write_history(tmp_path: Path, turns: list[int], num_layers: int = 3, bbpl: i
     path = str(tmp_path / "0000000000000000.fcs")
     fd = open_file(path, resolve_io_mode(tmp_path, "auto"), create=True)
     os.posix_fallocate(fd, 0, 1 << 20)
-    write_file_header(fd, FileHeader("s", 0, 0, 0, 1 << 20, num_layers, bbpl))
+    write_file_header(fd, FileHeader("s", 0, 0, 0, 1 << 20, (bbpl,) * num_layers))
     writer = SegmentWriter()
     offset, first = FILE_HEADER_BYTES, 0
     segments, crcs = [], []
@@ -63,7 +63,7 @@ def write_history(tmp_path: Path, turns: list[int], num_layers: int = 3, bbpl: i
         keys = [i.to_bytes(32, "big") for i in range(first, first + n)]
         w = writer.write_ssd(fd, offset, paged, ids, keys, file_id=0, seq=seq,
                              turn_index=seq, first_block=first)
-        layout = SegmentLayout.for_ssd(n, num_layers, bbpl)
+        layout = SegmentLayout.for_ssd(n, (bbpl,) * num_layers)
         segments.append(Segment(seq, "s", Medium.SSD, encode_address(Medium.SSD, 0, offset),
                                 layout, tuple(keys), seq, 0, offset))
         crcs.append(w.header.layer_crcs)

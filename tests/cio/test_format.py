@@ -36,18 +36,18 @@ from flatcake.layout import SEGMENT_FIXED_HEADER_BYTES, SegmentLayout
 
 def _file_header(session_id: str = "chat/42", file_id: int = 7) -> FileHeader:
     return FileHeader(session_id=session_id, file_id=file_id, node_id=3,
-                      virtual_base=5 << 30, span_bytes=1 << 20, num_layers=3,
-                      block_bytes_per_layer=100)
+                      virtual_base=5 << 30, span_bytes=1 << 20,
+                      layer_block_bytes=(100,) * 3)
 
 
 def _segment(seq: int, first_block: int, num_blocks: int, rng: random.Random,
              file_id: int = 7, num_layers: int = 3, bbpl: int = 100
              ) -> tuple[SegmentHeader, bytes]:
-    layout = SegmentLayout.for_ssd(num_blocks, num_layers, bbpl)
+    layout = SegmentLayout.for_ssd(num_blocks, (bbpl,) * num_layers)
     data = rng.randbytes(layout.data_bytes)
     keys = tuple(rng.randbytes(32) for _ in range(num_blocks))
-    header = SegmentHeader(file_id, seq, seq + 10, first_block, num_blocks, num_layers, bbpl, keys,
-                           compute_layer_crcs(data, layout))
+    header = SegmentHeader(file_id, seq, seq + 10, first_block, num_blocks,
+                           (bbpl,) * num_layers, keys, compute_layer_crcs(data, layout))
     raw = encode_segment_header(header) + data
     return header, raw + bytes(layout.total_bytes - len(raw))
 
@@ -77,11 +77,13 @@ def test_file_header_round_trip(sid: str, file_id: int) -> None:
 
 @settings(max_examples=50)
 @given(num_blocks=st.integers(1, 200), num_layers=st.integers(1, 130),
-       bbpl=st.integers(1, 1 << 20), seed=st.integers(0, 2**32))
+       bbpl=st.integers(1, 1 << 20), seed=st.integers(0, 2**32), mixed=st.booleans())
 def test_segment_header_round_trip(num_blocks: int, num_layers: int, bbpl: int,
-                                   seed: int) -> None:
+                                   seed: int, mixed: bool) -> None:
     rng = random.Random(seed)
-    header = SegmentHeader(9, 4, 3, 100, num_blocks, num_layers, bbpl,
+    sizes = tuple(rng.choice((bbpl, bbpl + 1, 3 * bbpl)) if mixed else bbpl
+                  for _ in range(num_layers))
+    header = SegmentHeader(9, 4, 3, 100, num_blocks, sizes,
                            tuple(rng.randbytes(32) for _ in range(num_blocks)),
                            tuple(rng.getrandbits(32) for _ in range(num_layers)))
     raw = encode_segment_header(header)
@@ -119,11 +121,11 @@ def test_bad_header_fields_name_the_field() -> None:
     with pytest.raises(ValueError, match="session_id"):
         _file_header("")
     with pytest.raises(ValueError, match="keys"):
-        SegmentHeader(1, 0, 0, 0, 2, 1, 10, (bytes(32),), (0,))
+        SegmentHeader(1, 0, 0, 0, 2, (10,), (bytes(32),), (0,))
     with pytest.raises(ValueError, match=r"keys\[0\]"):
-        SegmentHeader(1, 0, 0, 0, 1, 1, 10, (b"short",), (0,))
+        SegmentHeader(1, 0, 0, 0, 1, (10,), (b"short",), (0,))
     with pytest.raises(ValueError, match="layer_crcs"):
-        SegmentHeader(1, 0, 0, 0, 1, 2, 10, (bytes(32),), (0,))
+        SegmentHeader(1, 0, 0, 0, 1, (10, 10), (bytes(32),), (0,))
 
 
 def test_scan_returns_segments_in_order_and_stops_at_zeros(tmp_path: Path) -> None:
@@ -213,7 +215,7 @@ def test_writer_segments_scan_back_byte_exact(tmp_path: Path, chunk_bytes: int) 
     writer = SegmentWriter(chunk_bytes=chunk_bytes)
     turns = [[3, 1, 4], [15, 9, 2, 6, 5, 8, 0, 7, 10, 11, 12, 13], [14]]
     try:
-        write_file_header(fd, FileHeader("s", 7, 0, 0, 1 << 20, num_layers, bbpl))
+        write_file_header(fd, FileHeader("s", 7, 0, 0, 1 << 20, (bbpl,) * num_layers))
         offset, first = FILE_HEADER_BYTES, 0
         for seq, ids in enumerate(turns):
             keys = [bytes([seq, i]) * 16 for i in range(len(ids))]

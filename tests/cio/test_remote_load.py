@@ -51,7 +51,7 @@ class Reader:
     def read_layers(self, run: RemoteRun, layers: range, consume: Consume) -> bool:
         self.calls.append(layers)
         base = run.address & ((1 << 48) - 1)
-        n = run.layout.layer_bytes
+        n = run.layout.layer_bytes(0)
         return all(consume(layer, self.arena[base + layer * n:base + (layer + 1) * n])
                    for layer in layers)
 
@@ -69,16 +69,16 @@ def test_runs_split_by_node_segment_and_position() -> None:
     _, rec_b = segment(3, 2, 1)
     hits = [Hit(2, 10, 1, rec_a), Hit(2, 10, 2, rec_a), Hit(2, 10, 3, rec_a),
             Hit(3, 11, 0, rec_b), Hit(3, 11, 1, rec_b)]
-    runs = remote_runs(hits, 5, LAYERS, BBPL)
+    runs = remote_runs(hits, 5, (BBPL,) * LAYERS)
     assert [(r.node, r.request_start, r.start_pos, r.count) for r in runs] == [
         (2, 5, 1, 3), (3, 8, 0, 2)]
     # A record of another geometry stops the runs there; trimming keeps the continuation.
-    assert remote_runs(hits, 5, LAYERS + 1, BBPL) == ()
+    assert remote_runs(hits, 5, (BBPL,) * (LAYERS + 1)) == ()
     # Positions past the record's blocks: that run and the rest are a miss.
-    assert [r.node for r in remote_runs([*hits[3:], Hit(3, 11, 2, rec_b)], 0, LAYERS,
-                                        BBPL)] == []
+    assert [r.node for r in remote_runs([*hits[3:], Hit(3, 11, 2, rec_b)], 0,
+                                        (BBPL,) * LAYERS)] == []
     assert [r.count for r in remote_runs([*hits[:3], Hit(3, 11, 1, rec_b),
-                                          Hit(3, 11, 2, rec_b)], 0, LAYERS, BBPL)] == [3]
+                                          Hit(3, 11, 2, rec_b)], 0, (BBPL,) * LAYERS)] == [3]
     assert [(r.request_start, r.start_pos, r.count) for r in trim_runs(runs, 6)] == [
         (6, 2, 2), (8, 0, 2)]
     assert trim_runs(runs, 4) == ()
@@ -95,7 +95,7 @@ def test_remote_blocks_are_verified_and_scattered() -> None:
     data, rec = segment(1, 4, 7)
     dispatch = ReaderDispatch()
     dispatch.register_remote(Medium.MEMORY, 1, Reader(data))
-    runs = remote_runs([Hit(1, 3, p, rec) for p in range(1, 4)], 0, LAYERS, BBPL)
+    runs = remote_runs([Hit(1, 3, p, rec) for p in range(1, 4)], 0, (BBPL,) * LAYERS)
     kv, tensors = paged(8)
     end, signalled = _restore(runs, dispatch, kv, 3)
     assert end == 3 and [list(r) for r in signalled] == [[0, 1, 2]]
@@ -109,7 +109,7 @@ def test_a_bad_layer_or_a_missing_reader_ends_the_prefix() -> None:
     a, rec_a = segment(1, 2, 1)
     b, rec_b = segment(2, 2, 2)
     runs = remote_runs([Hit(1, 1, 0, rec_a), Hit(1, 1, 1, rec_a), Hit(2, 2, 0, rec_b),
-                        Hit(2, 2, 1, rec_b)], 0, LAYERS, BBPL)
+                        Hit(2, 2, 1, rec_b)], 0, (BBPL,) * LAYERS)
     dispatch = ReaderDispatch()
     dispatch.register_remote(Medium.MEMORY, 1, Reader(a))
     assert _restore(runs, dispatch, paged(8)[0], 4)[0] == 2  # node 2: no reader
@@ -125,7 +125,7 @@ def test_layers_are_grouped_to_fit_the_window() -> None:
     reader = Reader(data, window_bytes=2 * BBPL * 2)  # two layers of the segment
     dispatch = ReaderDispatch()
     dispatch.register_remote(Medium.MEMORY, 1, reader)
-    runs = remote_runs([Hit(1, 1, 0, rec), Hit(1, 1, 1, rec)], 0, LAYERS, BBPL)
+    runs = remote_runs([Hit(1, 1, 0, rec), Hit(1, 1, 1, rec)], 0, (BBPL,) * LAYERS)
     end, signalled = _restore(runs, dispatch, paged(4)[0], 2)
     assert end == 2 and [list(r) for r in reader.calls] == [[0, 1], [2]]
     assert [list(r) for r in signalled] == [[0, 1], [2]]
@@ -137,10 +137,10 @@ def test_layers_are_grouped_to_fit_the_window() -> None:
 def test_bad_runs_and_registrations_are_refused() -> None:
     with pytest.raises(ValueError, match="outside a segment"):
         RemoteRun(encode_address(Medium.MEMORY, 1, 0), 0, 3, 2,
-                  SegmentLayout(4, LAYERS, BBPL, 0), "", 0, (0,) * LAYERS)
+                  SegmentLayout(4, (BBPL,) * LAYERS, 0), "", 0, (0,) * LAYERS)
     with pytest.raises(ValueError, match="file name"):
         RemoteRun(encode_address(Medium.SSD, 1, 0), 0, 0, 2,
-                  SegmentLayout(4, LAYERS, BBPL, 0), "", 0, (0,) * LAYERS)
+                  SegmentLayout(4, (BBPL,) * LAYERS, 0), "", 0, (0,) * LAYERS)
     dispatch = ReaderDispatch()
     with pytest.raises(ValueError, match="remote reader"):
         dispatch.register_remote(Medium.MEMORY, 0, Reader(np.zeros(8, np.uint8)))

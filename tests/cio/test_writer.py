@@ -23,10 +23,17 @@ NUM_LAYERS, SLOTS = 3, 24
 TURNS = [[3, 4, 5, 9], [0, 1, 2, 17, 18, 19, 20, 6], [23]]
 
 
-def _kv(bbpl: int, kv_blocks: bool, aligned: bool, seed: int = 3) -> list[torch.Tensor]:
+Sizes = int | tuple[int, ...]  # one block size for every layer, or one per layer
+
+
+def _sizes(bbpl: Sizes) -> tuple[int, ...]:
+    return bbpl if isinstance(bbpl, tuple) else (bbpl,) * NUM_LAYERS
+
+
+def _kv(sizes: Sizes, kv_blocks: bool, aligned: bool, seed: int = 3) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = []
-    for _ in range(NUM_LAYERS):
+    for bbpl in _sizes(sizes):
         data = torch.randint(0, 256, (SLOTS * bbpl,), dtype=torch.uint8, generator=g)
         flat = aligned_buffer(SLOTS * bbpl, pin=False) if aligned else torch.empty_like(data)
         flat.copy_(data)
@@ -39,14 +46,14 @@ def _block(t: torch.Tensor, slot: int, kv_blocks: bool) -> bytes:
     return b.numpy().tobytes()
 
 
-def _write(tmp_path: Path, kv: list[torch.Tensor], bbpl: int, writer: SegmentWriter
+def _write(tmp_path: Path, kv: list[torch.Tensor], bbpl: Sizes, writer: SegmentWriter
            ) -> tuple[Path, list[str]]:
-    paged = PagedKV(kv, bbpl, "kv_blocks" if kv[0].dim() == 3 else "blocks")
+    paged = PagedKV(kv, _sizes(bbpl), "kv_blocks" if kv[0].dim() == 3 else "blocks")
     path = tmp_path / session_file_name(7)
     fd = open_file(path, resolve_io_mode(tmp_path, "auto"), create=True)
     paths = []
     try:
-        write_file_header(fd, FileHeader("s", 7, 0, 0, 1 << 24, NUM_LAYERS, bbpl))
+        write_file_header(fd, FileHeader("s", 7, 0, 0, 1 << 24, _sizes(bbpl)))
         offset, first = FILE_HEADER_BYTES, 0
         for seq, ids in enumerate(TURNS):
             keys = [bytes([seq, i]) * 16 for i in range(len(ids))]
@@ -61,13 +68,14 @@ def _write(tmp_path: Path, kv: list[torch.Tensor], bbpl: int, writer: SegmentWri
     return path, paths
 
 
-def _assert_on_disk(path: Path, kv: list[torch.Tensor], bbpl: int, kv_blocks: bool) -> None:
+def _assert_on_disk(path: Path, kv: list[torch.Tensor], sizes: Sizes, kv_blocks: bool
+                    ) -> None:
     _, ok, damaged = scan_session_file(path)
     assert damaged == [] and [s.header.num_blocks for s in ok] == [len(t) for t in TURNS]
     raw = path.read_bytes()
     for seg, ids in zip(ok, TURNS, strict=True):
         lay = seg.header.layout
-        for layer in range(NUM_LAYERS):
+        for layer, bbpl in enumerate(_sizes(sizes)):
             for j, slot in enumerate(ids):
                 at = seg.file_offset + lay.block_offset(layer, j)
                 assert raw[at:at + bbpl] == _block(kv[layer], slot, kv_blocks)
@@ -186,3 +194,16 @@ def test_bad_writer_settings_are_value_errors() -> None:
         SegmentWriter(1000)
     with pytest.raises(ValueError, match="in_flight"):
         SegmentWriter(4096, in_flight=0)
+
+
+@pytest.mark.parametrize(("sizes", "path"), [
+    ((8192, 4096, 12288), "zero-copy"),  # every block part 4 KiB aligned
+    ((8192, 300, 4096), "gather"),
+])
+@pytest.mark.parametrize("chunk_bytes", [4096, 12288, 1 << 20])
+def test_layers_of_different_sizes_are_written_layer_after_layer(
+        tmp_path: Path, sizes: tuple[int, ...], path: str, chunk_bytes: int) -> None:
+    kv = _kv(sizes, False, aligned=True)
+    file, paths = _write(tmp_path, kv, sizes, SegmentWriter(chunk_bytes, in_flight=2))
+    assert paths == [path] * len(TURNS)
+    _assert_on_disk(file, kv, sizes, False)

@@ -29,7 +29,7 @@ def keys(start: int, stop: int) -> list[bytes]:
 def ssd_segment(segment_id: int, ks: Sequence[bytes], *, num_layers: int = 2,
                 block_bytes: int = 64, file_id: int = 0, file_offset: int = 4096,
                 base_offset: int = 0, session_id: str = "s", turn: int = 0) -> Segment:
-    layout = SegmentLayout.for_ssd(len(ks), num_layers, block_bytes)
+    layout = SegmentLayout.for_ssd(len(ks), (block_bytes,) * num_layers)
     return Segment(segment_id, session_id, Medium.SSD,
                    encode_address(Medium.SSD, 0, base_offset + file_offset), layout,
                    tuple(ks), turn, file_id, file_offset)
@@ -38,7 +38,7 @@ def ssd_segment(segment_id: int, ks: Sequence[bytes], *, num_layers: int = 2,
 def memory_segment(segment_id: int, ks: Sequence[bytes], *, num_layers: int = 2,
                    block_bytes: int = 64, arena_offset: int = 0, session_id: str = "s",
                    turn: int = 0) -> Segment:
-    layout = SegmentLayout.for_memory(len(ks), num_layers, block_bytes)
+    layout = SegmentLayout.for_memory(len(ks), (block_bytes,) * num_layers)
     return Segment(segment_id, session_id, Medium.MEMORY,
                    encode_address(Medium.MEMORY, 0, arena_offset), layout, tuple(ks), turn)
 

@@ -106,7 +106,8 @@ class TestOwnership:
 
 class TestSegmentValidation:
     def _layout(self, n: int = 2, ssd: bool = True) -> SegmentLayout:
-        return SegmentLayout.for_ssd(n, 2, 64) if ssd else SegmentLayout.for_memory(n, 2, 64)
+        sizes = (64, 64)
+        return SegmentLayout.for_ssd(n, sizes) if ssd else SegmentLayout.for_memory(n, sizes)
 
     @pytest.mark.parametrize(
         ("kwargs", "needle"),

@@ -355,9 +355,9 @@ class TestRecovery:
     def test_recover_rejects_a_foreign_geometry(self) -> None:
         cp, _ = make()
         with pytest.raises(ValueError, match="geometry"):
-            cp.recover_segment("s", 0, K, SegmentLayout.for_ssd(1, 3, 128), skeys("s", 1), 0)
+            cp.recover_segment("s", 0, K, SegmentLayout.for_ssd(1, (128,) * 3), skeys("s", 1), 0)
         with pytest.raises(ValueError, match=r"keys\[0\]"):
-            cp.recover_segment("s", 0, K, SegmentLayout.for_ssd(1, 2, 128), [b"x"], 0)
+            cp.recover_segment("s", 0, K, SegmentLayout.for_ssd(1, (128,) * 2), [b"x"], 0)
 
 
 class TestBadInput:

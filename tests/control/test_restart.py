@@ -16,8 +16,8 @@ SPAN = 64 * K  # make()'s session_file_bytes
 
 def file_header(file_id: int, session: str, *, layers: int = GEOM.num_layers,
                 span: int = SPAN) -> FileHeader:
-    return FileHeader(session, file_id, 0, file_id * span, span, layers,
-                      GEOM.block_bytes_per_layer)
+    return FileHeader(session, file_id, 0, file_id * span, span,
+                      (GEOM.block_bytes_per_layer,) * layers)
 
 
 def scanned(file_id: int, turns: list[list[bytes]]) -> list[ScannedSegment]:
@@ -25,8 +25,8 @@ def scanned(file_id: int, turns: list[list[bytes]]) -> list[ScannedSegment]:
     out: list[ScannedSegment] = []
     offset, first = K, 0
     for seq, ks in enumerate(turns):
-        sh = SegmentHeader(file_id, seq, seq, first, len(ks), GEOM.num_layers,
-                           GEOM.block_bytes_per_layer, tuple(ks), (seq, seq + 100))
+        sh = SegmentHeader(file_id, seq, seq, first, len(ks), GEOM.layer_block_bytes,
+                           tuple(ks), (seq, seq + 100))
         out.append(ScannedSegment(offset, sh))
         offset, first = out[-1].end_offset, first + len(ks)
     return out

@@ -29,7 +29,11 @@ def _key(i: int) -> bytes:
 @st.composite
 def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
     num_layers = draw(st.integers(1, 5))
-    bbpl = draw(st.sampled_from([512, 4096, 6144, 65536]))
+    sizes = st.sampled_from([512, 4096, 6144, 65536, 1000])
+    if draw(st.booleans()):  # layers alike
+        layer_sizes = (draw(sizes),) * num_layers
+    else:  # layers of different sizes, some not multiples of 4 KiB
+        layer_sizes = tuple(draw(sizes) for _ in range(num_layers))
     runs: list[HitRun] = []
     prefix = 0
     seg_id = 0
@@ -39,7 +43,7 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
         offset = 4096
         for _ in range(draw(st.integers(1, 4))):
             n = draw(st.integers(1, 9))
-            lay = SegmentLayout.for_ssd(n, num_layers, bbpl)
+            lay = SegmentLayout.for_ssd(n, layer_sizes)
             seg = Segment(seg_id, "s", Medium.SSD,
                           encode_address(Medium.SSD, 0, (file_id << 30) + offset), lay,
                           tuple(_key(key + j) for j in range(n)), 0, file_id, offset)
@@ -53,7 +57,7 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
                 prefix += b - a
     for _ in range(draw(st.integers(0, 3))):
         n = draw(st.integers(1, 6))
-        lay = SegmentLayout.for_memory(n, num_layers, bbpl)
+        lay = SegmentLayout.for_memory(n, layer_sizes)
         seg = Segment(seg_id, "s", Medium.MEMORY, encode_address(Medium.MEMORY, 0, arena),
                       lay, tuple(_key(key + j) for j in range(n)), 0)
         seg_id += 1
@@ -97,7 +101,7 @@ def _assert_same_totals(got: ReadPlan, want: ReadPlan) -> None:
 
 
 def test_overlapping_runs_are_rejected_like_plan_reads() -> None:
-    lay = SegmentLayout.for_ssd(4, 2, 4096)
+    lay = SegmentLayout.for_ssd(4, (4096,) * 2)
     seg = Segment(0, "s", Medium.SSD, encode_address(Medium.SSD, 0, 4096), lay,
                   tuple(_key(j) for j in range(4)), 0, 0, 4096)
     runs = [HitRun(seg, 0, 3, 0), HitRun(seg, 2, 2, 3)]
@@ -115,7 +119,7 @@ def test_a_history_written_in_turns_restores_in_layers_times_turns_commands() ->
     offset = 4096
     prefix = 0
     for t, n in enumerate((30, 5, 7)):
-        lay = SegmentLayout.for_ssd(n, num_layers, bbpl)
+        lay = SegmentLayout.for_ssd(n, (bbpl,) * num_layers)
         seg = Segment(t, "s", Medium.SSD, encode_address(Medium.SSD, 0, offset), lay,
                       tuple(_key(100 * t + j) for j in range(n)), t, 0, offset)
         runs.append(HitRun(seg, 0, n, prefix))
@@ -124,3 +128,23 @@ def test_a_history_written_in_turns_restores_in_layers_times_turns_commands() ->
     got = plan_totals(runs, num_layers)
     assert got.num_commands == num_layers * 3
     assert got.useful_bytes == 42 * num_layers * bbpl
+
+
+def test_layers_of_three_sizes_restore_in_layers_times_turns_commands() -> None:
+    # Three kinds of layer (one block of the last is not a multiple of 4 KiB): each
+    # turn's segment is still one range per layer, so at most layers x turns commands,
+    # and the bulk totals are the planner's.
+    sizes = (65536,) * 2 + (22912,) * 3 + (584,) * 2
+    runs, offset, prefix = [], 4096, 0
+    for t, n in enumerate((9, 4, 6)):
+        lay = SegmentLayout.for_ssd(n, sizes)
+        seg = Segment(t, "s", Medium.SSD, encode_address(Medium.SSD, 0, offset), lay,
+                      tuple(_key(100 * t + j) for j in range(n)), t, 0, offset)
+        runs.append(HitRun(seg, 0, n, prefix))
+        prefix += n
+        offset += lay.total_bytes
+    want = plan_reads(runs, len(sizes))
+    assert want.num_commands <= len(sizes) * 3
+    assert want.useful_bytes == 19 * sum(sizes)
+    assert want.layers[6].ssd_ops[0].pieces[0].length == 9 * 584  # the 584 B layer
+    _assert_same_totals(plan_totals(runs, len(sizes)), want)

@@ -37,7 +37,7 @@ class World:
 
     def add_ssd(self, file_id: int, n: int, base: int = 0) -> Segment:
         off = self.file_end.get(file_id, K)
-        lay = SegmentLayout.for_ssd(n, self.num_layers, self.bbpl)
+        lay = SegmentLayout.for_ssd(n, (self.bbpl,) * self.num_layers)
         self.next_id += 1
         seg = Segment(self.next_id, "s", Medium.SSD,
                       encode_address(Medium.SSD, 0, base + off), lay,
@@ -54,7 +54,7 @@ class World:
 
     def add_memory(self, n: int) -> Segment:
         off = len(self.arena)
-        lay = SegmentLayout.for_memory(n, self.num_layers, self.bbpl)
+        lay = SegmentLayout.for_memory(n, (self.bbpl,) * self.num_layers)
         self.next_id += 1
         seg = Segment(self.next_id, "s", Medium.MEMORY, encode_address(Medium.MEMORY, 0, off),
                       lay, tuple(keys(self.next_id * 1000, self.next_id * 1000 + n)), 0)

@@ -58,7 +58,7 @@ class Owner:
             return next(s.header.layer_crcs for s in found
                         if s.file_offset == int(seg.file_offset or 0))
         data = self.arena(Address.decode(seg.base_address).offset, lay.data_bytes)
-        return tuple(crc32(data[lay.layer_offset(i):lay.layer_offset(i) + lay.layer_bytes]
+        return tuple(crc32(data[lay.layer_offset(i):lay.layer_offset(i) + lay.layer_bytes(i)]
                            .tobytes()) for i in range(lay.num_layers))
 
 
@@ -101,10 +101,10 @@ class PeerReader:
             if run.medium == Medium.SSD:
                 with open(self.owner.sessions_dir / run.location, "rb") as f:
                     f.seek(run.file_offset + lay.layer_offset(layer))
-                    data = np.frombuffer(bytearray(f.read(lay.layer_bytes)), np.uint8)
+                    data = np.frombuffer(bytearray(f.read(lay.layer_bytes(layer))), np.uint8)
             else:
                 base = Address.decode(run.address).offset + lay.layer_offset(layer)
-                data = self.owner.arena(base, lay.layer_bytes).copy()
+                data = self.owner.arena(base, lay.layer_bytes(layer)).copy()
             self.bytes_read += data.nbytes
             if not consume(layer, data):
                 return False
@@ -121,12 +121,11 @@ class StoreClusterDouble:
     def __init__(self, index: PeerIndex) -> None:
         self.index = index
 
-    def remote(self, keys: Sequence[bytes], start: int, num_layers: int,
-               block_bytes_per_layer: int) -> tuple[RemoteRun, ...]:
+    def remote(self, keys: Sequence[bytes], start: int,
+               layer_block_bytes: tuple[int, ...]) -> tuple[RemoteRun, ...]:
         if start >= len(keys):
             return ()
-        return remote_runs(self.index.lookup(keys[start:]), start, num_layers,
-                           block_bytes_per_layer)
+        return remote_runs(self.index.lookup(keys[start:]), start, layer_block_bytes)
 
     def segment_crcs(self, seg: Segment) -> None:
         return None  # nothing to publish: the index reads the books

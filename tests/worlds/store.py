@@ -159,8 +159,7 @@ class StoreWorld:
         runs = self.wl.runs(i)
         keys = keys_of(self.keys, runs)
         hit = n.control.lookup(keys)
-        far = n.cluster.remote(keys, hit.num_blocks, self.g.num_layers,
-                               self.g.block_bytes_per_layer)
+        far = n.cluster.remote(keys, hit.num_blocks, self.g.layer_block_bytes)
         # As the connector: the history is everything the cluster holds of the prompt.
         end = far[-1].end if far else hit.num_blocks
         turn = n.sessions.resolve(None, end, hit_owner(n.control, hit))

@@ -31,7 +31,7 @@ Destination = Callable[[int], Sequence[memoryview]]
 def paged_chunk_bytes(paged: PagedKV, chunk_bytes: int) -> int:
     """The command size of the paged row: whole blocks, at most ``chunk_bytes`` (0 when a
     block is larger)."""
-    return chunk_bytes // paged.block_bytes_per_layer * paged.block_bytes_per_layer
+    return chunk_bytes // paged.layer_block_bytes[0] * paged.layer_block_bytes[0]
 
 
 def paged_destination(reader: Reader, paged: PagedKV, table: torch.Tensor,
@@ -40,7 +40,7 @@ def paged_destination(reader: Reader, paged: PagedKV, table: torch.Tensor,
     ``paged_chunk_bytes``) -> the iovecs of the paged KV slots its blocks would go to;
     or ``(None, why)`` where a zero-copy restore into ``paged`` is refused or a chunk is
     not whole blocks within ``IOV_MAX`` iovecs."""
-    bbl = paged.block_bytes_per_layer
+    bbl = paged.layer_block_bytes[0]
     why = zero_copy_refusal(reader, paged, True)
     if not why and (chunk_bytes <= 0 or chunk_bytes % bbl):
         why = f"a {chunk_bytes}-byte command is not whole {bbl}-byte blocks"

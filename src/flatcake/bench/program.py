@@ -135,7 +135,7 @@ def run_program(program: RestoreProgram, reader: DirectReader, paged: PagedKV,
     fds: dict[str, int] = {}
     if not program.open_per_pass:
         fds = {path: _open_direct(path) for path in program.paths()}
-    bbl = paged.block_bytes_per_layer
+    bbl = paged.layer_block_bytes[0]
     before = reader.stats()
     pass_fds: list[list[int]] = [[], []]
 

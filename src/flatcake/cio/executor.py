@@ -316,7 +316,7 @@ class Executor:
                 self.files.create(FileHeader(
                     plan.session_id, file_id, self.config.store.node_id,
                     int(plan.file_base_offset or 0), int(plan.span_bytes or 0),
-                    self.geometry.num_layers, self.geometry.block_bytes_per_layer))
+                    self.geometry.layer_block_bytes))
             elif self.attached and not self.files.attach(file_id):
                 raise FileNotFoundError(f"session file {file_id} was not created by the "
                                         f"store that allocated it within {ATTACH_WAIT_S} s")

@@ -171,8 +171,7 @@ def _check_segment(fd: int, offset: int, seg: SegmentHeader, header: FileHeader,
     layout = seg.layout
     if seg.file_id != header.file_id:
         return f"segment file_id {seg.file_id} != file header's {header.file_id}"
-    if (seg.num_layers, seg.block_bytes_per_layer) != (
-            header.num_layers, header.block_bytes_per_layer):
+    if seg.layer_block_bytes != header.layer_block_bytes:
         return "segment geometry differs from the file's"
     if offset + layout.total_bytes > min(file_bytes, header.span_bytes):
         return (f"segment is torn: needs {layout.total_bytes} bytes, file has "
@@ -181,10 +180,10 @@ def _check_segment(fd: int, offset: int, seg: SegmentHeader, header: FileHeader,
         return f"segment seq {seg.seq} does not follow seq {previous[-1].header.seq}"
     if not verify_data:
         return ""
-    base = offset + layout.data_offset
     for layer in range(layout.num_layers):
         crc = 0
-        start, end = base + layer * layout.layer_bytes, base + (layer + 1) * layout.layer_bytes
+        start = offset + layout.layer_offset(layer)
+        end = start + layout.layer_bytes(layer)
         while start < end:
             chunk = _read_exact(fd, start, min(chunk_bytes, end - start))
             if not chunk:

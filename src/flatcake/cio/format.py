@@ -8,8 +8,9 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            | file header (FILE_HEADER_BYTES = 4 KiB)      |
            |  magic "FLCKFILE" | version | header bytes   |
            |  file_id | node_id | virtual_base | span     |
-           |  num_layers | block_bytes_per_layer          |
+           |  num_layers | block_bytes_per_layer (0: mixed)|
            |  session id (utf-8, length-prefixed)         |
+           |  [mixed] block bytes of each layer, 4 each   |
            |  ... zero ...                  | header crc32 |
     4096   +---------------------------------------------+
            | segment 0 (turn 0)                           |  laid out by
@@ -20,6 +21,7 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            |     data bytes | header crc32                 |
            |     key[0..num_blocks)      32 bytes each    |
            |     layer_crc[0..num_layers) 4 bytes each    |
+           |     [mixed] layer block bytes, 4 bytes each  |
            |     ... zero to 4 KiB ...                    |
            |   layer 0: block 0 .. n-1                    |
            |   layer 1: block 0 .. n-1                    |
@@ -30,10 +32,13 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            +---------------------------------------------+
            end of file = end of the last segment (nothing is preallocated)
 
-All integers are little-endian. Each header crc32 covers the whole header with its own
-crc field zeroed; ``layer_crc[l]`` covers layer ``l``'s data bytes (no padding). A
-segment is valid only if its header crc, its size (fits in the file) and every layer
-crc check out.
+Layers of different sizes (version 2): the fixed ``block bytes`` field is 0 and each
+header lists every layer's block bytes. Version 1 files (layers alike, no list) read
+as they are: a version 2 header of a model whose layers are alike is the same bytes
+but for the version. All integers are little-endian. Each header crc32 covers the
+whole header with its own crc field zeroed; ``layer_crc[l]`` covers layer ``l``'s data
+bytes (no padding). A segment is valid only if its header crc, its size (fits in the
+file) and every layer crc check out.
 
 The file's size is its clean end (writers never preallocate). Anything else where a
 segment should start is damage: a zeroed or corrupt header, a torn or corrupt segment,
@@ -59,7 +64,9 @@ from flatcake.layout import (
     segment_header_bytes,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
+"""Versions read; 2 added layers of different sizes."""
 FILE_MAGIC = b"FLCKFILE"
 SEGMENT_MAGIC = b"FLCKSEGM"
 FILE_HEADER_BYTES = ALIGN
@@ -109,8 +116,7 @@ class FileHeader:
         virtual_base: offset of the file's span in that space (addresses of its blocks
             are ``virtual_base + file offset``), so addresses survive a restart.
         span_bytes: size of the span; the file never grows past it.
-        num_layers: layers per block (geometry check on open).
-        block_bytes_per_layer: bytes of one block of one layer (geometry check on open).
+        layer_block_bytes: bytes of one block of each layer (geometry check on open).
     """
 
     session_id: str
@@ -118,8 +124,7 @@ class FileHeader:
     node_id: int
     virtual_base: int
     span_bytes: int
-    num_layers: int
-    block_bytes_per_layer: int
+    layer_block_bytes: tuple[int, ...]
 
     def __post_init__(self) -> None:
         raw = self.session_id.encode("utf-8")
@@ -128,17 +133,39 @@ class FileHeader:
                 f"FileHeader.session_id must be 1..{MAX_SESSION_ID_BYTES} utf-8 bytes, got "
                 f"{len(raw)} bytes"
             )
-        for name in ("file_id", "virtual_base", "span_bytes", "block_bytes_per_layer"):
+        for name in ("file_id", "virtual_base", "span_bytes"):
             value = getattr(self, name)
             if not 0 <= value < (1 << 64):
                 raise ValueError(f"FileHeader.{name} must be an unsigned 64-bit int, got {value}")
         if not 0 <= self.node_id < (1 << 32):
             raise ValueError(f"FileHeader.node_id out of range, got {self.node_id}")
-        if self.num_layers <= 0 or self.block_bytes_per_layer <= 0:
-            raise ValueError(
-                f"FileHeader geometry must be positive, got num_layers={self.num_layers} "
-                f"block_bytes_per_layer={self.block_bytes_per_layer}"
-            )
+        _check_sizes("FileHeader", self.layer_block_bytes)
+        room = _FILE_CRC_OFFSET - _FILE_FIXED.size - len(raw)
+        if len(set(self.layer_block_bytes)) > 1 and 4 * self.num_layers > room:
+            raise ValueError(f"FileHeader: {self.num_layers} layer sizes and a session id "
+                             f"of {len(raw)} bytes do not fit in {FILE_HEADER_BYTES} bytes")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_block_bytes)
+
+
+def _check_sizes(what: str, sizes: tuple[int, ...]) -> None:
+    if not isinstance(sizes, tuple) or not sizes or \
+            not all(0 < size < (1 << 32) for size in sizes):
+        raise ValueError(f"{what}.layer_block_bytes must be a non-empty tuple of sizes in "
+                         f"(0, 2**32), got {sizes!r}")
+
+
+def _uniform_size(sizes: tuple[int, ...]) -> int:
+    """The fixed header field: the block bytes of every layer, or 0 when they differ."""
+    return sizes[0] if len(set(sizes)) == 1 else 0
+
+
+def _sizes(buf: bytearray, pos: int, num_layers: int, fixed: int) -> tuple[int, ...]:
+    if fixed:
+        return (fixed,) * num_layers
+    return tuple(struct.unpack_from(f"<{num_layers}I", buf, pos))
 
 
 def encode_file_header(header: FileHeader) -> bytes:
@@ -147,9 +174,12 @@ def encode_file_header(header: FileHeader) -> bytes:
     _FILE_FIXED.pack_into(
         buf, 0, FILE_MAGIC, FORMAT_VERSION, FILE_HEADER_BYTES, header.file_id, header.node_id,
         header.virtual_base, header.span_bytes, header.num_layers,
-        header.block_bytes_per_layer, len(sid),
+        _uniform_size(header.layer_block_bytes), len(sid),
     )
     buf[_FILE_FIXED.size:_FILE_FIXED.size + len(sid)] = sid
+    if not _uniform_size(header.layer_block_bytes):
+        struct.pack_into(f"<{header.num_layers}I", buf, _FILE_FIXED.size + len(sid),
+                         *header.layer_block_bytes)
     struct.pack_into("<I", buf, _FILE_CRC_OFFSET, crc32(buf))
     return bytes(buf)
 
@@ -163,17 +193,22 @@ def decode_file_header(data: bytes | bytearray | memoryview) -> FileHeader:
      sid_len) = _FILE_FIXED.unpack_from(buf, 0)
     if magic != FILE_MAGIC:
         raise FormatError(f"file header magic is {magic!r}, expected {FILE_MAGIC!r}")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise FormatError(f"file format version {version} is not supported")
     (stored,) = struct.unpack_from("<I", buf, _FILE_CRC_OFFSET)
     struct.pack_into("<I", buf, _FILE_CRC_OFFSET, 0)
     if crc32(buf) != stored:
         raise FormatError("file header crc32 mismatch")
-    if header_bytes != FILE_HEADER_BYTES or sid_len > MAX_SESSION_ID_BYTES:
-        raise FormatError(f"file header fields out of range (header_bytes={header_bytes})")
+    if header_bytes != FILE_HEADER_BYTES or sid_len > MAX_SESSION_ID_BYTES or \
+            not 0 < num_layers < FILE_HEADER_BYTES // 4:
+        raise FormatError(f"file header fields out of range (header_bytes={header_bytes}, "
+                          f"num_layers={num_layers})")
     sid = bytes(buf[_FILE_FIXED.size:_FILE_FIXED.size + sid_len]).decode("utf-8")
     try:
-        return FileHeader(sid, file_id, node_id, base, span, num_layers, bbpl)
+        sizes = _sizes(buf, _FILE_FIXED.size + sid_len, num_layers, bbpl)
+        return FileHeader(sid, file_id, node_id, base, span, sizes)
+    except struct.error as exc:
+        raise FormatError(f"file header layer sizes do not fit: {exc}") from None
     except ValueError as exc:
         raise FormatError(str(exc)) from None
 
@@ -189,7 +224,7 @@ class SegmentHeader:
         turn_index: the session turn that wrote it.
         first_block: request block index of the segment's block 0 (the prefix length
             before it when it was written).
-        num_blocks, num_layers, block_bytes_per_layer: the segment's geometry.
+        num_blocks, layer_block_bytes: the segment's geometry.
         keys: one 32-byte key per block, in block order.
         layer_crcs: crc32 of each layer's data bytes.
     """
@@ -199,12 +234,12 @@ class SegmentHeader:
     turn_index: int
     first_block: int
     num_blocks: int
-    num_layers: int
-    block_bytes_per_layer: int
+    layer_block_bytes: tuple[int, ...]
     keys: tuple[bytes, ...]
     layer_crcs: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        _check_sizes("SegmentHeader", self.layer_block_bytes)
         if len(self.keys) != self.num_blocks:
             raise ValueError(
                 f"SegmentHeader.keys has {len(self.keys)} keys for num_blocks={self.num_blocks}"
@@ -220,9 +255,12 @@ class SegmentHeader:
             )
 
     @property
+    def num_layers(self) -> int:
+        return len(self.layer_block_bytes)
+
+    @property
     def layout(self) -> SegmentLayout:
-        return SegmentLayout.for_ssd(self.num_blocks, self.num_layers,
-                                     self.block_bytes_per_layer)
+        return SegmentLayout.for_ssd(self.num_blocks, self.layer_block_bytes)
 
 
 def encode_segment_header(header: SegmentHeader) -> bytes:
@@ -232,13 +270,16 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
         buf, 0, SEGMENT_MAGIC, FORMAT_VERSION, layout.header_bytes, header.file_id,
         header.seq, header.turn_index, header.first_block, header.num_blocks,
         header.num_layers,
-        header.block_bytes_per_layer, layout.data_bytes, 0,
+        _uniform_size(header.layer_block_bytes), layout.data_bytes, 0,
     )
     pos = SEGMENT_FIXED_HEADER_BYTES
     for key in header.keys:
         buf[pos:pos + KEY_BYTES] = key
         pos += KEY_BYTES
     struct.pack_into(f"<{header.num_layers}I", buf, pos, *header.layer_crcs)
+    if not _uniform_size(header.layer_block_bytes):
+        struct.pack_into(f"<{header.num_layers}I", buf, pos + 4 * header.num_layers,
+                         *header.layer_block_bytes)
     struct.pack_into("<I", buf, _SEG_CRC_OFFSET, crc32(buf))
     return bytes(buf)
 
@@ -253,7 +294,7 @@ def segment_header_size(fixed: bytes | bytearray | memoryview) -> int:
     magic, version, header_bytes, *_rest = _SEG_FIXED.unpack_from(fixed, 0)
     if magic != SEGMENT_MAGIC:
         raise FormatError(f"segment magic is {bytes(magic)!r}, expected {SEGMENT_MAGIC!r}")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise FormatError(f"segment format version {version} is not supported")
     if header_bytes <= 0 or header_bytes % ALIGN or header_bytes > (1 << 30):
         raise FormatError(f"segment header_bytes {header_bytes} is not a sane 4 KiB multiple")
@@ -271,20 +312,24 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
     struct.pack_into("<I", buf, _SEG_CRC_OFFSET, 0)
     if crc32(buf) != stored:
         raise FormatError("segment header crc32 mismatch")
-    if num_blocks <= 0 or num_layers <= 0 or bbpl <= 0:
-        raise FormatError(f"segment geometry not positive: num_blocks={num_blocks} "
-                          f"num_layers={num_layers} block_bytes_per_layer={bbpl}")
-    if segment_header_bytes(num_blocks, num_layers) != header_bytes:
+    pos = SEGMENT_FIXED_HEADER_BYTES + num_blocks * KEY_BYTES
+    if num_blocks <= 0 or num_layers <= 0 or \
+            pos + (4 if bbpl else 8) * num_layers > header_bytes:
+        raise FormatError(f"segment geometry out of range: num_blocks={num_blocks} "
+                          f"num_layers={num_layers}")
+    sizes = _sizes(buf, pos + 4 * num_layers, num_layers, bbpl)
+    if min(sizes) <= 0:
+        raise FormatError(f"segment layer block bytes not positive: {sizes}")
+    if segment_header_bytes(num_blocks, sizes) != header_bytes:
         raise FormatError(f"segment header_bytes {header_bytes} does not match its geometry")
-    if data_bytes != num_blocks * num_layers * bbpl:
+    if data_bytes != num_blocks * sum(sizes):
         raise FormatError(f"segment data_bytes {data_bytes} does not match its geometry")
-    pos = SEGMENT_FIXED_HEADER_BYTES
-    keys = tuple(bytes(buf[pos + i * KEY_BYTES:pos + (i + 1) * KEY_BYTES])
+    keys = tuple(bytes(buf[SEGMENT_FIXED_HEADER_BYTES + i * KEY_BYTES:
+                           SEGMENT_FIXED_HEADER_BYTES + (i + 1) * KEY_BYTES])
                  for i in range(num_blocks))
-    pos += num_blocks * KEY_BYTES
     crcs = struct.unpack_from(f"<{num_layers}I", buf, pos)
-    return SegmentHeader(file_id, seq, turn_index, first_block, num_blocks, num_layers,
-                         bbpl, keys, tuple(crcs))
+    return SegmentHeader(file_id, seq, turn_index, first_block, num_blocks, sizes, keys,
+                         tuple(crcs))
 
 
 def compute_layer_crcs(segment_data: memoryview | bytes | bytearray,
@@ -292,7 +337,9 @@ def compute_layer_crcs(segment_data: memoryview | bytes | bytearray,
     """crc32 of each layer of a segment's data region (``segment_data`` starts at the
     data offset, i.e. layer 0 block 0)."""
     mv = memoryview(segment_data).cast("B")
+    base = layout.data_offset
     return tuple(
-        crc32(mv[layer * layout.layer_bytes:(layer + 1) * layout.layer_bytes])
+        crc32(mv[layout.layer_offset(layer) - base:
+                 layout.layer_offset(layer) - base + layout.layer_bytes(layer)])
         for layer in range(layout.num_layers)
     )

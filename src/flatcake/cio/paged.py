@@ -12,6 +12,11 @@ Two layouts are understood:
   layer of a host pool that interleaves layers, e.g. SGLang's ``layer_first`` and
   ``page_first_direct``); ``block_stride`` and ``plane_stride`` give the distances.
 
+Layers may differ in size (``KVGeometry.layer_block_bytes``): layers of one size share
+one shape, and every layer has the same number of slots (the engine's block table is
+one for all layers). Each layer then has its own block part and strides
+(``layer_parts``); such layers must be contiguous.
+
 FlatCake never interprets the bytes; it only gathers blocks into a contiguous segment
 buffer (block-major within a layer) and scatters them back into the slots a block
 table names, with ``index_select`` / ``index_copy_`` on ``uint8`` views.
@@ -60,22 +65,30 @@ def _strided_kv(t: torch.Tensor) -> bool:
 
 
 class PagedKV:
-    """Byte-level view of ``kv_caches`` (one tensor per layer, same shape, dtype, device).
+    """Byte-level view of ``kv_caches`` (one tensor per layer, same dtype and device; the
+    same shape for layers of the same size).
 
     Not thread-safe by itself: the store scatters one layer from one thread at a time.
     """
 
-    def __init__(self, kv_caches: Sequence[torch.Tensor], block_bytes_per_layer: int,
-                 kv_layout: str = "auto") -> None:
+    def __init__(self, kv_caches: Sequence[torch.Tensor],
+                 layer_block_bytes: int | tuple[int, ...], kv_layout: str = "auto") -> None:
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
         if isinstance(kv_caches, torch.Tensor) or len(kv_caches) == 0:
             raise ValueError("kv_caches must be a non-empty list of per-layer tensors, got "
                              f"{type(kv_caches).__name__}")
+        sizes = (layer_block_bytes if isinstance(layer_block_bytes, tuple)
+                 else (layer_block_bytes,) * len(kv_caches))
+        if len(sizes) != len(kv_caches):
+            raise ValueError(f"kv_caches has {len(kv_caches)} layers, the geometry "
+                             f"{len(sizes)}")
         first = kv_caches[0]
+        firsts = {b: kv_caches[sizes.index(b)] for b in sizes}
         for i, t in enumerate(kv_caches):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"kv_caches[{i}] must be a torch.Tensor, got {type(t).__name__}")
+            first = firsts[sizes[i]]
             if t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
                 raise ValueError(
                     f"kv_caches[{i}] has shape={tuple(t.shape)} dtype={t.dtype} "
@@ -88,28 +101,39 @@ class PagedKV:
             if t.stride() != first.stride():
                 raise ValueError(f"kv_caches[{i}] has stride={t.stride()}; kv_caches[0] "
                                  f"has stride={first.stride()}")
+        first = kv_caches[0]
         if kv_layout == "auto" and not first.is_contiguous():
             kv_layout = "kv_blocks"
         if kv_layout == "auto":
             matches = [lay for lay in ("blocks", "kv_blocks")
-                       if _per_block_bytes(first, lay) == block_bytes_per_layer]
+                       if all(_per_block_bytes(t, lay) == b for b, t in firsts.items())]
             if len(matches) > 1:
                 raise ValueError(
                     f"kv_layout='auto' is ambiguous for kv_caches shape {tuple(first.shape)}; "
                     "pass kv_layout='blocks' or 'kv_blocks'"
                 )
             kv_layout = matches[0] if matches else "blocks"
-        per_block = _per_block_bytes(first, kv_layout)
-        if per_block != block_bytes_per_layer:
-            raise ValueError(
-                f"kv_caches shape {tuple(first.shape)} dtype {first.dtype} (kv_layout="
-                f"{kv_layout!r}) holds {per_block} bytes per block, geometry "
-                f"block_bytes_per_layer={block_bytes_per_layer}"
-            )
+        for b, t in firsts.items():
+            per_block = _per_block_bytes(t, kv_layout)
+            if per_block != b:
+                raise ValueError(
+                    f"kv_caches shape {tuple(t.shape)} dtype {t.dtype} (kv_layout="
+                    f"{kv_layout!r}) holds {per_block} bytes per block, geometry "
+                    f"block_bytes_per_layer={b}"
+                )
+            if t.dtype != first.dtype or t.device != first.device or \
+                    t.shape[0 if kv_layout == "blocks" else 1] != \
+                    first.shape[0 if kv_layout == "blocks" else 1]:
+                raise ValueError(f"kv_caches of {b} B blocks ({tuple(t.shape)} {t.dtype} "
+                                 f"{t.device}) differ from kv_caches[0] ({tuple(first.shape)}"
+                                 f" {first.dtype} {first.device}) in slots, dtype or device")
+        if len(firsts) > 1 and not all(t.is_contiguous() for t in kv_caches):
+            raise ValueError("kv_caches whose layers differ in size must be contiguous")
         self.kv_layout = kv_layout
         self.num_layers = len(kv_caches)
         self.num_blocks = int(first.shape[0 if kv_layout == "blocks" else 1])
-        self.block_bytes_per_layer = block_bytes_per_layer
+        self.layer_block_bytes = sizes
+        self.uniform = len(firsts) == 1
         self.device = first.device
         if kv_layout == "blocks":
             # (num_blocks, block_bytes)
@@ -120,11 +144,14 @@ class PagedKV:
             self._views = [t.view(2, self.num_blocks, -1).view(torch.uint8)
                            for t in kv_caches]
         self.contiguous = first.is_contiguous()
-        # Bytes of one block half (K or V; the whole block for "blocks"), from one block
-        # to the next, and from a K half to its V half (0 for "blocks").
-        self.part_bytes = block_bytes_per_layer // (1 if kv_layout == "blocks" else 2)
-        self.block_stride = int(self._views[0].stride(-2))
-        self.plane_stride = int(self._views[0].stride(0)) if kv_layout == "kv_blocks" else 0
+        # Per layer: bytes of one block half (K or V; the whole block for "blocks"), from
+        # one block to the next, and from a K half to its V half (0 for "blocks").
+        self.layer_parts = [
+            (b // (1 if kv_layout == "blocks" else 2), int(v.stride(-2)),
+             int(v.stride(0)) if kv_layout == "kv_blocks" else 0)
+            for b, v in zip(sizes, self._views, strict=True)]
+        # Layer 0's, the only ones when the layers are alike.
+        self.part_bytes, self.block_stride, self.plane_stride = self.layer_parts[0]
 
     def layer_bytes(self) -> list[torch.Tensor]:
         """Each layer's memory as one flat ``uint8`` tensor (the same storage), from its
@@ -140,10 +167,11 @@ class PagedKV:
         """Why O_DIRECT commands cannot use this paged KV's slots as their buffers ("" when
         they can): every block part, stride and layer start must be ``align``-aligned.
         The rule zero-copy restores (``cio.zerocopy``) and writes (``cio.writer``) share."""
-        if self.part_bytes % align:
-            return f"a block part of {self.part_bytes} bytes is not a multiple of {align}"
-        if self.block_stride % align or self.plane_stride % align:
-            return f"the paged KV's block strides are not multiples of {align}"
+        for part, stride, plane in set(self.layer_parts):
+            if part % align:
+                return f"a block part of {part} bytes is not a multiple of {align}"
+            if stride % align or plane % align:
+                return f"the paged KV's block strides are not multiples of {align}"
         misaligned = [i for i, v in enumerate(self.layer_bytes()) if v.data_ptr() % align]
         if misaligned:
             return f"paged KV layer {misaligned[0]} is not {align}-aligned"
@@ -172,18 +200,18 @@ class PagedKV:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
 
-    def _check_buffer(self, buf: torch.Tensor, n: int, name: str) -> None:
-        want = n * self.block_bytes_per_layer
+    def _check_buffer(self, buf: torch.Tensor, layer: int, n: int, name: str) -> None:
+        want = n * self.layer_block_bytes[layer]
         if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != want:
             raise ValueError(f"{name} must be a 1-D uint8 tensor of {want} bytes, got "
                              f"dtype={buf.dtype} shape={tuple(buf.shape)}")
 
     def gather(self, layer: int, ids: torch.Tensor, out: torch.Tensor) -> None:
         """Copy blocks ``ids`` of ``layer`` into ``out`` (``len(ids) *
-        block_bytes_per_layer`` bytes, block-major), on any device."""
+        layer_block_bytes[layer]`` bytes, block-major), on any device."""
         self._check_layer(layer)
         n = int(ids.numel())
-        self._check_buffer(out, n, "gather output")
+        self._check_buffer(out, layer, n, "gather output")
         if n == 0:
             return
         src = self._views[layer]
@@ -205,7 +233,7 @@ class PagedKV:
         the caller may reuse ``src``."""
         self._check_layer(layer)
         n = int(ids.numel())
-        self._check_buffer(src, n, "scatter source")
+        self._check_buffer(src, layer, n, "scatter source")
         if n == 0:
             return
         data = src.to(self.device, non_blocking=True)

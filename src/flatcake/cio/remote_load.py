@@ -79,13 +79,14 @@ def restore_remote(runs: Sequence[RemoteRun], reader_of: Callable[[Medium, int],
     for run in runs:
         reader = reader_of(run.medium, run.node) if run.request_start < cut else None
         readers.append(reader)
-        if reader is None or reader.window_bytes < run.layout.layer_bytes:
+        widest = max(run.layout.layer_bytes(x) for x in range(num_layers))
+        if reader is None or reader.window_bytes < widest:
             if run.request_start < cut:
                 misses.append(f"node {run.node}: no {run.medium.name} reader or a window "
                               "smaller than one layer")
             cut = min(cut, run.request_start)
             continue
-        per_group = min(per_group, reader.window_bytes // run.layout.layer_bytes)
+        per_group = min(per_group, reader.window_bytes // widest)
     moved = 0
     for lo in range(0, num_layers, max(1, per_group)):
         layers = range(lo, min(num_layers, lo + per_group))
@@ -101,7 +102,7 @@ def restore_remote(runs: Sequence[RemoteRun], reader_of: Callable[[Medium, int],
                               f"{why[0] if why else 'read failed or timed out'}")
                 cut = run.request_start
                 break
-            moved += len(layers) * run.layout.layer_bytes
+            moved += sum(run.layout.layer_bytes(x) for x in layers)
         on_layers(layers)
     for miss in misses:
         logger.warning("remote blocks are a miss: %s", miss)
@@ -110,13 +111,12 @@ def restore_remote(runs: Sequence[RemoteRun], reader_of: Callable[[Medium, int],
 
 def _consumer(run: RemoteRun, paged: PagedKV, slots: torch.Tensor, why: list[str]
               ) -> Consume:
-    bbpl = run.layout.block_bytes_per_layer
-    lo, hi = run.start_pos * bbpl, (run.start_pos + run.count) * bbpl
-
     def consume(layer: int, data: np.ndarray) -> bool:
-        if data.nbytes != run.layout.layer_bytes:
+        bbpl = run.layout.layer_block_bytes[layer]
+        lo, hi = run.start_pos * bbpl, (run.start_pos + run.count) * bbpl
+        if data.nbytes != run.layout.layer_bytes(layer):
             why.append(f"layer {layer}: {data.nbytes} bytes, expected "
-                       f"{run.layout.layer_bytes}")
+                       f"{run.layout.layer_bytes(layer)}")
             return False
         if crc32(data.data) != run.crcs[layer]:
             why.append(f"layer {layer} failed its crc32")

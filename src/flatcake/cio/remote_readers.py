@@ -157,12 +157,15 @@ class RemoteMemoryReader(_Bound):
     def _read(self, client: NixlNode, found: tuple[str, dict[str, Any]], run: RemoteRun,
               layers: range, consume: Consume) -> bool:
         base = Address.decode(run.address).offset
-        n = run.layout.layer_bytes
+        lay = run.layout
         got = client.read(found[0], found[1],
-                          [(base + run.layout.layer_offset(x), n) for x in layers],
+                          [(base + lay.layer_offset(x), lay.layer_bytes(x)) for x in layers],
                           timeout_s=self.peers.timeout_s)
-        return got is not None and all(consume(layer, got[i * n:(i + 1) * n])
-                                       for i, layer in enumerate(layers))
+        # The layers come back one after another in ``got``.
+        at = lay.layer_offset(layers[0]) if len(layers) else 0
+        return got is not None and all(
+            consume(x, got[lay.layer_offset(x) - at:lay.layer_offset(x) - at
+                           + lay.layer_bytes(x)]) for x in layers)
 
 
 class RemoteSsdReader(_Bound):
@@ -172,7 +175,7 @@ class RemoteSsdReader(_Bound):
               layers: range, consume: Consume) -> bool:
         # One part per layer: a layer is checked and scattered while the next is staged.
         parts = [[(run.location, run.file_offset + run.layout.layer_offset(layer),
-                   run.layout.layer_bytes)] for layer in layers]
+                   run.layout.layer_bytes(layer))] for layer in layers]
         got = fetch(client, found[0], parts, timeout_s=self.peers.timeout_s,
                     on_part=lambda i, view: consume(layers[i], view))
         return got is not None

@@ -146,14 +146,15 @@ class StagingWindow:
         slot_bytes = max((sum(op.length for op in lp.ssd_ops) for lp in plan.layers),
                          default=0)
         slots = self._ensure_slots(slot_bytes)
-        bbpl = plan.block_bytes_per_layer
+        sizes = plan.layer_block_bytes
         cut = job.num_request_blocks
         failed: list[int] = []
         commands = 0
         reads = ReadQueue(self.reader, self.reads_in_flight)
         refusal = zero_copy_refusal(
             self.reader, job.paged,
-            all(p.dest_offset(bbpl) % bbpl == 0 and p.length % bbpl == 0
+            all(p.dest_offset(sizes[lp.layer]) % sizes[lp.layer] == 0
+                and p.length % sizes[lp.layer] == 0
                 for lp in plan.layers for op in lp.ssd_ops for p in op.pieces))
         direct = None if refusal else _Direct(SlotViews(job.paged), job.stream_slots.tolist())
         if direct is not None:
@@ -177,7 +178,8 @@ class StagingWindow:
                 state, slot = pending.pop(i)
                 unfinished -= state.commands
                 commands += state.commands
-                cut = self._finish_reads(job, reads, state, slot, cut)
+                bbpl = sizes[lp.layer]
+                cut = self._finish_reads(job, reads, state, slot, bbpl, cut)
                 cut = self._verify(job, lp.layer, state, slot, bbpl, cut, failed)
                 self._scatter(job, lp.layer, state, slot, bbpl, cut,
                               memory_only=direct is not None)
@@ -207,6 +209,7 @@ class StagingWindow:
     def _submit(self, job: RestoreJob, reads: ReadQueue, lp: LayerPlan,
                 slot: torch.Tensor, direct: _Direct | None) -> _LayerState:
         state = _LayerState(direct=direct is not None)
+        bbpl = job.plan.layer_block_bytes[lp.layer]
         pos = 0
         view = writable_view(slot) if slot.device.type == "cpu" else None
         for op in lp.ssd_ops:
@@ -218,7 +221,7 @@ class StagingWindow:
                 gate = OpGate(keys, bool(job.checks), checked)
                 for sub_req, iov, pieces in op_commands(
                         op, lp.layer, pos, direct.slots, direct.views, view,
-                        job.plan.block_bytes_per_layer, f.path, f.fd):
+                        bbpl, f.path, f.fd):
                     gate.expect(iov, pieces)
                     state.commands += 1
                     reads.submit(sub_req, iov).add_done_callback(gate.done)
@@ -232,14 +235,13 @@ class StagingWindow:
             state.futures.append((checked, op.pieces, req))
             for p in op.pieces:
                 state.placements.append(_Placement(
-                    p.dest_offset(job.plan.block_bytes_per_layer), pos + p.offset_in_op,
+                    p.dest_offset(bbpl), pos + p.offset_in_op,
                     p.length, False))
             pos += op.length
         for cop in lp.memory_ops:
             for p in cop.pieces:
                 state.placements.append(_Placement(
-                    p.dest_offset(job.plan.block_bytes_per_layer),
-                    cop.arena_offset + p.offset_in_op, p.length, True))
+                    p.dest_offset(bbpl), cop.arena_offset + p.offset_in_op, p.length, True))
         state.placements.sort(key=lambda pl: pl.stream_offset)
         return state
 
@@ -257,8 +259,7 @@ class StagingWindow:
         return low
 
     def _finish_reads(self, job: RestoreJob, reads: ReadQueue, state: _LayerState,
-                      slot: torch.Tensor, cut: int) -> int:
-        bbpl = job.plan.block_bytes_per_layer
+                      slot: torch.Tensor, bbpl: int, cut: int) -> int:
         for fut, pieces, req in state.futures:
             try:
                 state.crcs.update(fut.result())
@@ -418,7 +419,7 @@ class StagingWindow:
     def _scatter_blocks(job: RestoreJob, layer: int, first: int, src: torch.Tensor,
                         cut: int) -> None:
         """Scatter stream blocks ``[first, first + n)`` held in ``src``."""
-        bbpl = job.plan.block_bytes_per_layer
+        bbpl = job.plan.layer_block_bytes[layer]
         n = src.numel() // bbpl
         slots = job.stream_slots[first:first + n]
         req = job.stream_request[first:first + n]

@@ -30,6 +30,7 @@ contract as the gather, which also reads them while the call runs).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import deque
@@ -156,11 +157,11 @@ class SegmentWriter:
         if file_offset % ALIGN:
             raise ValueError(f"segment file_offset must be 4096-aligned, got {file_offset}")
         n = int(ids.numel())
-        layout = SegmentLayout.for_ssd(n, paged.num_layers, paged.block_bytes_per_layer)
+        layout = SegmentLayout.for_ssd(n, paged.layer_block_bytes)
 
         def header_of(crcs: tuple[int, ...]) -> SegmentHeader:
-            return SegmentHeader(file_id, seq, turn_index, first_block, n, layout.num_layers,
-                                 layout.block_bytes_per_layer, tuple(keys), crcs)
+            return SegmentHeader(file_id, seq, turn_index, first_block, n,
+                                 layout.layer_block_bytes, tuple(keys), crcs)
 
         with self.lock:
             zero_copy = self.zero_copy and n > 0 and not zero_copy_write_refusal(paged)
@@ -195,9 +196,9 @@ class SegmentWriter:
         crcs = []
         for layer in range(layout.num_layers):
             start = layout.layer_offset(layer)
-            _gather(paged, host, layer, ids, 0, layout.num_blocks,
-                    buf[start:start + layout.layer_bytes])
-            crcs.append(crc32(view[start:start + layout.layer_bytes]))
+            end = start + layout.layer_bytes(layer)
+            _gather(paged, host, layer, ids, 0, layout.num_blocks, buf[start:end])
+            crcs.append(crc32(view[start:end]))
         end = layout.header_bytes + layout.data_bytes
         buf[end:layout.total_bytes].zero_()
         return tuple(crcs)
@@ -207,12 +208,14 @@ class SegmentWriter:
         """Zero-copy: ``pwritev`` commands whose iovecs are the slots, in file order;
         each command's share of its layers' crc32s is computed while it is in flight."""
         layers = [writable_view(t) for t in paged.layer_bytes()]
-        part, stride, plane = paged.part_bytes, paged.block_stride, paged.plane_stride
-        if paged.kv_layout == "blocks":
-            spans = _runs(ids.tolist(), part)
-        else:
-            spans = [(at, part) for s in ids.tolist()
-                     for at in (s * stride, plane + s * stride)]
+        slots = ids.tolist()
+
+        @functools.cache
+        def spans_of(part: int, stride: int, plane: int) -> list[tuple[int, int]]:
+            if paged.kv_layout == "blocks":
+                return _runs(slots, part)
+            return [(at, part) for s in slots for at in (s * stride, plane + s * stride)]
+
         limit = self.chunk_bytes
         cmd: list[memoryview] = []
         owner: list[int] = []  # layer of each iovec of ``cmd``
@@ -228,7 +231,7 @@ class SegmentWriter:
 
         for layer in range(layout.num_layers):
             mv = layers[layer]
-            for at, length in spans:
+            for at, length in spans_of(*paged.layer_parts[layer]):
                 while length:
                     take = min(length, limit - cmd_bytes)
                     cmd.append(mv[at:at + take])
@@ -250,16 +253,16 @@ class SegmentWriter:
         holds ``chunk_bytes`` while the next is gathered. Blocks are gathered in batches
         that fit a buffer; the unaligned tail of a full buffer moves to the front of the
         next one."""
-        bbpl = layout.block_bytes_per_layer
         chunk = self.chunk_bytes
         depth = self.in_flight + 1  # one being gathered, up to in_flight being written
-        bufs = self._buffers(chunk + bbpl + ALIGN, depth)
+        bufs = self._buffers(chunk + max(layout.layer_block_bytes) + ALIGN, depth)
         views = [writable_view(b) for b in bufs]
         pending: list[Future[int] | None] = [None] * depth
         host = _HostGather(paged, ids)
         cur, fill, pos = 0, 0, file_offset + layout.data_offset
         crcs = []
         for layer in range(layout.num_layers):
+            bbpl = layout.layer_block_bytes[layer]
             crc = 0
             block = 0
             while block < layout.num_blocks:
@@ -301,8 +304,7 @@ class MemoryCopy:
     ``layer`` call (a restore copies each layer as it lands)."""
 
     def __init__(self, dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor) -> None:
-        self.layout = SegmentLayout.for_memory(int(ids.numel()), paged.num_layers,
-                                               paged.block_bytes_per_layer)
+        self.layout = SegmentLayout.for_memory(int(ids.numel()), paged.layer_block_bytes)
         if dest.numel() < self.layout.data_bytes:
             raise ValueError(f"memory segment needs {self.layout.data_bytes} bytes, "
                              f"destination has {dest.numel()}")
@@ -312,7 +314,7 @@ class MemoryCopy:
     def layer(self, layer: int) -> None:
         start = self.layout.layer_offset(layer)
         _gather(self._paged, self._host, layer, self._ids, 0, self.layout.num_blocks,
-                self._dest[start:start + self.layout.layer_bytes])
+                self._dest[start:start + self.layout.layer_bytes(layer)])
 
 
 class _HostGather:
@@ -335,7 +337,7 @@ class _HostGather:
         self.stride, self.plane = paged.block_stride, paged.plane_stride
         self.ptrs = [t.data_ptr() for t in paged.layer_bytes()]
         spans = 2 * len(self.slots) if self.kv else len(_runs(self.slots, self.part))
-        self.use = (paged.device.type == "cpu" and bool(self.slots)
+        self.use = (paged.device.type == "cpu" and bool(self.slots) and paged.uniform
                     and len(self.slots) * self.part * (2 if self.kv else 1)
                     >= spans * self.MIN_SPAN_BYTES)
 

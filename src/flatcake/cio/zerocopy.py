@@ -47,16 +47,15 @@ class SlotViews:
     def __init__(self, paged: PagedKV) -> None:
         self._layers = [writable_view(t) for t in paged.layer_bytes()]
         self._kv = paged.kv_layout == "kv_blocks"
-        self._part = paged.part_bytes
-        self._stride = paged.block_stride
-        self._plane = paged.plane_stride
+        self._parts = paged.layer_parts
 
     def block(self, layer: int, slot: int) -> tuple[memoryview, ...]:
         """The iovecs of block ``slot`` of ``layer`` (its bytes in file order)."""
-        mv, at = self._layers[layer], slot * self._stride
+        part, stride, plane = self._parts[layer]
+        mv, at = self._layers[layer], slot * stride
         if not self._kv:
-            return (mv[at:at + self._part],)
-        return (mv[at:at + self._part], mv[self._plane + at:self._plane + at + self._part])
+            return (mv[at:at + part],)
+        return (mv[at:at + part], mv[plane + at:plane + at + part])
 
 
 def op_commands(op: ReadOp, layer: int, stream_pos: int, slots: list[int],

@@ -115,8 +115,7 @@ class ClusterLookup:
         self.lookups += 1
         try:
             hits = self._lookup(keys[start:])
-            found = remote_runs(hits, start, self.geometry.num_layers,
-                                self.geometry.block_bytes_per_layer)
+            found = remote_runs(hits, start, self.geometry.layer_block_bytes)
             ok = self.index.failures == before
         except Exception as exc:  # never an exception into the engine
             logger.warning("cluster index lookup failed: %s", exc)

@@ -109,6 +109,7 @@ from flatcake.connectors.vllm_glue import (
 )
 from flatcake.connectors.vllm_metrics import FlatCakePromMetrics, FlatCakeStats
 from flatcake.connectors.worker_side import WorkerSide
+from flatcake.layout import describe_layers
 from flatcake.plan.tasks import WorkerReport
 
 if TYPE_CHECKING:
@@ -193,9 +194,8 @@ class FlatCakeConnector(KVConnectorBase_V1):
                                                 self._rank_dir(root, 0),
                                                 world_size=self._world_size)
             logger.info("FlatCake scheduler side: store %s, %d segments recovered, geometry "
-                        "%d layers x %d B blocks", root,
-                        self.scheduler_side.recovered_segments, self.geometry.num_layers,
-                        self.geometry.block_bytes_per_layer)
+                        "%s blocks", root, self.scheduler_side.recovered_segments,
+                        describe_layers(self.geometry.layer_block_bytes))
         else:
             from vllm.distributed import get_tensor_model_parallel_rank
 

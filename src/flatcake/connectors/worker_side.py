@@ -161,7 +161,7 @@ class WorkerSide:
     def register(self, kv_caches: Sequence[torch.Tensor]) -> None:
         """Learn the paged KV: one tensor per layer, in the layer order of the segments
         (``register_kv_caches``)."""
-        paged = PagedKV(kv_caches, self.geometry.block_bytes_per_layer)
+        paged = PagedKV(kv_caches, self.geometry.layer_block_bytes)
         if paged.num_layers != self.geometry.num_layers:
             raise ValueError(f"the engine registered {paged.num_layers} KV layers, the "
                              f"geometry has {self.geometry.num_layers}")

@@ -205,7 +205,7 @@ class Books:
         medium there: they cross the network either way); it waits in the SSD queue
         when the local plan reads SSD or anything comes from another node."""
         g = self._geometry
-        far = remote_blocks * g.num_layers * g.block_bytes_per_layer
+        far = remote_blocks * g.block_bytes
         local = plan.read_plan.useful_bytes if plan is not None else 0
         ssd = remote_blocks > 0 or (plan is not None and plan.hit.needs_ssd)
         return RestoreRequest(request_id, arrival_time, local + far, ssd)

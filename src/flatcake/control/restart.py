@@ -41,7 +41,7 @@ from flatcake.control.recovery import (
 from flatcake.control.sessions import SegmentIds, SessionTable, check_session_id
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.geometry import KVGeometry
-from flatcake.layout import SegmentLayout
+from flatcake.layout import SegmentLayout, describe_layers
 
 
 class Restart:
@@ -80,11 +80,10 @@ class Restart:
         """
         check_session_id(session_id)
         g = self._geometry
-        if layout.num_layers != g.num_layers or \
-                layout.block_bytes_per_layer != g.block_bytes_per_layer:
+        if layout.layer_block_bytes != g.layer_block_bytes:
             raise ValueError(
-                f"layout {layout.num_layers}x{layout.block_bytes_per_layer} B does not match "
-                f"geometry {g.num_layers}x{g.block_bytes_per_layer} B"
+                f"layout {describe_layers(layout.layer_block_bytes)} does not match "
+                f"geometry {describe_layers(g.layer_block_bytes)}"
             )
         key_tuple = tuple(keys)
         check_keys(key_tuple, 0)
@@ -122,8 +121,7 @@ class Restart:
         g, span = self._geometry, self._ssd.span_bytes
 
         def fits(h: FileHeaderView) -> bool:
-            return (h.num_layers, h.block_bytes_per_layer, h.span_bytes) == (
-                g.num_layers, g.block_bytes_per_layer, span)
+            return (h.layer_block_bytes, h.span_bytes) == (g.layer_block_bytes, span)
 
         if mismatch not in ("quarantine", "refuse"):
             raise ValueError(f"mismatch must be 'quarantine' or 'refuse', got {mismatch!r}")
@@ -136,9 +134,9 @@ class Restart:
                                  f"{bad.name or bad.file_id} was written with span "
                                  f"{h.span_bytes}")
             raise ValueError(
-                f"session file {bad.name or bad.file_id} holds {h.num_layers} layers x "
-                f"{h.block_bytes_per_layer} B blocks, but geometry {g.name!r} has "
-                f"{g.num_layers} x {g.block_bytes_per_layer} B")
+                f"session file {bad.name or bad.file_id} holds "
+                f"{describe_layers(h.layer_block_bytes)} blocks, but geometry {g.name!r} "
+                f"has {describe_layers(g.layer_block_bytes)}")
         for file_id in (*(s.file_id for s in scans), *other_file_ids):
             self.reserve_file_id(file_id)
         now = self._clock.now()
@@ -152,8 +150,9 @@ class Restart:
             elif head.file_id != scan.file_id or not fits(head):
                 verdicts.append(FileVerdict(
                     scan.file_id, FileFate.QUARANTINE,
-                    f"a stray: its header names file id {head.file_id}, {head.num_layers} layers "
-                    f"x {head.block_bytes_per_layer} B, span {head.span_bytes}", head.session_id))
+                    f"a stray: its header names file id {head.file_id}, "
+                    f"{describe_layers(head.layer_block_bytes)}, span {head.span_bytes}",
+                    head.session_id))
             else:
                 verdicts.append(self._recover_file(scan, head, now - max(0.0, scan.age_s),
                                                    crcs))

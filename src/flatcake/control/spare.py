@@ -130,8 +130,7 @@ class Spare:
             if seg.medium != Medium.SSD or run.start_pos or run.num_blocks != seg.num_blocks \
                     or self._copies.get(seg.segment_id) is not None:
                 continue
-            layout = SegmentLayout.for_memory(seg.num_blocks, g.num_layers,
-                                              g.block_bytes_per_layer)
+            layout = SegmentLayout.for_memory(seg.num_blocks, g.layer_block_bytes)
             copy = self.allocate(self._sessions[seg.session_id], seg, layout)
             if copy is None:
                 break

@@ -129,7 +129,7 @@ class Stores:
                             signals: PlacementSignals) -> StorePlan:
         g, arena, ssd = self._geometry, self._arena, self._ssd
         n = len(new_keys)
-        mem_layout = SegmentLayout.for_memory(n, g.num_layers, g.block_bytes_per_layer)
+        mem_layout = SegmentLayout.for_memory(n, g.layer_block_bytes)
         rc = self._config.reclaim
         tentative = decide_placement(signals, self._config.placement)
         # Reclaim memory only for a write that would go there, and only if the segment
@@ -151,7 +151,7 @@ class Stores:
                               mem_layout, new_keys, turn_index)
             rec.memory_bytes += mem_layout.total_bytes
             return StorePlan(rec.session_id, segment, placement, first_block)
-        ssd_layout = SegmentLayout.for_ssd(n, g.num_layers, g.block_bytes_per_layer)
+        ssd_layout = SegmentLayout.for_ssd(n, g.layer_block_bytes)
         size = ssd_layout.total_bytes
         projected = ssd.used_bytes + size + ssd.file_header_bytes
         if projected > rc.ssd_high * ssd.capacity_bytes:

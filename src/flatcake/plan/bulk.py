@@ -33,13 +33,13 @@ import numpy as np
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
-from flatcake.layout import ALIGN
+from flatcake.layout import ALIGN, describe_layers
 from flatcake.plan.reads import Resolve
 from flatcake.readplan import ReadPlan
 
-SegmentCache = dict[int, tuple[bool, int, int, int, int, int, int]]
-"""segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, block_bytes_per_layer,
-num_layers); ``base`` is the file offset (SSD, after ``resolve``) or arena offset. A live
+SegmentCache = dict[int, tuple[bool, int, int, int, int, tuple[int, ...]]]
+"""segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, layer_block_bytes);
+``base`` is the file offset (SSD, after ``resolve``) or arena offset. A live
 segment's address never changes and segment ids are never reused, so entries stay true
 for as long as the segment lives."""
 
@@ -59,10 +59,12 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     if not isinstance(num_layers, int) or num_layers <= 0:
         raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
     if not runs:
-        return ReadPlan((), 0, 0, 0, 0, 0, 0, 0, 0)
+        return ReadPlan((), 0, (), 0, 0, 0, 0, 0, 0)
     cache = segment_cache if segment_cache is not None else {}
     ssd: list[tuple[int, int, int, int]] = []
     mem: list[tuple[int, int, int]] = []
+    mixed: list[tuple[int, int, int, int, int]] = []
+    sizes: tuple[int, ...] = ()
     bbpl = 0
     num_blocks = 0
     ssd_medium = Medium.SSD
@@ -80,17 +82,19 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             else:
                 fid, base = -1, seg.offset
             info = (on_ssd, fid, base, lay.header_bytes, lay.num_blocks,
-                    lay.block_bytes_per_layer, lay.num_layers)
+                    lay.layer_block_bytes)
             cache[seg.segment_id] = info
-        on_ssd, fid, base, header, n_seg, seg_bbpl, seg_layers = info
-        if seg_bbpl != bbpl or seg_layers != num_layers:
-            if seg_layers != num_layers:
+        on_ssd, fid, base, header, n_seg, seg_sizes = info
+        if seg_sizes is not sizes and seg_sizes != sizes:
+            if len(seg_sizes) != num_layers:
                 raise ValueError(f"num_layers={num_layers} but segment {seg.segment_id} "
-                                 f"holds {seg_layers} layers")
-            if bbpl:
-                raise ValueError(f"segment {seg.segment_id} has geometry {seg_layers}x"
-                                 f"{seg_bbpl} B, expected {num_layers}x{bbpl} B")
-            bbpl = seg_bbpl
+                                 f"holds {len(seg_sizes)} layers")
+            if sizes:
+                raise ValueError(f"segment {seg.segment_id} has geometry "
+                                 f"{describe_layers(seg_sizes)}, expected "
+                                 f"{describe_layers(sizes)}")
+            sizes = seg_sizes
+            bbpl = sizes[0] if len(set(sizes)) == 1 else 0
         if count <= 0 or start < 0 or start + count > n_seg:
             raise ValueError(f"run start_pos={start} count={count} is outside segment "
                              f"{seg.segment_id} of {n_seg} blocks")
@@ -100,11 +104,15 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             widened.add(seg.segment_id)
             start, count = 0, n_seg
         num_blocks += count
+        if not bbpl:  # layers of different sizes: see _mixed_totals
+            mixed.append((fid if on_ssd else -1, base + header, n_seg, start, count))
         # layout.block_offset(0, start), inlined; the layer stride is the segment's.
-        if on_ssd:
+        elif on_ssd:
             ssd.append((fid, base + header + start * bbpl, n_seg * bbpl, count * bbpl))
         else:
             mem.append((base + header + start * bbpl, n_seg * bbpl, count * bbpl))
+    if mixed:
+        return _mixed_totals(mixed, sizes, num_blocks, cfg)
     num_commands = bytes_read = useful = 0
     if ssd:
         ssd.sort()
@@ -135,7 +143,7 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     return ReadPlan(
         layers=(),
         num_blocks=num_blocks,
-        block_bytes_per_layer=bbpl,
+        layer_block_bytes=sizes,
         num_commands=num_commands,
         useful_bytes=useful,
         gap_bytes=bytes_read - useful,
@@ -202,7 +210,13 @@ def _merged_totals(ssd: list[tuple[int, int, int, int]], num_layers: int,
     arr = np.asarray(ssd, dtype=np.int64)
     file_id, base_a, stride, length = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
     _reject_overlaps(file_id, base_a, length)
-    want_lo = layers * stride + base_a  # (layers, spans)
+    return _grouped_totals(file_id, layers * stride + base_a, length, cfg)
+
+
+def _grouped_totals(file_id: np.ndarray, want_lo: np.ndarray, length: np.ndarray,
+                    cfg: PlannerConfig) -> tuple[int, int]:
+    """``(commands, bytes)`` of ranges ``[want_lo, + length)`` (layers x runs, runs
+    sorted by file and offset), merged per layer (rules 1-3)."""
     lo = want_lo & -ALIGN
     hi = (want_lo + (length + ALIGN - 1)) & -ALIGN
     max_len = cfg.max_read_bytes
@@ -225,3 +239,33 @@ def _reject_overlaps(file_id: np.ndarray, base: np.ndarray, length: np.ndarray) 
         bad = (file_id[1:] == file_id[:-1]) & (base[:-1] + length[:-1] > base[1:])
         if bad.any():
             raise ValueError("two runs of the hit read the same bytes")
+
+
+def _mixed_totals(runs: list[tuple[int, int, int, int, int]], sizes: tuple[int, ...],
+                  num_blocks: int, cfg: PlannerConfig) -> ReadPlan:
+    """The totals for layers of different sizes. ``runs`` holds ``(file_id or -1 for
+    the arena, data start, segment blocks, first block, blocks)``; layer ``l`` of a run
+    is ``[data + n * before[l] + start * size[l], + count * size[l])``."""
+    runs.sort()
+    size = np.asarray(sizes, dtype=np.int64)[:, None]  # (layers, 1)
+    before = np.concatenate(([0], np.cumsum(size[:-1, 0])))[:, None]
+    arr = np.asarray(runs, dtype=np.int64)
+    on_ssd = arr[:, 0] >= 0
+    num_commands = bytes_read = useful = 0
+    num_copies = memory_bytes = 0
+    for ssd_side in (True, False):
+        part = arr[on_ssd == ssd_side]
+        if not len(part):
+            continue
+        file_id, data, n_seg, start, count = part.T
+        lo = data + n_seg * before + start * size  # (layers, runs)
+        length = count * size
+        _reject_overlaps(file_id, lo[0], length[0])
+        if ssd_side:
+            useful = int(length.sum())
+            num_commands, bytes_read = _grouped_totals(file_id, lo, length, cfg)
+        else:
+            num_copies = int(lo.size - (lo[:, :-1] + length[:, :-1] == lo[:, 1:]).sum())
+            memory_bytes = int(length.sum())
+    return ReadPlan((), num_blocks, sizes, num_commands, useful, bytes_read - useful,
+                    bytes_read, num_copies, memory_bytes)

@@ -5,7 +5,7 @@ model) carry out the plan; the planner only decides *what* to read.
 
 Per layer ``l`` (a restore fills a staging window layer by layer), every SSD run of the
 hit wants one contiguous range ``[file_offset + layout.block_offset(l, start), +count *
-block_bytes_per_layer)`` of one file. The planner
+layout.layer_block_bytes[l])`` of one file (layers may differ in size). The planner
 
 1. widens each range to 4 KiB alignment (O_DIRECT/GDS rule: offsets and lengths are
    multiples of 4096) and counts the widening as gap bytes;
@@ -33,7 +33,7 @@ from typing import NamedTuple
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
-from flatcake.layout import ALIGN
+from flatcake.layout import ALIGN, describe_layers
 from flatcake.readplan import CopyOp, LayerPlan, Piece, ReadOp, ReadPlan
 
 Resolve = Callable[[int], tuple[int, int]]
@@ -41,57 +41,74 @@ Resolve = Callable[[int], tuple[int, int]]
 
 
 class _Span(NamedTuple):
-    """A run's per-layer geometry: the run wants ``[base + l * stride, + length)``."""
+    """A run: blocks ``[start, start + blocks)`` of a segment of ``num_blocks`` blocks whose
+    data starts at ``data`` (file offset on SSD, arena offset in memory)."""
 
     file_id: int  # -1 for memory
-    base: int  # file offset (SSD) or arena offset (memory) of layer 0 of the run
-    stride: int  # layer stride of the segment
-    length: int
+    data: int
+    num_blocks: int
+    start: int
+    blocks: int
     prefix_start: int
 
 
+class _Layer(NamedTuple):
+    """Where one layer lies in every segment: at ``num_blocks * before`` from the data
+    start, ``block_bytes`` per block."""
+
+    before: int
+    block_bytes: int
+
+    def range(self, s: _Span) -> tuple[int, int]:
+        """``(offset, length)`` of the run ``s`` in this layer."""
+        return (s.data + s.num_blocks * self.before + s.start * self.block_bytes,
+                s.blocks * self.block_bytes)
+
+
 def _spans(runs: Sequence[HitRun], resolve: Resolve | None
-           ) -> tuple[list[_Span], list[_Span], int, int]:
+           ) -> tuple[list[_Span], list[_Span], tuple[int, ...]]:
     ssd: list[_Span] = []
     mem: list[_Span] = []
-    bbpl = 0
-    num_layers = 0
+    sizes: tuple[int, ...] = ()
     for seg, start, count, prefix_start in runs:
         lay = seg.layout
-        if bbpl == 0:
-            bbpl, num_layers = lay.block_bytes_per_layer, lay.num_layers
-        elif lay.block_bytes_per_layer != bbpl or lay.num_layers != num_layers:
+        if not sizes:
+            sizes = lay.layer_block_bytes
+        elif lay.layer_block_bytes != sizes:
             raise ValueError(
-                f"segment {seg.segment_id} has geometry {lay.num_layers}x"
-                f"{lay.block_bytes_per_layer} B, expected {num_layers}x{bbpl} B"
+                f"segment {seg.segment_id} has geometry "
+                f"{describe_layers(lay.layer_block_bytes)}, expected {describe_layers(sizes)}"
             )
         if count <= 0 or start < 0 or start + count > lay.num_blocks:
             raise ValueError(f"run start_pos={start} count={count} is outside segment "
                              f"{seg.segment_id} of {lay.num_blocks} blocks")
-        rel = lay.block_offset(0, start)
         if seg.medium == Medium.SSD:
             if resolve is None:
                 # Segment.__post_init__ guarantees both are set on SSD.
                 file_id, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
             else:
                 file_id, file_offset = resolve(seg.offset)
-            ssd.append(_Span(file_id, file_offset + rel, lay.layer_bytes, count * bbpl,
-                             prefix_start))
+            ssd.append(_Span(file_id, file_offset + lay.data_offset, lay.num_blocks, start,
+                             count, prefix_start))
         else:
-            mem.append(_Span(-1, seg.offset + rel, lay.layer_bytes, count * bbpl,
+            mem.append(_Span(-1, seg.offset + lay.data_offset, lay.num_blocks, start, count,
                              prefix_start))
     # Within a file (or the arena) the order of the ranges is the same in every layer:
     # segments do not overlap, and inside one segment every layer keeps block order.
-    ssd.sort(key=lambda s: (s.file_id, s.base))
-    mem.sort(key=lambda s: s.base)
-    # Two runs overlap in some layer iff they overlap in layer 0 (same segment, same
-    # stride). A lookup never returns overlapping runs; a hand-made hit might.
-    for spans in (ssd, mem):
-        for a, b in itertools.pairwise(spans):
-            if a.file_id == b.file_id and a.base + a.length > b.base:
-                raise ValueError(f"runs at request blocks {a.prefix_start} and "
-                                 f"{b.prefix_start} read the same bytes")
-    return ssd, mem, bbpl, num_layers
+    ssd.sort(key=lambda s: (s.file_id, s.data, s.start))
+    mem.sort(key=lambda s: (s.data, s.start))
+    # Two runs overlap in some layer iff they overlap in layer 0 (segments are disjoint;
+    # runs of one segment keep their order). A lookup never returns overlapping runs; a
+    # hand-made hit might.
+    if sizes:
+        first = _Layer(0, sizes[0])
+        for spans in (ssd, mem):
+            for a, b in itertools.pairwise(spans):
+                a_lo, a_len = first.range(a)
+                if a.file_id == b.file_id and a_lo + a_len > first.range(b)[0]:
+                    raise ValueError(f"runs at request blocks {a.prefix_start} and "
+                                     f"{b.prefix_start} read the same bytes")
+    return ssd, mem, sizes
 
 
 def _split_pieces(pieces: list[Piece], op_start: int, op_len: int, max_len: int,
@@ -112,7 +129,7 @@ def _split_pieces(pieces: list[Piece], op_start: int, op_len: int, max_len: int,
     return out
 
 
-def _plan_ssd_layer(spans: list[_Span], layer: int, bbpl: int, cfg: PlannerConfig
+def _plan_ssd_layer(spans: list[_Span], layer: _Layer, cfg: PlannerConfig
                     ) -> tuple[list[ReadOp], int]:
     ops: list[ReadOp] = []
     bytes_read = 0
@@ -129,12 +146,13 @@ def _plan_ssd_layer(spans: list[_Span], layer: int, bbpl: int, cfg: PlannerConfi
         if length <= max_len:
             ops.append(ReadOp(cur_file, cur_lo, length, tuple(pieces)))
         else:
-            for lo, n, sub in _split_pieces(pieces, cur_lo, length, max_len, bbpl):
+            for lo, n, sub in _split_pieces(pieces, cur_lo, length, max_len,
+                                            layer.block_bytes):
                 ops.append(ReadOp(cur_file, lo, n, sub))
 
     for s in spans:
-        want_lo = s.base + layer * s.stride
-        want_hi = want_lo + s.length
+        want_lo, want_len = layer.range(s)
+        want_hi = want_lo + want_len
         lo = want_lo - want_lo % ALIGN
         hi = -(-want_hi // ALIGN) * ALIGN
         # Overlapping or touching ranges always merge; a hole merges when it is
@@ -145,26 +163,26 @@ def _plan_ssd_layer(spans: list[_Span], layer: int, bbpl: int, cfg: PlannerConfi
             if pieces:
                 flush()
             cur_file, cur_lo, cur_hi, pieces = s.file_id, lo, hi, []
-        pieces.append(Piece(s.prefix_start, 0, want_lo - cur_lo, s.length))
+        pieces.append(Piece(s.prefix_start, 0, want_lo - cur_lo, want_len))
     if pieces:
         flush()
     return ops, bytes_read
 
 
-def _plan_memory_layer(spans: list[_Span], layer: int) -> list[CopyOp]:
+def _plan_memory_layer(spans: list[_Span], layer: _Layer) -> list[CopyOp]:
     ops: list[CopyOp] = []
     cur_lo = cur_hi = -1
     pieces: list[Piece] = []
     for s in spans:
-        lo = s.base + layer * s.stride
+        lo, length = layer.range(s)
         if pieces and lo == cur_hi:
-            pieces.append(Piece(s.prefix_start, 0, lo - cur_lo, s.length))
-            cur_hi += s.length
+            pieces.append(Piece(s.prefix_start, 0, lo - cur_lo, length))
+            cur_hi += length
             continue
         if pieces:
             ops.append(CopyOp(cur_lo, cur_hi - cur_lo, tuple(pieces)))
-        cur_lo, cur_hi = lo, lo + s.length
-        pieces = [Piece(s.prefix_start, 0, 0, s.length)]
+        cur_lo, cur_hi = lo, lo + length
+        pieces = [Piece(s.prefix_start, 0, 0, length)]
     if pieces:
         ops.append(CopyOp(cur_lo, cur_hi - cur_lo, tuple(pieces)))
     return ops
@@ -188,31 +206,32 @@ def plan_reads(
     cfg = cfg if cfg is not None else PlannerConfig()
     if not isinstance(num_layers, int) or num_layers <= 0:
         raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
-    ssd, mem, bbpl, seg_layers = _spans(runs, resolve)
-    if runs and seg_layers != num_layers:
-        raise ValueError(f"num_layers={num_layers} but the segments hold {seg_layers} layers")
+    ssd, mem, sizes = _spans(runs, resolve)
+    if runs and len(sizes) != num_layers:
+        raise ValueError(f"num_layers={num_layers} but the segments hold {len(sizes)} layers")
     num_blocks = sum(r.num_blocks for r in runs)
-    useful_per_layer = sum(s.length for s in ssd)
-    memory_per_layer = sum(s.length for s in mem)
+    ssd_blocks = sum(s.blocks for s in ssd)
+    mem_blocks = sum(s.blocks for s in mem)
     layers: list[LayerPlan] = []
     num_commands = num_copies = bytes_read = 0
-    if runs:
-        for layer in range(num_layers):
-            ssd_ops, layer_read = _plan_ssd_layer(ssd, layer, bbpl, cfg) if ssd else ([], 0)
-            mem_ops = _plan_memory_layer(mem, layer) if mem else []
-            layers.append(LayerPlan(layer, tuple(ssd_ops), tuple(mem_ops)))
-            num_commands += len(ssd_ops)
-            num_copies += len(mem_ops)
-            bytes_read += layer_read
-    useful = useful_per_layer * len(layers)
+    for index, (before, size) in enumerate(zip(
+            itertools.accumulate(sizes, initial=0), sizes, strict=False)):
+        layer = _Layer(before, size)
+        ssd_ops, layer_read = _plan_ssd_layer(ssd, layer, cfg) if ssd else ([], 0)
+        mem_ops = _plan_memory_layer(mem, layer) if mem else []
+        layers.append(LayerPlan(index, tuple(ssd_ops), tuple(mem_ops)))
+        num_commands += len(ssd_ops)
+        num_copies += len(mem_ops)
+        bytes_read += layer_read
+    useful = ssd_blocks * sum(sizes)
     return ReadPlan(
         layers=tuple(layers),
         num_blocks=num_blocks,
-        block_bytes_per_layer=bbpl,
+        layer_block_bytes=sizes,
         num_commands=num_commands,
         useful_bytes=useful,
         gap_bytes=bytes_read - useful,
         bytes_read=bytes_read,
         num_copies=num_copies,
-        memory_bytes=memory_per_layer * len(layers),
+        memory_bytes=mem_blocks * sum(sizes),
     )

@@ -90,13 +90,14 @@ def segment_record(seg: Segment, crcs: Sequence[int], location: str = "") -> dic
                          f"{seg.layout.num_layers} layers")
     lay = seg.layout
     return {"base": seg.base_address, "nb": lay.num_blocks, "nl": lay.num_layers,
-            "bbpl": lay.block_bytes_per_layer, "hdr": lay.header_bytes,
+            "bbpl": lay.layer_block_bytes[0] if lay.is_uniform else list(
+                lay.layer_block_bytes), "hdr": lay.header_bytes,
             "file": location, "foff": int(seg.file_offset or 0),
             "crcs": [int(c) for c in crcs]}
 
 
-def remote_runs(hits: Sequence[IndexHit], request_start: int, num_layers: int,
-                block_bytes_per_layer: int) -> tuple[RemoteRun, ...]:
+def remote_runs(hits: Sequence[IndexHit], request_start: int,
+                layer_block_bytes: tuple[int, ...]) -> tuple[RemoteRun, ...]:
     """The runs of ``hits`` (request blocks ``request_start, request_start + 1, ...``):
     a new run where the node, the segment or the position sequence changes. Stops at
     the first run whose record is malformed, of another geometry, or too short for the
@@ -112,19 +113,21 @@ def remote_runs(hits: Sequence[IndexHit], request_start: int, num_layers: int,
                 hits[end].position == first.position + end - at:
             end += 1
         try:
-            runs.append(_run(first, request_start + at, end - at, num_layers,
-                             block_bytes_per_layer))
+            runs.append(_run(first, request_start + at, end - at, layer_block_bytes))
         except (KeyError, TypeError, ValueError):
             break
         at = end
     return tuple(runs)
 
 
-def _run(hit: IndexHit, request_start: int, count: int, num_layers: int,
-         block_bytes_per_layer: int) -> RemoteRun:
+def _run(hit: IndexHit, request_start: int, count: int,
+         layer_block_bytes: tuple[int, ...]) -> RemoteRun:
     rec = hit.record
-    layout = SegmentLayout(int(rec["nb"]), int(rec["nl"]), int(rec["bbpl"]), int(rec["hdr"]))
-    if layout.num_layers != num_layers or layout.block_bytes_per_layer != block_bytes_per_layer:
+    sizes = rec["bbpl"]  # one size for layers alike, else one per layer
+    sizes = (tuple(int(b) for b in sizes) if isinstance(sizes, list)
+             else (int(sizes),) * int(rec["nl"]))
+    layout = SegmentLayout(int(rec["nb"]), sizes, int(rec["hdr"]))
+    if layout.layer_block_bytes != layer_block_bytes:
         raise ValueError("a segment of another geometry")
     base = int(rec["base"])
     if Address.decode(base).node != hit.node:

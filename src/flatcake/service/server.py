@@ -49,6 +49,7 @@ from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut
 from flatcake.geometry import KVGeometry
+from flatcake.layout import describe_layers
 from flatcake.link import wire
 from flatcake.link.wire import Attached, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
@@ -167,9 +168,9 @@ class NodeService:
         self._parts = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0,
                                                                       world_size), WallClock())
         self._geometry, self._world_size = geometry, world_size
-        logger.info("books of %s: %d segments recovered, %d layers x %d B blocks, "
+        logger.info("books of %s: %d segments recovered, %s blocks, "
                     "tensor_parallel_size=%d", self.root, self._parts.recovered_segments,
-                    geometry.num_layers, geometry.block_bytes_per_layer, world_size)
+                    describe_layers(geometry.layer_block_bytes), world_size)
         return self._parts
 
     def _make_arena(self, rank: int, capacity: int) -> Path:

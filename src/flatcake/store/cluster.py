@@ -78,7 +78,7 @@ class StoreCluster:
                 return self._exec.crcs.get((int(seg.file_id or 0), int(seg.file_offset or 0)))
         lay = seg.layout
         view = self._exec.arena.view(seg.offset, lay.data_bytes).numpy().data
-        return tuple(crc32(view[lay.layer_offset(i):lay.layer_offset(i) + lay.layer_bytes])
+        return tuple(crc32(view[lay.layer_offset(i):lay.layer_offset(i) + lay.layer_bytes(i)])
                      for i in range(lay.num_layers))
 
     def publish(self, segments: Sequence[tuple[Segment, Sequence[int] | None]]) -> None:
@@ -103,13 +103,13 @@ class StoreCluster:
         self.service.remove([(seg.segment_id, seg.keys) for a in actions
                              for seg in (*a.memory_segments, *a.ssd_segments)])
 
-    def remote(self, keys: Sequence[bytes], start: int, num_layers: int,
-               block_bytes_per_layer: int) -> tuple[RemoteRun, ...]:
+    def remote(self, keys: Sequence[bytes], start: int,
+               layer_block_bytes: tuple[int, ...]) -> tuple[RemoteRun, ...]:
         """Runs of the blocks other nodes hold from request block ``start`` on."""
         if start >= len(keys):
             return ()
         hits = self.service.lookup(keys[start:])
-        return remote_runs(hits, start, num_layers, block_bytes_per_layer)
+        return remote_runs(hits, start, layer_block_bytes)
 
     def close(self) -> None:
         self.service.close()

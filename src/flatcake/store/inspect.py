@@ -253,7 +253,7 @@ def inspect_root(root: str | os.PathLike[str],
         "root": report.root,
         "config_source": source,
         "config": dataclasses.asdict(config),
-        "geometry": dataclasses.asdict(record.geometry) if record else None,
+        "geometry": record.geometry.to_record() if record else None,
         "io_mode": record.io_mode if record else None,
         "host_buffers": huge_pages_note(),
         "media": {

@@ -54,7 +54,7 @@ def write_record(root: str | os.PathLike[str], geometry: KVGeometry, config: Fla
 def _write(path: Path, geometry: KVGeometry, config: FlatCakeConfig, io_mode: str) -> Path:
     data = {"flatcake_store_config": RECORD_VERSION,
             "opened_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
-            "io_mode": io_mode, "geometry": dataclasses.asdict(geometry),
+            "io_mode": io_mode, "geometry": geometry.to_record(),
             "config": dataclasses.asdict(config)}
     tmp = path.with_name(f".{RECORD_NAME}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -77,7 +77,7 @@ def read_record(root: str | os.PathLike[str]) -> StoreRecord | None:
         data = json.loads(path.read_text())
         if data.get("flatcake_store_config") != RECORD_VERSION:
             raise ValueError(f"unknown version {data.get('flatcake_store_config')!r}")
-        return StoreRecord(_config(data["config"]), KVGeometry(**data["geometry"]),
+        return StoreRecord(_config(data["config"]), KVGeometry.from_record(data["geometry"]),
                            str(data["opened_at"]), str(data["io_mode"]))
     except (OSError, KeyError, TypeError, AttributeError, json.JSONDecodeError,
             ValueError) as exc:

@@ -37,7 +37,7 @@ def snapshot(root: Path, io_mode: str, control: ControlPlane,
         "io_mode": io_mode,
         "reader": reader.name,
         "geometry": {"name": g.name, "num_layers": g.num_layers,
-                     "block_bytes_per_layer": g.block_bytes_per_layer},
+                     "layer_block_bytes": list(g.layer_block_bytes)},
         "media": {
             "memory": {"used_bytes": st.memory_used_bytes,
                        "capacity_bytes": st.memory_capacity_bytes,

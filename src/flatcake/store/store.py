@@ -214,7 +214,7 @@ class FlatCakeStore:
 
     def _paged(self, kv_caches: Sequence[torch.Tensor], block_ids: BlockIds, num_keys: int,
                unique: bool) -> tuple[PagedKV, list[int]]:
-        paged = PagedKV(kv_caches, self.geometry.block_bytes_per_layer)
+        paged = PagedKV(kv_caches, self.geometry.layer_block_bytes)
         if paged.num_layers != self.geometry.num_layers:
             raise ValueError(f"kv_caches has {paged.num_layers} layers, geometry "
                              f"{self.geometry.name!r} has {self.geometry.num_layers}")
@@ -399,8 +399,7 @@ class FlatCakeStore:
         if self._cluster is not None:  # the local prefix first, then the cluster's
             with self._lock:
                 local = self.control.lookup(keys).num_blocks
-            far = self._cluster.remote(keys, local, self.geometry.num_layers,
-                                       self.geometry.block_bytes_per_layer)
+            far = self._cluster.remote(keys, local, self.geometry.layer_block_bytes)
         with self._lock:
             found = self._servable(keys)
             if not found.wait:
@@ -452,7 +451,7 @@ class FlatCakeStore:
         self._unpinned.notify_all()
         loaded = outcome.done.num_blocks_loaded
         mem, ssd = by_medium(plan.hit, 0, loaded)
-        layer_bytes = self.geometry.block_bytes_per_layer * self.geometry.num_layers
+        layer_bytes = self.geometry.block_bytes
         res = outcome.restore
         return LoadResult(
             num_blocks=loaded, num_hit_blocks=max(plan.hit.num_blocks, outcome.done.num_blocks),

@@ -1,0 +1,130 @@
+"""Models whose layers differ in size: a geometry of three layer kinds round-trips byte
+for byte through the staging and the zero-copy read paths, from SSD and from host
+memory, before and after a restart, in at most layers x turns read commands; and a
+session file written by the previous format version still reads."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import torch
+
+from flatcake.cio.direct import aligned_buffer
+from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.store import FlatCakeStore, TurnSignals
+from tests.store.helpers import TO_MEMORY, TO_SSD, session_keys, small_config
+
+FIXTURE = Path(__file__).parent.parent / "cio" / "fixtures" / "v1-session.fcs"
+
+# Full-attention layers (8 KiB a block), compressed layers keeping one 1 KiB entry per 4
+# tokens (4 KiB a block) and layers keeping one 584 B entry per block (not a multiple of
+# 4 KiB: no O_DIRECT read can land in their slots).
+THREE_KINDS = KVGeometry(
+    num_layers=5, tokens_per_block=16, dtype="uint8", name="three-kinds",
+    groups=(LayerGroup(2, 512, kind="full"), LayerGroup(1, 1024, tokens_per_entry=4, kind="c4a"),
+            LayerGroup(2, 584, tokens_per_entry=16, kind="c16")))
+# The same kinds with 4 KiB-multiple blocks only: zero-copy reads serve every layer.
+ALIGNED_KINDS = KVGeometry(
+    num_layers=4, tokens_per_block=16, dtype="uint8", name="aligned-kinds",
+    groups=(LayerGroup(1, 512), LayerGroup(2, 1024, tokens_per_entry=4, kind="c4a"),
+            LayerGroup(1, 3072, tokens_per_entry=4, kind="c4b")))
+
+
+def paged(g: KVGeometry, slots: int, seed: int | None = None) -> list[torch.Tensor]:
+    """One ``(slots, block bytes)`` tensor per layer, 4 KiB aligned; random or zero."""
+    gen = torch.Generator().manual_seed(seed or 0)
+    out = []
+    for size in g.layer_block_bytes:
+        t = aligned_buffer(slots * size, pin=False).view(slots, size)
+        if seed is None:
+            t.zero_()
+        else:
+            t.copy_(torch.randint(0, 256, (slots, size), dtype=torch.uint8, generator=gen))
+        out.append(t)
+    return out
+
+
+def store_three_turns(store: FlatCakeStore, keys: list[bytes], src: list[torch.Tensor]
+                      ) -> None:
+    # Turn 0 (blocks 0-4) and turn 2 (blocks 8-11) on SSD, turn 1 (blocks 5-7) in memory.
+    store.store_turn("s", keys[:5], src, range(5), TO_SSD)
+    store.store_turn("s", keys[:8], src, range(8), TurnSignals(
+        turn_index=1, context_tokens=80, prev_reply_tokens=TO_MEMORY.prev_reply_tokens))
+    store.store_turn("s", keys, src, range(12), TurnSignals(turn_index=2,
+                                                             context_tokens=0))
+
+
+def assert_restored(dst: list[torch.Tensor], src: list[torch.Tensor], slots: list[int]
+                    ) -> None:
+    for layer, (d, s) in enumerate(zip(dst, src, strict=True)):
+        assert torch.equal(d[slots], s[:len(slots)]), f"layer {layer}"
+        rest = sorted(set(range(d.shape[0])) - set(slots))
+        assert not d[rest].any(), f"layer {layer}: a slot outside the restore was written"
+
+
+def test_three_layer_sizes_round_trip_through_the_staging_path(tmp_path: Path) -> None:
+    g = THREE_KINDS
+    assert sorted(set(g.layer_block_bytes)) == [584, 4096, 8192]
+    src = paged(g, 12, seed=1)
+    keys = session_keys(1, 12, g)
+    slots = [13, 2, 7, 0, 15, 4, 9, 1, 12, 3, 6, 10]
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        store_three_turns(store, keys, src)
+        dst = paged(g, 16)
+        res = store.load(keys, dst, slots)
+        assert (res.num_blocks, res.num_ssd_blocks, res.num_memory_blocks) == (12, 9, 3)
+        assert res.read_path == "staging"
+        assert res.staging_reason == "a block part of 584 bytes is not a multiple of 4096"
+        assert res.useful_bytes == 9 * g.block_bytes
+        assert res.memory_bytes == 3 * g.block_bytes
+        assert res.commands <= g.num_layers * 2  # two SSD turns
+        assert res.damaged_segments == 0
+        assert_restored(dst, src, slots)
+    # After a restart the headers (per-layer sizes) are read back from the files.
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        dst = paged(g, 16)
+        res = store.load(keys, dst, slots)
+        # Host memory does not survive a restart: the prefix ends where turn 1 was.
+        assert (res.num_blocks, res.num_ssd_blocks, res.damaged_segments) == (5, 5, 0)
+        assert res.commands <= g.num_layers
+        assert_restored(dst, src, slots[:5])
+
+
+def test_layers_of_4k_multiple_sizes_are_read_straight_into_their_slots(
+        tmp_path: Path) -> None:
+    g = ALIGNED_KINDS
+    assert sorted(set(g.layer_block_bytes)) == [4096, 8192, 12288]
+    src = paged(g, 12, seed=2)
+    keys = session_keys(2, 12, g)
+    slots = list(range(15, 3, -1))
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        store_three_turns(store, keys, src)
+        dst = paged(g, 16)
+        res = store.load(keys, dst, slots)
+        assert (res.num_blocks, res.read_path, res.staging_reason) == (12, "zero-copy", "")
+        assert res.commands <= g.num_layers * 2
+        assert_restored(dst, src, slots)
+
+
+def test_a_store_of_the_previous_format_version_still_reads(tmp_path: Path) -> None:
+    # tests/cio/fixtures/v1-session.fcs: a session file written by format version 1
+    # (file id 5, 2 layers x 1024 B blocks, turns of 3 and 2 blocks; block b's key is
+    # sha256(b"k<b>"), data byte i of turn t is (7 i + t) % 251).
+    g = KVGeometry(num_layers=2, tokens_per_block=4, mla_latent_dim=256, dtype="uint8")
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    shutil.copy(FIXTURE, sessions / FIXTURE.name.replace("v1-session", f"{5:016x}"))
+    keys = [hashlib.sha256(b"k%d" % b).digest() for b in range(5)]
+    cfg = small_config("store.session_file_bytes=1048576")
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:
+        assert store.lookup(keys).num_blocks == 5
+        dst = paged(g, 5)
+        res = store.load(keys, dst, range(5))
+    assert (res.num_blocks, res.damaged_segments) == (5, 0)
+    for turn, (first, n) in enumerate(((0, 3), (3, 2))):
+        data = bytes((i * 7 + turn) % 251 for i in range(2 * n * 1024))
+        for layer in range(2):
+            want = data[layer * n * 1024:(layer + 1) * n * 1024]
+            assert dst[layer][first:first + n].numpy().tobytes() == want
