@@ -3,8 +3,9 @@
 - ``<!-- cli-reference -->`` in a page becomes the CLI reference generated from the
   real parser (``flatcake.cli.reference``).
 - ``<!-- include: generated/NAME.md -->`` becomes that file, relative to the page: the
-  tables a measuring command wrote with ``--docs-out`` (``flatcake.docsout``). A file
-  not written yet becomes a note that says so; the page names the command that writes it.
+  tables a measuring command wrote with ``--docs-out`` (``flatcake.docsout``), its
+  headings one level down so they sit under the page's own. A file not written yet
+  becomes a note that says so; the page names the command that writes it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **_: Any
         if not path.is_file():
             return (f"!!! note \"Not measured yet\"\n    No run has written "
                     f"`{m.group(1)}` yet: the command above writes it.\n")
-        return path.read_text()
+        return _demoted(path.read_text())
 
     return INCLUDE.sub(include, markdown)
+
+
+def _demoted(markdown: str) -> str:
+    """Every heading one level deeper (``## x`` -> ``### x``), code blocks left alone."""
+    out, fenced = [], False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        out.append("#" + line if not fenced and line.startswith("#") else line)
+    return "\n".join(out) + "\n"
