@@ -51,3 +51,20 @@ def test_more_clients_than_sessions_is_refused_by_name() -> None:
         NodeBenchOptions(directory=".", clients=4, sessions=2)
     with pytest.raises(ValueError, match="--blocks must be an int >= 1"):
         NodeBenchOptions(directory=".", blocks=0)
+
+
+def test_the_text_report_shows_rows_bars_and_notes() -> None:
+    from flatcake.bench.node import CallCost, NodeBenchReport, RestoreRow, format_node_table
+    from flatcake.bench.report import Bar
+
+    report = NodeBenchReport(
+        "flatcake bench --node", "llama-3.1-8b", 2, 4, 1 << 23, 1, 20,
+        (RestoreRow(1, 1.0, (1.0,), 0.2, 16 << 20, True),
+         RestoreRow(2, 1.5, (1.5,), 0.3, 16 << 20, False)),
+        (CallCost("empty step", "node service", 1.25, 1.5),),
+        (Bar("restore GB/s, 2 processes / 1 process", 1.5, ">=", 0.9),), 3.0, ("load 1.0",))
+    text = format_node_table(report)
+    assert "2 attached processes" in text and " NO" in text
+    assert "empty step               node service       1.25" in text
+    assert "bar PASS: restore GB/s, 2 processes / 1 process: 1.500 >= 0.9" in text
+    assert text.endswith("note: load 1.0\nelapsed 3.0 s")

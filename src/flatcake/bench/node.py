@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from flatcake.bench.control_cost import session_keys
-from flatcake.bench.report import Bar, median
+from flatcake.bench.report import Bar, footer, median
 from flatcake.bench.source import empty_kv, make_kv
 from flatcake.config import FlatCakeConfig, load_config
 from flatcake.geometry import KVGeometry, preset
@@ -374,12 +374,7 @@ def format_node_table(report: NodeBenchReport) -> str:
     lines += ["", f"{'scheduler-half call':<24} {'half':<13} {'cpu_us':>9} {'wall_us':>9}"]
     for c in report.costs:
         lines.append(f"{c.call:<24} {c.half:<13} {c.cpu_us:>9.2f} {c.wall_us:>9.2f}")
-    lines.append("")
-    for b in report.bars:
-        lines.append(f"bar {'PASS' if b.passed else 'MISS'}: {b.name}: {b.value:.3f} {b.op} "
-                     f"{b.threshold:g}")
-    lines += [f"note: {n}" for n in report.notes]
-    lines.append(f"elapsed {report.elapsed_s:.1f} s")
+    lines += footer(report.bars, report.notes, report.elapsed_s)
     return "\n".join(lines)
 
 

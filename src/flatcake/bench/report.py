@@ -246,13 +246,19 @@ def format_table(report: BenchReport) -> str:
             f"turns): lookup_and_plan {c.lookup_and_plan_ms:.2f} ms = "
             f"{100 * c.fraction_of_restore:.2f}% of its restore "
             f"({c.restore_s:.2f} s{', estimated' if c.estimated else ''})")
-    lines.append("")
-    for b in report.bars:
+    lines += footer(report.bars, report.notes, report.elapsed_s)
+    return "\n".join(lines)
+
+
+def footer(bars: Sequence[Bar], notes: Sequence[str], elapsed_s: float) -> list[str]:
+    """A text report's last lines: each bar's verdict, the notes, the time taken."""
+    lines = [""]
+    for b in bars:
         lines.append(f"bar {'PASS' if b.passed else 'MISS'}: {b.name}: {b.value:.3f} {b.op} "
                      f"{b.threshold:g}")
-    lines += [f"note: {n}" for n in report.notes]
-    lines.append(f"elapsed {report.elapsed_s:.1f} s")
-    return "\n".join(lines)
+    lines += [f"note: {n}" for n in notes]
+    lines.append(f"elapsed {elapsed_s:.1f} s")
+    return lines
 
 
 def dump_json(report: BenchReport) -> str:
