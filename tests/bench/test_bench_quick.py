@@ -27,7 +27,7 @@ def test_quick_run_end_to_end(direct_dir: Path, capsys: pytest.CaptureFixture[st
         assert row["bytes_read"] >= row["bytes_useful"] > 0
     layers, turns, blocks = doc["num_layers"], doc["num_turns"], doc["num_blocks"]
     assert (layers, turns, blocks) == (32, 2, 512 // 16)
-    useful = blocks * layers * doc["block_bytes_per_layer"]
+    useful = blocks * sum(doc["layer_block_bytes"])
     assert {rows[n]["bytes_useful"] for n in ("flatcake", "scattered", "per-chunk-files")} \
         == {useful}
     # FlatCake: at most one command per layer per turn; scattered: one per block per
@@ -140,3 +140,24 @@ def test_strict_exit_follows_the_bars(direct_dir: Path,
     doc = json.loads(capsys.readouterr().out)
     assert all(r["verified"] for r in doc["layouts"])
     assert rc == (0 if all(b["passed"] for b in doc["bars"]) else 1)
+
+
+def test_quick_run_of_a_model_with_three_layer_kinds(
+        direct_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # DeepSeek-V4-Flash: layers of 73 KiB, 22.4 KiB and 584 B blocks. Every layout still
+    # restores the same bytes; FlatCake in one command per layer and turn.
+    assert main(["bench", "--quick", "--dir", str(direct_dir), "--json",
+                 "--model", "deepseek-v4-flash"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["layout"]: r for r in doc["layouts"]}
+    assert list(rows) == ["device", "flatcake", "scattered", "per-chunk-files"]
+    assert all(row["verified"] for row in rows.values())
+    sizes, turns, blocks = doc["layer_block_bytes"], doc["num_turns"], doc["num_blocks"]
+    assert sorted(set(sizes)) == [584, 22912, 74752]
+    useful = blocks * sum(sizes)
+    assert {rows[n]["bytes_useful"] for n in ("flatcake", "scattered", "per-chunk-files")} \
+        == {useful}
+    assert rows["flatcake"]["read_commands"] <= len(sizes) * turns
+    assert rows["scattered"]["read_commands"] == blocks * len(sizes)
+    assert "device-paged not run: a block part of 22912 bytes is not a multiple of 4096" \
+        in doc["notes"]

@@ -56,7 +56,7 @@ class FlatcakeSide:
         )
         self.store = FlatCakeStore.open(root, geometry, FlatCakeConfig(store=store_cfg))
         self.read_paths: set[str] = set()  # LoadResult.read_path of each restore
-        refusal = zero_copy_write_refusal(PagedKV(self.source, geometry.block_bytes_per_layer))
+        refusal = zero_copy_write_refusal(PagedKV(self.source, geometry.layer_block_bytes))
         # The writer's own rule (cio.writer): straight from the slots, or gathered.
         self.write_path = f"gather ({refusal})" if refusal else "zero-copy"
 

@@ -39,6 +39,7 @@ chunk holds all layers, so its staging buffer is a whole chunk, not two layers.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections.abc import Sequence
@@ -85,17 +86,18 @@ class ScatteredConfig:
                              f"{self.bucket_size_limit_bytes}")
 
 
-def _check_source(source: Sequence[torch.Tensor]) -> tuple[int, int]:
+def _check_source(source: Sequence[torch.Tensor]) -> tuple[int, tuple[int, ...]]:
+    """``(num_blocks, each layer's block bytes)``."""
     if not source:
         raise ValueError("source must hold one (num_blocks, block_bytes) tensor per layer")
-    num_blocks, bbl = source[0].shape
+    num_blocks = source[0].shape[0]
     for layer, t in enumerate(source):
-        if t.dtype != torch.uint8 or tuple(t.shape) != (num_blocks, bbl):
-            raise ValueError(f"source[{layer}] must be uint8 {(num_blocks, bbl)}, got "
-                             f"{t.dtype} {tuple(t.shape)}")
+        if t.dtype != torch.uint8 or t.dim() != 2 or t.shape[0] != num_blocks:
+            raise ValueError(f"source[{layer}] must be uint8 ({num_blocks}, block_bytes), "
+                             f"got {t.dtype} {tuple(t.shape)}")
     if num_blocks == 0:
         raise ValueError("source holds no blocks")
-    return int(num_blocks), int(bbl)
+    return int(num_blocks), tuple(int(t.shape[1]) for t in source)
 
 
 def _write_file(path: str, buf: torch.Tensor) -> None:
@@ -121,14 +123,15 @@ def write_scattered(directory: str, source: Sequence[torch.Tensor],
     those of ``num_sessions - 1`` other sessions into bucket files under ``directory``;
     return the layer-by-layer restore of the request."""
     cfg = config or ScatteredConfig()
-    num_blocks, bbl = _check_source(source)
+    num_blocks, sizes = _check_source(source)
     num_layers = len(source)
-    slot = align_up(bbl)
+    slots = [align_up(b) for b in sizes]  # each object starts 4 KiB aligned
     os.makedirs(directory, mode=0o700, exist_ok=True)
     rng = random.Random(cfg.seed)
     # The other sessions' objects: slices of a random pool (never read back, only
     # there to occupy their places in the buckets; incompressible all the same).
-    pool_rows = make_kv(1, FILLER_POOL_BLOCKS, bbl, seed=cfg.seed + 1)[0].numpy()
+    pools = {b: make_kv(1, FILLER_POOL_BLOCKS, b, seed=cfg.seed + 1)[0].numpy()
+             for b in set(sizes)}
     # Many small copies go through numpy: a torch copy of a 64 KiB row is an intra-op
     # parallel region, which costs milliseconds when the other core is busy.
     src_rows = [t.numpy() for t in source]
@@ -139,32 +142,43 @@ def write_scattered(directory: str, source: Sequence[torch.Tensor],
     for block in range(num_blocks):
         for session in range(cfg.num_sessions):
             order.extend((session, block, layer) for layer in range(num_layers))
-    per_bucket = max(1, min(cfg.bucket_keys_limit, cfg.bucket_size_limit_bytes // slot))
+    buckets: list[list[tuple[int, int, int]]] = [[]]
+    bucket_bytes = 0
+    for obj in order:
+        size = slots[obj[2]]
+        if buckets[-1] and (len(buckets[-1]) >= cfg.bucket_keys_limit
+                            or bucket_bytes + size > cfg.bucket_size_limit_bytes):
+            buckets.append([])
+            bucket_bytes = 0
+        buckets[-1].append(obj)
+        bucket_bytes += size
 
     where: dict[tuple[int, int], tuple[str, int]] = {}  # (block, layer) -> (path, offset)
     files_bytes = 0
     num_filler = 0
     # One buffer for every bucket: its pages are faulted in once, not once per bucket.
-    bucket_buf = aligned_buffer(per_bucket * slot)
-    for bucket_id, start in enumerate(range(0, len(order), per_bucket)):
-        objects = order[start:start + per_bucket]
+    bucket_buf = aligned_buffer(max(sum(slots[o[2]] for o in b) for b in buckets))
+    for bucket_id, objects in enumerate(buckets):
         rng.shuffle(objects)  # unordered_map iteration order inside one bucket
         path = os.path.join(directory, f"bucket-{bucket_id:06d}.bin")
-        buf = bucket_buf[:len(objects) * slot]
-        rows = buf.numpy().reshape(len(objects), slot)
-        rows[:, bbl:] = 0
-        for i, (session, block, layer) in enumerate(objects):
+        buf = bucket_buf[:sum(slots[o[2]] for o in objects)]
+        flat = buf.numpy()
+        at = 0
+        for session, block, layer in objects:
+            b = sizes[layer]
             if session == 0:
-                rows[i, :bbl] = src_rows[layer][block]
-                where[(block, layer)] = (path, i * slot)
+                flat[at:at + b] = src_rows[layer][block]
+                where[(block, layer)] = (path, at)
             else:
-                rows[i, :bbl] = pool_rows[num_filler % FILLER_POOL_BLOCKS]
+                flat[at:at + b] = pools[b][num_filler % FILLER_POOL_BLOCKS]
                 num_filler += 1
+            flat[at + b:at + slots[layer]] = 0
+            at += slots[layer]
         _write_file(path, buf)
         files_bytes += buf.numel()
 
     passes = []
-    for layer in range(num_layers):
+    for layer, slot in enumerate(slots):
         reads = tuple(FileRead(*where[(block, layer)], slot, block * slot)
                       for block in range(num_blocks))
         passes.append(ReadPass(reads=reads,
@@ -179,27 +193,25 @@ def write_per_chunk_files(directory: str, source: Sequence[torch.Tensor], *,
     layers inside, layer-major; return the chunk-by-chunk restore."""
     if blocks_per_chunk < 1:
         raise ValueError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
-    num_blocks, bbl = _check_source(source)
-    num_layers = len(source)
+    num_blocks, sizes = _check_source(source)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     src_rows = [t.numpy() for t in source]
     passes = []
     files_bytes = 0
     for chunk, first in enumerate(range(0, num_blocks, blocks_per_chunk)):
         n = min(blocks_per_chunk, num_blocks - first)
-        layer_bytes = n * bbl
-        size = align_up(num_layers * layer_bytes)
+        starts = [0, *itertools.accumulate(n * b for b in sizes)]  # layer-major
+        size = align_up(starts[-1])
         buf = aligned_buffer(size)
         flat = buf.numpy()
-        flat[num_layers * layer_bytes:] = 0
-        for layer in range(num_layers):
-            flat[layer * layer_bytes:(layer + 1) * layer_bytes] = \
-                src_rows[layer][first:first + n].reshape(-1)
+        flat[starts[-1]:] = 0
+        for layer, rows in enumerate(src_rows):
+            flat[starts[layer]:starts[layer + 1]] = rows[first:first + n].reshape(-1)
         path = os.path.join(directory, f"chunk-{chunk:06d}.bin")
         _write_file(path, buf)
         files_bytes += size
-        runs = tuple(ScatterRun(layer, first, n, layer * layer_bytes, bbl)
-                     for layer in range(num_layers))
+        runs = tuple(ScatterRun(layer, first, n, starts[layer], b)
+                     for layer, b in enumerate(sizes))
         passes.append(ReadPass(reads=(FileRead(path, 0, size, 0),), runs=runs,
                                staging_bytes=size))
     return RestoreProgram("per-chunk-files", tuple(passes), open_per_pass=True,

@@ -4,15 +4,15 @@ and the bars, with the notes the run printed."""
 
 from __future__ import annotations
 
-from flatcake.bench.report import BenchReport, size_text
+from flatcake.bench.report import BenchReport, layers_text, size_text
 
 
 def format_markdown(report: BenchReport) -> str:
     """What ``format_table`` prints, as markdown tables and lists."""
     lines = [
         f"{report.model}, {report.context_tokens} tokens in {report.num_turns} turns "
-        f"({report.num_blocks} blocks x {report.num_layers} layers x "
-        f"{size_text(report.block_bytes_per_layer)}), {report.rounds} rounds (medians), "
+        f"({report.num_blocks} blocks x {layers_text(report.layer_block_bytes)}), "
+        f"{report.rounds} rounds (medians), "
         f"{report.elapsed_s:.0f} s in all.",
         "",
         "| layout | GB/s | / device | read commands | bytes read | bytes useful | "

@@ -158,7 +158,7 @@ def run_node_bench(options: NodeBenchOptions, command: str = "flatcake bench --n
 
 def _total_bytes(options: NodeBenchOptions) -> int:
     g = preset(options.model)
-    return options.sessions * options.blocks * g.num_layers * g.block_bytes_per_layer
+    return options.sessions * options.blocks * g.block_bytes
 
 
 # -- the service --------------------------------------------------------------------
@@ -207,7 +207,7 @@ def _session(geometry: KVGeometry, options: NodeBenchOptions, s: int
     """Session ``s``'s keys and KV (``blocks`` layout, block ``i`` in slot ``i``)."""
     seed = options.seed + 1000 * s
     return (session_keys(geometry, options.blocks, seed=seed),
-            make_kv(geometry.num_layers, options.blocks, geometry.block_bytes_per_layer,
+            make_kv(geometry.num_layers, options.blocks, geometry.layer_block_bytes,
                     seed=seed))
 
 
@@ -248,7 +248,7 @@ def _restore_client(sock: str, model: str, options: NodeBenchOptions, sessions: 
         keys = {s: session_keys(geometry, options.blocks, seed=options.seed + 1000 * s)
                 for s in sessions}
         dest = {s: empty_kv(geometry.num_layers, options.blocks,
-                            geometry.block_bytes_per_layer) for s in sessions}
+                            geometry.layer_block_bytes) for s in sessions}
         slots = list(range(options.blocks))
         start.wait()
         t0, c0 = time.monotonic(), time.process_time()

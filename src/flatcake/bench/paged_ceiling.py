@@ -42,6 +42,8 @@ def paged_destination(reader: Reader, paged: PagedKV, table: torch.Tensor,
     not whole blocks within ``IOV_MAX`` iovecs."""
     bbl = paged.layer_block_bytes[0]
     why = zero_copy_refusal(reader, paged, True)
+    if not why and not paged.uniform:
+        why = "the layers' blocks differ in size (one command size cannot be whole blocks)"
     if not why and (chunk_bytes <= 0 or chunk_bytes % bbl):
         why = f"a {chunk_bytes}-byte command is not whole {bbl}-byte blocks"
     parts = 2 if paged.kv_layout == "kv_blocks" else 1

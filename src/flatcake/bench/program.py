@@ -135,7 +135,6 @@ def run_program(program: RestoreProgram, reader: DirectReader, paged: PagedKV,
     fds: dict[str, int] = {}
     if not program.open_per_pass:
         fds = {path: _open_direct(path) for path in program.paths()}
-    bbl = paged.layer_block_bytes[0]
     before = reader.stats()
     pass_fds: list[list[int]] = [[], []]
 
@@ -158,6 +157,7 @@ def run_program(program: RestoreProgram, reader: DirectReader, paged: PagedKV,
         for run in program.passes[index].runs:
             end = run.dest_offset + run.num_blocks * run.stride_bytes
             staged = dest[run.dest_offset:end]
+            bbl = paged.layer_block_bytes[run.layer]
             if run.stride_bytes != bbl:
                 staged = staged.view(run.num_blocks, run.stride_bytes)[:, :bbl].reshape(-1)
             ids = block_table[run.first_block:run.first_block + run.num_blocks]

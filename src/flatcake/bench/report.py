@@ -9,6 +9,7 @@ to read to deliver it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import statistics
 from collections.abc import Sequence
@@ -158,7 +159,7 @@ class BenchReport:
     directory: str
     model: str
     num_layers: int
-    block_bytes_per_layer: int
+    layer_block_bytes: tuple[int, ...]
     tokens_per_block: int
     context_tokens: int
     num_turns: int
@@ -200,12 +201,20 @@ def size_text(num_bytes: int) -> str:
     return f"{num_bytes} B"
 
 
+def layers_text(layer_block_bytes: tuple[int, ...]) -> str:
+    """"32 layers x 32.00 KiB", or each run of alike layers ("2 x 73.00 KiB + ...")."""
+    runs = [(b, len(list(grp))) for b, grp in itertools.groupby(layer_block_bytes)]
+    if len(runs) == 1:
+        return f"{runs[0][1]} layers x {size_text(runs[0][0])}"
+    return " + ".join(f"{n} x {size_text(b)}" for b, n in runs) + " layers"
+
+
 def format_table(report: BenchReport) -> str:
     """The human-readable report (a fixed-width table plus the side figures)."""
     lines = [
         f"flatcake bench: {report.model}, {report.context_tokens} tokens in "
-        f"{report.num_turns} turns ({report.num_blocks} blocks x {report.num_layers} layers x "
-        f"{size_text(report.block_bytes_per_layer)}), dir {report.directory}, "
+        f"{report.num_turns} turns ({report.num_blocks} blocks x "
+        f"{layers_text(report.layer_block_bytes)}), dir {report.directory}, "
         f"{report.rounds} rounds (median)",
         f"command: {report.command}",
         "",

@@ -135,8 +135,7 @@ def run_bench(options: BenchOptions, command: str = "flatcake bench") -> BenchRe
     if num_blocks < options.num_turns:
         raise ValueError(f"--context-tokens {options.context_tokens} holds {num_blocks} blocks "
                          f"of {tpb} tokens, fewer than --turns {options.num_turns}")
-    num_layers, bbl = geometry.num_layers, geometry.block_bytes_per_layer
-    useful = num_blocks * num_layers * bbl
+    useful = num_blocks * geometry.block_bytes
     os.makedirs(options.directory, exist_ok=True)
     probe = probe_direct_io(options.directory)
     if not probe.supported:
@@ -164,12 +163,12 @@ def run_bench(options: BenchOptions, command: str = "flatcake bench") -> BenchRe
 def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks: int,
          notes: list[str], t_start: float) -> BenchReport:
     geometry = preset(model)
-    num_layers, bbl = geometry.num_layers, geometry.block_bytes_per_layer
-    useful = num_blocks * num_layers * bbl
+    num_layers, sizes = geometry.num_layers, geometry.layer_block_bytes
+    useful = num_blocks * geometry.block_bytes
     # Steps: KV, device, fio, three layouts written, every restore, the control plane.
     bar = progress.task("bench", 7 + options.rounds * len(LAYOUTS), "step")
     logger.info("%.1f s: making %d MiB of KV", time.perf_counter() - t_start, useful >> 20)
-    source = make_kv(num_layers, num_blocks, bbl, seed=options.seed)
+    source = make_kv(num_layers, num_blocks, sizes, seed=options.seed)
     bar.update()
 
     # -- device ceiling (file of the request's size) ----------------------------------
@@ -178,7 +177,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
     device_bytes = max(chunk, useful // chunk * chunk)
     seq_write = dev.write_sequential(device_path, device_bytes, chunk_bytes=chunk,
                                      in_flight=options.device_in_flight, seed=options.seed)
-    rand_op = align_up(bbl)
+    rand_op = align_up(max(sizes))  # the scattered layout's largest command
     rand = dev.read_random(device_path, op_bytes=rand_op,
                            num_ops=min(num_blocks * num_layers, 5_000),
                            in_flight=options.device_in_flight, seed=options.seed)
@@ -230,8 +229,8 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         # -- rounds -------------------------------------------------------------------
         # More slots than restores keeps every restore's shift (below) distinct.
         num_slots = max(num_blocks + num_blocks // 4 + 1, 3 * options.rounds + 1)
-        dest = empty_kv(num_layers, num_slots, bbl)
-        paged = PagedKV(dest, bbl)
+        dest = empty_kv(num_layers, num_slots, sizes)
+        paged = PagedKV(dest, sizes)
         base_table = shuffled_slots(num_blocks, num_slots, seed=options.seed + 1)
         # Each restore shifts the table (source.shifted_table): leftovers of earlier
         # restores can never pass for this one's bytes, so nothing is zeroed in between.
@@ -344,7 +343,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         f"{by_name(layouts, 'flatcake').gbps / rand_best:.2f}x it")
     return BenchReport(
         command=command, directory=os.path.abspath(options.directory), model=model,
-        num_layers=num_layers, block_bytes_per_layer=bbl,
+        num_layers=num_layers, layer_block_bytes=sizes,
         tokens_per_block=geometry.tokens_per_block, context_tokens=options.context_tokens,
         num_turns=options.num_turns, num_blocks=num_blocks, rounds=options.rounds,
         layouts=tuple(layouts), device=device, control_plane=tuple(controls), write=write,

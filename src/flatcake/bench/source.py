@@ -22,10 +22,21 @@ from flatcake.cio.direct import aligned_buffer
 POOL_BYTES = 64 << 20
 
 
-def make_kv(num_layers: int, num_blocks: int, block_bytes: int, *, seed: int = 0
-            ) -> list[torch.Tensor]:
-    """``num_layers`` tensors ``(num_blocks, block_bytes)`` uint8 of distinct blocks."""
-    if num_layers < 1 or num_blocks < 1 or block_bytes < 8:
+def layer_sizes(num_layers: int, block_bytes: int | tuple[int, ...]) -> tuple[int, ...]:
+    """One block size per layer: ``block_bytes`` for every layer, or as given (a model
+    whose layers differ in size)."""
+    sizes = block_bytes if isinstance(block_bytes, tuple) else (block_bytes,) * num_layers
+    if len(sizes) != num_layers:
+        raise ValueError(f"{len(sizes)} layer sizes for {num_layers} layers")
+    return sizes
+
+
+def make_kv(num_layers: int, num_blocks: int, block_bytes: int | tuple[int, ...], *,
+            seed: int = 0) -> list[torch.Tensor]:
+    """``num_layers`` tensors ``(num_blocks, block_bytes)`` uint8 of distinct blocks
+    (``block_bytes``: one size, or one per layer)."""
+    sizes = layer_sizes(num_layers, block_bytes)
+    if num_layers < 1 or num_blocks < 1 or min(sizes) < 8:
         raise ValueError(f"make_kv needs num_layers >= 1, num_blocks >= 1, block_bytes >= 8; "
                          f"got {num_layers}, {num_blocks}, {block_bytes}")
     gen = torch.Generator().manual_seed(seed)
@@ -34,8 +45,8 @@ def make_kv(num_layers: int, num_blocks: int, block_bytes: int, *, seed: int = 0
     size = pool_bytes.numel()
     stamps = torch.arange(num_blocks, dtype=torch.int64)
     out = []
-    for layer in range(num_layers):
-        t = aligned_buffer(num_blocks * block_bytes, pin=False).view(num_blocks, block_bytes)
+    for layer, size_bytes in enumerate(sizes):
+        t = aligned_buffer(num_blocks * size_bytes, pin=False).view(num_blocks, size_bytes)
         flat = t.view(-1)
         pos, start = 0, (layer * 7919 * 4096) % size
         while pos < flat.numel():
@@ -47,13 +58,14 @@ def make_kv(num_layers: int, num_blocks: int, block_bytes: int, *, seed: int = 0
     return out
 
 
-def empty_kv(num_layers: int, num_slots: int, block_bytes: int) -> list[torch.Tensor]:
+def empty_kv(num_layers: int, num_slots: int, block_bytes: int | tuple[int, ...]
+             ) -> list[torch.Tensor]:
     """A zeroed destination paged KV (pages touched now, not inside a timed restore),
     page-aligned and, from 2 MiB up, in transparent huge pages (``direct.
     aligned_buffer``), as an engine's allocator can give it: FlatCake then reads
     straight into the slots; the baselines copy into the same tensors."""
-    return [aligned_buffer(num_slots * block_bytes, pin=False).zero_()
-            .view(num_slots, block_bytes) for _ in range(num_layers)]
+    return [aligned_buffer(num_slots * size, pin=False).zero_().view(num_slots, size)
+            for size in layer_sizes(num_layers, block_bytes)]
 
 
 def shuffled_slots(num_blocks: int, num_slots: int, *, seed: int = 1) -> torch.Tensor:
