@@ -120,6 +120,41 @@ class TestShadow:
         assert hit.num_blocks == 1
         cp.check_integrity()
 
+    def test_a_copy_behind_a_damaged_shadow_serves_once_settled(self) -> None:
+        """A store in flight with a memory copy; a later turn writes the same block and
+        is published first. Damaged, it shadows the copy (neither serves); once
+        settled, the copy serves the block."""
+        cp, _ = make(2, 9, 9, high=0.8, low=0.4, copy_watermark=1.0)
+
+        def store(n: int, turn: int, big: bool, reply: int | None = None,
+                  shared: int = 1):  # type: ignore[no-untyped-def]
+            return cp.prepare_store("s", skeys("s", n), turn_index=turn,
+                                    context_tokens=10**6 if big else 4 * n,
+                                    prev_reply_tokens=reply, shared_refcount=shared)
+
+        for n, turn, big, shared in ((1, 0, True, 1), (2, 1, False, 2), (3, 2, True, 1)):
+            plan = store(n, turn, big, shared=shared)
+            assert plan is not None
+            if turn != 1:  # turn 1 (memory) stays in flight
+                cp.complete_store(plan, True)
+            else:
+                mem = plan
+        p = store(4, 3, False)
+        assert p is not None and p.copy is not None and p.first_block == 3
+        later = store(5, 4, False, reply=10)  # a short-reply turn
+        assert later is not None and later.first_block == 3 and later.copy is None
+        cp.complete_store(later, True)
+        assert cp.mark_damaged(later.segment.segment_id)
+        cp.complete_copy(p)
+        # Block 3 belongs to the damaged segment: the lookup stops before it.
+        assert cp.lookup(skeys("s", 4)).num_blocks == 3 and cp.cut_pending("s")
+        cp.complete_store(mem, True)
+        cp.settle_damage()
+        hit = cp.lookup(skeys("s", 4))
+        assert hit.num_blocks == 4 and hit.runs[-1].segment.segment_id == p.copy.segment_id
+        cp.complete_store(p, True)
+        cp.check_integrity()
+
 
 class DamageMachine(ControlMachine):
     """The control machine, with segments failing their checksums and the pending
