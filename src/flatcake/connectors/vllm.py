@@ -70,7 +70,8 @@ socket of ``flatcake serve``): the scheduler half forwards its calls to the node
 (``connectors.node_client``) and the worker runs the same plans on the service's files
 and shared arena, so every DP rank and every vLLM on the machine shares one store.
 
-Limits: one KV cache group (no hybrid attention models), no pipeline parallelism;
+Limits: one KV cache group (a hybrid model runs with vLLM's hybrid KV cache manager
+off; other kinds are refused at start, named), no pipeline parallelism;
 tensor-parallel workers each keep their own store directory (``<root>/tp<rank>``);
 no tensor parallelism in a cluster (each rank's arena and files would need a node id of
 their own).

@@ -78,14 +78,36 @@ class RequestKeys:
         self._keys.pop(request_id, None)
 
 
+SERVED_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec",
+                "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
+"""KV cache specs whose pages hold one block's KV of one attention layer: stored whole
+(a sliding-window or chunked-local layer alone in its group is stored like a full one)."""
+
+
+def group_kind(group: Any) -> str:
+    """One KV cache group for a message: its layer count, spec class and page size."""
+    spec = group.kv_cache_spec
+    window = getattr(spec, "sliding_window", None)
+    extra = f", window {window} tokens" if window else ""
+    return (f"{len(group.layer_names)} layers of {type(spec).__name__} "
+            f"({getattr(spec, 'page_size_bytes', '?')} B pages{extra})")
+
+
 def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> KVGeometry:
     """The per-worker geometry of the engine's paged KV (one block of one layer is one
-    page of the engine's KV cache spec)."""
+    page of the engine's KV cache spec). A model kind FlatCake cannot serve is refused
+    here, at start, with a message naming it."""
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
-        raise ValueError(f"FlatCakeConnector supports one KV cache group, the model has "
-                         f"{len(groups)} (hybrid attention); run a full-attention model")
+        raise ValueError(
+            f"FlatCakeConnector serves one KV cache group; this model has {len(groups)}: "
+            f"{'; '.join(group_kind(g) for g in groups)}. Start vLLM with "
+            f"--disable-hybrid-kv-cache-manager (every attention layer is then stored whole) "
+            f"or serve a model whose layers are alike")
     spec = groups[0].kv_cache_spec
+    if type(spec).__name__ not in SERVED_SPECS:
+        raise ValueError(f"FlatCakeConnector cannot store {group_kind(groups[0])}: it serves "
+                         f"{', '.join(SERVED_SPECS)}")
     num_layers = len(groups[0].layer_names)
     block_size = int(spec.block_size)
     page = int(spec.page_size_bytes)
