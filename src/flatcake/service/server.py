@@ -343,7 +343,9 @@ class NodeService:
             st = self._parts.control.stats()
             out.update(memory_used_bytes=st.memory_used_bytes,
                        ssd_used_bytes=st.ssd_used_bytes, sessions=st.num_sessions,
-                       world_size=self._world_size)
+                       pinned_sessions=st.num_pinned_sessions,
+                       stores_in_flight=st.stores_in_flight,
+                       loads_in_flight=st.loads_in_flight, world_size=self._world_size)
         return out
 
     # -- the loop -------------------------------------------------------------------
