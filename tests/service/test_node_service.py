@@ -209,3 +209,58 @@ def test_socket_and_arena_are_private_and_a_second_service_is_refused(node: Serv
     not_dir = subprocess.run([*serve, "--root", str(tmp_path / "file")],
                              capture_output=True, text=True, timeout=60)
     assert not_dir.returncode == 2 and "Traceback" not in not_dir.stdout + not_dir.stderr
+
+
+def test_an_engine_killed_mid_write_is_rolled_back_after_its_lease(tmp_path: Path) -> None:
+    """Engine A's worker wrote a turn but A died before reporting it durable: the turn
+    is never published; after A's lease its session is unpinned and the write rolled
+    back (nothing in flight), B misses it and stores it itself, and fsck finds the root
+    clean once the service stopped."""
+    import subprocess
+    import sys
+
+    from tests.connectors.sides_harness import G
+
+    # A lease long enough for A's write to finish before it ends on a loaded machine.
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.node_lease_s=8").start()
+    a, b = Engine(svc.sock, seed=1, name="A"), Engine(svc.sock, seed=2, name="B")
+    try:
+        turn0 = list(range(100, 113))
+        v = view("a0", turn0, out=3, computed=13, session="s")
+        a.sched.num_matched_tokens(v, 0)
+        end(a, v, [5, 6, 7, 8])
+        plan = a.sched.build_step()  # the write goes to A's worker ...
+        assert plan.stores
+        a.worker.start_step(plan)
+        for layer in range(G.num_layers):
+            a.worker.wait_for_layer(layer)
+        a.worker.end_step()
+        # ... which writes it (its writer thread drained), and A dies before it reports.
+        dropped, stopped = a.worker._writer_thread.drain(30)
+        assert (dropped, stopped) == ([], True)
+        books = status(svc)
+        assert (books["stores_in_flight"], books["pinned_sessions"]) == (1, 1), books
+        v1 = view("b1", tokens(turn0, 8, 200), session="s")
+        # Never served unpublished: B waits for the store in flight (vLLM asks again).
+        assert b.sched.num_matched_tokens(v1, 0) == (None, False)
+        t0 = time.monotonic()
+        while a.sched.engine_id in status(svc)["engines"] and time.monotonic() < t0 + 30:
+            b.step()  # B keeps calling: only A's lease ends
+            time.sleep(0.2)
+        books = status(svc)
+        assert a.sched.engine_id not in books["engines"]
+        assert (books["stores_in_flight"], books["pinned_sessions"]) == (0, 0), books
+        assert b.sched.num_matched_tokens(view("b2", turn0, session="s"), 0) == (0, False)
+        p = finish(b, "b3", turn0, [9, 10, 11, 12], out=3, session="s")
+        assert p["stored_blocks"] == 3
+        b.step()
+        hit, _ = b.sched.num_matched_tokens(view("b4", tokens(turn0, 8, 200), session="s"), 0)
+        assert hit == 12
+    finally:
+        a.close()
+        b.close()
+        assert svc.stop() == 0, svc.stderr()
+    fsck = subprocess.run([sys.executable, "-m", "flatcake.cli", "fsck", str(svc.root)],
+                          capture_output=True, text=True, timeout=120)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
