@@ -86,3 +86,38 @@ def test_turn_1_on_rank_b_gets_turn_0_from_the_node_service(one_rank: None, tmp_
             if ctrl is not None:
                 ctrl.detach_storage_backend()
         assert svc.stop() == 0, svc.stderr()
+
+
+def test_a_killed_service_is_a_miss_then_the_ranks_serve_again(one_rank: None,
+                                                                tmp_path: Path) -> None:
+    """The service SIGKILLed: both ranks' controllers keep going (a prefetch finds
+    nothing, a backup stores nothing, no exception reaches SGLang); the service started
+    again recovers the SSD turns and the ranks, attaching again by themselves, are
+    served them and store again."""
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    store = {"node": f"unix:{svc.sock}", "node_timeout_s": 1}
+    pool_a, pool_b = host_pool("layer_first", dim=64), host_pool("layer_first", dim=64)
+    pool_b.kv_buffer.zero_()
+    turn0 = list(range(1000, 1000 + 3 * PAGE))
+    other = list(range(7000, 7000 + 2 * PAGE))
+    hashes = get_storage_hash_str(turn0, None, page_size=PAGE)
+    rank_a = rank_b = None
+    try:
+        rank_a = controller(pool_a, store)
+        rank_b = controller(pool_b, store)
+        src = pool_a.alloc(len(turn0))
+        assert backup(rank_a, src, turn0, hashes, []) == len(turn0)
+        svc.kill()
+        assert prefetch(rank_b, pool_b, "gone", [*turn0, 7])[0] == 0
+        assert backup(rank_b, pool_b.alloc(len(other)), other,
+                      get_storage_hash_str(other, None, page_size=PAGE), []) == 0
+        svc.start()
+        loaded, dst = prefetch(rank_b, pool_b, "back", [*turn0, 7])
+        assert loaded == len(turn0) and pages_of(pool_b, dst) == pages_of(pool_a, src)
+        assert backup(rank_b, pool_b.alloc(len(other)), other,
+                      get_storage_hash_str(other, None, page_size=PAGE), []) == len(other)
+    finally:
+        for ctrl in (rank_a, rank_b):
+            if ctrl is not None:
+                ctrl.detach_storage_backend()
+        assert svc.stop() == 0, svc.stderr()
