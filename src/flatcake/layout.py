@@ -45,7 +45,8 @@ def segment_header_bytes(num_blocks: int, layer_block_bytes: tuple[int, ...]) ->
     """On-disk header size: fixed fields + one key per block + one crc32 per layer, and
     one 4-byte size per layer when the layers differ in size."""
     num_layers = len(layer_block_bytes)
-    sizes = num_layers * 4 if len(set(layer_block_bytes)) > 1 else 0
+    alike = layer_block_bytes.count(layer_block_bytes[0]) == num_layers
+    sizes = 0 if alike else num_layers * 4
     raw = SEGMENT_FIXED_HEADER_BYTES + num_blocks * KEY_BYTES + num_layers * 4 + sizes
     return align_up(raw)
 
@@ -72,6 +73,7 @@ class SegmentLayout:
     num_blocks: int
     layer_block_bytes: tuple[int, ...]
     header_bytes: int
+    _uniform: int = field(init=False, repr=False, compare=False)
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,9 +90,14 @@ class SegmentLayout:
                 f"SegmentLayout.header_bytes must be a multiple of {ALIGN}, got "
                 f"{self.header_bytes}"
             )
-        # Layer l's data starts at num_blocks * sum(layer_block_bytes[:l]).
-        object.__setattr__(self, "_starts", (0, *itertools.accumulate(
-            self.num_blocks * b for b in self.layer_block_bytes)))
+        # Layer l's data starts at num_blocks * sum(layer_block_bytes[:l]): l times one
+        # layer's bytes when the layers are alike (the common case, kept cheap: the
+        # replay makes a layout per turn), else from the table of starts.
+        sizes = self.layer_block_bytes
+        uniform = sizes[0] if sizes.count(sizes[0]) == len(sizes) else 0
+        object.__setattr__(self, "_uniform", uniform)
+        object.__setattr__(self, "_starts", () if uniform else (0, *itertools.accumulate(
+            self.num_blocks * b for b in sizes)))
 
     @classmethod
     def for_ssd(cls, num_blocks: int, layer_block_bytes: tuple[int, ...]) -> SegmentLayout:
@@ -109,7 +116,7 @@ class SegmentLayout:
     @property
     def is_uniform(self) -> bool:
         """Every layer's block has the same size (the layer stride is constant)."""
-        return len(set(self.layer_block_bytes)) == 1
+        return self._uniform > 0
 
     @property
     def data_offset(self) -> int:
@@ -121,6 +128,8 @@ class SegmentLayout:
 
     @property
     def data_bytes(self) -> int:
+        if self._uniform:
+            return self.num_blocks * self._uniform * len(self.layer_block_bytes)
         return self._starts[-1]
 
     @property
@@ -129,6 +138,8 @@ class SegmentLayout:
 
     def layer_offset(self, layer: int) -> int:
         """Start of ``layer`` relative to the segment start."""
+        if self._uniform:
+            return self.header_bytes + layer * self.num_blocks * self._uniform
         return self.header_bytes + self._starts[layer]
 
     def block_offset(self, layer: int, block: int) -> int:
