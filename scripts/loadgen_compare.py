@@ -3,9 +3,15 @@ server configuration, started with identical flags, alternating over repeats.
 
     .venv/bin/python scripts/loadgen_compare.py --out loadgen-compare
 
-Configurations: ``none`` (vLLM alone, its own prefix cache) and ``flatcake`` (the
-FlatCake connector with ``--flatcake-memory-mib`` of host memory and
-``--flatcake-ssd-mib`` of SSD under a fresh store root). Repeat ``r`` runs them in
+Configurations (``--configs``): ``none`` (vLLM alone, its own prefix cache),
+``flatcake`` (the FlatCake connector with ``--flatcake-memory-mib`` of host memory and
+``--flatcake-ssd-mib`` of SSD under a fresh store root) and ``lmcache`` (LMCache's
+multi-process mode: an ``lmcache server`` with the same host memory as its L1 and its
+``fs`` L2 adapter under a fresh folder, vLLM's ``LMCacheMPConnector``, the CPU transfer
+path ``LMCACHE_MP_TRANSFER_MODE=engine_driven NO_GPU_EXT=1``). LMCache is not a
+dependency of the project: ``--lmcache-path DIR`` names a folder holding it, e.g.
+``pip install --no-deps --target DIR lmcache`` (its imports beyond vLLM's are optional
+with ``--disable-observability``). Repeat ``r`` runs them in
 order when r is even, reversed when odd (none, flatcake, flatcake, none, ...), each on a
 fresh server; on each server every working set gets one loadgen run: its ``--warmup`` pass
 (one visit of each prompt, not measured), then ``--duration`` measured seconds. Seeds are the same
@@ -45,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 ENGINE_PY = REPO / ".venv-engine" / "bin" / "python"
 STOP_WAIT_S = 90
 BLOCK = 32
-CONFIGS = ("none", "flatcake")
+CONFIGS = ("none", "flatcake", "lmcache")
 # What the server log says when a stop was not clean.
 STOP_EVENTS = {
     "a worker died": r"died unexpectedly",
@@ -81,12 +87,48 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def env() -> dict[str, str]:
+def env(lmcache: Path | None = None) -> dict[str, str]:
     e = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
              VLLM_CPU_KVCACHE_SPACE="1")
-    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"),
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), str(lmcache or ""),
                                                    os.environ.get("PYTHONPATH", "")) if p)
+    if lmcache is not None:
+        e.update(NO_GPU_EXT="1", LMCACHE_MP_TRANSFER_MODE="engine_driven",
+                 LMCACHE_DISABLE_BANNER="1")
     return e
+
+
+class LMCacheServer:
+    """``lmcache server`` (multi-process mode) in its own process group."""
+
+    def __init__(self, args: argparse.Namespace, store: Path, log: Path) -> None:
+        self.port = free_port()
+        store.mkdir(parents=True, exist_ok=True)
+        cmd = [str(ENGINE_PY), "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1",
+               "--port", str(self.port), "--http-port", str(free_port()),
+               "--l1-size-gb", str(args.flatcake_memory_mib / 1024),
+               "--eviction-policy", "LRU", "--supported-transfer-mode", "engine_driven",
+               "--disable-observability",
+               "--l2-adapter", json.dumps({"type": "fs", "base_path": str(store)})]
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env(args.lmcache_path),
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + 120
+        while "Application startup complete" not in log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"lmcache server did not start; see {log}")
+            time.sleep(1)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 class Server:
@@ -96,6 +138,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
+        self.lmcache = (LMCacheServer(args, store, log.with_suffix(".lmcache.log"))
+                        if config == "lmcache" else None)
         cmd = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server",
                "--host", "127.0.0.1", "--port", str(self.port), "--model", str(args.model),
                "--served-model-name", "model", "--dtype", "float32",
@@ -109,13 +153,21 @@ class Server:
                 "kv_connector_extra_config": {"store": {
                     "root": str(store), "memory_capacity_bytes": args.flatcake_memory_mib << 20,
                     "ssd_capacity_bytes": args.flatcake_ssd_mib << 20}}})]
+        if self.lmcache is not None:
+            cmd += ["--kv-transfer-config", json.dumps({
+                "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
+                                              "lmcache.mp.port": self.lmcache.port}})]
         self.started = time.monotonic()
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=out,
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env(
+                args.lmcache_path if self.lmcache else None), stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self.lmcache is not None:
+                    self.lmcache.stop()
                 raise SystemExit(f"server exited ({self.proc.returncode}); see {log}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
@@ -164,6 +216,8 @@ class Server:
             forced = True
         with contextlib.suppress(ProcessLookupError):  # a child left behind
             os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.lmcache is not None:
+            self.lmcache.stop()
         tail = self.log.read_text(errors="replace")[-200_000:]
         events = [name for name, pattern in STOP_EVENTS.items() if re.search(pattern, tail)]
         if forced:
@@ -245,6 +299,10 @@ def main() -> int:
     p.add_argument("--flatcake-ssd-mib", type=int, default=2048)
     p.add_argument("--stop", default="server", choices=("server", "group"),
                    help="SIGINT to the API server only (default) or to its process group")
+    p.add_argument("--configs", default="none,flatcake",
+                   help=f"configurations, in order (of {', '.join(CONFIGS)})")
+    p.add_argument("--lmcache-path", type=Path, default=None, metavar="DIR",
+                   help="a folder holding the lmcache package (for --configs lmcache)")
     p.add_argument("--session-ids", action="store_true",
                    help="loadgen sends each prompt's session id")
     p.add_argument("--docs-out", type=Path, default=None, metavar="FILE",
@@ -255,13 +313,21 @@ def main() -> int:
     if not ENGINE_PY.is_file():
         raise SystemExit(f"{ENGINE_PY} is missing: run scripts/engine_venv.sh first")
     working_sets = [int(x) for x in args.working_sets.split(",")]
+    configs = tuple(args.configs.split(","))
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"--configs: unknown {', '.join(unknown)} (of {', '.join(CONFIGS)})")
+    if "lmcache" in configs and not (args.lmcache_path and
+                                     (args.lmcache_path / "lmcache").is_dir()):
+        raise SystemExit("--configs lmcache needs --lmcache-path DIR holding the lmcache "
+                         "package (pip install --no-deps --target DIR lmcache)")
     args.out.mkdir(parents=True, exist_ok=True)
     build_model(args.model)
     results: list[dict] = []
     stops: list[dict] = []
     began = time.monotonic()
     for r in range(args.repeats):
-        for config in (CONFIGS if r % 2 == 0 else CONFIGS[::-1]):
+        for config in (configs if r % 2 == 0 else configs[::-1]):
             tag = f"r{r}-{config}"
             store = args.out / "stores" / tag
             print(f"[{time.monotonic() - began:6.0f} s] {tag}: starting vLLM "
