@@ -7,7 +7,7 @@ Configurations (``--configs``): ``none`` (vLLM alone, its own prefix cache),
 ``flatcake`` (the FlatCake connector with ``--flatcake-memory-mib`` of host memory and
 ``--flatcake-ssd-mib`` of SSD under a fresh store root) and ``lmcache`` (LMCache's
 multi-process mode: an ``lmcache server`` with the same host memory as its L1 and its
-``fs`` L2 adapter under a fresh folder, vLLM's ``LMCacheMPConnector``, the CPU transfer
+``fs_native`` L2 adapter under a fresh folder, vLLM's ``LMCacheMPConnector``, the CPU transfer
 path ``LMCACHE_MP_TRANSFER_MODE=engine_driven NO_GPU_EXT=1``). LMCache is not a
 dependency of the project: ``--lmcache-path DIR`` names a folder holding it, e.g.
 ``pip install --no-deps --target DIR lmcache`` (its imports beyond vLLM's are optional
@@ -109,7 +109,7 @@ class LMCacheServer:
                "--l1-size-gb", str(args.flatcake_memory_mib / 1024),
                "--eviction-policy", "LRU", "--supported-transfer-mode", "engine_driven",
                "--disable-observability",
-               "--l2-adapter", json.dumps({"type": "fs", "base_path": str(store)})]
+               "--l2-adapter", json.dumps({"type": "fs_native", "base_path": str(store)})]
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env(args.lmcache_path),
                                          stdout=out, stderr=subprocess.STDOUT,
@@ -332,7 +332,14 @@ def main() -> int:
             store = args.out / "stores" / tag
             print(f"[{time.monotonic() - began:6.0f} s] {tag}: starting vLLM "
                   f"(load {loadavg()})", flush=True)
-            server = Server(args, config, store, args.out / f"server-{tag}.log")
+            try:
+                server = Server(args, config, store, args.out / f"server-{tag}.log")
+            except SystemExit as failed:  # the other configurations still run
+                print(f"[{time.monotonic() - began:6.0f} s] {tag}: {failed}", flush=True)
+                stops.append({"run": tag, "start_s": None, "stop_s": None, "rc": None,
+                              "clean": False, "events": [f"did not start: {failed}"],
+                              "session_files": None, "flatcake_metrics": {}})
+                continue
             try:
                 for k, ws in enumerate(working_sets):
                     before = loadavg()
