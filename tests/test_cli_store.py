@@ -11,7 +11,17 @@ from flatcake.cio.files import SESSIONS_DIR
 from flatcake.cio.filescan import scan_session_file
 from flatcake.cli import main
 from flatcake.store import FlatCakeStore
-from tests.store.helpers import SMALL, TO_MEMORY, TO_SSD, random_kv, session_keys, small_config
+from tests.store.helpers import (
+    SMALL,
+    THREE_KINDS,
+    TO_MEMORY,
+    TO_SSD,
+    paged,
+    random_kv,
+    session_keys,
+    small_config,
+    store_three_turns,
+)
 
 # Segment bytes on SSD: a 4 KiB header + 3 layers x 256 B per block, 4 KiB aligned.
 SMALL_SEGMENT_BYTES = {n: 4096 + -(-(n * 3 * 256) // 4096) * 4096 for n in (4, 8)}
@@ -154,3 +164,16 @@ def test_a_record_that_cannot_be_written_does_not_stop_the_store(
         assert store.lookup(session_keys(0, 2)).num_blocks == 0
     assert "cannot record the store config" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["LOCK", RECORD_NAME, "sessions"]
+
+
+def test_inspect_names_each_layer_kind(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    src = paged(THREE_KINDS, 12, seed=3)
+    with FlatCakeStore.open(tmp_path, THREE_KINDS, small_config()) as store:
+        store_three_turns(store, session_keys(3, 12, THREE_KINDS), src)
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "geometry: three-kinds, 5 layers, 16 tokens per block" in out
+    assert "    2 full layers: 512 B per 1 tokens\n" in out
+    assert "    1 c4a layers: 1024 B per 4 tokens\n" in out
+    assert "    2 c16 layers: 584 B per 16 tokens\n" in out

@@ -11,50 +11,18 @@ from pathlib import Path
 
 import torch
 
-from flatcake.cio.direct import aligned_buffer
-from flatcake.geometry import KVGeometry, LayerGroup
-from flatcake.store import FlatCakeStore, TurnSignals
-from tests.store.helpers import TO_MEMORY, TO_SSD, session_keys, small_config
+from flatcake.geometry import KVGeometry
+from flatcake.store import FlatCakeStore
+from tests.store.helpers import (
+    ALIGNED_KINDS,
+    THREE_KINDS,
+    paged,
+    session_keys,
+    small_config,
+    store_three_turns,
+)
 
 FIXTURE = Path(__file__).parent.parent / "cio" / "fixtures" / "v1-session.fcs"
-
-# Full-attention layers (8 KiB a block), compressed layers keeping one 1 KiB entry per 4
-# tokens (4 KiB a block) and layers keeping one 584 B entry per block (not a multiple of
-# 4 KiB: no O_DIRECT read can land in their slots).
-THREE_KINDS = KVGeometry(
-    num_layers=5, tokens_per_block=16, dtype="uint8", name="three-kinds",
-    groups=(LayerGroup(2, 512, kind="full"), LayerGroup(1, 1024, tokens_per_entry=4, kind="c4a"),
-            LayerGroup(2, 584, tokens_per_entry=16, kind="c16")))
-# The same kinds with 4 KiB-multiple blocks only: zero-copy reads serve every layer.
-ALIGNED_KINDS = KVGeometry(
-    num_layers=4, tokens_per_block=16, dtype="uint8", name="aligned-kinds",
-    groups=(LayerGroup(1, 512), LayerGroup(2, 1024, tokens_per_entry=4, kind="c4a"),
-            LayerGroup(1, 3072, tokens_per_entry=4, kind="c4b")))
-
-
-def paged(g: KVGeometry, slots: int, seed: int | None = None) -> list[torch.Tensor]:
-    """One ``(slots, block bytes)`` tensor per layer, 4 KiB aligned; random or zero."""
-    gen = torch.Generator().manual_seed(seed or 0)
-    out = []
-    for size in g.layer_block_bytes:
-        t = aligned_buffer(slots * size, pin=False).view(slots, size)
-        if seed is None:
-            t.zero_()
-        else:
-            t.copy_(torch.randint(0, 256, (slots, size), dtype=torch.uint8, generator=gen))
-        out.append(t)
-    return out
-
-
-def store_three_turns(store: FlatCakeStore, keys: list[bytes], src: list[torch.Tensor]
-                      ) -> None:
-    # Turn 0 (blocks 0-4) and turn 2 (blocks 8-11) on SSD, turn 1 (blocks 5-7) in memory.
-    store.store_turn("s", keys[:5], src, range(5), TO_SSD)
-    store.store_turn("s", keys[:8], src, range(8), TurnSignals(
-        turn_index=1, context_tokens=80, prev_reply_tokens=TO_MEMORY.prev_reply_tokens))
-    store.store_turn("s", keys, src, range(12), TurnSignals(turn_index=2,
-                                                             context_tokens=0))
-
 
 def assert_restored(dst: list[torch.Tensor], src: list[torch.Tensor], slots: list[int]
                     ) -> None:

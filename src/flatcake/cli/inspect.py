@@ -41,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     if g is not None:
         print(f"  geometry: {g['name']}, {g['num_layers']} layers, {g['tokens_per_block']} "
               f"tokens per block; io_mode {report['io_mode']}")
+        for grp in g.get("groups", ()):
+            window = f", window {grp['window_tokens']} tokens" if grp["window_tokens"] else ""
+            print(f"    {grp['num_layers']} {grp['kind']} layers: {grp['entry_bytes']} B "
+                  f"per {grp['tokens_per_entry']} tokens{window}")
     print(f"  {report['host_buffers']}")
     print(f"  placement thresholds (tokens): agent context "
           f"{pl['agent_context_threshold_tokens']}, long reply "
