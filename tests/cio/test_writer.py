@@ -124,7 +124,7 @@ def test_host_blocks_are_gathered_by_memmove(tmp_path: Path, kv_blocks: bool,
     bbpl = 65536  # parts of 32 KiB or more: copied by memmove, not index_select
     kv = _kv(bbpl, kv_blocks, aligned=False)
     paged = PagedKV(kv, bbpl, "kv_blocks" if kv_blocks else "blocks")
-    assert writer_mod._HostGather(paged, paged.block_table([5, 2], unique=False)).use
+    assert all(writer_mod._HostGather(paged, paged.block_table([5, 2], unique=False)).use)
     path, paths = _write(tmp_path, kv, bbpl, SegmentWriter(chunk_bytes, zero_copy=False))
     assert paths == ["gather"] * len(TURNS)
     _assert_on_disk(path, kv, bbpl, kv_blocks)
@@ -199,11 +199,16 @@ def test_bad_writer_settings_are_value_errors() -> None:
 @pytest.mark.parametrize(("sizes", "path"), [
     ((8192, 4096, 12288), "zero-copy"),  # every block part 4 KiB aligned
     ((8192, 300, 4096), "gather"),
+    ((65536, 300, 98304), "gather"),  # the large layers gathered by memmove
 ])
 @pytest.mark.parametrize("chunk_bytes", [4096, 12288, 1 << 20])
 def test_layers_of_different_sizes_are_written_layer_after_layer(
         tmp_path: Path, sizes: tuple[int, ...], path: str, chunk_bytes: int) -> None:
     kv = _kv(sizes, False, aligned=True)
+    paged = PagedKV(kv, sizes, "blocks")
+    use = writer_mod._HostGather(paged, paged.block_table(TURNS[1], unique=False)).use
+    # memmove for the layers whose copies are large: 8 blocks in 3 runs of slots
+    assert use == [8 * b >= 3 * writer_mod._HostGather.MIN_SPAN_BYTES for b in sizes]
     file, paths = _write(tmp_path, kv, sizes, SegmentWriter(chunk_bytes, in_flight=2))
     assert paths == [path] * len(TURNS)
     _assert_on_disk(file, kv, sizes, False)

@@ -323,7 +323,8 @@ class _HostGather:
     ``kv_blocks`` one. No torch kernel: torch's index kernels spread a copy over its
     intra-op threads, which costs ~3x the CPU of a plain copy on a busy 2-core box
     (0.38-0.43 against 0.12-0.13 CPU ns/B for 64 KiB blocks). Used when the copies are
-    large (``use``); small ones are cheaper in one ``index_select``."""
+    large (``use``, per layer: layers may differ in size); small ones are cheaper in one
+    ``index_select``."""
 
     MIN_SPAN_BYTES = 16384
 
@@ -333,28 +334,29 @@ class _HostGather:
             raise ValueError(f"block ids must be in [0, {paged.num_blocks}), got "
                              f"{min(self.slots)}..{max(self.slots)}")
         self.kv = paged.kv_layout == "kv_blocks"
-        self.part = paged.part_bytes
-        self.stride, self.plane = paged.block_stride, paged.plane_stride
+        self.parts = paged.layer_parts  # (part, block stride, plane stride) per layer
         self.ptrs = [t.data_ptr() for t in paged.layer_bytes()]
-        spans = 2 * len(self.slots) if self.kv else len(_runs(self.slots, self.part))
-        self.use = (paged.device.type == "cpu" and bool(self.slots) and paged.uniform
-                    and len(self.slots) * self.part * (2 if self.kv else 1)
-                    >= spans * self.MIN_SPAN_BYTES)
+        # Runs of consecutive slots are runs in every layer (a layer's stride is its part).
+        spans = 2 * len(self.slots) if self.kv else len(_runs(self.slots, 1))
+        host = paged.device.type == "cpu" and bool(self.slots)
+        self.use = [host and len(self.slots) * part * (2 if self.kv else 1)
+                    >= spans * self.MIN_SPAN_BYTES for part, _s, _p in self.parts]
 
     def copy(self, layer: int, first: int, count: int, dest: torch.Tensor) -> None:
         """Blocks ``first .. first + count`` of the segment, of ``layer``, into ``dest``
         (a contiguous host uint8 tensor of ``count`` blocks)."""
+        part, stride, plane = self.parts[layer]
         if dest.device.type != "cpu" or not dest.is_contiguous() or \
-                dest.numel() != count * self.part * (2 if self.kv else 1):
+                dest.numel() != count * part * (2 if self.kv else 1):
             raise ValueError(f"gather destination must be a contiguous host tensor of "
                              f"{count} blocks, got {dest.numel()} bytes on {dest.device}")
-        base, part, out = self.ptrs[layer], self.part, dest.data_ptr()
+        base, out = self.ptrs[layer], dest.data_ptr()
         sl = self.slots[first:first + count]
         if self.kv:
             for j, s in enumerate(sl):
-                at = base + s * self.stride
+                at = base + s * stride
                 memmove(out + 2 * j * part, at, part)
-                memmove(out + (2 * j + 1) * part, at + self.plane, part)
+                memmove(out + (2 * j + 1) * part, at + plane, part)
             return
         i = 0
         while i < len(sl):
@@ -367,7 +369,7 @@ class _HostGather:
 
 def _gather(paged: PagedKV, host: _HostGather, layer: int, ids: torch.Tensor, first: int,
             count: int, dest: torch.Tensor) -> None:
-    if host.use:
+    if host.use[layer]:
         host.copy(layer, first, count, dest)
     else:
         paged.gather(layer, ids[first:first + count], dest)
