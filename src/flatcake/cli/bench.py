@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from flatcake import docsout
@@ -11,7 +12,7 @@ from flatcake.geometry import PRESETS
 
 if TYPE_CHECKING:
     from flatcake.bench.node import NodeBenchOptions
-    from flatcake.bench.report import BenchReport
+    from flatcake.bench.report import Bar
     from flatcake.bench.runner import BenchOptions
 
 QUICK = {"context_tokens": 512, "num_turns": 2, "rounds": 1, "scattered_sessions": 2,
@@ -145,14 +146,16 @@ def run(args: argparse.Namespace) -> int:
 
         argv = [*shlex.split(command_line(options)), "--docs-out", args.docs_out]
         docsout.write(args.docs_out, argv, format_markdown(report), started)
-    return exit_status(report, strict=args.strict)
+    return exit_status((r.verified for r in report.layouts), report.bars,
+                       strict=args.strict)
 
 
-def exit_status(report: BenchReport, *, strict: bool) -> int:
-    """1 when a restore was not byte-exact, or (``strict``) when a bar was missed."""
-    if not all(r.verified for r in report.layouts):
+def exit_status(verified: Iterable[bool], bars: Iterable[Bar], *, strict: bool) -> int:
+    """1 when a restore was not byte-exact, or (``strict``) when a bar was missed: the
+    exit of every bench report (the layouts and the node rows)."""
+    if not all(verified):
         return 1
-    return 1 if strict and not all(b.passed for b in report.bars) else 0
+    return 1 if strict and not all(b.passed for b in bars) else 0
 
 
 def node(args: argparse.Namespace) -> int:
@@ -172,9 +175,8 @@ def node(args: argparse.Namespace) -> int:
     if args.docs_out:
         docsout.write(args.docs_out, [*parts, "--docs-out", args.docs_out],
                       format_node_markdown(report), started)
-    if not all(r.verified for r in report.restores):
-        return 1
-    return 1 if args.strict and not all(b.passed for b in report.bars) else 0
+    return exit_status((r.verified for r in report.restores), report.bars,
+                       strict=args.strict)
 
 
 def calibrate(args: argparse.Namespace) -> int:
