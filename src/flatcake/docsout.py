@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,6 +84,12 @@ def provenance(command: str, started: Start) -> str:
             f"Measured {when} at commit {started.commit}, on {os.cpu_count()} cores, "
             f"{_memory_gib():.1f} GiB, load average {started.load_average:.1f} at the start "
             f"and {load_average():.1f} at the end, by `{command}`.\n")
+
+
+def typed(prog: str, argv: Sequence[str] | None) -> list[str]:
+    """The command as typed, for ``write``: an argparse ``prog`` and the arguments its
+    ``main(argv)`` parsed (``sys.argv[1:]`` when ``argv`` is ``None``)."""
+    return [*prog.split(), *(sys.argv[1:] if argv is None else argv)]
 
 
 def write(path: str | os.PathLike[str], argv: Sequence[str], body: str,

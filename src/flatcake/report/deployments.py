@@ -147,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m flatcake.report.deployments``: this step alone, its table printed
     (and written for the docs site with ``--docs-out``)."""
     import argparse
-    import sys
 
     from flatcake import docsout
     from flatcake.replay.workload.source import load_workload
@@ -172,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(deployments_table(result))
     print(table)
     if args.docs_out:
-        docsout.write(args.docs_out, [*ap.prog.split(), *(sys.argv[1:] if argv is None
-                                                          else argv)], table, started)
+        docsout.write(args.docs_out, docsout.typed(ap.prog, argv), table, started)
     return 0
 
 

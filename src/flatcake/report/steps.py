@@ -258,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             *(deployments_step.deployments_table(deployed) if deployed is not None else [])])
     if args.docs_out:
         body = (out / "report.md").read_text().split("\n", 1)[1]  # without its title
-        docsout.write(args.docs_out, [*ap.prog.split(), *(sys.argv[1:] if argv is None
-                                                          else argv)], body, started)
+        docsout.write(args.docs_out, docsout.typed(ap.prog, argv), body, started)
     return 0
 
 
