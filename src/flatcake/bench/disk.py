@@ -11,7 +11,8 @@ O_DIRECT reads (no page cache):
 
 It returns an ``SsdSpec`` with those figures (the capacity is the caller's budget). The
 ``local`` preset stores the figures measured on the development machine; rerun
-``python -m flatcake.bench.disk DIR`` to see this machine's.
+``python -m flatcake.bench.disk DIR`` to see this machine's (DIR is required: the scratch
+file is 1 GiB by default, ``--mib`` sets it).
 """
 
 from __future__ import annotations
@@ -96,9 +97,23 @@ def measure_ssd(directory: str | Path, file_bytes: int = 1024 * MIB, threads: in
 
 
 def main(argv: list[str]) -> int:
-    where = argv[1] if len(argv) > 1 else "."
-    spec = measure_ssd(where)
-    print(f"measured under {where}:")
+    """``python -m flatcake.bench.disk DIR [--mib N]``: print DIR's drive figures."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m flatcake.bench.disk",
+        description="Measure a drive with O_DIRECT for the replay's local preset. Writes a "
+                    "scratch file of --mib MiB under DIR and removes it.")
+    ap.add_argument("dir", help="a directory on the drive to measure (created if missing)")
+    ap.add_argument("--mib", type=int, default=1024, help="scratch file size in MiB (1024)")
+    args = ap.parse_args(argv[1:])
+    if args.mib < 16:
+        ap.error(f"--mib must be at least 16, got {args.mib}")
+    try:
+        spec = measure_ssd(args.dir, file_bytes=args.mib * MIB)
+    except (OSError, ValueError) as e:
+        ap.exit(2, f"{ap.prog}: cannot measure under {args.dir}: {e}\n")
+    print(f"measured under {args.dir}:")
     for f in dataclasses.fields(spec):
         if f.name != "capacity_bytes":
             print(f"  {f.name} = {getattr(spec, f.name)!r}")
