@@ -176,8 +176,15 @@ def test_damage_found_while_serving_is_settled_by_the_cut(
         code, report = _fsck_json(capsys, tmp_path)  # the store still serves
         assert code == 0 and report["clean"] is True
         assert _states(report) == {path.name: ("ok", "")}
+        # The cut file looks clean: damage.log is its only trace, and fsck lists it.
+        (entry,) = report["settled_earlier"]
+        assert (entry["action"], entry["file"], entry["end_bytes"]) == (
+            "cut", path.name, segs[0].end_offset)
+        assert "restore" in entry["why"]
     code, out = _fsck(capsys, tmp_path)
     assert code == 0 and "1 files: 1 ok, 0 settled (quarantined), 0 damaged" in out
+    assert "settled earlier (1 in damage.log, newest last):" in out
+    assert f"cut        {path.name} at byte {segs[0].end_offset}: damaged segment" in out
     with FlatCakeStore.open(tmp_path, SMALL, small_config()) as store:
         assert store.recovery.damaged_segments == 0
         assert _served(store, 0, src) == TURNS[0]
@@ -195,6 +202,8 @@ def test_header_damage_found_while_serving_is_settled_by_quarantine(
         assert (tmp_path / QUARANTINE_DIR / path.name).exists()
         code, report = _fsck_json(capsys, tmp_path)
         assert code == 0 and _states(report) == {path.name: ("settled", "quarantined")}
+        assert [(e["action"], e["file"]) for e in report["settled_earlier"]] == [
+            ("quarantine", path.name)]
     code, out = _fsck(capsys, tmp_path)
     assert code == 0 and "1 settled (quarantined), 0 damaged" in out
 
@@ -227,6 +236,9 @@ def test_repair_settles_what_the_store_has_not(
     assert (rep["cut_paths"], rep["deleted_paths"]) == ([str(b)], [str(c)])
     assert _states(report) == {b.name: ("ok", ""), a.name: ("settled", "quarantined"),
                                stray.name: ("settled", "quarantined")}
+    assert sorted((e["action"], e["file"]) for e in report["settled_earlier"]) == sorted(
+        [("quarantine", a.name), ("quarantine", stray.name), ("cut", b.name),
+         ("delete", c.name)])
 
     code, out = _fsck(capsys, tmp_path)
     assert code == 0 and "DAMAGED" not in out

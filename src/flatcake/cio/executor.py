@@ -154,11 +154,13 @@ class Executor:
             if path is None:
                 continue
             if verdict.fate == FileFate.QUARANTINE:
-                dest = self.files.quarantine_path(path)
+                dest = self.files.quarantine_path(path, verdict.reason)
                 logger.warning("session file %s is %s; moved to %s", path, verdict.reason,
                                dest)
             elif verdict.fate == FileFate.DELETE:
                 path.unlink(missing_ok=True)  # nothing servable in it
+                if verdict.reason:
+                    self.files.journal("delete", path, verdict.reason)
             else:
                 with self.lock:
                     self.files.adopt(path, scan.headers[verdict.file_id], verdict.end_bytes,

@@ -11,6 +11,8 @@ Directory layout under the store root (directories 0700, files 0600)::
                                  crash, removed when the root is next locked
       quarantine/<file_id>.fcs   files whose file header is damaged, pulled out of
                                  service and kept for inspection; never read again
+      damage.log                 one JSON line per file cut, deleted or quarantined
+                                 for damage (``journal``; ``flatcake fsck`` lists it)
 
 A damaged *segment* does not send its file to quarantine: the file is cut before it
 (``truncate``), so the turns before it stay served.
@@ -31,6 +33,7 @@ File names are the 16 hex digits of a file id; session ids live only inside file
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import time
@@ -54,7 +57,7 @@ from flatcake.cio.format import (
     decode_file_header,
     session_file_name,
 )
-from flatcake.cio.names import LOCK_FILE, QUARANTINE_DIR, SESSIONS_DIR
+from flatcake.cio.names import DAMAGE_LOG, LOCK_FILE, QUARANTINE_DIR, SESSIONS_DIR
 from flatcake.cio.names import session_files_in as session_files_in  # its old home
 from flatcake.cio.restore import OpenFile
 from flatcake.cio.writer import write_file_header
@@ -160,6 +163,8 @@ class SessionFiles:
             if os.fstat(fd).st_size > valid_end_bytes:
                 if cut:
                     logger.warning("session file %s cut at %d", path, valid_end_bytes)
+                    self.journal("cut", path, "damaged segment found on restart or repair",
+                                 end_bytes=valid_end_bytes)
                 os.ftruncate(fd, valid_end_bytes)
                 os.fsync(fd)
             size = os.fstat(fd).st_size
@@ -249,6 +254,8 @@ class SessionFiles:
         filesystem refuses, the first 4 KiB at ``end_bytes`` are zeroed instead, which
         a scan reads as the clean end of the file."""
         f = self._files[file_id]
+        self.journal("cut", Path(f.path), "damaged segment found by a restore",
+                     end_bytes=end_bytes)
         try:
             os.ftruncate(f.fd, end_bytes)
             os.fsync(f.fd)
@@ -280,14 +287,33 @@ class SessionFiles:
         dest = self.quarantine_dir / Path(f.path).name
         os.replace(f.path, dest)
         logger.warning("session file %s moved to %s: its file header is damaged", f.path, dest)
+        self.journal("quarantine", dest, "file header damaged")
         return dest
 
-    def quarantine_path(self, path: Path) -> Path:
+    def quarantine_path(self, path: Path, why: str = "not a readable session file") -> Path:
         """Move a file that could not be opened as a session file into quarantine."""
         ensure_dir(self.quarantine_dir)
         dest = self.quarantine_dir / path.name
         os.replace(path, dest)
+        self.journal("quarantine", dest, why)
         return dest
+
+    def journal(self, action: str, path: Path, why: str, **extra: int) -> None:
+        """Append one line to ``ROOT/damage.log`` (best effort: a full disk must not
+        stop a cut). ``action`` is "cut", "delete" or "quarantine"."""
+        entry = {"time": round(time.time(), 3), "action": action, "file": path.name,
+                 "why": why, **extra}
+        try:
+            fd = os.open(self.root / DAMAGE_LOG,
+                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            try:
+                os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            logger.warning("could not record %s of %s in %s: %s", action, path, DAMAGE_LOG,
+                           exc)
 
     def close(self) -> None:
         for file_id in list(self._files):

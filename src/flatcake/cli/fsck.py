@@ -3,6 +3,9 @@ under a store root and tell damage the store has already settled from damage it 
 not (``store.inspect`` defines both); ``--repair`` first settles the root as a restart
 would (``store.recovery``).
 
+It also lists what the store settled earlier (``ROOT/damage.log``: every file it cut,
+deleted or quarantined for damage, when and why), since a cut file looks clean.
+
 Exit status 0 when nothing is left to settle (every live file clean; quarantined files
 are settled damage, listed and kept for inspection), 1 when a live file still holds
 damage (``--repair`` or a restart settles it), 2 when ROOT is not a store, or (with
@@ -22,7 +25,9 @@ if TYPE_CHECKING:
 DESCRIPTION = ("Read every session file under a store root, verify every header and "
                "data checksum (the store may be serving meanwhile), and tell damage the "
                "store has settled (files it quarantined; files it cut look clean) from "
-               "damage it has not. Exit status 0 when nothing is left to settle, 1 when "
+               "damage it has not, and list what the store settled earlier (ROOT/damage.log: "
+               "every file it cut, deleted or quarantined, when and why). "
+               "Exit status 0 when nothing is left to settle, 1 when "
                "a live file still holds damage, 2 when ROOT is not a store. With "
                "--repair, first do what a restart would: cut damaged files after their "
                "last valid segment, delete empty ones, quarantine unreadable or stray "
@@ -77,7 +82,23 @@ def _print_report(report: FsckReport) -> None:
         print("nothing left to settle; quarantined files may be deleted once inspected")
 
 
+def _print_history(history: list[dict[str, Any]], shown: int = 20) -> None:
+    import time
+
+    if not history:
+        return
+    print(f"settled earlier ({len(history)} in damage.log, newest last):")
+    for e in history[-shown:]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e.get("time", 0))))
+        at = f" at byte {e['end_bytes']}" if "end_bytes" in e else ""
+        print(f"  {when}  {e.get('action', '?'):10s} {e.get('file', '?')}{at}: "
+              f"{e.get('why', '')}")
+    if len(history) > shown:
+        print(f"  ... {len(history) - shown} older entries: flatcake fsck --json lists all")
+
+
 def run(args: argparse.Namespace) -> int:
+    from flatcake.cio.names import read_damage_log
     from flatcake.store.inspect import fsck_root
 
     repair = None
@@ -86,13 +107,15 @@ def run(args: argparse.Namespace) -> int:
 
         repair = repair_root(args.root)
     report = fsck_root(args.root)
+    history = read_damage_log(args.root)
     if args.json:
-        out = report.to_json()
+        out = report.to_json() | {"settled_earlier": history}
         if repair is not None:
             out["repair"] = _repair_json(repair)
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
         if repair is not None:
             _print_repair(repair)
+        _print_history(history)
         _print_report(report)
     return 0 if report.ok else 1

@@ -68,7 +68,7 @@ class RepairReport:
 
 
 def _quarantine(files: SessionFiles, path: Path, why: str, quarantined: list[str]) -> None:
-    dest = files.quarantine_path(path)
+    dest = files.quarantine_path(path, why)
     logger.warning("session file %s is %s; moved to %s", path, why, dest)
     quarantined.append(str(dest))
 
@@ -125,6 +125,8 @@ def repair_root(root: str | os.PathLike[str]) -> RepairReport:
             lost += sum(d.lost_segments for d in f.damage)
             if last is None:
                 path.unlink(missing_ok=True)
+                if f.damage:
+                    files.journal("delete", path, "damaged before its first segment")
                 deleted.append(str(path))
                 continue
             files.adopt(path, header, last.end_offset, cut=bool(f.damage))
