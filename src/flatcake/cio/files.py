@@ -251,8 +251,9 @@ class SessionFiles:
     def truncate(self, file_id: int, end_bytes: int) -> None:
         """Cut the file at ``end_bytes`` (durably) so the segments after it are gone on
         disk too: a restart cannot find them, and appends continue there. If the
-        filesystem refuses, the first 4 KiB at ``end_bytes`` are zeroed instead, which
-        a scan reads as the clean end of the file."""
+        filesystem refuses, the first 4 KiB at ``end_bytes`` are zeroed instead: a scan
+        reads that page as damage (never as a segment), so the next restart or
+        ``fsck --repair`` cuts the file there and nothing past it is served."""
         f = self._files[file_id]
         self.journal("cut", Path(f.path), "damaged segment found by a restore",
                      end_bytes=end_bytes)
