@@ -9,6 +9,7 @@ import hashlib
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from flatcake.geometry import KVGeometry
@@ -22,7 +23,7 @@ from tests.store.helpers import (
     store_three_turns,
 )
 
-FIXTURE = Path(__file__).parent.parent / "cio" / "fixtures" / "v1-session.fcs"
+FIXTURES = Path(__file__).parent.parent / "cio" / "fixtures"
 
 def assert_restored(dst: list[torch.Tensor], src: list[torch.Tensor], slots: list[int]
                     ) -> None:
@@ -76,14 +77,16 @@ def test_layers_of_4k_multiple_sizes_are_read_straight_into_their_slots(
         assert_restored(dst, src, slots)
 
 
-def test_a_store_of_the_previous_format_version_still_reads(tmp_path: Path) -> None:
-    # tests/cio/fixtures/v1-session.fcs: a session file written by format version 1
-    # (file id 5, 2 layers x 1024 B blocks, turns of 3 and 2 blocks; block b's key is
-    # sha256(b"k<b>"), data byte i of turn t is (7 i + t) % 251).
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_store_of_a_previous_format_version_still_reads(tmp_path: Path, version: int
+                                                          ) -> None:
+    # tests/cio/fixtures/v<N>-session.fcs: a session file written by format version N
+    # (file id 4 + N, 2 layers x 1024 B blocks, turns of 3 and 2 blocks; block b's key
+    # is sha256(b"k<b>"), data byte i of turn t is (7 i + t) % 251).
     g = KVGeometry(num_layers=2, tokens_per_block=4, mla_latent_dim=256, dtype="uint8")
     sessions = tmp_path / "sessions"
     sessions.mkdir()
-    shutil.copy(FIXTURE, sessions / FIXTURE.name.replace("v1-session", f"{5:016x}"))
+    shutil.copy(FIXTURES / f"v{version}-session.fcs", sessions / f"{4 + version:016x}.fcs")
     keys = [hashlib.sha256(b"k%d" % b).digest() for b in range(5)]
     cfg = small_config("store.session_file_bytes=1048576")
     with FlatCakeStore.open(tmp_path, g, cfg) as store:
