@@ -1,8 +1,10 @@
 """One engine process of the vLLM end-to-end test (run as a script by test_vllm_e2e.py).
 
-    python engine_script.py model MODEL_DIR
-        build a tiny random Llama and its tokenizer (with a chat template) in MODEL_DIR
-        (nothing downloaded); nothing to do when MODEL_DIR exists
+    python engine_script.py model MODEL_DIR [KIND]
+        build a tiny random model and its tokenizer (with a chat template) in MODEL_DIR
+        (nothing downloaded): KIND ``llama`` (the default) or ``mla`` (DeepSeek-V2-style
+        multi-head latent attention: one 576-wide latent per token and layer, the width
+        vLLM's CPU MLA kernel runs); nothing to do when MODEL_DIR exists
     python engine_script.py serve MODEL_DIR PLAN.json OUT.json [STORE_DIR]
         start vLLM's offline ``LLM`` (FlatCake on when STORE_DIR is given: its
         ``kv_transfer_config`` is the only FlatCake-specific thing), serve the phases of
@@ -11,9 +13,13 @@
 
 A plan is ``{"phases": [[request, ...], ...], "prefix_caching": bool (default true),
 "in_process": bool (default false: vLLM's default, the engine core in a child
-process)}``; a request is ``{"name", "prompt" (token ids) or "extend": [name, [new
-token ids]] (that request's prompt + its output + new tokens), "session_id" and
-"cache_salt" (optional), "max_tokens"}``. One phase is one ``generate`` call (its
+process), "model_kind": KIND (default llama), "block_size": int (default 32; vLLM's CPU
+MLA kernel takes 16 only), "cpu_mla_prefix_caching": bool (default false: vLLM's CPU
+platform switches its prefix cache off for MLA models; true switches it back on, so a
+baseline reuses cached latents through the same attention path a FlatCake hit
+takes)}``; a request is ``{"name", "prompt" (token ids) or "extend": [name, [new token
+ids]] (that request's prompt + its output + new tokens), "session_id" and "cache_salt"
+(optional), "max_tokens"}``. One phase is one ``generate`` call (its
 requests run concurrently).
 """
 
@@ -25,7 +31,7 @@ import sys
 import time
 
 
-def build_model(out: str) -> None:
+def build_model(out: str, kind: str = "llama") -> None:
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -43,11 +49,41 @@ def build_model(out: str) -> None:
                           "{% endfor %}{% if add_generation_prompt %}assistant{% endif %}")
     fast.save_pretrained(out)
     torch.manual_seed(0)
+    if kind == "mla":
+        from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+        # Dense layers only (first_k_dense_replace = all of them): the attention is what
+        # matters here. kv_lora_rank + qk_rope_head_dim = 576, the CPU kernel's width.
+        mla = DeepseekV2Config(
+            vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+            kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32,
+            v_head_dim=32, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2,
+            n_shared_experts=1, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+            tie_word_embeddings=False)
+        DeepseekV2ForCausalLM(mla).save_pretrained(out)
+        return
+    if kind != "llama":
+        raise SystemExit(f"unknown model kind {kind!r} (llama, mla)")
     cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
                       tie_word_embeddings=False)
     LlamaForCausalLM(cfg).save_pretrained(out)
+
+
+def keep_cpu_mla_prefix_cache() -> None:
+    """vLLM's CPU platform turns the prefix cache off for MLA models (its
+    ``check_and_update_config``); turn it back on after that check, in this process."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    check = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def check_keeping_prefix_cache(cls: type, vllm_config: object) -> None:
+        check(cls, vllm_config)
+        vllm_config.cache_config.enable_prefix_caching = True  # type: ignore[attr-defined]
+
+    CpuPlatform.check_and_update_config = classmethod(check_keeping_prefix_cache)
 
 
 def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
@@ -68,12 +104,15 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
         }
     with open(plan_path) as fh:
         plan = json.load(fh)
+    if plan.get("cpu_mla_prefix_caching"):
+        keep_cpu_mla_prefix_cache()
     in_process = plan.get("in_process", False)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     t0 = time.monotonic()
     if not os.path.isdir(model):
-        build_model(model)
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, block_size=32,
+        build_model(model, plan.get("model_kind", "llama"))
+    llm = LLM(model=model, dtype="float32", enforce_eager=True,
+              block_size=plan.get("block_size", 32),
               enable_prefix_caching=plan.get("prefix_caching", True), max_model_len=1024,
               max_num_seqs=8, seed=0, disable_log_stats=store is None, **kwargs)
     started_s = time.monotonic() - t0
@@ -121,7 +160,7 @@ if __name__ == "__main__":
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if sys.argv[1] == "model":
         if not os.path.isdir(sys.argv[2]):
-            build_model(sys.argv[2])
+            build_model(sys.argv[2], *sys.argv[3:4])
     elif sys.argv[1] == "serve":
         serve(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     else:

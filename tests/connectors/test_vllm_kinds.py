@@ -14,6 +14,7 @@ import torch
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheGroupSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 
@@ -34,6 +35,16 @@ def _full(n: int) -> KVCacheGroupSpec:
 def test_one_full_attention_group_is_served() -> None:
     g = engine_geometry(*_config(_full(4)))
     assert (g.num_layers, g.block_bytes_per_layer) == (4, 16 * 2 * 2 * 64 * 2)
+
+
+def test_mla_is_served_as_its_latent() -> None:
+    # DeepSeek-V2/V3: one latent (kv_lora_rank 512 + rope 64) per token and layer.
+    spec = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576,
+                            dtype=torch.bfloat16)
+    group = KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(3)], spec)
+    g = engine_geometry(*_config(group))
+    assert (g.num_layers, g.num_kv_heads, g.mla_latent_dim) == (3, 0, 576)
+    assert g.layer_block_bytes == (spec.page_size_bytes,) * 3 == (16 * 576 * 2,) * 3
 
 
 def test_several_groups_are_refused_naming_each_kind() -> None:

