@@ -107,15 +107,20 @@ class KVGeometry:
     name: str = "custom"
     groups: tuple[LayerGroup, ...] = ()
     _layer_sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _layer_windows: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._validate()
         if self.groups:
             sizes = tuple(size for grp in self.groups for size in
                           (grp.block_bytes(self.tokens_per_block),) * grp.num_layers)
+            windows = tuple(w for grp in self.groups for w in
+                            (grp.window_blocks(self.tokens_per_block),) * grp.num_layers)
         else:
             sizes = (self.block_bytes_per_layer,) * self.num_layers
+            windows = ()
         object.__setattr__(self, "_layer_sizes", sizes)
+        object.__setattr__(self, "_layer_windows", windows if any(windows) else ())
 
     def _validate(self) -> None:
         for field_name in ("num_layers", "tokens_per_block", "num_kv_heads", "head_dim",
@@ -164,6 +169,13 @@ class KVGeometry:
     def layer_block_bytes(self) -> tuple[int, ...]:
         """Bytes of one block of each layer, in layer order."""
         return self._layer_sizes
+
+    @property
+    def layer_window_blocks(self) -> tuple[int, ...]:
+        """Each layer's sliding window in blocks (0: every block is kept), in layer
+        order; empty when no layer has a window. A segment stores only the last
+        ``window`` blocks of such a layer (``layout.SegmentLayout``)."""
+        return self._layer_windows
 
     @property
     def layer_groups(self) -> tuple[LayerGroup, ...]:

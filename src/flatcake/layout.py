@@ -22,6 +22,11 @@ the turn is one contiguous range::
 Layers may differ in size (``KVGeometry.layer_block_bytes``); a layer's range starts
 where the previous one ends, at no alignment. Host-memory segments use the same data
 layout with ``header_bytes == 0``.
+
+A sliding-window layer (``KVGeometry.layer_window_blocks``: ``w > 0``) keeps only the
+segment's last ``min(n, w)`` blocks (its *rows*): a next turn's window ends at the end
+of a segment, and each earlier segment holds its own last ``w`` blocks, so every block
+of any window ending at a segment end is stored. Its range holds those rows only.
 """
 
 from __future__ import annotations
@@ -41,23 +46,33 @@ def align_up(n: int, align: int = ALIGN) -> int:
     return (n + align - 1) // align * align
 
 
-def segment_header_bytes(num_blocks: int, layer_block_bytes: tuple[int, ...]) -> int:
-    """On-disk header size: fixed fields + one key per block + one crc32 per layer, and
-    one 4-byte size per layer when the layers differ in size."""
+def segment_header_bytes(num_blocks: int, layer_block_bytes: tuple[int, ...],
+                         windowed: bool = False) -> int:
+    """On-disk header size: fixed fields + one key per block + one crc32 per layer, one
+    4-byte size per layer when the layers differ in size, and one 4-byte window per
+    layer when some layer has a window (``windowed``)."""
     num_layers = len(layer_block_bytes)
     alike = layer_block_bytes.count(layer_block_bytes[0]) == num_layers
-    sizes = 0 if alike else num_layers * 4
+    sizes = (0 if alike else num_layers * 4) + (num_layers * 4 if windowed else 0)
     raw = SEGMENT_FIXED_HEADER_BYTES + num_blocks * KEY_BYTES + num_layers * 4 + sizes
     return align_up(raw)
 
 
-def describe_layers(layer_block_bytes: tuple[int, ...]) -> str:
+def describe_layers(layer_block_bytes: tuple[int, ...],
+                    layer_window_blocks: tuple[int, ...] = ()) -> str:
     """``layer_block_bytes`` for a message: "32 layers x 4096 B", or each run of alike
-    layers ("2 x 74752 B + 21 x 22912 B")."""
-    runs = [(b, len(list(grp))) for b, grp in itertools.groupby(layer_block_bytes)]
+    layers ("2 x 74752 B + 21 x 22912 B"); a windowed layer's run says its window
+    ("2 x 584 B (window 3 blocks)")."""
+    kinds = zip(layer_block_bytes, layer_window_blocks or (0,) * len(layer_block_bytes),
+                strict=True)
+    runs = [(b, w, len(list(grp))) for (b, w), grp in itertools.groupby(kinds)]
+
+    def window(w: int) -> str:
+        return f" (window {w} blocks)" if w else ""
+
     if len(runs) == 1:
-        return f"{runs[0][1]} layers x {runs[0][0]} B"
-    return " + ".join(f"{n} x {b} B" for b, n in runs)
+        return f"{runs[0][2]} layers x {runs[0][0]} B{window(runs[0][1])}"
+    return " + ".join(f"{n} x {b} B{window(w)}" for b, w, n in runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +83,18 @@ class SegmentLayout:
         num_blocks: blocks in the segment (one turn's new blocks).
         layer_block_bytes: bytes of one block of each layer, in layer order.
         header_bytes: 0 for host memory, ``segment_header_bytes(...)`` on SSD.
+        layer_window_blocks: each layer's window in blocks (0: every block), or empty
+            when no layer has one; a windowed layer holds the segment's last
+            ``min(num_blocks, window)`` blocks only (``layer_first``).
     """
 
     num_blocks: int
     layer_block_bytes: tuple[int, ...]
     header_bytes: int
+    layer_window_blocks: tuple[int, ...] = ()
     _uniform: int = field(init=False, repr=False, compare=False)
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _first: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.num_blocks <= 0:
@@ -93,21 +113,32 @@ class SegmentLayout:
         # Layer l's data starts at num_blocks * sum(layer_block_bytes[:l]): l times one
         # layer's bytes when the layers are alike (the common case, kept cheap: the
         # replay makes a layout per turn), else from the table of starts.
-        sizes = self.layer_block_bytes
-        uniform = sizes[0] if sizes.count(sizes[0]) == len(sizes) else 0
+        sizes, windows, n = self.layer_block_bytes, self.layer_window_blocks, self.num_blocks
+        if windows and (len(windows) != len(sizes) or min(windows) < 0):
+            raise ValueError(f"SegmentLayout.layer_window_blocks must hold one window >= 0 "
+                             f"per layer, got {windows!r}")
+        first = tuple(n - min(n, w) if w else 0 for w in windows)
+        if not any(first):
+            first = ()
+        uniform = sizes[0] if not first and sizes.count(sizes[0]) == len(sizes) else 0
+        object.__setattr__(self, "_first", first)
         object.__setattr__(self, "_uniform", uniform)
         object.__setattr__(self, "_starts", () if uniform else (0, *itertools.accumulate(
-            self.num_blocks * b for b in sizes)))
+            (n - f) * b for b, f in zip(sizes, first or (0,) * len(sizes), strict=True))))
 
     @classmethod
-    def for_ssd(cls, num_blocks: int, layer_block_bytes: tuple[int, ...]) -> SegmentLayout:
+    def for_ssd(cls, num_blocks: int, layer_block_bytes: tuple[int, ...],
+                layer_window_blocks: tuple[int, ...] = ()) -> SegmentLayout:
         return cls(num_blocks, layer_block_bytes,
-                   segment_header_bytes(num_blocks, layer_block_bytes))
+                   segment_header_bytes(num_blocks, layer_block_bytes,
+                                        any(layer_window_blocks)),
+                   layer_window_blocks if any(layer_window_blocks) else ())
 
     @classmethod
-    def for_memory(cls, num_blocks: int, layer_block_bytes: tuple[int, ...]
-                   ) -> SegmentLayout:
-        return cls(num_blocks, layer_block_bytes, 0)
+    def for_memory(cls, num_blocks: int, layer_block_bytes: tuple[int, ...],
+                   layer_window_blocks: tuple[int, ...] = ()) -> SegmentLayout:
+        return cls(num_blocks, layer_block_bytes, 0,
+                   layer_window_blocks if any(layer_window_blocks) else ())
 
     @property
     def num_layers(self) -> int:
@@ -122,9 +153,22 @@ class SegmentLayout:
     def data_offset(self) -> int:
         return self.header_bytes
 
+    @property
+    def is_windowed(self) -> bool:
+        """Some layer holds fewer blocks than the segment (a sliding window)."""
+        return bool(self._first)
+
+    def layer_first(self, layer: int) -> int:
+        """The first block ``layer`` holds (0, or where its window's rows start)."""
+        return self._first[layer] if self._first else 0
+
+    def layer_rows(self, layer: int) -> int:
+        """Blocks ``layer`` holds: ``[layer_first(layer), num_blocks)``."""
+        return self.num_blocks - (self._first[layer] if self._first else 0)
+
     def layer_bytes(self, layer: int) -> int:
         """Bytes of ``layer`` of the whole segment."""
-        return self.num_blocks * self.layer_block_bytes[layer]
+        return self.layer_rows(layer) * self.layer_block_bytes[layer]
 
     @property
     def data_bytes(self) -> int:
@@ -143,5 +187,10 @@ class SegmentLayout:
         return self.header_bytes + self._starts[layer]
 
     def block_offset(self, layer: int, block: int) -> int:
-        """Start of block ``block`` (0-based within the segment) of ``layer``."""
-        return self.layer_offset(layer) + block * self.layer_block_bytes[layer]
+        """Start of block ``block`` (0-based within the segment) of ``layer``; a block
+        before ``layer_first(layer)`` is not held."""
+        first = self._first[layer] if self._first else 0
+        if block < first:
+            raise ValueError(f"block {block} of layer {layer} is outside its window "
+                             f"(blocks {first}..{self.num_blocks - 1} are held)")
+        return self.layer_offset(layer) + (block - first) * self.layer_block_bytes[layer]

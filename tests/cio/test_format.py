@@ -91,6 +91,33 @@ def test_segment_header_round_trip(num_blocks: int, num_layers: int, bbpl: int,
     assert decode_segment_header(raw) == header
 
 
+@settings(max_examples=50)
+@given(num_blocks=st.integers(1, 60), windows=st.lists(st.integers(0, 9), min_size=1,
+                                                       max_size=40), mixed=st.booleans())
+def test_headers_with_windows_round_trip_as_version_3(num_blocks: int, windows: list[int],
+                                                      mixed: bool) -> None:
+    if not any(windows):
+        windows[0] = 1
+    n = len(windows)
+    sizes = tuple(584 + (i % 2 if mixed else 0) for i in range(n))
+    header = SegmentHeader(9, 4, 3, 100, num_blocks, sizes,
+                           tuple(bytes([i % 256]) * 32 for i in range(num_blocks)),
+                           tuple(range(n)), tuple(windows))
+    raw = encode_segment_header(header)
+    assert int.from_bytes(raw[8:12], "little") == fmt.WINDOW_VERSION
+    got = decode_segment_header(raw)
+    assert got == header
+    rows = [min(num_blocks, w) if w else num_blocks for w in windows]
+    assert got.layout.data_bytes == sum(r * b for r, b in zip(rows, sizes, strict=True))
+    file = FileHeader("s", 3, 0, 0, 1 << 20, sizes, tuple(windows))
+    raw = encode_file_header(file)
+    assert int.from_bytes(raw[8:12], "little") == fmt.WINDOW_VERSION
+    assert decode_file_header(raw) == file
+    # Without windows the headers stay version 2.
+    plain = FileHeader("s", 3, 0, 0, 1 << 20, sizes)
+    assert int.from_bytes(encode_file_header(plain)[8:12], "little") == fmt.FORMAT_VERSION
+
+
 def test_header_byte_flips_are_detected() -> None:
     rng = random.Random(1)
     fh = bytearray(encode_file_header(_file_header()))

@@ -34,6 +34,9 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
         layer_sizes = (draw(sizes),) * num_layers
     else:  # layers of different sizes, some not multiples of 4 KiB
         layer_sizes = tuple(draw(sizes) for _ in range(num_layers))
+    # Sliding-window layers (their segments hold the last blocks only), or none.
+    windows = tuple(draw(st.sampled_from([0, 0, 1, 3])) for _ in range(num_layers)) \
+        if draw(st.booleans()) else ()
     runs: list[HitRun] = []
     prefix = 0
     seg_id = 0
@@ -43,7 +46,7 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
         offset = 4096
         for _ in range(draw(st.integers(1, 4))):
             n = draw(st.integers(1, 9))
-            lay = SegmentLayout.for_ssd(n, layer_sizes)
+            lay = SegmentLayout.for_ssd(n, layer_sizes, windows)
             seg = Segment(seg_id, "s", Medium.SSD,
                           encode_address(Medium.SSD, 0, (file_id << 30) + offset), lay,
                           tuple(_key(key + j) for j in range(n)), 0, file_id, offset)
@@ -57,7 +60,7 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
                 prefix += b - a
     for _ in range(draw(st.integers(0, 3))):
         n = draw(st.integers(1, 6))
-        lay = SegmentLayout.for_memory(n, layer_sizes)
+        lay = SegmentLayout.for_memory(n, layer_sizes, windows)
         seg = Segment(seg_id, "s", Medium.MEMORY, encode_address(Medium.MEMORY, 0, arena),
                       lay, tuple(_key(key + j) for j in range(n)), 0)
         seg_id += 1

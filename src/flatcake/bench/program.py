@@ -188,17 +188,22 @@ def run_program(program: RestoreProgram, reader: DirectReader, paged: PagedKV,
 
 
 def verify_restore(paged_views: Sequence[torch.Tensor], source: Sequence[torch.Tensor],
-                   block_table: torch.Tensor) -> int:
+                   block_table: torch.Tensor, layer_window_blocks: tuple[int, ...] = ()
+                   ) -> int:
     """Compare restored slots with the source, layer by layer; return how many (block,
-    layer) pairs differ (0 when the restore is exact).
+    layer) pairs differ (0 when the restore is exact). A sliding-window layer (its
+    window in ``layer_window_blocks``) is compared on the request's last window only:
+    the blocks a next turn reads.
 
     ``paged_views[l]``: ``(num_slots, block_bytes_per_layer)`` uint8 view of the engine's
     layer ``l``; ``source[l]``: ``(num_blocks, block_bytes_per_layer)`` bytes written.
     """
     bad = 0
     for layer, src in enumerate(source):
-        got = _as_words(paged_views[layer]).index_select(0, block_table)
-        want = _as_words(src)
+        window = layer_window_blocks[layer] if layer_window_blocks else 0
+        table = block_table[-window:] if window else block_table
+        got = _as_words(paged_views[layer]).index_select(0, table)
+        want = _as_words(src[-window:] if window else src)
         if not torch.equal(got, want):
             bad += int((got != want).any(dim=1).sum())
     return bad

@@ -283,7 +283,7 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
                 cpu0 = _cpu_s()
                 runs[name].append(restorers[name](table))
                 cpu[name].append(_cpu_s() - cpu0)
-                bad = verify_restore(dest, source, table)
+                bad = verify_restore(dest, source, table, geometry.layer_window_blocks)
                 if bad:
                     verified[name] = False
                     notes.append(f"{name} round {rnd}: {bad} (block, layer) pairs differ "

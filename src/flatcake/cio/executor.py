@@ -31,6 +31,7 @@ the other way round (the executor calls back without it).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -189,8 +190,7 @@ class Executor:
                     cut = min(cut, check.request_start)
                     cut_tags.append(check.tag)
                     crcs = (0,) * self.geometry.num_layers
-                checks.append(StreamCheck(check.stream_start, check.num_blocks, crcs,
-                                          check.request_start, check.tag))
+                checks.append(dataclasses.replace(check, layer_crcs=crcs))
             for lp in task.read_plan.layers:
                 for op in lp.ssd_ops:
                     if op.file_id in self.files or (self.attached
@@ -232,7 +232,8 @@ class Executor:
         reads run side by side and neither other pool waits on another node.
         ``on_done`` runs on the last of these threads once every layer is settled."""
         job, cut_tags = self.load_job(task, paged)
-        refills = LayerRefills(task, paged, self.arena) if task.refills else None
+        refills = LayerRefills(task, paged, self.arena, self.geometry.layer_window_blocks) \
+            if task.refills else None
         if refills is not None:
             job.after_layer = refills.after_layer
         pool = self._sync_pool if task.sync else self._restores
@@ -318,7 +319,7 @@ class Executor:
                 self.files.create(FileHeader(
                     plan.session_id, file_id, self.config.store.node_id,
                     int(plan.file_base_offset or 0), int(plan.span_bytes or 0),
-                    self.geometry.layer_block_bytes))
+                    self.geometry.layer_block_bytes, self.geometry.layer_window_blocks))
             elif self.attached and not self.files.attach(file_id):
                 raise FileNotFoundError(f"session file {file_id} was not created by the "
                                         f"store that allocated it within {ATTACH_WAIT_S} s")
@@ -333,22 +334,25 @@ class Executor:
         store (the first 4 KiB of an SSD segment are scrubbed), never a crash."""
         plan, seg = task.plan, task.plan.segment
         ids = paged.block_table(task.block_ids, unique=False)
+        windows = self.geometry.layer_window_blocks
         try:
             if target is None:
                 self.writer.write_memory(self.arena.view(seg.offset, seg.total_bytes),
-                                         paged, ids)
+                                         paged, ids, windows)
                 return StoreOutcome(StoreDone(task.request_id, seg.segment_id, True,
                                               seg.layout.data_bytes))
             if plan.copy is not None:  # spare memory: a clean copy, readable at once
                 self.writer.write_memory(
-                    self.arena.view(plan.copy.offset, plan.copy.total_bytes), paged, ids)
+                    self.arena.view(plan.copy.offset, plan.copy.total_bytes), paged, ids,
+                    windows)
                 if on_copy is not None:
                     on_copy()
             file_id, offset = int(seg.file_id or 0), int(seg.file_offset or 0)
             try:
                 written = self.writer.write_ssd(
                     target.fd, offset, paged, ids, seg.keys, file_id=file_id, seq=seq,
-                    turn_index=seg.turn_index, first_block=plan.first_block)
+                    turn_index=seg.turn_index, first_block=plan.first_block,
+                    layer_window_blocks=windows)
             except BaseException:
                 scrub_page(target.fd, offset)
                 raise

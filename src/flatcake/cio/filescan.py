@@ -171,7 +171,8 @@ def _check_segment(fd: int, offset: int, seg: SegmentHeader, header: FileHeader,
     layout = seg.layout
     if seg.file_id != header.file_id:
         return f"segment file_id {seg.file_id} != file header's {header.file_id}"
-    if seg.layer_block_bytes != header.layer_block_bytes:
+    if (seg.layer_block_bytes, seg.layer_window_blocks) != \
+            (header.layer_block_bytes, header.layer_window_blocks):
         return "segment geometry differs from the file's"
     if offset + layout.total_bytes > min(file_bytes, header.span_bytes):
         return (f"segment is torn: needs {layout.total_bytes} bytes, file has "

@@ -11,6 +11,7 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            |  num_layers | block_bytes_per_layer (0: mixed)|
            |  session id (utf-8, length-prefixed)         |
            |  [mixed] block bytes of each layer, 4 each   |
+           |  [v3] window blocks of each layer, 4 each    |
            |  ... zero ...                  | header crc32 |
     4096   +---------------------------------------------+
            | segment 0 (turn 0)                           |  laid out by
@@ -22,6 +23,7 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            |     key[0..num_blocks)      32 bytes each    |
            |     layer_crc[0..num_layers) 4 bytes each    |
            |     [mixed] layer block bytes, 4 bytes each  |
+           |     [v3] layer window blocks, 4 bytes each   |
            |     ... zero to 4 KiB ...                    |
            |   layer 0: block 0 .. n-1                    |
            |   layer 1: block 0 .. n-1                    |
@@ -35,10 +37,14 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
 Layers of different sizes (version 2): the fixed ``block bytes`` field is 0 and each
 header lists every layer's block bytes. Version 1 files (layers alike, no list) read
 as they are: a version 2 header of a model whose layers are alike is the same bytes
-but for the version. All integers are little-endian. Each header crc32 covers the
-whole header with its own crc field zeroed; ``layer_crc[l]`` covers layer ``l``'s data
-bytes (no padding). A segment is valid only if its header crc, its size (fits in the
-file) and every layer crc check out.
+but for the version. Sliding-window layers (version 3, written only when a layer has
+a window): each header also lists every layer's window in blocks (0: all blocks),
+and a segment's windowed layer holds only its last ``min(num_blocks, window)`` blocks
+(``layout.SegmentLayout``); a model without windows still writes version 2.
+All integers are little-endian. Each header crc32 covers the whole header with its own
+crc field zeroed; ``layer_crc[l]`` covers layer ``l``'s data bytes (no padding). A
+segment is valid only if its header crc, its size (fits in the file) and every layer crc
+check out.
 
 The file's size is its clean end (writers never preallocate). Anything else where a
 segment should start is damage: a zeroed or corrupt header, a torn or corrupt segment,
@@ -61,12 +67,13 @@ from flatcake.layout import (
     KEY_BYTES,
     SEGMENT_FIXED_HEADER_BYTES,
     SegmentLayout,
-    segment_header_bytes,
 )
 
 FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
-"""Versions read; 2 added layers of different sizes."""
+WINDOW_VERSION = 3
+"""The version written when some layer has a sliding window (its windows listed)."""
+READ_VERSIONS = (1, 2, 3)
+"""Versions read; 2 added layers of different sizes, 3 sliding-window layers."""
 FILE_MAGIC = b"FLCKFILE"
 SEGMENT_MAGIC = b"FLCKSEGM"
 FILE_HEADER_BYTES = ALIGN
@@ -117,6 +124,7 @@ class FileHeader:
             are ``virtual_base + file offset``), so addresses survive a restart.
         span_bytes: size of the span; the file never grows past it.
         layer_block_bytes: bytes of one block of each layer (geometry check on open).
+        layer_window_blocks: each layer's window in blocks (empty: none has one).
     """
 
     session_id: str
@@ -125,6 +133,7 @@ class FileHeader:
     virtual_base: int
     span_bytes: int
     layer_block_bytes: tuple[int, ...]
+    layer_window_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         raw = self.session_id.encode("utf-8")
@@ -140,8 +149,10 @@ class FileHeader:
         if not 0 <= self.node_id < (1 << 32):
             raise ValueError(f"FileHeader.node_id out of range, got {self.node_id}")
         _check_sizes("FileHeader", self.layer_block_bytes)
+        _check_windows("FileHeader", self.layer_window_blocks, self.num_layers)
         room = _FILE_CRC_OFFSET - _FILE_FIXED.size - len(raw)
-        if len(set(self.layer_block_bytes)) > 1 and 4 * self.num_layers > room:
+        lists = (len(set(self.layer_block_bytes)) > 1) + bool(self.layer_window_blocks)
+        if 4 * self.num_layers * lists > room:
             raise ValueError(f"FileHeader: {self.num_layers} layer sizes and a session id "
                              f"of {len(raw)} bytes do not fit in {FILE_HEADER_BYTES} bytes")
 
@@ -155,6 +166,24 @@ def _check_sizes(what: str, sizes: tuple[int, ...]) -> None:
             not all(0 < size < (1 << 32) for size in sizes):
         raise ValueError(f"{what}.layer_block_bytes must be a non-empty tuple of sizes in "
                          f"(0, 2**32), got {sizes!r}")
+
+
+def _check_windows(what: str, windows: tuple[int, ...], num_layers: int) -> None:
+    if windows and (not isinstance(windows, tuple) or len(windows) != num_layers or
+                    not all(0 <= w < (1 << 32) for w in windows) or not any(windows)):
+        raise ValueError(f"{what}.layer_window_blocks must be empty or one window in "
+                         f"[0, 2**32) per layer, some > 0, got {windows!r}")
+
+
+def _version(windows: tuple[int, ...]) -> int:
+    return WINDOW_VERSION if windows else FORMAT_VERSION
+
+
+def _windows(buf: bytearray, pos: int, num_layers: int, version: int) -> tuple[int, ...]:
+    """The windows listed at ``pos`` (version 3), else none."""
+    if version < WINDOW_VERSION:
+        return ()
+    return tuple(struct.unpack_from(f"<{num_layers}I", buf, pos))
 
 
 def _uniform_size(sizes: tuple[int, ...]) -> int:
@@ -172,14 +201,18 @@ def encode_file_header(header: FileHeader) -> bytes:
     sid = header.session_id.encode("utf-8")
     buf = bytearray(FILE_HEADER_BYTES)
     _FILE_FIXED.pack_into(
-        buf, 0, FILE_MAGIC, FORMAT_VERSION, FILE_HEADER_BYTES, header.file_id, header.node_id,
+        buf, 0, FILE_MAGIC, _version(header.layer_window_blocks), FILE_HEADER_BYTES,
+        header.file_id, header.node_id,
         header.virtual_base, header.span_bytes, header.num_layers,
         _uniform_size(header.layer_block_bytes), len(sid),
     )
     buf[_FILE_FIXED.size:_FILE_FIXED.size + len(sid)] = sid
+    pos = _FILE_FIXED.size + len(sid)
     if not _uniform_size(header.layer_block_bytes):
-        struct.pack_into(f"<{header.num_layers}I", buf, _FILE_FIXED.size + len(sid),
-                         *header.layer_block_bytes)
+        struct.pack_into(f"<{header.num_layers}I", buf, pos, *header.layer_block_bytes)
+        pos += 4 * header.num_layers
+    if header.layer_window_blocks:
+        struct.pack_into(f"<{header.num_layers}I", buf, pos, *header.layer_window_blocks)
     struct.pack_into("<I", buf, _FILE_CRC_OFFSET, crc32(buf))
     return bytes(buf)
 
@@ -205,8 +238,10 @@ def decode_file_header(data: bytes | bytearray | memoryview) -> FileHeader:
                           f"num_layers={num_layers})")
     sid = bytes(buf[_FILE_FIXED.size:_FILE_FIXED.size + sid_len]).decode("utf-8")
     try:
-        sizes = _sizes(buf, _FILE_FIXED.size + sid_len, num_layers, bbpl)
-        return FileHeader(sid, file_id, node_id, base, span, sizes)
+        pos = _FILE_FIXED.size + sid_len
+        sizes = _sizes(buf, pos, num_layers, bbpl)
+        windows = _windows(buf, pos + (0 if bbpl else 4 * num_layers), num_layers, version)
+        return FileHeader(sid, file_id, node_id, base, span, sizes, windows)
     except struct.error as exc:
         raise FormatError(f"file header layer sizes do not fit: {exc}") from None
     except ValueError as exc:
@@ -227,6 +262,8 @@ class SegmentHeader:
         num_blocks, layer_block_bytes: the segment's geometry.
         keys: one 32-byte key per block, in block order.
         layer_crcs: crc32 of each layer's data bytes.
+        layer_window_blocks: each layer's window in blocks (empty: none has one); a
+            windowed layer holds the segment's last blocks only.
     """
 
     file_id: int
@@ -237,9 +274,11 @@ class SegmentHeader:
     layer_block_bytes: tuple[int, ...]
     keys: tuple[bytes, ...]
     layer_crcs: tuple[int, ...]
+    layer_window_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check_sizes("SegmentHeader", self.layer_block_bytes)
+        _check_windows("SegmentHeader", self.layer_window_blocks, self.num_layers)
         if len(self.keys) != self.num_blocks:
             raise ValueError(
                 f"SegmentHeader.keys has {len(self.keys)} keys for num_blocks={self.num_blocks}"
@@ -260,14 +299,16 @@ class SegmentHeader:
 
     @property
     def layout(self) -> SegmentLayout:
-        return SegmentLayout.for_ssd(self.num_blocks, self.layer_block_bytes)
+        return SegmentLayout.for_ssd(self.num_blocks, self.layer_block_bytes,
+                                     self.layer_window_blocks)
 
 
 def encode_segment_header(header: SegmentHeader) -> bytes:
     layout = header.layout
     buf = bytearray(layout.header_bytes)
     _SEG_FIXED.pack_into(
-        buf, 0, SEGMENT_MAGIC, FORMAT_VERSION, layout.header_bytes, header.file_id,
+        buf, 0, SEGMENT_MAGIC, _version(header.layer_window_blocks), layout.header_bytes,
+        header.file_id,
         header.seq, header.turn_index, header.first_block, header.num_blocks,
         header.num_layers,
         _uniform_size(header.layer_block_bytes), layout.data_bytes, 0,
@@ -277,9 +318,12 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
         buf[pos:pos + KEY_BYTES] = key
         pos += KEY_BYTES
     struct.pack_into(f"<{header.num_layers}I", buf, pos, *header.layer_crcs)
+    pos += 4 * header.num_layers
     if not _uniform_size(header.layer_block_bytes):
-        struct.pack_into(f"<{header.num_layers}I", buf, pos + 4 * header.num_layers,
-                         *header.layer_block_bytes)
+        struct.pack_into(f"<{header.num_layers}I", buf, pos, *header.layer_block_bytes)
+        pos += 4 * header.num_layers
+    if header.layer_window_blocks:
+        struct.pack_into(f"<{header.num_layers}I", buf, pos, *header.layer_window_blocks)
     struct.pack_into("<I", buf, _SEG_CRC_OFFSET, crc32(buf))
     return bytes(buf)
 
@@ -307,29 +351,33 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
     if len(data) < header_bytes:
         raise FormatError(f"segment header truncated: {len(data)} of {header_bytes} bytes")
     buf = bytearray(data[:header_bytes])
-    (_magic, _version, _hb, file_id, seq, turn_index, first_block, num_blocks, num_layers,
+    (_magic, version, _hb, file_id, seq, turn_index, first_block, num_blocks, num_layers,
      bbpl, data_bytes, stored) = _SEG_FIXED.unpack_from(buf, 0)
     struct.pack_into("<I", buf, _SEG_CRC_OFFSET, 0)
     if crc32(buf) != stored:
         raise FormatError("segment header crc32 mismatch")
     pos = SEGMENT_FIXED_HEADER_BYTES + num_blocks * KEY_BYTES
-    if num_blocks <= 0 or num_layers <= 0 or \
-            pos + (4 if bbpl else 8) * num_layers > header_bytes:
+    lists = (1 if bbpl else 2) + (version >= WINDOW_VERSION)
+    if num_blocks <= 0 or num_layers <= 0 or pos + 4 * lists * num_layers > header_bytes:
         raise FormatError(f"segment geometry out of range: num_blocks={num_blocks} "
                           f"num_layers={num_layers}")
     sizes = _sizes(buf, pos + 4 * num_layers, num_layers, bbpl)
     if min(sizes) <= 0:
         raise FormatError(f"segment layer block bytes not positive: {sizes}")
-    if segment_header_bytes(num_blocks, sizes) != header_bytes:
+    windows = _windows(buf, pos + 4 * num_layers * (lists - 1), num_layers, version)
+    if version >= WINDOW_VERSION and not any(windows):
+        raise FormatError("segment of version 3 lists no window")
+    layout = SegmentLayout.for_ssd(num_blocks, sizes, windows)
+    if layout.header_bytes != header_bytes:
         raise FormatError(f"segment header_bytes {header_bytes} does not match its geometry")
-    if data_bytes != num_blocks * sum(sizes):
+    if data_bytes != layout.data_bytes:
         raise FormatError(f"segment data_bytes {data_bytes} does not match its geometry")
     keys = tuple(bytes(buf[SEGMENT_FIXED_HEADER_BYTES + i * KEY_BYTES:
                            SEGMENT_FIXED_HEADER_BYTES + (i + 1) * KEY_BYTES])
                  for i in range(num_blocks))
     crcs = struct.unpack_from(f"<{num_layers}I", buf, pos)
     return SegmentHeader(file_id, seq, turn_index, first_block, num_blocks, sizes, keys,
-                         tuple(crcs))
+                         tuple(crcs), windows)
 
 
 def compute_layer_crcs(segment_data: memoryview | bytes | bytearray,

@@ -34,13 +34,15 @@ logger = logging.getLogger(__name__)
 class LayerRefills:
     """The memory copies of one restore, filled layer by layer (``after_layer``)."""
 
-    def __init__(self, task: LoadTask, paged: PagedKV, arena: ArenaBuffer) -> None:
+    def __init__(self, task: LoadTask, paged: PagedKV, arena: ArenaBuffer,
+                 layer_window_blocks: tuple[int, ...] = ()) -> None:
         self._refills: list[tuple[int, int, int, MemoryCopy | None]] = []
         self._layers: dict[int, int] = {}  # home segment id -> layers copied
         for home_id, start, count, offset, nbytes in task.refills:
             try:
                 ids = paged.block_table(task.block_ids[start:start + count], unique=False)
-                copy: MemoryCopy | None = MemoryCopy(arena.view(offset, nbytes), paged, ids)
+                copy: MemoryCopy | None = MemoryCopy(arena.view(offset, nbytes), paged, ids,
+                                                    layer_window_blocks)
             except Exception as exc:  # never fail the load
                 logger.warning("FlatCake memory copy of segment %d not written: %s",
                                home_id, exc)

@@ -310,8 +310,9 @@ class StagingWindow:
         for check in job.checks:
             if check.request_start >= cut:
                 continue
-            lo = check.stream_start * bbpl
-            hi = lo + check.num_blocks * bbpl
+            first = check.layer_first[layer] if check.layer_first else 0
+            lo = (check.stream_start + first) * bbpl
+            hi = lo + (check.num_blocks - first) * bbpl
             ranges: list[tuple[int, int]] = []  # (slot offset, length), stream order
             i = max(0, bisect.bisect_right(starts, lo) - 1)
             while i < len(state.placements) and state.placements[i].stream_offset < hi:

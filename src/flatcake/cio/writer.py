@@ -150,21 +150,26 @@ class SegmentWriter:
 
     def write_ssd(self, fd: int, file_offset: int, paged: PagedKV, ids: torch.Tensor,
                   keys: Sequence[bytes], *, file_id: int, seq: int, turn_index: int,
-                  first_block: int) -> WrittenSegment:
+                  first_block: int, layer_window_blocks: tuple[int, ...] = ()
+                  ) -> WrittenSegment:
         """Write blocks ``ids`` of every layer as one segment at ``file_offset`` and
-        fdatasync. ``file_offset`` must be 4 KiB aligned and the file's allocation must
+        fdatasync (a layer with a window in ``layer_window_blocks``: its last blocks
+        only). ``file_offset`` must be 4 KiB aligned and the file's allocation must
         already cover the segment."""
         if file_offset % ALIGN:
             raise ValueError(f"segment file_offset must be 4096-aligned, got {file_offset}")
         n = int(ids.numel())
-        layout = SegmentLayout.for_ssd(n, paged.layer_block_bytes)
+        layout = SegmentLayout.for_ssd(n, paged.layer_block_bytes, layer_window_blocks)
 
         def header_of(crcs: tuple[int, ...]) -> SegmentHeader:
             return SegmentHeader(file_id, seq, turn_index, first_block, n,
-                                 layout.layer_block_bytes, tuple(keys), crcs)
+                                 layout.layer_block_bytes, tuple(keys), crcs,
+                                 layout.layer_window_blocks)
 
         with self.lock:
-            zero_copy = self.zero_copy and n > 0 and not zero_copy_write_refusal(paged)
+            # Zero-copy sends every slot of every layer: not for a windowed segment.
+            zero_copy = self.zero_copy and n > 0 and not layout.is_windowed and \
+                not zero_copy_write_refusal(paged)
             if not zero_copy and layout.total_bytes <= self.chunk_bytes:
                 buf = self._buffers(layout.total_bytes, 1)[0]
                 crcs = self._gather_all(paged, ids, layout, buf)
@@ -197,7 +202,8 @@ class SegmentWriter:
         for layer in range(layout.num_layers):
             start = layout.layer_offset(layer)
             end = start + layout.layer_bytes(layer)
-            _gather(paged, host, layer, ids, 0, layout.num_blocks, buf[start:end])
+            _gather(paged, host, layer, ids, layout.layer_first(layer),
+                    layout.layer_rows(layer), buf[start:end])
             crcs.append(crc32(view[start:end]))
         end = layout.header_bytes + layout.data_bytes
         buf[end:layout.total_bytes].zero_()
@@ -264,7 +270,7 @@ class SegmentWriter:
         for layer in range(layout.num_layers):
             bbpl = layout.layer_block_bytes[layer]
             crc = 0
-            block = 0
+            block = layout.layer_first(layer)
             while block < layout.num_blocks:
                 room = max(1, (chunk + bbpl - fill) // bbpl)
                 count = min(room, layout.num_blocks - block)
@@ -290,10 +296,11 @@ class SegmentWriter:
         return tuple(crcs)
 
     @staticmethod
-    def write_memory(dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor) -> None:
+    def write_memory(dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor,
+                     layer_window_blocks: tuple[int, ...] = ()) -> None:
         """Gather blocks ``ids`` into a host-memory segment (``SegmentLayout.for_memory``:
         layer-major, no header); ``dest`` is that segment's range of the arena."""
-        copy = MemoryCopy(dest, paged, ids)
+        copy = MemoryCopy(dest, paged, ids, layer_window_blocks)
         for layer in range(paged.num_layers):
             copy.layer(layer)
 
@@ -303,8 +310,10 @@ class MemoryCopy:
     (``SegmentLayout.for_memory``: layer-major, no header) at ``dest``, one layer per
     ``layer`` call (a restore copies each layer as it lands)."""
 
-    def __init__(self, dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor) -> None:
-        self.layout = SegmentLayout.for_memory(int(ids.numel()), paged.layer_block_bytes)
+    def __init__(self, dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor,
+                 layer_window_blocks: tuple[int, ...] = ()) -> None:
+        self.layout = SegmentLayout.for_memory(int(ids.numel()), paged.layer_block_bytes,
+                                               layer_window_blocks)
         if dest.numel() < self.layout.data_bytes:
             raise ValueError(f"memory segment needs {self.layout.data_bytes} bytes, "
                              f"destination has {dest.numel()}")
@@ -313,7 +322,8 @@ class MemoryCopy:
 
     def layer(self, layer: int) -> None:
         start = self.layout.layer_offset(layer)
-        _gather(self._paged, self._host, layer, self._ids, 0, self.layout.num_blocks,
+        _gather(self._paged, self._host, layer, self._ids, self.layout.layer_first(layer),
+                self.layout.layer_rows(layer),
                 self._dest[start:start + self.layout.layer_bytes(layer)])
 
 

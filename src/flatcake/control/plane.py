@@ -85,6 +85,7 @@ from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.stores import Stores
 from flatcake.control.types import LoadPlan, ReclaimAction, StorePlan
+from flatcake.control.windows import windowed_hit
 from flatcake.geometry import KVGeometry
 from flatcake.layout import ALIGN, SegmentLayout
 from flatcake.readplan import ReadPlanner
@@ -143,6 +144,7 @@ class ControlPlane(Books):
         self._index_lookup = index.lookup
         self._extend_early = early.extend
         self._servable = damage.servable
+        self._windows = geometry.layer_window_blocks
 
     # -- lookup ----------------------------------------------------------------------
 
@@ -158,7 +160,8 @@ class ControlPlane(Books):
         if len(copies) and hit.num_ssd_blocks:
             copies.touch_hit(hit)
             hit = copies.substitute(hit)
-        return self._servable(self._extend_early(req, hit))
+        hit = self._servable(self._extend_early(req, hit))
+        return windowed_hit(hit, self._windows) if self._windows and hit.runs else hit
 
     # -- store -----------------------------------------------------------------------
 

@@ -80,10 +80,12 @@ class Restart:
         """
         check_session_id(session_id)
         g = self._geometry
-        if layout.layer_block_bytes != g.layer_block_bytes:
+        if layout.layer_block_bytes != g.layer_block_bytes or \
+                layout.layer_window_blocks != g.layer_window_blocks:
             raise ValueError(
-                f"layout {describe_layers(layout.layer_block_bytes)} does not match "
-                f"geometry {describe_layers(g.layer_block_bytes)}"
+                f"layout {describe_layers(layout.layer_block_bytes, layout.layer_window_blocks)}"
+                f" does not match geometry "
+                f"{describe_layers(g.layer_block_bytes, g.layer_window_blocks)}"
             )
         key_tuple = tuple(keys)
         check_keys(key_tuple, 0)
@@ -121,7 +123,8 @@ class Restart:
         g, span = self._geometry, self._ssd.span_bytes
 
         def fits(h: FileHeaderView) -> bool:
-            return (h.layer_block_bytes, h.span_bytes) == (g.layer_block_bytes, span)
+            return (h.layer_block_bytes, h.layer_window_blocks, h.span_bytes) == \
+                (g.layer_block_bytes, g.layer_window_blocks, span)
 
         if mismatch not in ("quarantine", "refuse"):
             raise ValueError(f"mismatch must be 'quarantine' or 'refuse', got {mismatch!r}")
@@ -135,8 +138,9 @@ class Restart:
                                  f"{h.span_bytes}")
             raise ValueError(
                 f"session file {bad.name or bad.file_id} holds "
-                f"{describe_layers(h.layer_block_bytes)} blocks, but geometry {g.name!r} "
-                f"has {describe_layers(g.layer_block_bytes)}")
+                f"{describe_layers(h.layer_block_bytes, h.layer_window_blocks)} blocks, "
+                f"but geometry {g.name!r} has "
+                f"{describe_layers(g.layer_block_bytes, g.layer_window_blocks)}")
         for file_id in (*(s.file_id for s in scans), *other_file_ids):
             self.reserve_file_id(file_id)
         now = self._clock.now()

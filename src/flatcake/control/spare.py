@@ -130,7 +130,8 @@ class Spare:
             if seg.medium != Medium.SSD or run.start_pos or run.num_blocks != seg.num_blocks \
                     or self._copies.get(seg.segment_id) is not None:
                 continue
-            layout = SegmentLayout.for_memory(seg.num_blocks, g.layer_block_bytes)
+            layout = SegmentLayout.for_memory(seg.num_blocks, g.layer_block_bytes,
+                                              g.layer_window_blocks)
             copy = self.allocate(self._sessions[seg.session_id], seg, layout)
             if copy is None:
                 break

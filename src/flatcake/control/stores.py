@@ -129,7 +129,8 @@ class Stores:
                             signals: PlacementSignals) -> StorePlan:
         g, arena, ssd = self._geometry, self._arena, self._ssd
         n = len(new_keys)
-        mem_layout = SegmentLayout.for_memory(n, g.layer_block_bytes)
+        mem_layout = SegmentLayout.for_memory(n, g.layer_block_bytes,
+                                              g.layer_window_blocks)
         rc = self._config.reclaim
         tentative = decide_placement(signals, self._config.placement)
         # Reclaim memory only for a write that would go there, and only if the segment
@@ -151,7 +152,8 @@ class Stores:
                               mem_layout, new_keys, turn_index)
             rec.memory_bytes += mem_layout.total_bytes
             return StorePlan(rec.session_id, segment, placement, first_block)
-        ssd_layout = SegmentLayout.for_ssd(n, g.layer_block_bytes)
+        ssd_layout = SegmentLayout.for_ssd(n, g.layer_block_bytes,
+                                              g.layer_window_blocks)
         size = ssd_layout.total_bytes
         projected = ssd.used_bytes + size + ssd.file_header_bytes
         if projected > rc.ssd_high * ssd.capacity_bytes:

@@ -37,8 +37,9 @@ from flatcake.layout import ALIGN, describe_layers
 from flatcake.plan.reads import Resolve
 from flatcake.readplan import ReadPlan
 
-SegmentCache = dict[int, tuple[bool, int, int, int, int, tuple[int, ...]]]
-"""segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, layer_block_bytes);
+SegmentCache = dict[int, tuple[bool, int, int, int, int, tuple[int, ...], tuple[int, ...]]]
+"""segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, layer_block_bytes,
+layer_window_blocks);
 ``base`` is the file offset (SSD, after ``resolve``) or arena offset. A live
 segment's address never changes and segment ids are never reused, so entries stay true
 for as long as the segment lives."""
@@ -65,6 +66,7 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     mem: list[tuple[int, int, int]] = []
     mixed: list[tuple[int, int, int, int, int]] = []
     sizes: tuple[int, ...] = ()
+    windows: tuple[int, ...] = ()
     bbpl = 0
     num_blocks = 0
     ssd_medium = Medium.SSD
@@ -82,9 +84,9 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             else:
                 fid, base = -1, seg.offset
             info = (on_ssd, fid, base, lay.header_bytes, lay.num_blocks,
-                    lay.layer_block_bytes)
+                    lay.layer_block_bytes, lay.layer_window_blocks)
             cache[seg.segment_id] = info
-        on_ssd, fid, base, header, n_seg, seg_sizes = info
+        on_ssd, fid, base, header, n_seg, seg_sizes, seg_windows = info
         if seg_sizes is not sizes and seg_sizes != sizes:
             if len(seg_sizes) != num_layers:
                 raise ValueError(f"num_layers={num_layers} but segment {seg.segment_id} "
@@ -94,7 +96,8 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
                                  f"{describe_layers(seg_sizes)}, expected "
                                  f"{describe_layers(sizes)}")
             sizes = seg_sizes
-            bbpl = sizes[0] if len(set(sizes)) == 1 else 0
+            bbpl = sizes[0] if len(set(sizes)) == 1 and not seg_windows else 0
+            windows = seg_windows
         if count <= 0 or start < 0 or start + count > n_seg:
             raise ValueError(f"run start_pos={start} count={count} is outside segment "
                              f"{seg.segment_id} of {n_seg} blocks")
@@ -112,7 +115,7 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
         else:
             mem.append((base + header + start * bbpl, n_seg * bbpl, count * bbpl))
     if mixed:
-        return _mixed_totals(mixed, sizes, num_blocks, cfg)
+        return _mixed_totals(mixed, sizes, num_blocks, cfg, windows)
     num_commands = bytes_read = useful = 0
     if ssd:
         ssd.sort()
@@ -242,10 +245,12 @@ def _reject_overlaps(file_id: np.ndarray, base: np.ndarray, length: np.ndarray) 
 
 
 def _mixed_totals(runs: list[tuple[int, int, int, int, int]], sizes: tuple[int, ...],
-                  num_blocks: int, cfg: PlannerConfig) -> ReadPlan:
-    """The totals for layers of different sizes. ``runs`` holds ``(file_id or -1 for
-    the arena, data start, segment blocks, first block, blocks)``; layer ``l`` of a run
-    is ``[data + n * before[l] + start * size[l], + count * size[l])``."""
+                  num_blocks: int, cfg: PlannerConfig, windows: tuple[int, ...] = ()
+                  ) -> ReadPlan:
+    """The totals for layers of different sizes or with windows. ``runs`` holds
+    ``(file_id or -1 for the arena, data start, segment blocks, first block, blocks)``;
+    layer ``l`` of a run is ``[data + n * before[l] + start * size[l], + count *
+    size[l])``; a windowed layer holds its last ``min(n, window)`` blocks only."""
     runs.sort()
     size = np.asarray(sizes, dtype=np.int64)[:, None]  # (layers, 1)
     before = np.concatenate(([0], np.cumsum(size[:-1, 0])))[:, None]
@@ -258,14 +263,75 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int]], sizes: tuple[int, 
         if not len(part):
             continue
         file_id, data, n_seg, start, count = part.T
-        lo = data + n_seg * before + start * size  # (layers, runs)
-        length = count * size
-        _reject_overlaps(file_id, lo[0], length[0])
+        if windows:
+            lo, length, seg_bytes = _windowed_ranges(data, n_seg, start, count, size,
+                                                     windows)
+            _reject_windowed_overlaps(file_id, data, start, count, seg_bytes)
+        else:
+            lo = data + n_seg * before + start * size  # (layers, runs)
+            length = count * size
+            _reject_overlaps(file_id, lo[0], length[0])
         if ssd_side:
             useful = int(length.sum())
-            num_commands, bytes_read = _grouped_totals(file_id, lo, length, cfg)
+            num_commands, bytes_read = _held_totals(file_id, lo, length, cfg)
         else:
-            num_copies = int(lo.size - (lo[:, :-1] + length[:, :-1] == lo[:, 1:]).sum())
+            held = length > 0
+            joins = (lo[:, :-1] + length[:, :-1] == lo[:, 1:]) & held[:, :-1] & held[:, 1:]
+            if not held.all():  # a run holding nothing joins across: drop it per layer
+                joins = np.asarray([_joins(lo[k][held[k]], length[k][held[k]])
+                                    for k in range(len(lo))])
+            num_copies = int(held.sum() - joins.sum())
             memory_bytes = int(length.sum())
     return ReadPlan((), num_blocks, sizes, num_commands, useful, bytes_read - useful,
                     bytes_read, num_copies, memory_bytes)
+
+
+def _windowed_ranges(data: np.ndarray, n_seg: np.ndarray, start: np.ndarray,
+                     count: np.ndarray, size: np.ndarray, windows: tuple[int, ...]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(lo, length)`` (layers, runs) of the blocks each layer holds of each run
+    (``SegmentLayout.layer_first``: a windowed layer holds its segment's last
+    ``min(n, window)`` blocks); ``length`` 0 where it holds none of the run; and each
+    run's segment data bytes."""
+    win = np.asarray(windows, dtype=np.int64)[:, None]
+    first = np.where(win > 0, n_seg - np.minimum(n_seg, win), 0)  # (layers, runs)
+    rows = n_seg - first
+    before = np.cumsum(rows * size, axis=0) - rows * size
+    lo_blk = np.maximum(start, first)
+    held = np.maximum(start + count - lo_blk, 0)
+    return data + before + (lo_blk - first) * size, held * size, (rows * size).sum(axis=0)
+
+
+def _reject_windowed_overlaps(file_id: np.ndarray, data: np.ndarray, start: np.ndarray,
+                              count: np.ndarray, seg_bytes: np.ndarray) -> None:
+    """``_reject_overlaps`` for windowed segments (``plan.reads._overlap``): runs of one
+    segment overlapping, or a segment's data reaching into the next one's."""
+    if len(data) > 1:
+        same_file = file_id[1:] == file_id[:-1]
+        same_seg = data[1:] == data[:-1]
+        bad = same_file & np.where(same_seg, start[:-1] + count[:-1] > start[1:],
+                                   data[:-1] + seg_bytes[:-1] > data[1:])
+        if bad.any():
+            raise ValueError("two runs of the hit read the same bytes")
+
+
+def _held_totals(file_id: np.ndarray, lo: np.ndarray, length: np.ndarray,
+                 cfg: PlannerConfig) -> tuple[int, int]:
+    """``_grouped_totals``, leaving out of a layer the runs it holds none of."""
+    held = length > 0
+    if held.all():
+        return _grouped_totals(file_id, lo, length, cfg)
+    num_commands = bytes_read = 0
+    for k in range(len(lo)):
+        keep = held[k]
+        if keep.any():
+            cmds, nbytes = _grouped_totals(file_id[keep], lo[k][keep][None, :],
+                                           length[k][keep][None, :], cfg)
+            num_commands += cmds
+            bytes_read += nbytes
+    return num_commands, bytes_read
+
+
+def _joins(lo: np.ndarray, length: np.ndarray) -> int:
+    """Exactly adjacent neighbours among one layer's sorted ranges."""
+    return int((lo[:-1] + length[:-1] == lo[1:]).sum())

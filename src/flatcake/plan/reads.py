@@ -21,6 +21,12 @@ A history written as T segments therefore restores in at most ``num_layers * T``
 commands (before step 3's splits): one per segment and layer at worst, fewer when a
 layer's ranges merge.
 
+A sliding-window layer of a segment holds its last blocks only
+(``SegmentLayout.layer_first``): its range is the run's blocks it holds, and a run
+holding none of them reads nothing in that layer. The books end a hit where every
+window is held (``control.windows``), so the blocks a next turn's window needs are
+always among them.
+
 The plan's value types and where their bytes go: ``flatcake.readplan``.
 """
 
@@ -33,7 +39,7 @@ from typing import NamedTuple
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
-from flatcake.layout import ALIGN, describe_layers
+from flatcake.layout import ALIGN, SegmentLayout, describe_layers
 from flatcake.readplan import CopyOp, LayerPlan, Piece, ReadOp, ReadPlan
 
 Resolve = Callable[[int], tuple[int, int]]
@@ -50,19 +56,35 @@ class _Span(NamedTuple):
     start: int
     blocks: int
     prefix_start: int
+    windowed: SegmentLayout | None = None  # the layout, where a layer holds a window
 
 
 class _Layer(NamedTuple):
     """Where one layer lies in every segment: at ``num_blocks * before`` from the data
-    start, ``block_bytes`` per block."""
+    start, ``block_bytes`` per block (a windowed segment: from its layout)."""
 
     before: int
     block_bytes: int
+    number: int = 0
 
     def range(self, s: _Span) -> tuple[int, int]:
         """``(offset, length)`` of the run ``s`` in this layer."""
         return (s.data + s.num_blocks * self.before + s.start * self.block_bytes,
                 s.blocks * self.block_bytes)
+
+    def held(self, s: _Span) -> tuple[int, int, int]:
+        """``(offset, length, first request block)`` of the blocks of the run ``s`` this
+        layer holds (``length`` 0: none)."""
+        lay = s.windowed
+        if lay is None:
+            lo, length = self.range(s)
+            return lo, length, s.prefix_start
+        first = max(s.start, lay.layer_first(self.number))
+        count = s.start + s.blocks - first
+        if count <= 0:
+            return 0, 0, s.prefix_start
+        return (s.data - lay.data_offset + lay.block_offset(self.number, first),
+                count * self.block_bytes, s.prefix_start + first - s.start)
 
 
 def _spans(runs: Sequence[HitRun], resolve: Resolve | None
@@ -89,10 +111,10 @@ def _spans(runs: Sequence[HitRun], resolve: Resolve | None
             else:
                 file_id, file_offset = resolve(seg.offset)
             ssd.append(_Span(file_id, file_offset + lay.data_offset, lay.num_blocks, start,
-                             count, prefix_start))
+                             count, prefix_start, lay if lay.is_windowed else None))
         else:
             mem.append(_Span(-1, seg.offset + lay.data_offset, lay.num_blocks, start, count,
-                             prefix_start))
+                             prefix_start, lay if lay.is_windowed else None))
     # Within a file (or the arena) the order of the ranges is the same in every layer:
     # segments do not overlap, and inside one segment every layer keeps block order.
     ssd.sort(key=lambda s: (s.file_id, s.data, s.start))
@@ -101,14 +123,26 @@ def _spans(runs: Sequence[HitRun], resolve: Resolve | None
     # runs of one segment keep their order). A lookup never returns overlapping runs; a
     # hand-made hit might.
     if sizes:
-        first = _Layer(0, sizes[0])
         for spans in (ssd, mem):
             for a, b in itertools.pairwise(spans):
-                a_lo, a_len = first.range(a)
-                if a.file_id == b.file_id and a_lo + a_len > first.range(b)[0]:
+                if a.file_id == b.file_id and _overlap(a, b, sizes[0]):
                     raise ValueError(f"runs at request blocks {a.prefix_start} and "
                                      f"{b.prefix_start} read the same bytes")
     return ssd, mem, sizes
+
+
+def _overlap(a: _Span, b: _Span, size0: int) -> bool:
+    """Runs ``a`` and ``b`` (sorted, same file) read the same bytes: the same segment's
+    blocks, or ``a``'s segment reaching into ``b``'s (a window keeps layer 0 shorter:
+    ``a``'s whole data then)."""
+    if a.windowed is None and b.windowed is None:
+        first = _Layer(0, size0)
+        a_lo, a_len = first.range(a)
+        return a_lo + a_len > first.range(b)[0]
+    if a.data == b.data:
+        return a.start + a.blocks > b.start
+    end = a.windowed.data_bytes if a.windowed is not None else a.num_blocks * size0
+    return a.data + end > b.data
 
 
 def _split_pieces(pieces: list[Piece], op_start: int, op_len: int, max_len: int,
@@ -151,7 +185,9 @@ def _plan_ssd_layer(spans: list[_Span], layer: _Layer, cfg: PlannerConfig
                 ops.append(ReadOp(cur_file, lo, n, sub))
 
     for s in spans:
-        want_lo, want_len = layer.range(s)
+        want_lo, want_len, at = layer.held(s)
+        if not want_len:
+            continue
         want_hi = want_lo + want_len
         lo = want_lo - want_lo % ALIGN
         hi = -(-want_hi // ALIGN) * ALIGN
@@ -163,7 +199,7 @@ def _plan_ssd_layer(spans: list[_Span], layer: _Layer, cfg: PlannerConfig
             if pieces:
                 flush()
             cur_file, cur_lo, cur_hi, pieces = s.file_id, lo, hi, []
-        pieces.append(Piece(s.prefix_start, 0, want_lo - cur_lo, want_len))
+        pieces.append(Piece(at, 0, want_lo - cur_lo, want_len))
     if pieces:
         flush()
     return ops, bytes_read
@@ -174,15 +210,17 @@ def _plan_memory_layer(spans: list[_Span], layer: _Layer) -> list[CopyOp]:
     cur_lo = cur_hi = -1
     pieces: list[Piece] = []
     for s in spans:
-        lo, length = layer.range(s)
+        lo, length, at = layer.held(s)
+        if not length:
+            continue
         if pieces and lo == cur_hi:
-            pieces.append(Piece(s.prefix_start, 0, lo - cur_lo, length))
+            pieces.append(Piece(at, 0, lo - cur_lo, length))
             cur_hi += length
             continue
         if pieces:
             ops.append(CopyOp(cur_lo, cur_hi - cur_lo, tuple(pieces)))
         cur_lo, cur_hi = lo, lo + length
-        pieces = [Piece(s.prefix_start, 0, 0, length)]
+        pieces = [Piece(at, 0, 0, length)]
     if pieces:
         ops.append(CopyOp(cur_lo, cur_hi - cur_lo, tuple(pieces)))
     return ops
@@ -214,16 +252,23 @@ def plan_reads(
     mem_blocks = sum(s.blocks for s in mem)
     layers: list[LayerPlan] = []
     num_commands = num_copies = bytes_read = 0
+    useful = ssd_blocks * sum(sizes)
+    memory_bytes = mem_blocks * sum(sizes)
+    windowed = any(s.windowed is not None for s in (*ssd, *mem))
+    if windowed:
+        useful = memory_bytes = 0
     for index, (before, size) in enumerate(zip(
             itertools.accumulate(sizes, initial=0), sizes, strict=False)):
-        layer = _Layer(before, size)
+        layer = _Layer(before, size, index)
         ssd_ops, layer_read = _plan_ssd_layer(ssd, layer, cfg) if ssd else ([], 0)
         mem_ops = _plan_memory_layer(mem, layer) if mem else []
         layers.append(LayerPlan(index, tuple(ssd_ops), tuple(mem_ops)))
         num_commands += len(ssd_ops)
         num_copies += len(mem_ops)
         bytes_read += layer_read
-    useful = ssd_blocks * sum(sizes)
+        if windowed:
+            useful += sum(p.length for op in ssd_ops for p in op.pieces)
+            memory_bytes += sum(op.length for op in mem_ops)
     return ReadPlan(
         layers=tuple(layers),
         num_blocks=num_blocks,
@@ -233,5 +278,5 @@ def plan_reads(
         gap_bytes=bytes_read - useful,
         bytes_read=bytes_read,
         num_copies=num_copies,
-        memory_bytes=mem_blocks * sum(sizes),
+        memory_bytes=memory_bytes,
     )

@@ -36,6 +36,8 @@ class StreamCheck:
         layer_crcs: expected crc32 of each layer's bytes of the segment.
         request_start: first request block the segment serves (the cut on failure).
         tag: what to report when it fails (the store's segment id).
+        layer_first: each layer's first block held (a sliding window holds the
+            segment's last blocks only: its crc covers those); empty: all from 0.
     """
 
     stream_start: int
@@ -43,6 +45,7 @@ class StreamCheck:
     layer_crcs: tuple[int, ...]
     request_start: int
     tag: int
+    layer_first: tuple[int, ...] = ()
 
 
 class StreamPlanner:
@@ -77,8 +80,11 @@ class StreamPlanner:
             request.extend(part)
             widened.append(HitRun(seg, 0, seg.num_blocks, start))
             crcs = self._crcs.get(seg.segment_id, ())
+            lay = seg.layout
+            first = tuple(lay.layer_first(k) for k in range(lay.num_layers)) \
+                if lay.is_windowed else ()
             self.checks.append(StreamCheck(start, seg.num_blocks, crcs,
                                            min(r.prefix_start for r in seg_runs),
-                                           seg.segment_id))
+                                           seg.segment_id, first))
         self.stream_request = request
         return plan_reads(widened, num_layers, resolve, cfg)

@@ -138,6 +138,10 @@ class FlatCakeStore:
             self.recovery = recover_root(self._exec, self.control, verify_on_open)
             write_record(root, geometry, config, self.io_mode)  # for offline `inspect`
             if config.store.cluster_url:
+                if geometry.layer_window_blocks:
+                    raise ValueError(
+                        f"store.cluster_url is set, but geometry {geometry.name!r} has "
+                        f"sliding-window layers, which remote reads do not serve yet")
                 self._cluster = StoreCluster(self._exec, self._exec.files.sessions_dir)
                 self._cluster.republish(self.control)
         except BaseException:

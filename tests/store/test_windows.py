@@ -1,0 +1,131 @@
+"""Sliding-window layers: a segment keeps only the last blocks of a windowed layer, so
+a session's SSD bytes grow by at most the window per turn in those layers; every
+restore is byte for byte in its full-attention layers and in each window, through the
+staging path, from SSD and host memory and after a restart; a hit whose window is not
+held is cut back; and a rotted byte in a window's rows cuts the restore at its turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from flatcake.cio.files import SESSIONS_DIR
+from flatcake.cio.filescan import scan_session_file
+from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.layout import align_up, segment_header_bytes
+from flatcake.store import FlatCakeStore, TurnSignals
+from tests.store.helpers import TO_SSD, paged, session_keys, small_config, store_three_turns
+
+# Two full-attention layers (8 KiB a block) and two sliding-window layers of 48 tokens
+# (3 blocks of 16 tokens, 584 B a block: not a multiple of 4 KiB).
+WINDOWED = KVGeometry(
+    num_layers=4, tokens_per_block=16, dtype="uint8", name="windowed",
+    groups=(LayerGroup(2, 512, kind="full"),
+            LayerGroup(2, 584, tokens_per_entry=16, window_tokens=48, kind="sliding")))
+FULL, SLIDING, WINDOW = (0, 1), (2, 3), 3
+
+
+def assert_windowed(dst: list[torch.Tensor], src: list[torch.Tensor], slots: list[int],
+                    num_blocks: int) -> None:
+    """Full layers: every restored block; sliding layers: the last WINDOW blocks."""
+    for layer in FULL:
+        assert torch.equal(dst[layer][slots[:num_blocks]], src[layer][:num_blocks]), layer
+    lo = max(0, num_blocks - WINDOW)
+    for layer in SLIDING:
+        assert torch.equal(dst[layer][slots[lo:num_blocks]], src[layer][lo:num_blocks]), \
+            layer
+
+
+def test_sliding_layers_grow_by_at_most_the_window_per_turn(tmp_path: Path) -> None:
+    g = WINDOWED
+    assert g.layer_window_blocks == (0, 0, 3, 3)
+    turns, per_turn = 12, 5
+    total = turns * per_turn
+    src = paged(g, total, seed=7)
+    keys = session_keys(7, total, g)
+    cfg = small_config()
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:
+        for t in range(turns):
+            n = (t + 1) * per_turn
+            res = store.store_turn("s", keys[:n], src, range(n), TurnSignals(
+                turn_index=t, context_tokens=0))
+            assert res.num_blocks == per_turn and res.medium is not None
+            assert res.medium.name == "SSD"
+        (path,) = sorted((tmp_path / SESSIONS_DIR).iterdir())
+        _, segs, _ = scan_session_file(path)
+        assert len(segs) == turns
+        for seg in segs:  # the sliding layers hold 3 of the turn's 5 blocks
+            lay = seg.header.layout
+            assert [lay.layer_rows(layer) for layer in range(4)] == [5, 5, 3, 3]
+        full_turn = align_up(segment_header_bytes(per_turn, g.layer_block_bytes, True)
+                             + per_turn * 2 * 8192 + WINDOW * 2 * 584)
+        assert path.stat().st_size == 4096 + turns * full_turn
+        # Every turn keeps 2 x 2 x 584 B fewer than all of its blocks would.
+        kept = sum(s.header.layout.data_bytes for s in segs)
+        assert total * g.block_bytes - kept == turns * (per_turn - WINDOW) * 2 * 584
+        dst = paged(g, total)
+        slots = list(range(total - 1, -1, -1))
+        res = store.load(keys, dst, slots)
+        assert (res.num_blocks, res.damaged_segments) == (total, 0)
+        assert res.commands <= 2 * g.num_layers * turns  # (2 kinds x layers) x turns
+        assert_windowed(dst, src, slots, total)
+        # No slot of a sliding layer gets a block it does not hold.
+        for layer in SLIDING:
+            held = {b for s in range(turns) for b in range(s * 5 + 2, s * 5 + 5)}
+            for b in set(range(total)) - held:
+                assert not dst[layer][slots[b]].any(), (layer, b)
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:  # the windows read back
+        dst = paged(g, total)
+        res = store.load(keys, dst, slots)
+        assert (res.num_blocks, res.damaged_segments) == (total, 0)
+        assert_windowed(dst, src, slots, total)
+
+
+def test_memory_and_ssd_turns_restore_the_window(tmp_path: Path) -> None:
+    g = WINDOWED
+    src = paged(g, 12, seed=8)
+    keys = session_keys(8, 12, g)
+    slots = [13, 2, 7, 0, 15, 4, 9, 1, 12, 3, 6, 10]
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        store_three_turns(store, keys, src)  # 5 blocks SSD, 3 memory, 4 SSD
+        for end in (5, 8, 12):  # each turn's end: its window is held
+            dst = paged(g, 16)
+            res = store.load(keys[:end], dst, slots)
+            assert (res.num_blocks, res.damaged_segments) == (end, 0)
+            assert_windowed(dst, src, slots, end)
+
+
+def test_a_hit_whose_window_is_not_held_is_cut_back(tmp_path: Path) -> None:
+    g = WINDOWED
+    src = paged(g, 20, seed=9)
+    keys = session_keys(9, 20, g)
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        store.store_turn("s", keys[:10], src, range(10), TO_SSD)
+        store.store_turn("s", keys[:11], src, range(11), TurnSignals(1, 0))
+        assert store.lookup(keys[:10]).num_blocks == 10
+        assert store.lookup(keys[:11]).num_blocks == 11  # 1 new block + 2 of turn 0
+        # Ending inside turn 0 (blocks 4-6 are not held by the sliding layers): no hit.
+        assert store.lookup(keys[:7]).num_blocks == 0
+        assert store.lookup(keys[:20]).num_blocks == 11
+
+
+def test_a_rotted_byte_in_a_window_cuts_the_restore_at_its_turn(tmp_path: Path) -> None:
+    g = WINDOWED
+    src = paged(g, 12, seed=10)
+    keys = session_keys(10, 12, g)
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((4, 8, 12)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+        (path,) = sorted((tmp_path / SESSIONS_DIR).iterdir())
+        _, segs, _ = scan_session_file(path)
+        at = segs[-1].file_offset + segs[-1].header.layout.layer_offset(3) + 5
+        with open(path, "r+b") as fh:
+            fh.seek(at)
+            b = fh.read(1)
+            fh.seek(at)
+            fh.write(bytes([b[0] ^ 1]))
+        dst = paged(g, 12)
+        res = store.load(keys, dst, range(12))
+    assert (res.num_blocks, res.damaged_segments) == (8, 1)
+    assert_windowed(dst, src, list(range(12)), 8)
