@@ -17,6 +17,7 @@ Presets name the public model config they come from.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,6 +184,16 @@ class KVGeometry:
         if self.groups:
             return self.groups
         return (LayerGroup(self.num_layers, self.bytes_per_token_per_layer),)
+
+    def kind_bytes(self, layer_bytes: Sequence[int]) -> dict[str, int]:
+        """Per-layer byte counts summed per group kind (``LayerGroup.kind``), in group
+        order: e.g. what a store holds of each kind against what all its blocks take."""
+        out: dict[str, int] = {}
+        at = 0
+        for grp in self.layer_groups:
+            out[grp.kind] = out.get(grp.kind, 0) + sum(layer_bytes[at:at + grp.num_layers])
+            at += grp.num_layers
+        return out
 
     @property
     def is_uniform(self) -> bool:

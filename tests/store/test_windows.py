@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from flatcake.cio.files import SESSIONS_DIR
 from flatcake.cio.filescan import scan_session_file
+from flatcake.cli import main
 from flatcake.geometry import KVGeometry, LayerGroup
 from flatcake.layout import align_up, segment_header_bytes
 from flatcake.store import FlatCakeStore, TurnSignals
+from flatcake.store.inspect import inspect_root
 from tests.store.helpers import TO_SSD, paged, session_keys, small_config, store_three_turns
 
 # Two full-attention layers (8 KiB a block) and two sliding-window layers of 48 tokens
@@ -37,7 +40,8 @@ def assert_windowed(dst: list[torch.Tensor], src: list[torch.Tensor], slots: lis
             layer
 
 
-def test_sliding_layers_grow_by_at_most_the_window_per_turn(tmp_path: Path) -> None:
+def test_sliding_layers_grow_by_at_most_the_window_per_turn(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     g = WINDOWED
     assert g.layer_window_blocks == (0, 0, 3, 3)
     turns, per_turn = 12, 5
@@ -80,6 +84,16 @@ def test_sliding_layers_grow_by_at_most_the_window_per_turn(tmp_path: Path) -> N
         res = store.load(keys, dst, slots)
         assert (res.num_blocks, res.damaged_segments) == (total, 0)
         assert_windowed(dst, src, slots, total)
+    # inspect counts what each kind holds and what the window saved.
+    assert inspect_root(tmp_path)["layer_kinds"] == [
+        {"kind": "full", "stored_bytes": total * 2 * 8192, "saved_bytes": 0},
+        {"kind": "sliding", "stored_bytes": turns * WINDOW * 2 * 584,
+         "saved_bytes": turns * (per_turn - WINDOW) * 2 * 584}]
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "full layers on SSD: 960.00 KiB\n" in out
+    assert "sliding layers on SSD: 41.06 KiB (27.38 KiB saved: only the window is stored)" \
+        in out
 
 
 def test_memory_and_ssd_turns_restore_the_window(tmp_path: Path) -> None:

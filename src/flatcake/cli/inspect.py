@@ -27,6 +27,7 @@ def _mib(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flatcake.bench.report import size_text
     from flatcake.config import load_config
     from flatcake.store.inspect import inspect_root
 
@@ -45,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
             window = f", window {grp['window_tokens']} tokens" if grp["window_tokens"] else ""
             print(f"    {grp['num_layers']} {grp['kind']} layers: {grp['entry_bytes']} B "
                   f"per {grp['tokens_per_entry']} tokens{window}")
+        for kind in report["layer_kinds"]:
+            saved = kind["saved_bytes"]
+            print(f"    {kind['kind']} layers on SSD: {size_text(kind['stored_bytes'])}"
+                  + (f" ({size_text(saved)} saved: only the window is stored)"
+                     if saved else ""))
     print(f"  {report['host_buffers']}")
     print(f"  placement thresholds (tokens): agent context "
           f"{pl['agent_context_threshold_tokens']}, long reply "

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +49,7 @@ from flatcake.cio.format import FormatError
 from flatcake.cio.hugepages import huge_pages_note
 from flatcake.cio.names import QUARANTINE_DIR, SESSIONS_DIR, session_files_in
 from flatcake.config import FlatCakeConfig
+from flatcake.geometry import KVGeometry
 from flatcake.store.record import read_record
 
 FileState = Literal["ok", "settled", "damaged"]
@@ -74,6 +76,8 @@ class FileCheck:
         quarantined: the store already pulled the file out of service.
         stray: why the file is not the one its name says ("" if it is): its header
             names another file id.
+        layer_bytes: data bytes of each layer in valid segments (a sliding-window
+            layer holds its window's blocks only).
     """
 
     path: str
@@ -87,6 +91,7 @@ class FileCheck:
     error: str
     quarantined: bool
     stray: str = ""
+    layer_bytes: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -198,9 +203,22 @@ def _check_file(file_id: int, path: Path, verify_data: bool,
         return FileCheck(str(path), file_id, None, 0, 0, size, 0, (), str(exc), quarantined)
     stray = "" if header.file_id == file_id else f"its header names file id {header.file_id}"
     seg_bytes = 4096 + sum(s.header.layout.total_bytes for s in ok)
+    layer_bytes = tuple(sum(s.header.layout.layer_bytes(layer) for s in ok)
+                        for layer in range(header.num_layers))
     return FileCheck(str(path), file_id, header.session_id, len(ok),
                      sum(s.header.num_blocks for s in ok), size, seg_bytes, tuple(damaged),
-                     "", quarantined, stray)
+                     "", quarantined, stray, layer_bytes)
+
+
+def _layer_kinds(g: KVGeometry, files: Sequence[FileCheck]) -> list[dict[str, Any]]:
+    """Per layer kind: SSD data bytes held, and saved against storing every block (a
+    sliding-window kind holds its window's blocks only)."""
+    live = [f for f in files if not f.quarantined and len(f.layer_bytes) == g.num_layers]
+    held = g.kind_bytes([sum(f.layer_bytes[k] for f in live) for k in range(g.num_layers)])
+    blocks = sum(f.num_blocks for f in live)
+    whole = g.kind_bytes([blocks * b for b in g.layer_block_bytes])
+    return [{"kind": kind, "stored_bytes": held[kind], "saved_bytes": whole[kind] - held[kind]}
+            for kind in held]
 
 
 def check_root(root: str | os.PathLike[str], verify_data: bool) -> FsckReport:
@@ -249,11 +267,13 @@ def inspect_root(root: str | os.PathLike[str],
         s["ssd_bytes"] += f.segment_bytes
         used += f.segment_bytes
     st, rc = config.store, config.reclaim
+    geometry = record.geometry if record else None
     return {
         "root": report.root,
         "config_source": source,
         "config": dataclasses.asdict(config),
-        "geometry": record.geometry.to_record() if record else None,
+        "geometry": geometry.to_record() if geometry else None,
+        "layer_kinds": _layer_kinds(geometry, report.files) if geometry else [],
         "io_mode": record.io_mode if record else None,
         "host_buffers": huge_pages_note(),
         "media": {
