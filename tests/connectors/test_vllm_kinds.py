@@ -18,11 +18,12 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from flatcake.connectors.vllm_glue import engine_geometry
+from flatcake.connectors.vllm_glue import engine_geometry, replicated_kv
 
 
 def _config(*groups: KVCacheGroupSpec) -> tuple[SimpleNamespace, SimpleNamespace]:
-    return (SimpleNamespace(model_config=SimpleNamespace(model="tiny")),
+    return (SimpleNamespace(model_config=SimpleNamespace(model="tiny"),
+                            parallel_config=SimpleNamespace(decode_context_parallel_size=1)),
             SimpleNamespace(kv_cache_groups=list(groups)))
 
 
@@ -45,6 +46,8 @@ def test_mla_is_served_as_its_latent() -> None:
     g = engine_geometry(*_config(group))
     assert (g.num_layers, g.num_kv_heads, g.mla_latent_dim) == (3, 0, 576)
     assert g.layer_block_bytes == (spec.page_size_bytes,) * 3 == (16 * 576 * 2,) * 3
+    # The same latent on every tensor-parallel rank: one part, written once.
+    assert replicated_kv(*_config(group)) and not replicated_kv(*_config(_full(2)))
 
 
 def test_several_groups_are_refused_naming_each_kind() -> None:

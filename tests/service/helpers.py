@@ -15,6 +15,7 @@ from flatcake.connectors.node_client import RemoteSchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.link.client import worker_root
+from flatcake.link.wire import TensorRanks
 from tests.connectors.sides_harness import G, Harness, random_kv, settings
 
 BASE = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
@@ -81,7 +82,7 @@ class Engine(Harness):
 
     def __init__(self, sock: Path, seed: int, name: str = "engine") -> None:
         self.s = node_settings(sock)
-        where = worker_root(str(sock), 1.0, 0, G, 1, wait_s=10)
+        where = worker_root(str(sock), 1.0, 0, G, TensorRanks(), wait_s=10)
         self.worker = WorkerSide(G, where.config, where.store_dir,
                                  arena_path=where.arena_path)
         self.sched = RemoteSchedulerSide(G, self.s, name=name)  # type: ignore[assignment]

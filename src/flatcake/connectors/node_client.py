@@ -24,7 +24,7 @@ from flatcake.control import StorePlan
 from flatcake.geometry import KVGeometry
 from flatcake.link import wire
 from flatcake.link.client import NodeClient
-from flatcake.link.wire import Attached
+from flatcake.link.wire import Attached, TensorRanks
 from flatcake.plan.tasks import FailedLoad, StepPlan, WorkerReport
 
 logger = logging.getLogger("flatcake.service")
@@ -39,10 +39,10 @@ class RemoteSchedulerSide:
     """``SchedulerSide``'s methods, answered by the node service (module docstring)."""
 
     def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, *,
-                 world_size: int = 1, name: str = "engine") -> None:
+                 ranks: TensorRanks | None = None, name: str = "engine") -> None:
         self.geometry = geometry
         self.settings = settings
-        self.world_size = world_size
+        self.ranks = ranks or TensorRanks()
         self.name = name
         store = settings.config.store
         self.client = NodeClient(store.node, store.node_timeout_s)
@@ -76,7 +76,7 @@ class RemoteSchedulerSide:
             return False
         try:
             got: Attached = self.client.call(wire.ATTACH, "", self.name, os.getpid(),
-                                             self.geometry, self.world_size, self.settings)
+                                             self.geometry, self.ranks, self.settings)
         except (wire.NodeUnavailable, wire.NodeRefused) as exc:
             self._lost(exc)
             return False

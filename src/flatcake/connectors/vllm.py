@@ -70,11 +70,16 @@ socket of ``flatcake serve``): the scheduler half forwards its calls to the node
 (``connectors.node_client``) and the worker runs the same plans on the service's files
 and shared arena, so every DP rank and every vLLM on the machine shares one store.
 
+Tensor parallelism: embedded, each rank keeps its own store directory
+(``<root>/tp<rank>``). Attached to a node service, a block is one entry in the service's
+books, its rank parts at the same offsets of one file per part; an MLA model's latent,
+the same on every rank, is one part: written by rank 0, read by every rank
+(``link.wire.TensorRanks``).
+
 Limits: one KV cache group (a hybrid model runs with vLLM's hybrid KV cache manager
-off; other kinds are refused at start, named), no pipeline parallelism;
-tensor-parallel workers each keep their own store directory (``<root>/tp<rank>``);
-no tensor parallelism in a cluster (each rank's arena and files would need a node id of
-their own).
+off; other kinds are refused at start, named), no pipeline parallelism; no tensor
+parallelism in a cluster (each rank's arena and files would need a node id of their
+own).
 """
 
 from __future__ import annotations
@@ -107,6 +112,7 @@ from flatcake.connectors.vllm_glue import (
     engine_geometry,
     flush,
     layer_order,
+    replicated_kv,
 )
 from flatcake.connectors.vllm_metrics import FlatCakePromMetrics, FlatCakeStats
 from flatcake.connectors.worker_side import WorkerSide
@@ -125,6 +131,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
     from flatcake.connectors.node_client import RemoteSchedulerSide
+    from flatcake.link.wire import TensorRanks
 
 # Under vLLM's logger, so these lines land in the engine's log with its format.
 logger = logging.getLogger("vllm.flatcake")
@@ -186,7 +193,7 @@ class FlatCakeConnector(KVConnectorBase_V1):
 
             dp = parallel.data_parallel_rank
             self.scheduler_side = RemoteSchedulerSide(
-                self.geometry, self.settings, world_size=self._world_size,
+                self.geometry, self.settings, ranks=self._tensor_ranks(vllm_config),
                 name=f"vllm {vllm_config.model_config.served_model_name} dp{dp}")
             logger.info("FlatCake scheduler side: attached to the node service %s as %r",
                         node, self.scheduler_side.engine_id or "(not yet)")
@@ -202,16 +209,24 @@ class FlatCakeConnector(KVConnectorBase_V1):
 
             rank = get_tensor_model_parallel_rank() if self._world_size > 1 else 0
             config, store_dir, arena = self.settings.config, self._rank_dir(root, rank), None
+            writes = True
             if node:
                 from flatcake.link.client import worker_root
 
                 where = worker_root(node, config.store.node_timeout_s, rank, self.geometry,
-                                    self._world_size)
+                                    self._tensor_ranks(vllm_config))
                 config, store_dir, arena = where.config, where.store_dir, where.arena_path
+                writes = where.writes
             self.worker_side = WorkerSide(
                 self.geometry, config, store_dir,
                 max_pending_stores=self.settings.max_pending_stores,
-                drain_timeout_s=self.settings.shutdown_drain_s, arena_path=arena)
+                drain_timeout_s=self.settings.shutdown_drain_s, arena_path=arena,
+                writes=writes)
+
+    def _tensor_ranks(self, vllm_config: VllmConfig) -> TensorRanks:
+        from flatcake.link.wire import TensorRanks
+
+        return TensorRanks(self._world_size, replicated_kv(vllm_config, self._kv_cache_config))
 
     def _rank_dir(self, root: Path, rank: int) -> Path:
         return root if self._world_size == 1 else root / f"tp{rank}"

@@ -1,7 +1,7 @@
 """vLLM glue of the FlatCake connector (``connectors.vllm``): the step metadata both
 halves exchange, the FlatCake keys of a request's blocks, the engine's KV geometry, the
-layer order of its KV caches, and the optional ``flush`` helper for an in-process
-offline engine."""
+layer order of its KV caches, whether its tensor-parallel ranks hold the same KV, and the
+optional ``flush`` helper for an in-process offline engine."""
 
 from __future__ import annotations
 
@@ -125,6 +125,14 @@ def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> 
     # Opaque bytes: whatever the page holds, one token's share of it per token.
     return KVGeometry(num_layers, block_size, dtype="uint8", mla_latent_dim=page // block_size,
                       name=name)
+
+
+def replicated_kv(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> bool:
+    """Whether every tensor-parallel rank holds the same KV bytes: MLA's latent (one per
+    token, not split by heads), unless decode context parallelism splits it by token."""
+    spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    dcp = int(getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1) or 1)
+    return type(spec).__name__ == "MLAAttentionSpec" and dcp == 1
 
 
 def layer_order(name: str) -> tuple[int, str]:

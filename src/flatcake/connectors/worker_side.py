@@ -25,6 +25,12 @@ windows); this class adds the engine's step rhythm and a view of its paged KV::
                        never indexed here, and its torn segment fails its crc32
                        at the next start, so it is never served
 
+A worker that does not write (``writes=False``: a tensor-parallel rank whose KV is the
+same as rank 0's, MLA's latent, attached to a node service) reads like the others and
+leaves the files to rank 0: it reports each of its stores at once without writing, and
+runs no cuts or drops. The books publish a store once every rank reported it, so what
+rank 0 writes is published once durable, and a failed write is rolled back as before.
+
 A load never hands over unverified bytes as good: a segment whose crc32 fails (or
 whose read fails) cuts the loaded prefix at its first block, and every block from the
 cut on is reported as a load error, so the engine recomputes it.
@@ -97,17 +103,19 @@ class WorkerSide:
     Args:
         max_pending_stores: stores the writer's queue holds; one more is dropped.
         drain_timeout_s: how long ``close`` (and the exit hook) waits for stores.
+        writes: False for a rank that only reads (see the module docstring).
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
                  max_pending_stores: int = 64, drain_timeout_s: float = 60.0,
-                 arena_path: Path | None = None) -> None:
+                 arena_path: Path | None = None, writes: bool = True) -> None:
         if max_pending_stores < 1 or drain_timeout_s < 0:
             raise ValueError(f"max_pending_stores must be >= 1 and drain_timeout_s >= 0, got "
                              f"{max_pending_stores}, {drain_timeout_s}")
         self.geometry = geometry
         self.config = config
         self.store_dir = Path(store_dir)
+        self.writes = writes
         # ``arena_path``: attached to a node service, which recovered the files, holds
         # the root and shares its arena; this worker only runs the tasks.
         self.executor = Executor(self.store_dir, geometry, config, arena_path=arena_path)
@@ -178,9 +186,9 @@ class WorkerSide:
         """Start everything ``plan`` asks for; sync loads are waited for per layer."""
         if plan.preempted:
             self._wait_for_stores(plan.preempted)
-        for cut in plan.cuts:
+        for cut in plan.cuts if self.writes else ():
             self.executor.cut(cut)
-        for drop in plan.drops:
+        for drop in plan.drops if self.writes else ():
             self.executor.drop(drop.file_id, drop.quarantine)
         if self.cluster is not None and plan.unpublish:
             self.cluster.service.remove(list(plan.unpublish))
@@ -228,7 +236,9 @@ class WorkerSide:
             self._count_load(done)
         self._sync = []
         for store in self._stores_to_start:
-            if self._closed or not self._writer_thread.submit(store):
+            if not self.writes:  # rank 0 writes the one copy; its report publishes it
+                self._finish_store(store, True, 0)
+            elif self._closed or not self._writer_thread.submit(store):
                 logger.warning("FlatCake writer queue is full; segment %d of request %s "
                                "is not stored", store.plan.segment.segment_id,
                                store.request_id)

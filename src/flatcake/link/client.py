@@ -14,7 +14,7 @@ import zmq
 
 from flatcake.geometry import KVGeometry
 from flatcake.link import wire
-from flatcake.link.wire import WorkerRoot
+from flatcake.link.wire import TensorRanks, WorkerRoot
 
 
 class NodeClient:
@@ -87,7 +87,7 @@ class NodeClient:
 
 
 def worker_root(node: str, timeout_s: float, rank: int, geometry: KVGeometry,
-                world_size: int, wait_s: float = 60.0) -> WorkerRoot:
+                ranks: TensorRanks, wait_s: float = 60.0) -> WorkerRoot:
     """A worker's store directory and arena, from the service (waits up to ``wait_s``
     for it to come up: a worker cannot run without its files)."""
     client = NodeClient(node, timeout_s)
@@ -95,7 +95,7 @@ def worker_root(node: str, timeout_s: float, rank: int, geometry: KVGeometry,
     try:
         while True:
             try:
-                root: WorkerRoot = client.call(wire.WORKER, "", rank, geometry, world_size)
+                root: WorkerRoot = client.call(wire.WORKER, "", rank, geometry, ranks)
                 return root
             except wire.NodeUnavailable:
                 if time.monotonic() >= deadline:

@@ -95,9 +95,49 @@ class Attached:
 
 
 @dataclass(frozen=True, slots=True)
+class TensorRanks:
+    """An engine's tensor-parallel ranks and how its KV spreads over them. Each rank
+    holds its own part of every block (attention heads split over the ranks): a block
+    is one entry in the books whose parts lie at the same offsets of the same file in
+    each part's directory, each written and read by its rank. ``replicated``: every
+    rank holds the same bytes (MLA's latent, one per token, not split by heads): one
+    part, written by rank 0 and read by every rank."""
+
+    world_size: int = 1
+    replicated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"TensorRanks.world_size must be >= 1, got {self.world_size}")
+        if self.world_size == 1:  # one rank: nothing to replicate (one layout, one name)
+            object.__setattr__(self, "replicated", False)
+
+    @property
+    def parts(self) -> int:
+        """Distinct parts of a block, each in its own store directory."""
+        return 1 if self.replicated else self.world_size
+
+    def part(self, rank: int) -> int:
+        """The part rank ``rank`` reads (and writes, when ``writes(rank)``)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} of tensor_parallel_size={self.world_size}")
+        return 0 if self.replicated else rank
+
+    def writes(self, rank: int) -> bool:
+        """Whether rank ``rank`` writes its part (a replicated part: rank 0 only)."""
+        return self.part(rank) == rank
+
+    def __str__(self) -> str:
+        return (f"tensor_parallel_size={self.world_size}"
+                + (" (replicated KV)" if self.replicated else ""))
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRoot:
-    """Where a worker of tensor-parallel rank ``rank`` runs its tasks."""
+    """Where a worker of tensor-parallel rank ``rank`` runs its tasks; ``writes``: False
+    for a rank whose replicated part another rank writes (it only reads)."""
 
     store_dir: Path
     arena_path: Path
     config: FlatCakeConfig
+    writes: bool = True

@@ -1,14 +1,19 @@
 """The node service: one FlatCake per machine, shared by every engine on it.
 
-It holds the root's ``LOCK`` (and every tensor-parallel rank root's), recovers the files
+It holds the root's ``LOCK`` (and every tensor-parallel part's root), recovers the files
 at the first attach (the engines' geometry names their layout), owns the books (one
 ``ControlPlane``: index, placement, allocation, reclaim, damage) and one FC-MAS queue per
 attached engine, and keeps the shared arena files. It never moves a KV byte: each
 engine's scheduler half calls it (``client.RemoteSchedulerSide``) and its workers run the
 ``StepPlan`` it returns on the shared files and arena, as embedded workers do::
 
-    attach(name, pid, geometry, world_size, settings) -> Attached   an engine's half
-    worker(rank, geometry, world_size)                -> WorkerRoot  a worker's files
+    attach(name, pid, geometry, ranks, settings)      -> Attached   an engine's half
+    worker(rank, geometry, ranks)                     -> WorkerRoot  a worker's files
+
+Tensor parallelism (``wire.TensorRanks``): a block is one entry in the books. Its parts
+(one per rank, heads split) lie at the same offsets of the same file in each part's
+directory ``ROOT/tp<part>``, each written and read by its rank; a replicated part (MLA's
+latent) is one, in ``ROOT`` itself, written by rank 0 and read by every rank.
     call(engine, method, args)                        -> its SchedulerSide's answer
     detach / status
 
@@ -51,7 +56,7 @@ from flatcake.control import ControlPlane, FileCut
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
 from flatcake.link import wire
-from flatcake.link.wire import Attached, WorkerRoot
+from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.stores import (
     AttachedStore,
@@ -88,9 +93,10 @@ def _listening(path: Path) -> bool:
     return True
 
 
-def rank_dir(root: Path, rank: int, world_size: int) -> Path:
-    """A tensor-parallel rank's store directory (the root itself without TP)."""
-    return root if world_size == 1 else root / f"tp{rank}"
+def rank_dir(root: Path, part: int, parts: int) -> Path:
+    """The store directory of a block's tensor-parallel part ``part`` of ``parts`` (the
+    root itself for one part)."""
+    return root if parts == 1 else root / f"tp{part}"
 
 
 class NodeService:
@@ -106,7 +112,7 @@ class NodeService:
         self._lock.lock_root()  # no embedded store opens this root while we serve
         self._parts: NodeParts | None = None
         self._geometry: KVGeometry | None = None
-        self._world_size = 0
+        self._ranks = TensorRanks()
         self._rank_roots: list[Executor] = []
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
@@ -144,33 +150,34 @@ class NodeService:
 
     # -- the books, made at the first attach ----------------------------------------
 
-    def _ensure_books(self, geometry: KVGeometry, world_size: int) -> NodeParts:
+    def _ensure_books(self, geometry: KVGeometry, ranks: TensorRanks) -> NodeParts:
         if self._parts is not None:
-            if geometry != self._geometry or world_size != self._world_size:
+            if geometry != self._geometry or ranks != self._ranks:
                 raise wire.NodeRefused(
-                    f"this node service serves {self._geometry} at tensor_parallel_size="
-                    f"{self._world_size}; an engine of {geometry} at tensor_parallel_size="
-                    f"{world_size} cannot share it: run one service per model")
+                    f"this node service serves {self._geometry} at {self._ranks}; an "
+                    f"engine of {geometry} at {ranks} cannot share it: run one service "
+                    "per model")
             return self._parts
         cfg = self.config
-        if world_size == 1:
-            self._lock.close()  # the rank root is the root: its executor locks it
+        parts = ranks.parts
+        if parts == 1:
+            self._lock.close()  # the part's root is the root: its executor locks it
         quiet = dataclasses.replace(cfg, store=dataclasses.replace(
             cfg.store, memory_capacity_bytes=0))
-        for rank in range(world_size):
-            ex = Executor(rank_dir(self.root, rank, world_size), geometry, quiet)
+        for part in range(parts):
+            ex = Executor(rank_dir(self.root, part, parts), geometry, quiet)
             scratch = ControlPlane(geometry, cfg, WallClock())
             scan, recovery = recover_files(scratch, ex.files.sessions_dir)
             ex.settle(scan, recovery, scratch)
             self._rank_roots.append(ex)
-            self._arenas.append(self._make_arena(rank, cfg.store.memory_capacity_bytes))
+            self._arenas.append(self._make_arena(part, cfg.store.memory_capacity_bytes))
         settings = ConnectorSettings(config=cfg)
-        self._parts = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0,
-                                                                      world_size), WallClock())
-        self._geometry, self._world_size = geometry, world_size
-        logger.info("books of %s: %d segments recovered, %s blocks, "
-                    "tensor_parallel_size=%d", self.root, self._parts.recovered_segments,
-                    describe_layers(geometry.layer_block_bytes), world_size)
+        self._parts = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0, parts),
+                                         WallClock())
+        self._geometry, self._ranks = geometry, ranks
+        logger.info("books of %s: %d segments recovered, %s blocks, %s",
+                    self.root, self._parts.recovered_segments,
+                    describe_layers(geometry.layer_block_bytes), ranks)
         return self._parts
 
     def _make_arena(self, rank: int, capacity: int) -> Path:
@@ -229,10 +236,11 @@ class NodeService:
         if method == wire.ATTACH:
             return self._attach(now, *args)
         if method == wire.WORKER:
-            rank, geometry, world_size = args
-            self._ensure_books(geometry, world_size)
-            return WorkerRoot(rank_dir(self.root, rank, world_size), self._arenas[rank],
-                              self.config)
+            rank, geometry, ranks = args
+            self._ensure_books(geometry, ranks)
+            part = ranks.part(rank)
+            return WorkerRoot(rank_dir(self.root, part, ranks.parts), self._arenas[part],
+                              self.config, writes=ranks.writes(rank))
         if method == wire.STATUS:
             return self.status()
         if method == wire.ATTACH_STORE:
@@ -275,13 +283,13 @@ class NodeService:
         return getattr(side, method)(*args)
 
     def _attach(self, now: float, name: str, pid: int, geometry: KVGeometry,
-                world_size: int, settings: ConnectorSettings) -> Attached:
-        parts = self._ensure_books(geometry, world_size)
+                ranks: TensorRanks, settings: ConnectorSettings) -> Attached:
+        parts = self._ensure_books(geometry, ranks)
         engine_id = f"e{self._next_engine}"
         self._next_engine += 1
         mine = dataclasses.replace(settings, config=self.config)
-        side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, world_size),
-                             world_size=world_size, node=parts, queue=engine_id)
+        side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
+                             world_size=ranks.world_size, node=parts, queue=engine_id)
         self._engines[engine_id] = _Engine(engine_id, name, pid, side, now)
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
@@ -296,7 +304,7 @@ class NodeService:
 
     def _attach_store(self, now: float, name: str, pid: int, geometry: KVGeometry
                       ) -> Attached:
-        parts = self._ensure_books(geometry, 1)
+        parts = self._ensure_books(geometry, TensorRanks())
         client_id = f"s{self._next_engine}"
         self._next_engine += 1
         self._stores[client_id] = AttachedStore(client_id, name, pid, now)
@@ -345,7 +353,9 @@ class NodeService:
                        ssd_used_bytes=st.ssd_used_bytes, sessions=st.num_sessions,
                        pinned_sessions=st.num_pinned_sessions,
                        stores_in_flight=st.stores_in_flight,
-                       loads_in_flight=st.loads_in_flight, world_size=self._world_size)
+                       loads_in_flight=st.loads_in_flight,
+                       world_size=self._ranks.world_size,
+                       replicated_kv=self._ranks.replicated)
         return out
 
     # -- the loop -------------------------------------------------------------------

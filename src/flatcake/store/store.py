@@ -151,9 +151,10 @@ class FlatCakeStore:
     def _attach(self, geometry: KVGeometry, config: FlatCakeConfig, clock: Clock) -> None:
         from flatcake.link.client import worker_root
         from flatcake.link.control import RemoteControl
+        from flatcake.link.wire import TensorRanks
 
         node, timeout = config.store.node, config.store.node_timeout_s
-        where = worker_root(node, timeout, 0, geometry, 1, wait_s=timeout)
+        where = worker_root(node, timeout, 0, geometry, TensorRanks(), wait_s=timeout)
         control = RemoteControl(node, timeout, geometry, clock,
                                 name=f"FlatCakeStore pid {os.getpid()}")
         # The same verbs, answered by the service.
