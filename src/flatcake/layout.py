@@ -166,6 +166,13 @@ class SegmentLayout:
         """Blocks ``layer`` holds: ``[layer_first(layer), num_blocks)``."""
         return self.num_blocks - (self._first[layer] if self._first else 0)
 
+    def held_bytes(self, start: int, count: int) -> int:
+        """Bytes the layers hold of blocks ``[start, start + count)``, all layers."""
+        if not self._first:
+            return count * sum(self.layer_block_bytes)
+        return sum(size * max(0, start + count - max(start, first))
+                   for size, first in zip(self.layer_block_bytes, self._first, strict=True))
+
     def layer_bytes(self, layer: int) -> int:
         """Bytes of ``layer`` of the whole segment."""
         return self.layer_rows(layer) * self.layer_block_bytes[layer]

@@ -73,6 +73,7 @@ def test_sliding_layers_grow_by_at_most_the_window_per_turn(
         res = store.load(keys, dst, slots)
         assert (res.num_blocks, res.damaged_segments) == (total, 0)
         assert res.commands <= 2 * g.num_layers * turns  # (2 kinds x layers) x turns
+        assert res.useful_bytes == total * 2 * 8192 + turns * WINDOW * 2 * 584
         assert_windowed(dst, src, slots, total)
         # No slot of a sliding layer gets a block it does not hold.
         for layer in SLIDING:
@@ -143,3 +144,25 @@ def test_a_rotted_byte_in_a_window_cuts_the_restore_at_its_turn(tmp_path: Path) 
         res = store.load(keys, dst, range(12))
     assert (res.num_blocks, res.damaged_segments) == (8, 1)
     assert_windowed(dst, src, list(range(12)), 8)
+
+
+def test_windows_of_4k_blocks_are_read_straight_into_their_slots(tmp_path: Path) -> None:
+    g = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="windowed-4k",
+                   groups=(LayerGroup(1, 512, kind="full"),
+                           LayerGroup(2, 256, window_tokens=32, kind="sliding")))
+    assert g.layer_block_bytes == (8192, 4096, 4096) and g.layer_window_blocks == (0, 2, 2)
+    src = paged(g, 12, seed=11)
+    keys = session_keys(11, 12, g)
+    slots = list(range(15, 3, -1))
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((5, 9, 12)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+        dst = paged(g, 16)
+        res = store.load(keys, dst, slots)
+    assert (res.num_blocks, res.read_path, res.damaged_segments) == (12, "zero-copy", 0)
+    assert torch.equal(dst[0][slots], src[0])
+    held = [3, 4, 7, 8, 10, 11]  # each turn's last 2 blocks
+    for layer in (1, 2):
+        assert torch.equal(dst[layer][[slots[b] for b in held]], src[layer][held])
+        others = [slots[b] for b in range(12) if b not in held]
+        assert not dst[layer][others].any()

@@ -234,6 +234,17 @@ def reclaim_tasks(actions: Iterable[ReclaimAction]) -> tuple[list[FileCut], list
     return cuts, drops
 
 
+def ssd_held_bytes(hit: PrefixHit, end: int) -> int:
+    """SSD bytes the layers hold of request blocks ``[0, end)`` of ``hit`` (every layer
+    of every block, but a sliding window's rows only)."""
+    total = 0
+    for seg, start, count, prefix_start in hit.runs:
+        n = min(count, end - prefix_start)
+        if n > 0 and seg.medium != Medium.MEMORY:
+            total += seg.layout.held_bytes(start, n)
+    return total
+
+
 def by_medium(hit: PrefixHit, start: int, end: int) -> tuple[int, int]:
     """Request blocks ``[start, end)`` of ``hit``: (in memory, on SSD)."""
     mem = ssd = 0

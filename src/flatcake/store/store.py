@@ -79,6 +79,7 @@ from flatcake.plan.requests import (
     reclaim_tasks,
     servable,
     settle,
+    ssd_held_bytes,
     store_task,
 )
 from flatcake.store.cluster import StoreCluster
@@ -456,14 +457,13 @@ class FlatCakeStore:
         self._unpinned.notify_all()
         loaded = outcome.done.num_blocks_loaded
         mem, ssd = by_medium(plan.hit, 0, loaded)
-        layer_bytes = self.geometry.block_bytes
         res = outcome.restore
         return LoadResult(
             num_blocks=loaded, num_hit_blocks=max(plan.hit.num_blocks, outcome.done.num_blocks),
             num_memory_blocks=mem,
             num_ssd_blocks=ssd, commands=res.commands,
             memory_copies=plan.read_plan.num_copies, bytes_read=res.bytes_read,
-            useful_bytes=ssd * layer_bytes, memory_bytes=res.memory_bytes,
+            useful_bytes=ssd_held_bytes(plan.hit, loaded), memory_bytes=res.memory_bytes,
             damaged_segments=len(outcome.done.failed_segments), elapsed_s=res.elapsed_s,
             read_path="zero-copy" if res.zero_copy else "staging",
             staging_reason=res.zero_copy_refusal,
