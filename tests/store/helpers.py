@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from flatcake.cio.direct import aligned_buffer
+from flatcake.cio.files import SESSIONS_DIR
+from flatcake.cio.filescan import scan_session_file
 from flatcake.config import FlatCakeConfig, load_config
 from flatcake.control.keys import chain_block_keys
 from flatcake.geometry import KVGeometry, LayerGroup
 from flatcake.store import FlatCakeStore, TurnSignals
+from tests.cio.helpers import flip_byte
 
 SMALL = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
                    dtype="float16", name="small")  # 256 bytes per block per layer
@@ -81,6 +86,15 @@ ALIGNED_KINDS = KVGeometry(
     num_layers=4, tokens_per_block=16, dtype="uint8", name="aligned-kinds",
     groups=(LayerGroup(1, 512), LayerGroup(2, 1024, tokens_per_entry=4, kind="c4a"),
             LayerGroup(1, 3072, tokens_per_entry=4, kind="c4b")))
+
+
+def rot_last_segment(root: Path, layer: int, byte: int) -> None:
+    """Flip one bit of byte ``byte`` of ``layer`` in the last segment of the store's one
+    session file."""
+    (path,) = sorted((root / SESSIONS_DIR).iterdir())
+    _, segs, _ = scan_session_file(path)
+    flip_byte(str(path), segs[-1].file_offset + segs[-1].header.layout.layer_offset(layer)
+              + byte)
 
 
 def paged(g: KVGeometry, slots: int, seed: int | None = None) -> list[torch.Tensor]:

@@ -18,6 +18,7 @@ from tests.store.helpers import (
     ALIGNED_KINDS,
     THREE_KINDS,
     paged,
+    rot_last_segment,
     session_keys,
     small_config,
     store_three_turns,
@@ -105,24 +106,13 @@ def test_a_rotted_byte_in_a_small_layer_cuts_the_restore_there(tmp_path: Path) -
     # One bit flipped in the 584 B layer of the last SSD turn: that turn fails its crc32
     # and is a miss; the turns before it are served byte for byte. (Layers before the
     # rotted one were already scattered past the cut: the engine uses only num_blocks.)
-    from flatcake.cio.files import SESSIONS_DIR
-    from flatcake.cio.filescan import scan_session_file
-
     g = THREE_KINDS
     src = paged(g, 12, seed=4)
     keys = session_keys(4, 12, g)
     slots = list(range(12))
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
         store_three_turns(store, keys, src)
-        (path,) = sorted((tmp_path / SESSIONS_DIR).iterdir())
-        _, segs, _ = scan_session_file(path)
-        last = segs[-1]
-        at = last.file_offset + last.header.layout.layer_offset(4) + 3
-        with open(path, "r+b") as fh:
-            fh.seek(at)
-            b = fh.read(1)
-            fh.seek(at)
-            fh.write(bytes([b[0] ^ 1]))
+        rot_last_segment(tmp_path, 4, 3)
         dst = paged(g, 12)
         res = store.load(keys, dst, slots)
     assert (res.num_blocks, res.damaged_segments) == (8, 1)

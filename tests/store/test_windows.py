@@ -18,7 +18,14 @@ from flatcake.geometry import KVGeometry, LayerGroup
 from flatcake.layout import align_up, segment_header_bytes
 from flatcake.store import FlatCakeStore, TurnSignals
 from flatcake.store.inspect import inspect_root
-from tests.store.helpers import TO_SSD, paged, session_keys, small_config, store_three_turns
+from tests.store.helpers import (
+    TO_SSD,
+    paged,
+    rot_last_segment,
+    session_keys,
+    small_config,
+    store_three_turns,
+)
 
 # Two full-attention layers (8 KiB a block) and two sliding-window layers of 48 tokens
 # (3 blocks of 16 tokens, 584 B a block: not a multiple of 4 KiB).
@@ -132,14 +139,7 @@ def test_a_rotted_byte_in_a_window_cuts_the_restore_at_its_turn(tmp_path: Path) 
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
         for t, end in enumerate((4, 8, 12)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
-        (path,) = sorted((tmp_path / SESSIONS_DIR).iterdir())
-        _, segs, _ = scan_session_file(path)
-        at = segs[-1].file_offset + segs[-1].header.layout.layer_offset(3) + 5
-        with open(path, "r+b") as fh:
-            fh.seek(at)
-            b = fh.read(1)
-            fh.seek(at)
-            fh.write(bytes([b[0] ^ 1]))
+        rot_last_segment(tmp_path, 3, 5)
         dst = paged(g, 12)
         res = store.load(keys, dst, range(12))
     assert (res.num_blocks, res.damaged_segments) == (8, 1)
