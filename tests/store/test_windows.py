@@ -63,8 +63,9 @@ def test_sliding_layers_grow_by_at_most_the_window_per_turn(
                 turn_index=t, context_tokens=0))
             assert res.num_blocks == per_turn and res.medium is not None
             assert res.medium.name == "SSD"
+        assert store.fsck().clean  # every window's crc32 checks out on disk
         (path,) = sorted((tmp_path / SESSIONS_DIR).iterdir())
-        _, segs, _ = scan_session_file(path)
+        _, segs, _ = scan_session_file(path, verify_data=True)
         assert len(segs) == turns
         for seg in segs:  # the sliding layers hold 3 of the turn's 5 blocks
             lay = seg.header.layout
