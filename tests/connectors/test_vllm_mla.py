@@ -31,7 +31,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
 
-from tests.connectors.test_vllm_e2e import (
+from tests.connectors.engine_helpers import (
     corrupt_session_file,
     explicit,
     run_engine,
