@@ -10,6 +10,7 @@ the turn is one contiguous range::
     +-----------------------------+  <- 4 KiB aligned
     | segment header              |  header_bytes (multiple of 4 KiB): fixed fields,
     |  (see cio.format)           |  one key per block, one checksum per layer
+    |                             |  and (version 4) one per block of each layer
     +-----------------------------+  <- data_offset (4 KiB aligned)
     | layer 0: block 0 .. n-1     |  n * layer_block_bytes[0]
     | layer 1: block 0 .. n-1     |  n * layer_block_bytes[1]
@@ -47,15 +48,18 @@ def align_up(n: int, align: int = ALIGN) -> int:
 
 
 def segment_header_bytes(num_blocks: int, layer_block_bytes: tuple[int, ...],
-                         windowed: bool = False) -> int:
+                         windowed: bool = False, crc_rows: int = 0) -> int:
     """On-disk header size: fixed fields + one key per block + one crc32 per layer, one
-    4-byte size per layer when the layers differ in size, and one 4-byte window per
-    layer when some layer has a window (``windowed``)."""
+    4-byte size per layer when the layers differ in size, one 4-byte window per layer
+    when some layer has a window (``windowed``), and ``crc_rows`` block crcs (format
+    version 4: one per block each layer holds; its windows are always listed)."""
     num_layers = len(layer_block_bytes)
     alike = layer_block_bytes.count(layer_block_bytes[0]) == num_layers
-    sizes = (0 if alike else num_layers * 4) + (num_layers * 4 if windowed else 0)
+    sizes = (0 if alike else num_layers * 4) + \
+        (num_layers * 4 if windowed or crc_rows else 0)
+    table = crc_rows * 4
     raw = SEGMENT_FIXED_HEADER_BYTES + num_blocks * KEY_BYTES + num_layers * 4 + sizes
-    return align_up(raw)
+    return align_up(raw + table)
 
 
 def describe_layers(layer_block_bytes: tuple[int, ...],
@@ -86,12 +90,16 @@ class SegmentLayout:
         layer_window_blocks: each layer's window in blocks (0: every block), or empty
             when no layer has one; a windowed layer holds the segment's last
             ``min(num_blocks, window)`` blocks only (``layer_first``).
+        block_crcs: the header holds a crc32 per block of each layer (format version
+            4), so a run of the segment's blocks can be read and checked alone;
+            otherwise only a whole layer can be checked.
     """
 
     num_blocks: int
     layer_block_bytes: tuple[int, ...]
     header_bytes: int
     layer_window_blocks: tuple[int, ...] = ()
+    block_crcs: bool = False
     _uniform: int = field(init=False, repr=False, compare=False)
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _first: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -128,11 +136,14 @@ class SegmentLayout:
 
     @classmethod
     def for_ssd(cls, num_blocks: int, layer_block_bytes: tuple[int, ...],
-                layer_window_blocks: tuple[int, ...] = ()) -> SegmentLayout:
+                layer_window_blocks: tuple[int, ...] = (),
+                block_crcs: bool = True) -> SegmentLayout:
+        windows = layer_window_blocks if any(layer_window_blocks) else ()
+        rows = sum(min(num_blocks, w) if w else num_blocks
+                   for w in windows or (0,) * len(layer_block_bytes)) if block_crcs else 0
         return cls(num_blocks, layer_block_bytes,
-                   segment_header_bytes(num_blocks, layer_block_bytes,
-                                        any(layer_window_blocks)),
-                   layer_window_blocks if any(layer_window_blocks) else ())
+                   segment_header_bytes(num_blocks, layer_block_bytes, bool(windows), rows),
+                   windows, block_crcs)
 
     @classmethod
     def for_memory(cls, num_blocks: int, layer_block_bytes: tuple[int, ...],

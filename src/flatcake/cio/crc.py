@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 
 def _fast_crc32() -> Callable[[memoryview | bytes | bytearray, int], int]:
@@ -65,3 +66,107 @@ def crc32_shift_operator(num_bytes: int) -> tuple[int, ...]:
 def crc32_combine(crc_a: int, crc_b: int, operator: tuple[int, ...]) -> int:
     """crc32 of ``a + b`` from crc32(a), crc32(b) and ``crc32_shift_operator(len(b))``."""
     return _gf2_times(operator, crc_a) ^ crc_b
+
+
+class BlockCrcs:
+    """The running crc32 of one layer's bytes, fed in pieces of any size, recorded at
+    every block boundary: ``prefixes[k]`` is the crc32 of blocks ``0..k`` (the last
+    one is the layer's crc). A segment stores these (format version 3) so a restore
+    can check any run of blocks it reads (``range_crc``) without reading the rest."""
+
+    __slots__ = ("block_bytes", "crc", "into", "prefixes")
+
+    def __init__(self, block_bytes: int, crc: int = 0) -> None:
+        if block_bytes <= 0:
+            raise ValueError(f"block_bytes must be > 0, got {block_bytes}")
+        self.block_bytes = block_bytes
+        self.crc = crc
+        self.into = 0
+        self.prefixes: list[int] = []
+
+    def feed(self, data: memoryview) -> None:
+        mv = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        size, bb, out, f = len(mv), self.block_bytes, self.prefixes, _CRC32
+        pos, crc = 0, self.crc
+        if self.into:  # finish the block a previous piece began
+            take = min(size, bb - self.into)
+            crc = f(mv[:take], crc) & 0xFFFFFFFF
+            pos, self.into = take, self.into + take
+            if self.into == bb:
+                out.append(crc)
+                self.into = 0
+        whole = pos + (size - pos) // bb * bb
+        for at in range(pos, whole, bb):
+            crc = f(mv[at:at + bb], crc) & 0xFFFFFFFF
+            out.append(crc)
+        if whole < size:
+            crc = f(mv[whole:], crc) & 0xFFFFFFFF
+            self.into = size - whole
+        self.crc = crc
+
+
+_ZEROS = memoryview(bytes(1 << 20))
+
+
+def _shift(crc: int, num_bytes: int) -> int:
+    """``crc32(zeros(num_bytes), crc) ^ crc32(zeros(num_bytes))``: the crc of a prefix
+    moved past ``num_bytes`` more bytes (crc32 is affine in its data and start value),
+    at crc32's speed over zeros (for the short ranges a partial restore checks this is
+    cheaper than building a ``crc32_shift_operator``)."""
+    a, b = crc, 0
+    while num_bytes:
+        take = min(num_bytes, len(_ZEROS))
+        a = _CRC32(_ZEROS[:take], a)
+        b = _CRC32(_ZEROS[:take], b)
+        num_bytes -= take
+    return (a ^ b) & 0xFFFFFFFF
+
+
+def range_crc(prefixes: tuple[int, ...], first: int, count: int, block_bytes: int) -> int:
+    """crc32 of blocks ``[first, first + count)`` of a layer from its running block crcs
+    (``BlockCrcs.prefixes``): ``P[end] ^ shift(P[first], count * block_bytes)``."""
+    if count <= 0 or first < 0 or first + count > len(prefixes):
+        raise ValueError(f"blocks [{first}, {first + count}) outside a layer of "
+                         f"{len(prefixes)} blocks")
+    end = prefixes[first + count - 1]
+    if first == 0:
+        return end
+    return end ^ _shift(prefixes[first - 1], count * block_bytes)
+
+
+class SegmentCrcs(NamedTuple):
+    """What checks a stored segment's bytes: each layer's crc32 and, for a segment of
+    format version 3, each layer's running block crcs (``BlockCrcs.prefixes``)."""
+
+    layers: tuple[int, ...]
+    blocks: tuple[tuple[int, ...], ...] | None = None
+
+    def over(self, check: RowsChecked, layer_block_bytes: tuple[int, ...]
+             ) -> tuple[int, ...] | None:
+        """crc32 of each layer's checked blocks (``check.first`` on, ``num_blocks`` of
+        them, less the leading ones a sliding-window layer does not hold: 0 when it
+        holds none); None when the segment has no block crcs (only its whole layers can
+        be checked)."""
+        if self.blocks is None:
+            return None
+        out = []
+        for layer, (table, size) in enumerate(zip(self.blocks, layer_block_bytes,
+                                                  strict=True)):
+            skip = check.layer_skip(layer)
+            count = check.num_blocks - skip
+            held = check.layer_first[layer] if check.layer_first else 0
+            row = check.first + skip - held  # the table holds the layer's rows only
+            out.append(range_crc(table, row, count, size) if count else 0)
+        return tuple(out)
+
+
+class RowsChecked(Protocol):
+    """Which blocks of a segment a restore checks (``plan.stream.StreamCheck``)."""
+
+    @property
+    def first(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def layer_first(self) -> tuple[int, ...]: ...
+    def layer_skip(self, layer: int) -> int: ...

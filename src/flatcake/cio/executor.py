@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from flatcake.cio.arena import ArenaBuffer
+from flatcake.cio.crc import SegmentCrcs
 from flatcake.cio.direct import ensure_dir, resolve_io_mode, scrub_page
 from flatcake.cio.dispatch import LOCAL_NODE, ReaderDispatch, local_reader
 from flatcake.cio.files import SessionFiles
@@ -119,7 +120,7 @@ class Executor:
         if not self.attached:
             self.files.lock_root()
         # (file_id, file_offset) of an SSD segment -> crc32 of each of its layers.
-        self.crcs: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.crcs: dict[tuple[int, int], SegmentCrcs] = {}
         self.readers = ReaderDispatch()
         self._windows: queue.Queue[StagingWindow] = queue.Queue()
         try:
@@ -150,6 +151,7 @@ class Executor:
         """Act on the books' restart verdicts: quarantine, delete, or keep a file
         (trimmed, cut after its last good segment) with its segments' crcs, which check
         later loads."""
+        segments_of = {f.file_id: f.segments for f in scan.files}
         for verdict in recovery.files:
             path = scan.paths.get(verdict.file_id)
             if path is None:
@@ -163,12 +165,16 @@ class Executor:
                 if verdict.reason:
                     self.files.journal("delete", path, verdict.reason)
             else:
+                scanned = {seg.file_offset: SegmentCrcs(seg.header.layer_crcs,
+                                                        seg.header.block_crcs)
+                           for seg in segments_of.get(verdict.file_id, ())}
                 with self.lock:
                     self.files.adopt(path, scan.headers[verdict.file_id], verdict.end_bytes,
                                      cut=verdict.cut)
                     for seg_id in verdict.segment_ids:
                         offset = int(control.segment(seg_id).file_offset or 0)
-                        self.crcs[(verdict.file_id, offset)] = recovery.crcs[seg_id]
+                        self.crcs[(verdict.file_id, offset)] = scanned.get(
+                            offset, SegmentCrcs(recovery.crcs[seg_id]))
 
     # -- loads -----------------------------------------------------------------------
 
@@ -183,9 +189,11 @@ class Executor:
             where = {tag: (fid, off) for tag, fid, off in task.check_files}
             for check in task.checks:
                 fid, off = where[check.tag]
-                crcs = self.crcs.get((fid, off))
-                if crcs is None and self.attached:
-                    crcs = self._crcs_on_disk(fid, off)
+                book = self.crcs.get((fid, off))
+                if book is None and self.attached:
+                    book = self._crcs_on_disk(fid, off)
+                crcs = None if book is None else book.layers if check.whole else book.over(
+                    check, self.geometry.layer_block_bytes)
                 if crcs is None or fid not in self.files:
                     cut = min(cut, check.request_start)
                     cut_tags.append(check.tag)
@@ -207,8 +215,8 @@ class Executor:
                          cut)
         return job, tuple(cut_tags)
 
-    def _crcs_on_disk(self, file_id: int, file_offset: int) -> tuple[int, ...] | None:
-        """Attached: the layer crcs a segment another process wrote carries in its
+    def _crcs_on_disk(self, file_id: int, file_offset: int) -> SegmentCrcs | None:
+        """Attached: the crcs a segment another process wrote carries in its
         header (read once, then kept); None when the file or header is unreadable.
         Call under ``self.lock``."""
         if not self.files.attach(file_id):
@@ -220,8 +228,8 @@ class Executor:
             return None
         if header.file_id != file_id or header.num_layers != self.geometry.num_layers:
             return None
-        self.crcs[(file_id, file_offset)] = header.layer_crcs
-        return header.layer_crcs
+        self.crcs[(file_id, file_offset)] = header.crcs
+        return header.crcs
 
     def submit_load(self, task: LoadTask, paged: PagedKV, ready: LayerReady,
                     on_done: Callable[[LoadOutcome], None] | None = None
@@ -357,7 +365,7 @@ class Executor:
                 scrub_page(target.fd, offset)
                 raise
             with self.lock:
-                self.crcs[(file_id, offset)] = written.header.layer_crcs
+                self.crcs[(file_id, offset)] = written.header.crcs
             return StoreOutcome(StoreDone(task.request_id, seg.segment_id, True,
                                           written.total_bytes), written.write_calls)
         except OSError as exc:  # ENOSPC, EIO: this turn is not stored, nothing breaks

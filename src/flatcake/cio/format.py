@@ -24,6 +24,8 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            |     layer_crc[0..num_layers) 4 bytes each    |
            |     [mixed] layer block bytes, 4 bytes each  |
            |     [v3] layer window blocks, 4 bytes each   |
+           |     [v4] layer window blocks (0s: none), and |
+           |          block_crc[layer][row], 4 bytes each |
            |     ... zero to 4 KiB ...                    |
            |   layer 0: block 0 .. n-1                    |
            |   layer 1: block 0 .. n-1                    |
@@ -46,6 +48,13 @@ crc field zeroed; ``layer_crc[l]`` covers layer ``l``'s data bytes (no padding).
 segment is valid only if its header crc, its size (fits in the file) and every layer crc
 check out.
 
+Block crcs (version 4, what the writer writes): the windows are always listed (all 0
+when no layer has one), then per layer one crc32 per block it holds (its *rows*, the
+window's last blocks for a windowed layer): ``block_crc[l][k]`` is the running crc32 of
+layer ``l``'s rows ``0..k`` (the last equals ``layer_crc[l]``), so a restore that wants
+only some of a segment's blocks reads just those and checks them (``crc.range_crc``).
+Segments of versions 1 to 3 have no table: a restore reads their layers whole.
+
 The file's size is its clean end (writers never preallocate). Anything else where a
 segment should start is damage: a zeroed or corrupt header, a torn or corrupt segment,
 zeros to the end of the file (a write interrupted by a crash, or lost data). The scan
@@ -57,10 +66,11 @@ turn's prefix), but no intact turn disappears without being reported.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from dataclasses import dataclass
 
-from flatcake.cio.crc import crc32
+from flatcake.cio.crc import BlockCrcs, SegmentCrcs, crc32
 from flatcake.control.sessions import MAX_SESSION_ID_BYTES
 from flatcake.layout import (
     ALIGN,
@@ -70,10 +80,16 @@ from flatcake.layout import (
 )
 
 FORMAT_VERSION = 2
+"""The file header's version when no layer has a window."""
 WINDOW_VERSION = 3
-"""The version written when some layer has a sliding window (its windows listed)."""
-READ_VERSIONS = (1, 2, 3)
-"""Versions read; 2 added layers of different sizes, 3 sliding-window layers."""
+"""The version of a file header, or a segment without block crcs, when some layer has a
+sliding window (its windows listed)."""
+BLOCK_CRC_VERSION = 4
+"""The version of every segment written: windows listed (0s when none) and a crc32 per
+block each layer holds."""
+READ_VERSIONS = (1, 2, 3, 4)
+"""Versions read; 2 added layers of different sizes, 3 sliding-window layers, 4 block
+crcs."""
 FILE_MAGIC = b"FLCKFILE"
 SEGMENT_MAGIC = b"FLCKSEGM"
 FILE_HEADER_BYTES = ALIGN
@@ -264,6 +280,8 @@ class SegmentHeader:
         layer_crcs: crc32 of each layer's data bytes.
         layer_window_blocks: each layer's window in blocks (empty: none has one); a
             windowed layer holds the segment's last blocks only.
+        block_crcs: per layer, the running crc32 of its rows ``0..k`` for each ``k``
+            (``crc.BlockCrcs``); None for a segment of version 1 to 3.
     """
 
     file_id: int
@@ -275,6 +293,7 @@ class SegmentHeader:
     keys: tuple[bytes, ...]
     layer_crcs: tuple[int, ...]
     layer_window_blocks: tuple[int, ...] = ()
+    block_crcs: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         _check_sizes("SegmentHeader", self.layer_block_bytes)
@@ -292,6 +311,14 @@ class SegmentHeader:
                 f"SegmentHeader.layer_crcs has {len(self.layer_crcs)} entries for "
                 f"num_layers={self.num_layers}"
             )
+        if self.block_crcs is not None:
+            lay = self.layout
+            if len(self.block_crcs) != self.num_layers or any(
+                    len(t) != lay.layer_rows(i) or t[-1] != crc
+                    for i, (t, crc) in enumerate(zip(self.block_crcs, self.layer_crcs,
+                                                     strict=True))):
+                raise ValueError("SegmentHeader.block_crcs must hold one running crc per "
+                                 "row of each layer, each ending with its layer crc")
 
     @property
     def num_layers(self) -> int:
@@ -300,14 +327,21 @@ class SegmentHeader:
     @property
     def layout(self) -> SegmentLayout:
         return SegmentLayout.for_ssd(self.num_blocks, self.layer_block_bytes,
-                                     self.layer_window_blocks)
+                                     self.layer_window_blocks, self.block_crcs is not None)
+
+    @property
+    def crcs(self) -> SegmentCrcs:
+        """What checks the segment's bytes when they are read."""
+        return SegmentCrcs(self.layer_crcs, self.block_crcs)
 
 
 def encode_segment_header(header: SegmentHeader) -> bytes:
     layout = header.layout
     buf = bytearray(layout.header_bytes)
     _SEG_FIXED.pack_into(
-        buf, 0, SEGMENT_MAGIC, _version(header.layer_window_blocks), layout.header_bytes,
+        buf, 0, SEGMENT_MAGIC,
+        BLOCK_CRC_VERSION if header.block_crcs is not None
+        else _version(header.layer_window_blocks), layout.header_bytes,
         header.file_id,
         header.seq, header.turn_index, header.first_block, header.num_blocks,
         header.num_layers,
@@ -322,8 +356,13 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
     if not _uniform_size(header.layer_block_bytes):
         struct.pack_into(f"<{header.num_layers}I", buf, pos, *header.layer_block_bytes)
         pos += 4 * header.num_layers
-    if header.layer_window_blocks:
-        struct.pack_into(f"<{header.num_layers}I", buf, pos, *header.layer_window_blocks)
+    if header.layer_window_blocks or header.block_crcs is not None:
+        struct.pack_into(f"<{header.num_layers}I", buf, pos,
+                         *(header.layer_window_blocks or (0,) * header.num_layers))
+        pos += 4 * header.num_layers
+    if header.block_crcs is not None:
+        flat = [c for table in header.block_crcs for c in table]
+        struct.pack_into(f"<{len(flat)}I", buf, pos, *flat)
     struct.pack_into("<I", buf, _SEG_CRC_OFFSET, crc32(buf))
     return bytes(buf)
 
@@ -365,9 +404,12 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
     if min(sizes) <= 0:
         raise FormatError(f"segment layer block bytes not positive: {sizes}")
     windows = _windows(buf, pos + 4 * num_layers * (lists - 1), num_layers, version)
-    if version >= WINDOW_VERSION and not any(windows):
+    with_table = version >= BLOCK_CRC_VERSION
+    if with_table and not any(windows):
+        windows = ()
+    elif version >= WINDOW_VERSION and not any(windows):
         raise FormatError("segment of version 3 lists no window")
-    layout = SegmentLayout.for_ssd(num_blocks, sizes, windows)
+    layout = SegmentLayout.for_ssd(num_blocks, sizes, windows, with_table)
     if layout.header_bytes != header_bytes:
         raise FormatError(f"segment header_bytes {header_bytes} does not match its geometry")
     if data_bytes != layout.data_bytes:
@@ -376,8 +418,18 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
                            SEGMENT_FIXED_HEADER_BYTES + (i + 1) * KEY_BYTES])
                  for i in range(num_blocks))
     crcs = struct.unpack_from(f"<{num_layers}I", buf, pos)
-    return SegmentHeader(file_id, seq, turn_index, first_block, num_blocks, sizes, keys,
-                         tuple(crcs), windows)
+    table = None
+    if with_table:
+        at = pos + 4 * num_layers * lists
+        rows = [layout.layer_rows(i) for i in range(num_layers)]
+        flat = struct.unpack_from(f"<{sum(rows)}I", buf, at)
+        starts = [0, *itertools.accumulate(rows)]
+        table = tuple(flat[a:b] for a, b in itertools.pairwise(starts))
+    try:
+        return SegmentHeader(file_id, seq, turn_index, first_block, num_blocks, sizes, keys,
+                             tuple(crcs), windows, table)
+    except ValueError as exc:
+        raise FormatError(f"segment header: {exc}") from None
 
 
 def compute_layer_crcs(segment_data: memoryview | bytes | bytearray,
@@ -391,3 +443,18 @@ def compute_layer_crcs(segment_data: memoryview | bytes | bytearray,
                  layout.layer_offset(layer) - base + layout.layer_bytes(layer)])
         for layer in range(layout.num_layers)
     )
+
+
+def compute_block_crcs(segment_data: memoryview | bytes | bytearray,
+                       layout: SegmentLayout) -> tuple[tuple[int, ...], ...]:
+    """The running crc32 of each layer's blocks (``SegmentHeader.block_crcs``) of a
+    segment's data region (``segment_data`` starts at layer 0 block 0)."""
+    mv = memoryview(segment_data).cast("B")
+    base = layout.data_offset
+    out = []
+    for layer in range(layout.num_layers):  # a windowed layer: the rows it holds
+        running = BlockCrcs(layout.layer_block_bytes[layer])
+        start = layout.layer_offset(layer) - base
+        running.feed(mv[start:start + layout.layer_bytes(layer)])
+        out.append(tuple(running.prefixes))
+    return tuple(out)

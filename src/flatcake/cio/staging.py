@@ -310,9 +310,10 @@ class StagingWindow:
         for check in job.checks:
             if check.request_start >= cut:
                 continue
-            first = check.layer_first[layer] if check.layer_first else 0
-            lo = (check.stream_start + first) * bbpl
-            hi = lo + (check.num_blocks - first) * bbpl
+            lo = (check.stream_start + check.layer_skip(layer)) * bbpl
+            hi = (check.stream_start + check.num_blocks) * bbpl
+            if lo == hi:
+                continue  # a window: this layer holds none of the checked blocks
             ranges: list[tuple[int, int]] = []  # (slot offset, length), stream order
             i = max(0, bisect.bisect_right(starts, lo) - 1)
             while i < len(state.placements) and state.placements[i].stream_offset < hi:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flatcake.cio.crc import crc32
+from flatcake.cio.crc import BlockCrcs
 from flatcake.cio.direct import aligned_buffer, pwrite_all, pwritev_all, writable_view
 from flatcake.cio.format import FileHeader, SegmentHeader, encode_file_header, encode_segment_header
 from flatcake.cio.paged import PagedKV
@@ -161,10 +161,11 @@ class SegmentWriter:
         n = int(ids.numel())
         layout = SegmentLayout.for_ssd(n, paged.layer_block_bytes, layer_window_blocks)
 
-        def header_of(crcs: tuple[int, ...]) -> SegmentHeader:
+        def header_of(crcs: list[BlockCrcs]) -> SegmentHeader:
             return SegmentHeader(file_id, seq, turn_index, first_block, n,
-                                 layout.layer_block_bytes, tuple(keys), crcs,
-                                 layout.layer_window_blocks)
+                                 layout.layer_block_bytes, tuple(keys),
+                                 tuple(c.crc for c in crcs), layout.layer_window_blocks,
+                                 tuple(tuple(c.prefixes) for c in crcs))
 
         with self.lock:
             # Zero-copy sends every slot of every layer: not for a windowed segment.
@@ -195,22 +196,22 @@ class SegmentWriter:
 
     @staticmethod
     def _gather_all(paged: PagedKV, ids: torch.Tensor, layout: SegmentLayout,
-                    buf: torch.Tensor) -> tuple[int, ...]:
+                    buf: torch.Tensor) -> list[BlockCrcs]:
         view = writable_view(buf)
         host = _HostGather(paged, ids)
-        crcs = []
+        crcs = _block_crcs(layout)
         for layer in range(layout.num_layers):
             start = layout.layer_offset(layer)
             end = start + layout.layer_bytes(layer)
             _gather(paged, host, layer, ids, layout.layer_first(layer),
                     layout.layer_rows(layer), buf[start:end])
-            crcs.append(crc32(view[start:end]))
+            crcs[layer].feed(view[start:end])
         end = layout.header_bytes + layout.data_bytes
         buf[end:layout.total_bytes].zero_()
-        return tuple(crcs)
+        return crcs
 
     def _send_slots(self, flight: _InFlight, fd: int, file_offset: int, paged: PagedKV,
-                    ids: torch.Tensor, layout: SegmentLayout) -> tuple[int, ...]:
+                    ids: torch.Tensor, layout: SegmentLayout) -> list[BlockCrcs]:
         """Zero-copy: ``pwritev`` commands whose iovecs are the slots, in file order;
         each command's share of its layers' crc32s is computed while it is in flight."""
         layers = [writable_view(t) for t in paged.layer_bytes()]
@@ -226,14 +227,14 @@ class SegmentWriter:
         cmd: list[memoryview] = []
         owner: list[int] = []  # layer of each iovec of ``cmd``
         cmd_bytes, pos = 0, file_offset + layout.data_offset
-        crcs = [0] * layout.num_layers
+        crcs = _block_crcs(layout)
 
         def send() -> None:
             # The command goes out first; its crc32 is computed while it flies (both
             # only read the slots).
             flight.submit(pwritev_all, fd, cmd, pos)
             for layer, view in zip(owner, cmd, strict=True):
-                crcs[layer] = crc32(view, crcs[layer])
+                crcs[layer].feed(view)
 
         for layer in range(layout.num_layers):
             mv = layers[layer]
@@ -251,10 +252,10 @@ class SegmentWriter:
                         cmd, owner, cmd_bytes = [], [], 0
         if cmd:
             send()
-        return tuple(crcs)
+        return crcs
 
     def _stream_data(self, flight: _InFlight, fd: int, file_offset: int, paged: PagedKV,
-                     ids: torch.Tensor, layout: SegmentLayout) -> tuple[int, ...]:
+                     ids: torch.Tensor, layout: SegmentLayout) -> list[BlockCrcs]:
         """Gather the data region into the ring's buffers, each written as soon as it
         holds ``chunk_bytes`` while the next is gathered. Blocks are gathered in batches
         that fit a buffer; the unaligned tail of a full buffer moves to the front of the
@@ -266,17 +267,16 @@ class SegmentWriter:
         pending: list[Future[int] | None] = [None] * depth
         host = _HostGather(paged, ids)
         cur, fill, pos = 0, 0, file_offset + layout.data_offset
-        crcs = []
+        crcs = _block_crcs(layout)
         for layer in range(layout.num_layers):
             bbpl = layout.layer_block_bytes[layer]
-            crc = 0
             block = layout.layer_first(layer)
             while block < layout.num_blocks:
                 room = max(1, (chunk + bbpl - fill) // bbpl)
                 count = min(room, layout.num_blocks - block)
                 nbytes = count * bbpl
                 _gather(paged, host, layer, ids, block, count, bufs[cur][fill:fill + nbytes])
-                crc = crc32(views[cur][fill:fill + nbytes], crc)
+                crcs[layer].feed(views[cur][fill:fill + nbytes])
                 fill += nbytes
                 block += count
                 while fill >= chunk:
@@ -288,12 +288,11 @@ class SegmentWriter:
                     pending[cur] = flight.submit(pwrite_all, fd, views[cur][:chunk], pos)
                     pos += chunk
                     cur, fill = nxt, fill - chunk
-            crcs.append(crc)
         if fill:
             padded = align_up(fill)
             bufs[cur][fill:padded].zero_()
             flight.submit(pwrite_all, fd, views[cur][:padded], pos)
-        return tuple(crcs)
+        return crcs
 
     @staticmethod
     def write_memory(dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor,
@@ -405,3 +404,8 @@ def write_file_header(fd: int, header: FileHeader) -> None:
     buf.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
     pwrite_all(fd, writable_view(buf), 0)
     os.fdatasync(fd)
+
+
+def _block_crcs(layout: SegmentLayout) -> list[BlockCrcs]:
+    """One running block crc per layer of a segment being written (format version 3)."""
+    return [BlockCrcs(b) for b in layout.layer_block_bytes]

@@ -19,8 +19,9 @@ read's end is always the end of its last range. ``tests/plan/test_bulk.py`` chec
 the totals against ``plan_reads`` on random hits.
 
 ``stream_totals`` is what the replay plans with: the totals of the plan the store and the
-vLLM connector execute (``plan.stream.StreamPlanner``: SSD runs widened to whole
-segments, so every byte served is checked against its segment's crc32).
+vLLM connector execute (``plan.stream.StreamPlanner``: each SSD segment read over the
+span of its wanted blocks when it has block crcs, else whole, so every byte served is
+checked against its crc32).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     whose ``layers`` is empty (every count and byte total is filled in).
 
     ``segment_cache`` (optional) remembers each segment's static geometry between calls.
-    ``whole_ssd_segments``: plan each SSD segment of the runs whole, once (see
+    ``whole_ssd_segments``: plan each SSD segment of the runs once, as the stream
+    planner reads it: the span of its wanted blocks with block crcs, else whole (see
     ``stream_totals``).
     """
     cfg = cfg if cfg is not None else PlannerConfig()
@@ -71,6 +73,13 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     num_blocks = 0
     ssd_medium = Medium.SSD
     widened: set[int] = set()
+    spans: dict[int, tuple[int, int]] = {}
+    if whole_ssd_segments:
+        for seg, start, count, _prefix_start in runs:
+            if seg.medium is ssd_medium:
+                lo, hi = spans.get(seg.segment_id, (start, start + count))
+                spans[seg.segment_id] = ((min(lo, start), max(hi, start + count))
+                                         if seg.layout.block_crcs else (0, seg.num_blocks))
     for seg, start, count, _prefix_start in runs:
         info = cache.get(seg.segment_id)
         if info is None:
@@ -105,7 +114,8 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             if seg.segment_id in widened:
                 continue
             widened.add(seg.segment_id)
-            start, count = 0, n_seg
+            lo, hi = spans[seg.segment_id]
+            start, count = lo, hi - lo
         num_blocks += count
         if not bbpl:  # layers of different sizes: see _mixed_totals
             mixed.append((fid if on_ssd else -1, base + header, n_seg, start, count))
@@ -159,8 +169,9 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
 def stream_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None = None,
                   cfg: PlannerConfig | None = None, *,
                   segment_cache: SegmentCache | None = None) -> ReadPlan:
-    """The totals of ``StreamPlanner``'s plan for ``runs`` (each SSD segment widened to
-    the whole segment): the same commands and bytes the data path reads."""
+    """The totals of ``StreamPlanner``'s plan for ``runs`` (each SSD segment read over
+    its wanted blocks' span, or whole without block crcs): the same commands and bytes
+    the data path reads."""
     return plan_totals(runs, num_layers, resolve, cfg, segment_cache=segment_cache,
                        whole_ssd_segments=True)
 

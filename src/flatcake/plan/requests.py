@@ -196,7 +196,8 @@ def load_task(control: ControlPlane, request_id: Hashable, hit: PrefixHit,
     read = hit
     if first_block > 0:
         # The engine holds blocks [0, first_block): only the runs past them are read (an
-        # SSD segment crossing first_block is still read whole, for its crc32).
+        # SSD segment crossing first_block is read from first_block on when it has block
+        # crcs, else whole, for its layer crc32).
         runs = trim_hit(hit, first_block)
         ssd = sum(r[2] for r in runs if r.segment.medium == Medium.SSD)
         read = PrefixHit(hit.num_blocks, hit.num_blocks - first_block - ssd, ssd, runs)

@@ -1,14 +1,18 @@
 """The stream planner: the read plan the store and the vLLM connector execute.
 
-``plan_reads`` merges a hit's runs into layer-major commands; the data path widens
-every SSD run to its whole segment first, because a segment's layer crc covers the
-whole layer range: every byte served is checked before it is scattered. The
-``StreamCheck`` list says which stream blocks belong to which segment, and where each
-stream block goes in the request (``-1``: read for the check only)::
+``plan_reads`` merges a hit's runs into layer-major commands; every byte served is
+checked before it is scattered. A segment with block crcs (format version 4,
+``SegmentLayout.block_crcs``) is read only over the blocks the hit wants (from its first
+to its last wanted block); an older one is widened to the whole segment, because its
+layer crc covers the whole layer range. A sliding-window layer reads (and checks) only
+the blocks of that span it holds. The ``StreamCheck`` list says which stream
+blocks belong to which segment, and where each stream block goes in the request
+(``-1``: read for the check only)::
 
-    hit runs ──► widen SSD runs to whole segments ──► plan_reads ──► ReadPlan
+    hit runs ──► SSD runs: span of the wanted blocks (v4) ──► plan_reads ──► ReadPlan
+                 or the whole segment (v1 to v3)
                  stream_request[i] = request block of stream block i (or -1)
-                 checks = [StreamCheck(segment)...]
+                 checks = [StreamCheck(segment, first block, blocks)...]
 
 Pure: no I/O, no torch.
 """
@@ -28,16 +32,19 @@ from flatcake.readplan import ReadPlan
 
 @dataclass(frozen=True, slots=True)
 class StreamCheck:
-    """One segment whose layer bytes are verified before they are scattered.
+    """Blocks of one segment whose layer bytes are verified before they are scattered.
 
     Attributes:
-        stream_start: first stream block of the whole segment (every layer).
-        num_blocks: the segment's blocks (all read, so the layer crc can be computed).
-        layer_crcs: expected crc32 of each layer's bytes of the segment.
+        stream_start: first stream block of the checked blocks (every layer).
+        num_blocks: blocks checked (all read, so their layer crc can be computed).
+        layer_crcs: expected crc32 of each layer's bytes of those blocks.
         request_start: first request block the segment serves (the cut on failure).
         tag: what to report when it fails (the store's segment id).
-        layer_first: each layer's first block held (a sliding window holds the
-            segment's last blocks only: its crc covers those); empty: all from 0.
+        first: the segment's block the checked blocks start at.
+        whole: the checked blocks are the whole segment (its layer crcs check them).
+        layer_first: each layer's first block held, in the segment (a sliding window
+            holds the segment's last blocks only: its crc covers those of the checked
+            blocks); empty: all from 0.
     """
 
     stream_start: int
@@ -45,14 +52,21 @@ class StreamCheck:
     layer_crcs: tuple[int, ...]
     request_start: int
     tag: int
+    first: int = 0
+    whole: bool = True
     layer_first: tuple[int, ...] = ()
+
+    def layer_skip(self, layer: int) -> int:
+        """Leading checked blocks ``layer`` does not hold (all: nothing to check)."""
+        held = self.layer_first[layer] if self.layer_first else 0
+        return min(self.num_blocks, max(0, held - self.first))
 
 
 class StreamPlanner:
-    """``prepare_load``'s planner: widens each SSD run to its whole segment (every byte
-    served is checked against its segment's layer crc32, which covers the whole layer
-    range) and records where each stream block goes. Called once, under the store lock.
-    """
+    """``prepare_load``'s planner: spans each SSD segment's wanted blocks (with block
+    crcs) or widens it to the whole segment (without: its layer crc32 covers the whole
+    layer range), and records where each stream block goes. Called once, under the
+    store lock."""
 
     def __init__(self, crcs: dict[int, tuple[int, ...]]) -> None:
         self._crcs = crcs
@@ -73,18 +87,24 @@ class StreamPlanner:
                 by_segment.setdefault(seg.segment_id, []).append(run)
         for seg_runs in by_segment.values():
             seg = seg_runs[0].segment
+            lo, hi = 0, seg.num_blocks
+            if seg.layout.block_crcs:
+                lo = min(r.start_pos for r in seg_runs)
+                hi = max(r.start_pos + r.num_blocks for r in seg_runs)
             start = len(request)
-            part = [-1] * seg.num_blocks
+            part = [-1] * (hi - lo)
             for _, start_pos, count, prefix_start in seg_runs:
-                part[start_pos:start_pos + count] = range(prefix_start, prefix_start + count)
+                part[start_pos - lo:start_pos - lo + count] = range(prefix_start,
+                                                                    prefix_start + count)
             request.extend(part)
-            widened.append(HitRun(seg, 0, seg.num_blocks, start))
+            widened.append(HitRun(seg, lo, hi - lo, start))
             crcs = self._crcs.get(seg.segment_id, ())
             lay = seg.layout
-            first = tuple(lay.layer_first(k) for k in range(lay.num_layers)) \
+            held = tuple(lay.layer_first(k) for k in range(lay.num_layers)) \
                 if lay.is_windowed else ()
-            self.checks.append(StreamCheck(start, seg.num_blocks, crcs,
+            self.checks.append(StreamCheck(start, hi - lo, crcs,
                                            min(r.prefix_start for r in seg_runs),
-                                           seg.segment_id, first))
+                                           seg.segment_id, lo, hi - lo == seg.num_blocks,
+                                           held))
         self.stream_request = request
         return plan_reads(widened, num_layers, resolve, cfg)

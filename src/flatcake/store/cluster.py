@@ -75,7 +75,8 @@ class StoreCluster:
         """crc32 of each layer of a durable segment (None: unknown, do not publish)."""
         if seg.medium == Medium.SSD:
             with self._exec.lock:
-                return self._exec.crcs.get((int(seg.file_id or 0), int(seg.file_offset or 0)))
+                book = self._exec.crcs.get((int(seg.file_id or 0), int(seg.file_offset or 0)))
+                return None if book is None else book.layers
         lay = seg.layout
         view = self._exec.arena.view(seg.offset, lay.data_bytes).numpy().data
         return tuple(crc32(view[lay.layer_offset(i):lay.layer_offset(i) + lay.layer_bytes(i)])
