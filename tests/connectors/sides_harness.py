@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from flatcake.cio.direct import aligned_buffer
 from flatcake.clock import ManualClock
 from flatcake.config import FlatCakeConfig, load_config
 from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
@@ -31,10 +32,17 @@ def settings(*overrides: str, infer: bool = True) -> ConnectorSettings:
                              infer_sessions=infer)
 
 
-def random_kv(seed: int) -> list[torch.Tensor]:
-    """The paged KV of a harness made with ``seed``: random bytes in every slot."""
+def random_kv(seed: int, g: KVGeometry = G, misalign: int = 0) -> list[torch.Tensor]:
+    """The paged KV of a harness made with ``seed``: random bytes in every slot, each
+    layer 4 KiB-aligned (zero-copy reads may go into it) plus ``misalign`` bytes."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.rand((SLOTS, 2, 4, 2, 8), generator=gen) for _ in range(G.num_layers)]
+    shape = (SLOTS, 2, g.tokens_per_block, g.num_kv_heads, g.head_dim)
+    out = []
+    for _ in range(g.num_layers):
+        t = aligned_buffer(SLOTS * g.block_bytes // g.num_layers + misalign,
+                           pin=False)[misalign:]
+        out.append(t.view(torch.float32).view(shape).copy_(torch.rand(shape, generator=gen)))
+    return out
 
 
 class Harness:
@@ -42,11 +50,12 @@ class Harness:
 
     def __init__(self, root: Path, s: ConnectorSettings | None = None, seed: int = 0,
                  clock: ManualClock | None = None,
-                 worker_config: FlatCakeConfig | None = None) -> None:
+                 worker_config: FlatCakeConfig | None = None, g: KVGeometry = G,
+                 misalign: int = 0) -> None:
         self.s = s if s is not None else settings()
-        self.worker = WorkerSide(G, worker_config or self.s.config, root)
-        self.sched = SchedulerSide(G, self.s, root, clock=clock)
-        self.kv = random_kv(seed)
+        self.worker = WorkerSide(g, worker_config or self.s.config, root)
+        self.sched = SchedulerSide(g, self.s, root, clock=clock)
+        self.kv = random_kv(seed, g, misalign)
         self.worker.register(self.kv)
         self.reports: list[tuple[set[str], set[str], set[int]]] = []
         self.finished: set[str] = set()  # requests finished since the last step
@@ -58,7 +67,7 @@ class Harness:
         finished, self.finished = self.finished, set()
         plan = self.sched.build_step()
         self.worker.start_step(plan)
-        for layer in range(G.num_layers):
+        for layer in range(len(self.kv)):
             self.worker.wait_for_layer(layer)
         self.worker.end_step()
         deadline = time.monotonic() + 30

@@ -1,7 +1,8 @@
 """The replay's bulk planner is tied to the planners the data path runs: ``plan_totals``
 gives exactly ``plan_reads``' totals (commands, bytes, copies), and ``stream_totals``
 (what the replay plans with) exactly those of the store's and the connector's
-``StreamPlanner``, which widens SSD runs to whole segments for their checksums."""
+``StreamPlanner``, which reads an SSD segment over the span of its wanted blocks when it
+has block crcs (format version 3) and whole otherwise (older segments)."""
 
 from __future__ import annotations
 
@@ -46,16 +47,20 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
         offset = 4096
         for _ in range(draw(st.integers(1, 4))):
             n = draw(st.integers(1, 9))
-            lay = SegmentLayout.for_ssd(n, layer_sizes, windows)
+            lay = SegmentLayout.for_ssd(n, layer_sizes, windows,
+                                        block_crcs=draw(st.booleans()))
             seg = Segment(seg_id, "s", Medium.SSD,
                           encode_address(Medium.SSD, 0, (file_id << 30) + offset), lay,
                           tuple(_key(key + j) for j in range(n)), 0, file_id, offset)
             seg_id += 1
             key += n
             offset += lay.total_bytes + draw(st.sampled_from([0, 4096, 1 << 20]))
-            if draw(st.booleans()):
+            for _ in range(draw(st.sampled_from([0, 1, 1, 2]))):
                 a = draw(st.integers(0, n - 1))
                 b = draw(st.integers(a + 1, n))
+                if any(r.segment is seg and a < r.start_pos + r.num_blocks
+                       and r.start_pos < b for r in runs):
+                    continue  # two runs never share a block
                 runs.append(HitRun(seg, a, b - a, prefix))
                 prefix += b - a
     for _ in range(draw(st.integers(0, 3))):
