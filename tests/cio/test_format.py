@@ -21,6 +21,7 @@ from flatcake.cio.format import (
     FileHeader,
     FormatError,
     SegmentHeader,
+    compute_block_crcs,
     compute_layer_crcs,
     decode_file_header,
     decode_segment_header,
@@ -47,7 +48,8 @@ def _segment(seq: int, first_block: int, num_blocks: int, rng: random.Random,
     data = rng.randbytes(layout.data_bytes)
     keys = tuple(rng.randbytes(32) for _ in range(num_blocks))
     header = SegmentHeader(file_id, seq, seq + 10, first_block, num_blocks,
-                           (bbpl,) * num_layers, keys, compute_layer_crcs(data, layout))
+                           (bbpl,) * num_layers, keys, compute_layer_crcs(data, layout),
+                           block_crcs=compute_block_crcs(data, layout))
     raw = encode_segment_header(header) + data
     return header, raw + bytes(layout.total_bytes - len(raw))
 
@@ -284,3 +286,49 @@ def test_fast_crc32_equals_zlib_including_combine() -> None:
         assert crc32(b, crc32(a)) == zlib.crc32(a + b)
         combined = crc32_combine(crc32(a), crc32(b), crc32_shift_operator(len(b)))
         assert combined == zlib.crc32(a + b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_block_crcs_check_any_run_of_blocks_a_restore_reads(data: st.DataObject) -> None:
+    # Format version 4: the header's running block crcs give the crc32 of any run of a
+    # segment's blocks, each layer over the rows it holds (a window: its last blocks).
+    from flatcake.cio.crc import SegmentCrcs
+    from flatcake.plan.stream import StreamCheck
+
+    rng = random.Random(data.draw(st.integers(0, 1 << 30)))
+    n = data.draw(st.integers(1, 9))
+    sizes = tuple(data.draw(st.sampled_from([100, 584, 4096])) for _ in range(3))
+    windows = data.draw(st.sampled_from([(), (0, 2, 0), (3, 0, 1)]))
+    layout = SegmentLayout.for_ssd(n, sizes, windows)
+    payload = rng.randbytes(layout.data_bytes)
+    header = SegmentHeader(7, 0, 0, 0, n, sizes, tuple(rng.randbytes(32) for _ in range(n)),
+                           compute_layer_crcs(payload, layout), windows,
+                           compute_block_crcs(payload, layout))
+    raw = encode_segment_header(header)
+    assert int.from_bytes(raw[8:12], "little") == fmt.BLOCK_CRC_VERSION
+    back = decode_segment_header(raw)
+    assert back == header and back.layout == layout
+    lo = data.draw(st.integers(0, n - 1))
+    hi = data.draw(st.integers(lo + 1, n))
+    held = tuple(layout.layer_first(k) for k in range(3)) if layout.is_windowed else ()
+    check = StreamCheck(0, hi - lo, (), 0, 0, lo, hi - lo == n, held)
+    got = SegmentCrcs(back.layer_crcs, back.block_crcs).over(check, sizes)
+    assert got is not None
+    for layer in range(3):
+        first = max(lo, layout.layer_first(layer))
+        want = zlib.crc32(b"".join(
+            payload[layout.block_offset(layer, b) - layout.data_offset:
+                    layout.block_offset(layer, b) - layout.data_offset + sizes[layer]]
+            for b in range(first, hi))) if first < hi else 0
+        assert got[layer] == want, layer
+    assert SegmentCrcs(back.layer_crcs).over(check, sizes) is None  # versions 1 to 3
+
+
+def test_a_block_crc_table_that_does_not_end_with_its_layer_crc_is_refused() -> None:
+    layout = SegmentLayout.for_ssd(2, (100,))
+    payload = bytes(range(200))
+    blocks = compute_block_crcs(payload, layout)
+    with pytest.raises(ValueError, match="block_crcs"):
+        SegmentHeader(7, 0, 0, 0, 2, (100,), (bytes(32), bytes(32)),
+                      compute_layer_crcs(payload, layout), (), ((blocks[0][0], 5),))

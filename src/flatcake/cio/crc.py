@@ -71,7 +71,7 @@ def crc32_combine(crc_a: int, crc_b: int, operator: tuple[int, ...]) -> int:
 class BlockCrcs:
     """The running crc32 of one layer's bytes, fed in pieces of any size, recorded at
     every block boundary: ``prefixes[k]`` is the crc32 of blocks ``0..k`` (the last
-    one is the layer's crc). A segment stores these (format version 3) so a restore
+    one is the layer's crc). A segment stores these (format version 4) so a restore
     can check any run of blocks it reads (``range_crc``) without reading the rest."""
 
     __slots__ = ("block_bytes", "crc", "into", "prefixes")
@@ -136,7 +136,7 @@ def range_crc(prefixes: tuple[int, ...], first: int, count: int, block_bytes: in
 
 class SegmentCrcs(NamedTuple):
     """What checks a stored segment's bytes: each layer's crc32 and, for a segment of
-    format version 3, each layer's running block crcs (``BlockCrcs.prefixes``)."""
+    format version 4, each layer's running block crcs (``BlockCrcs.prefixes``)."""
 
     layers: tuple[int, ...]
     blocks: tuple[tuple[int, ...], ...] | None = None

@@ -42,7 +42,7 @@ as they are: a version 2 header of a model whose layers are alike is the same by
 but for the version. Sliding-window layers (version 3, written only when a layer has
 a window): each header also lists every layer's window in blocks (0: all blocks),
 and a segment's windowed layer holds only its last ``min(num_blocks, window)`` blocks
-(``layout.SegmentLayout``); a model without windows still writes version 2.
+(``layout.SegmentLayout``); a model without windows writes version 2 file headers.
 All integers are little-endian. Each header crc32 covers the whole header with its own
 crc field zeroed; ``layer_crc[l]`` covers layer ``l``'s data bytes (no padding). A
 segment is valid only if its header crc, its size (fits in the file) and every layer crc

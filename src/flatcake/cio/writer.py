@@ -407,5 +407,5 @@ def write_file_header(fd: int, header: FileHeader) -> None:
 
 
 def _block_crcs(layout: SegmentLayout) -> list[BlockCrcs]:
-    """One running block crc per layer of a segment being written (format version 3)."""
+    """One running block crc per layer of a segment being written (format version 4)."""
     return [BlockCrcs(b) for b in layout.layer_block_bytes]
