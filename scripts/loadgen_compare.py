@@ -50,6 +50,7 @@ from flatcake import docsout
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_PY = REPO / ".venv-engine" / "bin" / "python"
 STOP_WAIT_S = 90
+RESERVED_CPUS = 1  # vLLM's own default on x86 for one rank without a KV connector
 BLOCK = 32
 CONFIGS = ("none", "flatcake", "lmcache")
 # What the server log says when a stop was not clean.
@@ -57,6 +58,8 @@ STOP_EVENTS = {
     "a worker died": r"died unexpectedly",
     "vLLM force-killed the engine": r"force killing remaining process",
     "engine fatal error": r"EngineCore encountered a fatal error",
+    "vLLM sent SIGTERM to a worker past its grace period":
+        r"workers still running after grace period",
 }
 
 BUILD_MODEL = """
@@ -90,6 +93,10 @@ def loadavg() -> str:
 def env(lmcache: Path | None = None) -> dict[str, str]:
     e = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
              VLLM_CPU_KVCACHE_SPACE="1")
+    # The same cores for every configuration: vLLM's CPU platform reserves one more core
+    # per rank whenever a KV connector is configured, which on a small machine moves the
+    # compute threads onto the cores the engine core and API server run on.
+    e.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(RESERVED_CPUS))
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), str(lmcache or ""),
                                                    os.environ.get("PYTHONPATH", "")) if p)
     if lmcache is not None:

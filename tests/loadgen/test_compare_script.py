@@ -1,0 +1,40 @@
+"""scripts/loadgen_compare.py: every configuration gets the same cores, and an unclean
+stop of vLLM's own is reported."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "loadgen_compare.py"
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location("loadgen_compare", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_configuration_reserves_the_same_cores(compare, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    plain, lmcache = compare.env(), compare.env(Path("/tmp/lmc"))
+    assert plain["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    assert lmcache["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+
+
+def test_the_environment_overrides_the_reserved_cores(compare, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "3")
+    assert compare.env()["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "3"
+
+
+def test_a_worker_vllm_had_to_terminate_is_an_unclean_stop(compare):
+    line = ("(EngineCore pid=1) WARNING 12-04 13:24:17 [multiproc_executor.py:491] [shutdown] "
+            "Executor: workers still running after grace period; sending SIGTERM count=1")
+    hits = [name for name, pattern in compare.STOP_EVENTS.items() if re.search(pattern, line)]
+    assert hits == ["vLLM sent SIGTERM to a worker past its grace period"]
