@@ -332,3 +332,17 @@ def test_a_block_crc_table_that_does_not_end_with_its_layer_crc_is_refused() -> 
     with pytest.raises(ValueError, match="block_crcs"):
         SegmentHeader(7, 0, 0, 0, 2, (100,), (bytes(32), bytes(32)),
                       compute_layer_crcs(payload, layout), (), ((blocks[0][0], 5),))
+
+
+def test_range_crcs_of_long_runs_match_the_bytes() -> None:
+    # Past 256 KiB the prefix is shifted with cached power-of-two operators, not zeros.
+    from flatcake.cio.crc import BlockCrcs, range_crc
+
+    bb = 65536
+    data = random.Random(3).randbytes(bb * 12)
+    running = BlockCrcs(bb)
+    running.feed(memoryview(data))
+    table = tuple(running.prefixes)
+    for first, count in ((0, 12), (1, 11), (2, 5), (7, 1), (3, 4)):
+        assert range_crc(table, first, count, bb) == \
+            zlib.crc32(data[first * bb:(first + count) * bb]), (first, count)

@@ -32,7 +32,8 @@ layer ``l+1``'s.
 
 The plan's *stream* of a layer is a sequence of block-sized positions (``plan.stream``).
 ``RestoreJob.stream_slots`` maps each stream block to a paged KV slot, or to -1 for a
-block read only so that its whole segment layer can be checked against its crc32.
+block read only so that its segment layer can be checked against its crc32 (an older
+segment without block crcs is read whole).
 Checks (``StreamCheck``) run before scatter; a failed check cuts the restore at the
 first request block of that segment: blocks from the cut on are *not* loaded, whatever
 layers they had reached, and the caller recomputes them. A read command that fails

@@ -1,7 +1,7 @@
 """The plans: what to read and write, pure (no torch, no file I/O).
 
 ``reads`` (merged layer-major read commands from a hit), ``stream`` (the data path's
-planner: SSD runs widened to whole segments for the checksum), ``bulk`` (the replay's
+planner: SSD runs read over their wanted blocks, checked by block crcs), ``bulk`` (the replay's
 vectorised twins of ``reads`` and ``stream``, tied to them by property tests), ``tasks``
 (the load and store tasks the executor runs, picklable) and ``requests`` (the request
 protocol every host drives: the servable hit, the load with its FC-MAS request, its

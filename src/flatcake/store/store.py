@@ -5,7 +5,7 @@ vLLM connector's two halves, driving the same request protocol (``plan.requests`
     store_turn:  prepare_store -> StoreTask -> executor: gather + write (+ fdatasync)
                  -> complete_store
     load:        servable (waits for a store in flight of the next blocks) -> load
-                 (reads widened to whole segments) -> LoadTask -> FC-MAS queues
+                 (reads only the hit's blocks) -> LoadTask -> FC-MAS queues
                  (``store.restores``) -> executor: staging window: read, verify crc32,
                  scatter per layer -> finish_load
     reclaim:     control.reclaim -> delete the files it names

@@ -9,7 +9,7 @@ one-FIFO ablation). Only the devices are models:
 
 * a restore reads its SSD part with the commands of the plan the store and the vLLM
   connector execute (``plan.bulk.stream_totals``, the bulk twin of
-  ``plan.stream.StreamPlanner``: each SSD segment read whole, for its checksum) on the
+  ``plan.stream.StreamPlanner``: each SSD segment read over its wanted blocks) on the
   worker's SSD channel, straight into the GPU through the two-layer window (no host
   staging), and copies its memory part over the host->GPU link;
 * a restore that fills memory copies (``placement.copy_on_restore``) ends later by
