@@ -59,6 +59,9 @@ class GpuSpec:
         decode_step_per_seq_s: extra cost per sequence in the batch.
         hbm_bytes_per_s: GPU memory bandwidth, for reading every sequence's KV per step.
         max_batch_seqs: most sequences decoding at once on this worker.
+        prefill_s_per_cached_token: extra prefill cost per cached (not recomputed) token
+            of the context, linear (a CPU engine measured by ``report.realcheck``; 0 where
+            the pair term models attention).
     """
 
     kv_capacity_bytes: int
@@ -69,6 +72,7 @@ class GpuSpec:
     decode_step_per_seq_s: float
     hbm_bytes_per_s: float
     max_batch_seqs: int = 256
+    prefill_s_per_cached_token: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("gpu.kv_capacity_bytes", self.kv_capacity_bytes)
@@ -79,13 +83,15 @@ class GpuSpec:
         _non_negative("gpu.decode_step_per_seq_s", self.decode_step_per_seq_s)
         _positive("gpu.hbm_bytes_per_s", self.hbm_bytes_per_s)
         _positive("gpu.max_batch_seqs", self.max_batch_seqs)
+        _non_negative("gpu.prefill_s_per_cached_token", self.prefill_s_per_cached_token)
 
     def prefill_time_s(self, new_tokens: int, context_tokens: int) -> float:
         """Seconds to prefill ``new_tokens`` on top of ``context_tokens`` cached ones."""
         if new_tokens <= 0:
             return self.prefill_overhead_s
         attn = self.attn_s_per_token_pair * new_tokens * (context_tokens + new_tokens / 2)
-        return self.prefill_overhead_s + new_tokens / self.prefill_tokens_per_s + attn
+        return (self.prefill_overhead_s + new_tokens / self.prefill_tokens_per_s + attn
+                + context_tokens * self.prefill_s_per_cached_token)
 
     def decode_step_s(self, batch_seqs: int, batch_kv_bytes: float) -> float:
         """Seconds of one decode step of ``batch_seqs`` sequences holding that much KV."""

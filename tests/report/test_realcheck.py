@@ -1,0 +1,106 @@
+"""``flatcake.report.realcheck``: costs fitted from loadgen's records, the replay's
+prediction for a case worked out by hand, the error columns, and a clear refusal of a
+folder that is not a loadgen result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flatcake.report import realcheck
+
+# 2 prompts of 64 tokens (two 32-token blocks) + a 32-token question each: 96 tokens.
+# The engine: 1 ms per uncached token, 0.1 ms per cached token, 10 ms per output token.
+U, C, D = 1e-3, 1e-4, 1e-2
+
+
+def record(i: int, prompt: int, cached: int, ttft: float) -> dict:
+    # Sent 10 s apart: no request overlaps another, so no decode step is in the way.
+    return {"index": i, "session_id": f"ws-{prompt}-s1", "turn": 0, "due_s": 10.0 * i,
+            "sent_s": 10.0 * i, "queue_s": 0.0, "ttft_s": ttft, "e2e_s": ttft + 2 * D,
+            "prompt_tokens_sent": 96, "prompt_tokens": 96, "cached_tokens": cached,
+            "reusable_tokens": 64, "completion_tokens": 3, "status": 200, "error": None}
+
+
+def write_run(root: Path, name: str, measured_ttft: float) -> None:
+    d = root / "runs" / name
+    d.mkdir(parents=True)
+    warm = [record(i, i, 0, 96 * U) for i in range(2)]
+    reqs = [record(i, i % 2, 64, measured_ttft) for i in range(6)]
+    (d / "warmup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm))
+    (d / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    (d / "summary.json").write_text(json.dumps({"summary": {}, "run": {"workload_meta": {
+        "working_set": 2, "prompt_tokens": 64, "suffix_tokens": 32,
+        "order": "round_robin"}}}))
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    hit = 32 * U + 64 * C  # a revisit computes its question on top of 64 cached tokens
+    write_run(tmp_path, "r0-none-ws2", hit)
+    write_run(tmp_path, "r0-flatcake-ws2", 2 * hit)
+    return tmp_path
+
+
+def args(folder: Path, *more: str) -> list[str]:
+    return [str(folder), "--engine-blocks", "8", "--geometry", "2,1,16", *more]
+
+
+def test_fitted_costs(folder: Path) -> None:
+    costs = realcheck.fit_costs(realcheck.load_runs(folder))
+    assert costs.uncached_s == pytest.approx(U)
+    assert costs.cached_s == pytest.approx(C)
+    assert costs.decode_s == pytest.approx(D)
+    assert costs.requests == 8  # the no-connector run's warm-up and measured requests
+
+
+def test_prediction_and_errors(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert realcheck.main(args(folder)) == 0
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines()
+            if line.startswith("| r0-")}
+    # Every revisit finds its 64-token prompt (8 blocks hold both prompts): 64 / 96.
+    assert "66.7 % / 66.7 % (+0.0 points)" in rows["r0-none-ws2"]
+    # Unqueued, the replay charges exactly the fitted prefill: the measured TTFT.
+    assert "0.038 / 0.038 (+0 %)" in rows["r0-none-ws2"]
+    assert rows["r0-none-ws2"].endswith("| met |")
+    # FlatCake's run took twice as long as the engine's costs say: -50 %, a miss, and
+    # a line naming the cost the model lacks.
+    assert "0.077 / 0.038 (-50 %)" in rows["r0-flatcake-ws2"]
+    assert rows["r0-flatcake-ws2"].endswith("| missed |")
+    assert "r0-flatcake-ws2: mean TTFT off; the model lacks the connector's" in out
+
+
+def test_cache_too_small_predicts_no_hits(folder: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # 4 blocks hold one request (3 blocks + its output): round robin over 2 prompts
+    # finds nothing in the engine's cache, while FlatCake's store still holds both.
+    assert realcheck.main([str(folder), "--engine-blocks", "4", "--geometry", "2,1,16"]) == 0
+    out = capsys.readouterr().out
+    assert "66.7 % / 0.0 % (-66.7 points)" in out
+    assert "66.7 % / 66.7 % (+0.0 points)" in out
+
+
+@pytest.mark.parametrize("make", ["empty", "not-json", "no-config"])
+def test_not_a_loadgen_result(tmp_path: Path, make: str,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    if make == "empty":
+        (tmp_path / "something.txt").write_text("hello")
+        want = "holds no loadgen result folder"
+    elif make == "not-json":
+        d = tmp_path / "r0-none-ws2"
+        d.mkdir()
+        (d / "summary.json").write_text("{}")
+        (d / "requests.jsonl").write_text("not json\n")
+        want = "not a working-set sweep's summary"
+    else:
+        d = tmp_path / "results"
+        d.mkdir()
+        (d / "summary.json").write_text("{}")
+        (d / "requests.jsonl").write_text("")
+        want = "the name does not say the configuration"
+    assert realcheck.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert want in err and "Traceback" not in err
