@@ -41,6 +41,8 @@ def folder(tmp_path: Path) -> Path:
     hit = 32 * U + 64 * C  # a revisit computes its question on top of 64 cached tokens
     write_run(tmp_path, "r0-none-ws2", hit)
     write_run(tmp_path, "r0-flatcake-ws2", 2 * hit)
+    (tmp_path / "compare.json").write_text(json.dumps({"results": [
+        {"repeat": 0, "config": "none", "working_set": 2, "load_before": "1.5 1.2 1.0"}]}))
     return tmp_path
 
 
@@ -65,11 +67,11 @@ def test_prediction_and_errors(folder: Path, capsys: pytest.CaptureFixture[str])
     assert "66.7 % / 66.7 % (+0.0 points)" in rows["r0-none-ws2"]
     # Unqueued, the replay charges exactly the fitted prefill: the measured TTFT.
     assert "0.038 / 0.038 (+0 %)" in rows["r0-none-ws2"]
-    assert rows["r0-none-ws2"].endswith("| met |")
+    assert rows["r0-none-ws2"].endswith("| met | 1.5 |")  # compare.json's load
     # FlatCake's run took twice as long as the engine's costs say: -50 %, a miss, and
     # a line naming the cost the model lacks.
     assert "0.077 / 0.038 (-50 %)" in rows["r0-flatcake-ws2"]
-    assert rows["r0-flatcake-ws2"].endswith("| missed |")
+    assert rows["r0-flatcake-ws2"].endswith("| missed | - |")
     assert "r0-flatcake-ws2: mean TTFT off; the model lacks the connector's" in out
 
 

@@ -58,6 +58,7 @@ class Run:
     records: list[dict[str, Any]]
     warmup: list[dict[str, Any]]
     prompt_tokens: int
+    load: str = "-"
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,19 @@ def load_runs(root: Path) -> list[Run]:
     runs = [load_run(d) for d in sorted(base.iterdir()) if (d / "summary.json").is_file()]
     if not runs:
         raise ValueError(f"{root}: holds no loadgen result folder")
-    return runs
+    return [dataclasses.replace(r, load=loads.get(r.name, "-"))
+            for loads in [compare_loads(base.parent / "compare.json")] for r in runs]
+
+
+def compare_loads(path: Path) -> dict[str, str]:
+    """Each run's load average (1 min) at its start, from ``loadgen_compare.py``'s
+    ``compare.json`` when there is one."""
+    try:
+        results = json.loads(path.read_text())["results"]
+        return {f"r{x['repeat']}-{x['config']}-ws{x['working_set']}":
+                str(x["load_before"]).split()[0] for x in results}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, IndexError):
+        return {}
 
 
 def fit_costs(runs: list[Run]) -> Costs:
@@ -232,7 +245,7 @@ def lacks(run: Run, meas: dict[str, float], pred: dict[str, float],
                     "engine for the CPU nor the connector's per-step work")
         return ("the connector's per-step cost and its threads on the engine's 2 cores "
                 "(the replay charges only the restore's disk time)")
-    unq = costs.uncached_s * (run.prompt_tokens + 32)
+    unq = costs.uncached_s * float(np.mean([r["prompt_tokens"] for r in run.records]))
     return (f"queueing and CPU contention: the unqueued prefill fitted is {unq:.3f} s per "
             f"uncached prompt, the measured mean {meas['mean']:.3f} s; at concurrency 2 a "
             "request waits behind the other's prefill and both share the engine's 2 "
@@ -244,7 +257,8 @@ def table(runs: list[Run], preset: ReplayPreset, costs: Costs,
           block_tokens: int) -> tuple[str, list[str]]:
     lines = ["| run | config | working set | requests | cached share: measured / "
              "predicted (error) | TTFT mean (s): measured / predicted (error) | TTFT p50 "
-             "(s): measured / predicted (error) | bar |", "|---|---|---|---|---|---|---|---|"]
+             "(s): measured / predicted (error) | bar | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     notes: list[str] = []
     for run in runs:
         meas, pred = measured(run), predict(run, preset, block_tokens)
@@ -257,7 +271,7 @@ def table(runs: list[Run], preset: ReplayPreset, costs: Costs,
             f"{100 * meas['share']:.1f} % / {100 * pred['share']:.1f} % "
             f"({share_err:+.1f} points) | {meas['mean']:.3f} / {pred['mean']:.3f} "
             f"({100 * mean_err:+.0f} %) | {meas['p50']:.3f} / {pred['p50']:.3f} "
-            f"({100 * p50_err:+.0f} %) | {'met' if met else 'missed'} |")
+            f"({100 * p50_err:+.0f} %) | {'met' if met else 'missed'} | {run.load} |")
         if not met:
             what = ("cached share" if abs(share_err) > SHARE_BAR_POINTS else "") + \
                 (" and " if abs(share_err) > SHARE_BAR_POINTS and abs(mean_err) > TTFT_BAR
