@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flatcake.report import realcheck
+from flatcake.report import engine_runs, realcheck
 
 # 2 prompts of 64 tokens (two 32-token blocks) + a 32-token question each: 96 tokens.
 # The engine: 1 ms per uncached token, 0.1 ms per cached token, 10 ms per output token.
@@ -51,7 +51,7 @@ def args(folder: Path, *more: str) -> list[str]:
 
 
 def test_fitted_costs(folder: Path) -> None:
-    costs = realcheck.fit_costs(realcheck.load_runs(folder))
+    costs = engine_runs.fit_costs(engine_runs.load_runs(folder))
     assert costs.uncached_s == pytest.approx(U)
     assert costs.cached_s == pytest.approx(C)
     assert costs.decode_s == pytest.approx(D)

@@ -18,16 +18,11 @@ configuration (``none``: the engine's own cache, ``memory-only`` with no host me
 the error of each against the bar (3 points, 30 %).
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
-import json
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -38,129 +33,14 @@ from flatcake.replay.node.devices import GpuSpec
 from flatcake.replay.presets import LOCAL, ReplayPreset, with_calibration
 from flatcake.replay.simulate import replay_node
 from flatcake.replay.workload.trace import from_requests
+from flatcake.report.engine_runs import Costs, Run, fit_costs, load_runs, measured
 
 SYSTEM = {"none": "memory-only", "flatcake": "flatcake"}
 """Each measured configuration's replay system."""
 SHARE_BAR_POINTS = 3.0
 TTFT_BAR = 0.30
-RUN_NAME = re.compile(r"^(?P<tag>.*?)-?(?P<config>[a-z]+)-ws(?P<ws>\d+)$")
 PROMPT = re.compile(r"^ws-(\d+)(?:-s\d+)?$")
 MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class Run:
-    """One loadgen result folder."""
-
-    name: str
-    config: str
-    working_set: int
-    records: list[dict[str, Any]]
-    warmup: list[dict[str, Any]]
-    prompt_tokens: int
-    load: str = "-"
-
-
-@dataclass(frozen=True)
-class Costs:
-    """The engine's costs fitted from the no-connector runs."""
-
-    uncached_s: float
-    cached_s: float
-    decode_s: float
-    requests: int
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not loadgen's per-request JSON lines ({e})") from None
-
-
-def load_run(folder: Path) -> Run:
-    """A loadgen result folder; ``ValueError`` naming what is missing otherwise."""
-    m = RUN_NAME.match(folder.name)
-    summary = folder / "summary.json"
-    if not summary.is_file() or not (folder / "requests.jsonl").is_file():
-        raise ValueError(f"{folder}: not a loadgen result folder (no summary.json and "
-                         "requests.jsonl)")
-    if m is None or m.group("config") not in SYSTEM:
-        raise ValueError(f"{folder}: the name does not say the configuration and working "
-                         f"set (<repeat>-<config>-ws<N>, config one of {', '.join(SYSTEM)})")
-    try:
-        meta = json.loads(summary.read_text())["run"]["workload_meta"]
-        prompt_tokens = int(meta["prompt_tokens"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        raise ValueError(f"{summary}: not a working-set sweep's summary (no "
-                         "run.workload_meta.prompt_tokens)") from None
-    ok = [r for r in _jsonl(folder / "requests.jsonl") if r.get("status") == 200]
-    if not ok:
-        raise ValueError(f"{folder}: no successful request recorded")
-    return Run(folder.name, m.group("config"), int(m.group("ws")), ok,
-               [r for r in _jsonl(folder / "warmup.jsonl") if r.get("status") == 200],
-               prompt_tokens)
-
-
-def load_runs(root: Path) -> list[Run]:
-    """Every run under ``root`` (its ``runs/`` folder when it has one), or ``root``
-    itself when it is one."""
-    if not root.is_dir():
-        raise ValueError(f"{root}: no such folder")
-    if (root / "summary.json").is_file():
-        return [load_run(root)]
-    base = root / "runs" if (root / "runs").is_dir() else root
-    runs = [load_run(d) for d in sorted(base.iterdir()) if (d / "summary.json").is_file()]
-    if not runs:
-        raise ValueError(f"{root}: holds no loadgen result folder")
-    return [dataclasses.replace(r, load=loads.get(r.name, "-"))
-            for loads in [compare_loads(base.parent / "compare.json")] for r in runs]
-
-
-def compare_loads(path: Path) -> dict[str, str]:
-    """Each run's load average (1 min) at its start, from ``loadgen_compare.py``'s
-    ``compare.json`` when there is one."""
-    try:
-        results = json.loads(path.read_text())["results"]
-        return {f"r{x['repeat']}-{x['config']}-ws{x['working_set']}":
-                str(x["load_before"]).split()[0] for x in results}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, IndexError):
-        return {}
-
-
-def fit_costs(runs: list[Run]) -> Costs:
-    """Decode per output token (the median over requests), then prefill per uncached and
-    per cached token: least squares without intercept over the lower-quartile TTFT of
-    each (uncached, cached) class, less the decode step the replay adds to a prefill
-    that starts while another request decodes (``replay.node.node``)."""
-    parts = [part for run in runs if run.config == "none"
-             for part in (run.warmup, run.records) if part]
-    if not parts:
-        raise ValueError("no no-connector run to fit the engine's costs from")
-    decode = [(float(r["e2e_s"]) - float(r["ttft_s"])) / (int(r["completion_tokens"]) - 1)
-              for part in parts for r in part if int(r.get("completion_tokens") or 0) > 1]
-    step = float(np.median(decode)) if decode else 0.0
-    classes: dict[tuple[int, int], list[float]] = {}
-    for part in parts:
-        spans = [(float(r["sent_s"]) + float(r["ttft_s"]), float(r["sent_s"]) + float(r["e2e_s"]))
-                 for r in part]
-        for k, r in enumerate(part):
-            sent = float(r["sent_s"])
-            busy = any(a <= sent < b for j, (a, b) in enumerate(spans) if j != k)
-            cached = int(r["cached_tokens"] or 0)
-            classes.setdefault((int(r["prompt_tokens"]) - cached, cached), []).append(
-                float(r["ttft_s"]) - (step if busy else 0.0))
-    keys = sorted(classes)
-    a = np.array(keys, dtype=np.float64)
-    b = np.array([np.percentile(classes[k], 25) for k in keys])
-    if np.linalg.matrix_rank(a) < 2:
-        coef = np.array([float(b.sum() / a.sum()), 0.0])
-    else:
-        coef = np.linalg.lstsq(a, b, rcond=None)[0]
-    return Costs(max(float(coef[0]), 1e-9), max(float(coef[1]), 0.0), step,
-                 sum(len(p) for p in parts))
 
 
 def build_preset(costs: Costs, args: argparse.Namespace) -> ReplayPreset:
@@ -218,14 +98,6 @@ def predict(run: Run, preset: ReplayPreset, block_tokens: int) -> dict[str, floa
     cached = np.minimum(rec.hit_blocks[keep] * block_tokens, inp)
     return {"share": float(cached.sum() / inp.sum()), "mean": float(np.mean(ttft)),
             "p50": float(np.median(ttft))}
-
-
-def measured(run: Run) -> dict[str, float]:
-    ttft = [float(r["ttft_s"]) for r in run.records]
-    cached = sum(int(r["cached_tokens"] or 0) for r in run.records)
-    return {"share": cached / sum(int(r["prompt_tokens"]) for r in run.records),
-            "mean": float(np.mean(ttft)), "p50": float(np.median(ttft))}
-
 
 def lacks(run: Run, meas: dict[str, float], pred: dict[str, float],
           runs: list[Run], costs: Costs) -> str:
