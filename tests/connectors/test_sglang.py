@@ -87,8 +87,7 @@ def test_restore_after_restart_within_read_bar(tmp_path: Path) -> None:
 
 def test_a_session_continues_in_its_file_after_a_restart(tmp_path: Path) -> None:
     """The next turn of a session written before a restart goes into its file; a batch
-    branching off an older turn joins that file too (``SessionTracker``'s branch rule,
-    the vLLM connector's and the replay's) and restores byte for byte."""
+    branching off an older turn starts a new session (and file)."""
     pool = host_pool("layer_first")
     keys, branch = chain(9), chain(2, "branch")
     b = backend(pool, tmp_path)
@@ -100,35 +99,10 @@ def test_a_session_continues_in_its_file_after_a_restart(tmp_path: Path) -> None
     sessions = tmp_path / "tp0-pp0" / "sessions"
     assert len(list(sessions.iterdir())) == 1
     assert all(b.batch_set_v1(branch, slots([10, 11]), extra(keys[:4])))
-    assert len(list(sessions.iterdir())) == 1
+    assert len(list(sessions.iterdir())) == 2
     dst = list(range(20, 29))
     assert b.batch_get_v1(keys, slots(dst), extra([])) == [True] * 9
     assert [page_bytes(pool, p) for p in dst] == [page_bytes(pool, p) for p in range(1, 10)]
-    got = b.batch_get_v1(keys[:4] + branch, slots(list(range(30, 36))), extra([]))
-    assert got == [True] * 6
-    assert [page_bytes(pool, p) for p in range(30, 36)] == \
-        [page_bytes(pool, p) for p in (1, 2, 3, 4, 10, 11)]
-    b.close()
-
-
-def test_branches_of_one_prompt_share_its_file(tmp_path: Path) -> None:
-    """One prompt asked with five questions (each batch's prefix is the prompt's pages,
-    stored by the first): one session file, as under the vLLM connector; a restore of a
-    branch reads at most layers x (turns + 1)."""
-    pool = host_pool("layer_first")
-    prompt = chain(4)
-    b = backend(pool, tmp_path)
-    assert all(b.batch_set_v1(prompt + chain(1, "q0"), slots([1, 2, 3, 4, 5]), extra([])))
-    for i in range(1, 5):
-        assert all(b.batch_set_v1(chain(1, f"q{i}"), slots([5 + i]), extra(prompt)))
-    assert len(list((tmp_path / "tp0-pp0" / "sessions").iterdir())) == 1
-    b.close()
-    b = backend(pool, tmp_path)  # cold: every page from the file
-    keys = prompt + chain(1, "q3")
-    assert b.batch_get_v1(keys, slots(list(range(20, 25))), extra([])) == [True] * 5
-    assert [page_bytes(pool, p) for p in range(20, 25)] == \
-        [page_bytes(pool, p) for p in (1, 2, 3, 4, 8)]
-    assert 0 < b.get_stats()["read_commands"] <= LAYERS * 2
     b.close()
 
 

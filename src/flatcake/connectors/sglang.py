@@ -33,17 +33,14 @@ in the pages from that one on: they are reported False and zeroed, so no unverif
 byte stays in the pool.
 
 Sessions: SGLang's page keys are chained hashes, and ``extra_info.prefix_keys`` names the
-pages before a batch. Which session a batch is takes the one rule the vLLM connector and
-the replay use (``control.signals.SessionTracker.resolve``): the stored run of the prefix
-and who owns its end come from the books (``FlatCakeStore.prefix_owner``, whichever
-process stored them, so a session goes on in its file after a restart and when its turns
-move between DP ranks attached to one node service); a batch extending its session's
-newest turn continues it, a branch (the prefix stops inside a stored turn, or after an
-older one) joins that session's file under ``placement.branch_tail_tokens``, otherwise a
-new session starts. Placement signals: turn index and context length come from that;
-SGLang's storage calls carry no request, so the previous reply length and the
-shared-prefix refcount are not available (unknown reply, refcount 1): the placement rule
-decides on turn and context alone.
+pages before a batch; a batch whose prefix ends where a stored batch ended is that
+session's next turn (in its file), otherwise a new session starts. Placement signals: turn
+index and context length come from that; SGLang's storage calls carry no request, so the
+previous reply length and the shared-prefix refcount are not available (unknown reply,
+refcount 1): the placement rule decides on turn and context alone. A batch this process
+did not write is found in the books (``FlatCakeStore.session_ending_at``: the prefix
+stored whole, ending in its session's newest turn), so a session continues in its file
+after a restart and when its turns move between DP ranks attached to one node service.
 
 Key space: a page key is ``engine_block_key(ns, hash)`` with ``ns`` over the model, the
 tenant salt, and the pool's memory layout, dtype, page size, TP/PP ranks (SGLang's keys
@@ -55,11 +52,10 @@ thread-safe, and this class's own books sit under one lock.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import threading
-import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -74,7 +70,6 @@ from flatcake.connectors.sglang_pool import (
     parse_sglang_config,
 )
 from flatcake.control.keys import engine_block_key, namespace_key
-from flatcake.control.signals import SessionTracker, TurnInfo, max_branch_blocks
 from flatcake.errors import CapacityError
 from flatcake.store import FlatCakeStore, TurnSignals
 
@@ -86,17 +81,6 @@ STAT_KEYS = ("set_calls", "pages_set", "pages_set_failed", "get_calls", "pages_g
              "read_commands", "bytes_read", "damaged_segments", "bytes_written",
              "pages_read_direct", "pages_read_bounce", "pages_staged", "loads_zero_copy",
              "loads_staging", "pages_scrubbed")
-
-
-def _new_session_id() -> str:
-    return f"sglang-{uuid.uuid4().hex[:16]}"
-
-
-def _tracker(store: FlatCakeStore) -> SessionTracker:
-    """The session rule's books for ``store`` (its branch cap in its blocks)."""
-    return SessionTracker(max_sessions=MAX_SESSIONS, new_session_id=_new_session_id,
-                          max_branch_blocks=max_branch_blocks(store.config.placement,
-                                                              store.geometry))
 
 
 def _engine_hash(key: str) -> bytes:
@@ -129,7 +113,7 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         self._ranks = tuple(int(getattr(storage_config, name, 0) or 0)
                             for name in ("tp_rank", "tp_size", "pp_rank", "pp_size"))
         self._lock = threading.Lock()
-        self._sessions = SessionTracker(max_sessions=MAX_SESSIONS)  # set per store
+        self._tails: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
         self._stats = dict.fromkeys(STAT_KEYS, 0)
         self.view: HostPoolView | None = None
         self.store: FlatCakeStore | None = None
@@ -161,8 +145,6 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         self._direct = None if self._path_reason else view.direct_caches()
         self._bounce = BounceBuffers(view)
         self.store = FlatCakeStore.open(root, view.geometry(f"sglang-{self.model}"), config)
-        with self._lock:
-            self._sessions = _tracker(self.store)
 
     def _ready(self) -> tuple[FlatCakeStore, HostPoolView]:
         if self.store is None or self.view is None:
@@ -199,11 +181,14 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         if not bkeys:
             return []
         pages = view.pages(host_indices, len(bkeys))
-        prefix = self._keys(list(getattr(extra_info, "prefix_keys", None) or []))
+        prefix = list(getattr(extra_info, "prefix_keys", None) or [])
         with self._lock:
             self._stats["set_calls"] += 1
-        turn = self._resolve(store, prefix)
-        signals = TurnSignals(turn_index=turn.turn_index,
+            owner = self._tails.get(self._keys(prefix[-1:])[0]) if prefix else None
+        if prefix and owner is None:
+            owner = self._stored_tail(store, prefix)
+        sid, turn = (owner[0], owner[1] + 1) if owner else (f"sglang-{bkeys[0][:12].hex()}", 0)
+        signals = TurnSignals(turn_index=turn,
                               context_tokens=(len(prefix) + len(bkeys)) * view.page_size)
         bounce = None
         try:
@@ -213,7 +198,7 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
                 bounce, caches = self._bounce_for(len(bkeys))
                 view.gather(pages, caches)
                 ids = torch.arange(len(bkeys))
-            result = store.store_turn(turn.session_id, bkeys, caches, ids, signals)
+            result = store.store_turn(sid, bkeys, caches, ids, signals)
             stored = store.lookup(bkeys).num_blocks if not result.error else 0
             written = result.bytes_written
         except (CapacityError, OSError, ValueError) as exc:
@@ -227,19 +212,22 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             self._stats["pages_set_failed"] += len(bkeys) - stored
             self._stats["bytes_written"] += written
             if stored == len(bkeys):
-                self._sessions.finish_turn(turn, 0, len(prefix) + len(bkeys))
+                self._tails[bkeys[-1]] = (sid, turn)
+                self._tails.move_to_end(bkeys[-1])
+                while len(self._tails) > MAX_SESSIONS:
+                    self._tails.popitem(last=False)
         return [i < stored for i in range(len(bkeys))]
 
-    def _resolve(self, store: FlatCakeStore, prefix: tuple[bytes, ...]) -> TurnInfo:
-        """The session turn a batch after ``prefix`` is (``SessionTracker``'s rule; a
-        closed store or a node service that is gone: a new session)."""
-        end, owner = 0, None
-        if prefix:
-            # A closed store, or a node service that is gone: a new session.
-            with contextlib.suppress(ValueError, ConnectionError):
-                end, owner = store.prefix_owner(prefix)
-        with self._lock:
-            return self._sessions.resolve(None, end, owner)
+    def _stored_tail(self, store: FlatCakeStore, prefix: list[str]) -> tuple[str, int] | None:
+        """(session, turn) of the stored turn ``prefix`` ends, when this process did not
+        write it: another DP rank attached to the same node service did, or this
+        process before a restart (the books hold the prefix whole, ending in its
+        session's newest turn)."""
+        try:
+            owner = store.session_ending_at(self._keys(prefix))
+        except (ValueError, ConnectionError):  # closed, or the node service is gone
+            return None
+        return (owner.session_id, owner.recovered_turns - 1) if owner else None
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
@@ -341,7 +329,7 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             store.close()
             shutil.rmtree(root, ignore_errors=True)
             self.store = FlatCakeStore.open(root, geometry, config)
-            self._sessions = _tracker(self.store)
+            self._tails.clear()
 
     def get_stats(self) -> dict[str, Any]:
         with self._lock:
