@@ -35,6 +35,7 @@ def run_engine(model: Path, plan: dict, out: Path, store: Path | None = None) ->
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     result = json.loads(out.read_text())
     result["process_s"] = round(time.monotonic() - t0, 1)
+    result["log"] = proc.stdout + proc.stderr
     print(f"{out.stem}: process {result['process_s']} s, engine start "
           f"{result['started_s']:.1f} s, phases {result['phase_s']}")
     return result

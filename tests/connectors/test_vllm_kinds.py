@@ -1,6 +1,7 @@
-"""The vLLM connector refuses at start a model kind it cannot serve, naming it: several
-KV cache groups (the hybrid KV cache manager on) or a spec whose pages are not one
-attention layer's blocks (Mamba state). Runs where vLLM is installed (``.venv-engine``)."""
+"""The vLLM connector maps the engine's KV cache groups to FlatCake's layer groups and
+refuses at start a model kind it cannot serve, naming it: a spec whose pages are not one
+attention layer's blocks (Mamba state), alone or beside attention groups. Runs where
+vLLM is installed (``.venv-engine``)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,19 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engi
 import torch
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
+    KVCacheConfig,
     KVCacheGroupSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
 
-from flatcake.connectors.vllm_glue import engine_geometry, replicated_kv
+from flatcake.connectors.vllm_glue import KVGroups, engine_geometry, replicated_kv
 
 
-def _config(*groups: KVCacheGroupSpec) -> tuple[SimpleNamespace, SimpleNamespace]:
+def _config(*groups: KVCacheGroupSpec) -> tuple[SimpleNamespace, KVCacheConfig]:
     return (SimpleNamespace(model_config=SimpleNamespace(model="tiny"),
                             parallel_config=SimpleNamespace(decode_context_parallel_size=1)),
-            SimpleNamespace(kv_cache_groups=list(groups)))
+            KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=list(groups)))
 
 
 def _full(n: int) -> KVCacheGroupSpec:
@@ -50,14 +52,32 @@ def test_mla_is_served_as_its_latent() -> None:
     assert replicated_kv(*_config(group)) and not replicated_kv(*_config(_full(2)))
 
 
-def test_several_groups_are_refused_naming_each_kind() -> None:
+def _sliding(first: int, n: int) -> KVCacheGroupSpec:
     window = SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64,
                                dtype=torch.bfloat16, sliding_window=128)
-    sliding = KVCacheGroupSpec([f"model.layers.{i}.attn" for i in range(4, 8)], window)
-    with pytest.raises(ValueError, match=r"has 2: 4 layers of FullAttentionSpec \(8192 B "
-                       r"pages\); 4 layers of SlidingWindowSpec \(8192 B pages, window 128 "
-                       r"tokens\)\. Start vLLM with --disable-hybrid-kv-cache-manager"):
-        engine_geometry(*_config(_full(4), sliding))
+    return KVCacheGroupSpec([f"model.layers.{i}.attn" for i in range(first, first + n)],
+                            window)
+
+
+def test_several_groups_are_one_layer_group_each_in_group_order() -> None:
+    config = _config(_full(2), _sliding(2, 3))
+    g = engine_geometry(*config)
+    assert [(grp.num_layers, grp.entry_bytes, grp.window_tokens, grp.kind)
+            for grp in g.groups] == [(2, 512, 0, "full"), (3, 512, 128, "sliding")]
+    assert g.layer_block_bytes == (8192,) * 5 and g.tokens_per_block == 16
+    kv = KVGroups.of(config[1])
+    assert kv.stored == (0, 1) and kv.layer_group == (0, 0, 1, 1, 1)
+    assert kv.layers[:3] == ("model.layers.0.attn", "model.layers.1.attn",
+                             "model.layers.2.attn")
+
+
+def test_a_mamba_group_beside_attention_is_refused_by_name() -> None:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(torch.float32,))
+    group = KVCacheGroupSpec(["model.layers.5.mixer"], mamba)
+    with pytest.raises(ValueError, match=r"cannot store 1 layers of MambaSpec"):
+        engine_geometry(*_config(_full(2), group))
 
 
 def test_a_state_that_is_not_attention_blocks_is_refused_by_name() -> None:

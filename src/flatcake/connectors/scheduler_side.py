@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,16 +121,20 @@ class SchedulerSide:
         geometry: per-worker KV geometry of the engine.
         settings: connector settings.
         world_size: workers that each report every task (tensor parallel size).
+        async_loads: every load is async, an all-memory one too (an engine that
+            learns a failed load only by request: vLLM with several KV cache groups).
     """
 
     def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
                  *, world_size: int = 1, clock: Clock | None = None,
-                 node: NodeParts | None = None, queue: Hashable = None) -> None:
+                 node: NodeParts | None = None, queue: Hashable = None,
+                 async_loads: bool = False) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.geometry = geometry
         self.settings = settings
         self.world_size = world_size
+        self.async_loads = async_loads
         self.store_dir = Path(store_dir)
         # A node service's engine: the node's books, sessions and prefix refcounts,
         # shared with every engine attached to it, and an FC-MAS queue of its own.
@@ -198,7 +202,8 @@ class SchedulerSide:
         if num_blocks < self.settings.min_hit_blocks:
             return 0, False
         # Async when the part past the engine's own blocks reads SSD (the load's rule).
-        return num_blocks * bs, reads_ssd(hit, local_blocks) or bool(state.remote)
+        return num_blocks * bs, (self.async_loads or reads_ssd(hit, local_blocks)
+                                 or bool(state.remote))
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
         """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD."""
@@ -228,6 +233,8 @@ class SchedulerSide:
                              f"{num_blocks} hit blocks")
         first = state.local_blocks
         task, plan = load(self.control, request_id, hit, block_ids, first, state.remote)
+        if self.async_loads:
+            task = replace(task, sync=False)
         state.load, state.loading = task, True
         self._loads[request_id] = task
         self._stats["hit_tokens"] += (num_blocks - first) * bs

@@ -76,8 +76,14 @@ books, its rank parts at the same offsets of one file per part; an MLA model's l
 the same on every rank, is one part: written by rank 0, read by every rank
 (``link.wire.TensorRanks``).
 
-Limits: one KV cache group (a hybrid model runs with vLLM's hybrid KV cache manager
-off; other kinds are refused at start, named), no pipeline parallelism; no tensor
+Models of several KV cache groups (vLLM's hybrid KV cache manager, e.g. sliding-window
+and full-attention layers): the connector is ``SupportsHMA``; each prefix-cacheable
+group is one ``LayerGroup`` of the geometry, its blocks taken from its own block list
+(``connectors.group_slots``); every load is async, and a failed one is reported by
+request (vLLM takes no block ids of several groups), so the engine recomputes it.
+
+Limits: a state that is not attention blocks (Mamba's) is refused at start, named; no
+pipeline parallelism; several KV cache groups not with the node service; no tensor
 parallelism in a cluster (each rank's arena and files would need a node id of their
 own).
 """
@@ -94,7 +100,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -102,12 +110,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from flatcake.connectors.group_slots import GroupIds, StepSlots, slots_of
 from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings, parse_extra_config
 from flatcake.connectors.vllm_events import EventBook
 from flatcake.connectors.vllm_glue import (
     FlatCakeMetadata,
     FlatCakeWorkerMetadata,
+    KVGroups,
     RequestKeys,
     engine_geometry,
     flush,
@@ -137,7 +147,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.flatcake")
 
 
-class FlatCakeConnector(KVConnectorBase_V1):
+class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM's V1 KV connector over FlatCake (see the module docstring)."""
 
     _cache_hit_source = CacheHitSource.DISK
@@ -161,6 +171,15 @@ class FlatCakeConnector(KVConnectorBase_V1):
             raise ValueError(f"FlatCakeConnector does not support pipeline parallelism "
                              f"(pipeline_parallel_size={parallel.pipeline_parallel_size})")
         self.geometry = engine_geometry(vllm_config, kv_cache_config)
+        # Several KV cache groups (the hybrid KV cache manager): each its own block list.
+        self.kv_groups = (KVGroups.of(kv_cache_config)
+                          if len(kv_cache_config.kv_cache_groups) > 1 else None)
+        self._load_slots: dict[str, GroupIds] = {}
+        self._store_slots: dict[str, GroupIds] = {}
+        if self.kv_groups is not None and self.settings.config.store.node:
+            raise ValueError("FlatCakeConnector: a model of several KV cache groups with "
+                             "store.node is not supported yet; leave store.node empty or "
+                             "start vLLM with --disable-hybrid-kv-cache-manager")
         self.block_size = self.geometry.tokens_per_block
         hash_block = getattr(kv_cache_config, "hash_block_size", None) or self.block_size
         if self.block_size % hash_block:
@@ -200,7 +219,8 @@ class FlatCakeConnector(KVConnectorBase_V1):
         elif role == KVConnectorRole.SCHEDULER:
             self.scheduler_side = SchedulerSide(self.geometry, self.settings,
                                                 self._rank_dir(root, 0),
-                                                world_size=self._world_size)
+                                                world_size=self._world_size,
+                                                async_loads=self.kv_groups is not None)
             logger.info("FlatCake scheduler side: store %s, %d segments recovered, geometry "
                         "%s blocks", root, self.scheduler_side.recovered_segments,
                         describe_layers(self.geometry.layer_block_bytes))
@@ -267,8 +287,11 @@ class FlatCakeConnector(KVConnectorBase_V1):
                                  num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
-        block_ids = blocks.get_block_ids()[0]
-        self._sched().after_alloc(request.request_id, block_ids, num_external_tokens)
+        per_group = blocks.get_block_ids()
+        if self.kv_groups is not None:
+            self._load_slots[request.request_id] = slots_of(per_group, self.kv_groups.stored)
+        self._sched().after_alloc(request.request_id, per_group[self._first_group],
+                                  num_external_tokens)
 
     def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int
                                        ) -> dict[CacheHitSource, int]:
@@ -289,8 +312,12 @@ class FlatCakeConnector(KVConnectorBase_V1):
             # after the forward pass.
             del self._awaiting_prompt[rid]
             view = self._view(request)
-            block_ids = self._block_ids(rid)
-            plan = sched.prompt_computed(view, block_ids)
+            per_group = self._block_ids(rid)
+            plan = sched.prompt_computed(view, per_group[self._first_group])
+            if plan is not None and self.kv_groups is not None:
+                first = plan.first_block
+                self._store_slots[rid] = slots_of(per_group, self.kv_groups.stored, first,
+                                                  first + plan.segment.num_blocks)
             if plan is not None and self._events is not None:
                 first, n = plan.first_block, plan.segment.num_blocks
                 bs = self.block_size
@@ -302,12 +329,24 @@ class FlatCakeConnector(KVConnectorBase_V1):
         preempted = scheduler_output.preempted_req_ids or ()
         for rid in preempted:  # computed again from scratch when resumed
             self._awaiting_prompt.pop(rid, None)
-        return FlatCakeMetadata(sched.build_step(tuple(preempted)))
+        step = sched.build_step(tuple(preempted))
+        if self.kv_groups is None:
+            return FlatCakeMetadata(step)
+        slots = StepSlots({t.request_id: self._load_slots.pop(t.request_id)
+                           for t in step.loads},
+                          {t.request_id: self._store_slots.pop(t.request_id)
+                           for t in step.stores})
+        return FlatCakeMetadata(step, slots)
 
-    def _block_ids(self, request_id: str) -> list[int]:
+    @property
+    def _first_group(self) -> int:
+        """The vLLM group whose block ids the scheduler half plans with."""
+        return 0 if self.kv_groups is None else self.kv_groups.stored[0]
+
+    def _block_ids(self, request_id: str) -> tuple[list[int], ...]:
         if self._kv_cache_manager is None:
             raise RuntimeError("FlatCakeConnector: vLLM did not bind its KV cache manager")
-        return list(self._kv_cache_manager.get_block_ids(request_id)[0])
+        return tuple(list(ids) for ids in self._kv_cache_manager.get_block_ids(request_id))
 
     def has_pending_push_work(self) -> bool:
         # Keeps a serving engine stepping until every store is reported and published.
@@ -328,6 +367,11 @@ class FlatCakeConnector(KVConnectorBase_V1):
         released = sched.take_released(connector_output.finished_recving or ())
         connector_output.finished_recving = set(released) or None
 
+    def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        # The blocks of every group stay until the worker reports the request's store.
+        return self.request_finished(request, block_ids[self._first_group])
+
     def request_finished(self, request: Request, block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
         view = self._view(request)
@@ -342,6 +386,16 @@ class FlatCakeConnector(KVConnectorBase_V1):
     # -- worker side -----------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if self.kv_groups is not None:
+            # Layers of different groups share one buffer (their blocks differ): one
+            # tensor per layer of a stored group, in FlatCake's layer order.
+            groups = self.kv_groups
+            self._layer_index = {name: i for i, name in enumerate(groups.layers)}
+            self._work().register([kv_caches[name] for name in groups.layers],
+                                  groups.layer_group)
+            logger.info("FlatCake worker side: %d KV layers in %d KV cache groups, store %s",
+                        len(groups.layers), len(groups.stored), self._work().store_dir)
+            return
         order = sorted(kv_caches, key=layer_order)
         tensors: list[torch.Tensor] = []
         by_ptr: dict[int, int] = {}
@@ -358,7 +412,7 @@ class FlatCakeConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         if isinstance(meta, FlatCakeMetadata):
-            self._work().start_step(meta.plan)
+            self._work().start_step(meta.plan, meta.slots)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         idx = self._layer_index.get(layer_name)
@@ -383,9 +437,16 @@ class FlatCakeConnector(KVConnectorBase_V1):
         self._report = self._report.merged(report)
         return sending or None, recving or None
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving = self.get_finished(finished_req_ids)
+        failed = self._work().take_failed_requests() if self.kv_groups is not None else set()
+        return KVConnectorTransferResults(set(sending or ()), set(recving or ()), failed)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._invalid = self._invalid, set()
-        return out
+        # vLLM cannot map block ids of several groups back to requests: a failed load
+        # is reported by request (``get_transfer_results``) and recomputed whole.
+        return out if self.kv_groups is None else set()
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         if self._report.is_empty():

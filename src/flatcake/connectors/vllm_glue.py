@@ -1,11 +1,12 @@
 """vLLM glue of the FlatCake connector (``connectors.vllm``): the step metadata both
-halves exchange, the FlatCake keys of a request's blocks, the engine's KV geometry, the
-layer order of its KV caches, whether its tensor-parallel ranks hold the same KV, and the
-optional ``flush`` helper for an in-process offline engine."""
+halves exchange, the FlatCake keys of a request's blocks, the engine's KV geometry and
+its KV cache groups, the layer order of its KV caches, whether its tensor-parallel ranks
+hold the same KV, and the optional ``flush`` helper for an in-process offline engine."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -13,8 +14,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
+from flatcake.connectors.group_slots import StepSlots
 from flatcake.control.keys import engine_block_key, namespace_key
-from flatcake.geometry import DTYPE_BYTES, KVGeometry
+from flatcake.geometry import DTYPE_BYTES, KVGeometry, LayerGroup
 from flatcake.plan.tasks import StepPlan, WorkerReport
 
 if TYPE_CHECKING:
@@ -24,10 +26,12 @@ if TYPE_CHECKING:
 
 
 class FlatCakeMetadata(KVConnectorMetadata):
-    """Scheduler -> worker, once per step: the step's loads, stores and file drops."""
+    """Scheduler -> worker, once per step: the step's loads, stores and file drops, and
+    (several KV cache groups) their blocks in every group."""
 
-    def __init__(self, plan: StepPlan) -> None:
+    def __init__(self, plan: StepPlan, slots: StepSlots | None = None) -> None:
         self.plan = plan
+        self.slots = slots
 
 
 class FlatCakeWorkerMetadata(KVConnectorWorkerMetadata):
@@ -93,17 +97,42 @@ def group_kind(group: Any) -> str:
             f"({getattr(spec, 'page_size_bytes', '?')} B pages{extra})")
 
 
+@dataclass(frozen=True, slots=True)
+class KVGroups:
+    """The engine's KV cache groups as FlatCake stores them: ``stored`` (vLLM group
+    indices, in FlatCake's layer order: one ``LayerGroup`` each), ``layers`` (the layer
+    names in that order) and ``layer_group`` (each layer's index into ``stored``)."""
+
+    stored: tuple[int, ...]
+    layers: tuple[str, ...]
+    layer_group: tuple[int, ...]
+
+    @classmethod
+    def of(cls, kv_cache_config: KVCacheConfig) -> KVGroups:
+        groups = kv_cache_config.kv_cache_groups
+        transfer = getattr(kv_cache_config, "transfer_group_ids", range(len(groups)))
+        cacheable = getattr(kv_cache_config, "prefix_cacheable_group_ids", transfer)
+        for g in transfer:
+            kind = type(groups[g].kv_cache_spec).__name__
+            if kind not in SERVED_SPECS or g not in cacheable:
+                # Restoring the others without this group's state would serve wrong KV.
+                raise ValueError(f"FlatCakeConnector cannot store {group_kind(groups[g])}"
+                                 f"{'' if g in cacheable else ' (not prefix-cacheable)'}: it "
+                                 f"serves {', '.join(SERVED_SPECS)}")
+        stored = tuple(cacheable)
+        names = [sorted(groups[g].layer_names, key=layer_order) for g in stored]
+        return cls(stored, tuple(n for group in names for n in group),
+                   tuple(i for i, group in enumerate(names) for _ in group))
+
+
 def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> KVGeometry:
     """The per-worker geometry of the engine's paged KV (one block of one layer is one
-    page of the engine's KV cache spec). A model kind FlatCake cannot serve is refused
-    here, at start, with a message naming it."""
+    page of the engine's KV cache spec; several KV cache groups: one ``LayerGroup``
+    each, ``KVGroups`` order). A model kind FlatCake cannot serve is refused here, at
+    start, with a message naming it."""
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
-        raise ValueError(
-            f"FlatCakeConnector serves one KV cache group; this model has {len(groups)}: "
-            f"{'; '.join(group_kind(g) for g in groups)}. Start vLLM with "
-            f"--disable-hybrid-kv-cache-manager (every attention layer is then stored whole) "
-            f"or serve a model whose layers are alike")
+        return _groups_geometry(str(vllm_config.model_config.model), kv_cache_config)
     spec = groups[0].kv_cache_spec
     if type(spec).__name__ not in SERVED_SPECS:
         raise ValueError(f"FlatCakeConnector cannot store {group_kind(groups[0])}: it serves "
@@ -133,6 +162,31 @@ def replicated_kv(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> bo
     spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
     dcp = int(getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1) or 1)
     return type(spec).__name__ == "MLAAttentionSpec" and dcp == 1
+
+
+def _groups_geometry(name: str, kv_cache_config: KVCacheConfig) -> KVGeometry:
+    """One ``LayerGroup`` per stored KV cache group: its layers, page bytes per token and
+    sliding window; every group's block must be the same number of tokens."""
+    kv = KVGroups.of(kv_cache_config)
+    specs = [kv_cache_config.kv_cache_groups[g].kv_cache_spec for g in kv.stored]
+    sizes = {int(spec.block_size) for spec in specs}
+    if len(sizes) != 1:
+        kinds = "; ".join(group_kind(kv_cache_config.kv_cache_groups[g]) for g in kv.stored)
+        raise ValueError(f"FlatCakeConnector stores KV cache groups of one block size; "
+                         f"this model's are {sorted(sizes)} tokens: {kinds}")
+    block_size = sizes.pop()
+    out = []
+    for g, spec in zip(kv.stored, specs, strict=True):
+        page = int(spec.page_size_bytes)
+        if page % block_size:
+            raise ValueError(f"KV page of {page} bytes does not split into {block_size} "
+                             f"tokens ({group_kind(kv_cache_config.kv_cache_groups[g])})")
+        layers = len(kv_cache_config.kv_cache_groups[g].layer_names)
+        window = int(getattr(spec, "sliding_window", None) or 0)
+        out.append(LayerGroup(layers, page // block_size, window_tokens=window,
+                              kind="sliding" if window else "full"))
+    return KVGeometry(sum(grp.num_layers for grp in out), block_size, dtype="uint8",
+                      name=name, groups=tuple(out))
 
 
 def layer_order(name: str) -> tuple[int, str]:

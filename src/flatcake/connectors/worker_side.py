@@ -31,6 +31,11 @@ leaves the files to rank 0: it reports each of its stores at once without writin
 runs no cuts or drops. The books publish a store once every rank reported it, so what
 rank 0 writes is published once durable, and a failed write is rolled back as before.
 
+A model whose layers take their blocks from several block tables (vLLM's hybrid KV
+cache manager) runs each task on a scratch paged KV and moves the bytes to and from the
+engine's slots group by group (``connectors.group_slots``); its loads are all async,
+and a load that fails is also reported by request (``take_failed_requests``).
+
 A load never hands over unverified bytes as good: a segment whose crc32 fails (or
 whose read fails) cuts the loaded prefix at its first block, and every block from the
 cut on is reported as a load error, so the engine recomputes it.
@@ -58,7 +63,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -70,6 +75,7 @@ from flatcake.cio.restore import LayerReady
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
+from flatcake.connectors.group_slots import GroupedKV, StepSlots
 from flatcake.connectors.write_queue import WriteQueue
 from flatcake.control.address import Medium
 from flatcake.control.plane import ControlPlane
@@ -138,6 +144,10 @@ class WorkerSide:
         self._loads_in_flight = 0
         self._stats: Counter[str] = Counter()
         self.paged: PagedKV | None = None
+        self.grouped: GroupedKV | None = None
+        self._scratch: dict[tuple[str, int], PagedKV] = {}  # grouped stores' snapshots
+        self._failed_requests: set[str] = set()
+        self._slots: StepSlots | None = None
         self.cluster: StoreCluster | None = None
         if arena_path is None:
             scratch = self._adopt_files()
@@ -166,14 +176,19 @@ class WorkerSide:
         self.executor.settle(scan, recovery, scratch)
         return scratch
 
-    def register(self, kv_caches: Sequence[torch.Tensor]) -> None:
+    def register(self, kv_caches: Sequence[torch.Tensor],
+                 layer_group: tuple[int, ...] | None = None, null_id: int = 0) -> None:
         """Learn the paged KV: one tensor per layer, in the layer order of the segments
-        (``register_kv_caches``)."""
+        (``register_kv_caches``); ``layer_group``: the block table (stored KV cache
+        group) of each layer, for an engine of several, whose null block is
+        ``null_id``."""
         paged = PagedKV(kv_caches, self.geometry.layer_block_bytes)
         if paged.num_layers != self.geometry.num_layers:
             raise ValueError(f"the engine registered {paged.num_layers} KV layers, the "
                              f"geometry has {self.geometry.num_layers}")
         self.paged = paged
+        if layer_group is not None and len(set(layer_group)) > 1:
+            self.grouped = GroupedKV(paged, layer_group, null_id)
 
     def _paged_kv(self) -> PagedKV:
         if self.paged is None:
@@ -182,8 +197,12 @@ class WorkerSide:
 
     # -- steps -----------------------------------------------------------------------
 
-    def start_step(self, plan: StepPlan) -> None:
-        """Start everything ``plan`` asks for; sync loads are waited for per layer."""
+    def start_step(self, plan: StepPlan, slots: StepSlots | None = None) -> None:
+        """Start everything ``plan`` asks for; sync loads are waited for per layer.
+        ``slots``: the tasks' blocks in every group, for an engine of several."""
+        if self.grouped is not None and slots is None:
+            slots = StepSlots()
+        self._slots = slots
         if plan.preempted:
             self._wait_for_stores(plan.preempted)
         for cut in plan.cuts if self.writes else ():
@@ -199,9 +218,13 @@ class WorkerSide:
         self._stores_to_start.extend(plan.stores)
         for failed in plan.failed_loads:  # admitted, never planned: recomputed
             self._sync_errors.update(failed.block_ids)
+            self._failed_requests.add(failed.request_id)
             if failed.is_async:
                 self._unplanned.add(failed.request_id)
         for task in plan.loads:
+            if self.grouped is not None and slots is not None:
+                self._start_grouped_load(self.grouped, task, slots)
+                continue
             ready = LayerReady(self.geometry.num_layers)
             if task.sync:
                 fut = self.executor.submit_load(task, self._paged_kv(), ready)
@@ -214,6 +237,33 @@ class WorkerSide:
     def _restored(self, task: LoadTask, outcome: LoadOutcome) -> None:
         with self._lock:
             self._done.append(_Finished(task, load=outcome.done))
+
+    def _start_grouped_load(self, grouped: GroupedKV, task: LoadTask,
+                            slots: StepSlots) -> None:
+        """Restore ``task`` into a scratch paged KV, then its verified blocks into each
+        group's slots (async only: the engine learns a failure by request)."""
+        ids = slots.loads.get(task.request_id)
+        if task.sync or ids is None:
+            raise ValueError(f"load of request {task.request_id!r} on an engine of several "
+                             f"KV cache groups: {'sync' if task.sync else 'no group slots'}")
+        n = len(task.block_ids)
+        scratch = grouped.scratch(n)
+        self._loads_in_flight += 1
+
+        def settle(outcome: LoadOutcome) -> None:
+            done = outcome.done
+            try:
+                grouped.scatter(scratch, ids, task.first_block,
+                                min(done.num_blocks_loaded, n))
+            except Exception as exc:  # nothing of it is served: recomputed
+                logger.warning("FlatCake load of request %s not scattered: %s",
+                               task.request_id, exc)
+                done = replace(done, num_blocks_loaded=task.first_block)
+            with self._lock:
+                self._done.append(_Finished(task, load=done))
+
+        self.executor.submit_load(replace(task, block_ids=tuple(range(n))), scratch,
+                                  LayerReady(self.geometry.num_layers), settle)
 
     def wait_for_layer(self, layer: int) -> None:
         """Block until layer ``layer`` of this step's sync loads is in the paged KV.
@@ -236,6 +286,12 @@ class WorkerSide:
             self._count_load(done)
         self._sync = []
         for store in self._stores_to_start:
+            if self.grouped is not None and self.writes:
+                snap = self._snapshot(self.grouped, store)
+                if snap is None:
+                    self._finish_store(store, False, 0)
+                    continue
+                store = snap
             if not self.writes:  # rank 0 writes the one copy; its report publishes it
                 self._finish_store(store, True, 0)
             elif self._closed or not self._writer_thread.submit(store):
@@ -244,6 +300,20 @@ class WorkerSide:
                                store.request_id)
                 self._finish_store(store, False, 0)
         self._stores_to_start = []
+
+    def _snapshot(self, grouped: GroupedKV, store: StoreTask) -> StoreTask | None:
+        """``store`` over a scratch copy of its blocks taken now (the engine may free a
+        sliding-window block before the writer reaches it); None when it cannot be."""
+        ids = None if self._slots is None else self._slots.stores.get(store.request_id)
+        n = len(store.block_ids)
+        scratch = None if ids is None else grouped.snapshot(ids, n)
+        if scratch is None:
+            logger.warning("FlatCake store of segment %d (request %s) skipped: a KV cache "
+                           "group no longer holds all of its blocks",
+                           store.plan.segment.segment_id, store.request_id)
+            return None
+        self._scratch[(store.request_id, store.plan.segment.segment_id)] = scratch
+        return replace(store, block_ids=tuple(range(n)))
 
     def _wait_for_stores(self, request_ids: Sequence[str]) -> None:
         """Block until every store of ``request_ids`` has finished (their blocks are
@@ -275,7 +345,10 @@ class WorkerSide:
                 loads.append(item.load)
                 self._loads_in_flight -= 1
                 recving.add(item.load.request_id)
-                invalid.update(self._failed_block_ids(item.task, item.load))
+                failed = self._failed_block_ids(item.task, item.load)
+                invalid.update(failed)
+                if failed:
+                    self._failed_requests.add(item.load.request_id)
                 self._count_load(item.load)
         for rid in [r for r in self._finished if self._stores_left[r] <= 0]:
             self._finished.discard(rid)
@@ -300,10 +373,16 @@ class WorkerSide:
 
     # -- stores and drops ------------------------------------------------------------
 
+    def take_failed_requests(self) -> set[str]:
+        """Requests whose load failed in part since the last call (recomputed)."""
+        out, self._failed_requests = self._failed_requests, set()
+        return out
+
     def _run_store(self, task: StoreTask) -> None:
         ok, written_bytes = False, 0
+        paged = self._scratch.pop((task.request_id, task.plan.segment.segment_id), None)
         try:
-            out = self.executor.run_store(task, self._paged_kv())
+            out = self.executor.run_store(task, paged or self._paged_kv())
             ok, written_bytes = out.done.ok, out.done.bytes_written
             if ok and self.cluster is not None:  # durable: the books publish it too
                 seg = task.plan.segment
@@ -318,6 +397,7 @@ class WorkerSide:
 
     def _finish_store(self, task: StoreTask, ok: bool, written_bytes: int) -> None:
         done = StoreDone(task.request_id, task.plan.segment.segment_id, ok, written_bytes)
+        self._scratch.pop((task.request_id, task.plan.segment.segment_id), None)
         with self._write_cond:
             medium = "memory" if task.plan.medium == Medium.MEMORY else "ssd"
             self._stats[f"bytes_written_{medium}"] += written_bytes

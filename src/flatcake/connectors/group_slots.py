@@ -1,0 +1,109 @@
+"""Slots of an engine whose layers take their blocks from several block tables (vLLM's
+hybrid KV cache manager: one block list per KV cache group, positional, a sliding-window
+group's blocks outside its window given as the null block).
+
+FlatCake's executor moves one segment with one slot per block for every layer. For a
+model of several groups the worker half runs each task on a scratch paged KV of the
+task's blocks (one slot per block, every layer) and moves the bytes between it and the
+engine's slots group by group:
+
+    store   ``snapshot``: each layer's blocks gathered from its group's slots when the
+            forward pass that computed them ends, before the engine may free a
+            sliding-window block (it does so as the window moves, before the request
+            finishes); the writer then writes the scratch at its own pace. A block a
+            group no longer holds (the null block) cannot be stored: no snapshot.
+    load    the restore fills the scratch; ``scatter`` then copies each verified block
+            into its group's slot, skipping the null block (outside that group's window
+            the engine keeps nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from flatcake.cio.direct import aligned_buffer
+from flatcake.cio.paged import PagedKV
+
+GroupIds = tuple[tuple[int, ...], ...]
+"""A request's slots in each stored KV cache group (in ``KVGroups`` order), positional."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepSlots:
+    """Per request, the slots of its blocks in every stored group for this step's
+    tasks: ``loads`` from request block 0, ``stores`` the segment's blocks only."""
+
+    loads: Mapping[str, GroupIds] = field(default_factory=dict)
+    stores: Mapping[str, GroupIds] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupedKV:
+    """The engine's paged KV (``paged``, FlatCake's layer order) and the stored group of
+    each of its layers (``layer_group``); ``null_id``: the engine's null block."""
+
+    paged: PagedKV
+    layer_group: tuple[int, ...]
+    null_id: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.layer_group) != self.paged.num_layers:
+            raise ValueError(f"{len(self.layer_group)} layer groups for "
+                             f"{self.paged.num_layers} paged KV layers")
+
+    def scratch(self, num_blocks: int) -> PagedKV:
+        """A host paged KV of ``num_blocks`` slots of every layer, 4 KiB-aligned."""
+        sizes = self.paged.layer_block_bytes
+        buf = aligned_buffer(max(num_blocks * sum(sizes), 1), pin=False)
+        layers, at = [], 0
+        for size in sizes:
+            layers.append(buf[at:at + num_blocks * size].view(num_blocks, size))
+            at += num_blocks * size
+        return PagedKV(layers, sizes, kv_layout="blocks")
+
+    def _table(self, ids: GroupIds, layer: int, lo: int, hi: int) -> list[int]:
+        group = ids[self.layer_group[layer]]
+        if len(group) < hi:
+            raise ValueError(f"group {self.layer_group[layer]} has {len(group)} block ids "
+                             f"for {hi} blocks")
+        return list(group[lo:hi])
+
+    def snapshot(self, ids: GroupIds, num_blocks: int) -> PagedKV | None:
+        """The blocks ``[0, num_blocks)`` of ``ids`` gathered into a scratch paged KV
+        (slot ``i`` = block ``i``); None when a group no longer holds one of them."""
+        if any(self.null_id in group[:num_blocks] for group in ids):
+            return None
+        out = self.scratch(num_blocks)
+        dest = out.layer_bytes()
+        for layer in range(self.paged.num_layers):
+            table = self.paged.block_table(self._table(ids, layer, 0, num_blocks),
+                                           unique=False)
+            self.paged.gather(layer, table, dest[layer])
+        return out
+
+    def scatter(self, scratch: PagedKV, ids: GroupIds, first: int, end: int) -> None:
+        """Copy blocks ``[first, end)`` of ``scratch`` into their slots of every group,
+        except where a group holds the null block."""
+        if end <= first:
+            return
+        src = scratch.layer_bytes()
+        for layer in range(self.paged.num_layers):
+            slots = self._table(ids, layer, first, end)
+            keep = [i for i, s in enumerate(slots) if s != self.null_id]
+            if not keep:
+                continue
+            size = self.paged.layer_block_bytes[layer]
+            rows = src[layer].view(-1, size)[first:end]
+            picked = rows[torch.tensor(keep, dtype=torch.int64)].reshape(-1)
+            table = self.paged.block_table([slots[i] for i in keep], unique=True)
+            self.paged.scatter(layer, table, picked)
+
+
+def slots_of(block_ids: Sequence[Sequence[int]], groups: Sequence[int],
+             lo: int = 0, hi: int | None = None) -> GroupIds:
+    """The slots ``[lo, hi)`` of the stored ``groups`` out of an engine's per-group
+    block lists."""
+    return tuple(tuple(int(b) for b in block_ids[g][lo:hi]) for g in groups)

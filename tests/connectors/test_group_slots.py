@@ -1,0 +1,113 @@
+"""The connector's halves for a model of several KV cache groups (vLLM's hybrid KV cache
+manager), without vLLM: each layer's blocks move to and from its own group's slots, a
+store is a snapshot taken when its forward pass ends, the null block is never written
+nor stored, and every load is async."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from flatcake.connectors.group_slots import GroupIds, StepSlots
+from flatcake.connectors.scheduler_side import SchedulerSide
+from flatcake.connectors.worker_side import WorkerSide
+from flatcake.geometry import KVGeometry, LayerGroup
+from tests.connectors.sides_harness import settings, view
+
+# Two full-attention layers and one sliding-window layer (8 tokens), 4-token blocks.
+G = KVGeometry(3, 4, dtype="uint8", name="tiny-hybrid",
+               groups=(LayerGroup(2, 128), LayerGroup(1, 128, window_tokens=8,
+                                                      kind="sliding")))
+SLOTS = 64
+LAYER_GROUP = (0, 0, 1)
+
+
+class Engine:
+    """One engine of two block tables: scheduler half, worker half, random paged KV."""
+
+    def __init__(self, root: Path) -> None:
+        s = settings()
+        self.worker = WorkerSide(G, s.config, root)
+        self.sched = SchedulerSide(G, s, root, async_loads=True)
+        gen = torch.Generator().manual_seed(3)
+        self.kv = [torch.randint(0, 256, (SLOTS, 512), generator=gen, dtype=torch.uint8)
+                   for _ in range(3)]
+        self.worker.register(self.kv, LAYER_GROUP)
+
+    def step(self, slots: StepSlots, after: object = None) -> tuple[set[str], set[str]]:
+        """One step; ``after`` runs when the forward pass ends (the engine reusing a
+        slot). Returns (finished loads, failed requests)."""
+        plan = self.sched.build_step()
+        self.worker.start_step(plan, slots)
+        self.worker.end_step()
+        if callable(after):
+            after()
+        recving: set[str] = set()
+        deadline = time.monotonic() + 30
+        while True:
+            _s, r, _i, report = self.worker.poll()
+            self.sched.on_report(report)
+            recving |= r
+            if not self.worker.pending() or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return recving, self.worker.take_failed_requests()
+
+    def block(self, layer: int, slot: int) -> bytes:
+        return self.kv[layer][slot].numpy().tobytes()
+
+    def close(self) -> None:
+        self.worker.close()
+        self.sched.close()
+
+
+def test_each_group_restores_into_its_own_slots_from_a_snapshot(tmp_path: Path) -> None:
+    e = Engine(tmp_path)
+    turn0 = list(range(100, 113))  # 3 full blocks + 1 token
+    v0 = view("a", turn0, computed=13, session="s")
+    e.sched.num_matched_tokens(v0, 0)
+    plan = e.sched.prompt_computed(v0, [5, 6, 7])
+    assert plan is not None and plan.segment.num_blocks == 3
+    stored: GroupIds = ((5, 6, 7), (30, 31, 32))
+    want = {(layer, j): e.block(layer, stored[LAYER_GROUP[layer]][j])
+            for layer in range(3) for j in range(3)}
+
+    def reuse() -> None:  # the engine frees and overwrites a sliding-window block
+        e.kv[2][30].zero_()
+
+    e.sched.request_finished(v0)
+    e.step(StepSlots(stores={"a": stored}), reuse)
+    assert e.sched.totals()["stores_ok"] == 1
+    # Turn 1 hits 3 blocks: an async load (every load is, with several groups); the
+    # sliding group's first block is outside its window (the null block).
+    v1 = view("b", [*turn0, *range(200, 208)], session="s")
+    assert e.sched.num_matched_tokens(v1, 0) == (12, True)
+    e.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    null_before = e.block(2, 0)
+    recving, failed = e.step(StepSlots(loads={"b": ((20, 21, 22, 23, 24), (0, 41, 42, 43,
+                                                                           44))}))
+    assert recving == {"b"} and failed == set()
+    for (layer, j), raw in want.items():
+        slot = (20, 21, 22)[j] if LAYER_GROUP[layer] == 0 else (0, 41, 42)[j]
+        if slot == 0:
+            assert e.block(layer, 0) == null_before  # the null block is never written
+        else:
+            assert e.block(layer, slot) == raw, (layer, j)
+    e.close()
+
+
+def test_a_store_a_group_no_longer_holds_is_not_made(tmp_path: Path) -> None:
+    e = Engine(tmp_path)
+    v0 = view("a", list(range(100, 113)), computed=13, session="s")
+    e.sched.num_matched_tokens(v0, 0)
+    assert e.sched.prompt_computed(v0, [5, 6, 7]) is not None
+    e.sched.request_finished(v0)
+    # The sliding group gave its first block back before the prompt's last chunk ran.
+    e.step(StepSlots(stores={"a": ((5, 6, 7), (0, 31, 32))}))
+    totals = e.sched.totals()
+    assert totals["stores_failed"] == 1 and totals.get("stores_ok", 0) == 0
+    v1 = view("b", list(range(100, 113)), session="s")
+    assert e.sched.num_matched_tokens(v1, 0) == (0, False)
+    e.close()

