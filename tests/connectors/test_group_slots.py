@@ -16,9 +16,9 @@ from flatcake.connectors.worker_side import WorkerSide
 from flatcake.geometry import KVGeometry, LayerGroup
 from tests.connectors.sides_harness import settings, view
 
-# Two full-attention layers and one sliding-window layer (8 tokens), 4-token blocks.
+# Two full-attention layers and one sliding-window layer (one block), 4-token blocks.
 G = KVGeometry(3, 4, dtype="uint8", name="tiny-hybrid",
-               groups=(LayerGroup(2, 128), LayerGroup(1, 128, window_tokens=8,
+               groups=(LayerGroup(2, 128), LayerGroup(1, 128, window_tokens=4,
                                                       kind="sliding")))
 SLOTS = 64
 LAYER_GROUP = (0, 0, 1)
@@ -75,17 +75,17 @@ def test_each_group_restores_into_its_own_slots_from_a_snapshot(tmp_path: Path) 
             for layer in range(3) for j in range(3)}
 
     def reuse() -> None:  # the engine frees and overwrites a sliding-window block
-        e.kv[2][30].zero_()
+        e.kv[2][32].zero_()
 
     e.sched.request_finished(v0)
     e.step(StepSlots(stores={"a": stored}), reuse)
     assert e.sched.totals()["stores_ok"] == 1
     # Turn 1 hits 3 blocks: an async load (every load is, with several groups); the
-    # sliding group's first block is outside its window (the null block).
+    # sliding group's first block is the null block, its second outside its window.
     v1 = view("b", [*turn0, *range(200, 208)], session="s")
     assert e.sched.num_matched_tokens(v1, 0) == (12, True)
     e.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
-    null_before = e.block(2, 0)
+    null_before, outside_before = e.block(2, 0), e.block(2, 41)
     recving, failed = e.step(StepSlots(loads={"b": ((20, 21, 22, 23, 24), (0, 41, 42, 43,
                                                                            44))}))
     assert recving == {"b"} and failed == set()
@@ -93,6 +93,8 @@ def test_each_group_restores_into_its_own_slots_from_a_snapshot(tmp_path: Path) 
         slot = (20, 21, 22)[j] if LAYER_GROUP[layer] == 0 else (0, 41, 42)[j]
         if slot == 0:
             assert e.block(layer, 0) == null_before  # the null block is never written
+        elif slot == 41:
+            assert e.block(layer, 41) == outside_before  # the store keeps no more
         else:
             assert e.block(layer, slot) == raw, (layer, j)
     e.close()
@@ -104,8 +106,8 @@ def test_a_store_a_group_no_longer_holds_is_not_made(tmp_path: Path) -> None:
     e.sched.num_matched_tokens(v0, 0)
     assert e.sched.prompt_computed(v0, [5, 6, 7]) is not None
     e.sched.request_finished(v0)
-    # The sliding group gave its first block back before the prompt's last chunk ran.
-    e.step(StepSlots(stores={"a": ((5, 6, 7), (0, 31, 32))}))
+    # The sliding group holds no block the store keeps of it (its window: the last).
+    e.step(StepSlots(stores={"a": ((5, 6, 7), (30, 31, 0))}))
     totals = e.sched.totals()
     assert totals["stores_failed"] == 1 and totals.get("stores_ok", 0) == 0
     v1 = view("b", list(range(100, 113)), session="s")

@@ -10,11 +10,14 @@ engine's slots group by group:
     store   ``snapshot``: each layer's blocks gathered from its group's slots when the
             forward pass that computed them ends, before the engine may free a
             sliding-window block (it does so as the window moves, before the request
-            finishes); the writer then writes the scratch at its own pace. A block a
-            group no longer holds (the null block) cannot be stored: no snapshot.
+            finishes); the writer then writes the scratch at its own pace. A block the
+            store keeps (of a sliding-window layer: the segment's last window only)
+            that its group no longer holds (the null block): no snapshot, no store.
     load    the restore fills the scratch; ``scatter`` then copies each verified block
             into its group's slot, skipping the null block (outside that group's window
-            the engine keeps nothing).
+            the engine keeps nothing); a sliding-window layer's blocks only within its
+            window before the load's end (``LayerGroup.window_blocks``: all the store
+            keeps of such a layer).
 """
 
 from __future__ import annotations
@@ -43,15 +46,19 @@ class StepSlots:
 @dataclass(frozen=True, slots=True)
 class GroupedKV:
     """The engine's paged KV (``paged``, FlatCake's layer order) and the stored group of
-    each of its layers (``layer_group``); ``null_id``: the engine's null block."""
+    each of its layers (``layer_group``); ``null_id``: the engine's null block;
+    ``window_blocks``: per layer, the blocks a load delivers before its end (0: all)."""
 
     paged: PagedKV
     layer_group: tuple[int, ...]
     null_id: int = 0
+    window_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.layer_group) != self.paged.num_layers:
-            raise ValueError(f"{len(self.layer_group)} layer groups for "
+        if len(self.layer_group) != self.paged.num_layers or \
+                len(self.window_blocks) not in (0, self.paged.num_layers):
+            raise ValueError(f"{len(self.layer_group)} layer groups and "
+                             f"{len(self.window_blocks)} windows for "
                              f"{self.paged.num_layers} paged KV layers")
 
     def scratch(self, num_blocks: int) -> PagedKV:
@@ -71,11 +78,19 @@ class GroupedKV:
                              f"for {hi} blocks")
         return list(group[lo:hi])
 
+    def _held_from(self, layer: int, num_blocks: int) -> int:
+        """The first of ``num_blocks`` blocks the store keeps of ``layer``."""
+        window = self.window_blocks[layer] if self.window_blocks else 0
+        return max(num_blocks - window, 0) if window else 0
+
     def snapshot(self, ids: GroupIds, num_blocks: int) -> PagedKV | None:
         """The blocks ``[0, num_blocks)`` of ``ids`` gathered into a scratch paged KV
-        (slot ``i`` = block ``i``); None when a group no longer holds one of them."""
-        if any(self.null_id in group[:num_blocks] for group in ids):
-            return None
+        (slot ``i`` = block ``i``); None when a group no longer holds a block the store
+        keeps."""
+        for layer in range(self.paged.num_layers):
+            held = self._table(ids, layer, 0, num_blocks)[self._held_from(layer, num_blocks):]
+            if self.null_id in held:
+                return None
         out = self.scratch(num_blocks)
         dest = out.layer_bytes()
         for layer in range(self.paged.num_layers):
@@ -86,13 +101,15 @@ class GroupedKV:
 
     def scatter(self, scratch: PagedKV, ids: GroupIds, first: int, end: int) -> None:
         """Copy blocks ``[first, end)`` of ``scratch`` into their slots of every group,
-        except where a group holds the null block."""
+        except where a group holds the null block and, for a sliding-window layer,
+        before its window's blocks at ``end``."""
         if end <= first:
             return
         src = scratch.layer_bytes()
         for layer in range(self.paged.num_layers):
             slots = self._table(ids, layer, first, end)
-            keep = [i for i, s in enumerate(slots) if s != self.null_id]
+            skip = max(self._held_from(layer, end) - first, 0)
+            keep = [i for i, s in enumerate(slots) if s != self.null_id and i >= skip]
             if not keep:
                 continue
             size = self.paged.layer_block_bytes[layer]

@@ -188,7 +188,10 @@ class WorkerSide:
                              f"geometry has {self.geometry.num_layers}")
         self.paged = paged
         if layer_group is not None and len(set(layer_group)) > 1:
-            self.grouped = GroupedKV(paged, layer_group, null_id)
+            tpb = self.geometry.tokens_per_block
+            windows = tuple(grp.window_blocks(tpb) for grp in self.geometry.layer_groups
+                            for _ in range(grp.num_layers))
+            self.grouped = GroupedKV(paged, layer_group, null_id, windows)
 
     def _paged_kv(self) -> PagedKV:
         if self.paged is None:
