@@ -5,9 +5,10 @@
         (nothing downloaded): KIND ``llama`` (the default) or ``mla`` (DeepSeek-V2-style
         multi-head latent attention: one 576-wide latent per token and layer, the width
         vLLM's CPU MLA kernel runs); nothing to do when MODEL_DIR exists
-    python engine_script.py serve MODEL_DIR PLAN.json OUT.json [STORE_DIR]
-        start vLLM's offline ``LLM`` (FlatCake on when STORE_DIR is given: its
-        ``kv_transfer_config`` is the only FlatCake-specific thing), serve the phases of
+    python engine_script.py serve MODEL_DIR PLAN.json OUT.json [STORE_DIR | unix:SOCKET]
+        start vLLM's offline ``LLM`` (FlatCake on when STORE_DIR or a node service's
+        socket is given: its ``kv_transfer_config`` is the only FlatCake-specific
+        thing), serve the phases of
         PLAN.json in order, write every output to OUT.json and exit; builds the model
         first when MODEL_DIR does not exist yet
 
@@ -17,10 +18,10 @@ process), "model_kind": KIND (default llama), "block_size": int (default 32; vLL
 MLA kernel takes 16 only), "cpu_mla_prefix_caching": bool (default false: vLLM's CPU
 platform switches its prefix cache off for MLA models; true switches it back on, so a
 baseline reuses cached latents through the same attention path a FlatCake hit
-takes)}``; a request is ``{"name", "prompt" (token ids) or "extend": [name, [new token
-ids]] (that request's prompt + its output + new tokens), "session_id" and "cache_salt"
-(optional), "max_tokens"}``. One phase is one ``generate`` call (its
-requests run concurrently).
+takes), "tensor_parallel_size": int (default 1)}``; a request is ``{"name", "prompt"
+(token ids) or "extend": [name, [new token ids]] (that request's prompt + its output +
+new tokens), "session_id" and "cache_salt" (optional), "max_tokens"}``. One phase is
+one ``generate`` call (its requests run concurrently).
 """
 
 from __future__ import annotations
@@ -89,8 +90,15 @@ def keep_cpu_mla_prefix_cache() -> None:
 def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
     from vllm import LLM, SamplingParams
 
-    kwargs = {}
-    if store is not None:
+    kwargs: dict = {}
+    if store is not None and store.startswith("unix:"):
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "FlatCakeConnector",
+            "kv_connector_module_path": "flatcake.connectors.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"store": {"node": store, "node_timeout_s": 2}},
+        }
+    elif store is not None:
         kwargs["kv_transfer_config"] = {
             "kv_connector": "FlatCakeConnector",
             "kv_connector_module_path": "flatcake.connectors.vllm",
@@ -114,7 +122,8 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
     llm = LLM(model=model, dtype="float32", enforce_eager=True,
               block_size=plan.get("block_size", 32),
               enable_prefix_caching=plan.get("prefix_caching", True), max_model_len=1024,
-              max_num_seqs=8, seed=0, disable_log_stats=store is None, **kwargs)
+              max_num_seqs=8, seed=0, disable_log_stats=store is None,
+              tensor_parallel_size=plan.get("tensor_parallel_size", 1), **kwargs)
     started_s = time.monotonic() - t0
     done: dict[str, dict] = {}
     phase_s = []
