@@ -158,10 +158,11 @@ def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> 
 
 def replicated_kv(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> bool:
     """Whether every tensor-parallel rank holds the same KV bytes: MLA's latent (one per
-    token, not split by heads), unless decode context parallelism splits it by token."""
-    spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    token, not split by heads) in every KV cache group, unless decode context
+    parallelism splits it by token."""
     dcp = int(getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1) or 1)
-    return type(spec).__name__ == "MLAAttentionSpec" and dcp == 1
+    return dcp == 1 and all(type(g.kv_cache_spec).__name__ == "MLAAttentionSpec"
+                            for g in kv_cache_config.kv_cache_groups)
 
 
 def _groups_geometry(name: str, kv_cache_config: KVCacheConfig) -> KVGeometry:
