@@ -104,3 +104,28 @@ def test_a_zero_cap_makes_each_branch_a_session_of_its_own() -> None:
     assert len(seen) == 3 and root.session_id not in seen
     with pytest.raises(ValueError, match="max_branch_blocks"):
         SessionTracker(max_branch_blocks=-1)
+
+
+def test_a_store_in_parts_stays_with_its_branch_up_to_the_cap() -> None:
+    """``turns_in_parts`` (SGLang: a request's prompt, then its reply, as two stores
+    naming no request): a store starting where a branch's store ended is more of that
+    branch's tail, not a conversation of its own; past the cap it goes to the heir."""
+    ids = itertools.count()
+    t = SessionTracker(new_session_id=lambda: f"auto-{next(ids)}", max_branch_blocks=3,
+                       turns_in_parts=True)
+    root = t.resolve(None, 0, None)
+    t.finish_turn(root, reply_tokens=None, prompt_blocks=8)
+    branch = t.resolve(None, 6, HitOwner("auto-0", False, 1, 0))
+    assert (branch.session_id, branch.turn_index, branch.branch_point) == ("auto-0", 1, 6)
+    t.finish_turn(branch, reply_tokens=None, prompt_blocks=7)
+    homes = []
+    for turn_index, end in enumerate((7, 8, 9), start=1):  # its reply, then its next turns
+        part = t.resolve(None, end, HitOwner(homes[-1][0] if homes else "auto-0", True,
+                                             turn_index + 1, turn_index))
+        assert part.branch_point == end and part.prev_reply_tokens is None
+        t.finish_turn(part, reply_tokens=None, prompt_blocks=end + 1)
+        homes.append((part.session_id, part.turn_index))
+    # Tails of 1 + 1 + 1 blocks fill the cap of 3; the next part goes to the heir.
+    assert homes == [("auto-0", 2), ("auto-0", 3), ("auto-1", 0)]
+    with pytest.raises(ValueError, match="reply_tokens"):
+        t.finish_turn(part, reply_tokens=-1, prompt_blocks=1)

@@ -32,15 +32,19 @@ through an aligned bounce buffer, one copy each way (``read_path`` "bounce", wit
 in the pages from that one on: they are reported False and zeroed, so no unverified
 byte stays in the pool.
 
-Sessions: SGLang's page keys are chained hashes, and ``extra_info.prefix_keys`` names the
-pages before a batch; a batch whose prefix ends where a stored batch ended is that
-session's next turn (in its file), otherwise a new session starts. Placement signals: turn
-index and context length come from that; SGLang's storage calls carry no request, so the
-previous reply length and the shared-prefix refcount are not available (unknown reply,
-refcount 1): the placement rule decides on turn and context alone. A batch this process
-did not write is found in the books (``FlatCakeStore.session_ending_at``: the prefix
-stored whole, ending in its session's newest turn), so a session continues in its file
-after a restart and when its turns move between DP ranks attached to one node service.
+Sessions: a stored batch is a turn, placed by the same rule as the vLLM connector's and
+the replay's (``control.signals.SessionTracker``): SGLang's page keys are chained hashes,
+``extra_info.prefix_keys`` names the pages before a batch (its history), and the books say
+how much of that history is stored and which session owns its end
+(``FlatCakeStore.prefix_owner``, whichever process stored it: after a restart, or another
+DP rank attached to the same node service). A batch extending a session's latest turn is
+its next turn; a branch (the same history, another question) joins the owner's file up to
+``placement.branch_tail_tokens``, then its heir's, and so do the batches that go on from
+a branch (its reply, its next turns: SGLang names no request, so they cannot be told
+apart); otherwise a new session starts.
+SGLang's storage calls carry no request, so the previous reply length and the
+shared-prefix refcount are not available (unknown reply, refcount 1): the placement rule
+decides on turn and context alone.
 
 Key space: a page key is ``engine_block_key(ns, hash)`` with ``ns`` over the model, the
 tenant salt, and the pool's memory layout, dtype, page size, TP/PP ranks (SGLang's keys
@@ -55,7 +59,6 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,7 +73,9 @@ from flatcake.connectors.sglang_pool import (
     parse_sglang_config,
 )
 from flatcake.control.keys import engine_block_key, namespace_key
+from flatcake.control.signals import SessionTracker, TurnInfo, max_branch_blocks
 from flatcake.errors import CapacityError
+from flatcake.geometry import KVGeometry
 from flatcake.store import FlatCakeStore, TurnSignals
 
 logger = logging.getLogger(__name__)
@@ -113,7 +118,7 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         self._ranks = tuple(int(getattr(storage_config, name, 0) or 0)
                             for name in ("tp_rank", "tp_size", "pp_rank", "pp_size"))
         self._lock = threading.Lock()
-        self._tails: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
+        self._sessions = SessionTracker(max_sessions=MAX_SESSIONS, turns_in_parts=True)
         self._stats = dict.fromkeys(STAT_KEYS, 0)
         self.view: HostPoolView | None = None
         self.store: FlatCakeStore | None = None
@@ -144,7 +149,14 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         self._path_reason = view.direct_refusal()
         self._direct = None if self._path_reason else view.direct_caches()
         self._bounce = BounceBuffers(view)
-        self.store = FlatCakeStore.open(root, view.geometry(f"sglang-{self.model}"), config)
+        geometry = view.geometry(f"sglang-{self.model}")
+        self._sessions = self._tracker(geometry)
+        self.store = FlatCakeStore.open(root, geometry, config)
+
+    def _tracker(self, geometry: KVGeometry) -> SessionTracker:
+        return SessionTracker(max_sessions=MAX_SESSIONS, turns_in_parts=True,
+                              max_branch_blocks=max_branch_blocks(
+                                  self.settings.config.placement, geometry))
 
     def _ready(self) -> tuple[FlatCakeStore, HostPoolView]:
         if self.store is None or self.view is None:
@@ -181,15 +193,13 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         if not bkeys:
             return []
         pages = view.pages(host_indices, len(bkeys))
-        prefix = list(getattr(extra_info, "prefix_keys", None) or [])
-        with self._lock:
-            self._stats["set_calls"] += 1
-            owner = self._tails.get(self._keys(prefix[-1:])[0]) if prefix else None
-        if prefix and owner is None:
-            owner = self._stored_tail(store, prefix)
-        sid, turn = (owner[0], owner[1] + 1) if owner else (f"sglang-{bkeys[0][:12].hex()}", 0)
-        signals = TurnSignals(turn_index=turn,
-                              context_tokens=(len(prefix) + len(bkeys)) * view.page_size)
+        prefix = self._keys(list(getattr(extra_info, "prefix_keys", None) or []))
+        self._count(set_calls=1)
+        turn = self._turn(store, prefix)
+        blocks = len(prefix) + len(bkeys)
+        signals = TurnSignals(turn_index=turn.turn_index,
+                              context_tokens=blocks * view.page_size,
+                              prev_reply_tokens=turn.prev_reply_tokens)
         bounce = None
         try:
             if self._direct is not None:  # the writer reads the pool's pages themselves
@@ -198,7 +208,7 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
                 bounce, caches = self._bounce_for(len(bkeys))
                 view.gather(pages, caches)
                 ids = torch.arange(len(bkeys))
-            result = store.store_turn(sid, bkeys, caches, ids, signals)
+            result = store.store_turn(turn.session_id, bkeys, caches, ids, signals)
             stored = store.lookup(bkeys).num_blocks if not result.error else 0
             written = result.bytes_written
         except (CapacityError, OSError, ValueError) as exc:
@@ -212,22 +222,18 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             self._stats["pages_set_failed"] += len(bkeys) - stored
             self._stats["bytes_written"] += written
             if stored == len(bkeys):
-                self._tails[bkeys[-1]] = (sid, turn)
-                self._tails.move_to_end(bkeys[-1])
-                while len(self._tails) > MAX_SESSIONS:
-                    self._tails.popitem(last=False)
+                self._sessions.finish_turn(turn, None, blocks)
         return [i < stored for i in range(len(bkeys))]
 
-    def _stored_tail(self, store: FlatCakeStore, prefix: list[str]) -> tuple[str, int] | None:
-        """(session, turn) of the stored turn ``prefix`` ends, when this process did not
-        write it: another DP rank attached to the same node service did, or this
-        process before a restart (the books hold the prefix whole, ending in its
-        session's newest turn)."""
+    def _turn(self, store: FlatCakeStore, prefix: tuple[bytes, ...]) -> TurnInfo:
+        """The turn a batch after the pages ``prefix`` is (``SessionTracker.resolve``
+        on the stored part of ``prefix`` and its owner in the books)."""
         try:
-            owner = store.session_ending_at(self._keys(prefix))
+            hit_blocks, owner = store.prefix_owner(prefix) if prefix else (0, None)
         except (ValueError, ConnectionError):  # closed, or the node service is gone
-            return None
-        return (owner.session_id, owner.recovered_turns - 1) if owner else None
+            hit_blocks, owner = 0, None
+        with self._lock:
+            return self._sessions.resolve(None, hit_blocks, owner)
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
@@ -329,7 +335,7 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             store.close()
             shutil.rmtree(root, ignore_errors=True)
             self.store = FlatCakeStore.open(root, geometry, config)
-            self._tails.clear()
+            self._sessions = self._tracker(geometry)
 
     def get_stats(self) -> dict[str, Any]:
         with self._lock:

@@ -3,8 +3,9 @@
 Placement needs, before a turn is written, which session it belongs to, its turn
 number, the previous reply's length, and how many live requests share its blocks.
 An engine knows none of these, so its host derives them here: the vLLM connector's
-scheduler side, the replay's FlatCake system, and any caller that fills the store's
-``TurnSignals`` (pure: no I/O, no engine).
+scheduler side, the SGLang backend (a stored batch of pages is a turn; its
+``prefix_keys`` are the history), the replay's FlatCake system, and any caller that
+fills the store's ``TurnSignals`` (pure: no I/O, no engine).
 
 Which session a request belongs to:
 
@@ -27,6 +28,12 @@ Which session a request belongs to:
    branch), so the conversations behind a shared prompt each get their file after
    their first turn;
 5. otherwise (no stored prefix) a new session with a generated id (``auto-<hex>``).
+
+A host that stores a request in parts (``turns_in_parts``: SGLang backs up a request's
+prompt and then its reply, or its prefill chunks, as separate batches, and its storage
+calls name no request) cannot tell a branch's reply from the branch's conversation going
+on: both start exactly where the branch's last store ended. There such a store stays
+with the branch, as more of its tail (rule 3, so under the same cap), instead of rule 4.
 
 Which turn a hit ends in comes from the books (``HitOwner.hit_turn``); the tracker
 remembers where each recent turn's prompt ended. When it does not (an evicted or
@@ -99,7 +106,7 @@ class _TurnEnd:
     was a branch."""
 
     prompt_blocks: int
-    reply_tokens: int
+    reply_tokens: int | None
     branch: bool
 
 
@@ -160,11 +167,12 @@ class SessionTracker:
     ``auto-<random hex>``; the replay passes a counter so runs repeat exactly).
     ``max_branch_blocks``: blocks of branch tails one session takes before its branches
     go to an heir (``placement.branch_tail_tokens`` over the block size; 0: every branch
-    starts a session of its own)."""
+    starts a session of its own). ``turns_in_parts``: a request's blocks arrive in
+    several stores (see the module docstring)."""
 
     def __init__(self, infer_sessions: bool = True, max_sessions: int = 100_000,
                  new_session_id: Callable[[], str] = _random_session_id,
-                 max_branch_blocks: int = 2048) -> None:
+                 max_branch_blocks: int = 2048, turns_in_parts: bool = False) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         if max_branch_blocks < 0:
@@ -172,6 +180,7 @@ class SessionTracker:
         self.infer_sessions = infer_sessions
         self.max_sessions = max_sessions
         self.max_branch_blocks = max_branch_blocks
+        self.turns_in_parts = turns_in_parts
         self._new_session_id = new_session_id
         self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
 
@@ -197,6 +206,9 @@ class SessionTracker:
                 # The turn whose blocks the hit ends in is known here.
                 if num_hit_blocks < end.prompt_blocks:
                     return self._branch(owner, num_hit_blocks)
+                if end.branch and self.turns_in_parts and \
+                        num_hit_blocks == end.prompt_blocks:  # the branch's next part
+                    return self._branch(owner, num_hit_blocks, end.reply_tokens)
                 if end.branch:  # a branch goes on: its conversation gets its own session
                     return TurnInfo(self._new_session_id(), hit_turn + 1, end.reply_tokens,
                                     True)
@@ -240,10 +252,12 @@ class SessionTracker:
         reply = state.last_reply_tokens if prev_reply_tokens is None else prev_reply_tokens
         return TurnInfo(sid, max(state.num_turns, recovered_turns), reply, inferred)
 
-    def finish_turn(self, turn: TurnInfo, reply_tokens: int, prompt_blocks: int) -> None:
+    def finish_turn(self, turn: TurnInfo, reply_tokens: int | None,
+                    prompt_blocks: int) -> None:
         """Record a finished turn: the next turn of the session gets ``turn_index + 1``
-        and ``prev_reply_tokens = reply_tokens``."""
-        if reply_tokens < 0 or prompt_blocks < 0:
+        and ``prev_reply_tokens = reply_tokens`` (``None``: not known, as for SGLang,
+        whose storage calls carry no request)."""
+        if (reply_tokens is not None and reply_tokens < 0) or prompt_blocks < 0:
             raise ValueError(f"reply_tokens and prompt_blocks must be >= 0, got "
                              f"{reply_tokens}, {prompt_blocks}")
         state = self._sessions.get(turn.session_id)

@@ -373,19 +373,16 @@ class FlatCakeStore:
             hit = self.control.lookup(keys)
         return LookupResult(hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks)
 
-    def session_ending_at(self, keys: Sequence[bytes]) -> HitOwner | None:
-        """The session a turn extending ``keys`` continues: the one holding all of
-        ``keys``, the last in its newest turn (``HitOwner``: its id and how many turns
-        it holds), whichever process stored them; ``None`` otherwise (a branch off an
-        older turn, or keys not stored whole)."""
+    def prefix_owner(self, keys: Sequence[bytes]) -> tuple[int, HitOwner | None]:
+        """How many leading blocks of ``keys`` are stored, and who owns the last of them
+        (``HitOwner``, whichever process stored them; ``None`` for no hit or a session
+        the books no longer hold): what ``control.signals.SessionTracker.resolve``
+        places a turn extending ``keys`` by."""
         self._check_open()
         keys = self._check_keys(keys)
         with self._lock:
             hit = self.control.lookup(keys)
-            if not keys or hit.num_blocks < len(keys):
-                return None
-            owner = hit_owner(self.control, hit)
-        return owner if owner is not None and owner.reaches_newest_segment else None
+            return hit.num_blocks, hit_owner(self.control, hit)
 
     def load(self, keys: Sequence[bytes], kv_caches: Sequence[torch.Tensor],
              block_ids: BlockIds) -> LoadResult:
