@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
 
 from flatcake.service.server import ask_status
-from tests.connectors.test_vllm_e2e import SCRIPT, explicit, run_engine, same_output
+from tests.connectors.engine_helpers import SCRIPT, explicit, run_engine, same_output
 from tests.service.helpers import Service
 
 pytestmark = pytest.mark.engine
