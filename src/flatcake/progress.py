@@ -1,4 +1,5 @@
-"""Progress bars for long work, drawn only where a person is watching.
+"""Progress bars for long work, drawn only where a person is watching (and ``size_text``,
+the byte sizes that bars, reports and `flatcake inspect` print).
 
 Library code marks its long loops with :func:`task` (a bar with a total), :func:`track`
 (an iterable) or :func:`reading` (a file read front to back, counted in bytes); all
@@ -117,3 +118,11 @@ def reading(f: IO[bytes], total_bytes: int, desc: str) -> IO[bytes]:
         return f
     bar = task(desc, total_bytes, "B", unit_scale=True)
     return io.BufferedReader(_CountedRaw(f, bar), buffer_size=1 << 20)
+
+
+def size_text(num_bytes: int) -> str:
+    """``num_bytes`` in the largest binary unit it reaches (``1.00 GiB``)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes} B"

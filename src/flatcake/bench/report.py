@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flatcake.progress import size_text
+
 
 @dataclass(frozen=True, slots=True)
 class LayoutResult:
@@ -191,14 +193,6 @@ class BenchReport:
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
-
-
-def size_text(num_bytes: int) -> str:
-    """``num_bytes`` in the largest binary unit it reaches (``1.00 GiB``)."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if num_bytes >= scale:
-            return f"{num_bytes / scale:.2f} {unit}"
-    return f"{num_bytes} B"
 
 
 def layers_text(layer_block_bytes: tuple[int, ...]) -> str:

@@ -27,8 +27,8 @@ def _mib(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flatcake.bench.report import size_text
     from flatcake.config import load_config
+    from flatcake.progress import size_text
     from flatcake.store.inspect import inspect_root
 
     given = load_config(args.config, overrides=args.set) if args.config or args.set else None
