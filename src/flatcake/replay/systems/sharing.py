@@ -218,11 +218,14 @@ class FlatCakeReads(_Member):
                 runs, num_layers, None, peer.config.planner, segment_cache=peer.segment_cache)
             cmds = plan.num_commands * node.spec.gpus_per_worker if plan.bytes_read else 0
             # The owner reads with its padding and gaps; whole segment layers cross the
-            # network (the crc32 covers a whole layer), as the remote readers send them.
+            # network (a cluster record carries one crc32 per layer, not the block
+            # table), as the remote readers send them.
+            wire_ssd = sum({r[0].segment_id: r[0].layout.data_bytes for r in runs
+                         if r[0].medium is Medium.SSD}.values())
             end = max(end, self.cluster.fetch(self.me, req.worker, owner, cmds,
                                               plan.bytes_read, plan.memory_bytes,
                                               sum(r[2] for r in runs),
-                                              wire_bytes=plan.useful_bytes + plan.memory_bytes))
+                                              wire_bytes=wire_ssd + plan.memory_bytes))
             useful += self._account(plan, runs)
         st.local_plan = None
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
