@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from flatcake.loadgen.output import REQUESTS_FILE, SUMMARY_FILE, WARMUP_FILE
+
 CONFIGS = ("none", "flatcake")
 """The server configurations the check replays."""
 RUN_NAME = re.compile(r"^(?P<tag>.*?)-?(?P<config>[a-z]+)-ws(?P<ws>\d+)$")
@@ -53,10 +55,10 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 def load_run(folder: Path) -> Run:
     """A loadgen result folder; ``ValueError`` naming what is missing otherwise."""
     m = RUN_NAME.match(folder.name)
-    summary = folder / "summary.json"
-    if not summary.is_file() or not (folder / "requests.jsonl").is_file():
-        raise ValueError(f"{folder}: not a loadgen result folder (no summary.json and "
-                         "requests.jsonl)")
+    summary = folder / SUMMARY_FILE
+    if not summary.is_file() or not (folder / REQUESTS_FILE).is_file():
+        raise ValueError(f"{folder}: not a loadgen result folder (no {SUMMARY_FILE} and "
+                         f"{REQUESTS_FILE})")
     if m is None or m.group("config") not in CONFIGS:
         raise ValueError(f"{folder}: the name does not say the configuration and working "
                          f"set (<repeat>-<config>-ws<N>, config one of {', '.join(CONFIGS)})")
@@ -66,11 +68,11 @@ def load_run(folder: Path) -> Run:
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         raise ValueError(f"{summary}: not a working-set sweep's summary (no "
                          "run.workload_meta.prompt_tokens)") from None
-    ok = [r for r in _jsonl(folder / "requests.jsonl") if r.get("status") == 200]
+    ok = [r for r in _jsonl(folder / REQUESTS_FILE) if r.get("status") == 200]
     if not ok:
         raise ValueError(f"{folder}: no successful request recorded")
     return Run(folder.name, m.group("config"), int(m.group("ws")), ok,
-               [r for r in _jsonl(folder / "warmup.jsonl") if r.get("status") == 200],
+               [r for r in _jsonl(folder / WARMUP_FILE) if r.get("status") == 200],
                prompt_tokens)
 
 
@@ -79,10 +81,10 @@ def load_runs(root: Path) -> list[Run]:
     itself when it is one."""
     if not root.is_dir():
         raise ValueError(f"{root}: no such folder")
-    if (root / "summary.json").is_file():
+    if (root / SUMMARY_FILE).is_file():
         return [load_run(root)]
     base = root / "runs" if (root / "runs").is_dir() else root
-    runs = [load_run(d) for d in sorted(base.iterdir()) if (d / "summary.json").is_file()]
+    runs = [load_run(d) for d in sorted(base.iterdir()) if (d / SUMMARY_FILE).is_file()]
     if not runs:
         raise ValueError(f"{root}: holds no loadgen result folder")
     return [dataclasses.replace(r, load=loads.get(r.name, "-"))
