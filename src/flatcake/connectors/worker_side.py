@@ -188,10 +188,8 @@ class WorkerSide:
                              f"geometry has {self.geometry.num_layers}")
         self.paged = paged
         if layer_group is not None and len(set(layer_group)) > 1:
-            tpb = self.geometry.tokens_per_block
-            windows = tuple(grp.window_blocks(tpb) for grp in self.geometry.layer_groups
-                            for _ in range(grp.num_layers))
-            self.grouped = GroupedKV(paged, layer_group, null_id, windows)
+            self.grouped = GroupedKV(paged, layer_group, null_id,
+                                     self.geometry.layer_window_blocks)
 
     def _paged_kv(self) -> PagedKV:
         if self.paged is None:
