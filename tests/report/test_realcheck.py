@@ -29,9 +29,15 @@ def write_run(root: Path, name: str, measured_ttft: float) -> None:
     d.mkdir(parents=True)
     warm = [record(i, i, 0, 96 * U) for i in range(2)]
     reqs = [record(i, i % 2, 64, measured_ttft) for i in range(6)]
+    # A stream that broke after its status line: loadgen's summary leaves it out, and
+    # so does the check (it has no TTFT to compare).
+    broken = {**record(6, 0, 64, measured_ttft), "ttft_s": None,
+              "error": "stream ended before [DONE]"}
     (d / "warmup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm))
-    (d / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reqs))
-    (d / "summary.json").write_text(json.dumps({"summary": {}, "run": {"workload_meta": {
+    (d / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*reqs, broken]))
+    figures = {"cached_share": 64 / 96, "ttft_mean_s": measured_ttft,
+               "ttft_p50_s": measured_ttft}
+    (d / "summary.json").write_text(json.dumps({"summary": figures, "run": {"workload_meta": {
         "working_set": 2, "prompt_tokens": 64, "suffix_tokens": 32,
         "order": "round_robin"}}}))
 
@@ -85,7 +91,7 @@ def test_cache_too_small_predicts_no_hits(folder: Path,
     assert "66.7 % / 66.7 % (+0.0 points)" in out
 
 
-@pytest.mark.parametrize("make", ["empty", "not-json", "no-config"])
+@pytest.mark.parametrize("make", ["empty", "not-json", "no-config", "no-figures"])
 def test_not_a_loadgen_result(tmp_path: Path, make: str,
                               capsys: pytest.CaptureFixture[str]) -> None:
     if make == "empty":
@@ -97,6 +103,13 @@ def test_not_a_loadgen_result(tmp_path: Path, make: str,
         (d / "summary.json").write_text("{}")
         (d / "requests.jsonl").write_text("not json\n")
         want = "not a working-set sweep's summary"
+    elif make == "no-figures":
+        write_run(tmp_path, "r0-none-ws2", 0.1)
+        summary = tmp_path / "runs" / "r0-none-ws2" / "summary.json"
+        doc = json.loads(summary.read_text())
+        doc["summary"]["cached_share"] = None  # the server reported no cached tokens
+        summary.write_text(json.dumps(doc))
+        want = "no measured figures (summary.cached_share"
     else:
         d = tmp_path / "results"
         d.mkdir()

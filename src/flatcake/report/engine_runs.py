@@ -17,6 +17,8 @@ from flatcake.loadgen.output import REQUESTS_FILE, SUMMARY_FILE, WARMUP_FILE
 
 CONFIGS = ("none", "flatcake")
 """The server configurations the check replays."""
+MEASURED = {"cached_share": "share", "ttft_mean_s": "mean", "ttft_p50_s": "p50"}
+"""loadgen's summary figures (``summary.json``) the check compares, by its own names."""
 RUN_NAME = re.compile(r"^(?P<tag>.*?)-?(?P<config>[a-z]+)-ws(?P<ws>\d+)$")
 
 
@@ -28,8 +30,11 @@ class Run:
     config: str
     working_set: int
     records: list[dict[str, Any]]
+    """The measured requests that succeeded: those loadgen's summary counts."""
     warmup: list[dict[str, Any]]
     prompt_tokens: int
+    summary: dict[str, Any]
+    """loadgen's figures for ``records`` (``summary.json``'s ``summary``)."""
     load: str = "-"
 
 
@@ -63,17 +68,28 @@ def load_run(folder: Path) -> Run:
         raise ValueError(f"{folder}: the name does not say the configuration and working "
                          f"set (<repeat>-<config>-ws<N>, config one of {', '.join(CONFIGS)})")
     try:
-        meta = json.loads(summary.read_text())["run"]["workload_meta"]
-        prompt_tokens = int(meta["prompt_tokens"])
+        doc = json.loads(summary.read_text())
+        prompt_tokens = int(doc["run"]["workload_meta"]["prompt_tokens"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         raise ValueError(f"{summary}: not a working-set sweep's summary (no "
                          "run.workload_meta.prompt_tokens)") from None
-    ok = [r for r in _jsonl(folder / REQUESTS_FILE) if r.get("status") == 200]
+    figures = doc.get("summary")
+    if not isinstance(figures, dict) or any(figures.get(k) is None for k in MEASURED):
+        raise ValueError(f"{summary}: no measured figures (summary.{', summary.'.join(MEASURED)}"
+                         "; a server started without --enable-prompt-tokens-details reports "
+                         "no cached tokens)")
+    ok = [r for r in _jsonl(folder / REQUESTS_FILE) if _succeeded(r)]
     if not ok:
         raise ValueError(f"{folder}: no successful request recorded")
     return Run(folder.name, m.group("config"), int(m.group("ws")), ok,
-               [r for r in _jsonl(folder / WARMUP_FILE) if r.get("status") == 200],
-               prompt_tokens)
+               [r for r in _jsonl(folder / WARMUP_FILE) if _succeeded(r)],
+               prompt_tokens, figures)
+
+
+def _succeeded(record: dict[str, Any]) -> bool:
+    # loadgen's own rule (``Reply.ok``), so the requests replayed are the ones its summary
+    # counts: a stream that broke after its status line has status 200 and an error.
+    return record.get("status") == 200 and record.get("error") is None
 
 
 def load_runs(root: Path) -> list[Run]:
@@ -136,8 +152,6 @@ def fit_costs(runs: list[Run]) -> Costs:
 
 
 def measured(run: Run) -> dict[str, float]:
-    """The measured requests' cached share, mean and median TTFT."""
-    ttft = [float(r["ttft_s"]) for r in run.records]
-    cached = sum(int(r["cached_tokens"] or 0) for r in run.records)
-    return {"share": cached / sum(int(r["prompt_tokens"]) for r in run.records),
-            "mean": float(np.mean(ttft)), "p50": float(np.median(ttft))}
+    """The measured requests' cached share, mean and median TTFT, as loadgen's summary
+    gives them."""
+    return {name: float(run.summary[key]) for key, name in MEASURED.items()}
