@@ -159,6 +159,25 @@ class PlannerConfig:
                "must be a positive multiple of 4096")
 
 
+THREAD_CPUS_WORDS = ("auto", "inherit")
+"""``store.thread_cpus`` values besides a CPU list (``cio.affinity``)."""
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """``"0,2-3"`` -> ``{0, 2, 3}``; ``ValueError`` naming the part that is wrong."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise ValueError(f"{part.strip()!r} is not a CPU number or range") from None
+        if first < 0 or last < first:
+            raise ValueError(f"{part.strip()!r} is not a CPU range (0 <= first <= last)")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """FC-MAS restore scheduling.
@@ -190,6 +209,9 @@ class StoreConfig:
     ``read_threads``: threads of the store's one reader (``preadv`` calls running at
     once, over all restores). ``reads_in_flight``: read commands one restore keeps with
     that reader at once; the rest of its reads wait in order (``cio.readers.ReadQueue``).
+    ``thread_cpus``: the CPUs of the store's I/O threads (``cio.affinity``): ``auto``
+    moves them off an engine's bound compute cores, ``inherit`` leaves them there, or a
+    list such as ``1,3-5``.
 
     Beyond one node (``flatcake.cluster``; needs the ``redis`` client and NIXL):
     ``cluster_url`` (``redis://host:port/db``; empty = this node alone) is the cluster
@@ -226,6 +248,7 @@ class StoreConfig:
     io_mode: str = "auto"
     read_threads: int = 4
     reads_in_flight: int = 8
+    thread_cpus: str = "auto"
     cluster_url: str = ""
     cluster_name: str = "flatcake"
     remote_timeout_s: float = 5.0
@@ -269,6 +292,13 @@ class StoreConfig:
         _check(self.read_threads >= 1, "store.read_threads", self.read_threads, "must be >= 1")
         _check(self.reads_in_flight >= 1, "store.reads_in_flight", self.reads_in_flight,
                "must be >= 1")
+        if self.thread_cpus not in THREAD_CPUS_WORDS:
+            try:
+                parse_cpu_list(self.thread_cpus)
+            except ValueError as exc:
+                raise ValueError(f"invalid config store.thread_cpus={self.thread_cpus!r}: "
+                                 f"must be auto, inherit or a CPU list like 0,2-3 ({exc})"
+                                 ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ a remote reader registers under its node without touching the books.
 Threads: SSD restores run on ``scheduler.max_restores_in_flight`` threads, one staging
 window each; all-memory (sync) loads on one more thread, so they never wait behind SSD
 reads; the remote runs of a load, after its local prefix, on ``store.remote_windows``
-threads (one per receive window of ``cio.remote_readers``). ``self.lock`` guards the
+threads (one per receive window of ``cio.remote_readers``); each of these moves off an
+engine's compute cores as ``store.thread_cpus`` says (``cio.affinity``). ``self.lock`` guards the
 session files and the crc book; callers may hold their own lock around a call, never
 the other way round (the executor calls back without it).
 """
@@ -36,12 +37,13 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from flatcake.cio.affinity import ThreadCpus
 from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.crc import SegmentCrcs
 from flatcake.cio.direct import ensure_dir, resolve_io_mode, scrub_page
@@ -137,10 +139,13 @@ class Executor:
             self.readers.close()
             self.files.close()
             raise
-        self._restores = ThreadPoolExecutor(num, thread_name_prefix="flatcake-restore")
-        self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-sync-load")
-        self._remote_pool = ThreadPoolExecutor(config.store.remote_windows,
-                                               thread_name_prefix="flatcake-remote")
+        # The pools a caller's (an engine's) thread starts move off its bound CPUs; the
+        # threads they start in turn (reads, crcs, writes) inherit their CPUs.
+        self.thread_cpus = ThreadCpus(config.store.thread_cpus)
+        self._restores = self.thread_cpus.pool(num, "flatcake-restore")
+        self._sync_pool = self.thread_cpus.pool(1, "flatcake-sync-load")
+        self._remote_pool = self.thread_cpus.pool(config.store.remote_windows,
+                                                  "flatcake-remote")
 
     @property
     def reader(self) -> Reader:

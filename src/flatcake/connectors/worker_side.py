@@ -128,7 +128,8 @@ class WorkerSide:
         self.io_mode = self.executor.io_mode
         self.reader = self.executor.reader
         self._lock = threading.Lock()
-        self._writer_thread = WriteQueue(self._run_store, max_pending_stores)
+        self._writer_thread = WriteQueue(self._run_store, max_pending_stores,
+                                         self.executor.thread_cpus.pin)
         self.drain_timeout_s = drain_timeout_s
         self._writing: Counter[str] = Counter()  # request -> stores not yet finished
         self._write_cond = threading.Condition(self._lock)
