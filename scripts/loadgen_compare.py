@@ -90,6 +90,31 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+# A server's processes by their name (``comm``); the rest (the API server, its helpers)
+# count as "api".
+ROLES = {"VLLM::Worker": "worker", "VLLM::EngineCor": "engine"}
+
+
+def cpu_seconds(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system, every thread) the processes of group ``pgid`` used
+    so far, by role: ``worker`` (the model runner), ``engine`` (vLLM's engine core:
+    scheduler and FlatCake's scheduler half), ``api`` (the API server)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"worker": 0.0, "engine": 0.0, "api": 0.0}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+        f = fields.split()
+        if int(f[2]) == pgid:  # pgrp; utime and stime follow at 11 and 12
+            out[ROLES.get(name, "api")] += (int(f[11]) + int(f[12])) / tick
+    return out
+
+
 def env(lmcache: Path | None = None) -> dict[str, str]:
     e = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
              VLLM_CPU_KVCACHE_SPACE="1")
@@ -267,10 +292,17 @@ def cell(runs: list[dict], key: str, fmt: str) -> str:
     return f"{format(mean, fmt)} ({each})" if len(vals) > 1 else format(mean, fmt)
 
 
+def cpu_cell(runs: list[dict], role: str) -> str:
+    """Mean CPU seconds of ``role`` over the runs, each run's in parentheses."""
+    vals = [r["cpu_s"][role] for r in runs]
+    each = f" ({' / '.join(f'{v:.1f}' for v in vals)})" if len(vals) > 1 else ""
+    return f"{sum(vals) / len(vals):.1f}{each}"
+
+
 def table(results: list[dict], working_sets: list[int]) -> str:
     lines = ["| working set | config | TTFT p50 (s) | TTFT p95 (s) | cached share | "
-             "req/s | errors | load avg (1 min) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "req/s | errors | CPU s: worker / engine / API | load avg (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for ws in working_sets:
         for config in CONFIGS:
             runs = [r for r in results if r["config"] == config and r["working_set"] == ws]
@@ -283,6 +315,7 @@ def table(results: list[dict], working_sets: list[int]) -> str:
                 f"{cell(runs, 'ttft_p95_s', '.3f')} | {cell(pct, 'cached_share', '.1f')} % | "
                 f"{cell(runs, 'req_per_s', '.2f')} | "
                 f"{sum(r['summary']['errors'] for r in runs)} | "
+                f"{' / '.join(cpu_cell(runs, k) for k in ('worker', 'engine', 'api'))} | "
                 f"{' / '.join(r['load_before'].split()[0] for r in runs)} |")
     return "\n".join(lines)
 
@@ -349,16 +382,20 @@ def main() -> int:
                 continue
             try:
                 for k, ws in enumerate(working_sets):
-                    before = loadavg()
+                    before, cpu0 = loadavg(), cpu_seconds(server.proc.pid)
                     summary = loadgen(args, server.url, ws, k + 1,
                                       args.out / "runs" / f"{tag}-ws{ws}")
+                    cpu = {k: round(v - cpu0[k], 2)
+                           for k, v in cpu_seconds(server.proc.pid).items()}
                     results.append({"repeat": r, "config": config, "working_set": ws,
-                                    "summary": summary, "load_before": before,
+                                    "summary": summary, "cpu_s": cpu, "load_before": before,
                                     "load_after": loadavg()})
                     print(f"[{time.monotonic() - began:6.0f} s]   {ws} prompts: TTFT p50 "
                           f"{summary['ttft_p50_s']:.3f} s, cached "
                           f"{100 * (summary['cached_share'] or 0):.1f} %, "
-                          f"{summary['req_per_s']:.2f} req/s", flush=True)
+                          f"{summary['req_per_s']:.2f} req/s, CPU s worker "
+                          f"{cpu['worker']:.1f} engine {cpu['engine']:.1f} api "
+                          f"{cpu['api']:.1f}", flush=True)
                 metrics = server.flatcake_metrics()
             finally:
                 stopped = server.stop(args.stop)
@@ -377,7 +414,9 @@ def main() -> int:
         f"{args.duration:g} s measured after one warm-up pass; vLLM cache "
         f"{args.vllm_blocks} blocks of {BLOCK} tokens; FlatCake {args.flatcake_memory_mib} "
         f"MiB memory + {args.flatcake_ssd_mib} MiB SSD; {args.repeats} repeats, "
-        f"alternating. Cells: mean (each repeat).", "",
+        f"alternating. Cells: mean (each repeat). CPU s: what each process of the "
+        f"server used during the loadgen run, its warm-up included (user + system, all "
+        f"threads).", "",
         table(results, working_sets), "",
         f"| server | start (s) | stop (s, SIGINT to the {args.stop}) | stopped | "
         "session files |",

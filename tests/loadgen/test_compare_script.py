@@ -1,10 +1,13 @@
-"""scripts/loadgen_compare.py: every configuration gets the same cores, and an unclean
-stop of vLLM's own is reported."""
+"""scripts/loadgen_compare.py: every configuration gets the same cores, an unclean
+stop of vLLM's own is reported, and each server process's CPU seconds are counted."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,20 @@ def test_a_worker_vllm_had_to_terminate_is_an_unclean_stop(compare):
             "Executor: workers still running after grace period; sending SIGTERM count=1")
     hits = [name for name, pattern in compare.STOP_EVENTS.items() if re.search(pattern, line)]
     assert hits == ["vLLM sent SIGTERM to a worker past its grace period"]
+
+
+def test_cpu_seconds_are_counted_per_process_of_the_servers_group(compare):
+    # A "worker" of the group burns 0.3 CPU s, then waits to be stopped.
+    burn = ("import sys, time\n"
+            "open('/proc/self/comm', 'w').write('VLLM::Worker')\n"
+            "while time.process_time() < 0.3: pass\n"
+            "print('done', flush=True); sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        cpu = compare.cpu_seconds(child.pid)
+    finally:
+        child.communicate("", timeout=30)
+    assert cpu["worker"] >= 0.25 and cpu["engine"] == 0.0  # /proc counts whole ticks
+    assert compare.cpu_seconds(os.getpgid(0))["worker"] == 0.0  # another group
