@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from flatcake.connectors.group_slots import GroupIds, StepSlots
+from flatcake.cio.paged import PagedKV
+from flatcake.connectors.group_slots import GroupedKV, GroupIds, StepSlots
 from flatcake.connectors.scheduler_side import SchedulerSide
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.geometry import KVGeometry, LayerGroup
@@ -113,3 +114,28 @@ def test_a_store_a_group_no_longer_holds_is_not_made(tmp_path: Path) -> None:
     v1 = view("b", list(range(100, 113)), session="s")
     assert e.sched.num_matched_tokens(v1, 0) == (0, False)
     e.close()
+
+
+def test_scatter_moves_each_group_and_window_into_its_slots() -> None:
+    """``GroupedKV.scatter`` alone: two full layers of one group share their blocks'
+    slots; a group with a null block in the middle takes the blocks around it; a
+    sliding layer (1-block window) only its last; a load starting past block 0."""
+    gen = torch.Generator().manual_seed(5)
+    kv = [torch.randint(0, 256, (SLOTS, 512), generator=gen, dtype=torch.uint8)
+          for _ in range(4)]
+    before = [t.clone() for t in kv]
+    grouped = GroupedKV(PagedKV(kv, 512), (0, 0, 1, 2), null_id=0,
+                        window_blocks=(0, 0, 0, 1))
+    scratch = grouped.scratch(4)
+    for buf in scratch.layer_bytes():
+        buf.copy_(torch.randint(0, 256, buf.shape, generator=gen, dtype=torch.uint8))
+    rows = [buf.view(4, 512) for buf in scratch.layer_bytes()]
+    ids: GroupIds = ((10, 11, 12, 13), (20, 21, 0, 23), (30, 31, 32, 33))
+    grouped.scatter(scratch, ids, 1, 4)
+    want = {0: {11: 1, 12: 2, 13: 3}, 1: {11: 1, 12: 2, 13: 3}, 2: {21: 1, 23: 3},
+            3: {33: 3}}
+    for layer, moved in want.items():
+        for slot in range(SLOTS):
+            got = kv[layer][slot]
+            expect = rows[layer][moved[slot]] if slot in moved else before[layer][slot]
+            assert torch.equal(got, expect), (layer, slot)

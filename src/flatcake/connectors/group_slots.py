@@ -106,18 +106,43 @@ class GroupedKV:
         if end <= first:
             return
         src = scratch.layer_bytes()
+        # The layers of one group and window take the same blocks into the same slots.
+        moves: dict[tuple[int, int], _Move | None] = {}
         for layer in range(self.paged.num_layers):
-            slots = self._table(ids, layer, first, end)
             skip = max(self._held_from(layer, end) - first, 0)
-            keep = [i for i, s in enumerate(slots) if s != self.null_id and i >= skip]
-            if not keep:
+            key = (self.layer_group[layer], skip)
+            if key not in moves:
+                moves[key] = self._move(ids, layer, first, end, skip)
+            move = moves[key]
+            if move is None:
                 continue
             size = self.paged.layer_block_bytes[layer]
             rows = src[layer].view(-1, size)[first:end]
-            picked = rows[torch.tensor(keep, dtype=torch.int64)].reshape(-1)
-            table = self.paged.block_table([slots[i] for i in keep], unique=True)
-            self.paged.scatter(layer, table, picked)
+            picked = rows[move.rows] if isinstance(move.rows, slice) else \
+                rows.index_select(0, move.rows)
+            self.paged.scatter(layer, move.table, picked.reshape(-1))
 
+    def _move(self, ids: GroupIds, layer: int, first: int, end: int,
+              skip: int) -> _Move | None:
+        """Which of blocks ``[first, end)`` go where for ``layer``: those from ``skip``
+        on that its group holds (not the null block); None when there are none."""
+        slots = self._table(ids, layer, first, end)
+        keep = [i for i, s in enumerate(slots) if s != self.null_id and i >= skip]
+        if not keep:
+            return None
+        table = self.paged.block_table([slots[i] for i in keep], unique=True)
+        if keep[-1] - keep[0] + 1 == len(keep):  # a run of blocks: a view, no copy
+            return _Move(slice(keep[0], keep[-1] + 1), table)
+        return _Move(torch.tensor(keep, dtype=torch.int64), table)
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """Blocks of a scratch layer (``rows``, relative to the first block moved) and the
+    engine slots they go to (``table``)."""
+
+    rows: slice | torch.Tensor
+    table: torch.Tensor
 
 def slots_of(block_ids: Sequence[Sequence[int]], groups: Sequence[int],
              lo: int = 0, hi: int | None = None) -> GroupIds:
