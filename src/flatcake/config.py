@@ -238,6 +238,12 @@ class StoreConfig:
     engine that stopped calling (its pins released, its unfinished writes rolled back
     after it); ``node_arena_dir`` is where the service keeps its shared arena (a tmpfs
     or hugetlbfs mount; the arena file is readable by the service's user only).
+
+    ``release_old_windows`` (models with sliding-window layers): once a newer turn of a
+    session is durable, the window rows of its older turns are punched out of the
+    session file, so a session holds about one window per sliding layer on SSD; a hit
+    ending at an older turn (a branch off it) is then cut back and recomputed. False
+    keeps every turn's window until the session is reclaimed.
     """
 
     root: str = "./flatcake-data"
@@ -258,6 +264,7 @@ class StoreConfig:
     node_timeout_s: float = 2.0
     node_lease_s: float = 30.0
     node_arena_dir: str = "/dev/shm"
+    release_old_windows: bool = True
 
     def __post_init__(self) -> None:
         _check_types(self, "store")

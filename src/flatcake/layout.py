@@ -28,10 +28,15 @@ A sliding-window layer (``KVGeometry.layer_window_blocks``: ``w > 0``) keeps onl
 segment's last ``min(n, w)`` blocks (its *rows*): a next turn's window ends at the end
 of a segment, and each earlier segment holds its own last ``w`` blocks, so every block
 of any window ending at a segment end is stored. Its range holds those rows only.
+
+Once a later turn of the session is durable, an older segment's window rows may be
+*released* (``released``: the file range is punched, ``control.windows``): the layer
+then holds none of its blocks, while every offset stays where it was written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -93,6 +98,9 @@ class SegmentLayout:
         block_crcs: the header holds a crc32 per block of each layer (format version
             4), so a run of the segment's blocks can be read and checked alone;
             otherwise only a whole layer can be checked.
+        released: windowed layers whose rows were given back to the filesystem (a
+            later turn superseded their window): they hold no block any more
+            (``layer_first`` is ``num_blocks``); offsets do not change.
     """
 
     num_blocks: int
@@ -100,6 +108,7 @@ class SegmentLayout:
     header_bytes: int
     layer_window_blocks: tuple[int, ...] = ()
     block_crcs: bool = False
+    released: tuple[int, ...] = ()
     _uniform: int = field(init=False, repr=False, compare=False)
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _first: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -128,6 +137,10 @@ class SegmentLayout:
         first = tuple(n - min(n, w) if w else 0 for w in windows)
         if not any(first):
             first = ()
+        if self.released and not all(0 <= k < len(windows) and windows[k]
+                                     for k in self.released):
+            raise ValueError(f"SegmentLayout.released must name windowed layers, got "
+                             f"{self.released!r}")
         uniform = sizes[0] if not first and sizes.count(sizes[0]) == len(sizes) else 0
         object.__setattr__(self, "_first", first)
         object.__setattr__(self, "_uniform", uniform)
@@ -170,22 +183,30 @@ class SegmentLayout:
         return bool(self._first)
 
     def layer_first(self, layer: int) -> int:
-        """The first block ``layer`` holds (0, or where its window's rows start)."""
+        """The first block ``layer`` holds (0, or where its window's rows start;
+        ``num_blocks`` once its rows are released)."""
+        if self.released and layer in self.released:
+            return self.num_blocks
         return self._first[layer] if self._first else 0
 
+    def release(self, layers: tuple[int, ...]) -> SegmentLayout:
+        """This layout with the rows of windowed ``layers`` released too."""
+        return dataclasses.replace(self, released=tuple(sorted({*self.released, *layers})))
+
     def layer_rows(self, layer: int) -> int:
-        """Blocks ``layer`` holds: ``[layer_first(layer), num_blocks)``."""
+        """Blocks ``layer`` was written with (its last ``window`` or all; released
+        rows included: they keep their place)."""
         return self.num_blocks - (self._first[layer] if self._first else 0)
 
     def held_bytes(self, start: int, count: int) -> int:
         """Bytes the layers hold of blocks ``[start, start + count)``, all layers."""
         if not self._first:
             return count * sum(self.layer_block_bytes)
-        return sum(size * max(0, start + count - max(start, first))
-                   for size, first in zip(self.layer_block_bytes, self._first, strict=True))
+        return sum(size * max(0, start + count - max(start, self.layer_first(layer)))
+                   for layer, size in enumerate(self.layer_block_bytes))
 
     def layer_bytes(self, layer: int) -> int:
-        """Bytes of ``layer`` of the whole segment."""
+        """Bytes of ``layer`` of the whole segment, as written (``layer_rows``)."""
         return self.layer_rows(layer) * self.layer_block_bytes[layer]
 
     @property

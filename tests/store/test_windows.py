@@ -95,9 +95,11 @@ def test_sliding_layers_grow_by_at_most_the_window_per_turn(
         assert_windowed(dst, src, slots, total)
     # inspect counts what each kind holds and what the window saved.
     assert inspect_root(tmp_path)["layer_kinds"] == [
-        {"kind": "full", "stored_bytes": total * 2 * 8192, "saved_bytes": 0},
+        {"kind": "full", "stored_bytes": total * 2 * 8192, "saved_bytes": 0,
+         "released_bytes": 0},
         {"kind": "sliding", "stored_bytes": turns * WINDOW * 2 * 584,
-         "saved_bytes": turns * (per_turn - WINDOW) * 2 * 584}]
+         "saved_bytes": turns * (per_turn - WINDOW) * 2 * 584,
+         "released_bytes": 0}]  # 3 x 2 x 584 B rows span no whole page: all kept
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "full layers on SSD: 960.00 KiB\n" in out
@@ -147,7 +149,9 @@ def test_a_rotted_byte_in_a_window_cuts_the_restore_at_its_turn(tmp_path: Path) 
     assert_windowed(dst, src, list(range(12)), 8)
 
 
-def test_windows_of_4k_blocks_are_read_straight_into_their_slots(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", [True, False])
+def test_windows_of_4k_blocks_are_read_straight_into_their_slots(
+        tmp_path: Path, release: bool) -> None:
     g = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="windowed-4k",
                    groups=(LayerGroup(1, 512, kind="full"),
                            LayerGroup(2, 256, window_tokens=32, kind="sliding")))
@@ -155,14 +159,17 @@ def test_windows_of_4k_blocks_are_read_straight_into_their_slots(tmp_path: Path)
     src = paged(g, 12, seed=11)
     keys = session_keys(11, 12, g)
     slots = list(range(15, 3, -1))
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+    cfg = small_config(f"store.release_old_windows={str(release).lower()}")
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:
         for t, end in enumerate((5, 9, 12)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
         dst = paged(g, 16)
         res = store.load(keys, dst, slots)
     assert (res.num_blocks, res.read_path, res.damaged_segments) == (12, "zero-copy", 0)
     assert torch.equal(dst[0][slots], src[0])
-    held = [3, 4, 7, 8, 10, 11]  # each turn's last 2 blocks
+    # Each turn's last 2 blocks; released: those of the last turn only (turns 0 and
+    # 1 end at or before 12 - 2, so no window ending at 12 reads their rows).
+    held = [10, 11] if release else [3, 4, 7, 8, 10, 11]
     for layer in (1, 2):
         assert torch.equal(dst[layer][[slots[b] for b in held]], src[layer][held])
         others = [slots[b] for b in range(12) if b not in held]

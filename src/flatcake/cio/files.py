@@ -57,6 +57,7 @@ from flatcake.cio.format import (
     decode_file_header,
     session_file_name,
 )
+from flatcake.cio.holes import punch
 from flatcake.cio.names import DAMAGE_LOG, LOCK_FILE, QUARANTINE_DIR, SESSIONS_DIR
 from flatcake.cio.names import session_files_in as session_files_in  # its old home
 from flatcake.cio.restore import OpenFile
@@ -233,6 +234,24 @@ class SessionFiles:
             f.allocated_bytes = end_bytes
         except OSError as exc:
             logger.warning("could not shrink %s to %d: %s", f.path, end_bytes, exc)
+
+    def release(self, file_id: int, pages: tuple[tuple[int, int], ...]) -> int:
+        """Punch the whole pages ``pages`` (``(start, end)`` file offsets) out of the
+        file: window rows a newer turn superseded (``cio.holes``; the hole is their
+        record on disk). Returns the bytes given back; 0 when the file is gone or the
+        filesystem refuses (logged: the books no longer serve those rows either way)."""
+        f = self._files.get(file_id)
+        if f is None:
+            return 0
+        done = 0
+        try:
+            for start, end in pages:
+                punch(f.fd, start, end)
+                done += end - start
+        except OSError as exc:
+            logger.warning("could not release %d bytes of %s: %s",
+                           sum(b - a for a, b in pages) - done, f.path, exc)
+        return done
 
     def header_damage(self, file_id: int) -> str:
         """Why the file header on disk is not this file's header, or "" if it is.

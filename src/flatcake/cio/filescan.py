@@ -25,17 +25,27 @@ from flatcake.cio.format import (
     decode_segment_header,
     segment_header_size,
 )
-from flatcake.layout import ALIGN
+from flatcake.cio.holes import is_hole
+from flatcake.control.windows import window_layers, window_pages
+from flatcake.layout import ALIGN, SegmentLayout
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class ScannedSegment:
-    """A segment that passed every check, at ``file_offset`` in its file."""
+    """A segment that passed every check, at ``file_offset`` in its file; ``released``:
+    its windowed layers whose rows were punched out (``cio.holes``)."""
 
     file_offset: int
     header: SegmentHeader
+    released: tuple[int, ...] = ()
+
+    @property
+    def layout(self) -> SegmentLayout:
+        """Its layout, with the released layers holding none of their rows."""
+        lay = self.header.layout
+        return lay.release(self.released) if self.released else lay
 
     @property
     def end_offset(self) -> int:
@@ -86,15 +96,17 @@ def scan_session_file(
         offset = FILE_HEADER_BYTES
         while offset < end:
             seq = None
+            released: tuple[int, ...] = ()
             try:
                 seg = _segment_at(fd, offset)
                 seq = seg.seq
+                released = _released(fd, offset, seg.layout)
                 reason = _check_segment(fd, offset, seg, header, file_bytes, segments,
-                                        verify_data, chunk_bytes)
+                                        verify_data, chunk_bytes, released)
             except FormatError as exc:
                 reason = str(exc)
             if not reason:
-                segments.append(ScannedSegment(offset, seg))
+                segments.append(ScannedSegment(offset, seg, released))
                 offset += seg.layout.total_bytes
                 continue
             last_seq = segments[-1].header.seq if segments else -1
@@ -164,10 +176,25 @@ def _look_past(fd: int, offset: int, header: FileHeader, end: int,
     return lost, zero
 
 
+def _released(fd: int, offset: int, layout: SegmentLayout) -> tuple[int, ...]:
+    """The windowed layers of the segment at ``offset`` whose rows were released: the
+    first whole page of their window's rows is a hole (``control.windows``)."""
+    if not layout.is_windowed:
+        return ()
+    out: list[int] = []
+    for w in window_layers(layout.layer_window_blocks):
+        pages = window_pages(layout, w)
+        if pages and offset + pages[0][1] <= os.fstat(fd).st_size and \
+                is_hole(fd, offset + pages[0][0]):
+            out += [k for k, kw in enumerate(layout.layer_window_blocks) if kw == w]
+    return tuple(sorted(out))
+
+
 def _check_segment(fd: int, offset: int, seg: SegmentHeader, header: FileHeader,
                    file_bytes: int, previous: list[ScannedSegment], verify_data: bool,
-                   chunk_bytes: int) -> str:
-    """Why the segment at ``offset`` is not servable, or "" if it is."""
+                   chunk_bytes: int, released: tuple[int, ...] = ()) -> str:
+    """Why the segment at ``offset`` is not servable, or "" if it is (the rows of
+    ``released`` layers are not checked: they are gone)."""
     layout = seg.layout
     if seg.file_id != header.file_id:
         return f"segment file_id {seg.file_id} != file header's {header.file_id}"
@@ -182,6 +209,8 @@ def _check_segment(fd: int, offset: int, seg: SegmentHeader, header: FileHeader,
     if not verify_data:
         return ""
     for layer in range(layout.num_layers):
+        if layer in released:
+            continue
         crc = 0
         start = offset + layout.layer_offset(layer)
         end = start + layout.layer_bytes(layer)

@@ -47,10 +47,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {grp['num_layers']} {grp['kind']} layers: {grp['entry_bytes']} B "
                   f"per {grp['tokens_per_entry']} tokens{window}")
         for kind in report["layer_kinds"]:
-            saved = kind["saved_bytes"]
+            saved, released = kind["saved_bytes"], kind.get("released_bytes", 0)
+            notes = ([f"{size_text(saved)} saved: only the window is stored"]
+                     if saved else []) + \
+                ([f"{size_text(released)} released: older turns' windows"]
+                 if released else [])
             print(f"    {kind['kind']} layers on SSD: {size_text(kind['stored_bytes'])}"
-                  + (f" ({size_text(saved)} saved: only the window is stored)"
-                     if saved else ""))
+                  + (f" ({'; '.join(notes)})" if notes else ""))
     print(f"  {report['host_buffers']}")
     print(f"  placement thresholds (tokens): agent context "
           f"{pl['agent_context_threshold_tokens']}, long reply "
@@ -61,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
         share = m["used_bytes"] / cap if cap else 0.0
         print(f"  {medium:6s} used {_mib(m['used_bytes'])} of {_mib(cap)} ({share:.1%}); "
               f"reclaim above {m['high']:.0%} down to {m['low']:.0%}")
+    ssd = report["media"]["ssd"]
+    print(f"  session files: {_mib(ssd['file_bytes_on_disk'])} long, "
+          f"{_mib(ssd['file_bytes_allocated'])} allocated on disk")
     print(f"  {len(report['sessions'])} sessions")
     for s in report["sessions"]:
         print(f"    {s['session_id']!r}: {s['segments']} segments, {s['blocks']} blocks, "

@@ -25,6 +25,7 @@ from flatcake.control.loads import Loads
 from flatcake.control.placement import PlacementRule
 from flatcake.control.queues import RestoreRequest
 from flatcake.control.reclaimer import Reclaimer
+from flatcake.control.releases import Releases
 from flatcake.control.scheduler import MasScheduler, SchedulerStats
 from flatcake.control.sessions import SessionRecord, SessionTable
 from flatcake.control.spare import Spare
@@ -63,6 +64,7 @@ class Books:
     _spare: Spare
     _damage: Damage
     _reclaimer: Reclaimer
+    _releases: Releases | None
 
     # -- what it was built with ------------------------------------------------------
 
@@ -288,4 +290,6 @@ class Books:
             memory_copy_bytes=sum(r.copy_bytes for r in recs),
             memory_copies_made=spare.num_made,
             memory_copies_dropped=spare.num_dropped,
+            window_bytes_released=self._releases.released_bytes
+            if self._releases is not None else 0,
         )

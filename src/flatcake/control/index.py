@@ -318,6 +318,24 @@ class BlockIndex:
                 owned += 1
         return owned
 
+    def replace(self, segment: Segment) -> Segment:
+        """Put ``segment`` in the place of the live segment with its id, keys and
+        address (its layout changed: window rows released); returns the old one."""
+        sid = segment.segment_id
+        old = self.segment(sid)
+        if (old.keys, old.base_address) != (segment.keys, segment.base_address):
+            raise ValueError(f"segment {sid!r}: a replacement must keep its keys and "
+                             f"address")
+        self._segments[sid] = segment
+        loc = self._loc
+        for j, key in enumerate(segment.keys):
+            if loc[key][0] is old:
+                loc[key] = (segment, j)
+            else:
+                alts = self._shadows[key]
+                alts[:] = [(segment, j) if a[0] is old else a for a in alts]
+        return old
+
     def remove_segment(self, segment_id: int) -> Segment:
         """Forget a segment; keys it owned pass to their oldest shadow or disappear."""
         try:

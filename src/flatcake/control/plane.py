@@ -39,6 +39,7 @@ of the shared parts it writes, and who calls it)::
       ├─ Spare         (spare)      memory copies: watermark, refills, copy reads, drops
       ├─ EarlyCopies   (early)      copies written ahead of their segments
       ├─ Reclaimer     (reclaimer)  reclaim, drop_session, truncate_session, no holes
+      ├─ Releases      (releases)   window rows superseded by a newer turn
       ├─ Damage        (damage)     damaged segments, pending cuts, bad file headers
       ├─ Restart       (restart)    recover_segment / recover_files (``recovery`` types)
       └─ check_books   (integrity)  the cross-check, reading all of them
@@ -78,13 +79,14 @@ from flatcake.control.integrity import check_books
 from flatcake.control.loads import Loads
 from flatcake.control.reclaimer import Reclaimer
 from flatcake.control.recovery import Recovery, ScannedFile
+from flatcake.control.releases import Releases
 from flatcake.control.restart import Restart
 from flatcake.control.scheduler import MasScheduler
 from flatcake.control.sessions import SegmentIds, SessionTable
 from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.stores import Stores
-from flatcake.control.types import LoadPlan, ReclaimAction, StorePlan
+from flatcake.control.types import LoadPlan, ReclaimAction, StorePlan, WindowRelease
 from flatcake.control.windows import windowed_hit
 from flatcake.geometry import KVGeometry
 from flatcake.layout import ALIGN, SegmentLayout
@@ -135,8 +137,10 @@ class ControlPlane(Books):
                                     actions)
         reclaimer = self._reclaimer = Reclaimer(cfg, index, arena, ssd, copies, sessions,
                                                 spare, damage, actions, pending, loads)
+        releases = self._releases = Releases(index, geometry.layer_window_blocks) \
+            if store.release_old_windows and geometry.layer_window_blocks else None
         self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions, ids,
-                              spare, early, reclaimer, pending)
+                              spare, early, reclaimer, pending, releases)
         self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
                             early, self.lookup, loads)
         self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)
@@ -266,6 +270,14 @@ class ControlPlane(Books):
         ``ValueError`` while ``tail_in_use``.
         """
         return self._reclaimer.truncate_session(session_id, from_segment_id)
+
+    def take_window_releases(self) -> list[WindowRelease]:
+        """Window rows newer turns superseded that no restore in flight reads: the
+        data plane punches them out of their files before it lets go of the books
+        (``control.releases``). Empty unless ``store.release_old_windows`` and the
+        geometry has windows."""
+        return self._releases.take(self._loads.loads) if self._releases is not None \
+            else []
 
     # -- damage (``damage``) -----------------------------------------------------------
 

@@ -52,12 +52,15 @@ class SegmentHeaderView(Protocol):
 
 
 class SegmentView(Protocol):
-    """A segment that passed the scan (``cio.format.ScannedSegment``)."""
+    """A segment that passed the scan (``cio.filescan.ScannedSegment``); ``layout``
+    is its header's, with the window rows found released."""
 
     @property
     def file_offset(self) -> int: ...
     @property
     def header(self) -> SegmentHeaderView: ...
+    @property
+    def layout(self) -> SegmentLayout: ...
     @property
     def end_offset(self) -> int: ...
 

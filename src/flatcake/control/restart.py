@@ -176,7 +176,7 @@ class Restart:
             sh = scanned.header
             try:
                 seg = self.recover_segment(
-                    h.session_id, scan.file_id, scanned.file_offset, sh.layout, sh.keys,
+                    h.session_id, scan.file_id, scanned.file_offset, scanned.layout, sh.keys,
                     sh.turn_index, virtual_base=h.virtual_base, last_access=last_access)
             except ValueError as exc:  # e.g. a key repeated in it (an older version)
                 reason, num_damaged = f"refused: {exc}", 1

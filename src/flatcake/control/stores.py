@@ -21,10 +21,11 @@ from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.alloc import HostArena
 from flatcake.control.early import EarlyCopies
-from flatcake.control.index import BlockIndex, Segment
+from flatcake.control.index import BlockIndex, HitRun, Segment
 from flatcake.control.keys import check_keys
 from flatcake.control.placement import PlacementRule, PlacementSignals, decide_placement
 from flatcake.control.reclaimer import Reclaimer
+from flatcake.control.releases import Releases
 from flatcake.control.sessions import SegmentIds, SessionRecord, SessionTable, check_session_id
 from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
@@ -51,7 +52,8 @@ class Stores:
     def __init__(self, config: FlatCakeConfig, geometry: KVGeometry, clock: Clock,
                  node_id: int, index: BlockIndex, arena: HostArena, ssd: SsdSpace,
                  sessions: SessionTable, ids: SegmentIds, spare: Spare, early: EarlyCopies,
-                 reclaimer: Reclaimer, pending: dict[int, StorePlan]) -> None:
+                 reclaimer: Reclaimer, pending: dict[int, StorePlan],
+                 releases: Releases | None = None) -> None:
         self._config = config
         self._geometry = geometry
         self._clock = clock
@@ -65,6 +67,9 @@ class Stores:
         self._early = early
         self._reclaimer = reclaimer
         self._pending = pending
+        self._releases = releases
+        # SSD stores in flight -> the runs before them (what they release once durable).
+        self._prefix: dict[int, tuple[HitRun, ...]] = {}
         self._writing: Counter[bytes] = Counter()
         self._rules: Counter[PlacementRule] = Counter()
         self._rejected = 0
@@ -120,6 +125,8 @@ class Stores:
             self._sessions.forget_if_empty(rec)
             raise
         self._pending[plan.segment.segment_id] = plan
+        if self._releases is not None and plan.medium == Medium.SSD and hit.runs:
+            self._prefix[plan.segment.segment_id] = hit.runs
         self._writing.update(plan.segment.keys)
         self._rules[plan.placement.rule] += 1
         return plan
@@ -188,6 +195,7 @@ class Stores:
         if self._pending.get(seg.segment_id) != plan:
             raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
         del self._pending[seg.segment_id]
+        prefix = self._prefix.pop(seg.segment_id, ())
         self._writing.subtract(seg.keys)
         for key in seg.keys:
             if not self._writing[key]:
@@ -201,6 +209,8 @@ class Stores:
             rec.last_access = self._clock.now()
             if plan.copy is not None:
                 self._spare.publish(rec, seg, plan.copy)
+            if prefix and self._releases is not None:
+                self._releases.after_publish(seg, prefix, plan.first_block)
             return
         if plan.copy is not None and early:
             # Restores may be reading the copy: it becomes the blocks' memory home.

@@ -142,6 +142,27 @@ class ReclaimAction:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowRelease:
+    """Window rows of an SSD segment that a newer turn superseded
+    (``control.windows``): the books no longer serve them; the data plane punches
+    ``pages`` out of the file.
+
+    Attributes:
+        segment_id: the segment (its layout lists the released layers).
+        file_id: its session file.
+        pages: ``(start, end)`` file offsets of whole 4 KiB pages to give back.
+    """
+
+    segment_id: int
+    file_id: int
+    pages: tuple[tuple[int, int], ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(end - start for start, end in self.pages)
+
+
+@dataclass(frozen=True, slots=True)
 class ControlStats:
     """A snapshot for ``flatcake inspect``, metrics and the simulator."""
 
@@ -170,4 +191,5 @@ class ControlStats:
     memory_copy_bytes: int = 0
     memory_copies_made: int = 0
     memory_copies_dropped: int = 0
+    window_bytes_released: int = 0
 

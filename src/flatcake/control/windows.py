@@ -1,29 +1,57 @@
-"""Where a hit may end for a model with sliding-window layers.
+"""Where a hit may end for a model with sliding-window layers, and which window rows a
+newer turn releases.
 
 A segment keeps a windowed layer's last ``min(n, window)`` blocks only
 (``layout.SegmentLayout``). A restore that ends at request block ``E`` needs, in a
 layer of window ``w`` blocks, the blocks ``[E - w, E)``; they are all held when ``E``
 is the end of a segment whose history was written turn by turn (each earlier segment
 holds its own last ``w`` blocks). A hit ending elsewhere (a branch inside a segment, a
-run through another session's segment) is cut back to the last run boundary where
-every window is held, so a restore never returns a block without its window.
+run through another session's segment, a turn whose rows were released) is cut back
+to the last run boundary where every window is held, so a restore never returns a
+block without its window.
+
+Releasing (``store.release_old_windows``): once a turn ending at request block ``E``
+is durable, the next turn reads the window ending at ``E``, not the windows of the
+turns before it. So every SSD segment of the same session that the new turn's prefix
+runs through to its end, at ``E_p <= E - w``, holds rows of a window layer ``w`` that
+no window ending at ``E`` reads: those layers are released (``released_rows``), the
+books stop serving them at once and the data plane punches their bytes out of the
+file. A session then holds, per window layer, the rows of windows ending at its newest
+turn only: at most ``w`` blocks when each turn adds ``w`` or more, and fewer than
+``2 w`` otherwise (a segment straddling ``E - w`` keeps all its rows). The cost: a
+branch off an older turn (or a hit ending there) finds no window held there and is cut
+back, to nothing when every older turn is released; it recomputes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from flatcake.control.address import Medium
-from flatcake.control.index import EMPTY_HIT, HitRun, PrefixHit
+from flatcake.control.index import EMPTY_HIT, HitRun, PrefixHit, Segment
+from flatcake.layout import ALIGN, SegmentLayout
 
 
-def window_held(runs: tuple[HitRun, ...], end_run: int, window: int) -> bool:
+def window_layers(windows: tuple[int, ...]) -> dict[int, int]:
+    """Each distinct window (blocks, > 0) -> the first layer having it (all layers of a
+    window are released together, so one stands for the rest)."""
+    out: dict[int, int] = {}
+    for layer, w in enumerate(windows):
+        if w:
+            out.setdefault(w, layer)
+    return out
+
+
+def window_held(runs: tuple[HitRun, ...], end_run: int, window: int,
+                layer: int) -> bool:
     """Every block of the ``window`` blocks before the end of ``runs[end_run]`` is held
-    by a layer of that window (blocks before the request's start need nothing)."""
+    by ``layer`` (a layer of that window; blocks before the request's start need
+    nothing)."""
     need = window
     for k in range(end_run, -1, -1):
         seg, start, count, _prefix = runs[k]
-        n = seg.layout.num_blocks
         take = min(need, count)
-        if start + count - take < n - min(n, window):
+        if start + count - take < seg.layout.layer_first(layer):
             return False
         need -= take
         if need <= 0:
@@ -34,10 +62,10 @@ def window_held(runs: tuple[HitRun, ...], end_run: int, window: int) -> bool:
 def windowed_hit(hit: PrefixHit, windows: tuple[int, ...]) -> PrefixHit:
     """``hit``, cut back to its last run boundary where every window of ``windows``
     (each layer's window in blocks; 0 none) is held (``hit`` itself when its end is)."""
-    distinct = sorted({w for w in windows if w})
+    reps = window_layers(windows).items()
     runs = hit.runs
     for end in range(len(runs) - 1, -1, -1):
-        if all(window_held(runs, end, w) for w in distinct):
+        if all(window_held(runs, end, w, layer) for w, layer in reps):
             if end == len(runs) - 1:
                 return hit
             kept = runs[:end + 1]
@@ -45,3 +73,42 @@ def windowed_hit(hit: PrefixHit, windows: tuple[int, ...]) -> PrefixHit:
             total = sum(r[2] for r in kept)
             return PrefixHit(total, total - ssd, ssd, kept)
     return EMPTY_HIT
+
+
+def released_rows(session_id: str, prefix: Sequence[HitRun], end: int,
+                  windows: tuple[int, ...]) -> list[tuple[Segment, tuple[int, ...]]]:
+    """What a turn of ``session_id`` ending at request block ``end``, written after the
+    runs ``prefix``, releases: each SSD segment of the session that ``prefix`` runs
+    through to its end, with its window layers whose rows all lie before ``end - w``
+    and are not released yet (see the module docstring)."""
+    out = []
+    for seg, start, count, prefix_start in prefix:
+        lay = seg.layout
+        if seg.medium is not Medium.SSD or seg.session_id != session_id or \
+                start + count != lay.num_blocks:
+            continue
+        seg_end = prefix_start + count
+        layers = tuple(layer for layer, w in enumerate(windows)
+                       if w and seg_end <= end - w and layer not in lay.released)
+        if layers:
+            out.append((seg, layers))
+    return out
+
+
+def window_pages(layout: SegmentLayout, window: int) -> tuple[tuple[int, int], ...]:
+    """The whole 4 KiB pages (``(start, end)`` from the segment start) inside the rows
+    of ``layout``'s layers of ``window``, adjacent layers merged: what releasing them
+    gives back. Empty when their rows cover no whole page (they are then kept). The
+    first page is the mark a restart reads: a hole there means released."""
+    spans: list[list[int]] = []
+    for layer, w in enumerate(layout.layer_window_blocks):
+        if w != window:
+            continue
+        lo = layout.layer_offset(layer)
+        hi = lo + layout.layer_bytes(layer)
+        if spans and spans[-1][1] == lo:
+            spans[-1][1] = hi
+        else:
+            spans.append([lo, hi])
+    pages = ((-(-lo // ALIGN) * ALIGN, hi // ALIGN * ALIGN) for lo, hi in spans)
+    return tuple((a, b) for a, b in pages if b > a)

@@ -76,8 +76,12 @@ class FileCheck:
         quarantined: the store already pulled the file out of service.
         stray: why the file is not the one its name says ("" if it is): its header
             names another file id.
-        layer_bytes: data bytes of each layer in valid segments (a sliding-window
-            layer holds its window's blocks only).
+        layer_bytes: data bytes of each layer in valid segments, as written (a
+            sliding-window layer holds its window's blocks only).
+        released_bytes: of ``layer_bytes``, the window rows a newer turn released
+            (punched out of the file: ``control.releases``), per layer.
+        allocated_bytes: what the file takes on disk (``st_blocks``: punched pages
+            are not counted).
     """
 
     path: str
@@ -92,6 +96,8 @@ class FileCheck:
     quarantined: bool
     stray: str = ""
     layer_bytes: tuple[int, ...] = ()
+    released_bytes: tuple[int, ...] = ()
+    allocated_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -193,9 +199,10 @@ class FsckReport:
 def _check_file(file_id: int, path: Path, verify_data: bool,
                 quarantined: bool) -> FileCheck | None:
     """``None`` when the file is gone (a serving store deleted or moved it meanwhile)."""
-    size = 0
+    size = allocated = 0
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        size, allocated = st.st_size, st.st_blocks * 512
         header, ok, damaged = scan_session_file(path, verify_data=verify_data)
     except FileNotFoundError:
         return None
@@ -205,20 +212,26 @@ def _check_file(file_id: int, path: Path, verify_data: bool,
     seg_bytes = 4096 + sum(s.header.layout.total_bytes for s in ok)
     layer_bytes = tuple(sum(s.header.layout.layer_bytes(layer) for s in ok)
                         for layer in range(header.num_layers))
+    released = tuple(sum(s.header.layout.layer_bytes(layer) for s in ok
+                         if layer in s.released) for layer in range(header.num_layers))
     return FileCheck(str(path), file_id, header.session_id, len(ok),
                      sum(s.header.num_blocks for s in ok), size, seg_bytes, tuple(damaged),
-                     "", quarantined, stray, layer_bytes)
+                     "", quarantined, stray, layer_bytes, released, allocated)
 
 
 def _layer_kinds(g: KVGeometry, files: Sequence[FileCheck]) -> list[dict[str, Any]]:
-    """Per layer kind: SSD data bytes held, and saved against storing every block (a
-    sliding-window kind holds its window's blocks only)."""
+    """Per layer kind: SSD data bytes held, saved against storing every block (a
+    sliding-window kind writes its window's blocks only), and released since (older
+    turns' windows punched out of their files)."""
     live = [f for f in files if not f.quarantined and len(f.layer_bytes) == g.num_layers]
-    held = g.kind_bytes([sum(f.layer_bytes[k] for f in live) for k in range(g.num_layers)])
+    written = g.kind_bytes([sum(f.layer_bytes[k] for f in live) for k in range(g.num_layers)])
+    gone = g.kind_bytes([sum(f.released_bytes[k] for f in live if f.released_bytes)
+                         for k in range(g.num_layers)])
     blocks = sum(f.num_blocks for f in live)
     whole = g.kind_bytes([blocks * b for b in g.layer_block_bytes])
-    return [{"kind": kind, "stored_bytes": held[kind], "saved_bytes": whole[kind] - held[kind]}
-            for kind in held]
+    return [{"kind": kind, "stored_bytes": written[kind] - gone[kind],
+             "saved_bytes": whole[kind] - written[kind], "released_bytes": gone[kind]}
+            for kind in written]
 
 
 def check_root(root: str | os.PathLike[str], verify_data: bool) -> FsckReport:
@@ -284,7 +297,8 @@ def inspect_root(root: str | os.PathLike[str],
                     "high_bytes": int(rc.ssd_high * st.ssd_capacity_bytes),
                     "low_bytes": int(rc.ssd_low * st.ssd_capacity_bytes),
                     "files": sum(1 for f in report.files if not f.quarantined),
-                    "file_bytes_on_disk": sum(f.size_bytes for f in report.files)},
+                    "file_bytes_on_disk": sum(f.size_bytes for f in report.files),
+                    "file_bytes_allocated": sum(f.allocated_bytes for f in report.files)},
         },
         "sessions": sorted(sessions.values(), key=lambda s: s["session_id"]),
         # Headers only: segment data crcs are fsck's; quarantined files are settled.

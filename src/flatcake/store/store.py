@@ -38,6 +38,7 @@ queue; it is never cancelled.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -53,6 +54,7 @@ import torch
 
 from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.executor import Executor, LoadOutcome
+from flatcake.cio.holes import holes_work
 from flatcake.cio.paged import BlockIds, PagedKV
 from flatcake.cio.readers import Reader
 from flatcake.cio.restore import LayerReady, OpenFile
@@ -123,6 +125,7 @@ class FlatCakeStore:
             self._attach(geometry, config, clock)
         else:
             self._exec = Executor(root, geometry, config)
+            self.config = config = self._release_check(config)
             self.control = ControlPlane(geometry, config, clock)
         self.io_mode = self._exec.io_mode
         self._lock = threading.Lock()
@@ -167,6 +170,27 @@ class FlatCakeStore:
         self._rid_prefix = f"{os.getpid()}-{id(self):x}-"
         self._exec = Executor(where.store_dir, geometry, self.config,
                               arena_path=where.arena_path)
+
+    def _release_check(self, config: FlatCakeConfig) -> FlatCakeConfig:
+        """``config``, with ``store.release_old_windows`` off where the root's
+        filesystem cannot punch holes and find them again (``cio.holes``)."""
+        if not (config.store.release_old_windows and self.geometry.layer_window_blocks):
+            return config
+        why = holes_work(self._exec.files.sessions_dir)
+        if not why:
+            return config
+        logger.warning("store.release_old_windows is off for %s: %s; every turn keeps "
+                       "its window rows until its session is reclaimed", self.root, why)
+        return dataclasses.replace(config, store=dataclasses.replace(
+            config.store, release_old_windows=False))
+
+    def _release_windows(self) -> None:
+        """Punch out the window rows the books released (under the lock: a later cut
+        may reuse their range)."""
+        if self.attached:
+            return
+        for rel in self.control.take_window_releases():
+            self._exec.files.release(rel.file_id, rel.pages)
 
     def _wait(self) -> None:
         """Wait for a store or restore to finish (under ``self._lock``); attached, the
@@ -314,6 +338,7 @@ class FlatCakeStore:
                     self.control.complete_store(plan, True)
                     if self._cluster is not None:  # durable and in the books: publish
                         self._cluster.publish([(plan.segment, crcs)])
+                    self._release_windows()
                 else:
                     self._store_failed(plan)
                 self._unpinned.notify_all()
@@ -451,6 +476,7 @@ class FlatCakeStore:
         """A restore's bytes are settled (under the lock): unpin, book its damage."""
         finish_load(self.control, plan.request_id, [outcome.done])
         self._settle_damage()
+        self._release_windows()
         self._unpinned.notify_all()
         loaded = outcome.done.num_blocks_loaded
         mem, ssd = by_medium(plan.hit, 0, loaded)

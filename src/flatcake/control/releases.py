@@ -1,0 +1,68 @@
+"""Releasing superseded window rows (``store.release_old_windows``): the books side.
+
+When an SSD turn is published, ``after_publish`` finds the older segments of the same
+session whose window rows no window ending at the new turn reads
+(``windows.released_rows``), swaps each for the same segment with those layers
+released (``SegmentLayout.release``: lookups stop there at once, ``control.windows``)
+and queues a ``WindowRelease`` for the data plane. ``take`` hands over the releases no
+restore in flight reads (one planned before the swap may still read the rows); the
+others wait for the next call. No I/O; single-threaded, like every verb.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Mapping, Sequence
+
+from flatcake.control.index import BlockIndex, HitRun, Segment
+from flatcake.control.types import LoadPlan, WindowRelease
+from flatcake.control.windows import released_rows, window_pages
+
+
+class Releases:
+    """Owns the releases not handed over yet and the bytes released so far; writes the
+    index (segments swapped for their released layout)."""
+
+    def __init__(self, index: BlockIndex, windows: tuple[int, ...]) -> None:
+        self._index = index
+        self._windows = windows
+        self._queued: list[WindowRelease] = []
+        self.released_bytes = 0
+
+    def after_publish(self, seg: Segment, prefix: Sequence[HitRun], first_block: int) -> None:
+        """``seg`` (SSD, written after the runs ``prefix``) was just published."""
+        end = first_block + seg.num_blocks
+        for old, layers in released_rows(seg.session_id, prefix, end, self._windows):
+            cur = self._index.segment_or_none(old.segment_id)
+            if cur is None or cur.file_id is None or cur.file_offset is None:
+                continue  # reclaimed or cut meanwhile
+            lay = cur.layout
+            pages: list[tuple[int, int]] = []
+            done: list[int] = []
+            for w in sorted({self._windows[k] for k in layers}):
+                mine = [k for k in layers if self._windows[k] == w and k not in lay.released]
+                found = window_pages(lay, w)
+                if mine and found:  # rows spanning no whole page are kept
+                    done += mine
+                    pages += [(cur.file_offset + a, cur.file_offset + b) for a, b in found]
+            if not done:
+                continue
+            self._index.replace(dataclasses.replace(cur, layout=lay.release(tuple(done))))
+            self._queued.append(WindowRelease(cur.segment_id, cur.file_id, tuple(pages)))
+
+    def take(self, loads: Mapping[Hashable, LoadPlan]) -> list[WindowRelease]:
+        """The queued releases whose segment no restore in flight reads (with the rows:
+        it was planned before the release), oldest first; the data plane punches them
+        before it drops its lock (a later cut could reuse the range). Releases of
+        segments gone meanwhile are dropped."""
+        if not self._queued:
+            return []
+        busy = {run.segment.segment_id for plan in loads.values() for run in plan.hit.runs}
+        busy.update(home.segment_id for plan in loads.values() for home, _ in plan.refills)
+        # A segment reclaimed or cut meanwhile: its file range may hold new data now.
+        live = self._index.has_segment
+        self._queued = [r for r in self._queued if live(r.segment_id)]
+        out = [r for r in self._queued if r.segment_id not in busy]
+        self._queued = [r for r in self._queued if r.segment_id in busy]
+        self.released_bytes += sum(r.bytes for r in out)
+        return out
