@@ -179,8 +179,9 @@ class SegmentLayout:
 
     @property
     def is_windowed(self) -> bool:
-        """Some layer holds fewer blocks than the segment (a sliding window)."""
-        return bool(self._first)
+        """Some layer holds fewer blocks than the segment (a sliding window, or rows
+        released)."""
+        return bool(self._first or self.released)
 
     def layer_first(self, layer: int) -> int:
         """The first block ``layer`` holds (0, or where its window's rows start;
@@ -200,7 +201,7 @@ class SegmentLayout:
 
     def held_bytes(self, start: int, count: int) -> int:
         """Bytes the layers hold of blocks ``[start, start + count)``, all layers."""
-        if not self._first:
+        if not self.is_windowed:
             return count * sum(self.layer_block_bytes)
         return sum(size * max(0, start + count - max(start, self.layer_first(layer)))
                    for layer, size in enumerate(self.layer_block_bytes))

@@ -49,6 +49,10 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
             n = draw(st.integers(1, 9))
             lay = SegmentLayout.for_ssd(n, layer_sizes, windows,
                                         block_crcs=draw(st.booleans()))
+            if windows and any(windows) and draw(st.booleans()):
+                # A newer turn released this segment's rows of one window.
+                w = draw(st.sampled_from([w for w in windows if w]))
+                lay = lay.release(tuple(k for k, kw in enumerate(windows) if kw == w))
             seg = Segment(seg_id, "s", Medium.SSD,
                           encode_address(Medium.SSD, 0, (file_id << 30) + offset), lay,
                           tuple(_key(key + j) for j in range(n)), 0, file_id, offset)

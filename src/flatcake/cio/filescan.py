@@ -179,7 +179,7 @@ def _look_past(fd: int, offset: int, header: FileHeader, end: int,
 def _released(fd: int, offset: int, layout: SegmentLayout) -> tuple[int, ...]:
     """The windowed layers of the segment at ``offset`` whose rows were released: the
     first whole page of their window's rows is a hole (``control.windows``)."""
-    if not layout.is_windowed:
+    if not layout.layer_window_blocks:
         return ()
     out: list[int] = []
     for w in window_layers(layout.layer_window_blocks):
