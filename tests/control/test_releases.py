@@ -1,0 +1,72 @@
+"""The books' side of releasing superseded window rows (``control.releases``): which
+segments a newer turn releases, that lookups stop there at once, and that the punch
+waits for a restore in flight that was planned with the rows."""
+
+from __future__ import annotations
+
+from flatcake.clock import ManualClock
+from flatcake.config import FlatCakeConfig, PlacementConfig, StoreConfig
+from flatcake.control import ControlPlane
+from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.plan.reads import plan_reads
+from tests.control.helpers import skeys
+
+# One full layer (8 KiB a block) and two sliding layers of 2 blocks (8 KiB a block).
+G = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="rel",
+               groups=(LayerGroup(1, 512, kind="full"),
+                       LayerGroup(2, 512, window_tokens=32, kind="sliding")))
+
+
+def plane(release: bool = True) -> ControlPlane:
+    # No memory copies: a copy keeps its rows, and would serve in the home's place.
+    cfg = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
+                         store=StoreConfig(memory_capacity_bytes=1 << 20,
+                                           ssd_capacity_bytes=1 << 26,
+                                           session_file_bytes=1 << 24,
+                                           release_old_windows=release))
+    return ControlPlane(G, cfg, ManualClock(), planner=plan_reads)
+
+
+def store(cp: ControlPlane, session: str, ks: list[bytes], turn: int) -> None:
+    plan = cp.prepare_store(session, ks, turn_index=turn, context_tokens=0)
+    assert plan is not None and plan.medium.name == "SSD"
+    cp.complete_store(plan, True)
+
+
+def test_a_newer_turn_releases_the_older_windows_after_the_restores_reading_them() -> None:
+    cp = plane()
+    ks = skeys("a", 12)
+    store(cp, "a", ks[:4], 0)
+    load = cp.prepare_load("r", ks[:4])  # planned with turn 0's window rows
+    assert load.hit.num_blocks == 4
+    store(cp, "a", ks[:8], 1)
+    first = next(iter(cp.segments()))
+    assert first.layout.released == (1, 2)
+    assert cp.lookup(ks[:4]).num_blocks == 0  # at once: its window is not served
+    assert cp.lookup(ks[:8]).num_blocks == 8
+    assert cp.take_window_releases() == []  # the restore in flight still reads them
+    cp.complete_load("r")
+    (rel,) = cp.take_window_releases()
+    assert (rel.segment_id, rel.file_id) == (first.segment_id, first.file_id)
+    assert first.file_offset is not None
+    lay = first.layout
+    lo = first.file_offset + lay.layer_offset(1)
+    assert rel.pages == ((lo, lo + 2 * 2 * 8192),)  # both sliding layers: adjacent
+    assert cp.stats().window_bytes_released == rel.bytes
+    assert cp.take_window_releases() == []
+    cp.check_integrity()
+
+
+def test_only_the_same_sessions_turns_run_through_to_their_end_are_released() -> None:
+    cp = plane()
+    ks = skeys("a", 12)
+    store(cp, "a", ks[:6], 0)
+    store(cp, "b", ks[:10], 0)  # another session continues a's turn: a's window stays
+    store(cp, "a", ks[:3] + skeys("c", 5), 1)  # a branch inside turn 0: nothing released
+    assert [s.layout.released for s in cp.segments()] == [(), (), ()]
+    assert cp.take_window_releases() == []
+    off = plane(release=False)
+    store(off, "a", ks[:4], 0)
+    store(off, "a", ks[:8], 1)
+    assert [s.layout.released for s in off.segments()] == [(), ()]
+    assert off.lookup(ks[:4]).num_blocks == 4

@@ -1,0 +1,201 @@
+"""Releasing superseded window rows: once a newer turn is durable, the older turns'
+sliding-window rows are punched out of the session file, so the session's allocated
+bytes (st_blocks, on a real file) in its sliding layers stay within its window as it
+grows; restores stay byte for byte through both read paths, a hit ending at an older
+turn is cut back, a restart rebuilds the same books from the holes, and a crash before
+the punch loses nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from flatcake.cio.files import SESSIONS_DIR, SessionFiles
+from flatcake.cio.holes import is_hole
+from flatcake.cli import main
+from flatcake.control.windows import window_pages
+from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.layout import ALIGN, align_up
+from flatcake.store import FlatCakeStore, TurnSignals
+from flatcake.store.inspect import inspect_root
+from tests.store.helpers import paged, session_keys, small_config
+
+WINDOW = 3  # blocks: 48 tokens of 16
+
+
+def windowed(sliding_entry: int) -> KVGeometry:
+    """Two full layers (8 KiB a block), then two sliding-window layers of 48 tokens."""
+    return KVGeometry(
+        num_layers=4, tokens_per_block=16, dtype="uint8", name="release",
+        groups=(LayerGroup(2, 512, kind="full"),
+                LayerGroup(2, sliding_entry, window_tokens=48, kind="sliding")))
+
+
+# 9344 B sliding blocks (not a multiple of 4 KiB: the staging path), 4096 B (zero-copy).
+GEOMETRIES = {"staging": windowed(584), "zero-copy": windowed(256)}
+
+
+def the_file(root: Path) -> Path:
+    (path,) = sorted((root / SESSIONS_DIR).iterdir())
+    return path
+
+
+def sliding_pages_allocated(store: FlatCakeStore, path: Path) -> int:
+    """Bytes of the whole pages inside the sliding layers' rows of every segment that
+    hold data on disk (``SEEK_DATA``): what the sliding layers alone allocate."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        total = 0
+        for seg in store.control.segments():
+            assert seg.file_offset is not None
+            for lo, hi in window_pages(seg.layout, WINDOW):
+                for page in range(seg.file_offset + lo, seg.file_offset + hi, ALIGN):
+                    total += 0 if is_hole(fd, page) else ALIGN
+        return total
+    finally:
+        os.close(fd)
+
+
+def assert_restored(dst: list[torch.Tensor], src: list[torch.Tensor], slots: list[int],
+                    end: int) -> None:
+    """Full layers: every block before ``end``; sliding: the window before it."""
+    for layer in (0, 1):
+        assert torch.equal(dst[layer][slots[:end]], src[layer][:end]), layer
+    for layer in (2, 3):
+        lo = max(0, end - WINDOW)
+        assert torch.equal(dst[layer][slots[lo:end]], src[layer][lo:end]), layer
+
+
+@pytest.mark.parametrize("path_name", sorted(GEOMETRIES))
+def test_a_sessions_sliding_bytes_stay_within_its_window(tmp_path: Path,
+                                                         path_name: str) -> None:
+    g = GEOMETRIES[path_name]
+    row = g.layer_block_bytes[2]
+    turns, per_turn = 16, 5
+    total = turns * per_turn
+    src = paged(g, total, seed=21)
+    keys = session_keys(21, total, g)
+    slots = list(range(total - 1, -1, -1))
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t in range(turns):
+            n = (t + 1) * per_turn
+            res = store.store_turn("s", keys[:n], src, range(n), TurnSignals(t, 0))
+            assert res.medium is not None and res.medium.name == "SSD"
+            path = the_file(tmp_path)
+            # Pages holding sliding rows only: the newest turn's window, never more.
+            assert sliding_pages_allocated(store, path) <= WINDOW * 2 * row
+            # The whole file on disk (st_blocks): the file header, each turn's header
+            # and full layers, plus the newest window and at most two pages per turn
+            # that the sliding rows share with the full layers or the padding.
+            seg = next(iter(store.control.segments()))
+            full = align_up(seg.layout.header_bytes + per_turn * 2 * 8192)
+            allocated = os.stat(path).st_blocks * 512
+            assert allocated <= ALIGN + (t + 1) * (full + 2 * ALIGN) + WINDOW * 2 * row
+        assert store.control.stats().window_bytes_released > 0
+        assert store.fsck().clean  # released layers are not checked: they are gone
+        dst = paged(g, total)
+        res = store.load(keys, dst, slots)
+        assert (res.num_blocks, res.damaged_segments, res.read_path) == \
+            (total, 0, path_name)
+        assert res.useful_bytes == total * 2 * 8192 + WINDOW * 2 * row
+        assert_restored(dst, src, slots, total)
+        before = sorted((s.file_offset, s.layout.released) for s in store.control.segments())
+    assert [r for _, r in before] == [(2, 3)] * (turns - 1) + [()]
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:  # a restart
+        after = sorted((s.file_offset, s.layout.released) for s in store.control.segments())
+        assert after == before  # the holes are the record: the same books
+        dst = paged(g, total)
+        res = store.load(keys, dst, slots)
+        assert (res.num_blocks, res.damaged_segments) == (total, 0)
+        assert_restored(dst, src, slots, total)
+        assert store.lookup(keys[:per_turn * 8]).num_blocks == 0  # an older turn: cut back
+
+
+def test_a_hit_ending_at_an_older_turn_is_cut_back_to_a_held_window(
+        tmp_path: Path) -> None:
+    g = GEOMETRIES["staging"]
+    src = paged(g, 20, seed=22)
+    keys = session_keys(22, 20, g)
+    slots = [(7 * b + 3) % 20 for b in range(20)]
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((5, 10, 15, 16)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+        # The newest turn adds 1 block: its window [13, 16) needs 2 rows of the turn
+        # ending at 15, which keeps them; the turns ending at 5 and 10 are released.
+        released = [s.layout.released for s in store.control.segments()]
+        assert released == [(2, 3), (2, 3), (), ()]
+        assert store.lookup(keys[:16]).num_blocks == 16
+        assert store.lookup(keys[:15]).num_blocks == 15  # a branch off turn 2: served
+        assert store.lookup(keys[:10]).num_blocks == 0  # off turn 1: its window is gone
+        assert store.lookup(keys[:12]).num_blocks == 0
+        for end in (15, 16):
+            dst = paged(g, 20)
+            res = store.load(keys[:end], dst, slots)
+            assert (res.num_blocks, res.damaged_segments) == (end, 0)
+            assert_restored(dst, src, slots, end)
+        dst = paged(g, 20)
+        assert store.load(keys[:12], dst, slots).num_blocks == 0
+        assert not any(t.any() for t in dst)
+    with FlatCakeStore.open(tmp_path, g, small_config(
+            "store.release_old_windows=false")) as store:
+        # Off: what was released stays so (the holes), nothing more is.
+        assert [s.layout.released for s in store.control.segments()] == released
+        store.store_turn("s", keys[:20], src, range(20), TurnSignals(4, 0))
+        assert [s.layout.released for s in store.control.segments()] == [*released, ()]
+        assert store.lookup(keys[:15]).num_blocks == 15
+
+
+def test_a_crash_before_the_punch_loses_nothing(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    g = GEOMETRIES["staging"]
+    src = paged(g, 20, seed=24)
+    keys = session_keys(24, 20, g)
+    slots = list(range(20))
+    # The books release the rows, the process dies before the file is punched.
+    monkeypatch.setattr(SessionFiles, "release", lambda self, file_id, pages: 0)
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((5, 10, 15)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+        assert [s.layout.released for s in store.control.segments()] == \
+            [(2, 3), (2, 3), ()]
+    monkeypatch.undo()
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        # No hole: every row is still there, served and checked as written.
+        assert [s.layout.released for s in store.control.segments()] == [(), (), ()]
+        assert store.fsck().clean
+        for end in (5, 10, 15):
+            dst = paged(g, 20)
+            res = store.load(keys[:end], dst, slots)
+            assert (res.num_blocks, res.damaged_segments) == (end, 0)
+            assert_restored(dst, src, slots, end)
+        # The next turn releases them for good.
+        store.store_turn("s", keys[:20], src, range(20), TurnSignals(3, 0))
+        assert [s.layout.released for s in store.control.segments()] == \
+            [(2, 3), (2, 3), (2, 3), ()]
+        assert store.fsck().clean
+
+
+def test_inspect_shows_the_released_bytes(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    g = GEOMETRIES["zero-copy"]
+    src = paged(g, 12, seed=25)
+    keys = session_keys(25, 12, g)
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((4, 8, 12)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+    kinds = inspect_root(tmp_path)["layer_kinds"]
+    # Each turn wrote 3 of its 4 blocks per sliding layer; two turns were released.
+    assert kinds[1] == {"kind": "sliding", "stored_bytes": 3 * 2 * 4096,
+                        "saved_bytes": 3 * 2 * 4096, "released_bytes": 2 * 3 * 2 * 4096}
+    report = inspect_root(tmp_path)["media"]["ssd"]
+    # st_blocks drop by the released rows (one page may go to the filesystem's own
+    # extent records of the file).
+    gone = report["file_bytes_on_disk"] - report["file_bytes_allocated"]
+    assert 2 * 3 * 2 * 4096 - ALIGN <= gone <= 2 * 3 * 2 * 4096
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "sliding layers on SSD: 24.00 KiB (24.00 KiB saved: only the window is " \
+           "stored; 48.00 KiB released: older turns' windows)" in out
