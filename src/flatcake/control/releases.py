@@ -32,6 +32,9 @@ class Releases:
     def after_publish(self, seg: Segment, prefix: Sequence[HitRun], first_block: int) -> None:
         """``seg`` (SSD, written after the runs ``prefix``) was just published."""
         end = first_block + seg.num_blocks
+        if self._queued:  # a host that never takes them (the node service) holds
+            live = self._index.has_segment  # those of live segments only
+            self._queued = [r for r in self._queued if live(r.segment_id)]
         for old, layers in released_rows(seg.session_id, prefix, end, self._windows):
             cur = self._index.segment_or_none(old.segment_id)
             if cur is None or cur.file_id is None or cur.file_offset is None:
