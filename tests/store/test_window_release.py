@@ -159,23 +159,33 @@ def test_a_crash_before_the_punch_loses_nothing(tmp_path: Path,
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
         for t, end in enumerate((5, 10, 15)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
-        assert [s.layout.released for s in store.control.segments()] == \
-            [(2, 3), (2, 3), ()]
+        books = [s.layout.released for s in store.control.segments()]
+        assert books == [(2, 3), (2, 3), ()]
+    path = the_file(tmp_path)
+    whole = os.stat(path).st_blocks
+    with FlatCakeStore.open(tmp_path, g, small_config(
+            "store.release_old_windows=false")) as store:
+        assert store.fsck().clean  # nothing punched: every row there, and checked
+        assert [s.layout.released for s in store.control.segments()] == [(), (), ()]
     monkeypatch.undo()
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
-        # No hole: every row is still there, served and checked as written.
-        assert [s.layout.released for s in store.control.segments()] == [(), (), ()]
+        # The restart releases them again (the same books) and punches them now.
+        assert [s.layout.released for s in store.control.segments()] == books
+        assert os.stat(path).st_blocks < whole
         assert store.fsck().clean
-        for end in (5, 10, 15):
+        for end, served in ((5, 0), (10, 0), (15, 15)):
             dst = paged(g, 20)
             res = store.load(keys[:end], dst, slots)
-            assert (res.num_blocks, res.damaged_segments) == (end, 0)
-            assert_restored(dst, src, slots, end)
-        # The next turn releases them for good.
+            assert (res.num_blocks, res.damaged_segments) == (served, 0)
+            assert_restored(dst, src, slots, served)
+        # The next turn releases the one before it.
         store.store_turn("s", keys[:20], src, range(20), TurnSignals(3, 0))
         assert [s.layout.released for s in store.control.segments()] == \
             [(2, 3), (2, 3), (2, 3), ()]
         assert store.fsck().clean
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        assert [s.layout.released for s in store.control.segments()] == \
+            [(2, 3), (2, 3), (2, 3), ()]
 
 
 def test_inspect_shows_the_released_bytes(tmp_path: Path,

@@ -323,9 +323,18 @@ class ControlPlane(Books):
                       other_file_ids: Iterable[int] = (),
                       mismatch: Literal["quarantine", "refuse"] = "quarantine") -> Recovery:
         """Re-index every valid segment of ``scans`` and decide each file's fate (see
-        ``control.restart``); the data plane then acts on ``Recovery.files``."""
-        return self._restart.recover_files(scans, other_file_ids=other_file_ids,
-                                           mismatch=mismatch)
+        ``control.restart``); the data plane then acts on ``Recovery.files``. With
+        window releases on, each file's turns release what they would have on publish
+        (``Releases.after_recovery``; the data plane takes them as usual)."""
+        rec = self._restart.recover_files(scans, other_file_ids=other_file_ids,
+                                          mismatch=mismatch)
+        if self._releases is not None:
+            kept = {v.file_id: v.segment_ids for v in rec.files if v.segment_ids}
+            self._releases.after_recovery(
+                [(self.index.segment(i), s.header.first_block)
+                 for i, s in zip(kept[scan.file_id], scan.segments, strict=False)]
+                for scan in scans if scan.file_id in kept)
+        return rec
 
     # -- integrity (``integrity``) ------------------------------------------------------
 

@@ -140,6 +140,7 @@ class FlatCakeStore:
             return
         try:
             self.recovery = recover_root(self._exec, self.control, verify_on_open)
+            self._release_windows()  # what a crash left unpunched
             write_record(root, geometry, config, self.io_mode)  # for offline `inspect`
             if config.store.cluster_url:
                 if geometry.layer_window_blocks:
