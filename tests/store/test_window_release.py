@@ -209,3 +209,28 @@ def test_inspect_shows_the_released_bytes(tmp_path: Path,
     out = capsys.readouterr().out
     assert "sliding layers on SSD: 24.00 KiB (24.00 KiB saved: only the window is " \
            "stored; 48.00 KiB released: older turns' windows)" in out
+
+
+def test_a_copy_made_on_restore_holds_no_released_rows(tmp_path: Path) -> None:
+    """copy_on_restore: a released turn's memory copy (written from a restore, which
+    does not read its window rows) claims none of them, so a hit ending there is still
+    cut back rather than served the slots' stale bytes."""
+    g = GEOMETRIES["staging"]
+    src = paged(g, 15, seed=26)
+    keys = session_keys(26, 15, g)
+    cfg = small_config("placement.memory_copy_watermark=1.0",
+                       "placement.copy_on_restore=true")
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((5, 10, 15)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:  # a restart: no copies yet
+        dst = paged(g, 15)
+        first = store.load(keys, dst, range(15))
+        assert (first.num_ssd_blocks, first.damaged_segments) == (15, 0)
+        assert store.control.stats().num_memory_copies == 3
+        assert store.lookup(keys).num_memory_blocks == 15
+        assert store.lookup(keys[:10]).num_blocks == 0
+        dst = paged(g, 15)
+        again = store.load(keys, dst, range(15))
+        assert (again.num_blocks, again.bytes_read) == (15, 0)
+        assert_restored(dst, src, list(range(15)), 15)
