@@ -1,6 +1,8 @@
 """The measured side of the replay's check against a real engine (``report.realcheck``):
-``scripts/loadgen_compare.py``'s loadgen result folders read back, and the engine's
-costs fitted from the no-connector runs' per-request records."""
+``scripts/loadgen_compare.py``'s loadgen result folders read back (working-set sweeps
+``<repeat>-<config>-ws<N>`` and trace replays ``<repeat>-<config>-trace``, each with its
+server's log beside them), and the engine's costs fitted from the no-connector runs'
+per-request records."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ CONFIGS = ("none", "flatcake")
 """The server configurations the check replays."""
 MEASURED = {"cached_share": "share", "ttft_mean_s": "mean", "ttft_p50_s": "p50"}
 """loadgen's summary figures (``summary.json``) the check compares, by its own names."""
-RUN_NAME = re.compile(r"^(?P<tag>.*?)-?(?P<config>[a-z]+)-ws(?P<ws>\d+)$")
+RUN_NAME = re.compile(r"^(?P<tag>.*?)-?(?P<config>[a-z]+)-(?:ws(?P<ws>\d+)|trace)$")
+WS_SESSION = re.compile(r"^ws-(\d+)(?:-s\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -28,14 +31,22 @@ class Run:
 
     name: str
     config: str
-    working_set: int
+    working_set: int | None
+    """None: a trace replay."""
     records: list[dict[str, Any]]
     """The measured requests that succeeded: those loadgen's summary counts."""
     warmup: list[dict[str, Any]]
-    prompt_tokens: int
     summary: dict[str, Any]
     """loadgen's figures for ``records`` (``summary.json``'s ``summary``)."""
+    block_tokens: int
+    """Tokens per block id of the records' ``blocks`` (loadgen's, not the engine's)."""
+    log: Path | None = None
+    """The server's log, when the run sits in a ``loadgen_compare`` folder."""
     load: str = "-"
+
+    @property
+    def workload(self) -> str:
+        return "trace" if self.working_set is None else f"{self.working_set} prompts"
 
 
 @dataclass(frozen=True)
@@ -65,14 +76,15 @@ def load_run(folder: Path) -> Run:
         raise ValueError(f"{folder}: not a loadgen result folder (no {SUMMARY_FILE} and "
                          f"{REQUESTS_FILE})")
     if m is None or m.group("config") not in CONFIGS:
-        raise ValueError(f"{folder}: the name does not say the configuration and working "
-                         f"set (<repeat>-<config>-ws<N>, config one of {', '.join(CONFIGS)})")
+        raise ValueError(f"{folder}: the name does not say the configuration and workload "
+                         f"(<repeat>-<config>-ws<N> or <repeat>-<config>-trace, config one "
+                         f"of {', '.join(CONFIGS)})")
     try:
         doc = json.loads(summary.read_text())
-        prompt_tokens = int(doc["run"]["workload_meta"]["prompt_tokens"])
+        run = doc["run"]
+        block_tokens = int(run.get("block_tokens") or run["workload_meta"]["prompt_tokens"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        raise ValueError(f"{summary}: not a working-set sweep's summary (no "
-                         "run.workload_meta.prompt_tokens)") from None
+        raise ValueError(f"{summary}: not loadgen's summary (no run.block_tokens)") from None
     figures = doc.get("summary")
     if not isinstance(figures, dict) or any(figures.get(k) is None for k in MEASURED):
         raise ValueError(f"{summary}: no measured figures (summary.{', summary.'.join(MEASURED)}"
@@ -81,9 +93,19 @@ def load_run(folder: Path) -> Run:
     ok = [r for r in _jsonl(folder / REQUESTS_FILE) if _succeeded(r)]
     if not ok:
         raise ValueError(f"{folder}: no successful request recorded")
-    return Run(folder.name, m.group("config"), int(m.group("ws")), ok,
-               [r for r in _jsonl(folder / WARMUP_FILE) if _succeeded(r)],
-               prompt_tokens, figures)
+    warm = [r for r in _jsonl(folder / WARMUP_FILE) if _succeeded(r)]
+    for r in (*warm, *ok):
+        if "blocks" not in r:  # recorded before loadgen wrote them: a working set's
+            v = WS_SESSION.match(str(r.get("session_id", "")))  # visit names its prompt
+            if v is None:
+                raise ValueError(f"{folder}: request {r.get('index')} records no prompt "
+                                 f"blocks and is not a working-set visit (session "
+                                 f"{r.get('session_id')!r})")
+            r["blocks"] = [[int(v.group(1)), int(v.group(1)) + 1]]
+    log = folder.parent.parent / f"server-{m.group('tag')}-{m.group('config')}.log"
+    ws = m.group("ws")
+    return Run(folder.name, m.group("config"), int(ws) if ws else None, ok, warm, figures,
+               block_tokens, log if log.is_file() else None)
 
 
 def _succeeded(record: dict[str, Any]) -> bool:
@@ -112,7 +134,8 @@ def compare_loads(path: Path) -> dict[str, str]:
     ``compare.json`` when there is one."""
     try:
         results = json.loads(path.read_text())["results"]
-        return {f"r{x['repeat']}-{x['config']}-ws{x['working_set']}":
+        return {f"r{x['repeat']}-{x['config']}-" + (
+            "trace" if x["working_set"] is None else f"ws{x['working_set']}"):
                 str(x["load_before"]).split()[0] for x in results}
     except (OSError, json.JSONDecodeError, KeyError, TypeError, IndexError):
         return {}
