@@ -89,13 +89,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def model_thread(pgid: int) -> tuple[float, float]:
+    """Seconds the worker's main thread (it runs the model) in process group ``pgid`` ran
+    so far, and seconds it was runnable but waited for a core
+    (``/proc/PID/task/PID/schedstat``); zeros when there is no worker."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "comm").read_text().strip() != WORKER:
+                continue
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            run, wait = (proc / "task" / proc.name / "schedstat").read_text().split()[:2]
+            return int(run) / 1e9, int(wait) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return 0.0, 0.0
+
+
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 # A server's processes by their name (``comm``); the rest (the API server, its helpers)
 # count as "api".
-ROLES = {"VLLM::Worker": "worker", "VLLM::EngineCor": "engine"}
+WORKER = "VLLM::Worker"
+ROLES = {WORKER: "worker", "VLLM::EngineCor": "engine"}
 
 
 def cpu_seconds(pgid: int) -> dict[str, float]:
@@ -403,13 +421,17 @@ def main() -> int:
             try:
                 for k, ws in enumerate([*working_sets, *([None] if args.trace else [])]):
                     before, cpu0 = loadavg(), cpu_seconds(server.proc.pid)
+                    wait0 = model_thread(server.proc.pid)
                     summary = loadgen(args, server.url, ws, k + 1, args.out / "runs" /
                                       f"{tag}-{'trace' if ws is None else f'ws{ws}'}")
                     cpu = {k: round(v - cpu0[k], 2)
                            for k, v in cpu_seconds(server.proc.pid).items()}
                     results.append({"repeat": r, "config": config, "working_set": ws,
                                     "summary": summary, "cpu_s": cpu, "load_before": before,
-                                    "load_after": loadavg()})
+                                    "load_after": loadavg(), "model_thread_s": [
+                                        round(b - a, 3) for a, b in zip(
+                                            wait0, model_thread(server.proc.pid),
+                                            strict=True)]})
                     print(f"[{time.monotonic() - began:6.0f} s]   "
                           f"{'trace' if ws is None else f'{ws} prompts'}: TTFT p50 "
                           f"{summary['ttft_p50_s']:.3f} s, cached "
