@@ -123,7 +123,7 @@ def test_not_a_loadgen_result(tmp_path: Path, make: str,
 
 
 def trace_run(records: list[dict], block_tokens: int) -> engine_runs.Run:
-    return engine_runs.Run("r0-none-trace", "none", None, records, [], block_tokens)
+    return engine_runs.Run("r0-none-trace", "none", None, records, [], {}, block_tokens)
 
 
 def sent(i: int, blocks: list[list[int]], tokens: int) -> dict:
