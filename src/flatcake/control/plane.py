@@ -101,13 +101,16 @@ class ControlPlane(Books):
     ``geometry``, ``config``, ``clock``, ``node_id`` and ``planner`` (the read planner
     ``prepare_load`` uses when its caller names none: ``ControlPlane(...,
     planner=plan_reads)``; the books import no planner) are fixed at construction.
+    ``release_windows``: the host punches released window rows out of its files
+    (``take_window_releases``), so the books release them (with
+    ``store.release_old_windows``); a host that does not keeps every window.
     ``index``, ``arena``, ``ssd``, ``copies``, ``scheduler``: the parts, for the control
     plane's own modules and white-box tests; hosts use the query methods.
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig | None = None,
                  clock: Clock | None = None, *, planner: ReadPlanner | None = None,
-                 file_header_bytes: int = ALIGN) -> None:
+                 file_header_bytes: int = ALIGN, release_windows: bool = False) -> None:
         if not isinstance(geometry, KVGeometry):
             raise ValueError(f"geometry must be a KVGeometry, got {type(geometry).__name__}")
         cfg = self._config = config if config is not None else FlatCakeConfig()
@@ -138,7 +141,8 @@ class ControlPlane(Books):
         reclaimer = self._reclaimer = Reclaimer(cfg, index, arena, ssd, copies, sessions,
                                                 spare, damage, actions, pending, loads)
         releases = self._releases = Releases(index, geometry.layer_window_blocks) \
-            if store.release_old_windows and geometry.layer_window_blocks else None
+            if release_windows and store.release_old_windows and \
+            geometry.layer_window_blocks else None
         self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions, ids,
                               spare, early, reclaimer, pending, releases)
         self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
