@@ -95,6 +95,7 @@ def test_a_sessions_sliding_bytes_stay_within_its_window(tmp_path: Path,
             allocated = os.stat(path).st_blocks * 512
             assert allocated <= ALIGN + (t + 1) * (full + 2 * ALIGN) + WINDOW * 2 * row
         assert store.control.stats().window_bytes_released > 0
+        store.control.check_integrity()
         assert store.fsck().clean  # released layers are not checked: they are gone
         dst = paged(g, total)
         res = store.load(keys, dst, slots)
@@ -234,3 +235,25 @@ def test_a_copy_made_on_restore_holds_no_released_rows(tmp_path: Path) -> None:
         again = store.load(keys, dst, range(15))
         assert (again.num_blocks, again.bytes_read) == (15, 0)
         assert_restored(dst, src, list(range(15)), 15)
+        store.control.check_integrity()
+
+
+def test_copies_made_when_stored_keep_serving_their_rows(tmp_path: Path) -> None:
+    """A memory copy written with its turn holds the real rows: while it lives, a hit
+    ending at that turn is served from it, byte for byte, though its home's rows on
+    SSD are released."""
+    g = GEOMETRIES["staging"]
+    src = paged(g, 15, seed=28)
+    keys = session_keys(28, 15, g)
+    cfg = small_config("placement.memory_copy_watermark=1.0")
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:
+        for t, end in enumerate((5, 10, 15)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+        assert [s.layout.released for s in store.control.segments()] == \
+            [(2, 3), (2, 3), ()]
+        assert store.control.stats().num_memory_copies == 3
+        store.control.check_integrity()
+        dst = paged(g, 15)
+        res = store.load(keys[:10], dst, range(15))
+        assert (res.num_blocks, res.bytes_read, res.damaged_segments) == (10, 0, 0)
+        assert_restored(dst, src, list(range(15)), 10)
