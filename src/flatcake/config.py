@@ -243,8 +243,7 @@ class StoreConfig:
     session is durable, the window rows of its older turns are punched out of the
     session file, so a session holds about one window per sliding layer on SSD; a hit
     ending at an older turn (a branch off it) is then cut back and recomputed. False
-    keeps every turn's window until the session is reclaimed (as the node service
-    does for now).
+    keeps every turn's window until the session is reclaimed.
     """
 
     root: str = "./flatcake-data"
@@ -273,9 +272,6 @@ class StoreConfig:
                "must be > 0")
         _check(self.node_lease_s >= 1, "store.node_lease_s", self.node_lease_s,
                "must be >= 1")
-        _check(not (self.node and self.cluster_url), "store.node", self.node,
-               "cannot be set with store.cluster_url yet (the service does not join a "
-               "cluster); leave one of them empty")
         _check(not self.cluster_url or self.cluster_url.startswith(
             ("redis://", "rediss://", "unix://")), "store.cluster_url", self.cluster_url,
             "must be a Redis URL (redis://host:port/db, rediss://..., unix://...) or empty")

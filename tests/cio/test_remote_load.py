@@ -18,7 +18,7 @@ from flatcake.cio.paged import PagedKV
 from flatcake.cio.remote_load import Consume, restore_remote
 from flatcake.control.address import Medium, encode_address
 from flatcake.layout import SegmentLayout
-from flatcake.plan.remote import RemoteRun, remote_runs, trim_runs
+from flatcake.plan.remote import RemoteRun, remote_runs, runs_of_part, trim_runs
 
 LAYERS, BBPL = 3, 64
 
@@ -144,3 +144,27 @@ def test_bad_runs_and_registrations_are_refused() -> None:
     dispatch = ReaderDispatch()
     with pytest.raises(ValueError, match="remote reader"):
         dispatch.register_remote(Medium.MEMORY, 0, Reader(np.zeros(8, np.uint8)))
+
+
+def test_a_record_of_several_parts_gives_each_rank_its_own_crcs() -> None:
+    data0, rec = segment(2, 2, 0)
+    data1, rec1 = segment(2, 2, 1)  # part 1: other bytes at the same offsets
+    rec = {**rec, "parts": [rec["crcs"], rec1["crcs"]]}
+    (run,) = remote_runs([Hit(2, 10, 0, rec), Hit(2, 10, 1, rec)], 0, (BBPL,) * LAYERS)
+    assert run.of_part(1, 2) is not None and run.of_part(1, 2).crcs == tuple(rec1["crcs"])
+    assert run.of_part(0, 2).crcs == tuple(rec["crcs"])
+    # Another number of parts holds other bytes: no run (a miss), never other heads.
+    assert run.of_part(0, 1) is None and run.of_part(0, 4) is None
+    (one,) = remote_runs([Hit(2, 10, 0, rec1)], 0, (BBPL,) * LAYERS)
+    assert one.of_part(0, 1) is one and one.of_part(0, 2) is None
+    assert runs_of_part((one,), 0, 2) == () and runs_of_part((run,), 1, 2)[0].parts == ()
+    assert trim_runs((run,), 1)[0].parts == run.parts
+    # Rank 1's part checks part 1's bytes and refuses part 0's.
+    dispatch = ReaderDispatch()
+    dispatch.register_remote(Medium.MEMORY, 2, Reader(data1))
+    kv, tensors = paged(4)
+    assert _restore((run.of_part(1, 2),), dispatch, kv, 2)[0] == 2
+    assert tensors[0][0].numpy().tobytes() == data1[:BBPL].tobytes()
+    dispatch0 = ReaderDispatch()
+    dispatch0.register_remote(Medium.MEMORY, 2, Reader(data0))
+    assert _restore((run.of_part(1, 2),), dispatch0, paged(4)[0], 2)[0] == 0

@@ -1,6 +1,7 @@
 """A real node service (``flatcake serve`` in its own process, bounded by timeouts) and
 engines attached to it: the connector's two halves without vLLM (``RemoteSchedulerSide``
-+ an attached ``WorkerSide``), each with its own paged KV of random bytes."""
++ an attached ``WorkerSide``, or one per tensor-parallel rank: ``TensorEngine``), each
+with its own paged KV of random bytes."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from flatcake.connectors.node_client import RemoteSchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.link.client import worker_root
 from flatcake.link.wire import TensorRanks
+from flatcake.plan.tasks import StepPlan, WorkerReport
 from tests.connectors.sides_harness import G, Harness, random_kv, settings
 
 BASE = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
@@ -26,8 +30,10 @@ BASE = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=6710886
 class Service:
     """``flatcake serve`` on ``root`` in a child process."""
 
-    def __init__(self, root: Path, sock: Path, *extra: str) -> None:
+    def __init__(self, root: Path, sock: Path, *extra: str,
+                 env: dict[str, str] | None = None) -> None:
         self.root, self.sock, self.extra = root, sock, extra
+        self.env = dict(os.environ) if env is None else env
         self.proc: subprocess.Popen[str] | None = None
         self.arena_dir = root.parent / "shm"
         self.arena_dir.mkdir(exist_ok=True)
@@ -38,7 +44,7 @@ class Service:
                *[x for kv in [*BASE, f"store.node_arena_dir={self.arena_dir}", *self.extra]
                  for x in ("--set", kv)]]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                     text=True, env=dict(self.env, PYTHONUNBUFFERED="1"))
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -91,3 +97,67 @@ class Engine(Harness):
         self.reports = []
         self.finished = set()
         self.released = []
+
+
+class TensorEngine(Harness):
+    """One engine of ``ranks.world_size`` workers attached to the service at ``sock``;
+    ``step`` runs every rank's part of each plan and reports as vLLM aggregates."""
+
+    def __init__(self, sock: Path, ranks: TensorRanks, seed: int = 10) -> None:
+        self.s = node_settings(sock)
+        self.sched = RemoteSchedulerSide(G, self.s, ranks=ranks,  # type: ignore[assignment]
+                                         name="tp")
+        self.workers, self.kvs = [], []
+        for rank in range(ranks.world_size):
+            where = worker_root(str(sock), 1.0, rank, G, ranks, wait_s=10)
+            worker = WorkerSide(G, where.config, where.store_dir,
+                                arena_path=where.arena_path, writes=where.writes,
+                                part=where.part, parts=where.parts)
+            kv = random_kv(seed + rank)  # each rank's KV differs
+            worker.register(kv)
+            self.workers.append(worker)
+            self.kvs.append(kv)
+        self.worker, self.kv = self.workers[0], self.kvs[0]
+        self.reports, self.finished, self.released = [], set(), []  # type: ignore[var-annotated]
+
+    def step(self) -> tuple[StepPlan, set[str], set[str], set[int]]:
+        finished, self.finished = self.finished, set()
+        plan = self.sched.build_step()
+        for w in self.workers:
+            w.start_step(plan)
+            for layer in range(G.num_layers):
+                w.wait_for_layer(layer)
+            w.end_step()
+        n = len(self.workers)
+        sending: list[set[str]] = [set() for _ in range(n)]
+        recving: list[set[str]] = [set() for _ in range(n)]
+        invalid: set[int] = set()
+        released: list[str] = []
+        given: set[str] = set()
+        deadline = time.monotonic() + 30
+        while True:
+            report = WorkerReport()
+            for rank, w in enumerate(self.workers):
+                s, r, i, rep = w.poll(finished)
+                sending[rank] |= s
+                recving[rank] |= r
+                invalid |= i
+                report = report.merged(rep)
+            self.sched.on_report(report)
+            # vLLM hands the scheduler a restore once every worker finished it.
+            done = set.intersection(*recving) - given
+            given |= done
+            released.extend(self.sched.take_released(done))
+            if not any(w.pending() for w in self.workers) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        self.released.extend(released)
+        return plan, set.intersection(*sending), set(released), invalid
+
+    def rank_block(self, rank: int, layer: int, slot: int) -> bytes:
+        return self.kvs[rank][layer][slot].contiguous().view(torch.uint8).numpy().tobytes()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.sched.close()

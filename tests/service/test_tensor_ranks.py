@@ -10,91 +10,23 @@ Replicated KV (MLA's latent): one part, in the root itself, written once by rank
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from flatcake.cio.filescan import scan_session_file
-from flatcake.connectors.node_client import RemoteSchedulerSide
 from flatcake.connectors.scheduler_side import RequestView
-from flatcake.connectors.worker_side import WorkerSide
 from flatcake.link import wire
 from flatcake.link.client import worker_root
 from flatcake.link.wire import TensorRanks
-from flatcake.plan.tasks import StepPlan, WorkerReport
 from flatcake.service.server import ask_status
-from tests.connectors.sides_harness import G, Harness, end, finish, random_kv, tokens, view
-from tests.service.helpers import Service, node_settings
+from tests.connectors.sides_harness import G, end, finish, tokens, view
+from tests.service.helpers import Service, TensorEngine
 
 pytest.importorskip("zmq")
 
 LAYER_BLOCK = G.layer_block_bytes[0]
-
-
-class TensorEngine(Harness):
-    """One engine of ``ranks.world_size`` workers attached to the service at ``sock``;
-    ``step`` runs every rank's part of each plan and reports as vLLM aggregates."""
-
-    def __init__(self, sock: Path, ranks: TensorRanks) -> None:
-        self.s = node_settings(sock)
-        self.sched = RemoteSchedulerSide(G, self.s, ranks=ranks,  # type: ignore[assignment]
-                                         name="tp")
-        self.workers, self.kvs = [], []
-        for rank in range(ranks.world_size):
-            where = worker_root(str(sock), 1.0, rank, G, ranks, wait_s=10)
-            worker = WorkerSide(G, where.config, where.store_dir,
-                                arena_path=where.arena_path, writes=where.writes)
-            kv = random_kv(10 + rank)  # each rank's KV differs
-            worker.register(kv)
-            self.workers.append(worker)
-            self.kvs.append(kv)
-        self.worker, self.kv = self.workers[0], self.kvs[0]
-        self.reports, self.finished, self.released = [], set(), []  # type: ignore[var-annotated]
-
-    def step(self) -> tuple[StepPlan, set[str], set[str], set[int]]:
-        finished, self.finished = self.finished, set()
-        plan = self.sched.build_step()
-        for w in self.workers:
-            w.start_step(plan)
-            for layer in range(G.num_layers):
-                w.wait_for_layer(layer)
-            w.end_step()
-        n = len(self.workers)
-        sending: list[set[str]] = [set() for _ in range(n)]
-        recving: list[set[str]] = [set() for _ in range(n)]
-        invalid: set[int] = set()
-        released: list[str] = []
-        given: set[str] = set()
-        deadline = time.monotonic() + 30
-        while True:
-            report = WorkerReport()
-            for rank, w in enumerate(self.workers):
-                s, r, i, rep = w.poll(finished)
-                sending[rank] |= s
-                recving[rank] |= r
-                invalid |= i
-                report = report.merged(rep)
-            self.sched.on_report(report)
-            # vLLM hands the scheduler a restore once every worker finished it.
-            done = set.intersection(*recving) - given
-            given |= done
-            released.extend(self.sched.take_released(done))
-            if not any(w.pending() for w in self.workers) or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        self.released.extend(released)
-        return plan, set.intersection(*sending), set(released), invalid
-
-    def rank_block(self, rank: int, layer: int, slot: int) -> bytes:
-        return self.kvs[rank][layer][slot].contiguous().view(torch.uint8).numpy().tobytes()
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.close()
-        self.sched.close()
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from typing import Any
 from flatcake.cio.remote import NixlNode
 from flatcake.cio.remote_load import Consume
 from flatcake.cio.remote_ssd import fetch
-from flatcake.control.address import Address
+from flatcake.control.address import Address, Medium
 from flatcake.plan.remote import RemoteRun
 
 logger = logging.getLogger(__name__)
@@ -179,3 +179,10 @@ class RemoteSsdReader(_Bound):
         got = fetch(client, found[0], parts, timeout_s=self.peers.timeout_s,
                     on_part=lambda i, view: consume(layers[i], view))
         return got is not None
+
+
+def remote_reader(peers: NixlPeers, medium: Medium, node: int) -> _Bound:
+    """The reader of ``node``'s ``medium`` bound to ``peers``."""
+    if medium == Medium.MEMORY:
+        return RemoteMemoryReader(peers, node)
+    return RemoteSsdReader(peers, node)

@@ -16,6 +16,11 @@
   never out of order, never under the store's lock), serves staging requests and renews
   the lease.
 
+A node of several tensor-parallel parts (the node service, heads split over the ranks:
+each part has its own arena and session files) passes the parts after the first in
+``parts``: each gets its own serving agent and staging server, published under role
+``part{p}`` (``part_role``); a requester's rank reads its part through that agent.
+
 Lookups (``lookup``) run on the caller's thread: one batched round trip set per call.
 A Redis or NIXL failure is a miss or a skipped publish, never a crash of the store.
 
@@ -41,7 +46,7 @@ import numpy as np
 
 from flatcake.cio.remote import NixlNode
 from flatcake.cio.remote_load import RemoteReader
-from flatcake.cio.remote_readers import NixlPeers, RemoteMemoryReader, RemoteSsdReader
+from flatcake.cio.remote_readers import NixlPeers, remote_reader
 from flatcake.cio.remote_ssd import StagingServer
 from flatcake.cluster.index import ClusterIndex, RemoteHit, StaleNodeError
 from flatcake.control.address import Medium
@@ -50,7 +55,20 @@ from flatcake.errors import ClusterUnavailableError
 logger = logging.getLogger(__name__)
 
 Published = tuple[int, Sequence[bytes], Sequence[int], Mapping[str, Any]]
+Part = tuple[np.ndarray, Callable[[str], "str | None"]]  # its arena, its file resolver
 _IDLE_S = 0.002
+
+
+def part_role(part: int) -> str:
+    """The index role of the serving agent of tensor-parallel part ``part`` ("" = the
+    node's own agent, part 0)."""
+    return "" if part == 0 else f"part{part}"
+
+
+def _servable(arena: np.ndarray) -> np.ndarray:
+    """What a serving agent registers: the arena, or a page when there is nothing in
+    memory to serve (NIXL registers no empty region)."""
+    return arena if arena.nbytes else np.zeros(4096, np.uint8)
 
 
 class ClusterService:
@@ -62,7 +80,8 @@ class ClusterService:
                  stage_bytes: int = 16 << 20, timeout_s: float = 5.0,
                  lease_ms: int = 10_000, progress_thread: bool = False,
                  background_join: bool = True,
-                 join_backoff_s: tuple[float, float] = (0.5, 30.0)) -> None:
+                 join_backoff_s: tuple[float, float] = (0.5, 30.0),
+                 parts: Sequence[Part] = ()) -> None:
         if not isinstance(windows, int) or windows < 1:
             raise ValueError(f"windows must be an int >= 1, got {windows!r}")
         if join_backoff_s[0] <= 0 or join_backoff_s[1] < join_backoff_s[0]:
@@ -71,6 +90,8 @@ class ClusterService:
         self.index = ClusterIndex(url, node, cluster=cluster, lease_ms=lease_ms,
                                   timeout_s=min(timeout_s, 2.0))
         self._arena, self._files = arena, files
+        self._parts = list(parts)
+        self.part_servers: list[tuple[NixlNode, StagingServer]] = []
         self._agent_args = (windows, window_bytes, stage_bytes, progress_thread)
         self._timeout_s = timeout_s
         self.server: NixlNode | None = None
@@ -107,18 +128,24 @@ class ClusterService:
         node, arena = self.node, self._arena
         try:
             epoch = self.index.join()
-            if arena.nbytes == 0:
-                arena = np.zeros(4096, np.uint8)  # nothing in memory to serve
-            self.server = NixlNode(f"fc-node-{node}-{epoch}", arena, 4096,
+            self.server = NixlNode(f"fc-node-{node}-{epoch}", _servable(arena), 4096,
                                    progress_thread=progress_thread)
             for k in range(windows):
                 self.clients.append(NixlNode(f"fc-client-{node}-{epoch}-{k}",
                                              np.zeros(4096, np.uint8), window_bytes))
             self.staging = StagingServer(self.server, self._files, self._resolve,
                                          stage_bytes)
+            for p, (part_arena, part_files) in enumerate(self._parts, start=1):
+                server = NixlNode(f"fc-part{p}-{node}-{epoch}", _servable(part_arena), 4096,
+                                  progress_thread=progress_thread)
+                self.part_servers.append((server, StagingServer(
+                    server, part_files, self._resolve, stage_bytes)))
             ok = self.index.publish_agent(self.server.metadata(), self.server.record()) \
                 and all(self.index.publish_agent(c.metadata(), c.record(), role=f"client{k}")
-                        for k, c in enumerate(self.clients))
+                        for k, c in enumerate(self.clients)) \
+                and all(self.index.publish_agent(sv.metadata(), sv.record(),
+                                                 role=part_role(p))
+                        for p, (sv, _) in enumerate(self.part_servers, start=1))
             if not ok:
                 raise ClusterUnavailableError(f"cannot publish node {node}'s agents in the "
                                               f"cluster index at {self.index.url}")
@@ -199,9 +226,7 @@ class ClusterService:
         """The remote reader of ``node``'s ``medium`` (the executor dispatch's source)."""
         if node == self.node or self.peers is None:
             return None
-        if medium == Medium.MEMORY:
-            return RemoteMemoryReader(self.peers, node)
-        return RemoteSsdReader(self.peers, node)
+        return remote_reader(self.peers, medium, node)
 
     # -- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -226,6 +251,8 @@ class ClusterService:
             try:
                 if self.staging is not None and self.staging.serve_once():
                     busy = True
+                for _server, staging in self.part_servers:
+                    busy = bool(staging.serve_once()) or busy
                 if time.monotonic() - self._renewed > self.index.lease_ms / 3000:
                     self.index.renew()
                     self._renewed = time.monotonic()
@@ -310,10 +337,12 @@ class ClusterService:
         self.index.close()
 
     def _close_agents(self) -> None:
-        for part in (self.staging, *self.clients, self.server):
+        for part in (self.staging, *self.clients, self.server,
+                     *(x for pair in self.part_servers for x in reversed(pair))):
             if part is not None:
                 try:
                     part.close()
                 except Exception as exc:
                     logger.warning("closing a NIXL agent part: %s", exc)
         self.staging, self.clients, self.server = None, [], None
+        self.part_servers = []

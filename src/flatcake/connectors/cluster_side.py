@@ -3,7 +3,9 @@ after the local prefix other nodes hold, and the load task that fetches them.
 
 Books only, like the scheduler half (no torch, no NIXL): the worker half is the node's
 member of the cluster (it joins the index, serves its arena and files, publishes what it
-writes); the scheduler half only reads the index::
+writes); the scheduler half only reads the index. Attached to a node service, the
+service is the member (``NodeMember``, ``service.cluster``): the halves it hosts look
+up through its index (``member_lookup``) and hand it what to publish and remove::
 
     lookup       after the local prefix, or the engine's own when it is longer (and
                  the stores in flight): batched lookups of the rest of the request's
@@ -36,8 +38,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flatcake.config import FlatCakeConfig
+from flatcake.control.index import Segment
 from flatcake.geometry import KVGeometry
 from flatcake.plan.remote import IndexHit, RemoteRun, remote_runs
+from flatcake.plan.tasks import StoreDone
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,22 @@ class Index(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class NodeMember(Protocol):
+    """The node service's membership of the cluster (``service.cluster.NodeCluster``)."""
+
+    def publish(self, segment: Segment, reports: Sequence[StoreDone]) -> None:
+        """A store every worker reported durable (their reports carry the crcs)."""
+        ...
+
+    def remove(self, segments: Sequence[tuple[int, Sequence[bytes]]]) -> None:
+        """Segments the books dropped."""
+        ...
+
+    def lookup_index(self) -> Index:
+        """The index as this node reads it (never closed by the reader)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +173,25 @@ class ClusterLookup:
 
 def scheduler_lookup(geometry: KVGeometry, config: FlatCakeConfig, world_size: int,
                      stats: Counter[str]) -> ClusterLookup | None:
-    """The scheduler half's cluster lookup; None without ``store.cluster_url``. Refused
-    with tensor parallelism: each rank keeps its own arena and files."""
+    """The embedded scheduler half's cluster lookup; None without ``store.cluster_url``.
+    Refused with tensor parallelism: each rank keeps its own arena and files (attach the
+    engine to a node service, which is the node's one member)."""
     if not config.store.cluster_url:
         return None
     if world_size != 1:
         raise ValueError(
             f"store.cluster_url with tensor parallel size {world_size}: each rank keeps its "
-            "own arena and files, and a node id per rank needs a design FlatCake does not "
-            "have yet; run tensor parallel size 1 in a cluster")
+            "own arena and files, and a node id per rank is not a design FlatCake has; "
+            "attach the engine to a node service (store.node, `flatcake serve` with "
+            "store.cluster_url), or run tensor parallel size 1 in a cluster")
     return ClusterLookup(geometry, config, stats=stats)
+
+
+def member_lookup(geometry: KVGeometry, config: FlatCakeConfig, member: NodeMember | None,
+                  stats: Counter[str]) -> ClusterLookup | None:
+    """The lookup of a scheduler half hosted by a node service; None when the service is
+    in no cluster. Every tensor-parallel layout is served: the service keeps one entry
+    per block, its parts' crcs in the record."""
+    if member is None:
+        return None
+    return ClusterLookup(geometry, config, index=member.lookup_index(), stats=stats)

@@ -25,8 +25,10 @@ the worker half runs them on the same executor. Engine-neutral: it sees requests
                          ready queue releases the restored requests in its order
                          (``take_released``: the engine schedules those); a damaged
                          segment stops being served and its session is cut before it;
-                         in a cluster the segments the books drop go to the worker,
-                         which removes their index entries
+                         in a cluster the segments the books drop go to the node's
+                         member of the index (the worker embedded, the node service
+                         attached), which removes their entries; attached, the
+                         service also publishes each store every worker reported
     request_finished     the session learns the reply's length; a request with a
                          store keeps its blocks until every worker wrote it
 
@@ -44,7 +46,7 @@ from typing import Any
 from flatcake.cio.names import SESSIONS_DIR
 from flatcake.cio.scan import recover_files
 from flatcake.clock import Clock, WallClock
-from flatcake.connectors.cluster_side import scheduler_lookup
+from flatcake.connectors.cluster_side import NodeMember, member_lookup, scheduler_lookup
 from flatcake.connectors.requests import (
     COUNTER_KEYS,
     BlockEvent,
@@ -99,6 +101,7 @@ class NodeParts:
     sessions: SessionTracker
     refcount: PrefixRefcount
     recovered_segments: int
+    cluster: NodeMember | None = None  # the node service's membership of a cluster
 
     @classmethod
     def embedded(cls, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
@@ -161,8 +164,9 @@ class SchedulerSide:
         self._stats = self.counters.stats
         self._events: list[BlockEvent] = []
         self._unpublish: list[tuple[int, tuple[bytes, ...]]] = []
-        self.cluster = (None if self.node is not None else
-                        scheduler_lookup(geometry, settings.config, world_size, self._stats))
+        self.cluster = (scheduler_lookup(geometry, settings.config, world_size, self._stats)
+                        if self.node is None else member_lookup(geometry, settings.config,
+                                                                self.node.cluster, self._stats))
 
     # -- restart ---------------------------------------------------------------------
 
@@ -283,9 +287,12 @@ class SchedulerSide:
         finished = self.stores.done(done)
         if finished is None:
             return
-        task, ok = finished
+        task, ok, reports = finished
         plan = task.plan
         self.control.complete_store(plan, ok)
+        member = self.node.cluster if self.node is not None else None
+        if ok and member is not None:  # durable and in the books: the node publishes it
+            member.publish(plan.segment, reports)
         medium = "memory" if plan.medium == Medium.MEMORY else "ssd"
         self._stats["stores_ok" if ok else "stores_failed"] += 1
         if ok:
@@ -321,11 +328,16 @@ class SchedulerSide:
         self._apply(settle(self.control))
 
     def _apply(self, actions: Sequence[ReclaimAction]) -> None:
+        gone = []
         for action in actions:
             for seg in (*action.memory_segments, *action.ssd_segments):
                 self._events.append(BlockEvent(False, seg.keys, seg.medium))
-                if self.cluster is not None:
-                    self._unpublish.append((seg.segment_id, seg.keys))
+                gone.append((seg.segment_id, seg.keys))
+        member = self.node.cluster if self.node is not None else None
+        if member is not None:  # the node service is the member: it removes them
+            member.remove(gone)
+        elif self.cluster is not None:  # the worker is the member
+            self._unpublish.extend(gone)
         cuts, drops = reclaim_tasks(actions)
         self._file_cuts.extend(cuts)
         self._drops.extend(drops)

@@ -21,7 +21,8 @@ class StoreBooks:
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
         self._new: list[StoreTask] = []  # planned, not yet in a step
-        self._stores: dict[int, tuple[StoreTask, list[bool]]] = {}  # seg id -> task, oks
+        # seg id -> the task and its workers' reports so far
+        self._stores: dict[int, tuple[StoreTask, list[StoreDone]]] = {}
 
     def add(self, task: StoreTask) -> None:
         """A store planned: it goes to the workers with the next step."""
@@ -35,26 +36,26 @@ class StoreBooks:
 
     def writing(self) -> set[str]:
         """Requests with a store in flight."""
-        return {task.request_id for task, _oks in self._stores.values()}
+        return {task.request_id for task, _reports in self._stores.values()}
 
-    def done(self, report: StoreDone) -> tuple[StoreTask, bool] | None:
-        """One worker's report of a store. Once every worker reported it: the task and
-        whether all of them wrote it; None before."""
+    def done(self, report: StoreDone) -> tuple[StoreTask, bool, list[StoreDone]] | None:
+        """One worker's report of a store. Once every worker reported it: the task,
+        whether all of them wrote it, and their reports; None before."""
         entry = self._stores.get(report.segment_id)
         if entry is None:
             logger.warning("report for unknown store of segment %d", report.segment_id)
             return None
-        task, oks = entry
-        oks.append(report.ok)
-        if len(oks) < self.world_size:
+        task, reports = entry
+        reports.append(report)
+        if len(reports) < self.world_size:
             return None
         del self._stores[report.segment_id]
-        return task, all(oks)
+        return task, all(r.ok for r in reports), reports
 
     def abandon(self) -> list[StoreTask]:
         """Every store in flight, forgotten (its engine is gone: the host rolls them
         back in the books)."""
-        out = [task for task, _oks in self._stores.values()]
+        out = [task for task, _reports in self._stores.values()]
         self._stores.clear()
         self._new = []
         return out

@@ -68,7 +68,10 @@ load error: the engine recomputes it.
 One store per machine (``{"store": {"node": "unix:/run/flatcake/node.sock"}}``, the
 socket of ``flatcake serve``): the scheduler half forwards its calls to the node service
 (``connectors.node_client``) and the worker runs the same plans on the service's files
-and shared arena, so every DP rank and every vLLM on the machine shares one store.
+and shared arena, so every DP rank and every vLLM on the machine shares one store. With
+``store.cluster_url`` in the service's configuration the service is the node's member of
+the cluster (any tensor parallelism): it looks up after the local prefix and publishes,
+and each worker reads its own part of other nodes' blocks (``cluster.readers``).
 
 Tensor parallelism: embedded, each rank keeps its own store directory
 (``<root>/tp<rank>``). Attached to a node service, a block is one entry in the service's
@@ -83,9 +86,9 @@ group is one ``LayerGroup`` of the geometry, its blocks taken from its own block
 request (vLLM takes no block ids of several groups), so the engine recomputes it.
 
 Limits: a state that is not attention blocks (Mamba's) is refused at start, named; no
-pipeline parallelism; several KV cache groups not with the node service; no tensor
-parallelism in a cluster (each rank's arena and files would need a node id of their
-own).
+pipeline parallelism; several KV cache groups not with the node service; tensor
+parallelism in a cluster only attached to a node service (embedded, each rank's arena
+and files would need a node id of their own).
 """
 
 from __future__ import annotations
@@ -187,12 +190,15 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                              f"hash block size {hash_block}")
         self._hashes_per_block = self.block_size // hash_block
         self._world_size = int(parallel.tensor_parallel_size)
-        if self.settings.config.store.cluster_url and self._world_size != 1:
+        if self.settings.config.store.cluster_url and self._world_size != 1 \
+                and not self.settings.config.store.node:
             raise ValueError(
                 f"FlatCakeConnector: store.cluster_url with tensor_parallel_size="
                 f"{self._world_size}: each rank keeps its own arena and session files, and "
-                "a node id per rank needs a design FlatCake does not have yet; run "
-                "tensor_parallel_size=1 in a cluster, or leave store.cluster_url empty")
+                "a node id per rank is not a design FlatCake has; attach the engine to a "
+                "node service in the cluster (store.node; `flatcake serve` with "
+                "store.cluster_url), run tensor_parallel_size=1, or leave "
+                "store.cluster_url empty")
         root = Path(self.settings.config.store.root).absolute()
         self.scheduler_side: SchedulerSide | RemoteSchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
@@ -229,19 +235,19 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
 
             rank = get_tensor_model_parallel_rank() if self._world_size > 1 else 0
             config, store_dir, arena = self.settings.config, self._rank_dir(root, rank), None
-            writes = True
+            writes, part, parts = True, 0, 1
             if node:
                 from flatcake.link.client import worker_root
 
                 where = worker_root(node, config.store.node_timeout_s, rank, self.geometry,
                                     self._tensor_ranks(vllm_config))
                 config, store_dir, arena = where.config, where.store_dir, where.arena_path
-                writes = where.writes
+                writes, part, parts = where.writes, where.part, where.parts
             self.worker_side = WorkerSide(
                 self.geometry, config, store_dir,
                 max_pending_stores=self.settings.max_pending_stores,
                 drain_timeout_s=self.settings.shutdown_drain_s, arena_path=arena,
-                writes=writes)
+                writes=writes, part=part, parts=parts)
 
     def _tensor_ranks(self, vllm_config: VllmConfig) -> TensorRanks:
         from flatcake.link.wire import TensorRanks

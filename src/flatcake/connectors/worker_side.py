@@ -46,7 +46,12 @@ In a cluster (``store.cluster_url``) the worker is the node's member
 segments it kept at start-up, publishes each segment once written and durable, removes
 the entries of the segments the books dropped (``StepPlan.unpublish``), and reads the
 remote runs of a load through the executor's remote readers (a run it cannot fetch or
-verify is a load error like any other).
+verify is a load error like any other). Attached to a node service in a cluster, the
+service is the member: the worker reads other nodes' blocks with readers of its own
+(``cluster.readers``), its part of each remote segment (``part`` of ``parts``: a rank
+of split heads reads its heads' part, every rank of a replicated KV part 0), and each
+writing worker reports the crc32s of its part with its store (``StoreDone.crcs``) for
+the service to publish.
 
 Threads: the engine thread calls the public methods. Restore threads and the writer
 thread hand their results over through ``self._done`` (under ``self._lock``), which
@@ -66,6 +71,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -80,9 +86,13 @@ from flatcake.connectors.write_queue import WriteQueue
 from flatcake.control.address import Medium
 from flatcake.control.plane import ControlPlane
 from flatcake.geometry import KVGeometry
+from flatcake.plan.remote import runs_of_part
 from flatcake.plan.tasks import LoadDone, LoadTask, StepPlan, StoreDone, StoreTask, WorkerReport
-from flatcake.store.cluster import StoreCluster
+from flatcake.store.cluster import StoreCluster, segment_crcs
 from flatcake.store.record import write_record
+
+if TYPE_CHECKING:
+    from flatcake.cluster.readers import ClusterReaders
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +124,8 @@ class WorkerSide:
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
                  max_pending_stores: int = 64, drain_timeout_s: float = 60.0,
-                 arena_path: Path | None = None, writes: bool = True) -> None:
+                 arena_path: Path | None = None, writes: bool = True,
+                 part: int = 0, parts: int = 1) -> None:
         if max_pending_stores < 1 or drain_timeout_s < 0:
             raise ValueError(f"max_pending_stores must be >= 1 and drain_timeout_s >= 0, got "
                              f"{max_pending_stores}, {drain_timeout_s}")
@@ -122,6 +133,7 @@ class WorkerSide:
         self.config = config
         self.store_dir = Path(store_dir)
         self.writes = writes
+        self.part, self.parts = part, parts
         # ``arena_path``: attached to a node service, which recovered the files, holds
         # the root and shares its arena; this worker only runs the tasks.
         self.executor = Executor(self.store_dir, geometry, config, arena_path=arena_path)
@@ -150,6 +162,16 @@ class WorkerSide:
         self._failed_requests: set[str] = set()
         self._slots: StepSlots | None = None
         self.cluster: StoreCluster | None = None
+        self.readers: ClusterReaders | None = None  # attached, in a cluster
+        if arena_path is not None and config.store.cluster_url:
+            from flatcake.cluster.readers import ClusterReaders
+
+            try:
+                self.readers = ClusterReaders(config, part)
+            except BaseException:
+                self.executor.close()
+                raise
+            self.executor.readers.remote_source = self.readers.reader
         if arena_path is None:
             scratch = self._adopt_files()
             if config.store.cluster_url:
@@ -228,12 +250,15 @@ class WorkerSide:
                 self._start_grouped_load(self.grouped, task, slots)
                 continue
             ready = LayerReady(self.geometry.num_layers)
+            # What this rank reads; ``task`` (every block it meant to load) reports.
+            mine = task if not task.remote else replace(
+                task, remote=runs_of_part(task.remote, self.part, self.parts))
             if task.sync:
-                fut = self.executor.submit_load(task, self._paged_kv(), ready)
+                fut = self.executor.submit_load(mine, self._paged_kv(), ready)
                 self._sync.append((task, ready, fut))
             else:
                 self._loads_in_flight += 1
-                self.executor.submit_load(task, self._paged_kv(), ready,
+                self.executor.submit_load(mine, self._paged_kv(), ready,
                                           partial(self._restored, task))
 
     def _restored(self, task: LoadTask, outcome: LoadOutcome) -> None:
@@ -381,7 +406,7 @@ class WorkerSide:
         return out
 
     def _run_store(self, task: StoreTask) -> None:
-        ok, written_bytes = False, 0
+        ok, written_bytes, crcs = False, 0, None
         paged = self._scratch.pop((task.request_id, task.plan.segment.segment_id), None)
         try:
             out = self.executor.run_store(task, paged or self._paged_kv())
@@ -389,16 +414,20 @@ class WorkerSide:
             if ok and self.cluster is not None:  # durable: the books publish it too
                 seg = task.plan.segment
                 self.cluster.publish([(seg, self.cluster.segment_crcs(seg))])
+            if ok and self.readers is not None:  # the service publishes it: its crcs
+                crcs = segment_crcs(self.executor, task.plan.segment)
             if not ok:
                 logger.warning("FlatCake store of segment %d (request %s) failed: %s",
                                task.plan.segment.segment_id, task.request_id, out.error)
         except Exception as exc:  # the books roll the allocation back
             logger.warning("FlatCake store of segment %d (request %s) failed: %s",
                            task.plan.segment.segment_id, task.request_id, exc)
-        self._finish_store(task, ok, written_bytes)
+        self._finish_store(task, ok, written_bytes, crcs or ())
 
-    def _finish_store(self, task: StoreTask, ok: bool, written_bytes: int) -> None:
-        done = StoreDone(task.request_id, task.plan.segment.segment_id, ok, written_bytes)
+    def _finish_store(self, task: StoreTask, ok: bool, written_bytes: int,
+                      crcs: tuple[int, ...] = ()) -> None:
+        done = StoreDone(task.request_id, task.plan.segment.segment_id, ok, written_bytes,
+                         self.part, crcs)
         self._scratch.pop((task.request_id, task.plan.segment.segment_id), None)
         with self._write_cond:
             medium = "memory" if task.plan.medium == Medium.MEMORY else "ssd"
@@ -443,4 +472,6 @@ class WorkerSide:
             logger.debug("FlatCake writer drained in %.3f s", time.monotonic() - t0)
         if self.cluster is not None:  # leave the index before the arena goes
             self.cluster.close()
+        if self.readers is not None:
+            self.readers.close()
         self.executor.close(close_files=stopped)

@@ -135,9 +135,12 @@ class TensorRanks:
 @dataclass(frozen=True, slots=True)
 class WorkerRoot:
     """Where a worker of tensor-parallel rank ``rank`` runs its tasks; ``writes``: False
-    for a rank whose replicated part another rank writes (it only reads)."""
+    for a rank whose replicated part another rank writes (it only reads); ``part`` of
+    ``parts``: the part of every block it reads (and of remote segments, in a cluster)."""
 
     store_dir: Path
     arena_path: Path
     config: FlatCakeConfig
     writes: bool = True
+    part: int = 0
+    parts: int = 1

@@ -9,12 +9,17 @@ turns the cluster index's hits (one per block key, in request order) into ``Remo
 starting right after the local prefix. A remote reader reads whole segment layers (the
 crc32 covers a whole layer), so the requester verifies every layer before a block of it
 is used.
+
+A node of several tensor-parallel parts (the node service, heads split over the ranks)
+publishes one record per segment with the crc32s of every part (``parts``): part ``p``'s
+bytes lie at the same offsets of the same-named file (and arena offset) of the owner's
+part ``p``, and a requester's rank reads and verifies its own part (``RemoteRun.of_part``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from flatcake.control.address import Address, Medium
@@ -33,7 +38,10 @@ class RemoteRun:
         layout: the segment's byte layout (``layout.layer_offset(l)`` from the base).
         location: SSD: the owner's session file name; memory: ``""``.
         file_offset: SSD: the segment's start in that file; memory: 0.
-        crcs: crc32 of each whole layer of the segment (``layout.layer_bytes`` each).
+        crcs: crc32 of each whole layer of the segment (``layout.layer_bytes`` each);
+            part 0's when the owner keeps several parts.
+        parts: crc32s of every part (``crcs`` is ``parts[0]``) when the owner keeps
+            several; () for one.
     """
 
     address: int
@@ -44,6 +52,7 @@ class RemoteRun:
     location: str
     file_offset: int
     crcs: tuple[int, ...]
+    parts: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.count <= 0 or self.start_pos < 0 or \
@@ -56,6 +65,17 @@ class RemoteRun:
                              f"{self.layout.num_layers} layers")
         if self.medium == Medium.SSD and not self.location:
             raise ValueError("remote run on SSD without the owner's file name")
+        if any(len(c) != self.layout.num_layers for c in self.parts):
+            raise ValueError("remote run: a part's crcs do not cover every layer")
+
+    def of_part(self, part: int, parts: int) -> RemoteRun | None:
+        """This run as the reader of part ``part`` of ``parts`` sees it (its crcs);
+        None when the owner keeps another number of parts (other bytes: a miss)."""
+        if max(1, len(self.parts)) != parts:
+            return None
+        if parts == 1:
+            return self
+        return replace(self, crcs=self.parts[part], parts=())
 
     @property
     def medium(self) -> Medium:
@@ -83,13 +103,17 @@ class IndexHit(Protocol):
     def record(self) -> Mapping[str, Any]: ...
 
 
-def segment_record(seg: Segment, crcs: Sequence[int], location: str = "") -> dict[str, Any]:
-    """The record a requester needs to read and verify ``seg`` (JSON-able)."""
-    if len(crcs) != seg.layout.num_layers:
-        raise ValueError(f"segment {seg.segment_id}: {len(crcs)} crcs for "
-                         f"{seg.layout.num_layers} layers")
+def segment_record(seg: Segment, crcs: Sequence[int], location: str = "",
+                   parts: Sequence[Sequence[int]] = ()) -> dict[str, Any]:
+    """The record a requester needs to read and verify ``seg`` (JSON-able); ``parts``:
+    every part's crcs when the owner keeps several (``crcs`` is part 0's)."""
+    for c in (crcs, *parts):
+        if len(c) != seg.layout.num_layers:
+            raise ValueError(f"segment {seg.segment_id}: {len(c)} crcs for "
+                             f"{seg.layout.num_layers} layers")
     lay = seg.layout
-    return {"base": seg.base_address, "nb": lay.num_blocks, "nl": lay.num_layers,
+    extra = {"parts": [[int(c) for c in p] for p in parts]} if len(parts) > 1 else {}
+    return {**extra, "base": seg.base_address, "nb": lay.num_blocks, "nl": lay.num_layers,
             "bbpl": lay.layer_block_bytes[0] if lay.is_uniform else list(
                 lay.layer_block_bytes), "hdr": lay.header_bytes,
             "file": location, "foff": int(seg.file_offset or 0),
@@ -133,7 +157,8 @@ def _run(hit: IndexHit, request_start: int, count: int,
     if Address.decode(base).node != hit.node:
         raise ValueError("a segment record naming another node")
     return RemoteRun(base, request_start, hit.position, count, layout, str(rec.get("file", "")),
-                     int(rec.get("foff", 0)), tuple(int(c) for c in rec["crcs"]))
+                     int(rec.get("foff", 0)), tuple(int(c) for c in rec["crcs"]),
+                     tuple(tuple(int(c) for c in p) for p in rec.get("parts", ())))
 
 
 def trim_runs(runs: Sequence[RemoteRun], start: int) -> tuple[RemoteRun, ...]:
@@ -146,7 +171,18 @@ def trim_runs(runs: Sequence[RemoteRun], start: int) -> tuple[RemoteRun, ...]:
         if run.end <= start:
             continue
         cut = max(0, start - run.request_start)
-        out.append(RemoteRun(run.address, run.request_start + cut, run.start_pos + cut,
-                             run.count - cut, run.layout, run.location, run.file_offset,
-                             run.crcs))
+        out.append(replace(run, request_start=run.request_start + cut,
+                           start_pos=run.start_pos + cut, count=run.count - cut))
+    return tuple(out)
+
+
+def runs_of_part(runs: Sequence[RemoteRun], part: int, parts: int) -> tuple[RemoteRun, ...]:
+    """``runs`` as the reader of part ``part`` of ``parts`` sees them (``of_part``); a
+    run of an owner keeping another number of parts ends them (the rest is a miss)."""
+    out = []
+    for run in runs:
+        mine = run.of_part(part, parts)
+        if mine is None:
+            break
+        out.append(mine)
     return tuple(out)

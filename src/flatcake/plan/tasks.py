@@ -159,12 +159,16 @@ class StoreDone:
         request_id, segment_id: the task.
         ok: the bytes are durable (SSD: written and fdatasync'ed).
         bytes_written: bytes written (SSD) or copied into the arena (memory).
+        part, crcs: the tensor-parallel part the worker wrote and the crc32 of each of
+            its layers, when a node service publishes it in a cluster (() otherwise).
     """
 
     request_id: str
     segment_id: int
     ok: bool
     bytes_written: int = 0
+    part: int = 0
+    crcs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

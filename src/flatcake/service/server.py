@@ -25,6 +25,10 @@ engine that steps. It re-attaches on its next call, as after a service restart.
 An attached store's ``servable`` that must wait for a store in flight (``wait_s``) is
 held and answered once that store is durable, failed or rolled back, or its wait is up.
 
+In a cluster (``store.cluster_url`` in the service's configuration) the service is the
+node's member of the cluster index (``service.cluster``): node id = machine, whatever
+the engines' tensor parallelism.
+
 Single-threaded: one loop receives, answers and expires; the books need no lock.
 """
 
@@ -58,6 +62,7 @@ from flatcake.layout import describe_layers
 from flatcake.link import wire
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
+from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
 from flatcake.service.stores import (
     AttachedStore,
     ServableWait,
@@ -114,6 +119,7 @@ class NodeService:
         self._geometry: KVGeometry | None = None
         self._ranks = TensorRanks()
         self._rank_roots: list[Executor] = []
+        self._member: NodeCluster | None = None
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
         self._stores: dict[str, AttachedStore] = {}
@@ -172,8 +178,13 @@ class NodeService:
             self._rank_roots.append(ex)
             self._arenas.append(self._make_arena(part, cfg.store.memory_capacity_bytes))
         settings = ConnectorSettings(config=cfg)
-        self._parts = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0, parts),
-                                         WallClock())
+        books = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0, parts),
+                                   WallClock())
+        if cfg.store.cluster_url:  # the node's member of the cluster index
+            self._member = join_cluster(cfg, geometry, self._rank_roots, self._arenas,
+                                        books.control)
+            books = dataclasses.replace(books, cluster=self._member)
+        self._parts = books
         self._geometry, self._ranks = geometry, ranks
         logger.info("books of %s: %d segments recovered, %s blocks, %s",
                     self.root, self._parts.recovered_segments,
@@ -240,7 +251,8 @@ class NodeService:
             self._ensure_books(geometry, ranks)
             part = ranks.part(rank)
             return WorkerRoot(rank_dir(self.root, part, ranks.parts), self._arenas[part],
-                              self.config, writes=ranks.writes(rank))
+                              self.config, writes=ranks.writes(rank), part=part,
+                              parts=ranks.parts)
         if method == wire.STATUS:
             return self.status()
         if method == wire.ATTACH_STORE:
@@ -284,6 +296,7 @@ class NodeService:
 
     def _attach(self, now: float, name: str, pid: int, geometry: KVGeometry,
                 ranks: TensorRanks, settings: ConnectorSettings) -> Attached:
+        same_cluster(settings.config, self.config)
         parts = self._ensure_books(geometry, ranks)
         engine_id = f"e{self._next_engine}"
         self._next_engine += 1
@@ -304,6 +317,8 @@ class NodeService:
 
     def _attach_store(self, now: float, name: str, pid: int, geometry: KVGeometry
                       ) -> Attached:
+        if self.config.store.cluster_url:
+            raise wire.NodeRefused(STORES_IN_CLUSTER)
         parts = self._ensure_books(geometry, TensorRanks())
         client_id = f"s{self._next_engine}"
         self._next_engine += 1
@@ -422,6 +437,9 @@ class NodeService:
         self._sock.close(0)
         self._ctx.term()
         self.socket.unlink(missing_ok=True)
+        if self._member is not None:  # leave the index before the files go
+            self._member.close()
+            self._member = None
         for ex in self._rank_roots:
             ex.close()
         self._lock.close()

@@ -38,7 +38,40 @@ from flatcake.plan.remote import RemoteRun, remote_runs, segment_record
 
 if TYPE_CHECKING:
     from flatcake.cio.executor import Executor
-    from flatcake.cluster.service import ClusterService
+    from flatcake.cluster.service import ClusterService, Published
+
+
+def session_file(sessions_dir: Path, name: str) -> str | None:
+    """A session file of ``sessions_dir`` by name (the owner side of remote SSD reads);
+    only names of the session file form, only files that exist."""
+    file_id = parse_session_file_name(name)
+    if file_id is None:
+        return None
+    path = sessions_dir / session_file_name(file_id)
+    return str(path) if path.is_file() else None
+
+
+def segment_crcs(executor: Executor, seg: Segment) -> tuple[int, ...] | None:
+    """crc32 of each layer of a durable segment ``executor`` wrote or recovered: an SSD
+    segment's from its header (the executor's crc book), a memory segment's computed
+    from the arena (None: unknown, do not publish)."""
+    if seg.medium == Medium.SSD:
+        with executor.lock:
+            book = executor.crcs.get((int(seg.file_id or 0), int(seg.file_offset or 0)))
+            return None if book is None else book.layers
+    lay = seg.layout
+    view = executor.arena.view(seg.offset, lay.data_bytes).numpy().data
+    return tuple(crc32(view[lay.layer_offset(i):lay.layer_offset(i) + lay.layer_bytes(i)])
+                 for i in range(lay.num_layers))
+
+
+def published(seg: Segment, crcs: Sequence[int], parts: Sequence[Sequence[int]] = ()
+              ) -> Published:
+    """The index entry of a durable segment: ``(segment id, keys, block addresses,
+    record)`` (``parts``: every tensor-parallel part's crcs, for a node of several)."""
+    location = session_file_name(int(seg.file_id)) if seg.file_id is not None else ""
+    return (seg.segment_id, seg.keys, [seg.block_address(0, i) for i in range(seg.num_blocks)],
+            segment_record(seg, crcs, location, parts))
 
 
 class StoreCluster:
@@ -63,36 +96,16 @@ class StoreCluster:
         executor.readers.remote_source = self.service.reader
 
     def _file(self, name: str) -> str | None:
-        """A session file of this store by name (the owner side of remote SSD reads);
-        only names of the session file form, only files that exist."""
-        file_id = parse_session_file_name(name)
-        if file_id is None:
-            return None
-        path = self._sessions / session_file_name(file_id)
-        return str(path) if path.is_file() else None
+        return session_file(self._sessions, name)
 
     def segment_crcs(self, seg: Segment) -> tuple[int, ...] | None:
         """crc32 of each layer of a durable segment (None: unknown, do not publish)."""
-        if seg.medium == Medium.SSD:
-            with self._exec.lock:
-                book = self._exec.crcs.get((int(seg.file_id or 0), int(seg.file_offset or 0)))
-                return None if book is None else book.layers
-        lay = seg.layout
-        view = self._exec.arena.view(seg.offset, lay.data_bytes).numpy().data
-        return tuple(crc32(view[lay.layer_offset(i):lay.layer_offset(i) + lay.layer_bytes(i)])
-                     for i in range(lay.num_layers))
+        return segment_crcs(self._exec, seg)
 
     def publish(self, segments: Sequence[tuple[Segment, Sequence[int] | None]]) -> None:
         """Queue durable segments (with their crcs; None = skipped) for the index."""
-        entries = []
-        for seg, crcs in segments:
-            if crcs is None:
-                continue
-            location = session_file_name(int(seg.file_id)) if seg.file_id is not None else ""
-            entries.append((seg.segment_id, seg.keys,
-                            [seg.block_address(0, i) for i in range(seg.num_blocks)],
-                            segment_record(seg, crcs, location)))
-        self.service.publish(entries)
+        self.service.publish([published(seg, crcs) for seg, crcs in segments
+                              if crcs is not None])
 
     def republish(self, control: ControlPlane) -> None:
         """After recovery: every SSD segment the books kept, under the new epoch."""
