@@ -14,7 +14,9 @@ dependency of the project: ``--lmcache-path DIR`` names a folder holding it, e.g
 with ``--disable-observability``). Repeat ``r`` runs them in
 order when r is even, reversed when odd (none, flatcake, flatcake, none, ...), each on a
 fresh server; on each server every working set gets one loadgen run: its ``--warmup`` pass
-(one visit of each prompt, not measured), then ``--duration`` measured seconds. Seeds are the same
+(one visit of each prompt, not measured), then ``--duration`` measured seconds; with
+``--trace``, one more run replays a trace's sessions (``flatcake loadgen --trace``, scaled
+to the server's context) for ``--trace-duration`` seconds. Seeds are the same
 for every configuration and differ between working sets, so each server sees the same
 prompts and no two working sets share one. Each stop is SIGINT to the API server
 (``--stop group``: to its whole process group, as a terminal's Ctrl-C) with
@@ -53,6 +55,7 @@ STOP_WAIT_S = 90
 RESERVED_CPUS = 1  # vLLM's own default on x86 for one rank without a KV connector
 BLOCK = 32
 CONFIGS = ("none", "flatcake", "lmcache")
+TRACE_KINDS = ("agent", "chat", "mixed")
 # What the server log says when a stop was not clean.
 STOP_EVENTS = {
     "a worker died": r"died unexpectedly",
@@ -86,13 +89,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def model_thread(pgid: int) -> tuple[float, float]:
+    """Seconds the worker's main thread (it runs the model) in process group ``pgid`` ran
+    so far, and seconds it was runnable but waited for a core
+    (``/proc/PID/task/PID/schedstat``); zeros when there is no worker."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "comm").read_text().strip() != WORKER:
+                continue
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            run, wait = (proc / "task" / proc.name / "schedstat").read_text().split()[:2]
+            return int(run) / 1e9, int(wait) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return 0.0, 0.0
+
+
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 # A server's processes by their name (``comm``); the rest (the API server, its helpers)
 # count as "api".
-ROLES = {"VLLM::Worker": "worker", "VLLM::EngineCor": "engine"}
+WORKER = "VLLM::Worker"
+ROLES = {WORKER: "worker", "VLLM::EngineCor": "engine"}
 
 
 def cpu_seconds(pgid: int) -> dict[str, float]:
@@ -258,15 +279,23 @@ class Server:
                 "clean": not events, "events": events}
 
 
-def loadgen(args: argparse.Namespace, url: str, ws: int, seed: int, out: Path) -> dict:
-    """One loadgen run: its warm-up (one visit of each prompt), then ``--duration``
-    measured seconds on the same stream."""
-    cmd = [sys.executable, "-m", "flatcake.cli", "loadgen", url, "--working-set", str(ws),
-           "--prompt-tokens", str(args.prompt_tokens), "--suffix-tokens", "32",
+def loadgen(args: argparse.Namespace, url: str, ws: int | None, seed: int, out: Path) -> dict:
+    """One loadgen run: a working set's warm-up (one visit of each prompt), then
+    ``--duration`` measured seconds on the same stream; ``ws`` None: ``--trace``'s
+    sessions from the start for ``--trace-duration`` seconds."""
+    if ws is None:
+        source = (["--workload", args.trace] if args.trace in TRACE_KINDS
+                  else ["--trace", args.trace])
+        workload = [*source, "--duration", str(args.trace_duration)]
+        if args.trace_sessions:
+            workload += ["--sessions", str(args.trace_sessions)]
+    else:
+        workload = ["--working-set", str(ws), "--prompt-tokens", str(args.prompt_tokens),
+                    "--suffix-tokens", "32", "--warmup", "--duration", str(args.duration)]
+    cmd = [sys.executable, "-m", "flatcake.cli", "loadgen", url, *workload,
            "--max-tokens", str(args.max_tokens), "--vocab-size", "512",
            "--concurrency", str(args.concurrency), "--seed", str(seed), "--timeout", "300",
-           "--json", "--no-plots", "--out", str(out), "--warmup",
-           "--duration", str(args.duration)]
+           "--json", "--no-plots", "--out", str(out)]
     if args.session_ids:
         cmd.append("--session-ids")
     done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=1200)
@@ -303,7 +332,7 @@ def table(results: list[dict], working_sets: list[int]) -> str:
     lines = ["| working set | config | TTFT p50 (s) | TTFT p95 (s) | cached share | "
              "req/s | errors | CPU s: worker / engine / API | load avg (1 min) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for ws in working_sets:
+    for ws in [*working_sets, None]:
         for config in CONFIGS:
             runs = [r for r in results if r["config"] == config and r["working_set"] == ws]
             if not runs:
@@ -311,7 +340,8 @@ def table(results: list[dict], working_sets: list[int]) -> str:
             pct = [dict(r, summary={k: (v * 100 if isinstance(v, float) else v)
                                     for k, v in r["summary"].items()}) for r in runs]
             lines.append(
-                f"| {ws} prompts | {config} | {cell(runs, 'ttft_p50_s', '.3f')} | "
+                f"| {'trace' if ws is None else f'{ws} prompts'} | {config} | "
+                f"{cell(runs, 'ttft_p50_s', '.3f')} | "
                 f"{cell(runs, 'ttft_p95_s', '.3f')} | {cell(pct, 'cached_share', '.1f')} % | "
                 f"{cell(runs, 'req_per_s', '.2f')} | "
                 f"{sum(r['summary']['errors'] for r in runs)} | "
@@ -345,6 +375,14 @@ def main() -> int:
                    help="a folder holding the lmcache package (for --configs lmcache)")
     p.add_argument("--session-ids", action="store_true",
                    help="loadgen sends each prompt's session id")
+    p.add_argument("--trace", default=None, metavar="FILE|agent",
+                   help="after the working sets, one run of a trace's sessions (a trace "
+                        "file, scaled to --max-model-len, or a built-in workload: "
+                        f"{', '.join(TRACE_KINDS)}) on each server, named <run>-trace")
+    p.add_argument("--trace-sessions", type=int, default=None,
+                   help="the trace's first N sessions (default: all)")
+    p.add_argument("--trace-duration", type=float, default=180.0,
+                   help="measured seconds of the trace run (default 180)")
     p.add_argument("--docs-out", type=Path, default=None, metavar="FILE",
                    help="also write the tables to FILE for the docs site "
                         "(docs/results/generated/engine.md)")
@@ -381,16 +419,21 @@ def main() -> int:
                               "session_files": None, "flatcake_metrics": {}})
                 continue
             try:
-                for k, ws in enumerate(working_sets):
+                for k, ws in enumerate([*working_sets, *([None] if args.trace else [])]):
                     before, cpu0 = loadavg(), cpu_seconds(server.proc.pid)
-                    summary = loadgen(args, server.url, ws, k + 1,
-                                      args.out / "runs" / f"{tag}-ws{ws}")
+                    wait0 = model_thread(server.proc.pid)
+                    summary = loadgen(args, server.url, ws, k + 1, args.out / "runs" /
+                                      f"{tag}-{'trace' if ws is None else f'ws{ws}'}")
                     cpu = {k: round(v - cpu0[k], 2)
                            for k, v in cpu_seconds(server.proc.pid).items()}
                     results.append({"repeat": r, "config": config, "working_set": ws,
                                     "summary": summary, "cpu_s": cpu, "load_before": before,
-                                    "load_after": loadavg()})
-                    print(f"[{time.monotonic() - began:6.0f} s]   {ws} prompts: TTFT p50 "
+                                    "load_after": loadavg(), "model_thread_s": [
+                                        round(b - a, 3) for a, b in zip(
+                                            wait0, model_thread(server.proc.pid),
+                                            strict=True)]})
+                    print(f"[{time.monotonic() - began:6.0f} s]   "
+                          f"{'trace' if ws is None else f'{ws} prompts'}: TTFT p50 "
                           f"{summary['ttft_p50_s']:.3f} s, cached "
                           f"{100 * (summary['cached_share'] or 0):.1f} %, "
                           f"{summary['req_per_s']:.2f} req/s, CPU s worker "
@@ -416,7 +459,10 @@ def main() -> int:
         f"MiB memory + {args.flatcake_ssd_mib} MiB SSD; {args.repeats} repeats, "
         f"alternating. Cells: mean (each repeat). CPU s: what each process of the "
         f"server used during the loadgen run, its warm-up included (user + system, all "
-        f"threads).", "",
+        f"threads)." + (
+            f" Trace row: {args.trace}'s sessions from the first, {args.trace_duration:g} s, "
+            "no warm-up, after the working sets on the same server." if args.trace else ""),
+        "",
         table(results, working_sets), "",
         f"| server | start (s) | stop (s, SIGINT to the {args.stop}) | stopped | "
         "session files |",

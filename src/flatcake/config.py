@@ -243,7 +243,8 @@ class StoreConfig:
     session is durable, the window rows of its older turns are punched out of the
     session file, so a session holds about one window per sliding layer on SSD; a hit
     ending at an older turn (a branch off it) is then cut back and recomputed. False
-    keeps every turn's window until the session is reclaimed.
+    keeps every turn's window until the session is reclaimed (as the node service
+    does for now).
     """
 
     root: str = "./flatcake-data"

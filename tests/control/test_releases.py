@@ -24,7 +24,7 @@ def plane(release: bool = True) -> ControlPlane:
                                            ssd_capacity_bytes=1 << 26,
                                            session_file_bytes=1 << 24,
                                            release_old_windows=release))
-    return ControlPlane(G, cfg, ManualClock(), planner=plan_reads)
+    return ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
 
 
 def store(cp: ControlPlane, session: str, ks: list[bytes], turn: int) -> None:
@@ -65,8 +65,9 @@ def test_only_the_same_sessions_turns_run_through_to_their_end_are_released() ->
     store(cp, "a", ks[:3] + skeys("c", 5), 1)  # a branch inside turn 0: nothing released
     assert [s.layout.released for s in cp.segments()] == [(), (), ()]
     assert cp.take_window_releases() == []
-    off = plane(release=False)
-    store(off, "a", ks[:4], 0)
-    store(off, "a", ks[:8], 1)
-    assert [s.layout.released for s in off.segments()] == [(), ()]
-    assert off.lookup(ks[:4]).num_blocks == 4
+    for off in (plane(release=False), ControlPlane(G, plane().config, ManualClock())):
+        # Off, or a host that punches nothing (the default): every window kept.
+        store(off, "a", ks[:4], 0)
+        store(off, "a", ks[:8], 1)
+        assert [s.layout.released for s in off.segments()] == [(), ()]
+        assert off.lookup(ks[:4]).num_blocks == 4

@@ -58,3 +58,19 @@ def test_cpu_seconds_are_counted_per_process_of_the_servers_group(compare):
         child.communicate("", timeout=30)
     assert cpu["worker"] >= 0.25 and cpu["engine"] == 0.0  # /proc counts whole ticks
     assert compare.cpu_seconds(os.getpgid(0))["worker"] == 0.0  # another group
+
+
+def test_the_model_threads_run_and_wait_are_read(compare):
+    burn = ("import sys, time\n"
+            "open('/proc/self/comm', 'w').write('VLLM::Worker')\n"
+            "while time.process_time() < 0.3: pass\n"
+            "print('done', flush=True); sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        run, wait = compare.model_thread(child.pid)
+    finally:
+        child.communicate("", timeout=30)
+    assert run >= 0.25 and wait >= 0.0  # schedstat counts nanoseconds
+    assert compare.model_thread(os.getpgid(0)) == (0.0, 0.0)  # no worker in this group

@@ -117,3 +117,19 @@ def test_a_run_whose_first_requests_all_fail_stops_with_the_first_error() -> Non
 def test_bad_pacing_is_refused(kw: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Pacing(**kw)
+
+
+def test_each_record_names_its_prompt_blocks_as_runs() -> None:
+    result = run(workload(2, 3), Pacing(concurrency=1, duration_s=30), Sender(0.0))
+    for r in result.records:
+        s = int(r.session_id[1:])
+        assert r.blocks == ((s * 100, s * 100 + r.turn + 1),)
+        assert r.to_json()["blocks"] == [[s * 100, s * 100 + r.turn + 1]]
+
+
+def test_id_runs_splits_where_ids_are_not_consecutive() -> None:
+    from flatcake.loadgen.driver import id_runs
+
+    assert id_runs(np.array([7, 8, 9, 3, 4, 12], dtype=np.int64)) == ((7, 10), (3, 5),
+                                                                        (12, 13))
+    assert id_runs(np.zeros(0, dtype=np.int64)) == ()

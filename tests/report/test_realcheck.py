@@ -53,7 +53,8 @@ def folder(tmp_path: Path) -> Path:
 
 
 def args(folder: Path, *more: str) -> list[str]:
-    return [str(folder), "--engine-blocks", "8", "--geometry", "2,1,16", *more]
+    return [str(folder), "--engine-blocks", "8", "--block-tokens", "32", "--geometry",
+            "2,1,16", "--memory-mib", "32", "--ssd-mib", "2048", *more]
 
 
 def test_fitted_costs(folder: Path) -> None:
@@ -85,7 +86,7 @@ def test_cache_too_small_predicts_no_hits(folder: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     # 4 blocks hold one request (3 blocks + its output): round robin over 2 prompts
     # finds nothing in the engine's cache, while FlatCake's store still holds both.
-    assert realcheck.main([str(folder), "--engine-blocks", "4", "--geometry", "2,1,16"]) == 0
+    assert realcheck.main([*args(folder)[:1], "--engine-blocks", "4", *args(folder)[3:]]) == 0
     out = capsys.readouterr().out
     assert "66.7 % / 0.0 % (-66.7 points)" in out
     assert "66.7 % / 66.7 % (+0.0 points)" in out
@@ -102,7 +103,7 @@ def test_not_a_loadgen_result(tmp_path: Path, make: str,
         d.mkdir()
         (d / "summary.json").write_text("{}")
         (d / "requests.jsonl").write_text("not json\n")
-        want = "not a working-set sweep's summary"
+        want = "not loadgen's summary"
     elif make == "no-figures":
         write_run(tmp_path, "r0-none-ws2", 0.1)
         summary = tmp_path / "runs" / "r0-none-ws2" / "summary.json"
@@ -119,3 +120,42 @@ def test_not_a_loadgen_result(tmp_path: Path, make: str,
     assert realcheck.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert want in err and "Traceback" not in err
+
+
+def trace_run(records: list[dict], block_tokens: int) -> engine_runs.Run:
+    return engine_runs.Run("r0-none-trace", "none", None, records, [], {}, block_tokens)
+
+
+def sent(i: int, blocks: list[list[int]], tokens: int) -> dict:
+    return {"index": i, "sent_s": float(i), "blocks": blocks, "prompt_tokens_sent": tokens,
+            "prompt_tokens": tokens, "completion_tokens": 2}
+
+
+def test_trace_blocks_become_the_engines_blocks() -> None:
+    # Loadgen blocks of 8 tokens, engine blocks of 32: request 1 extends request 0's 5
+    # blocks (40 tokens) to 9 (72 tokens) + 3 tokens of its own; request 2 shares only
+    # the first 3 blocks (24 tokens: less than an engine block) with them.
+    run = trace_run([sent(0, [[10, 15]], 40), sent(1, [[10, 19]], 75),
+                     sent(2, [[10, 13], [50, 52]], 40)], 8)
+    reqs = realcheck.engine_requests(run, 32)
+    first, second, third = (blocks for _, blocks, _, _ in reqs)
+    assert len(first) == 2 and len(second) == 3 and len(third) == 2  # ceil(tokens / 32)
+    assert second[0] == first[0]  # the 32 tokens of ids 10..13
+    assert second[1] not in first  # tokens 32..63 were never sent before
+    assert first[1] >= 1 << 40  # request 0's tokens 32..39: a partial block, never shared
+    assert second[2] >= 1 << 40  # tokens 64..74 reach into request 1's own tail
+    assert third[0] not in first + second  # ids 50, 51 change tokens 24..31
+
+
+def test_a_whole_prompt_is_never_all_served() -> None:
+    # 64 tokens sent twice: vLLM computes the last token, so only block 0 is shared.
+    run = trace_run([sent(0, [[1, 3]], 64), sent(1, [[1, 3]], 64)], 32)
+    (_, a, _, _), (_, b, _, _) = realcheck.engine_requests(run, 32)
+    assert a[0] == b[0] and a[1] != b[1]
+
+
+def test_working_set_prompt_is_one_loadgen_block() -> None:
+    # A working-set visit: one id of 512 tokens + a 32-token question: 16 shared blocks.
+    run = trace_run([sent(0, [[7, 8]], 544), sent(1, [[7, 8]], 544)], 512)
+    (_, a, _, _), (_, b, _, _) = realcheck.engine_requests(run, 32)
+    assert a[:16] == b[:16] and len(set(a[:16])) == 16 and a[16] != b[16]

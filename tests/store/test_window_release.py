@@ -95,6 +95,7 @@ def test_a_sessions_sliding_bytes_stay_within_its_window(tmp_path: Path,
             allocated = os.stat(path).st_blocks * 512
             assert allocated <= ALIGN + (t + 1) * (full + 2 * ALIGN) + WINDOW * 2 * row
         assert store.control.stats().window_bytes_released > 0
+        store.control.check_integrity()
         assert store.fsck().clean  # released layers are not checked: they are gone
         dst = paged(g, total)
         res = store.load(keys, dst, slots)
@@ -159,23 +160,33 @@ def test_a_crash_before_the_punch_loses_nothing(tmp_path: Path,
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
         for t, end in enumerate((5, 10, 15)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
-        assert [s.layout.released for s in store.control.segments()] == \
-            [(2, 3), (2, 3), ()]
+        books = [s.layout.released for s in store.control.segments()]
+        assert books == [(2, 3), (2, 3), ()]
+    path = the_file(tmp_path)
+    whole = os.stat(path).st_blocks
+    with FlatCakeStore.open(tmp_path, g, small_config(
+            "store.release_old_windows=false")) as store:
+        assert store.fsck().clean  # nothing punched: every row there, and checked
+        assert [s.layout.released for s in store.control.segments()] == [(), (), ()]
     monkeypatch.undo()
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
-        # No hole: every row is still there, served and checked as written.
-        assert [s.layout.released for s in store.control.segments()] == [(), (), ()]
+        # The restart releases them again (the same books) and punches them now.
+        assert [s.layout.released for s in store.control.segments()] == books
+        assert os.stat(path).st_blocks < whole
         assert store.fsck().clean
-        for end in (5, 10, 15):
+        for end, served in ((5, 0), (10, 0), (15, 15)):
             dst = paged(g, 20)
             res = store.load(keys[:end], dst, slots)
-            assert (res.num_blocks, res.damaged_segments) == (end, 0)
-            assert_restored(dst, src, slots, end)
-        # The next turn releases them for good.
+            assert (res.num_blocks, res.damaged_segments) == (served, 0)
+            assert_restored(dst, src, slots, served)
+        # The next turn releases the one before it.
         store.store_turn("s", keys[:20], src, range(20), TurnSignals(3, 0))
         assert [s.layout.released for s in store.control.segments()] == \
             [(2, 3), (2, 3), (2, 3), ()]
         assert store.fsck().clean
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        assert [s.layout.released for s in store.control.segments()] == \
+            [(2, 3), (2, 3), (2, 3), ()]
 
 
 def test_inspect_shows_the_released_bytes(tmp_path: Path,
@@ -199,3 +210,50 @@ def test_inspect_shows_the_released_bytes(tmp_path: Path,
     out = capsys.readouterr().out
     assert "sliding layers on SSD: 24.00 KiB (24.00 KiB saved: only the window is " \
            "stored; 48.00 KiB released: older turns' windows)" in out
+
+
+def test_a_copy_made_on_restore_holds_no_released_rows(tmp_path: Path) -> None:
+    """copy_on_restore: a released turn's memory copy (written from a restore, which
+    does not read its window rows) claims none of them, so a hit ending there is still
+    cut back rather than served the slots' stale bytes."""
+    g = GEOMETRIES["staging"]
+    src = paged(g, 15, seed=26)
+    keys = session_keys(26, 15, g)
+    cfg = small_config("placement.memory_copy_watermark=1.0",
+                       "placement.copy_on_restore=true")
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((5, 10, 15)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:  # a restart: no copies yet
+        dst = paged(g, 15)
+        first = store.load(keys, dst, range(15))
+        assert (first.num_ssd_blocks, first.damaged_segments) == (15, 0)
+        assert store.control.stats().num_memory_copies == 3
+        assert store.lookup(keys).num_memory_blocks == 15
+        assert store.lookup(keys[:10]).num_blocks == 0
+        dst = paged(g, 15)
+        again = store.load(keys, dst, range(15))
+        assert (again.num_blocks, again.bytes_read) == (15, 0)
+        assert_restored(dst, src, list(range(15)), 15)
+        store.control.check_integrity()
+
+
+def test_copies_made_when_stored_keep_serving_their_rows(tmp_path: Path) -> None:
+    """A memory copy written with its turn holds the real rows: while it lives, a hit
+    ending at that turn is served from it, byte for byte, though its home's rows on
+    SSD are released."""
+    g = GEOMETRIES["staging"]
+    src = paged(g, 15, seed=28)
+    keys = session_keys(28, 15, g)
+    cfg = small_config("placement.memory_copy_watermark=1.0")
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:
+        for t, end in enumerate((5, 10, 15)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+        assert [s.layout.released for s in store.control.segments()] == \
+            [(2, 3), (2, 3), ()]
+        assert store.control.stats().num_memory_copies == 3
+        store.control.check_integrity()
+        dst = paged(g, 15)
+        res = store.load(keys[:10], dst, range(15))
+        assert (res.num_blocks, res.bytes_read, res.damaged_segments) == (10, 0, 0)
+        assert_restored(dst, src, list(range(15)), 10)

@@ -182,7 +182,7 @@ def _released(fd: int, offset: int, layout: SegmentLayout) -> tuple[int, ...]:
     if not layout.layer_window_blocks:
         return ()
     out: list[int] = []
-    for w in window_layers(layout.layer_window_blocks):
+    for w, _ in window_layers(layout.layer_window_blocks):
         pages = window_pages(layout, w)
         if pages and offset + pages[0][1] <= os.fstat(fd).st_size and \
                 is_hole(fd, offset + pages[0][0]):

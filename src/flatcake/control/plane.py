@@ -101,13 +101,16 @@ class ControlPlane(Books):
     ``geometry``, ``config``, ``clock``, ``node_id`` and ``planner`` (the read planner
     ``prepare_load`` uses when its caller names none: ``ControlPlane(...,
     planner=plan_reads)``; the books import no planner) are fixed at construction.
+    ``release_windows``: the host punches released window rows out of its files
+    (``take_window_releases``), so the books release them (with
+    ``store.release_old_windows``); a host that does not keeps every window.
     ``index``, ``arena``, ``ssd``, ``copies``, ``scheduler``: the parts, for the control
     plane's own modules and white-box tests; hosts use the query methods.
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig | None = None,
                  clock: Clock | None = None, *, planner: ReadPlanner | None = None,
-                 file_header_bytes: int = ALIGN) -> None:
+                 file_header_bytes: int = ALIGN, release_windows: bool = False) -> None:
         if not isinstance(geometry, KVGeometry):
             raise ValueError(f"geometry must be a KVGeometry, got {type(geometry).__name__}")
         cfg = self._config = config if config is not None else FlatCakeConfig()
@@ -138,7 +141,8 @@ class ControlPlane(Books):
         reclaimer = self._reclaimer = Reclaimer(cfg, index, arena, ssd, copies, sessions,
                                                 spare, damage, actions, pending, loads)
         releases = self._releases = Releases(index, geometry.layer_window_blocks) \
-            if store.release_old_windows and geometry.layer_window_blocks else None
+            if release_windows and store.release_old_windows and \
+            geometry.layer_window_blocks else None
         self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions, ids,
                               spare, early, reclaimer, pending, releases)
         self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
@@ -323,9 +327,18 @@ class ControlPlane(Books):
                       other_file_ids: Iterable[int] = (),
                       mismatch: Literal["quarantine", "refuse"] = "quarantine") -> Recovery:
         """Re-index every valid segment of ``scans`` and decide each file's fate (see
-        ``control.restart``); the data plane then acts on ``Recovery.files``."""
-        return self._restart.recover_files(scans, other_file_ids=other_file_ids,
-                                           mismatch=mismatch)
+        ``control.restart``); the data plane then acts on ``Recovery.files``. With
+        window releases on, each file's turns release what they would have on publish
+        (``Releases.after_recovery``; the data plane takes them as usual)."""
+        rec = self._restart.recover_files(scans, other_file_ids=other_file_ids,
+                                          mismatch=mismatch)
+        if self._releases is not None:
+            kept = {v.file_id: v.segment_ids for v in rec.files if v.segment_ids}
+            self._releases.after_recovery(
+                [(self.index.segment(i), s.header.first_block)
+                 for i, s in zip(kept[scan.file_id], scan.segments, strict=False)]
+                for scan in scans if scan.file_id in kept)
+        return rec
 
     # -- integrity (``integrity``) ------------------------------------------------------
 

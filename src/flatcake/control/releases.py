@@ -12,7 +12,7 @@ others wait for the next call. No I/O; single-threaded, like every verb.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from flatcake.control.index import BlockIndex, HitRun, Segment
 from flatcake.control.types import LoadPlan, WindowRelease
@@ -52,6 +52,21 @@ class Releases:
                 continue
             self._index.replace(dataclasses.replace(cur, layout=lay.release(tuple(done))))
             self._queued.append(WindowRelease(cur.segment_id, cur.file_id, tuple(pages)))
+
+    def after_recovery(self, files: Iterable[Sequence[tuple[Segment, int]]]) -> None:
+        """Restart: each file's re-indexed segments, in file order with their first
+        request block, release what they would have on publish, along the run of
+        segments that continue one another (each starting where the one before it
+        ends): rows the books had released before a crash came before the punch are
+        released again, so the books are the same as before it."""
+        for segments in files:
+            chain: list[HitRun] = []
+            for seg, first in segments:
+                if chain and chain[-1].prefix_start + chain[-1].num_blocks == first:
+                    self.after_publish(seg, chain, first)
+                else:
+                    chain = []
+                chain.append(HitRun(seg, 0, seg.num_blocks, first))
 
     def take(self, loads: Mapping[Hashable, LoadPlan]) -> list[WindowRelease]:
         """The queued releases whose segment no restore in flight reads (with the rows:

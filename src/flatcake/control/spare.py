@@ -132,6 +132,8 @@ class Spare:
                 continue
             layout = SegmentLayout.for_memory(seg.num_blocks, g.layer_block_bytes,
                                               g.layer_window_blocks)
+            if seg.layout.released:  # rows the restore does not read: none to copy
+                layout = layout.release(seg.layout.released)
             copy = self.allocate(self._sessions[seg.session_id], seg, layout)
             if copy is None:
                 break

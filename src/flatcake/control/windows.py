@@ -25,6 +25,7 @@ back, to nothing when every older turn is released; it recomputes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from flatcake.control.address import Medium
@@ -32,14 +33,16 @@ from flatcake.control.index import EMPTY_HIT, HitRun, PrefixHit, Segment
 from flatcake.layout import ALIGN, SegmentLayout
 
 
-def window_layers(windows: tuple[int, ...]) -> dict[int, int]:
-    """Each distinct window (blocks, > 0) -> the first layer having it (all layers of a
-    window are released together, so one stands for the rest)."""
+@functools.cache
+def window_layers(windows: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Each distinct window (blocks, > 0) with the first layer having it (all layers of
+    a window are released together, so one stands for the rest). Cached: lookups ask
+    for the geometry's on every hit."""
     out: dict[int, int] = {}
     for layer, w in enumerate(windows):
         if w:
             out.setdefault(w, layer)
-    return out
+    return tuple(out.items())
 
 
 def window_held(runs: tuple[HitRun, ...], end_run: int, window: int,
@@ -62,7 +65,7 @@ def window_held(runs: tuple[HitRun, ...], end_run: int, window: int,
 def windowed_hit(hit: PrefixHit, windows: tuple[int, ...]) -> PrefixHit:
     """``hit``, cut back to its last run boundary where every window of ``windows``
     (each layer's window in blocks; 0 none) is held (``hit`` itself when its end is)."""
-    reps = window_layers(windows).items()
+    reps = window_layers(windows)
     runs = hit.runs
     for end in range(len(runs) - 1, -1, -1):
         if all(window_held(runs, end, w, layer) for w, layer in reps):

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from flatcake.loadgen.client import Reply
 from flatcake.loadgen.workload import Session, Turn, Workload
 
@@ -89,7 +91,10 @@ class Record:
     """One request as the JSONL line records it (times in s from the run's start).
 
     ``reusable_tokens``: the prompt's leading tokens an earlier request already sent
-    (what an infinite prefix cache could serve); ``queue_s``: sent minus due.
+    (what an infinite prefix cache could serve); ``queue_s``: sent minus due;
+    ``blocks``: the prompt's block ids as runs of consecutive ids ``(first, end)``, so
+    the JSONL says exactly which prompts shared which tokens (``report.realcheck``
+    replays a run from it); the prompt's tokens past its blocks are its own.
     """
 
     index: int
@@ -100,6 +105,7 @@ class Record:
     prompt_tokens_sent: int
     reusable_tokens: int
     reply: Reply
+    blocks: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         r = self.reply
@@ -111,7 +117,19 @@ class Record:
                 "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
                 "reusable_tokens": self.reusable_tokens,
                 "completion_tokens": r.completion_tokens, "status": r.status,
-                "error": r.error}
+                "error": r.error, "blocks": [list(b) for b in self.blocks]}
+
+
+def id_runs(block_ids: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """``block_ids`` as runs of consecutive ids, each ``(first, end)`` (end exclusive)."""
+    ids = np.asarray(block_ids, dtype=np.int64)
+    if not len(ids):
+        return ()
+    cut = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate([[0], cut])
+    ends = np.concatenate([cut, [len(ids)]])
+    return tuple((int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip(starts, ends,
+                                                                     strict=True))
 
 
 @dataclass(slots=True)
@@ -242,7 +260,8 @@ def run(workload: Workload, pacing: Pacing, send: Sender,
             sent = time.perf_counter() - start
             reply = send(job, prompt)
             done.put(Record(job.index, job.session_id, job.turn_index, job.due_s, sent,
-                            len(prompt), job.reusable_tokens, reply))
+                            len(prompt), job.reusable_tokens, reply,
+                            id_runs(job.turn.block_ids)))
         finally:
             books.finish(job, reply)  # after the put: idle means every record is queued
 

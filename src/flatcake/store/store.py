@@ -38,7 +38,6 @@ queue; it is never cancelled.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
@@ -125,8 +124,8 @@ class FlatCakeStore:
             self._attach(geometry, config, clock)
         else:
             self._exec = Executor(root, geometry, config)
-            self.config = config = self._release_check(config)
-            self.control = ControlPlane(geometry, config, clock)
+            self.control = ControlPlane(geometry, config, clock,
+                                        release_windows=self._can_release(config))
         self.io_mode = self._exec.io_mode
         self._lock = threading.Lock()
         self._unpinned = threading.Condition(self._lock)
@@ -140,6 +139,7 @@ class FlatCakeStore:
             return
         try:
             self.recovery = recover_root(self._exec, self.control, verify_on_open)
+            self._release_windows()  # what a crash left unpunched
             write_record(root, geometry, config, self.io_mode)  # for offline `inspect`
             if config.store.cluster_url:
                 if geometry.layer_window_blocks:
@@ -171,18 +171,17 @@ class FlatCakeStore:
         self._exec = Executor(where.store_dir, geometry, self.config,
                               arena_path=where.arena_path)
 
-    def _release_check(self, config: FlatCakeConfig) -> FlatCakeConfig:
-        """``config``, with ``store.release_old_windows`` off where the root's
-        filesystem cannot punch holes and find them again (``cio.holes``)."""
+    def _can_release(self, config: FlatCakeConfig) -> bool:
+        """Whether this store punches released window rows out of its files: with
+        ``store.release_old_windows``, where the root's filesystem can punch holes and
+        find them again (``cio.holes``; the log says why not)."""
         if not (config.store.release_old_windows and self.geometry.layer_window_blocks):
-            return config
+            return False
         why = holes_work(self._exec.files.sessions_dir)
-        if not why:
-            return config
-        logger.warning("store.release_old_windows is off for %s: %s; every turn keeps "
-                       "its window rows until its session is reclaimed", self.root, why)
-        return dataclasses.replace(config, store=dataclasses.replace(
-            config.store, release_old_windows=False))
+        if why:
+            logger.warning("store.release_old_windows is off for %s: %s; every turn keeps "
+                           "its window rows until its session is reclaimed", self.root, why)
+        return not why
 
     def _release_windows(self) -> None:
         """Punch out the window rows the books released (under the lock: a later cut
