@@ -17,6 +17,7 @@ Presets name the public model config they come from.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,6 +195,18 @@ class KVGeometry:
             out[grp.kind] = out.get(grp.kind, 0) + sum(layer_bytes[at:at + grp.num_layers])
             at += grp.num_layers
         return out
+
+    def whole_entry_tokens(self, tokens: int) -> int:
+        """The smallest multiple of ``tokens`` that holds whole entries of every group
+        (a block size this geometry accepts)."""
+        return math.lcm(tokens, *(grp.tokens_per_entry for grp in self.layer_groups))
+
+    @property
+    def history_block_bytes(self) -> int:
+        """Bytes of one block in the layers that keep every block: a windowed layer
+        keeps its window only, however long the history grows."""
+        windows = self.layer_window_blocks or (0,) * self.num_layers
+        return sum(b for b, w in zip(self.layer_block_bytes, windows, strict=True) if not w)
 
     @property
     def is_uniform(self) -> bool:

@@ -90,6 +90,9 @@ class ReadPlan:
         bytes_read: SSD bytes read (``useful_bytes + gap_bytes``).
         num_copies: arena copy ops over all layers.
         memory_bytes: bytes copied out of the arena.
+        layer_commands: SSD read commands of each layer, in layer order, where the
+            planner counts them (the bulk planner, for layers of different sizes);
+            empty otherwise.
     """
 
     layers: tuple[LayerPlan, ...]
@@ -101,6 +104,7 @@ class ReadPlan:
     bytes_read: int
     num_copies: int
     memory_bytes: int
+    layer_commands: tuple[int, ...] = ()
 
 
 ReadPlanner = Callable[..., ReadPlan]

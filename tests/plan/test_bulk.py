@@ -110,6 +110,8 @@ def test_stream_totals_equal_the_stream_planner(
 def _assert_same_totals(got: ReadPlan, want: ReadPlan) -> None:
     for field in FIELDS:
         assert getattr(got, field) == getattr(want, field), field
+    if got.layer_commands:  # counted per layer for layers of different sizes
+        assert got.layer_commands == tuple(len(lp.ssd_ops) for lp in want.layers)
 
 
 def test_overlapping_runs_are_rejected_like_plan_reads() -> None:

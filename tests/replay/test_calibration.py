@@ -80,8 +80,11 @@ def test_explain_states_the_geometry_and_where_costs_come_from(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--explain"]) == 0
     text = capsys.readouterr().out
-    assert "geometry deepseek-v4-flash-fp8: 22 layers" in text
-    assert "11,456 B per block per layer" in text and "padding" in text
+    assert "geometry deepseek-v4-flash: 43 layers, 128-token blocks" in text
+    assert "c4a 21 x 22,912 B" in text and "c128a 20 x 584 B" in text
+    assert "sliding 2 x 74,752 B (18.25 x 4,096 B), window 1 block" in text
+    assert "492,832 B per block in the layers that keep every block" in text
+    assert "padding" in text
     assert "documented guesses" in text
     monkeypatch.setenv(CALIBRATION_ENV, str(_file(tmp_path)))
     assert main(["replay", "--preset", "local", "--explain"]) == 0

@@ -238,6 +238,13 @@ def _grouped_totals(file_id: np.ndarray, want_lo: np.ndarray, length: np.ndarray
                     cfg: PlannerConfig) -> tuple[int, int]:
     """``(commands, bytes)`` of ranges ``[want_lo, + length)`` (layers x runs, runs
     sorted by file and offset), merged per layer (rules 1-3)."""
+    cmds, nbytes = _layer_grouped_totals(file_id, want_lo, length, cfg)
+    return int(cmds.sum()), nbytes
+
+
+def _layer_grouped_totals(file_id: np.ndarray, want_lo: np.ndarray, length: np.ndarray,
+                          cfg: PlannerConfig) -> tuple[np.ndarray, int]:
+    """``_grouped_totals`` with the commands of each layer (a row of ``want_lo``)."""
     lo = want_lo & -ALIGN
     hi = (want_lo + (length + ALIGN - 1)) & -ALIGN
     max_len = cfg.max_read_bytes
@@ -250,7 +257,9 @@ def _grouped_totals(file_id: np.ndarray, want_lo: np.ndarray, length: np.ndarray
     starts = np.flatnonzero(flat_new)
     ends = np.append(starts[1:], flat_new.size) - 1
     glen = hi.ravel()[ends] - lo.ravel()[starts]
-    return int((-(-glen // max_len)).sum()), int(glen.sum())
+    per_layer = np.bincount(starts // lo.shape[1], weights=-(-glen // max_len),
+                            minlength=lo.shape[0]).astype(np.int64)
+    return per_layer, int(glen.sum())
 
 
 def _reject_overlaps(file_id: np.ndarray, base: np.ndarray, length: np.ndarray) -> None:
@@ -277,6 +286,7 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int]], sizes: tuple[
     on_ssd = arr[:, 0] >= 0
     num_commands = bytes_read = useful = 0
     num_copies = memory_bytes = 0
+    layer_commands: tuple[int, ...] = ()
     for ssd_side in (True, False):
         part = arr[on_ssd == ssd_side]
         if not len(part):
@@ -297,7 +307,9 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int]], sizes: tuple[
             _reject_overlaps(file_id, lo[0], length[0])
         if ssd_side:
             useful = int(length.sum())
-            num_commands, bytes_read = _held_totals(file_id, lo, length, cfg)
+            per_layer, bytes_read = _held_totals(file_id, lo, length, cfg)
+            num_commands = int(per_layer.sum())
+            layer_commands = tuple(per_layer.tolist())
         else:
             held = length > 0
             joins = (lo[:, :-1] + length[:, :-1] == lo[:, 1:]) & held[:, :-1] & held[:, 1:]
@@ -307,7 +319,7 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int]], sizes: tuple[
             num_copies = int(held.sum() - joins.sum())
             memory_bytes = int(length.sum())
     return ReadPlan((), num_blocks, sizes, num_commands, useful, bytes_read - useful,
-                    bytes_read, num_copies, memory_bytes)
+                    bytes_read, num_copies, memory_bytes, layer_commands)
 
 
 def _windowed_ranges(data: np.ndarray, n_seg: np.ndarray, start: np.ndarray,
@@ -341,20 +353,21 @@ def _reject_windowed_overlaps(file_id: np.ndarray, data: np.ndarray, start: np.n
 
 
 def _held_totals(file_id: np.ndarray, lo: np.ndarray, length: np.ndarray,
-                 cfg: PlannerConfig) -> tuple[int, int]:
-    """``_grouped_totals``, leaving out of a layer the runs it holds none of."""
+                 cfg: PlannerConfig) -> tuple[np.ndarray, int]:
+    """``_layer_grouped_totals``, leaving out of a layer the runs it holds none of."""
     held = length > 0
     if held.all():
-        return _grouped_totals(file_id, lo, length, cfg)
-    num_commands = bytes_read = 0
+        return _layer_grouped_totals(file_id, lo, length, cfg)
+    per_layer = np.zeros(len(lo), dtype=np.int64)
+    bytes_read = 0
     for k in range(len(lo)):
         keep = held[k]
         if keep.any():
             cmds, nbytes = _grouped_totals(file_id[keep], lo[k][keep][None, :],
                                            length[k][keep][None, :], cfg)
-            num_commands += cmds
+            per_layer[k] = cmds
             bytes_read += nbytes
-    return num_commands, bytes_read
+    return per_layer, bytes_read
 
 
 def _joins(lo: np.ndarray, length: np.ndarray) -> int:

@@ -48,7 +48,7 @@ from flatcake.replay.node.devices import FifoServer, NetSpec
 from flatcake.replay.node.metrics import Recorder, RunMetrics
 from flatcake.replay.node.node import Node, Worker
 from flatcake.replay.presets import ReplayPreset
-from flatcake.replay.simulate import replay_geometry, run_replay, timed_run
+from flatcake.replay.simulate import replay_blocks, run_replay, timed_run
 from flatcake.replay.systems import SHARING_SYSTEMS, make_system
 from flatcake.replay.workload.trace import Workload
 
@@ -101,11 +101,11 @@ class Cluster:
         if spec.sharing and spec.nodes > 1 and system not in SHARING_SYSTEMS:
             raise ValueError(f"system {system!r} cannot share KV across nodes; choose one "
                              f"of {', '.join(SHARING_SYSTEMS)} or turn sharing off")
+        workload, geometry = replay_blocks(workload, preset)
         self.wl = workload
         self.spec = spec
         self.net: NetSpec = preset.net
         self.system_name = system
-        geometry = replay_geometry(workload, preset)
         self.loop = EventLoop()
         self.rec = Recorder(workload.num_requests, spec.nodes * preset.node.num_workers)
         self.nodes: list[Node] = []

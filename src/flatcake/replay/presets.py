@@ -77,19 +77,32 @@ class ReplayPreset:
 
     def geometry_lines(self, tokens_per_block: int | None = None) -> list[str]:
         """The geometry and the fixed costs a replay charges, as ``--explain`` prints
-        them (``tokens_per_block``: a trace's block size, which replaces the preset's)."""
-        g = self.geometry.with_block_size(tokens_per_block or self.builtin_block_tokens)
-        bbpl = g.block_bytes_per_layer
+        them (``tokens_per_block``: a trace's block size, which replaces the preset's,
+        or the smallest multiple of it holding whole entries of every layer kind)."""
+        trace_block = tokens_per_block or self.builtin_block_tokens
+        g = self.geometry.with_block_size(self.geometry.whole_entry_tokens(trace_block))
         align = self.node.ssd.align_bytes
-        pad = ("a multiple: ranges of whole blocks stay aligned" if bbpl % align == 0 else
-               "not a multiple: a read command's range is widened to whole units at "
-               "both ends, and the padding is read")
+        windows = g.layer_window_blocks or (0,) * g.num_layers
+        kinds = []
+        at = 0
+        for grp in g.layer_groups:
+            size = g.layer_block_bytes[at]
+            win = windows[at]
+            at += grp.num_layers
+            kinds.append(f"{grp.kind} {grp.num_layers} x {size:,} B "
+                         f"({size / align:.2f} x {align:,} B)"
+                         + (f", window {win} block{'s' if win > 1 else ''}" if win else ""))
+        recut = (f" (the trace's {trace_block}-token blocks re-cut: an entry spans "
+                 f"{g.tokens_per_block} tokens)" if g.tokens_per_block != trace_block
+                 else "")
         ssd = self.node.ssd
         return [
-            f"geometry {g.name}: {g.num_layers} layers x {g.bytes_per_token_per_layer:,} B "
-            f"per token ({g.bytes_per_token:,} B per token), {g.tokens_per_block}-token "
-            f"blocks: {bbpl:,} B per block per layer, {bbpl / align:.2f} x the {align:,} B "
-            f"O_DIRECT unit ({pad}); {g.block_bytes:,} B per block",
+            f"geometry {g.name}: {g.num_layers} layers, {g.tokens_per_block}-token "
+            f"blocks{recut}; per block and layer: {'; '.join(kinds)}; "
+            f"{g.history_block_bytes:,} B per block in the layers that keep every block "
+            f"({g.history_block_bytes // g.tokens_per_block:,} B per token); a range "
+            f"not a multiple of {align:,} B is widened to whole units at both ends "
+            f"(O_DIRECT) and the padding is read",
             f"fixed cost per restore {self.node.restore_overhead_s * 1e6:,.0f} us; SSD "
             f"{ssd.read_bytes_per_s / 1e9:.3g} GB/s read, {ssd.command_latency_s * 1e6:,.0f}"
             f" us per command with {ssd.queue_depth} in flight "
@@ -110,32 +123,13 @@ class ReplayPreset:
 
 
 # ---------------------------------------------------------------------------- paper
-# DeepSeek-V4-Flash (the paper's model) as vLLM caches it with --kv-cache-dtype fp8. Its 43
-# layers are not alike (config.json ``compress_ratios``): 21 "c4a" layers keep one cache
-# entry per 4 tokens, 20 "c128a" layers one per 128 tokens, 2 layers only a 128-token
-# sliding window. One entry (vllm/models/deepseek_v4 ``quantize_and_insert_k_cache``): a
-# 512-dim latent as 448 fp8 + 64 bf16 elements plus 8 scale bytes = 584 B; a c4a entry
-# also has its indexer key (128 fp8 + a 4-byte scale = 132 B).
-DSV4_ENTRY_BYTES = 448 * 1 + 64 * 2 + 8  # 584
-DSV4_INDEXER_BYTES = 128 * 1 + 4  # 132
-DSV4_C4A_LAYERS, DSV4_C128A_LAYERS = 21, 20
-DSV4_C4A_BYTES_PER_TOKEN = (DSV4_ENTRY_BYTES + DSV4_INDEXER_BYTES) // 4  # 179
-
-
-def dsv4_flash_geometry(tokens_per_block: int = 64) -> KVGeometry:
-    """DeepSeek-V4-Flash's KV per worker as stored layers of one shape (``KVGeometry``
-    sizes every layer alike): the 21 c4a layers at 179 B per token each, and the 20
-    c128a layers (584 B per 128 tokens each, 91 B per token together) stored as one more
-    c4a-sized layer; the sliding-window layers keep no per-token history. 22 layers x 179
-    B = 3,938 B per token: a 219K-token request is 0.80 GiB, the paper's figure. With
-    64-token blocks one block of one layer is 11,456 B, 2.8 x 4 KiB: every read command
-    is widened to 4 KiB at both ends (O_DIRECT), which a 4 KiB block would hide."""
-    return KVGeometry(num_layers=DSV4_C4A_LAYERS + 1, tokens_per_block=tokens_per_block,
-                      mla_latent_dim=DSV4_C4A_BYTES_PER_TOKEN, dtype="uint8",
-                      name="deepseek-v4-flash-fp8")
-
-
-PAPER_GEOMETRY = dsv4_flash_geometry()
+# DeepSeek-V4-Flash (the paper's model) as vLLM caches it with --kv-cache-dtype fp8: the
+# store's own geometry (``flatcake.geometry``, preset ``deepseek-v4-flash``), every layer
+# kind as it is: 2 sliding-window layers (a 128-token window), 21 c4a layers (a 716 B
+# entry with its indexer key per 4 tokens), 20 c128a layers (a 584 B entry per 128
+# tokens). A c128a entry spans two of the Claude Code trace's 64-token blocks, so the
+# replay re-cuts the trace into 128-token blocks (``simulate.replay_blocks``).
+PAPER_GEOMETRY = geometry_preset("deepseek-v4-flash")
 
 PAPER_SSD = SsdSpec(
     capacity_bytes=4 * TIB,  # paper: 4 TiB SSD
@@ -173,12 +167,19 @@ PAPER_FIXED_COST = (
     "preset measures both on the disk at hand instead (flatcake bench --calibrate).")
 
 PAPER_ASSUMPTIONS: tuple[str, ...] = (
-    "KV geometry: DeepSeek-V4-Flash with vLLM's fp8 cache, 22 stored layers x 179 B per "
-    "token (21 c4a layers: a 584 B entry plus a 132 B indexer key per 4 tokens; the 20 "
-    "c128a layers, 91 B per token together, stored as one more layer of that size; "
-    "sliding-window-only layers keep no history): 3,938 B per token, so a 219K-token "
-    "request is 0.80 GiB per worker as the paper states. Layers of one size is the "
-    "store's model; the real c128a layers would be 20 smaller commands per segment.",
+    "KV geometry: DeepSeek-V4-Flash with vLLM's fp8 cache, every layer kind as it is "
+    "(the store's deepseek-v4-flash geometry): 21 c4a layers keep a 584 B entry and a "
+    "132 B indexer key per 4 tokens, 20 c128a layers a 584 B entry per 128 tokens, 2 "
+    "sliding-window layers 584 B per token of their last 128 tokens only. The layers "
+    "that keep every block take 3,850 B per token, so a 219K-token request is 0.79 GiB "
+    "per worker, the paper's 0.8 GiB. A c128a entry spans 128 tokens, two of the trace's "
+    "64-token blocks: the replay re-cuts the trace into 128-token blocks (FlatCake's "
+    "block for this model; vLLM aligns a hybrid model's prefix hit to its scheduler "
+    "block), so a prompt's last odd 64-token block, a partial entry, is recomputed by "
+    "every system. Sliding-window layers: FlatCake stores and restores each segment's "
+    "window (format v3); the baselines are charged nothing for them (vLLM does not "
+    "prefix-cache DeepSeek-V4's sliding-window state, CircularBufferSpec, and its "
+    "recomputation of the window is not charged to any system).",
     "8 data-parallel workers (DP attention: each GPU holds the KV of its own requests); "
     "requests are spread round robin (SGLang's --load-balance-method default), so a "
     "session's next turn usually lands on another GPU and its history must come from "

@@ -14,6 +14,7 @@ from flatcake.replay.node.metrics import Recorder, RunMetrics, summarize
 from flatcake.replay.node.node import Node
 from flatcake.replay.presets import ReplayPreset
 from flatcake.replay.systems import make_system
+from flatcake.replay.workload.recut import recut
 from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
@@ -38,18 +39,38 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def replay_geometry(workload: Workload, preset: ReplayPreset) -> KVGeometry:
-    """The preset's geometry at the trace's block size; ``ValueError`` when one GPU's KV
-    pool cannot hold the trace's largest request."""
+def replay_blocks(workload: Workload, preset: ReplayPreset) -> tuple[Workload, KVGeometry]:
+    """``workload`` and the preset's geometry at the replay's block: the trace's block,
+    or the smallest multiple of it that holds whole entries of every layer group
+    (``LayerGroup.tokens_per_entry``), the trace re-cut into it (``workload.recut``);
+    ``ValueError`` when one GPU's KV pool cannot hold the trace's largest request."""
+    block = preset.geometry.whole_entry_tokens(workload.block_tokens)
+    workload = _recut_once(workload, block // workload.block_tokens)
     geometry = preset.geometry.with_block_size(workload.block_tokens)
     max_blocks = int(workload.blocks_per_request().max(initial=0))
     max_out = int(workload.output_tokens.max(initial=0))
-    need = (max_blocks + -(-max_out // workload.block_tokens)) * geometry.block_bytes
+    need = ((max_blocks + -(-max_out // workload.block_tokens))
+            * geometry.history_block_bytes)
     if need > preset.node.gpu.kv_capacity_bytes:
         raise ValueError(
             f"preset {preset.name!r}: gpu.kv_capacity_bytes={preset.node.gpu.kv_capacity_bytes}"
             f" is smaller than the trace's largest request ({need} bytes)")
-    return geometry
+    return workload, geometry
+
+
+_RECUT: list[tuple[Workload, int, Workload]] = []
+
+
+def _recut_once(workload: Workload, factor: int) -> Workload:
+    """``recut(workload, factor)``, remembered for the last workload (a process
+    replaying one trace run after run re-cuts it once)."""
+    if factor == 1:
+        return workload
+    if _RECUT and _RECUT[0][0] is workload and _RECUT[0][1] == factor:
+        return _RECUT[0][2]
+    out = recut(workload, factor)
+    _RECUT[:] = [(workload, factor, out)]
+    return out
 
 
 def run_replay(workload: Workload, system: str, rate_req_s: float, preset: ReplayPreset,
@@ -62,7 +83,7 @@ def replay_node(workload: Workload, system: str, rate_req_s: float, preset: Repl
                 seed: int = 0) -> tuple[RunMetrics, Node]:
     """Like ``run_replay`` but also returns the finished ``Node`` (per-request columns in
     ``node.rec``, the system's state in ``node.system``), for tests and analysis."""
-    geometry = replay_geometry(workload, preset)
+    workload, geometry = replay_blocks(workload, preset)
     sysobj = make_system(system, preset.flatcake_config(), preset.tiered)
     node = Node(workload, sysobj, preset.node, geometry, rate_req_s, seed,
                 think_cap_s=preset.think_cap_s)

@@ -24,7 +24,7 @@ from flatcake.replay.page import write_html
 from flatcake.replay.plots import write_plots
 from flatcake.replay.presets import get_preset
 from flatcake.replay.results import SweepResult, write_tables
-from flatcake.replay.simulate import run_replay
+from flatcake.replay.simulate import replay_blocks, run_replay
 from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,11 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wl_path = out / "workload.npz"
+    # Re-cut once here (a model whose entries span several trace blocks), not per run.
+    base = get_preset(preset)
+    if preset_overrides:
+        base = base.with_node(**dict(preset_overrides))
+    workload = replay_blocks(workload, base)[0]
     workload.save(wl_path)
     tasks = [SweepTask(str(wl_path), s, float(r), preset, seed, preset_overrides, cluster)
              for s in systems for r in rates]

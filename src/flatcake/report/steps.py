@@ -91,6 +91,33 @@ def mechanisms(cc: SweepResult) -> list[str]:
     return out
 
 
+def layer_kinds(cc: SweepResult) -> list[str]:
+    """Per system and rate that counts them: SSD read commands per restore per layer
+    kind, SSD bytes written per kind, and what sliding windows saved."""
+    rows = []
+    for s in cc.meta["systems"]:
+        for r in cc.by(s):
+            ex = r.get("extra") or {}
+            cmds = ex.get("restore_commands_by_kind")
+            if not cmds:
+                continue
+            written = ex.get("ssd_written_bytes_by_kind")
+            saved = ex.get("ssd_saved_by_windows_bytes")
+            rows.append(
+                f"| {s} | {r['rate_req_s']:g} | "
+                + ", ".join(f"{k} {v:,.1f}" for k, v in cmds.items()) + " | "
+                + (", ".join(f"{k} {v / 1e9:,.1f}" for k, v in written.items())
+                   if written else "–") + " | "
+                + (f"{saved / 1e9:,.1f}" if saved is not None else "–") + " |")
+    if not rows:
+        return []
+    return ["## Layer kinds", "",
+            "Per restore that reads the SSD: read commands per layer kind (each kind's "
+            "layers together); the SSD bytes written per kind (GB) and what the sliding "
+            "windows saved against storing every block (GB). tiered reads one object per "
+            "block (all layers); memory-only reads no SSD.", "",
+            "| system | rate | commands per restore | SSD written (GB) | saved by "
+            "windows (GB) |", "|---|---:|---|---|---:|", *rows, ""]
 
 
 def sensitivity_table(runs: dict[int, SweepResult], what: str = "host budget",
@@ -293,7 +320,7 @@ def _write(out: Path, args: argparse.Namespace, speed: dict[str, Any],
     lines += [f"| {k} | {v:.1f} |" for k, v in shown.items() if isinstance(v, float | int)]
     lines += ["", *claims_table(cc, ablations, llama)]
     if cc is not None:
-        lines += mechanisms(cc)
+        lines += mechanisms(cc) + layer_kinds(cc)
     lines += sensitivity_table(sens)
     lines += sensitivity_table(pools, "GPU KV pool per worker", "GPU KV pool")
     for label, ab in ablations:

@@ -117,7 +117,8 @@ class Node:
         self.wl = workload
         self.spec = spec
         self.geometry = geometry
-        self.block_bytes = geometry.block_bytes
+        self.block_bytes = geometry.history_block_bytes  # a window's few blocks left out
+        self.kv_bytes_per_token = self.block_bytes // geometry.tokens_per_block
         self.rate_req_s = float(rate_req_s)
         self.seed = int(seed)
         self.think_cap_s = float(think_cap_s)
@@ -164,7 +165,7 @@ class Node:
                 self.loop.at(float(times[i]), self._arrive_global, int(i))
             return
         sched = session_schedule(wl, self.rate_req_s, self.think_cap_s, self.spec.gpu,
-                                 self.geometry.bytes_per_token, self.seed)
+                                 self.kv_bytes_per_token, self.seed)
         self.think_s = sched.think_s
         self.offered_req_s = sched.offered_req_s
         self.offer_unreachable = sched.unreachable
@@ -349,7 +350,7 @@ class Node:
         w.busy = False
         w.gpu_busy.release(now)
         # Join the decode batch; its step time is taken at join time.
-        kv = req.input_tokens * self.geometry.bytes_per_token
+        kv = req.input_tokens * self.kv_bytes_per_token
         if w.decoding == 0:
             w.gpu_busy.hold(now)
         req.decode_stall_s = w.stall_s
@@ -373,7 +374,7 @@ class Node:
         w.decoding -= 1
         if w.decoding == 0:
             w.gpu_busy.release(now)
-        w.decode_kv_bytes -= req.input_tokens * self.geometry.bytes_per_token
+        w.decode_kv_bytes -= req.input_tokens * self.kv_bytes_per_token
         w.gpu.unpin(req.runs)
         w.reserved_blocks -= self.out_blocks(req)
         w.outstanding -= 1

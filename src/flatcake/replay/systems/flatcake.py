@@ -49,7 +49,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol
+from typing import Any
 
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, StorePlan
@@ -75,44 +75,10 @@ from flatcake.replay.systems.keys import (
     memory_run,
     refill_wait_s,
 )
+from flatcake.replay.systems.layers import LayerBooks
+from flatcake.replay.systems.state import FcSharing, FcState
 
 logger = logging.getLogger(__name__)
-
-
-class FcState:
-    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan", "refill_bytes",
-                 "refills", "turn")
-
-    def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...], turn: TurnInfo) -> None:
-        self.hit = hit
-        self.keys = keys
-        self.turn = turn
-        self.needs_ssd = False
-        self.load_pinned = False
-        self.gpu_prefix = 0  # GPU prefix when the load was planned
-        self.plan: ReadPlan | None = None
-        self.refills: tuple[int, ...] = ()  # homes whose memory copies the restore fills
-        self.refill_bytes = 0  # their bytes
-
-
-class Sharing(Protocol):
-    """What a FlatCake node of a cluster that shares KV asks of the part that reads
-    other nodes' blocks (``systems.sharing``)."""
-
-    def arrive(self, req: Request, keys: tuple[bytes, ...], hit: PrefixHit, g: int) -> bool:
-        """Serve the blocks past the local ``hit`` from other nodes; True when it took
-        the request over."""
-        ...
-
-    def start(self, req: Request) -> bool:
-        """Start the restore of a request it took over (True), else leave it (False)."""
-        ...
-
-    def release(self, req: Request) -> bool:
-        """Unpin what a restore it took over read (True), else leave it (False)."""
-        ...
-
-    def metrics(self) -> dict[str, Any]: ...
 
 
 class FlatCakeSystem(System):
@@ -121,7 +87,7 @@ class FlatCakeSystem(System):
     other nodes hold (given this system)."""
 
     def __init__(self, config: FlatCakeConfig, name: str = "flatcake",
-                 sharing: Callable[[FlatCakeSystem], Sharing] | None = None) -> None:
+                 sharing: Callable[[FlatCakeSystem], FcSharing] | None = None) -> None:
         super().__init__()
         self.name = name
         self.config = config
@@ -142,11 +108,13 @@ class FlatCakeSystem(System):
         # Static geometry of live segments for the planner (ids are never reused).
         self.segment_cache: SegmentCache = {}
         self.planner = functools.partial(stream_totals, segment_cache=self.segment_cache)
+        self.books: LayerBooks | None = None  # per layer kind: bytes written, commands
 
     def attach(self, node: Node) -> None:
         super().attach(node)
         clock = node.loop.clock
         self.cp = ControlPlane(node.geometry, self.config, clock)
+        self.books = LayerBooks(node.geometry)
         self.scheds = [MasScheduler(self.config.scheduler, clock) for _ in node.workers]
         if len(self.keys) != node.wl.num_ids:  # a cluster's nodes share one key list
             self.keys = make_keys(node.wl.num_ids)
@@ -247,6 +215,8 @@ class FlatCakeSystem(System):
         # through (the plan's gap bytes), and the segments' other blocks (checksums).
         self.read_gap_bytes += plan.gap_bytes
         self.read_check_bytes += plan.useful_bytes - useful
+        if self.books is not None:
+            self.books.read_plan(plan)
         st.plan = None
         end = self.charge(w, plan, st.refill_bytes)
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
@@ -386,6 +356,8 @@ class FlatCakeSystem(System):
             cp.complete_copy(plan)  # in host memory now; the SSD write follows
         w = node.workers[req.worker]
         nbytes = plan.segment.total_bytes
+        if self.books is not None:
+            self.books.wrote(plan.segment.layout)
         cmds = -(-nbytes // self.config.planner.max_read_bytes) * node.spec.gpus_per_worker
         t = node.spec.ssd.write_time_s(cmds, nbytes)
         end = w.ssd.submit(node.now, t, nbytes, cmds)
@@ -418,5 +390,6 @@ class FlatCakeSystem(System):
             "memory_copies_dropped": st.memory_copies_dropped,
             "memory_used_bytes": st.memory_used_bytes,
             "ssd_used_bytes": st.ssd_used_bytes,
+            **(self.books.metrics() if self.books is not None else {}),
             **(self.sharing.metrics() if self.sharing is not None else {}),
         }

@@ -22,7 +22,8 @@ from typing import Any
 
 from flatcake.replay.node.node import Node, Request, Worker, not_attached
 from flatcake.replay.systems.prefetch import PrefetchOp, PrefetchThread, timeout_s
-from flatcake.replay.systems.tiered import TieredConfig, TieredSystem, TState
+from flatcake.replay.systems.state import TState
+from flatcake.replay.systems.tiered import TieredConfig, TieredSystem
 from flatcake.replay.workload.runs import Runs, runs_len, slice_runs
 
 

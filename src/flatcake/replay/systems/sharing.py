@@ -41,8 +41,9 @@ from flatcake.control.queues import RestoreRequest
 from flatcake.plan.bulk import stream_totals
 from flatcake.readplan import ReadPlan
 from flatcake.replay.node.node import Request, not_attached
-from flatcake.replay.systems.flatcake import FcState, FlatCakeSystem
-from flatcake.replay.systems.tiered import HostTier, TieredSystem, TState
+from flatcake.replay.systems.flatcake import FlatCakeSystem
+from flatcake.replay.systems.state import FcState, HostTier, TState
+from flatcake.replay.systems.tiered import TieredSystem
 from flatcake.replay.workload.runs import Runs, runs_len, slice_runs
 
 

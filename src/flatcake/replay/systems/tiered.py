@@ -33,8 +33,11 @@ What the model does, and where each behaviour comes from:
 * **tiered-direct** keeps the placement, eviction order and buckets but reads SSD hits
   straight into the GPU (GDS), with no host pool and so no termination. Paged KV in the
   GPU is one tensor per layer, so each (block, layer) lands in a different place: one
-  read command per block per layer (``direct_reads_per_layer``), each of
-  ``block_bytes_per_layer`` at an eviction-order offset.
+  read command per block per layer (``direct_reads_per_layer``), each of its layer's
+  block size at an eviction-order offset; a sliding-window layer reads nothing
+  (``layers.direct_reads`` says why).
+* Objects and the host tier hold a block's layers that keep every block
+  (``Node.block_bytes``): Mooncake's object of a page holds all its layers.
 * On a tensor-parallel worker (``gpus_per_worker`` > 1) every GPU stores and reads its
   own share of each object, so commands multiply by the GPU count and shrink by it.
 
@@ -55,56 +58,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from flatcake.replay.node.blockcache import BlockLru
 from flatcake.replay.node.node import ArrivalQueue, Node, Request, System, Worker, not_attached
+from flatcake.replay.systems.layers import LayerBooks, direct_reads
 from flatcake.replay.systems.settings import TieredConfig
+from flatcake.replay.systems.state import HostTier, TieredSharing, TState
 from flatcake.replay.workload.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
 from flatcake.replay.workload.types import IdArray
-
-
-class HostTier:
-    """The host-memory LRU tier shared by the node's workers."""
-
-    def __init__(self, num_ids: int, capacity_blocks: int) -> None:
-        self.lru = BlockLru(num_ids, capacity_blocks, name="host")
-
-    def prefix(self, runs: Runs, start: int) -> int:
-        return self.lru.prefix_hits(runs, start)
-
-
-class TState:
-    __slots__ = ("host_pinned", "op", "ready", "ssd_parts")
-
-    def __init__(self) -> None:
-        self.host_pinned: Runs | None = None
-        self.ssd_parts: Runs = EMPTY_RUNS
-        self.op: Any = None  # the request's L3 prefetch (staged systems)
-        self.ready = False
-
-
-class Sharing(Protocol):
-    """What a tiered node of a cluster that shares KV asks of the part that reads other
-    nodes' blocks (``systems.sharing``)."""
-
-    def arrive(self, req: Request, end: int) -> bool:
-        """Restore blocks from ``end`` on from other nodes; True when it took the
-        request over."""
-        ...
-
-    def start(self, req: Request) -> bool:
-        """Start the reads of a request it took over (True), else leave it (False)."""
-        ...
-
-    def to_put(self, s: int, e: int) -> np.ndarray | None:
-        """Which of blocks ``[s, e)`` a finished turn puts, the cluster's holdings
-        counted; ``None``: this node's own rule."""
-        ...
-
-    def metrics(self) -> dict[str, Any]: ...
 
 
 class TieredSystem(System):
@@ -114,7 +77,7 @@ class TieredSystem(System):
     the blocks other nodes hold (given this system)."""
 
     def __init__(self, cfg: TieredConfig, name: str | None = None,
-                 sharing: Callable[[TieredSystem], Sharing] | None = None) -> None:
+                 sharing: Callable[[TieredSystem], TieredSharing] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.name = name or "tiered-direct"
@@ -130,6 +93,9 @@ class TieredSystem(System):
         self.ssd_used_bytes = 0
         self.obj_bytes = 0
         self.gpw = 1
+        self.direct = np.zeros((2, 0), dtype=np.int64)
+        self.direct_cmds = self.direct_bytes = 0
+        self.books: LayerBooks | None = None
         self.num_buckets_recycled = 0
         self.blocks_lost_to_recycling = 0
         self.blocks_demoted = 0
@@ -144,6 +110,10 @@ class TieredSystem(System):
         self.gpw = gpw
         # One object per block per GPU of the worker (its share of the KV heads).
         self.obj_bytes = gpw * node.spec.ssd.aligned(-(-node.block_bytes // gpw))
+        # tiered-direct: one command per (block, layer) per GPU, each of its layer's size.
+        self.direct = direct_reads(node.geometry, node.spec)
+        self.direct_cmds, self.direct_bytes = (int(v) for v in self.direct.sum(axis=1))
+        self.books = LayerBooks(node.geometry)
 
     # ---- host tier and SSD buckets --------------------------------------------------
     def _host_put(self, runs: Runs) -> None:
@@ -314,11 +284,12 @@ class TieredSystem(System):
             host_end = w.link.submit(now, hm * bb / spec.host_to_gpu_bytes_per_s, hm * bb)
         if s == 0:
             return host_end
-        L = node.geometry.num_layers
         gpw = self.gpw
         if self.cfg.direct_reads_per_layer:
-            cmds = s * L * gpw
-            nbytes = cmds * spec.ssd.aligned(-(-node.geometry.block_bytes_per_layer // gpw))
+            cmds = s * self.direct_cmds
+            nbytes = s * self.direct_bytes
+            if self.books is not None:
+                self.books.read(s * self.direct[0])
         else:
             cmds = s * gpw
             nbytes = s * self.obj_bytes
@@ -399,5 +370,7 @@ class TieredSystem(System):
             "blocks_lost_to_recycling": self.blocks_lost_to_recycling,
             "blocks_demoted": self.blocks_demoted,
             "ssd_used_bytes": self.ssd_used_bytes,
+            **({"restore_commands_by_kind": self.books.metrics()["restore_commands_by_kind"]}
+               if self.books is not None and self.books.restores else {}),
             **(self.sharing.metrics() if self.sharing is not None else {}),
         }

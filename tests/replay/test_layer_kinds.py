@@ -1,0 +1,118 @@
+"""Layers of different kinds in the replay: per-kind bytes and commands by hand, entries
+spanning two trace blocks, and the paper preset folded or not."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.replay.presets import get_preset
+from flatcake.replay.simulate import replay_blocks, replay_node, run_replay
+from flatcake.replay.workload.recut import recut
+from flatcake.replay.workload.source import load_workload
+from flatcake.replay.workload.trace import from_requests, from_sessions
+from tests.replay.helpers import ids, tiny_preset
+
+# Trace blocks of 16 tokens; a "c32" entry spans 32 tokens, so the replay's block is 32
+# tokens. Per 32-token block and layer: sliding 8,192 B (window: 1 block), full 4,096 B
+# (2 layers), c32 1,000 B. The layers that keep every block: 9,192 B.
+HYBRID = KVGeometry(num_layers=4, tokens_per_block=32, dtype="uint8", name="hybrid",
+                    groups=(LayerGroup(1, 256, window_tokens=32, kind="sliding"),
+                            LayerGroup(2, 128, kind="full"),
+                            LayerGroup(1, 1000, tokens_per_entry=32, kind="c32")))
+TRACE_BT = 16
+
+# A, B, C (11 trace blocks each: 5 whole 32-token blocks and half of one), then A and B
+# come back extended, at one instant. The GPU holds 7 blocks and the host tier 5, so A
+# and B come back from SSD.
+REQS = [(0.0, ids(0, 11), 11 * TRACE_BT, 2), (1.0, ids(100, 111), 11 * TRACE_BT, 2),
+        (2.0, ids(200, 211), 11 * TRACE_BT, 2), (10.0, ids(0, 13), 13 * TRACE_BT, 2),
+        (10.0, ids(100, 113), 13 * TRACE_BT, 2)]
+
+
+def _replay(system: str) -> tuple[np.ndarray, dict[str, object], int]:
+    wl = from_requests(REQS, TRACE_BT)
+    # Budgets in blocks of all layers (17,384 B): 4 -> 7 blocks of 9,192 B, 3 -> 5.
+    preset = tiny_preset(gpu_blocks=4, host_blocks=3, geometry=HYBRID)
+    m, node = replay_node(wl, system, 1 / 2.5, preset)
+    return node.rec.hit_blocks.copy(), m.extra, m.read_commands
+
+
+def test_recut_pairs_trace_blocks_and_drops_a_partial_entry() -> None:
+    wl = recut(from_requests(REQS, TRACE_BT), 2)
+    assert wl.block_tokens == 32
+    assert [len(wl.blocks(i)) for i in range(5)] == [5, 5, 5, 6, 6]
+    # A's five blocks begin the extended A; distinct trace blocks give distinct blocks.
+    assert wl.blocks(3)[:5].tolist() == wl.blocks(0).tolist()
+    assert len({*wl.blocks(0).tolist(), *wl.blocks(1).tolist(), *wl.blocks(2).tolist()}) == 15
+    with pytest.raises(ValueError, match="positive int"):
+        recut(wl, 0)
+
+
+def test_the_replay_block_holds_whole_entries() -> None:
+    wl, g = replay_blocks(from_requests(REQS, TRACE_BT), tiny_preset(geometry=HYBRID))
+    assert (wl.block_tokens, g.tokens_per_block) == (32, 32)
+    assert g.layer_block_bytes == (8192, 4096, 4096, 1000)
+    assert g.history_block_bytes == 9192
+
+
+def test_flatcake_counts_bytes_and_commands_per_kind() -> None:
+    hits, extra, commands = _replay("flatcake")
+    # The extended A and B hit their 5 whole blocks; their 11th trace block, half an
+    # entry, is recomputed.
+    assert hits[3:].tolist() == [5, 5]
+    # A, B and C are first turns: SSD segments of 5 blocks. The sliding layer keeps its
+    # last block; the others every block. The extended turns go to memory (short reply).
+    assert extra["ssd_written_bytes_by_kind"] == {"sliding": 3 * 8192,
+                                                  "full": 3 * 5 * 2 * 4096,
+                                                  "c32": 3 * 5 * 1000}
+    assert extra["ssd_saved_by_windows_bytes"] == 3 * 4 * 8192
+    # Each restore reads one segment: one command per layer.
+    assert extra["restore_commands_by_kind"] == {"sliding": 1.0, "full": 2.0, "c32": 1.0}
+    assert commands == 2 * 4
+
+
+def test_tiered_direct_reads_every_layer_that_keeps_its_blocks() -> None:
+    hits, extra, commands = _replay("tiered-direct")
+    assert hits[3:].tolist() == [5, 5]
+    # One command per block per layer; the sliding layer is not prefix-cached.
+    assert extra["restore_commands_by_kind"] == {"sliding": 0.0, "full": 10.0, "c32": 5.0}
+    assert commands == 2 * 5 * 3
+
+
+# The paper preset's geometry before its layer kinds were kept: 22 alike layers of 179 B
+# per token (the 20 c128a layers folded into one more c4a-sized layer, no windows).
+FOLDED = KVGeometry(num_layers=22, tokens_per_block=128, mla_latent_dim=179, dtype="uint8",
+                    name="folded")
+
+
+def test_folded_and_unfolded_paper_differ_only_by_the_geometry() -> None:
+    # 128-token trace blocks: both geometries replay the same blocks.
+    wl = load_workload(None, sessions=6, block_tokens=128, kind="agent")[0]
+    paper = get_preset("paper")
+    unfolded = run_replay(wl, "flatcake", 0.5, paper)
+    folded = run_replay(wl, "flatcake", 0.5, dataclasses.replace(paper, geometry=FOLDED))
+    assert unfolded.hit_rate_gpu == folded.hit_rate_gpu
+    assert unfolded.max_hit_rate == folded.max_hit_rate
+    assert unfolded.placements == folded.placements
+    written, base = (unfolded.extra["ssd_written_bytes_by_kind"],
+                     folded.extra["ssd_written_bytes_by_kind"])
+    assert isinstance(written, dict) and isinstance(base, dict)
+    blocks = base["full"] // (22 * 179 * 128)
+    assert blocks > 0
+    # The 21 c4a layers are the folded layers' size; the 20 c128a layers one 584 B entry
+    # per block each; the 2 sliding layers at most one 128-token window per segment.
+    assert written["c4a"] == blocks * 21 * 716 * 32
+    assert written["c128a"] == blocks * 20 * 584
+    assert 0 < written["sliding"] <= blocks * 2 * 584 * 128
+    assert folded.extra["ssd_saved_by_windows_bytes"] == 0
+
+
+def test_a_session_workload_recut_keeps_its_sessions() -> None:
+    sess = [[(ids(0, 3), 48, 5, 0.0), (ids(0, 6), 96, 5, 1.0)]]
+    wl = recut(from_sessions(sess, TRACE_BT), 2)
+    assert [len(wl.blocks(i)) for i in range(2)] == [1, 3]
+    assert wl.session.tolist() == [0, 0] and wl.num_sessions == 1
