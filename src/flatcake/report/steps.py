@@ -103,21 +103,25 @@ def layer_kinds(cc: SweepResult) -> list[str]:
                 continue
             written = ex.get("ssd_written_bytes_by_kind")
             saved = ex.get("ssd_saved_by_windows_bytes")
+            released = ex.get("ssd_window_bytes_released")
             rows.append(
                 f"| {s} | {r['rate_req_s']:g} | "
                 + ", ".join(f"{k} {v:,.1f}" for k, v in cmds.items()) + " | "
                 + (", ".join(f"{k} {v / 1e9:,.1f}" for k, v in written.items())
                    if written else "–") + " | "
-                + (f"{saved / 1e9:,.1f}" if saved is not None else "–") + " |")
+                + (f"{saved / 1e9:,.1f}" if saved is not None else "–") + " | "
+                + (f"{released / 1e9:,.1f}" if released is not None else "–") + " |")
     if not rows:
         return []
     return ["## Layer kinds", "",
             "Per restore that reads the SSD: read commands per layer kind (each kind's "
-            "layers together); the SSD bytes written per kind (GB) and what the sliding "
-            "windows saved against storing every block (GB). tiered reads one object per "
+            "layers together); the SSD bytes written per kind (GB), what the sliding "
+            "windows saved against storing every block, and the older turns' window rows "
+            "released once a newer turn was durable (GB). tiered reads one object per "
             "block (all layers); memory-only reads no SSD.", "",
             "| system | rate | commands per restore | SSD written (GB) | saved by "
-            "windows (GB) |", "|---|---:|---|---|---:|", *rows, ""]
+            "windows (GB) | windows released (GB) |", "|---|---:|---|---|---:|---:|",
+            *rows, ""]
 
 
 def sensitivity_table(runs: dict[int, SweepResult], what: str = "host budget",

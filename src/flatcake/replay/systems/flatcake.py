@@ -103,6 +103,7 @@ class FlatCakeSystem(System):
         self.num_store_waits = 0
         self.read_gap_bytes = 0
         self.read_check_bytes = 0
+        self.window_bytes_released = 0
         # Requests waiting for a store in flight, by the key their hit stopped at.
         self.waiters: dict[bytes, list[Request]] = {}
         # Static geometry of live segments for the planner (ids are never reused).
@@ -368,6 +369,8 @@ class FlatCakeSystem(System):
         if self.cp is None:
             raise not_attached(self.name)
         self.cp.complete_store(plan, True)
+        # Older turns' window rows this turn superseded (the store punches them out).
+        self.window_bytes_released += sum(r.bytes for r in self.cp.take_window_releases())
         self.settle_books()
         if self.waiters:
             for key in plan.segment.keys:
@@ -391,5 +394,6 @@ class FlatCakeSystem(System):
             "memory_used_bytes": st.memory_used_bytes,
             "ssd_used_bytes": st.ssd_used_bytes,
             **(self.books.metrics() if self.books is not None else {}),
+            "ssd_window_bytes_released": self.window_bytes_released,
             **(self.sharing.metrics() if self.sharing is not None else {}),
         }
