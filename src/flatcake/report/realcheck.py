@@ -159,35 +159,37 @@ def predict(run: Run, preset: ReplayPreset, block_tokens: int) -> dict[str, floa
     cached = np.minimum(rec.hit_blocks[keep] * block_tokens, inp)
     return {"share": float(cached.sum() / inp.sum()), "mean": float(np.mean(ttft)),
             "p50": float(np.median(ttft)),
-            "decode": float(np.sum((rec.done_s - rec.first_token_s)[keep]))}
+            "stalled": float(np.mean([float(r["ttft_s"]) > 2 * t + 0.05 for r, t in
+                                      zip(run.records, ttft, strict=True)]))}
 
 
 def lacks(run: Run, meas: dict[str, float], pred: dict[str, float],
           runs: list[Run], costs: Costs) -> str:
-    """Which cost the model lacks, from what the records show."""
+    """Which cost the model lacks, from what the run measured."""
     if pred["mean"] > meas["mean"]:
         return ("the model charges more than the engine paid: the fitted prefill cost is "
                 "too high for this run (it was fitted at another load)")
+    stalls = (f"{100 * pred['stalled']:.0f} % of its requests waited more than twice "
+              f"(+50 ms) the TTFT the replay gives them, at p50 the error is "
+              f"{100 * (pred['p50'] / meas['p50'] - 1):+.0f} %")
+    wait = ("" if run.stretch is None else
+            f"; its model thread waited {run.stretch - 1:.2f} s for a core per s it ran "
+            "(charged)")
     if run.config == "flatcake":
         same = [r for r in runs if r.config == "none" and r.working_set == run.working_set]
-        hit = [float(r["ttft_s"]) for r in run.records if r["cached_tokens"]]
-        base = [float(r["ttft_s"]) for x in same for r in x.records if r["cached_tokens"]]
-        if hit and base:
-            return (f"the model lacks the connector's cost per request on the engine's 2 "
-                    f"cores: a cached "
-                    f"request's TTFT is {np.mean(hit):.3f} s mean with FlatCake against "
-                    f"{np.mean(base):.3f} s without it; the replay charges only the "
-                    "restore's disk time, not the store's threads competing with the "
-                    "engine for the CPU nor the connector's per-step work")
-        return ("the model lacks the connector's per-step cost and its threads on the "
-                "engine's 2 cores "
-                "(the replay charges only the restore's disk time)")
-    unq = costs.uncached_s * float(np.mean([r["prompt_tokens"] for r in run.records]))
-    return (f"the model lacks queueing and CPU contention: the unqueued prefill fitted "
-            f"is {unq:.3f} s per uncached prompt, the measured mean {meas['mean']:.3f} s; "
-            "at concurrency 2 a request waits behind the other's prefill and both share "
-            "the engine's 2 cores with other processes (the replay prefills one at a time "
-            "at the fitted speed)")
+        cpu = ""
+        if run.worker_cpu_s is not None and same and same[0].worker_cpu_s is not None:
+            per = 1e3 * run.worker_cpu_s / (len(run.records) + len(run.warmup))
+            base = 1e3 * same[0].worker_cpu_s / (len(same[0].records) + len(same[0].warmup))
+            cpu = (f"; the worker used {per:.0f} CPU ms per request with FlatCake against "
+                   f"{base:.0f} without it on the same workload")
+        return ("the model lacks the connector's cost on the engine: the replay charges a "
+                f"restore's disk time only{cpu}{wait}; {stalls}")
+    what = ("the stalls of a shared 2-core machine beyond the measured CPU wait"
+            if run.stretch is not None else
+            "the engine's wait for a shared 2-core machine's cores (not measured in this run)")
+    return (f"the model lacks {what}: {stalls}{wait} (the replay prefills one request at a "
+            "time at the fitted speed)")
 
 
 def at_stretch(costs: Costs, stretch: float | None) -> Costs:
