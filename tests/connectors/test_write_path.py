@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import torch
+
 from flatcake.connectors.scheduler_side import RequestView
 from flatcake.control.address import Medium
 from flatcake.plan.tasks import StepPlan
@@ -186,3 +188,73 @@ def test_a_prefix_held_by_a_waiting_request_counts_as_shared(tmp_path: Path) -> 
     assert h.sched.prompt_computed(second, [4, 5, 6]) is None
     assert h.sched.totals()["prompt_tokens"] == 20
     h.close()
+
+
+STOP_SCRIPT = """
+import sys, time
+from pathlib import Path
+sys.path[:0] = [sys.argv[2], sys.argv[3]]
+from flatcake.connectors.worker_side import WorkerSide
+from tests.connectors.sides_harness import G, Harness, view
+
+h = Harness(Path(sys.argv[1]))
+h.worker.close()
+# A worker of vLLM's multiprocessing executor, which has 2 s to leave once told to stop.
+h.worker = WorkerSide(G, h.s.config, Path(sys.argv[1]),
+                      drain_timeout_s=h.s.drain_within(2.0))
+h.worker.register(h.kv)
+a = view("a", list(range(100, 117)), session="a")
+h.sched.num_matched_tokens(a, 0)
+h.sched.prompt_computed(a, [1, 2, 3, 4, 5])
+h.step()  # a's store reported durable: acknowledged
+assert h.sched.control.lookup(a.keys).num_blocks == 4
+run = h.worker._writer_thread._run
+h.worker._writer_thread._run = lambda task: (time.sleep(60), run(task))[1]  # a stuck disk
+for i, rid in enumerate(("b", "c")):  # b's write starts and hangs, c's waits behind it
+    v = view(rid, list(range(200 + 100 * i, 217 + 100 * i)), session=rid)
+    h.sched.num_matched_tokens(v, 0)
+    h.sched.prompt_computed(v, [10 + 5 * i, 11 + 5 * i, 12 + 5 * i, 13 + 5 * i])
+    h.worker.start_step(h.sched.build_step())
+    h.worker.end_step()
+started = time.monotonic()
+h.worker.close()  # vLLM's worker shutdown
+print(f"{time.monotonic() - started:.3f}", flush=True)
+"""
+
+
+def test_a_stopping_worker_leaves_within_its_bound_and_keeps_what_it_acknowledged(
+        tmp_path: Path) -> None:
+    """A worker told to stop while a write hangs drains for at most half of its exit
+    grace, leaves (its writer does not hold the process), and the next start finds the
+    acknowledged turn byte for byte, nothing of the unfinished ones, and a clean root."""
+    import subprocess
+    import sys
+
+    from flatcake.connectors.settings import ConnectorSettings
+    from flatcake.store import fsck_root
+    from tests.connectors.sides_harness import random_kv
+
+    assert ConnectorSettings().drain_within(5.0) == 2.5  # vLLM's default grace: 5 s
+    assert ConnectorSettings().drain_within(None) == 60.0  # in the engine's own process
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", STOP_SCRIPT, str(tmp_path), str(repo),
+                           str(repo / "src")], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout.split()[-1]) < 1.0 + 0.4  # the drain bound, and a moment
+    assert fsck_root(tmp_path).ok
+    h = Harness(tmp_path, seed=1)
+    assert h.sched.recovered_segments == 1
+    a = view("a2", [*range(100, 117), 7, 8], session="a")
+    assert h.sched.num_matched_tokens(a, 0) == (16, True)
+    for rid, base in (("b2", 200), ("c2", 300)):
+        assert h.sched.num_matched_tokens(view(rid, list(range(base, base + 19))),
+                                          0) == (0, False)
+    h.sched.after_alloc("a2", [20, 21, 22, 23, 24], 16)
+    _, _, recving, invalid = h.step()
+    assert recving == {"a2"} and not invalid
+    want = random_kv(0)
+    assert [h.block(layer, 20 + i) for layer in range(G.num_layers) for i in range(4)] == [
+        want[layer][1 + i].contiguous().view(torch.uint8).numpy().tobytes()
+        for layer in range(G.num_layers) for i in range(4)]
+    h.close()
+    assert fsck_root(tmp_path).clean

@@ -46,7 +46,8 @@ class ConnectorSettings:
         max_pending_stores: turn writes a worker queues behind the one it is writing;
             a store beyond them is dropped (a later miss), never waited for.
         shutdown_drain_s: how long a stopping worker waits for queued writes; what is
-            left is dropped, never published.
+            left is dropped, never published. A worker process that its engine kills
+            after a grace period drains for at most half of it (``drain_within``).
     """
 
     config: FlatCakeConfig = field(default_factory=FlatCakeConfig)
@@ -72,6 +73,18 @@ class ConnectorSettings:
         if not isinstance(d, int | float) or isinstance(d, bool) or not 0 <= d < float("inf"):
             raise ValueError(f"kv_connector_extra_config.shutdown_drain_s must be a number "
                              f">= 0, got {d!r}")
+
+
+    def drain_within(self, grace_s: float | None) -> float:
+        """How long a stopping worker drains its writes when its engine gives the
+        process ``grace_s`` seconds to exit before it signals it (``None``: no limit):
+        ``shutdown_drain_s``, but at most half of the grace. The process must still exit
+        after the drain (vLLM's worker collects its whole heap, about 2 CPU s on a
+        CPU machine), and a drain cut short by a kill would leave a write half done
+        for the next start to discard instead of dropping it cleanly."""
+        if grace_s is None:
+            return self.shutdown_drain_s
+        return min(self.shutdown_drain_s, max(grace_s, 0.0) / 2)
 
 
 _CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks",

@@ -42,9 +42,10 @@ queue; a background thread gathers, writes and syncs). The address is published 
 every worker reports the bytes durable; the request keeps its blocks until then. A
 reply's blocks are stored as part of the next turn's prompt. No call is needed: a
 process that exits drains its writes in ``shutdown`` (vLLM calls it when a worker
-stops) or in an exit hook, for at most ``shutdown_drain_s``; what cannot finish is
-never published (a torn segment fails its crc32 at the next start). ``flush(llm)`` is
-an optional helper that also publishes them in the running process.
+stops) or in an exit hook, for at most ``shutdown_drain_s`` (a worker process of vLLM's
+multiprocessing executor: at most half of its exit grace, ``worker_grace_s``); what
+cannot finish is never published (a torn segment fails its crc32 at the next start).
+``flush(llm)`` is an optional helper that also publishes them in the running process.
 
 Sessions come from ``kv_transfer_params={"session_id": ...}`` (in the OpenAI API, the
 request body's ``kv_transfer_params``; offline, ``SamplingParams(extra_args=
@@ -94,6 +95,7 @@ and files would need a node id of their own).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,6 +128,7 @@ from flatcake.connectors.vllm_glue import (
     flush,
     layer_order,
     replicated_kv,
+    worker_grace_s,
 )
 from flatcake.connectors.vllm_metrics import FlatCakePromMetrics, FlatCakeStats
 from flatcake.connectors.worker_side import WorkerSide
@@ -243,11 +246,16 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                                     self._tensor_ranks(vllm_config))
                 config, store_dir, arena = where.config, where.store_dir, where.arena_path
                 writes, part, parts = where.writes, where.part, where.parts
+            drain_s = self.settings.drain_within(worker_grace_s(vllm_config))
+            if drain_s < self.settings.shutdown_drain_s:
+                logger.info("FlatCake drains its writes for at most %.1f s at shutdown: "
+                            "half of VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (shutdown_drain_s "
+                            "%.1f)", drain_s, self.settings.shutdown_drain_s)
             self.worker_side = WorkerSide(
                 self.geometry, config, store_dir,
                 max_pending_stores=self.settings.max_pending_stores,
-                drain_timeout_s=self.settings.shutdown_drain_s, arena_path=arena,
-                writes=writes, part=part, parts=parts)
+                drain_timeout_s=drain_s, arena_path=arena, writes=writes, part=part,
+                parts=parts)
 
     def _tensor_ranks(self, vllm_config: VllmConfig) -> TensorRanks:
         from flatcake.link.wire import TensorRanks
@@ -462,7 +470,10 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def shutdown(self) -> None:
         if self.worker_side is not None:
+            started = time.monotonic()
             self.worker_side.close()
+            logger.info("FlatCake worker side closed in %.2f s (writes drained for at most "
+                        "%.1f s)", time.monotonic() - started, self.worker_side.drain_timeout_s)
         if self.scheduler_side is not None:
             self.scheduler_side.close()
 

@@ -165,6 +165,18 @@ def replicated_kv(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> bo
                             for g in kv_cache_config.kv_cache_groups)
 
 
+def worker_grace_s(vllm_config: VllmConfig) -> float | None:
+    """Seconds a stopping engine gives each worker process to exit before it sends
+    SIGTERM (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``; SIGKILL follows 4 s later): the
+    multiprocessing executor's workers only (``None`` for a worker in the engine's own
+    process, which nobody signals)."""
+    if vllm_config.parallel_config.distributed_executor_backend != "mp":
+        return None
+    import vllm.envs as envs
+
+    return float(envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS)
+
+
 def _groups_geometry(name: str, kv_cache_config: KVCacheConfig) -> KVGeometry:
     """One ``LayerGroup`` per stored KV cache group: its layers, page bytes per token and
     sliding window; every group's block must be the same number of tokens."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from flatcake.plan.tasks import StoreTask
@@ -51,10 +52,13 @@ class WriteQueue:
         return True
 
     def drain(self, timeout_s: float) -> tuple[list[StoreTask], bool]:
-        """Wait up to ``timeout_s`` for every queued task, then stop the thread.
+        """Wait up to ``timeout_s`` for every queued task, then stop the thread; returns
+        within ``timeout_s`` (plus a moment for the thread to see the stop when the
+        queue emptied).
 
         Returns the tasks that never started (removed from the queue) and whether
         the thread has stopped (``False``: a task is still running)."""
+        deadline = time.monotonic() + timeout_s
         q = self._queue
         with q.all_tasks_done:
             q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout_s)
@@ -68,5 +72,6 @@ class WriteQueue:
             if task is not None:
                 dropped.append(task)
         q.put(None)
-        self._thread.join(timeout=min(1.0, timeout_s))
+        idle = q.unfinished_tasks == 1  # only the stop: the thread is between tasks
+        self._thread.join(timeout=max(deadline - time.monotonic(), 0.5 if idle else 0.0))
         return dropped, not self._thread.is_alive()
