@@ -18,12 +18,14 @@ fresh server; on each server every working set gets one loadgen run: its ``--war
 ``--trace``, one more run replays a trace's sessions (``flatcake loadgen --trace``, scaled
 to the server's context) for ``--trace-duration`` seconds. Seeds are the same
 for every configuration and differ between working sets, so each server sees the same
-prompts and no two working sets share one. Each stop is SIGINT to the API server
-(``--stop group``: to its whole process group, as a terminal's Ctrl-C) with
-``--shutdown-timeout 30``; a server still up after ``STOP_WAIT_S`` is killed, and the
-table says how each stop went (read from the server's log: a worker that died, an
-engine vLLM force-killed). Writes ``compare.md`` and ``compare.json`` to --out,
-and each run's loadgen output under ``--out/runs``.
+prompts and no two working sets share one. Each stop is SIGTERM to the API server, as a
+supervisor stops a service (``--stop group``: SIGINT to its whole process group, as a
+terminal's Ctrl-C), with ``--shutdown-timeout 30``; a server still up after
+``STOP_WAIT_S`` is killed. The tables say how each stop went (from the server's log: a
+worker that died, one vLLM sent SIGTERM past its grace period, an engine it force-killed)
+and when the worker process left, with the CPU seconds it used meanwhile. Writes
+``compare.md`` and ``compare.json`` to --out, and each run's loadgen output under
+``--out/runs``.
 
 The model is a random Llama built offline in --model when it is missing (12 layers,
 hidden 512, 4 KV heads of 64: 24,576 B of float32 KV per token, as in issue 28), so
@@ -62,8 +64,9 @@ STOP_EVENTS = {
     "vLLM force-killed the engine": r"force killing remaining process",
     "engine fatal error": r"EngineCore encountered a fatal error",
     "vLLM sent SIGTERM to a worker past its grace period":
-        r"workers still running after grace period",
+        r"workers still running after grace period; sending SIGTERM count=[1-9]",
 }
+STOP_SIGNAL = {"server": "SIGTERM to the API server", "group": "SIGINT to its group"}
 
 BUILD_MODEL = """
 import sys, torch
@@ -116,12 +119,11 @@ WORKER = "VLLM::Worker"
 ROLES = {WORKER: "worker", "VLLM::EngineCor": "engine"}
 
 
-def cpu_seconds(pgid: int) -> dict[str, float]:
-    """CPU seconds (user + system, every thread) the processes of group ``pgid`` used
-    so far, by role: ``worker`` (the model runner), ``engine`` (vLLM's engine core:
-    scheduler and FlatCake's scheduler half), ``api`` (the API server)."""
+def group_procs(pgid: int) -> dict[int, tuple[str, str, float]]:
+    """The processes of group ``pgid``: pid -> (name, state (``Z``: exited, not yet
+    reaped), CPU seconds so far, user + system, every thread)."""
     tick = os.sysconf("SC_CLK_TCK")
-    out = {"worker": 0.0, "engine": 0.0, "api": 0.0}
+    out = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -132,7 +134,17 @@ def cpu_seconds(pgid: int) -> dict[str, float]:
         name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
         f = fields.split()
         if int(f[2]) == pgid:  # pgrp; utime and stime follow at 11 and 12
-            out[ROLES.get(name, "api")] += (int(f[11]) + int(f[12])) / tick
+            out[int(proc.name)] = (name, f[0], (int(f[11]) + int(f[12])) / tick)
+    return out
+
+
+def cpu_seconds(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system, every thread) the processes of group ``pgid`` used
+    so far, by role: ``worker`` (the model runner), ``engine`` (vLLM's engine core:
+    scheduler and FlatCake's scheduler half), ``api`` (the API server)."""
+    out = {"worker": 0.0, "engine": 0.0, "api": 0.0}
+    for name, _, cpu in group_procs(pgid).values():
+        out[ROLES.get(name, "api")] += cpu
     return out
 
 
@@ -252,21 +264,35 @@ class Server:
         return got
 
     def stop(self, how: str) -> dict[str, Any]:
-        """Ctrl-C to the API server (``server``, as a supervisor stops it) or to its
+        """SIGTERM to the API server (``server``, as a supervisor stops a service:
+        systemd's ``KillMode=mixed``, ``docker stop``, Kubernetes) or SIGINT to its
         whole process group (``group``, as a terminal's Ctrl-C does); a kill of the
-        group after ``STOP_WAIT_S``. Says how it went, from the log."""
+        group after ``STOP_WAIT_S``. Says how it went, from the log, and when the
+        worker process left (seconds after the signal) with the CPU seconds it used
+        meanwhile."""
+        before = group_procs(self.proc.pid)
+        workers = {pid: cpu for pid, (name, _, cpu) in before.items() if name == WORKER}
+        last, gone = dict(workers), {}
         start = time.monotonic()
         if how == "group":
             os.killpg(self.proc.pid, signal.SIGINT)
         else:
-            self.proc.send_signal(signal.SIGINT)
-        forced = False
-        try:
-            rc = self.proc.wait(timeout=STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            rc = self.proc.wait()
-            forced = True
+            self.proc.send_signal(signal.SIGTERM)
+        forced, rc = False, None
+        while rc is None:
+            now = group_procs(self.proc.pid)
+            t = time.monotonic() - start
+            for pid in workers:
+                if pid in now and now[pid][1] != "Z":
+                    last[pid] = now[pid][2]
+                else:
+                    gone.setdefault(pid, t)
+            rc = self.proc.poll()
+            if rc is None and t > STOP_WAIT_S:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                rc, forced = self.proc.wait(), True
+            elif rc is None:
+                time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):  # a child left behind
             os.killpg(self.proc.pid, signal.SIGKILL)
         if self.lmcache is not None:
@@ -276,6 +302,9 @@ class Server:
         if forced:
             events.insert(0, f"killed by this script after {STOP_WAIT_S} s")
         return {"stop_s": round(time.monotonic() - start, 1), "rc": rc,
+                "worker_exit_s": round(max(gone.values()), 1) if gone else None,
+                "worker_exit_cpu_s": round(sum(last[p] - workers[p] for p in workers), 2)
+                if workers else None,
                 "clean": not events, "events": events}
 
 
@@ -328,10 +357,20 @@ def cpu_cell(runs: list[dict], role: str) -> str:
     return f"{sum(vals) / len(vals):.1f}{each}"
 
 
-def table(results: list[dict], working_sets: list[int]) -> str:
+def stops_cell(stops: list[dict], config: str) -> str:
+    """How ``config``'s servers stopped: clean ones of all, and the worst worker exit
+    (seconds after the signal)."""
+    mine = [s for s in stops if s["run"].split("-", 1)[1] == config]
+    exits = [s["worker_exit_s"] for s in mine if s.get("worker_exit_s") is not None]
+    worst = f", worker out in <= {max(exits):.1f} s" if exits else ""
+    return f"{sum(s['clean'] for s in mine)}/{len(mine)} clean{worst}"
+
+
+def table(results: list[dict], working_sets: list[int], stops: list[dict]) -> str:
     lines = ["| working set | config | TTFT p50 (s) | TTFT p95 (s) | cached share | "
-             "req/s | errors | CPU s: worker / engine / API | load avg (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "req/s | errors | CPU s: worker / engine / API | load avg (1 min) | "
+             "stops |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for ws in [*working_sets, None]:
         for config in CONFIGS:
             runs = [r for r in results if r["config"] == config and r["working_set"] == ws]
@@ -346,7 +385,8 @@ def table(results: list[dict], working_sets: list[int]) -> str:
                 f"{cell(runs, 'req_per_s', '.2f')} | "
                 f"{sum(r['summary']['errors'] for r in runs)} | "
                 f"{' / '.join(cpu_cell(runs, k) for k in ('worker', 'engine', 'api'))} | "
-                f"{' / '.join(r['load_before'].split()[0] for r in runs)} |")
+                f"{' / '.join(r['load_before'].split()[0] for r in runs)} | "
+                f"{stops_cell(stops, config)} |")
     return "\n".join(lines)
 
 
@@ -368,7 +408,8 @@ def main() -> int:
                    help="FlatCake's host memory (default 32 MiB: 2.5 such prompts)")
     p.add_argument("--flatcake-ssd-mib", type=int, default=2048)
     p.add_argument("--stop", default="server", choices=("server", "group"),
-                   help="SIGINT to the API server only (default) or to its process group")
+                   help="SIGTERM to the API server only, as a supervisor (default), or "
+                        "SIGINT to its process group, as a terminal's Ctrl-C")
     p.add_argument("--configs", default="none,flatcake",
                    help=f"configurations, in order (of {', '.join(CONFIGS)})")
     p.add_argument("--lmcache-path", type=Path, default=None, metavar="DIR",
@@ -415,6 +456,7 @@ def main() -> int:
             except SystemExit as failed:  # the other configurations still run
                 print(f"[{time.monotonic() - began:6.0f} s] {tag}: {failed}", flush=True)
                 stops.append({"run": tag, "start_s": None, "stop_s": None, "rc": None,
+                              "worker_exit_s": None, "worker_exit_cpu_s": None,
                               "clean": False, "events": [f"did not start: {failed}"],
                               "session_files": None, "flatcake_metrics": {}})
                 continue
@@ -447,7 +489,8 @@ def main() -> int:
             stops.append({"run": tag, "start_s": round(server.start_s, 1), **stopped,
                           "session_files": files, "flatcake_metrics": metrics})
             print(f"[{time.monotonic() - began:6.0f} s] {tag}: stopped in "
-                  f"{stopped['stop_s']} s, "
+                  f"{stopped['stop_s']} s (worker out in {stopped['worker_exit_s']} s, "
+                  f"{stopped['worker_exit_cpu_s']} CPU s), "
                   f"{'cleanly' if stopped['clean'] else ', '.join(stopped['events'])}",
                   flush=True)
     text = "\n".join([
@@ -463,11 +506,13 @@ def main() -> int:
             f" Trace row: {args.trace}'s sessions from the first, {args.trace_duration:g} s, "
             "no warm-up, after the working sets on the same server." if args.trace else ""),
         "",
-        table(results, working_sets), "",
-        f"| server | start (s) | stop (s, SIGINT to the {args.stop}) | stopped | "
-        "session files |",
-        "|---|---|---|---|---|",
+        table(results, working_sets, stops), "",
+        f"| server | start (s) | stop (s, {STOP_SIGNAL[args.stop]}) | worker out (s) | "
+        "worker CPU s while stopping | stopped | session files |",
+        "|---|---|---|---|---|---|---|",
         *(f"| {s['run']} | {s['start_s']} | {s['stop_s']} | "
+          f"{'-' if s['worker_exit_s'] is None else s['worker_exit_s']} | "
+          f"{'-' if s['worker_exit_cpu_s'] is None else s['worker_exit_cpu_s']} | "
           f"{'cleanly' if s['clean'] else ', '.join(s['events'])} | "
           f"{s['session_files'] if s['session_files'] is not None else '-'} |"
           for s in stops),
