@@ -1,8 +1,9 @@
 """``report.engine_log`` and realcheck's trace replay on files recorded from a real run:
 ``scripts/loadgen_compare.py --working-sets 4,32 --trace <Claude Code trace>
 --trace-sessions 8`` against vLLM CPU 0.32 (the random 12-layer model), cut down to the
-server logs' three lines that matter, the model's config.json and each run's first
-requests (``fixtures/realengine``)."""
+server logs' three lines that matter, the model's config.json, each run's first 8
+requests (their summary figures recomputed for those 8) and compare.json's entries for
+the runs kept (``fixtures/realengine``)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,10 @@ def test_trace_runs_are_replayed(folder: Path, capsys: pytest.CaptureFixture[str
     runs = {r.name: r for r in engine_runs.load_runs(folder)}
     assert runs["r0-none-trace"].working_set is None
     assert runs["r0-none-trace"].block_tokens == 1  # the trace scaled to 1,008 tokens
-    assert runs["r0-none-trace"].load == "7.84"  # compare.json
+    trace = runs["r0-none-trace"]  # compare.json: its load, its model thread's schedstat
+    assert trace.load == "9.48"
+    assert trace.stretch == pytest.approx(1 + 13.324 / 137.69)
+    assert trace.worker_cpu_s == pytest.approx(140.19)
     assert realcheck.main([str(folder)]) == 0
     out = capsys.readouterr().out
     assert "150 blocks of 32 tokens, 12 layers x 4 KV heads x 64 float32" in out
@@ -87,3 +91,4 @@ def test_trace_runs_are_replayed(folder: Path, capsys: pytest.CaptureFixture[str
     assert "| trace | 8 | 69.7 % / 69.7 % (+0.0 points)" in rows["r0-none-trace"]
     assert "| trace | 8 | 69.7 % / 69.7 % (+0.0 points)" in rows["r0-flatcake-trace"]
     assert "| 4 prompts | 8 | 94.1 % / 94.1 % (+0.0 points)" in rows["r0-none-ws4"]
+    assert "| 0.10 s/s |" in rows["r0-none-trace"]  # the engine's measured CPU wait
