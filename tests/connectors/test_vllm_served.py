@@ -137,6 +137,12 @@ def test_readme_walkthrough_serves_and_restarts(tmp_path: Path) -> None:
     finally:
         rc = w.stop(server)
     assert rc in (0, -signal.SIGINT, 130), log.read_text()[-4000:]
+    # The worker's FlatCake half closed within its bound: half of vLLM's exit grace.
+    grace = float(os.environ.get("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "5"))
+    closed = re.findall(r"FlatCake worker side closed in (\S+) s \(writes drained for at "
+                        r"most (\S+) s\)", log.read_text())
+    assert [bound for _, bound in closed] == [f"{grace / 2:.1f}"], log.read_text()[-4000:]
+    assert all(float(took) <= float(bound) + 1.0 for took, bound in closed), closed
     # Turn 0: a 92-token prompt (90 words and the two role words): its 2 full blocks
     # go to SSD (first turn). Turn 1 gets them back; its short reply puts its new
     # blocks in host memory; turn 2 hits both media.
