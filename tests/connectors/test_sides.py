@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -374,4 +375,34 @@ def test_a_hit_whose_ssd_part_the_engine_holds_loads_synchronously(tmp_path: Pat
     assert recving == set()  # nothing for the engine to wait for
     for (layer, j), raw in want.items():
         assert h.block(layer, 34 + j) == raw
+    h.close()
+
+
+def test_a_step_handed_over_twice_starts_its_load_once(tmp_path: Path) -> None:
+    # On a CPU the vLLM connector starts a step before the forward pass and vLLM hands
+    # the same plan over again after it: the SSD restore runs once, and its report
+    # comes at the end of the step it started in.
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 113))
+    finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
+    h.step()
+    v = view("b", tokens(turn0, 8, 200), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (12, True)
+    h.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    submitted: list[Future] = []
+    submit = h.worker.executor.submit_load
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        submitted.append(submit(*args, **kwargs))
+        return submitted[-1]
+
+    h.worker.executor.submit_load = counted  # type: ignore[method-assign]
+    plan = h.sched.build_step()
+    h.worker.start_step(plan)  # before the forward pass
+    submitted[0].result(timeout=30)  # the forward pass outlasts the restore
+    h.worker.start_step(plan)  # after it: nothing more
+    h.worker.end_step()
+    _, recving, invalid, report = h.worker.poll()
+    assert len(submitted) == 1 and recving == {"b"} and invalid == set()
+    assert [d.num_blocks_loaded for d in report.loads] == [3]
     h.close()

@@ -16,7 +16,9 @@ beyond its hits)::
     FlatCakeConnector(role=SCHEDULER)          FlatCakeConnector(role=WORKER)
       = SchedulerSide (control plane)            = WorkerSide (data plane)
     get_num_new_matched_tokens  lookup         register_kv_caches   paged KV view
-    update_state_after_alloc    plan loads     start_load_kv        run the step's plan
+    update_state_after_alloc    plan loads     handle_preemptions   run the step's plan
+                                               (a CPU's KV) or      (all of it before
+                                               start_load_kv        the forward on a CPU)
     build_connector_meta        plan the       wait_for_layer_load  sync loads, per layer
       prompt's store ── StepPlan ────────────► wait_for_save        join sync loads, queue
                                                                     the step's writes
@@ -215,6 +217,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         self._layer_index: dict[str, int] = {}
         self._invalid: set[int] = set()
         self._report = WorkerReport()
+        self._start_before_forward = False  # set by register_kv_caches
         node = self.settings.config.store.node
         if role == KVConnectorRole.SCHEDULER and node:
             from flatcake.connectors.node_client import RemoteSchedulerSide
@@ -400,6 +403,9 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
     # -- worker side -----------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._start_before_forward = (
+            next(iter(kv_caches.values())).device.type == "cpu"
+            and not getattr(self._kv_cache_config, "needs_kv_cache_zeroing", False))
         if self.kv_groups is not None:
             # Layers of different groups share one buffer (their blocks differ): one
             # tensor per layer of a stored group, in FlatCake's layer order.
@@ -423,9 +429,25 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         logger.info("FlatCake worker side: %d KV layers of shape %s, store %s",
                     len(tensors), tuple(tensors[0].shape), self._work().store_dir)
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        # vLLM's first call of a step, before its forward pass. A preempted request's
+        # blocks may be overwritten by this forward: its stores finish first. On a CPU
+        # the whole step starts here: vLLM starts async loads after the forward, which
+        # costs nothing where the forward is only launched (a GPU) but on a CPU delays
+        # an SSD restore by a whole forward pass, and its report by a step. Nothing in
+        # flight touches this step's blocks on a CPU (the last forward has returned),
+        # unless vLLM zeroes newly allocated blocks in this step (Mamba, mixed
+        # precision), which a load started earlier would lose.
+        if not isinstance(kv_connector_metadata, FlatCakeMetadata):
+            return
+        if self._start_before_forward:
+            self._work().start_step(kv_connector_metadata.plan, kv_connector_metadata.slots)
+        else:
+            self._work().wait_for_stores(kv_connector_metadata.plan.preempted)
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
-        if isinstance(meta, FlatCakeMetadata):
+        if isinstance(meta, FlatCakeMetadata):  # a no-op when handle_preemptions ran it
             self._work().start_step(meta.plan, meta.slots)
 
     def wait_for_layer_load(self, layer_name: str) -> None:

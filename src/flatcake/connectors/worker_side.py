@@ -161,6 +161,7 @@ class WorkerSide:
         self._scratch: dict[tuple[str, int], PagedKV] = {}  # grouped stores' snapshots
         self._failed_requests: set[str] = set()
         self._slots: StepSlots | None = None
+        self._started: StepPlan | None = None  # the last plan start_step ran
         self.cluster: StoreCluster | None = None
         self.readers: ClusterReaders | None = None  # attached, in a cluster
         if arena_path is not None and config.store.cluster_url:
@@ -223,12 +224,17 @@ class WorkerSide:
 
     def start_step(self, plan: StepPlan, slots: StepSlots | None = None) -> None:
         """Start everything ``plan`` asks for; sync loads are waited for per layer.
-        ``slots``: the tasks' blocks in every group, for an engine of several."""
+        ``slots``: the tasks' blocks in every group, for an engine of several. The same
+        plan handed over again (an engine that may start a step's loads before its
+        forward pass or after it calls both hooks) starts nothing more."""
+        if plan is self._started:
+            return
+        self._started = plan
         if self.grouped is not None and slots is None:
             slots = StepSlots()
         self._slots = slots
         if plan.preempted:
-            self._wait_for_stores(plan.preempted)
+            self.wait_for_stores(plan.preempted)
         for cut in plan.cuts if self.writes else ():
             self.executor.cut(cut)
         for drop in plan.drops if self.writes else ():
@@ -342,7 +348,7 @@ class WorkerSide:
         self._scratch[(store.request_id, store.plan.segment.segment_id)] = scratch
         return replace(store, block_ids=tuple(range(n)))
 
-    def _wait_for_stores(self, request_ids: Sequence[str]) -> None:
+    def wait_for_stores(self, request_ids: Sequence[str]) -> None:
         """Block until every store of ``request_ids`` has finished (their blocks are
         about to be reused)."""
         with self._write_cond:
