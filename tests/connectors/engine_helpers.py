@@ -1,16 +1,21 @@
 """Running one vLLM engine process over a plan of requests (``engine_script.py``) and
-comparing what it served: shared by the engine tests of the vLLM connector."""
+comparing what it served: shared by the engine tests of the vLLM connector. Importing it
+skips the importing test module where vLLM is not installed."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
 
 SCRIPT = Path(__file__).with_name("engine_script.py")
 BLOCK = 32
@@ -39,6 +44,46 @@ def run_engine(model: Path, plan: dict, out: Path, store: Path | None = None) ->
     print(f"{out.stem}: process {result['process_s']} s, engine start "
           f"{result['started_s']:.1f} s, phases {result['phase_s']}")
     return result
+
+
+def random_ids(seed: int) -> Callable[[int], list[int]]:
+    """``ids(n)``: ``n`` random token ids of the test models' 512-token vocabulary, past
+    its special ids; the same sequence of calls gives the same ids for a seed."""
+    rng = random.Random(seed)
+    return lambda n: [rng.randrange(3, 512) for _ in range(n)]
+
+
+def session_turns(ids: Callable[[int], list[int]], session: str, *lengths: int,
+                  **fields: object) -> dict[str, dict]:
+    """Turns ``<session>0``, ``<session>1``, ... of one session: a prompt of
+    ``lengths[0]`` token ids from ``ids``, then each turn the previous one's prompt and
+    reply extended by ``lengths[k]`` more; ``fields`` (``max_tokens``...) go with every
+    turn, ``session_id`` is the session's name unless ``fields`` set it."""
+    fields = {"session_id": session} | fields
+    turns = {f"{session}0": {"prompt": ids(lengths[0]), **fields}}
+    for k, n in enumerate(lengths[1:], 1):
+        turns[f"{session}{k}"] = {"extend": [f"{session}{k - 1}", ids(n)], **fields}
+    return turns
+
+
+def plan_of(turns: dict[str, dict], *groups: tuple[str, ...], **options: object) -> dict:
+    """An engine run's plan: each group of ``turns``' named requests is one phase (sent
+    together), the phases in order; ``options`` set the run (``engine_script.py``)."""
+    return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups]} | options
+
+
+def run_as_served(model: Path, plan: dict, want: dict, out: Path,
+                  store: Path) -> tuple[dict, dict, dict]:
+    """A FlatCake run of ``plan`` with every prompt as the baseline served it, each
+    output equal to the baseline's (``want``); returns what the run served, its requests
+    by name, and each request's FlatCake figures by name."""
+    run = run_engine(model, explicit(plan, want), out, store)
+    got = run["requests"]
+    fc = {name: got[name]["flatcake"] for name in got}
+    print(f"{out.stem}:", json.dumps(fc, indent=1))
+    for name in got:
+        same_output(got[name], want[name])
+    return run, got, fc
 
 
 def explicit(plan: dict, served: dict) -> dict:

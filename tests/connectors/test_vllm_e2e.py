@@ -31,20 +31,18 @@ Runs under ./.venv-engine (``make test`` does it); skipped where vLLM is not ins
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
-
 from tests.connectors.engine_helpers import (
     BLOCK,
     corrupt_session_file,
-    explicit,
+    plan_of,
+    random_ids,
+    run_as_served,
     run_engine,
-    same_output,
+    session_turns,
 )
 
 pytestmark = pytest.mark.engine
@@ -53,17 +51,11 @@ pytestmark = pytest.mark.engine
 @pytest.mark.timeout(1500)  # three engine processes, ~1 min each on 2 idle cores
 def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
         tmp_path: Path) -> None:
-    rng = random.Random(0)
-
-    def ids(n: int) -> list[int]:
-        return [rng.randrange(3, 512) for _ in range(n)]
-
+    ids = random_ids(0)
     system = ids(2 * BLOCK)
     turns = {
-        "A0": {"prompt": ids(100), "session_id": "A", "max_tokens": 8},
-        "A1": {"extend": ["A0", ids(40)], "session_id": "A", "max_tokens": 8},
-        "A2": {"extend": ["A1", ids(40)], "session_id": "A", "max_tokens": 8},
-        "B0": {"prompt": ids(70), "max_tokens": 8},
+        **session_turns(ids, "A", 100, 40, 40, max_tokens=8),
+        "B0": {"prompt": ids(70), "max_tokens": 8},  # no session id: inferred
         "B1": {"extend": ["B0", ids(30)], "max_tokens": 8},
         "C1": {"prompt": system + ids(20), "max_tokens": 4},
         "C2": {"prompt": system + ids(25), "max_tokens": 4},
@@ -72,30 +64,21 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
         "S1": {"extend": ["S0", ids(40)], "cache_salt": "alice", "max_tokens": 8},
         "Z0": {"prompt": ids(100), "session_id": "Z", "max_tokens": 1},
     }
-
-    def phases(*groups: tuple[str, ...], **options: object) -> dict:
-        return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups]} | options
-
     model, store = tmp_path / "model", tmp_path / "store"
 
     # 0. Baseline: vLLM alone, with its defaults (the engine in this process: it starts
     # in seconds instead of minutes on two cores, and computes the same).
-    base = run_engine(model, phases(("A0",), ("A1",), ("A2",), ("B0",), ("B1",),
-                                    ("C1", "C2"), ("C3",), ("S0",), ("S1",), ("Z0",),
-                                    in_process=True),
+    base = run_engine(model, plan_of(turns, ("A0",), ("A1",), ("A2",), ("B0",), ("B1",),
+                                     ("C1", "C2"), ("C3",), ("S0",), ("S1",), ("Z0",),
+                                     in_process=True),
                       tmp_path / "baseline.json")
     want = base["requests"]
 
     # 1. FlatCake, empty store, vLLM's prefix cache off: every hit is FlatCake's.
-    r1 = run_engine(model, explicit(phases(("A0",), ("A1",), ("A2",), ("B0",), ("C1", "C2"),
-                                           ("C3",), ("S0",), prefix_caching=False,
-                                           in_process=True), want),
-                    tmp_path / "run1.json", store)
-    got = r1["requests"]
-    for name in got:
-        same_output(got[name], want[name])
-    fc = {name: got[name]["flatcake"] for name in got}
-    print("run 1:", json.dumps(fc, indent=1))
+    _, got, fc = run_as_served(
+        model, plan_of(turns, ("A0",), ("A1",), ("A2",), ("B0",), ("C1", "C2"), ("C3",),
+                       ("S0",), prefix_caching=False, in_process=True),
+        want, tmp_path / "run1.json", store)
     assert fc["A0"]["placement"] == "ssd:first_turn" and fc["A0"]["hit_tokens"] == 0
     assert fc["A0"]["stored_blocks"] == 3  # the prompt's full blocks, written at prefill
     # Turn 1 restores turn 0's three full blocks from SSD: 96 of its 148 prompt tokens
@@ -121,14 +104,9 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
     damaged = corrupt_session_file(store, fc["B0"]["session_id"])
 
     # 2. A fresh process over the same store, vLLM's defaults.
-    run2 = phases(("S0",), ("S1",), ("A0",), ("B1",), ("Z0",))
+    run2 = plan_of(turns, ("S0",), ("S1",), ("A0",), ("B1",), ("Z0",))
     run2["phases"][0][0]["cache_salt"] = "bob"
-    r2 = run_engine(model, explicit(run2, want), tmp_path / "run2.json", store)
-    got2 = r2["requests"]
-    fc2 = {name: got2[name]["flatcake"] for name in got2}
-    print("run 2:", json.dumps(fc2, indent=1))
-    for name in got2:
-        same_output(got2[name], want[name])
+    _, got2, fc2 = run_as_served(model, run2, want, tmp_path / "run2.json", store)
     # Another tenant's salt: nothing of alice's prompt is served to bob.
     assert got2["S0"]["num_cached_tokens"] == 0 and fc2["S0"]["hit_tokens"] == 0
     # Alice's next turn in a fresh process: her previous prompt's full blocks, from SSD

@@ -18,21 +18,19 @@ Every output equals the baseline's token for token and logprob for logprob (1e-5
 
 from __future__ import annotations
 
-import json
-import random
 import re
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
-
 from tests.connectors.engine_helpers import (
     BLOCK,
     corrupt_session_file,
-    explicit,
+    plan_of,
+    random_ids,
+    run_as_served,
     run_engine,
-    same_output,
+    session_turns,
 )
 
 pytestmark = pytest.mark.engine
@@ -62,35 +60,19 @@ def build_hybrid_model(out: Path) -> None:
 
 @pytest.mark.timeout(1500)  # three engine processes
 def test_hybrid_model_turns_restore_every_group(tmp_path: Path) -> None:
-    rng = random.Random(1)
-
-    def ids(n: int) -> list[int]:
-        return [rng.randrange(3, 512) for _ in range(n)]
-
-    turns = {
-        "H0": {"prompt": ids(140), "session_id": "H", "max_tokens": 8},
-        "H1": {"extend": ["H0", ids(50)], "session_id": "H", "max_tokens": 8},
-        "R0": {"prompt": ids(110), "session_id": "R", "max_tokens": 8},
-        "R1": {"extend": ["R0", ids(30)], "session_id": "R", "max_tokens": 8},
-    }
-
-    def phases(*groups: tuple[str, ...], **options: object) -> dict:
-        return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups]} | options
-
+    ids = random_ids(1)
+    turns = session_turns(ids, "H", 140, 50, max_tokens=8) | session_turns(
+        ids, "R", 110, 30, max_tokens=8)
     model, store = tmp_path / "model", tmp_path / "store"
     build_hybrid_model(model)
-    base = run_engine(model, phases(("H0",), ("H1",), ("R0",), ("R1",), in_process=True),
+    base = run_engine(model, plan_of(turns, ("H0",), ("H1",), ("R0",), ("R1",),
+                                     in_process=True),
                       tmp_path / "baseline.json")
     want = base["requests"]
 
-    r1 = run_engine(model, explicit(phases(("H0",), ("H1",), ("R0",), prefix_caching=False,
-                                           in_process=True), want),
-                    tmp_path / "run1.json", store)
-    got = r1["requests"]
-    fc = {name: got[name]["flatcake"] for name in got}
-    print("run 1:", json.dumps(fc, indent=1))
-    for name in got:
-        same_output(got[name], want[name])
+    r1, got, fc = run_as_served(model, plan_of(turns, ("H0",), ("H1",), ("R0",),
+                                               prefix_caching=False, in_process=True),
+                                want, tmp_path / "run1.json", store)
     # vLLM kept its hybrid KV cache manager on: the connector got several groups.
     assert "Turning off hybrid kv cache manager" not in r1["log"]
     groups = re.findall(r"FlatCake worker side: 4 KV layers in (\d+) KV cache groups",
@@ -104,13 +86,8 @@ def test_hybrid_model_turns_restore_every_group(tmp_path: Path) -> None:
     assert all(f["load_error_blocks"] == 0 for f in fc.values())
 
     damaged = corrupt_session_file(store, fc["R0"]["session_id"])
-    r2 = run_engine(model, explicit(phases(("H1",), ("R1",)), want), tmp_path / "run2.json",
-                    store)
-    got2 = r2["requests"]
-    fc2 = {name: got2[name]["flatcake"] for name in got2}
-    print("run 2:", json.dumps(fc2, indent=1))
-    for name in got2:
-        same_output(got2[name], want[name])
+    _, got2, fc2 = run_as_served(model, plan_of(turns, ("H1",), ("R1",)), want,
+                                 tmp_path / "run2.json", store)
     # H's turn 1 again in a fresh process: every full block of turn 0's prompt.
     assert got2["H1"]["num_cached_tokens"] == 4 * BLOCK
     assert fc2["H1"]["loaded_tokens_ssd"] == 4 * BLOCK

@@ -23,60 +23,44 @@ Runs under ./.venv-engine; skipped where vLLM is not installed.
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
-
 from tests.connectors.engine_helpers import (
     corrupt_session_file,
-    explicit,
+    plan_of,
+    random_ids,
+    run_as_served,
     run_engine,
-    same_output,
+    session_turns,
 )
 
 pytestmark = pytest.mark.engine
 
 BLOCK = 16  # vLLM's CPU MLA kernel runs 16-token blocks only
 LATENT_BLOCK_BYTES = BLOCK * 576 * 4  # kv_lora_rank 512 + rope 64, float32
+MLA = {"model_kind": "mla", "block_size": BLOCK, "in_process": True}
+"""Every run's options: the tiny MLA model, at vLLM's CPU MLA block size."""
 
 
 @pytest.mark.timeout(900)  # three engine processes, ~20-40 s each on 2 idle cores
 def test_mla_turns_come_back_from_ssd_in_a_fresh_process(tmp_path: Path) -> None:
-    rng = random.Random(1)
-
-    def ids(n: int) -> list[int]:
-        return [rng.randrange(3, 512) for _ in range(n)]
-
-    turns = {
-        "A0": {"prompt": ids(100), "session_id": "A", "max_tokens": 6},
-        "A1": {"extend": ["A0", ids(30)], "session_id": "A", "max_tokens": 6},
-        "B0": {"prompt": ids(70), "session_id": "B", "max_tokens": 6},
-        "B1": {"extend": ["B0", ids(20)], "session_id": "B", "max_tokens": 6},
-    }
-
-    def phases(*groups: tuple[str, ...], **options: object) -> dict:
-        return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups],
-                "model_kind": "mla", "block_size": BLOCK, "in_process": True} | options
-
+    ids = random_ids(1)
+    turns = session_turns(ids, "A", 100, 30, max_tokens=6) | session_turns(
+        ids, "B", 70, 20, max_tokens=6)
     model, store = tmp_path / "model", tmp_path / "store"
-    baseline = phases(("A0",), ("A1",), ("B0",), ("B1",), cpu_mla_prefix_caching=True)
+    baseline = plan_of(turns, ("A0",), ("A1",), ("B0",), ("B1",), **MLA,
+                       cpu_mla_prefix_caching=True)
     baseline["phases"][3][0]["cache_salt"] = "from-scratch"
     base = run_engine(model, baseline, tmp_path / "baseline.json")
     want = base["requests"]
     assert want["A1"]["num_cached_tokens"] == 6 * BLOCK  # vLLM's own prefix cache hit
     assert want["B1"]["num_cached_tokens"] == 0
 
-    r1 = run_engine(model, explicit(phases(("A0",), ("B0",), prefix_caching=False), want),
-                    tmp_path / "run1.json", store)
-    got = r1["requests"]
-    for name in got:
-        same_output(got[name], want[name])
-    fc = {name: got[name]["flatcake"] for name in got}
-    print("run 1:", json.dumps(fc, indent=1))
+    _, _, fc = run_as_served(model, plan_of(turns, ("A0",), ("B0",), **MLA,
+                                            prefix_caching=False),
+                             want, tmp_path / "run1.json", store)
     assert fc["A0"]["stored_blocks"] == 100 // BLOCK and fc["B0"]["stored_blocks"] == 70 // BLOCK
     # One segment of 6 blocks, each layer's part the latent as the engine keeps it.
     from flatcake.cio.filescan import scan_session_file
@@ -88,13 +72,8 @@ def test_mla_turns_come_back_from_ssd_in_a_fresh_process(tmp_path: Path) -> None
     assert header.layer_block_bytes == (LATENT_BLOCK_BYTES, LATENT_BLOCK_BYTES)
 
     damaged = corrupt_session_file(store, "B")
-    r2 = run_engine(model, explicit(phases(("A1",), ("B1",)), want), tmp_path / "run2.json",
-                    store)
-    got2 = r2["requests"]
-    fc2 = {name: got2[name]["flatcake"] for name in got2}
-    print("run 2:", json.dumps(fc2, indent=1))
-    for name in got2:
-        same_output(got2[name], want[name])
+    _, got2, fc2 = run_as_served(model, plan_of(turns, ("A1",), ("B1",), **MLA), want,
+                                 tmp_path / "run2.json", store)
     # Every full block of turn 0 comes back in the fresh process, from SSD.
     assert got2["A1"]["num_cached_tokens"] == 6 * BLOCK
     assert fc2["A1"]["loaded_tokens_ssd"] == 6 * BLOCK and fc2["A1"]["load_error_blocks"] == 0
