@@ -4,6 +4,7 @@ spanning two trace blocks, and the paper preset folded or not."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,10 +34,12 @@ REQS = [(0.0, ids(0, 11), 11 * TRACE_BT, 2), (1.0, ids(100, 111), 11 * TRACE_BT,
         (10.0, ids(100, 113), 13 * TRACE_BT, 2)]
 
 
-def _replay(system: str) -> tuple[np.ndarray, dict[str, object], int]:
-    wl = from_requests(REQS, TRACE_BT)
+def _replay(system: str, reqs: list[Any] = REQS, uncached: tuple[str, ...] = ()
+            ) -> tuple[np.ndarray, dict[str, object], int]:
+    wl = from_requests(reqs, TRACE_BT)
     # Budgets in blocks of all layers (17,384 B): 4 -> 7 blocks of 9,192 B, 3 -> 5.
     preset = tiny_preset(gpu_blocks=4, host_blocks=3, geometry=HYBRID)
+    preset = preset.with_node(uncached_kinds=uncached)
     m, node = replay_node(wl, system, 1 / 2.5, preset)
     return node.rec.hit_blocks.copy(), m.extra, m.read_commands
 
@@ -70,9 +73,39 @@ def test_flatcake_counts_bytes_and_commands_per_kind() -> None:
                                                   "full": 3 * 5 * 2 * 4096,
                                                   "c32": 3 * 5 * 1000}
     assert extra["ssd_saved_by_windows_bytes"] == 3 * 4 * 8192
+    assert extra["ssd_not_stored_bytes"] == 0
     # Each restore reads one segment: one command per layer.
     assert extra["restore_commands_by_kind"] == {"sliding": 1.0, "full": 2.0, "c32": 1.0}
     assert commands == 2 * 4
+
+
+def test_a_kind_the_engine_does_not_prefix_cache_is_never_stored() -> None:
+    hits, extra, commands = _replay("flatcake", uncached=("sliding",))
+    assert hits[3:].tolist() == [5, 5]
+    # As the vLLM connector: nothing of the sliding layer is written or read; what it
+    # would have taken (every block of it) is counted as not stored, not as saved.
+    assert extra["ssd_written_bytes_by_kind"] == {"sliding": 0,
+                                                  "full": 3 * 5 * 2 * 4096,
+                                                  "c32": 3 * 5 * 1000}
+    assert extra["ssd_saved_by_windows_bytes"] == 0
+    assert extra["ssd_not_stored_bytes"] == 3 * 5 * 8192
+    assert extra["restore_commands_by_kind"] == {"sliding": 0.0, "full": 2.0, "c32": 1.0}
+    assert commands == 2 * 3
+    assert extra["ssd_window_bytes_released"] == 0
+
+
+# A, B, C as above, then D shares A's first 3 whole blocks and goes on elsewhere: its
+# hit ends inside A's SSD segment, which holds the sliding layer's last block only.
+BRANCH = [*REQS[:3], (10.0, ids(0, 6) + ids(500, 505), 11 * TRACE_BT, 2)]
+
+
+@pytest.mark.parametrize(("uncached", "hit"), [((), 0), (("sliding",), 3)])
+def test_only_a_prefix_cached_window_cuts_a_hit_back(uncached: tuple[str, ...],
+                                                      hit: int) -> None:
+    hits, _extra, _commands = _replay("flatcake", BRANCH, uncached)
+    # A window the store keeps (the engine prefix-caches it) is not held at D's block 3:
+    # the hit is cut back to nothing. A window the engine rebuilds cuts nothing back.
+    assert hits[3] == hit
 
 
 def test_tiered_direct_reads_every_layer_that_keeps_its_blocks() -> None:
@@ -107,7 +140,10 @@ def test_folded_and_unfolded_paper_differ_only_by_the_geometry() -> None:
     # per block each; the 2 sliding layers at most one 128-token window per segment.
     assert written["c4a"] == blocks * 21 * 716 * 32
     assert written["c128a"] == blocks * 20 * 584
-    assert 0 < written["sliding"] <= blocks * 2 * 584 * 128
+    # vLLM does not prefix-cache DeepSeek-V4's sliding layers: FlatCake stores none.
+    assert written["sliding"] == 0
+    assert unfolded.extra["ssd_not_stored_bytes"] == blocks * 2 * 584 * 128
+    assert unfolded.extra["ssd_saved_by_windows_bytes"] == 0
     assert folded.extra["ssd_saved_by_windows_bytes"] == 0
 
 

@@ -158,6 +158,10 @@ PAPER_NODE = NodeSpec(
     ssd=PAPER_SSD,
     staging_bytes_per_worker=1280 * MIB,  # Mooncake FileStorageConfig.local_buffer_size
     restore_overhead_s=0.001,  # assumption (see PAPER_ASSUMPTIONS)
+    # vLLM 0.32 does not prefix-cache DeepSeek-V4's sliding-window state
+    # (vllm/v1/kv_cache_interface.py: SlidingWindowMLASpec.prefix_cacheable is False with
+    # bounded_replay, and prefix_replay_tokens rebuilds the window on a hit).
+    uncached_kinds=("sliding",),
 )
 
 PAPER_FIXED_COST = (
@@ -176,10 +180,11 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "64-token blocks: the replay re-cuts the trace into 128-token blocks (FlatCake's "
     "block for this model; vLLM aligns a hybrid model's prefix hit to its scheduler "
     "block), so a prompt's last odd 64-token block, a partial entry, is recomputed by "
-    "every system. Sliding-window layers: FlatCake stores and restores each segment's "
-    "window (format v3); the baselines are charged nothing for them (vLLM does not "
-    "prefix-cache DeepSeek-V4's sliding-window state, CircularBufferSpec, and its "
-    "recomputation of the window is not charged to any system).",
+    "every system. Sliding-window layers: no system stores, restores or is charged for "
+    "them, FlatCake included: vLLM does not prefix-cache DeepSeek-V4's sliding-window "
+    "state (prefix_cacheable False) and rebuilds the window on a hit, which the replay "
+    "charges no system; the vLLM connector stores only the prefix-cacheable groups, so "
+    "it neither stores these layers nor cuts a hit back for them.",
     "8 data-parallel workers (DP attention: each GPU holds the KV of its own requests); "
     "requests are spread round robin (SGLang's --load-balance-method default), so a "
     "session's next turn usually lands on another GPU and its history must come from "

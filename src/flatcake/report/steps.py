@@ -93,7 +93,8 @@ def mechanisms(cc: SweepResult) -> list[str]:
 
 def layer_kinds(cc: SweepResult) -> list[str]:
     """Per system and rate that counts them: SSD read commands per restore per layer
-    kind, SSD bytes written per kind, and what sliding windows saved."""
+    kind, SSD bytes written per kind, what sliding windows saved, and what was not
+    stored (the kinds the engine does not prefix-cache)."""
     rows = []
     for s in cc.meta["systems"]:
         for r in cc.by(s):
@@ -104,23 +105,28 @@ def layer_kinds(cc: SweepResult) -> list[str]:
             written = ex.get("ssd_written_bytes_by_kind")
             saved = ex.get("ssd_saved_by_windows_bytes")
             released = ex.get("ssd_window_bytes_released")
+            skipped = ex.get("ssd_not_stored_bytes")
             rows.append(
                 f"| {s} | {r['rate_req_s']:g} | "
                 + ", ".join(f"{k} {v:,.1f}" for k, v in cmds.items()) + " | "
                 + (", ".join(f"{k} {v / 1e9:,.1f}" for k, v in written.items())
                    if written else "–") + " | "
                 + (f"{saved / 1e9:,.1f}" if saved is not None else "–") + " | "
-                + (f"{released / 1e9:,.1f}" if released is not None else "–") + " |")
+                + (f"{released / 1e9:,.1f}" if released is not None else "–") + " | "
+                + (f"{skipped / 1e9:,.1f}" if skipped is not None else "–") + " |")
     if not rows:
         return []
     return ["## Layer kinds", "",
             "Per restore that reads the SSD: read commands per layer kind (each kind's "
             "layers together); the SSD bytes written per kind (GB), what the sliding "
             "windows saved against storing every block, and the older turns' window rows "
-            "released once a newer turn was durable (GB). tiered reads one object per "
-            "block (all layers); memory-only reads no SSD.", "",
+            "released once a newer turn was durable (GB), and what was not stored at "
+            "all: the layer kinds the engine does not prefix-cache and rebuilds itself "
+            "on a hit, which the vLLM connector does not store either (GB). tiered reads "
+            "one object per block (all layers); memory-only reads no SSD.", "",
             "| system | rate | commands per restore | SSD written (GB) | saved by "
-            "windows (GB) | windows released (GB) |", "|---|---:|---|---|---:|---:|",
+            "windows (GB) | windows released (GB) | not stored (GB) |",
+            "|---|---:|---|---|---:|---:|---:|",
             *rows, ""]
 
 

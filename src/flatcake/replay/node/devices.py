@@ -176,6 +176,11 @@ class NodeSpec:
             --calibrate``); 0 charges the SSD model's ``command_latency_s /
             queue_depth`` like every other system. The baselines' paths are not
             measured, so they keep the drive's figures.
+        uncached_kinds: layer kinds (``LayerGroup.kind``) the engine does not
+            prefix-cache: it rebuilds their state itself on a hit, charged to no system.
+            Like the vLLM connector (``connectors.vllm_glue.KVGroups`` stores only the
+            prefix-cacheable groups), FlatCake neither stores nor restores them, and they
+            never cut a hit back; the baselines read nothing for them either.
     """
 
     num_workers: int
@@ -188,9 +193,14 @@ class NodeSpec:
     gpus_per_worker: int = 1
     restore_overhead_s: float = 0.0
     store_command_s: float = 0.0
+    uncached_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive("node.num_workers", self.num_workers)
+        if not isinstance(self.uncached_kinds, tuple) or \
+                not all(isinstance(k, str) for k in self.uncached_kinds):
+            raise ValueError(f"invalid replay device spec node.uncached_kinds="
+                             f"{self.uncached_kinds!r}: a tuple of layer kind names")
         _positive("node.gpus_per_worker", self.gpus_per_worker)
         if self.routing not in ROUTINGS:
             raise ValueError(f"invalid replay device spec node.routing={self.routing!r}: "

@@ -65,6 +65,7 @@ from flatcake.control.signals import (
     max_branch_blocks,
 )
 from flatcake.errors import CapacityError
+from flatcake.geometry import KVGeometry
 from flatcake.plan.bulk import SegmentCache, stream_totals
 from flatcake.plan.requests import servable, settle
 from flatcake.readplan import ReadPlan
@@ -75,7 +76,7 @@ from flatcake.replay.systems.keys import (
     memory_run,
     refill_wait_s,
 )
-from flatcake.replay.systems.layers import LayerBooks
+from flatcake.replay.systems.layers import LayerBooks, stored_layers
 from flatcake.replay.systems.state import FcSharing, FcState
 
 logger = logging.getLogger(__name__)
@@ -110,12 +111,17 @@ class FlatCakeSystem(System):
         self.segment_cache: SegmentCache = {}
         self.planner = functools.partial(stream_totals, segment_cache=self.segment_cache)
         self.books: LayerBooks | None = None  # per layer kind: bytes written, commands
+        self.geometry: KVGeometry | None = None  # the layers the store holds
 
     def attach(self, node: Node) -> None:
         super().attach(node)
         clock = node.loop.clock
-        self.cp = ControlPlane(node.geometry, self.config, clock)
-        self.books = LayerBooks(node.geometry)
+        # As the vLLM connector: the layer kinds the engine does not prefix-cache are not
+        # stored, restored, nor cut a hit back (the engine rebuilds them).
+        geometry, stored = stored_layers(node.geometry, node.spec.uncached_kinds)
+        self.geometry = geometry
+        self.cp = ControlPlane(geometry, self.config, clock)
+        self.books = LayerBooks(node.geometry, stored)
         self.scheds = [MasScheduler(self.config.scheduler, clock) for _ in node.workers]
         if len(self.keys) != node.wl.num_ids:  # a cluster's nodes share one key list
             self.keys = make_keys(node.wl.num_ids)
@@ -124,7 +130,7 @@ class FlatCakeSystem(System):
         self.sessions = SessionTracker(max_sessions=max(node.wl.num_requests, 1),
                                        new_session_id=lambda: f"auto-{next(ids)}",
                                        max_branch_blocks=max_branch_blocks(
-                                           self.config.placement, node.geometry))
+                                           self.config.placement, geometry))
         self.refcount = PrefixRefcount()
 
     # ---- arrival ------------------------------------------------------------------
@@ -207,8 +213,8 @@ class FlatCakeSystem(System):
         runs = trim_hit(st.hit, g) if g else st.hit.runs
         if plan is None or g != st.gpu_prefix:
             # The GPU prefix changed while the request waited: plan what is missing now.
-            plan = stream_totals(runs, node.geometry.num_layers, None, self.config.planner,
-                                 segment_cache=self.segment_cache)
+            plan = stream_totals(runs, (self.geometry or node.geometry).num_layers, None,
+                                 self.config.planner, segment_cache=self.segment_cache)
         # Useful: the SSD blocks the request needs (the plan also reads the rest of
         # their segments, for the checksum).
         useful = sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
@@ -243,7 +249,7 @@ class FlatCakeSystem(System):
             node.rec.ssd_read(cmds, plan.bytes_read, t)
             if refill_bytes:
                 end += refill_wait_s(t, refill_bytes / spec.host_to_gpu_bytes_per_s,
-                                     node.geometry.num_layers)
+                                     (self.geometry or node.geometry).num_layers)
         if plan.memory_bytes:
             end = max(end, w.link.submit(now, plan.memory_bytes / spec.host_to_gpu_bytes_per_s,
                                          plan.memory_bytes))

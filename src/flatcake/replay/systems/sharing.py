@@ -200,7 +200,7 @@ class FlatCakeReads(_Member):
             raise not_attached(fc.name)
         w = node.workers[req.worker]
         g = req.gpu_prefix
-        num_layers = node.geometry.num_layers
+        num_layers = (fc.geometry or node.geometry).num_layers
         end = node.now
         useful = 0
         if st.local is not None:
