@@ -158,9 +158,12 @@ PAPER_NODE = NodeSpec(
     ssd=PAPER_SSD,
     staging_bytes_per_worker=1280 * MIB,  # Mooncake FileStorageConfig.local_buffer_size
     restore_overhead_s=0.001,  # assumption (see PAPER_ASSUMPTIONS)
-    # vLLM 0.32 does not prefix-cache DeepSeek-V4's sliding-window state
-    # (vllm/v1/kv_cache_interface.py: SlidingWindowMLASpec.prefix_cacheable is False with
-    # bounded_replay, and prefix_replay_tokens rebuilds the window on a hit).
+    # The sliding window under vLLM's bounded replay: not prefix-cached, rebuilt on a hit
+    # (vllm/v1/kv_cache_interface.py, vLLM 0.32: SlidingWindowMLASpec.prefix_cacheable is
+    # `not bounded_replay`, prefix_replay_tokens the window). vLLM 0.32 turns it on for
+    # DeepSeek-V4.1 (models/deepseek_v41/attention.py, --swa-bounded-replay, default on
+    # with model runner V2); its DeepseekV4ForCausalLM (models/deepseek_v4) builds the
+    # sliding cache without it, so the window is prefix-cached there: () replays that.
     uncached_kinds=("sliding",),
 )
 
@@ -181,10 +184,11 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "block for this model; vLLM aligns a hybrid model's prefix hit to its scheduler "
     "block), so a prompt's last odd 64-token block, a partial entry, is recomputed by "
     "every system. Sliding-window layers: no system stores, restores or is charged for "
-    "them, FlatCake included: vLLM does not prefix-cache DeepSeek-V4's sliding-window "
-    "state (prefix_cacheable False) and rebuilds the window on a hit, which the replay "
-    "charges no system; the vLLM connector stores only the prefix-cacheable groups, so "
-    "it neither stores these layers nor cuts a hit back for them.",
+    "them, FlatCake included: under vLLM's bounded replay of the window (DeepSeek-V4.1's "
+    "default in vLLM 0.32; its DeepSeek-V4 model class does not use it) the sliding "
+    "group is not prefix-cached and the engine rebuilds the window on a hit, which the "
+    "replay charges no system; the vLLM connector stores only the prefix-cacheable "
+    "groups, so it neither stores these layers nor cuts a hit back for them.",
     "8 data-parallel workers (DP attention: each GPU holds the KV of its own requests); "
     "requests are spread round robin (SGLang's --load-balance-method default), so a "
     "session's next turn usually lands on another GPU and its history must come from "
