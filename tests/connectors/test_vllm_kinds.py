@@ -76,7 +76,7 @@ def test_a_mamba_group_beside_attention_is_refused_by_name() -> None:
 
     mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(torch.float32,))
     group = KVCacheGroupSpec(["model.layers.5.mixer"], mamba)
-    with pytest.raises(ValueError, match=r"cannot store 1 layers of MambaSpec"):
+    with pytest.raises(ValueError, match=r"cannot store group 1, 1 layers of MambaSpec"):
         engine_geometry(*_config(_full(2), group))
 
 

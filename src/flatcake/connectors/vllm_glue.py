@@ -6,6 +6,8 @@ hold the same KV, and the optional ``flush`` helper for an in-process offline en
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -88,20 +90,56 @@ SERVED_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec"
 (a sliding-window or chunked-local layer alone in its group is stored like a full one)."""
 
 
-def group_kind(group: Any) -> str:
-    """One KV cache group for a message: its layer count, spec class and page size."""
-    spec = group.kv_cache_spec
+def _spec_kind(spec: Any) -> str:
+    """One layer's KV cache spec for a message: class, page size, window, tokens per
+    state (a compressed layer)."""
     window = getattr(spec, "sliding_window", None)
-    extra = f", window {window} tokens" if window else ""
-    return (f"{len(group.layer_names)} layers of {type(spec).__name__} "
-            f"({getattr(spec, 'page_size_bytes', '?')} B pages{extra})")
+    per_state = getattr(spec, "__dict__", {}).get("tokens_per_state", 1)
+    extra = (f", window {window} tokens" if window else "") + \
+        (f", one state per {per_state} tokens" if isinstance(per_state, int)
+         and per_state > 1 else "")
+    return f"{type(spec).__name__} ({getattr(spec, 'page_size_bytes', '?')} B pages{extra})"
+
+
+def group_kind(group: Any) -> str:
+    """One KV cache group for a message: its layer count and spec class, and the layer
+    kinds a ``UniformTypeKVCacheSpecs`` group holds (DeepSeek-V4 packs an MLA layer, its
+    indexer and layers of other compression ratios into one)."""
+    spec = group.kv_cache_spec
+    inner = getattr(spec, "kv_cache_specs", None)
+    if not isinstance(inner, Mapping) or not inner:
+        return f"{len(group.layer_names)} layers of {_spec_kind(spec)}"
+    kinds = Counter(_spec_kind(layer) for layer in inner.values())
+    held = "; ".join(f"{n} x {kind}" for kind, n in kinds.items())
+    return (f"{len(group.layer_names)} layers of {type(spec).__name__} in "
+            f"{spec.block_size}-token blocks: {held}")
+
+
+def replayed_by_engine(spec: Any) -> bool:
+    """A group vLLM rebuilds itself after a hit: its scheduler recomputes the hit's last
+    window (``prefix_replay_tokens``, DeepSeek-V4.1's bounded replay of the sliding
+    window, ``vllm/v1/core/sched/scheduler.py``) and a connector's load restores only
+    the prefix-cacheable groups (``get_loaded_kv_cache_group_ids``,
+    ``vllm/distributed/kv_transfer/kv_connector/v1/base.py``)."""
+    return int(getattr(spec, "prefix_replay_tokens", 0) or 0) > 0
+
+
+def _refusal(kv_cache_config: KVCacheConfig, problems: Sequence[str]) -> ValueError:
+    groups = kv_cache_config.kv_cache_groups
+    left = [str(g) for g, grp in enumerate(groups) if replayed_by_engine(grp.kv_cache_spec)]
+    tail = (f"; group {', '.join(left)} left to vLLM's bounded window replay"
+            if left else "")
+    return ValueError(f"FlatCakeConnector cannot store {'; '.join(problems)}: it serves "
+                      f"{', '.join(SERVED_SPECS)}, one spec to a group{tail}")
 
 
 @dataclass(frozen=True, slots=True)
 class KVGroups:
     """The engine's KV cache groups as FlatCake stores them: ``stored`` (vLLM group
     indices, in FlatCake's layer order: one ``LayerGroup`` each), ``layers`` (the layer
-    names in that order) and ``layer_group`` (each layer's index into ``stored``)."""
+    names in that order) and ``layer_group`` (each layer's index into ``stored``). A
+    group vLLM replays itself after a hit (``replayed_by_engine``) is neither stored
+    nor restored."""
 
     stored: tuple[int, ...]
     layers: tuple[str, ...]
@@ -112,13 +150,18 @@ class KVGroups:
         groups = kv_cache_config.kv_cache_groups
         transfer = getattr(kv_cache_config, "transfer_group_ids", range(len(groups)))
         cacheable = getattr(kv_cache_config, "prefix_cacheable_group_ids", transfer)
+        problems = []
         for g in transfer:
-            kind = type(groups[g].kv_cache_spec).__name__
-            if kind not in SERVED_SPECS or g not in cacheable:
+            spec = groups[g].kv_cache_spec
+            if g not in cacheable and replayed_by_engine(spec):
+                continue
+            if type(spec).__name__ not in SERVED_SPECS or g not in cacheable:
                 # Restoring the others without this group's state would serve wrong KV.
-                raise ValueError(f"FlatCakeConnector cannot store {group_kind(groups[g])}"
-                                 f"{'' if g in cacheable else ' (not prefix-cacheable)'}: it "
-                                 f"serves {', '.join(SERVED_SPECS)}")
+                problems.append(f"{'' if len(transfer) == 1 else f'group {g}, '}"
+                                f"{group_kind(groups[g])}"
+                                f"{'' if g in cacheable else ' (not prefix-cacheable)'}")
+        if problems:
+            raise _refusal(kv_cache_config, problems)
         stored = tuple(cacheable)
         names = [sorted(groups[g].layer_names, key=layer_order) for g in stored]
         return cls(stored, tuple(n for group in names for n in group),
@@ -135,8 +178,7 @@ def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> 
         return _groups_geometry(str(vllm_config.model_config.model), kv_cache_config)
     spec = groups[0].kv_cache_spec
     if type(spec).__name__ not in SERVED_SPECS:
-        raise ValueError(f"FlatCakeConnector cannot store {group_kind(groups[0])}: it serves "
-                         f"{', '.join(SERVED_SPECS)}")
+        raise _refusal(kv_cache_config, [group_kind(groups[0])])
     num_layers = len(groups[0].layer_names)
     block_size = int(spec.block_size)
     page = int(spec.page_size_bytes)
