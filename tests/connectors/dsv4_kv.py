@@ -32,8 +32,10 @@ WINDOW = 128
 INDEX_HEAD_DIM = 128
 
 
-def layer_specs(vllm_config: Any, cache_config: Any, bounded_replay: bool) -> dict[str, Any]:
-    """Each cache layer's spec, named as the model names its modules."""
+def layer_specs(vllm_config: Any, cache_config: Any, bounded_replay: bool,
+                ratios: tuple[int, ...] = COMPRESS_RATIOS) -> dict[str, Any]:
+    """Each cache layer's spec, named as the model names its modules (``ratios``: each
+    layer's compress ratio, 0 for a sliding-window layer)."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.models.deepseek_v4.attention import DeepseekV4IndexerCache
@@ -43,7 +45,7 @@ def layer_specs(vllm_config: Any, cache_config: Any, bounded_replay: bool) -> di
 
     specs: dict[str, Any] = {}
     with set_current_vllm_config(vllm_config):
-        for i, ratio in enumerate(COMPRESS_RATIOS):
+        for i, ratio in enumerate(ratios):
             attn = f"model.layers.{i}.self_attn"
             specs[f"{attn}.swa_cache"] = DeepseekV4SWACache(
                 HEAD_DIM, WINDOW, torch.uint8, f"{attn}.swa_cache", cache_config,
@@ -69,10 +71,12 @@ def layer_specs(vllm_config: Any, cache_config: Any, bounded_replay: bool) -> di
     return specs
 
 
-def dsv4_flash(bounded_replay: bool, memory: int = 1 << 30) -> tuple[Any, Any]:
+def dsv4_flash(bounded_replay: bool, memory: int = 1 << 30,
+               ratios: tuple[int, ...] = COMPRESS_RATIOS) -> tuple[Any, Any]:
     """(a vLLM config stand-in the connector reads, the ``KVCacheConfig`` vLLM makes of
     DeepSeek-V4-Flash's layers): ``bounded_replay`` as DeepSeek-V4.1 runs by default
-    (``--swa-bounded-replay``: the sliding-window groups are not prefix-cacheable)."""
+    (``--swa-bounded-replay``: the sliding-window groups are not prefix-cacheable);
+    ``ratios``: fewer layers of the same kinds, for a paged KV that fits a test."""
     from vllm.config import CacheConfig, VllmConfig
     from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
     from vllm.v1.core.kv_cache_utils import (
@@ -84,7 +88,7 @@ def dsv4_flash(bounded_replay: bool, memory: int = 1 << 30) -> tuple[Any, Any]:
     cache = CacheConfig(block_size=BLOCK_SIZE, cache_dtype="fp8_ds_mla",
                         enable_prefix_caching=True)
     vllm_config = VllmConfig(cache_config=cache)
-    specs = layer_specs(vllm_config, cache, bounded_replay)
+    specs = layer_specs(vllm_config, cache, bounded_replay, ratios)
     resolve_kv_cache_layout(vllm_config, [["BLHNC", "BLNHC"]], specs.values())
     groups = get_kv_cache_groups(vllm_config, dict(specs))
     config = get_kv_cache_config_from_groups(vllm_config, groups, memory)

@@ -18,12 +18,17 @@ engine's slots group by group:
             the engine keeps nothing); a sliding-window layer's blocks only within its
             window before the load's end (``LayerGroup.window_blocks``: all the store
             keeps of such a layer).
+
+A group whose block is smaller than FlatCake's (DeepSeek-V4 under vLLM: 4-, 8- and
+64-token blocks beside 256-token ones) gives each FlatCake block of its layers several
+engine blocks (``EnginePages``); a sliding-window layer keeps only the last engine blocks
+of a FlatCake block that its window reaches, so its stored block is those pages alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -32,6 +37,33 @@ from flatcake.cio.paged import PagedKV
 
 GroupIds = tuple[tuple[int, ...], ...]
 """A request's slots in each stored KV cache group (in ``KVGroups`` order), positional."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePages:
+    """How one layer's FlatCake block lies in its group's engine blocks: ``per_block``
+    engine blocks of ``page_bytes`` each make one FlatCake block, of which the store
+    keeps the last ``kept`` (all of them, or a sliding window's tail)."""
+
+    page_bytes: int
+    per_block: int = 1
+    kept: int = 1
+
+    def __post_init__(self) -> None:
+        if self.page_bytes <= 0 or not 0 < self.kept <= self.per_block:
+            raise ValueError(f"engine pages of {self.page_bytes} B, {self.kept} kept of "
+                             f"{self.per_block} per block")
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one FlatCake block of the layer as stored."""
+        return self.page_bytes * self.kept
+
+    def ids(self, group: Sequence[int], lo: int, hi: int) -> list[int]:
+        """The engine blocks kept of FlatCake blocks ``[lo, hi)`` out of a group's
+        positional block list, block-major."""
+        k, skip = self.per_block, self.per_block - self.kept
+        return [b for i in range(lo, hi) for b in group[i * k + skip:(i + 1) * k]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,25 +77,38 @@ class StepSlots:
 
 @dataclass(frozen=True, slots=True)
 class GroupedKV:
-    """The engine's paged KV (``paged``, FlatCake's layer order) and the stored group of
-    each of its layers (``layer_group``); ``null_id``: the engine's null block;
-    ``window_blocks``: per layer, the blocks a load delivers before its end (0: all)."""
+    """The engine's paged KV (``paged``, FlatCake's layer order, one slot per engine
+    block) and the stored group of each of its layers (``layer_group``); ``null_id``:
+    the engine's null block; ``window_blocks``: per layer, the blocks a load delivers
+    before its end (0: all); ``pages``: per layer, its engine blocks per FlatCake block
+    (empty: one each, whole)."""
 
     paged: PagedKV
     layer_group: tuple[int, ...]
     null_id: int = 0
     window_blocks: tuple[int, ...] = ()
+    pages: tuple[EnginePages, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.layer_group) != self.paged.num_layers or \
-                len(self.window_blocks) not in (0, self.paged.num_layers):
-            raise ValueError(f"{len(self.layer_group)} layer groups and "
-                             f"{len(self.window_blocks)} windows for "
-                             f"{self.paged.num_layers} paged KV layers")
+        n = self.paged.num_layers
+        if len(self.layer_group) != n or len(self.window_blocks) not in (0, n) or \
+                len(self.pages) not in (0, n):
+            raise ValueError(f"{len(self.layer_group)} layer groups, "
+                             f"{len(self.window_blocks)} windows and {len(self.pages)} "
+                             f"page maps for {n} paged KV layers")
+        if not self.pages:
+            object.__setattr__(self, "pages", tuple(
+                EnginePages(size) for size in self.paged.layer_block_bytes))
+        for layer, (pages, size) in enumerate(zip(self.pages, self.paged.layer_block_bytes,
+                                                  strict=True)):
+            if pages.page_bytes != size:
+                raise ValueError(f"layer {layer}: engine pages of {size} B, "
+                                 f"{pages.page_bytes} B expected")
 
     def scratch(self, num_blocks: int) -> PagedKV:
-        """A host paged KV of ``num_blocks`` slots of every layer, 4 KiB-aligned."""
-        sizes = self.paged.layer_block_bytes
+        """A host paged KV of ``num_blocks`` FlatCake blocks of every layer (as stored),
+        4 KiB-aligned."""
+        sizes = tuple(pages.block_bytes for pages in self.pages)
         buf = aligned_buffer(max(num_blocks * sum(sizes), 1), pin=False)
         layers, at = [], 0
         for size in sizes:
@@ -72,11 +117,12 @@ class GroupedKV:
         return PagedKV(layers, sizes, kv_layout="blocks")
 
     def _table(self, ids: GroupIds, layer: int, lo: int, hi: int) -> list[int]:
-        group = ids[self.layer_group[layer]]
-        if len(group) < hi:
+        """The engine blocks kept of FlatCake blocks ``[lo, hi)`` of ``layer``."""
+        group, pages = ids[self.layer_group[layer]], self.pages[layer]
+        if len(group) < hi * pages.per_block:
             raise ValueError(f"group {self.layer_group[layer]} has {len(group)} block ids "
-                             f"for {hi} blocks")
-        return list(group[lo:hi])
+                             f"for {hi} blocks of {pages.per_block}")
+        return pages.ids(group, lo, hi)
 
     def _held_from(self, layer: int, num_blocks: int) -> int:
         """The first of ``num_blocks`` blocks the store keeps of ``layer``."""
@@ -88,7 +134,7 @@ class GroupedKV:
         (slot ``i`` = block ``i``); None when a group no longer holds a block the store
         keeps."""
         for layer in range(self.paged.num_layers):
-            held = self._table(ids, layer, 0, num_blocks)[self._held_from(layer, num_blocks):]
+            held = self._table(ids, layer, self._held_from(layer, num_blocks), num_blocks)
             if self.null_id in held:
                 return None
         out = self.scratch(num_blocks)
@@ -107,25 +153,27 @@ class GroupedKV:
             return
         src = scratch.layer_bytes()
         # The layers of one group and window take the same blocks into the same slots.
-        moves: dict[tuple[int, int], _Move | None] = {}
+        moves: dict[tuple[int, int, EnginePages], _Move | None] = {}
         for layer in range(self.paged.num_layers):
+            pages = self.pages[layer]
             skip = max(self._held_from(layer, end) - first, 0)
-            key = (self.layer_group[layer], skip)
+            key = (self.layer_group[layer], skip, replace(pages, page_bytes=1))
             if key not in moves:
-                moves[key] = self._move(ids, layer, first, end, skip)
+                moves[key] = self._move(ids, layer, first, end, skip * pages.kept)
             move = moves[key]
             if move is None:
                 continue
-            size = self.paged.layer_block_bytes[layer]
-            rows = src[layer].view(-1, size)[first:end]
+            size = pages.page_bytes
+            rows = src[layer].view(-1, size)[first * pages.kept:end * pages.kept]
             picked = rows[move.rows] if isinstance(move.rows, slice) else \
                 rows.index_select(0, move.rows)
             self.paged.scatter(layer, move.table, picked.reshape(-1))
 
     def _move(self, ids: GroupIds, layer: int, first: int, end: int,
               skip: int) -> _Move | None:
-        """Which of blocks ``[first, end)`` go where for ``layer``: those from ``skip``
-        on that its group holds (not the null block); None when there are none."""
+        """Which engine blocks of FlatCake blocks ``[first, end)`` go where for
+        ``layer``: those from the ``skip``-th on that its group holds (not the null
+        block); None when there are none."""
         slots = self._table(ids, layer, first, end)
         keep = [i for i, s in enumerate(slots) if s != self.null_id and i >= skip]
         if not keep:
@@ -145,7 +193,14 @@ class _Move:
     table: torch.Tensor
 
 def slots_of(block_ids: Sequence[Sequence[int]], groups: Sequence[int],
-             lo: int = 0, hi: int | None = None) -> GroupIds:
-    """The slots ``[lo, hi)`` of the stored ``groups`` out of an engine's per-group
-    block lists."""
-    return tuple(tuple(int(b) for b in block_ids[g][lo:hi]) for g in groups)
+             lo: int = 0, hi: int | None = None, per_block: Sequence[int] = ()
+             ) -> GroupIds:
+    """The slots of FlatCake blocks ``[lo, hi)`` of the stored ``groups`` out of an
+    engine's per-group block lists; ``per_block``: each group's engine blocks in one
+    FlatCake block (empty: one)."""
+    out = []
+    for i, g in enumerate(groups):
+        k = per_block[i] if per_block else 1
+        out.append(tuple(int(b) for b in block_ids[g][lo * k:None if hi is None
+                                                       else hi * k]))
+    return tuple(out)

@@ -306,7 +306,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             return
         per_group = blocks.get_block_ids()
         if self.kv_groups is not None:
-            self._load_slots[request.request_id] = slots_of(per_group, self.kv_groups.stored)
+            self._load_slots[request.request_id] = slots_of(
+                per_group, self.kv_groups.stored, per_block=self.kv_groups.per_block)
         self._sched().after_alloc(request.request_id, per_group[self._first_group],
                                   num_external_tokens)
 
@@ -334,7 +335,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             if plan is not None and self.kv_groups is not None:
                 first = plan.first_block
                 self._store_slots[rid] = slots_of(per_group, self.kv_groups.stored, first,
-                                                  first + plan.segment.num_blocks)
+                                                  first + plan.segment.num_blocks,
+                                                  self.kv_groups.per_block)
             if plan is not None and self._events is not None:
                 first, n = plan.first_block, plan.segment.num_blocks
                 bs = self.block_size
@@ -358,7 +360,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
     @property
     def _first_group(self) -> int:
         """The vLLM group whose block ids the scheduler half plans with."""
-        return 0 if self.kv_groups is None else self.kv_groups.stored[0]
+        return 0 if self.kv_groups is None else self.kv_groups.plan_group
 
     def _block_ids(self, request_id: str) -> tuple[list[int], ...]:
         if self._kv_cache_manager is None:
@@ -412,7 +414,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             groups = self.kv_groups
             self._layer_index = {name: i for i, name in enumerate(groups.layers)}
             self._work().register([kv_caches[name] for name in groups.layers],
-                                  groups.layer_group)
+                                  groups.layer_group, pages=groups.pages)
             logger.info("FlatCake worker side: %d KV layers in %d KV cache groups, store %s",
                         len(groups.layers), len(groups.stored), self._work().store_dir)
             return

@@ -5,10 +5,11 @@ hold the same KV, and the optional ``flush`` helper for an in-process offline en
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -16,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from flatcake.connectors.group_slots import StepSlots
+from flatcake.connectors.group_slots import EnginePages, StepSlots
 from flatcake.control.keys import engine_block_key, namespace_key
 from flatcake.geometry import DTYPE_BYTES, KVGeometry, LayerGroup
 from flatcake.plan.tasks import StepPlan, WorkerReport
@@ -85,9 +86,11 @@ class RequestKeys:
 
 
 SERVED_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec",
-                "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
-"""KV cache specs whose pages hold one block's KV of one attention layer: stored whole
-(a sliding-window or chunked-local layer alone in its group is stored like a full one)."""
+                "SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
+"""KV cache specs whose pages hold one block's KV (or compressed states) of one attention
+layer: stored as opaque bytes (a sliding-window or chunked-local layer alone in its
+group is stored like a full one); a ``UniformTypeKVCacheSpecs`` group of these, each
+layer its own."""
 
 
 def _spec_kind(spec: Any) -> str:
@@ -130,20 +133,42 @@ def _refusal(kv_cache_config: KVCacheConfig, problems: Sequence[str]) -> ValueEr
     tail = (f"; group {', '.join(left)} left to vLLM's bounded window replay"
             if left else "")
     return ValueError(f"FlatCakeConnector cannot store {'; '.join(problems)}: it serves "
-                      f"{', '.join(SERVED_SPECS)}, one spec to a group{tail}")
+                      f"{', '.join(SERVED_SPECS)} (also side by side in a "
+                      f"UniformTypeKVCacheSpecs group){tail}")
+
+
+def _layer_specs(group: Any) -> dict[str, Any]:
+    """Each layer's own spec of a KV cache group (a ``UniformTypeKVCacheSpecs`` group
+    holds one per layer, of different page sizes; any other, the group's)."""
+    spec = group.kv_cache_spec
+    inner = getattr(spec, "kv_cache_specs", None)
+    if isinstance(inner, Mapping) and inner:
+        return {name: inner[name] for name in group.layer_names}
+    return {name: spec for name in group.layer_names}
+
+
+def _served(group: Any) -> bool:
+    return all(type(spec).__name__ in SERVED_SPECS for spec in _layer_specs(group).values())
 
 
 @dataclass(frozen=True, slots=True)
 class KVGroups:
     """The engine's KV cache groups as FlatCake stores them: ``stored`` (vLLM group
-    indices, in FlatCake's layer order: one ``LayerGroup`` each), ``layers`` (the layer
-    names in that order) and ``layer_group`` (each layer's index into ``stored``). A
+    indices), ``layers`` (the layer names in FlatCake's layer order: group by group,
+    a group's layers of one page size together), ``layer_group`` (each layer's index
+    into ``stored``), ``tokens_per_block`` (FlatCake's block: every stored group's block
+    fits whole) and ``pages`` (each layer's engine blocks in one FlatCake block). A
     group vLLM replays itself after a hit (``replayed_by_engine``) is neither stored
     nor restored."""
 
     stored: tuple[int, ...]
     layers: tuple[str, ...]
     layer_group: tuple[int, ...]
+    tokens_per_block: int = 0
+    pages: tuple[EnginePages, ...] = ()
+    layer_groups: tuple[LayerGroup, ...] = ()
+    per_block: tuple[int, ...] = ()
+    plan_group: int = 0
 
     @classmethod
     def of(cls, kv_cache_config: KVCacheConfig) -> KVGroups:
@@ -155,7 +180,7 @@ class KVGroups:
             spec = groups[g].kv_cache_spec
             if g not in cacheable and replayed_by_engine(spec):
                 continue
-            if type(spec).__name__ not in SERVED_SPECS or g not in cacheable:
+            if not _served(groups[g]) or g not in cacheable:
                 # Restoring the others without this group's state would serve wrong KV.
                 problems.append(f"{'' if len(transfer) == 1 else f'group {g}, '}"
                                 f"{group_kind(groups[g])}"
@@ -163,9 +188,60 @@ class KVGroups:
         if problems:
             raise _refusal(kv_cache_config, problems)
         stored = tuple(cacheable)
-        names = [sorted(groups[g].layer_names, key=layer_order) for g in stored]
-        return cls(stored, tuple(n for group in names for n in group),
-                   tuple(i for i, group in enumerate(names) for _ in group))
+        tokens = math.lcm(*(int(groups[g].kv_cache_spec.block_size) for g in stored))
+        names, layer_group, pages, kinds = [], [], [], []
+        for i, g in enumerate(stored):
+            specs = _layer_specs(groups[g])
+            block = int(groups[g].kv_cache_spec.block_size)
+            for name in sorted(specs, key=lambda n: (-int(specs[n].page_size_bytes),
+                                                     layer_order(n))):
+                page, kind = _layer_kind(specs[name], block, tokens)
+                names.append(name)
+                layer_group.append(i)
+                pages.append(page)
+                kinds.append(kind)
+        merged: list[LayerGroup] = []
+        for kind in kinds:
+            if merged and replace(merged[-1], num_layers=1) == kind:
+                merged[-1] = replace(merged[-1], num_layers=merged[-1].num_layers + 1)
+            else:
+                merged.append(kind)
+        per_block = tuple(tokens // int(groups[g].kv_cache_spec.block_size) for g in stored)
+        whole = [g for g, k in zip(stored, per_block, strict=True) if k == 1]
+        if not whole:
+            raise _refusal(kv_cache_config, [
+                f"groups of {', '.join(str(groups[g].kv_cache_spec.block_size) for g in stored)}"
+                f"-token blocks (none of them {tokens} tokens, a block of every group)"])
+        # The scheduler half plans with one block id per FlatCake block: a group of
+        # FlatCake's block, one that keeps every block where there is one.
+        plan = next((g for g in whole if not any(
+            getattr(spec, "sliding_window", None)
+            for spec in _layer_specs(groups[g]).values())), whole[0])
+        return cls(stored, tuple(names), tuple(layer_group), tokens, tuple(pages),
+                   tuple(merged), per_block, plan)
+
+
+def _layer_kind(spec: Any, block: int, tokens: int) -> tuple[EnginePages, LayerGroup]:
+    """One layer's engine blocks in a FlatCake block of ``tokens`` tokens and its
+    ``LayerGroup`` of one layer. A sliding-window layer whose window ends inside one
+    FlatCake block keeps just the engine blocks the window reaches at the block's end:
+    those vLLM keeps (``SlidingWindowManager.remove_skipped_blocks``,
+    ``vllm/v1/core/single_type_kv_cache_manager.py``: from ``sliding_window - 1 +
+    extra_retained_tokens`` tokens back)."""
+    page = int(spec.page_size_bytes)
+    per_block = tokens // block
+    window = int(getattr(spec, "sliding_window", None) or 0)
+    per_state = getattr(spec, "__dict__", {}).get("tokens_per_state", 1)
+    kind = "sliding" if window else (f"c{per_state}" if isinstance(per_state, int)
+                                     and per_state > 1 else "full")
+    reach = -(-(window - 1 + int(getattr(spec, "extra_retained_tokens", 0) or 0)) // block)
+    if window and per_block > 1 and reach < per_block:
+        kept = max(reach, 1)
+        return (EnginePages(page, per_block, kept),
+                LayerGroup(1, kept * page, tokens, min(window, tokens), kind))
+    entry, per_entry = (page // block, 1) if page % block == 0 else (page, block)
+    return (EnginePages(page, per_block, per_block),
+            LayerGroup(1, entry, per_entry, window, kind))
 
 
 def engine_geometry(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> KVGeometry:
@@ -220,28 +296,11 @@ def worker_grace_s(vllm_config: VllmConfig) -> float | None:
 
 
 def _groups_geometry(name: str, kv_cache_config: KVCacheConfig) -> KVGeometry:
-    """One ``LayerGroup`` per stored KV cache group: its layers, page bytes per token and
-    sliding window; every group's block must be the same number of tokens."""
+    """The stored KV cache groups' layers (``KVGroups``), each with its own bytes per
+    block and its own block in tokens, in a FlatCake block every group's fits whole."""
     kv = KVGroups.of(kv_cache_config)
-    specs = [kv_cache_config.kv_cache_groups[g].kv_cache_spec for g in kv.stored]
-    sizes = {int(spec.block_size) for spec in specs}
-    if len(sizes) != 1:
-        kinds = "; ".join(group_kind(kv_cache_config.kv_cache_groups[g]) for g in kv.stored)
-        raise ValueError(f"FlatCakeConnector stores KV cache groups of one block size; "
-                         f"this model's are {sorted(sizes)} tokens: {kinds}")
-    block_size = sizes.pop()
-    out = []
-    for g, spec in zip(kv.stored, specs, strict=True):
-        page = int(spec.page_size_bytes)
-        if page % block_size:
-            raise ValueError(f"KV page of {page} bytes does not split into {block_size} "
-                             f"tokens ({group_kind(kv_cache_config.kv_cache_groups[g])})")
-        layers = len(kv_cache_config.kv_cache_groups[g].layer_names)
-        window = int(getattr(spec, "sliding_window", None) or 0)
-        out.append(LayerGroup(layers, page // block_size, window_tokens=window,
-                              kind="sliding" if window else "full"))
-    return KVGeometry(sum(grp.num_layers for grp in out), block_size, dtype="uint8",
-                      name=name, groups=tuple(out))
+    return KVGeometry(len(kv.layers), kv.tokens_per_block, dtype="uint8", name=name,
+                      groups=kv.layer_groups)
 
 
 def layer_order(name: str) -> tuple[int, str]:

@@ -81,7 +81,7 @@ from flatcake.cio.restore import LayerReady
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
-from flatcake.connectors.group_slots import GroupedKV, StepSlots
+from flatcake.connectors.group_slots import EnginePages, GroupedKV, StepSlots
 from flatcake.connectors.write_queue import WriteQueue
 from flatcake.control.address import Medium
 from flatcake.control.plane import ControlPlane
@@ -201,19 +201,22 @@ class WorkerSide:
         return scratch
 
     def register(self, kv_caches: Sequence[torch.Tensor],
-                 layer_group: tuple[int, ...] | None = None, null_id: int = 0) -> None:
+                 layer_group: tuple[int, ...] | None = None, null_id: int = 0,
+                 pages: tuple[EnginePages, ...] = ()) -> None:
         """Learn the paged KV: one tensor per layer, in the layer order of the segments
         (``register_kv_caches``); ``layer_group``: the block table (stored KV cache
         group) of each layer, for an engine of several, whose null block is
-        ``null_id``."""
-        paged = PagedKV(kv_caches, self.geometry.layer_block_bytes)
+        ``null_id``; ``pages``: each layer's engine blocks in one FlatCake block."""
+        paged = PagedKV(kv_caches, tuple(p.page_bytes for p in pages) if pages
+                        else self.geometry.layer_block_bytes)
         if paged.num_layers != self.geometry.num_layers:
             raise ValueError(f"the engine registered {paged.num_layers} KV layers, the "
                              f"geometry has {self.geometry.num_layers}")
         self.paged = paged
-        if layer_group is not None and len(set(layer_group)) > 1:
+        if layer_group is not None and (len(set(layer_group)) > 1
+                                        or any(p.per_block > 1 for p in pages)):
             self.grouped = GroupedKV(paged, layer_group, null_id,
-                                     self.geometry.layer_window_blocks)
+                                     self.geometry.layer_window_blocks, pages)
 
     def _paged_kv(self) -> PagedKV:
         if self.paged is None:
