@@ -1,7 +1,9 @@
 """Models whose layers differ in size: a geometry of three layer kinds round-trips byte
 for byte through the staging and the zero-copy read paths, from SSD and from host
-memory, before and after a restart, in at most layers x turns read commands; and a
-session file written by the previous format version still reads."""
+memory, before and after a restart, in at most layers x turns read commands; DeepSeek-V4's
+layer kinds as the vLLM connector stores them restore every compressed block and each
+window's engine blocks, with windows read for the last turn only; and a session file
+written by the previous format version still reads."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flatcake.geometry import KVGeometry
+from flatcake.geometry import KVGeometry, LayerGroup
 from flatcake.store import FlatCakeStore
 from tests.store.helpers import (
     ALIGNED_KINDS,
@@ -118,3 +120,44 @@ def test_a_rotted_byte_in_a_small_layer_cuts_the_restore_there(tmp_path: Path) -
     assert (res.num_blocks, res.damaged_segments) == (8, 1)
     for layer, (d, s) in enumerate(zip(dst, src, strict=True)):
         assert torch.equal(d[:8], s[:8]), f"layer {layer}"
+
+
+# DeepSeek-V4's layer kinds as the vLLM connector stores them (one layer of each; sizes
+# of vLLM 0.32's pages, docs/hybrid.md): 256-token blocks; a sliding window keeping 2
+# engine blocks of 64 tokens, compressed latents and indexer keys (one state per 4 or 128
+# tokens), compressor states keeping 2 blocks of 4 tokens and 16 of 8. No size is a
+# multiple of 4 KiB.
+DSV4_AS_SERVED = KVGeometry(
+    num_layers=7, tokens_per_block=256, dtype="uint8", name="dsv4-as-served",
+    groups=(LayerGroup(1, 2 * 37440, 256, 128, "sliding"), LayerGroup(1, 37440, 256, kind="c4"),
+            LayerGroup(1, 8640, 256, kind="c4"), LayerGroup(1, 1728, 256, kind="c128"),
+            LayerGroup(1, 2 * 32832, 256, 8, "sliding"),
+            LayerGroup(1, 2 * 8640, 256, 8, "sliding"),
+            LayerGroup(1, 16 * 32832, 256, 128, "sliding")))
+
+
+def test_deepseek_v4_kinds_as_served_restore_every_block_and_each_window(tmp_path: Path
+                                                                          ) -> None:
+    g = DSV4_AS_SERVED
+    assert g.layer_window_blocks == (1, 0, 0, 0, 1, 1, 1)
+    src = paged(g, 12, seed=5)
+    keys = session_keys(5, 12, g)
+    slots = [13, 2, 7, 0, 15, 4, 9, 1, 12, 3, 6, 10]
+    with FlatCakeStore.open(tmp_path, g, small_config("store.session_file_bytes=67108864")
+                            ) as store:
+        store_three_turns(store, keys, src)
+        dst = paged(g, 16)
+        res = store.load(keys, dst, slots)
+        assert (res.num_blocks, res.num_ssd_blocks, res.damaged_segments) == (12, 9, 0)
+        assert res.read_path == "staging"
+        assert res.staging_reason.endswith("is not a multiple of 4096")
+        # Every full layer of each SSD turn, each window of the last turn only.
+        assert res.commands <= 3 * 2 + 4
+    for layer, (d, s) in enumerate(zip(dst, src, strict=True)):
+        held = slots[-1:] if g.layer_window_blocks[layer] else slots
+        assert torch.equal(d[held], s[12 - len(held):12]), f"layer {layer}"
+        # A window's rows of an earlier turn may land too: its own block's bytes.
+        for block, slot in enumerate(slots):
+            assert not d[slot].any() or torch.equal(d[slot], s[block]), (layer, block)
+        rest = sorted(set(range(16)) - set(slots))
+        assert not d[rest].any(), f"layer {layer}: a slot outside the restore was written"
