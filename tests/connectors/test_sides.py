@@ -16,11 +16,18 @@ import pytest
 import flatcake
 from flatcake.clock import ManualClock
 from flatcake.connectors.scheduler_side import RequestView
+from flatcake.geometry import KVGeometry
 from tests.connectors.sides_harness import Harness, end, finish, settings, tokens, view
 
+# The harness's layers with 4 KiB blocks: restores read straight into the slots.
+G4K = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=64,
+                 dtype="float32", name="tiny")
 
-def test_first_turn_goes_to_ssd_and_next_turn_restores_its_bytes(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_first_turn_goes_to_ssd_and_next_turn_restores_its_bytes(tmp_path: Path,
+                                                                 aligned: bool) -> None:
+    h = Harness(tmp_path, g=G4K) if aligned else Harness(tmp_path)
     turn0 = list(range(100, 113))  # 3 full blocks + 1 token
     # Turn 0 finishes; FIRST_TURN places it on SSD; blocks stay held until written.
     p = finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
@@ -43,6 +50,8 @@ def test_first_turn_goes_to_ssd_and_next_turn_restores_its_bytes(tmp_path: Path)
     assert params["flatcake"]["turn_index"] == 1
     totals = h.sched.totals()
     assert totals["loaded_tokens_ssd"] == 12 and totals["restores_started"] == 1
+    # 512 B blocks are read through the staging window (counted), 4 KiB ones are not.
+    assert totals["loads_staged"] == (0 if aligned else 1)
     h.close()
 
 

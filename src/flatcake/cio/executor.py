@@ -306,7 +306,8 @@ class Executor:
         bad_headers = tuple(sorted({f for f in files.values() if self.header_damage(f)}))
         done = LoadDone(task.request_id, max(loaded, task.first_block), task.remote_end,
                         failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s,
-                        refilled, remote_bytes, bad_headers)
+                        refilled, remote_bytes, bad_headers,
+                        staged=outcome.bytes_read > 0 and not outcome.zero_copy)
         out = LoadOutcome(done, outcome)
         if on_done is not None:
             on_done(out)

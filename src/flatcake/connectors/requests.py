@@ -119,6 +119,7 @@ COUNTER_KEYS = (  # counters the connector reports, per stats interval
     "damaged_segments",         # segments that failed their crc32
     "restores_started",         # SSD restores started by FC-MAS
     "staging_slot_waits",       # SSD restores that found every staging window busy
+    "loads_staged",             # SSD restores read through staging, not into the slots
     "stores_ok",
     "stores_failed",
     "stores_rejected",          # no medium could take the turn (CapacityError)

@@ -314,6 +314,7 @@ class SchedulerSide:
             state.count_load(task, finished.num_blocks_loaded, self._stats,
                              self.geometry.tokens_per_block)
             self._stats["damaged_segments"] += len(finished.failed_segments)
+            self._stats["loads_staged"] += any(r.staged for r in reports)
 
     def take_released(self, reported: Iterable[str]) -> list[str]:
         """Of the SSD restores the workers ``reported`` finished, and those held before,

@@ -75,6 +75,9 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
                              "SSD restores started by the FC-MAS scheduler."),
         "staging_slot_waits": ("vllm:flatcake_staging_slot_waits",
                                "SSD restores that waited for a staging window."),
+        "loads_staged": ("vllm:flatcake_loads_staged",
+                         "SSD restores read through the staging window and one copy "
+                         "(zero-copy refused, e.g. blocks not a multiple of 4 KiB)."),
         "lookup_waits": ("vllm:flatcake_lookup_waits",
                          "Lookups deferred behind a store of the same prefix."),
         "cluster_lookup_failures": ("vllm:flatcake_cluster_lookup_failures",

@@ -188,6 +188,8 @@ class LoadDone:
         remote_bytes: bytes the remote readers moved from other nodes.
         damaged_headers: files among those of ``failed_segments`` whose file header is
             damaged too (their session is dropped and the files quarantined).
+        staged: SSD reads went through the staging window and one copy, not straight
+            into the KV slots (``cio.zerocopy``: a block not a multiple of 4 KiB, ...).
     """
 
     request_id: str
@@ -200,6 +202,7 @@ class LoadDone:
     refilled: tuple[int, ...] = ()
     remote_bytes: int = 0
     damaged_headers: tuple[int, ...] = ()
+    staged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
