@@ -51,6 +51,7 @@ from flatcake.cio.dispatch import LOCAL_NODE, ReaderDispatch, local_reader
 from flatcake.cio.files import SessionFiles
 from flatcake.cio.filescan import segment_at
 from flatcake.cio.format import FileHeader, FormatError
+from flatcake.cio.inflight import InFlight
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import GdsReader, Reader
 from flatcake.cio.refill import LayerRefills
@@ -73,6 +74,8 @@ logger = logging.getLogger(__name__)
 
 # Attached: how long a write into a file waits for the process creating it.
 ATTACH_WAIT_S = 10.0
+# How long ``close`` waits for loads in flight unless told otherwise.
+CLOSE_WAIT_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class LoadOutcome:
@@ -146,6 +149,7 @@ class Executor:
         self._sync_pool = self.thread_cpus.pool(1, "flatcake-sync-load")
         self._remote_pool = self.thread_cpus.pool(config.store.remote_windows,
                                                   "flatcake-remote")
+        self._in_flight = InFlight()
 
     @property
     def reader(self) -> Reader:
@@ -251,10 +255,10 @@ class Executor:
             job.after_layer = refills.after_layer
         pool = self._sync_pool if task.sync else self._restores
         if not task.remote:
-            return pool.submit(lambda: self._settle(
+            return self._in_flight.track(pool.submit(lambda: self._settle(
                 task, job, *self._run_local(task, job, cut_tags, ready), ready, on_done,
-                refills))
-        result: Future[LoadOutcome] = Future()
+                refills)))
+        result: Future[LoadOutcome] = self._in_flight.track(Future())
 
         def then_remote(local: Future[tuple[RestoreOutcome, tuple[int, ...]]]) -> None:
             try:
@@ -444,12 +448,24 @@ class Executor:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def close(self, close_files: bool = True) -> None:
-        """Wait for loads in flight, free the windows and readers, close the files
-        (``close_files=False`` leaves them open for a write still running)."""
-        self._restores.shutdown(wait=True)
-        self._sync_pool.shutdown(wait=True)
-        self._remote_pool.shutdown(wait=True)
+    def close(self, close_files: bool = True, timeout_s: float = CLOSE_WAIT_S) -> bool:
+        """Wait up to ``timeout_s`` for loads in flight, free the windows and readers,
+        close the files (``close_files=False`` leaves them open for a write still
+        running). Past the deadline it returns False at once: loads not yet started
+        are cancelled (never reported done, so nothing of them is served), and a load
+        still running keeps its window, the readers and the files (the process is
+        ending) and checks its bytes as ever."""
+        left = self._in_flight.wait(timeout_s)
+        pools = (self._restores, self._sync_pool, self._remote_pool)
+        if left:
+            logger.warning("FlatCake closed with %d loads still in flight after %.1f s; "
+                           "none of them is reported, their files stay open", left,
+                           timeout_s)
+            for pool in pools:
+                pool.shutdown(wait=False, cancel_futures=True)
+            return False
+        for pool in pools:
+            pool.shutdown(wait=True)
         while not self._windows.empty():
             self._windows.get_nowait().close()
         self._sync_window.close()
@@ -457,3 +473,4 @@ class Executor:
         if close_files:
             with self.lock:
                 self.files.close()
+        return True

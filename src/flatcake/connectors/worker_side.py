@@ -461,11 +461,12 @@ class WorkerSide:
         return sum(self._stores_left.values()) + self._loads_in_flight
 
     def close(self) -> None:
-        """Drain the writer within ``drain_timeout_s``, finish restores in flight, then
-        close every file. Stores that never started are dropped (reported failed, so
-        the books roll them back); if one is still running at the deadline the files
-        stay open for it (the process is ending) and its segment, torn or not, is
-        checked by its crc32 at the next start. Idempotent."""
+        """Drain the writer, then the restores in flight, both within
+        ``drain_timeout_s`` (``Executor.close``), then close every file. Stores that
+        never started are dropped (reported failed, so the books roll them back); if
+        one is still running at the deadline the files stay open for it (the process
+        is ending) and its segment, torn or not, is checked by its crc32 at the next
+        start; restores not started by then are cancelled. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -483,4 +484,5 @@ class WorkerSide:
             self.cluster.close()
         if self.readers is not None:
             self.readers.close()
-        self.executor.close(close_files=stopped)
+        self.executor.close(close_files=stopped, timeout_s=max(
+            self.drain_timeout_s - (time.monotonic() - t0), 0.0))
