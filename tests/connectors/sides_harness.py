@@ -12,6 +12,7 @@ import torch
 from flatcake.cio.direct import aligned_buffer
 from flatcake.clock import ManualClock
 from flatcake.config import FlatCakeConfig, load_config
+from flatcake.connectors.group_slots import StepSlots
 from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
@@ -128,3 +129,24 @@ def finish(h: Harness, rid: str, toks: list[int], slots: list[int], *, out: int,
     h.sched.num_matched_tokens(v, 0)
     delay, params = end(h, v, slots)
     return params["flatcake"] | {"delay": delay}
+
+
+def grouped_step(worker: WorkerSide, sched: SchedulerSide, slots: StepSlots,
+                 after: object = None) -> tuple[set[str], set[str]]:
+    """One step of an engine of several KV cache groups (every load async); ``after``
+    runs when the forward pass ends (the engine reusing a slot). Returns (finished
+    loads, failed requests)."""
+    worker.start_step(sched.build_step(), slots)
+    worker.end_step()
+    if callable(after):
+        after()
+    recving: set[str] = set()
+    deadline = time.monotonic() + 60
+    while True:
+        _s, r, _i, report = worker.poll()
+        sched.on_report(report)
+        recving |= r
+        if not worker.pending() or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    return recving, worker.take_failed_requests()

@@ -5,7 +5,6 @@ nor stored, and every load is async."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -15,7 +14,7 @@ from flatcake.connectors.group_slots import GroupedKV, GroupIds, StepSlots
 from flatcake.connectors.scheduler_side import SchedulerSide
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.geometry import KVGeometry, LayerGroup
-from tests.connectors.sides_harness import settings, view
+from tests.connectors.sides_harness import grouped_step, settings, view
 
 # Two full-attention layers and one sliding-window layer (one block), 4-token blocks.
 G = KVGeometry(3, 4, dtype="uint8", name="tiny-hybrid",
@@ -40,21 +39,7 @@ class Engine:
     def step(self, slots: StepSlots, after: object = None) -> tuple[set[str], set[str]]:
         """One step; ``after`` runs when the forward pass ends (the engine reusing a
         slot). Returns (finished loads, failed requests)."""
-        plan = self.sched.build_step()
-        self.worker.start_step(plan, slots)
-        self.worker.end_step()
-        if callable(after):
-            after()
-        recving: set[str] = set()
-        deadline = time.monotonic() + 30
-        while True:
-            _s, r, _i, report = self.worker.poll()
-            self.sched.on_report(report)
-            recving |= r
-            if not self.worker.pending() or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        return recving, self.worker.take_failed_requests()
+        return grouped_step(self.worker, self.sched, slots, after)
 
     def block(self, layer: int, slot: int) -> bytes:
         return self.kv[layer][slot].numpy().tobytes()

@@ -7,7 +7,7 @@ written. Runs where vLLM is installed (``.venv-engine``)."""
 
 from __future__ import annotations
 
-import time
+import re
 from pathlib import Path
 
 import pytest
@@ -20,10 +20,10 @@ pytest.importorskip("vllm")
 from flatcake.cio.direct import aligned_buffer
 from flatcake.connectors.group_slots import StepSlots, slots_of
 from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
-from flatcake.connectors.vllm_glue import KVGroups, engine_geometry
+from flatcake.connectors.vllm_glue import KVGroups, engine_geometry, group_tensors
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.control.keys import chain_block_keys
-from tests.connectors.sides_harness import settings
+from tests.connectors.sides_harness import grouped_step, settings
 
 RATIOS = (0, 4, 128, 4, 128)
 SLOTS = 200
@@ -69,18 +69,7 @@ class Engine:
         return tuple(out)
 
     def run(self, slots: StepSlots) -> tuple[set[str], set[str]]:
-        self.worker.start_step(self.sched.build_step(), slots)
-        self.worker.end_step()
-        recving: set[str] = set()
-        deadline = time.monotonic() + 60
-        while True:
-            _s, r, _i, report = self.worker.poll()
-            self.sched.on_report(report)
-            recving |= r
-            if not self.worker.pending() or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        return recving, self.worker.take_failed_requests()
+        return grouped_step(self.worker, self.sched, slots)
 
     def close(self) -> None:
         self.worker.close()
@@ -136,3 +125,23 @@ def test_a_turn_comes_back_into_each_groups_slots_byte_for_byte(tmp_path: Path,
                         for p in b.kv_groups.pages) - sum(
         p.kept for p in b.kv_groups.pages if p.kept < p.per_block)
     b.close()
+
+
+def test_layers_packed_into_one_block_are_refused_at_start_naming_the_layer() -> None:
+    # vLLM's block-outermost layout: each block holds every layer's page in turn, so a
+    # layer's tensor is a strided view; FlatCake reads a layer's pages one after another.
+    _, config = dsv4_flash(False, memory=1 << 26, ratios=RATIOS)
+    kv = KVGroups.of(config)
+    alone = {name: torch.zeros(4, p.page_bytes, dtype=torch.uint8)
+             for name, p in zip(kv.layers, kv.pages, strict=True)}
+    assert len(group_tensors(kv, alone)) == len(kv.layers)
+    first, second = kv.layers[:2]
+    page = kv.pages[0].page_bytes
+    packed = torch.zeros(4, 2 * page, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=re.escape(
+            f"cannot read layer {first}'s KV blocks: vLLM laid them out as shape (4, {page}), "
+            f"stride ({2 * page}, 1)")):
+        group_tensors(kv, alone | {first: packed[:, :page], second: packed[:, page:]})
+    padded = torch.zeros(4, page - 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=f"holds {page - 64} bytes per block"):
+        group_tensors(kv, alone | {first: padded})

@@ -128,6 +128,7 @@ from flatcake.connectors.vllm_glue import (
     RequestKeys,
     engine_geometry,
     flush,
+    group_tensors,
     layer_order,
     replicated_kv,
     worker_grace_s,
@@ -413,8 +414,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             # tensor per layer of a stored group, in FlatCake's layer order.
             groups = self.kv_groups
             self._layer_index = {name: i for i, name in enumerate(groups.layers)}
-            self._work().register([kv_caches[name] for name in groups.layers],
-                                  groups.layer_group, pages=groups.pages)
+            self._work().register(group_tensors(groups, kv_caches), groups.layer_group,
+                                  pages=groups.pages)
             logger.info("FlatCake worker side: %d KV layers in %d KV cache groups, store %s",
                         len(groups.layers), len(groups.stored), self._work().store_dir)
             return

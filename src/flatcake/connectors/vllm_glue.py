@@ -221,6 +221,28 @@ class KVGroups:
                    tuple(merged), per_block, plan)
 
 
+def group_tensors(kv: KVGroups, kv_caches: Mapping[str, Any]) -> list[Any]:
+    """The engine's KV tensors of the stored layers, in FlatCake's layer order, each
+    checked to hold its spec's page per block, blocks one after another; a layout
+    FlatCake does not read is refused at start, naming the layer."""
+    from flatcake.cio.paged import PagedKV
+
+    out = []
+    for name, pages in zip(kv.layers, kv.pages, strict=True):
+        t = kv_caches[name]
+        try:
+            PagedKV([t], (pages.page_bytes,))
+        except ValueError as exc:
+            raise ValueError(
+                f"FlatCakeConnector cannot read layer {name}'s KV blocks: vLLM laid them "
+                f"out as shape {tuple(t.shape)}, stride {tuple(t.stride())}, {t.dtype}, "
+                f"and FlatCake reads each layer's blocks as {pages.page_bytes} B pages "
+                f"({exc}; a block-outermost KV cache layout packs several layers' pages "
+                f"into each block, and DeepSeek-V4's backends ask for one)") from None
+        out.append(t)
+    return out
+
+
 def _layer_kind(spec: Any, block: int, tokens: int) -> tuple[EnginePages, LayerGroup]:
     """One layer's engine blocks in a FlatCake block of ``tokens`` tokens and its
     ``LayerGroup`` of one layer. A sliding-window layer whose window ends inside one
