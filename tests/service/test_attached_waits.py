@@ -19,7 +19,7 @@ from flatcake.cio.executor import Executor
 from flatcake.clock import WallClock
 from flatcake.control import ControlPlane
 from flatcake.layout import ALIGN
-from flatcake.service.server import ask_status
+from flatcake.service.endpoint import ask_status
 from flatcake.store import FlatCakeStore
 from tests.service.helpers import Service
 from tests.store.helpers import (

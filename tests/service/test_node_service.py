@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flatcake.connectors.scheduler_side import RequestView
-from flatcake.service.server import ask_status
+from flatcake.service.endpoint import ask_status
 from tests.connectors.sides_harness import end, finish, tokens, view
 from tests.service.helpers import Engine, Service
 

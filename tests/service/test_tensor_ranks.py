@@ -20,7 +20,7 @@ from flatcake.connectors.scheduler_side import RequestView
 from flatcake.link import wire
 from flatcake.link.client import worker_root
 from flatcake.link.wire import TensorRanks
-from flatcake.service.server import ask_status
+from flatcake.service.endpoint import ask_status
 from tests.connectors.sides_harness import G, end, finish, tokens, view
 from tests.service.helpers import Service, TensorEngine
 

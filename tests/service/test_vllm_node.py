@@ -27,7 +27,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
 
-from flatcake.service.server import ask_status
+from flatcake.service.endpoint import ask_status
 from tests.service.helpers import Service
 
 pytestmark = pytest.mark.engine

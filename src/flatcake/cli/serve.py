@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _status(sock: Path, timeout_s: float) -> int:
-    from flatcake.service.server import ask_status
+    from flatcake.service.endpoint import ask_status
 
     try:
         print(json.dumps(ask_status(sock, timeout_s), indent=2))

@@ -14,9 +14,10 @@
 
 The service holds the books and never a KV byte: workers read and write the shared
 session files and the shared arena exactly as an embedded worker does (the same
-``StepPlan`` tasks, the same executor). ``server`` is the service; the wire and the
-clients' side are ``flatcake.link`` (the vLLM scheduler half attached:
-``connectors.node_client``). The service hosts the connectors' engine-neutral scheduler
+``StepPlan`` tasks, the same executor). ``server`` is the service (``endpoint``: its
+socket and loop; ``arena``: each part's files); the wire and the clients' side are
+``flatcake.link`` (the vLLM scheduler half attached: ``connectors.node_client``).
+The service hosts the connectors' engine-neutral scheduler
 halves, one per engine, and the books of attached ``FlatCakeStore``s (the SGLang backend
 among them). Import ``flatcake.service.server`` directly (it needs pyzmq).
 """

@@ -29,17 +29,14 @@ In a cluster (``store.cluster_url`` in the service's configuration) the service 
 node's member of the cluster index (``service.cluster``): node id = machine, whatever
 the engines' tensor parallelism.
 
-Single-threaded: one loop receives, answers and expires; the books need no lock.
+The socket and its loop: ``service.endpoint``; the parts' files: ``service.arena``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
-import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +59,9 @@ from flatcake.layout import describe_layers
 from flatcake.link import wire
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
+from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
+from flatcake.service.endpoint import CallLoop, listening
 from flatcake.service.stores import (
     AttachedStore,
     ServableWait,
@@ -85,26 +84,7 @@ class _Engine:
 socket_path = wire.socket_path
 
 
-def _listening(path: Path) -> bool:
-    """Whether a live process accepts connections on the unix socket ``path``."""
-    if not path.exists():
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def rank_dir(root: Path, part: int, parts: int) -> Path:
-    """The store directory of a block's tensor-parallel part ``part`` of ``parts`` (the
-    root itself for one part)."""
-    return root if parts == 1 else root / f"tp{part}"
-
-
-class NodeService:
+class NodeService(CallLoop):
     """The node service of ``root`` (see the module docstring)."""
 
     def __init__(self, root: Path, config: FlatCakeConfig, socket: Path) -> None:
@@ -133,7 +113,7 @@ class NodeService:
         # A missing socket directory is made 0700; an existing one (/run, /tmp) is left
         # as it is: the socket itself is 0600 (connecting needs write access to it).
         self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if _listening(self.socket):
+        if listening(self.socket):
             self._lock.close()
             raise ValueError(f"another node service listens on {self.socket}: stop it, or "
                              "give this one another --socket")
@@ -147,7 +127,8 @@ class NodeService:
         self.calls = 0
         self.arena_pages = shared_arena_pages(config.store.node_arena_dir)
         try:  # refused now, not at the first attach, when hugetlbfs cannot hold it
-            self._make_arena(0, config.store.memory_capacity_bytes)
+            make_arena(self.root, config, self.arena_pages, 0,
+                       config.store.memory_capacity_bytes)
         except (OSError, ValueError):
             self.close()
             raise
@@ -176,7 +157,8 @@ class NodeService:
             scan, recovery = recover_files(scratch, ex.files.sessions_dir)
             ex.settle(scan, recovery, scratch)
             self._rank_roots.append(ex)
-            self._arenas.append(self._make_arena(part, cfg.store.memory_capacity_bytes))
+            self._arenas.append(make_arena(self.root, cfg, self.arena_pages, part,
+                                           cfg.store.memory_capacity_bytes))
         settings = ConnectorSettings(config=cfg)
         books = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0, parts),
                                    WallClock())
@@ -190,53 +172,6 @@ class NodeService:
                     self.root, self._parts.recovered_segments,
                     describe_layers(geometry.layer_block_bytes), ranks)
         return self._parts
-
-    def _make_arena(self, rank: int, capacity: int) -> Path:
-        """The shared arena file of ``rank``: one path per root, kept across service
-        restarts (never unlinked nor shrunk: workers attached before a restart keep
-        their mapping of it, so every engine reads the one arena). What an earlier
-        service left in it is not in these books and is overwritten as it is
-        allocated again. On hugetlbfs it is sized in whole huge pages and reserved now
-        (a page the pool could not give later would kill the engine touching it)."""
-        digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
-        arena_dir = Path(self.config.store.node_arena_dir)
-        path = arena_dir / f"flatcake-{os.getuid()}-{digest}-tp{rank}"
-        size = capacity
-        if self.arena_pages.explicit and capacity:
-            page = os.statvfs(arena_dir).f_bsize  # hugetlbfs: its huge page size
-            size = -(-capacity // page) * page
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            if self.arena_pages.explicit and size:
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                except OSError as exc:
-                    raise ValueError(
-                        f"store.node_arena_dir={arena_dir} (hugetlbfs) cannot reserve "
-                        f"{size} B of huge pages for the arena ({exc.strerror}): raise "
-                        "/proc/sys/vm/nr_hugepages, lower store.memory_capacity_bytes, or "
-                        "point store.node_arena_dir at /dev/shm") from None
-            else:
-                self._check_room(fd, arena_dir, size)
-        finally:
-            os.close(fd)
-        return path
-
-    @staticmethod
-    def _check_room(fd: int, arena_dir: Path, size: int) -> None:
-        """Warn when the arena's mount cannot hold the pages not written yet: a page it
-        cannot give kills the engine touching it (SIGBUS), so say it now."""
-        held = os.fstat(fd).st_blocks * 512
-        vfs = os.statvfs(arena_dir)
-        free = vfs.f_bavail * vfs.f_frsize
-        if size - held > free:
-            logger.warning("store.node_arena_dir=%s has %d B free, the arena needs %d B "
-                           "more as it fills: an engine writing past that is killed "
-                           "(SIGBUS); lower store.memory_capacity_bytes or give the mount "
-                           "more room (tmpfs size=)", arena_dir, free, size - held)
 
     # -- calls ----------------------------------------------------------------------
 
@@ -373,64 +308,6 @@ class NodeService:
                        replicated_kv=self._ranks.replicated)
         return out
 
-    # -- the loop -------------------------------------------------------------------
-
-    def serve(self, stop: threading.Event) -> None:
-        """Answer calls until ``stop`` is set."""
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        tick = min(1.0, self.lease_s / 4)
-        next_expiry = time.monotonic() + tick
-        while not stop.is_set():
-            wait_ms = 100
-            if self._waits:
-                first = min(w.deadline for _, _, w in self._waits)
-                wait_ms = max(0, min(wait_ms, int((first - time.monotonic()) * 1000) + 1))
-            if poller.poll(wait_ms):
-                while True:
-                    try:
-                        who, frame = self._sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._answer(who, frame)
-            if time.monotonic() >= next_expiry:
-                self.expire()
-                next_expiry = time.monotonic() + tick
-            if self._waits:
-                self._answer_waits(time.monotonic())
-
-    def _answer(self, who: bytes, frame: bytes) -> None:
-        try:
-            call_id, engine_id, method, args = wire.decode(frame)
-        except Exception as exc:
-            self._sock.send_multipart([who, wire.encode((None, False,
-                                                         f"malformed call: {exc}"))])
-            return
-        try:
-            out = self.handle(method, engine_id, args)
-            if isinstance(out, ServableWait):  # answered by ``_answer_waits``
-                self._waits.append((who, call_id, out))
-                return
-            reply = (call_id, True, out)
-        except wire.NodeRefused as exc:
-            reply = (call_id, False, str(exc))
-        except Exception as exc:
-            logger.exception("call %s of engine %s failed", method, engine_id)
-            reply = (call_id, False, f"{type(exc).__name__}: {exc}")
-        self._sock.send_multipart([who, wire.encode(reply)])
-
-    def _answer_waits(self, now: float) -> None:
-        """Answer the held ``servable`` calls whose store in flight ended (durable,
-        failed, or rolled back with its lease), whose store left, or whose wait is up."""
-        held = []
-        for who, call_id, wait in self._waits:
-            found = wait.answer(self._books(), now, wait.client_id in self._stores)
-            if found is None:
-                held.append((who, call_id, wait))
-            else:
-                self._sock.send_multipart([who, wire.encode((call_id, True, found))])
-        self._waits = held
-
     def close(self) -> None:
         """Stop answering and release every root lock. The arena files stay (engines
         still attached map them; ``rm`` them once every engine has stopped)."""
@@ -443,16 +320,3 @@ class NodeService:
         for ex in self._rank_roots:
             ex.close()
         self._lock.close()
-
-
-def ask_status(sock: Path, timeout_s: float) -> dict[str, Any]:
-    """What the service listening on ``sock`` serves (``flatcake serve --status``);
-    raises ``NodeUnavailable`` / ``NodeRefused``."""
-    from flatcake.link.client import NodeClient
-
-    client = NodeClient(str(sock), timeout_s)
-    try:
-        out: dict[str, Any] = client.call(wire.STATUS)
-        return out
-    finally:
-        client.close()

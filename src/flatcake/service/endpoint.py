@@ -1,0 +1,121 @@
+"""The node service's endpoint: its unix socket and the loop that answers calls.
+
+Single-threaded: one loop receives, answers and expires; the books need no lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from flatcake.control import ControlPlane
+from flatcake.link import wire
+from flatcake.service.stores import AttachedStore, ServableWait
+
+logger = logging.getLogger("flatcake.service")
+
+
+def listening(path: Path) -> bool:
+    """Whether a live process accepts connections on the unix socket ``path``."""
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+class CallLoop:
+    """The serving loop of ``server.NodeService`` (which answers each call)."""
+
+    lease_s: float
+    _sock: zmq.Socket[bytes]
+    _waits: list[tuple[bytes, int, ServableWait]]
+    _stores: dict[str, AttachedStore]
+
+    def handle(self, method: str, engine_id: str, args: tuple[Any, ...]) -> Any:
+        raise NotImplementedError
+
+    def expire(self, now: float | None = None) -> int:
+        raise NotImplementedError
+
+    def _books(self) -> ControlPlane:
+        raise NotImplementedError
+
+    def serve(self, stop: threading.Event) -> None:
+        """Answer calls until ``stop`` is set."""
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        tick = min(1.0, self.lease_s / 4)
+        next_expiry = time.monotonic() + tick
+        while not stop.is_set():
+            wait_ms = 100
+            if self._waits:
+                first = min(w.deadline for _, _, w in self._waits)
+                wait_ms = max(0, min(wait_ms, int((first - time.monotonic()) * 1000) + 1))
+            if poller.poll(wait_ms):
+                while True:
+                    try:
+                        who, frame = self._sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._answer(who, frame)
+            if time.monotonic() >= next_expiry:
+                self.expire()
+                next_expiry = time.monotonic() + tick
+            if self._waits:
+                self._answer_waits(time.monotonic())
+
+    def _answer(self, who: bytes, frame: bytes) -> None:
+        try:
+            call_id, engine_id, method, args = wire.decode(frame)
+        except Exception as exc:
+            self._sock.send_multipart([who, wire.encode((None, False,
+                                                         f"malformed call: {exc}"))])
+            return
+        try:
+            out = self.handle(method, engine_id, args)
+            if isinstance(out, ServableWait):  # answered by ``_answer_waits``
+                self._waits.append((who, call_id, out))
+                return
+            reply = (call_id, True, out)
+        except wire.NodeRefused as exc:
+            reply = (call_id, False, str(exc))
+        except Exception as exc:
+            logger.exception("call %s of engine %s failed", method, engine_id)
+            reply = (call_id, False, f"{type(exc).__name__}: {exc}")
+        self._sock.send_multipart([who, wire.encode(reply)])
+
+    def _answer_waits(self, now: float) -> None:
+        """Answer the held ``servable`` calls whose store in flight ended (durable,
+        failed, or rolled back with its lease), whose store left, or whose wait is up."""
+        held = []
+        for who, call_id, wait in self._waits:
+            found = wait.answer(self._books(), now, wait.client_id in self._stores)
+            if found is None:
+                held.append((who, call_id, wait))
+            else:
+                self._sock.send_multipart([who, wire.encode((call_id, True, found))])
+        self._waits = held
+
+
+def ask_status(sock: Path, timeout_s: float) -> dict[str, Any]:
+    """What the service listening on ``sock`` serves (``flatcake serve --status``);
+    raises ``NodeUnavailable`` / ``NodeRefused``."""
+    from flatcake.link.client import NodeClient
+
+    client = NodeClient(str(sock), timeout_s)
+    try:
+        out: dict[str, Any] = client.call(wire.STATUS)
+        return out
+    finally:
+        client.close()
