@@ -5,7 +5,8 @@ file (``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``: the file keeps 
 size and offsets, its ``st_blocks`` drop). The hole is the record on disk: a restart
 (``cio.filescan``) reads a windowed layer whose first whole page is a hole
 (``SEEK_DATA``) as released, so recovery rebuilds the same books. A store only
-releases where ``holes_work`` shows both calls behave on its filesystem.
+releases where ``holes_work`` shows both calls behave on its filesystem
+(``releases_windows``: the one test every host's books are built with).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from flatcake.layout import ALIGN
 _PUNCH_HOLE = 0x02  # FALLOC_FL_PUNCH_HOLE
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE
 _libc: ctypes.CDLL | None = None
+logger = logging.getLogger(__name__)
 
 
 def punch(fd: int, start: int, end: int) -> None:
@@ -67,3 +70,18 @@ def holes_work(directory: str | os.PathLike[str]) -> str:
             path.unlink(missing_ok=True)
     except OSError as exc:
         return str(exc)
+
+
+def releases_windows(wanted: bool, sessions_dir: str | os.PathLike[str]) -> bool:
+    """Whether the host of ``sessions_dir`` punches released window rows out of its
+    files: ``wanted`` (``store.release_old_windows`` and a geometry with windows) where
+    the filesystem can punch holes and find them again (the log says why not)."""
+    if not wanted:
+        return False
+    # A scheduler may start before its workers made the directory (0700, as they do).
+    os.makedirs(sessions_dir, mode=0o700, exist_ok=True)
+    why = holes_work(sessions_dir)
+    if why:
+        logger.warning("store.release_old_windows is off for %s: %s; every turn keeps its "
+                       "window rows until its session is reclaimed", sessions_dir, why)
+    return not why

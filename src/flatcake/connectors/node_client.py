@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from flatcake.connectors.requests import BlockEvent, RequestView
@@ -187,8 +188,7 @@ class RemoteSchedulerSide:
                 self._restoring.add(task.request_id)
         failed = (*failed, *self._take_failed())  # and those of a re-attach just now
         if failed:
-            plan = StepPlan(plan.loads, plan.stores, plan.drops, plan.cuts, plan.preempted,
-                            plan.unpublish, failed)
+            plan = replace(plan, failed_loads=failed)
         return plan
 
     def _take_failed(self) -> list[FailedLoad]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from flatcake.cio.holes import releases_windows
 from flatcake.cio.names import SESSIONS_DIR
 from flatcake.cio.scan import recover_files
 from flatcake.clock import Clock, WallClock
@@ -108,8 +109,15 @@ class NodeParts:
                  clock: Clock) -> NodeParts:
         """Fresh books over ``store_dir``, re-indexed from its segments (headers only:
         data crcs are checked on every load; the worker half or the service settles
-        the files themselves)."""
-        control = ControlPlane(geometry, settings.config, clock)
+        the files themselves). The books release superseded window rows where the
+        workers can punch them out (``cio.holes.releases_windows``): each step hands
+        them over (``StepPlan.releases``), and a restart releases again what a crash
+        left unpunched."""
+        cfg = settings.config
+        release = releases_windows(bool(cfg.store.release_old_windows
+                                        and geometry.layer_window_blocks),
+                                   store_dir / SESSIONS_DIR)
+        control = ControlPlane(geometry, cfg, clock, release_windows=release)
         recovered = recover_files(control, store_dir / SESSIONS_DIR)[1].num_segments
         sessions = SessionTracker(settings.infer_sessions, max_branch_blocks=max_branch_blocks(
             settings.config.placement, geometry))
@@ -269,7 +277,8 @@ class SchedulerSide:
         writing = self.stores.writing()
         unpublish, self._unpublish = self._unpublish, []
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
-                        tuple(r for r in preempted if r in writing), tuple(unpublish))
+                        tuple(r for r in preempted if r in writing), tuple(unpublish),
+                        releases=tuple(self.control.take_window_releases()))
 
     def on_report(self, report: WorkerReport) -> None:
         """``update_connector_output``: completions reported by the workers."""

@@ -9,7 +9,9 @@ windows); this class adds the engine's step rhythm and a view of its paged KV::
     start_step(plan)   preempted requests: finish their stores first (their blocks
                          may be reused by this step);
                        cuts: truncate a file after its last good segment;
-                       drops: delete files (or quarantine them)
+                       drops: delete files (or quarantine them);
+                       releases: punch superseded window rows out (the books'
+                         word: no restore in flight reads them)
                        SSD loads: one restore thread each (two-layer staging window:
                          read layer l+1 while layer l is verified and scattered)
                        sync (all-memory) loads: a restore thread whose layers the
@@ -198,6 +200,8 @@ class WorkerSide(WorkerIO):
             self.executor.cut(cut)
         for drop in plan.drops if self.writes else ():
             self.executor.drop(drop.file_id, drop.quarantine)
+        for rel in plan.releases if self.writes else ():  # no restore reads them now
+            self.executor.files.release(rel.file_id, rel.pages)
         if self.cluster is not None and plan.unpublish:
             self.cluster.service.remove(list(plan.unpublish))
         with self._lock:

@@ -6,9 +6,10 @@
     ──────────────────────────────                     ────────────────────────
     build_connector_meta ── StepPlan ──────────────►   loads: read + verify + scatter
                              loads / stores /          stores: gather + write + sync
-                             drops / cuts              drops: delete files; cuts:
-                                                       truncate a file after its last
-                                                       good segment
+                             drops / cuts /            drops: delete files; cuts:
+                             releases                  truncate a file after its last
+                                                       good segment; releases: punch
+                                                       superseded window rows out
     update_connector_output ◄── WorkerReport ───────   StoreDone / LoadDone per task
 
 A worker reports each task exactly once, in the step its I/O finished; with tensor
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flatcake.control import FileCut, StorePlan
+from flatcake.control.types import WindowRelease
 from flatcake.plan.remote import RemoteRun
 from flatcake.plan.stream import StreamCheck
 from flatcake.readplan import ReadPlan
@@ -124,7 +126,10 @@ class StepPlan:
     ``preempted``: requests the engine preempted (their blocks may be reused in this
     step): the worker finishes their stores before the step touches the paged KV.
     ``unpublish``: ``(segment id, keys)`` of the segments the books dropped, when the
-    worker serves a cluster: it removes their cluster index entries."""
+    worker serves a cluster: it removes their cluster index entries. ``releases``:
+    window rows newer turns superseded that no restore in flight reads
+    (``ControlPlane.take_window_releases``): each writing worker punches them out of its
+    part's file before it starts this step's loads."""
 
     loads: tuple[LoadTask, ...] = ()
     stores: tuple[StoreTask, ...] = ()
@@ -133,10 +138,11 @@ class StepPlan:
     preempted: tuple[str, ...] = ()
     unpublish: tuple[tuple[int, tuple[bytes, ...]], ...] = ()
     failed_loads: tuple[FailedLoad, ...] = ()
+    releases: tuple[WindowRelease, ...] = ()
 
     def is_empty(self) -> bool:
         return not (self.loads or self.stores or self.drops or self.cuts or self.preempted
-                    or self.unpublish or self.failed_loads)
+                    or self.unpublish or self.failed_loads or self.releases)
 
 
 @dataclass(frozen=True, slots=True)

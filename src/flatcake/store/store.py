@@ -53,7 +53,7 @@ import torch
 
 from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.executor import Executor, LoadOutcome
-from flatcake.cio.holes import holes_work
+from flatcake.cio.holes import releases_windows
 from flatcake.cio.paged import BlockIds, PagedKV
 from flatcake.cio.readers import Reader
 from flatcake.cio.restore import LayerReady, OpenFile
@@ -172,16 +172,11 @@ class FlatCakeStore:
                               arena_path=where.arena_path)
 
     def _can_release(self, config: FlatCakeConfig) -> bool:
-        """Whether this store punches released window rows out of its files: with
-        ``store.release_old_windows``, where the root's filesystem can punch holes and
-        find them again (``cio.holes``; the log says why not)."""
-        if not (config.store.release_old_windows and self.geometry.layer_window_blocks):
-            return False
-        why = holes_work(self._exec.files.sessions_dir)
-        if why:
-            logger.warning("store.release_old_windows is off for %s: %s; every turn keeps "
-                           "its window rows until its session is reclaimed", self.root, why)
-        return not why
+        """Whether this store punches released window rows out of its files
+        (``cio.holes.releases_windows``)."""
+        return releases_windows(bool(config.store.release_old_windows
+                                     and self.geometry.layer_window_blocks),
+                                self._exec.files.sessions_dir)
 
     def _release_windows(self) -> None:
         """Punch out the window rows the books released (under the lock: a later cut

@@ -1,0 +1,172 @@
+"""Releasing superseded window rows through the connector's two halves: the scheduler
+half's books decide (``StepPlan.releases``), the worker half, which owns the files,
+punches them out. On a real file, a session's sliding-layer bytes stay within its window
+as it grows, a restore planned before a release reads the rows first, a fresh process
+rebuilds the same books from the holes and still restores every full block of the
+newest turn, and releases a crash left unpunched are punched at its first step."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from flatcake.cio.files import SESSIONS_DIR
+from flatcake.cio.holes import is_hole
+from flatcake.connectors.scheduler_side import RequestView
+from flatcake.control.windows import window_pages
+from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.layout import ALIGN, align_up
+from tests.connectors.sides_harness import Harness, end, settings, view
+
+# Two full-attention layers and one sliding-window layer of 8 tokens (2 blocks), 4 KiB
+# a block each: every window row is whole pages, so a release gives them all back.
+GW = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=64,
+                dtype="float32", name="tiny",
+                groups=(LayerGroup(2, 1024, kind="full"),
+                        LayerGroup(1, 1024, window_tokens=8, kind="sliding")))
+WINDOW, PER_TURN, ROW = 2, 5, 4096
+SLOTS = list(range(40))
+SSD = ("placement.short_reply_threshold_tokens=0",)  # every turn to SSD
+TO_SSD = settings(*SSD)
+
+
+def prompt(turn: int) -> list[int]:
+    """Turn ``turn``'s prompt: ``PER_TURN`` more full blocks each turn, plus one token."""
+    return list(range(1000, 1000 + 4 * PER_TURN * (turn + 1) + 1))
+
+
+def run_turn(h: Harness, turn: int) -> None:
+    """Turn ``turn`` of session ``s``: its hit (every block of the turn before) is
+    restored, then its new blocks are stored; a step more hands over the releases."""
+    toks = prompt(turn)
+    rid = f"t{turn}"
+    v = view(rid, toks, session="s")
+    matched, _ = h.sched.num_matched_tokens(v, 0)
+    assert matched == 4 * PER_TURN * turn
+    if matched:
+        h.sched.after_alloc(rid, SLOTS[:len(toks) // 4 + 1], matched)
+        _, _, recving, invalid = h.step()
+        assert recving == {rid} and not invalid
+    end(h, RequestView(rid, v.keys, len(toks), len(toks), 0, len(toks), "s"), SLOTS)
+    plan, sending, _, _ = h.step()
+    assert len(plan.stores) == 1 and sending == {rid}
+
+
+def the_file(root: Path) -> Path:
+    (path,) = sorted((root / SESSIONS_DIR).iterdir())
+    return path
+
+
+def sliding_bytes_on_disk(h: Harness, path: Path) -> int:
+    """Bytes of the sliding layer's whole pages that hold data (``SEEK_DATA``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        total = 0
+        for seg in h.sched.control.segments():
+            assert seg.file_offset is not None
+            for lo, hi in window_pages(seg.layout, WINDOW):
+                for page in range(seg.file_offset + lo, seg.file_offset + hi, ALIGN):
+                    total += 0 if is_hole(fd, page) else ALIGN
+        return total
+    finally:
+        os.close(fd)
+
+
+def released_layers(h: Harness) -> list[tuple[int, ...]]:
+    return [s.layout.released for s in sorted(h.sched.control.segments(),
+                                               key=lambda s: s.file_offset or 0)]
+
+
+def test_the_worker_punches_what_the_books_release_and_a_restart_keeps_it(
+        tmp_path: Path) -> None:
+    h = Harness(tmp_path, s=TO_SSD, g=GW)
+    turns = 6
+    for t in range(turns):
+        run_turn(h, t)
+        h.step()  # the releases of turn t's publish
+        path = the_file(tmp_path)
+        assert sliding_bytes_on_disk(h, path) <= WINDOW * ROW  # the newest window only
+        seg = next(iter(h.sched.control.segments()))
+        full = align_up(seg.layout.header_bytes + PER_TURN * 2 * ROW)
+        # The whole file (st_blocks): each turn's header and full layers, the newest
+        # window, and at most a page per turn the filesystem may round up.
+        assert os.stat(path).st_blocks * 512 <= ALIGN + (t + 1) * (full + ALIGN) + WINDOW * ROW
+    before = released_layers(h)
+    assert before == [(2,)] * (turns - 1) + [()]
+    want = {(layer, b): h.block(layer, SLOTS[b]) for layer in range(3)
+            for b in range(turns * PER_TURN) if layer < 2 or b >= turns * PER_TURN - WINDOW}
+    h.close()
+    # A fresh process: the holes are the record (the same books), and the next turn
+    # gets every full block of the newest turn back, byte for byte.
+    h2 = Harness(tmp_path, s=TO_SSD, g=GW, seed=1)
+    assert released_layers(h2) == before
+    toks = prompt(turns)
+    v = view("next", toks, session="s")
+    assert h2.sched.num_matched_tokens(v, 0) == (4 * PER_TURN * turns, True)
+    h2.sched.after_alloc("next", SLOTS[:len(toks) // 4 + 1], 4 * PER_TURN * turns)
+    plan, _, recving, invalid = h2.step()
+    assert not plan.releases and recving == {"next"} and not invalid
+    for (layer, b), raw in want.items():
+        assert h2.block(layer, SLOTS[b]) == raw, (layer, b)
+    h2.close()
+
+
+def test_a_restore_planned_before_a_release_reads_the_rows_first(tmp_path: Path) -> None:
+    h = Harness(tmp_path, s=TO_SSD, g=GW)
+    run_turn(h, 0)
+    want = [h.block(2, SLOTS[b]) for b in range(PER_TURN - WINDOW, PER_TURN)]
+    # Turn 1's store goes to the worker; before it is durable, a request that ends
+    # at turn 0 plans its restore (turn 0's window rows).
+    toks = prompt(1)
+    v = view("t1", toks, session="s")
+    assert h.sched.num_matched_tokens(v, 0)[0] == 4 * PER_TURN
+    h.sched.after_alloc("t1", SLOTS[:len(toks) // 4 + 1], 4 * PER_TURN)
+    h.step()
+    end(h, RequestView("t1", v.keys, len(toks), len(toks), 0, len(toks), "s"), SLOTS)
+    plan = h.sched.build_step()
+    h.worker.start_step(plan)
+    h.worker.end_step()
+    branch = view("b", [*prompt(0)[:-1], 7, 7, 7, 7, 7], session="s")
+    assert h.sched.num_matched_tokens(branch, 0)[0] == 4 * PER_TURN
+    h.sched.after_alloc("b", SLOTS[20:27], 4 * PER_TURN)
+    while h.worker.pending():  # turn 1 durable: turn 0's window is released
+        h._report(set())
+        time.sleep(0.01)
+    h.reports = []
+    plan, _, recving, invalid = h.step()
+    # The restore in flight reads turn 0's window: it is not punched in its step ...
+    assert [t.request_id for t in plan.loads] == ["b"] and not plan.releases
+    assert recving == {"b"} and not invalid
+    assert [h.block(2, SLOTS[20 + b]) for b in range(PER_TURN - WINDOW, PER_TURN)] == want
+    plan, _, _, _ = h.step()
+    assert len(plan.releases) == 1  # ... but once the restore is done
+    assert released_layers(h) == [(2,), ()]
+    h.close()
+
+
+def test_releases_a_crash_left_unpunched_are_punched_at_the_first_step(
+        tmp_path: Path) -> None:
+    h = Harness(tmp_path, s=TO_SSD, g=GW)
+    for t in range(3):
+        run_turn(h, t)
+    path = the_file(tmp_path)
+    # Turn 0's window went with turn 2's first step; turn 1's was never handed over.
+    assert sliding_bytes_on_disk(h, path) == 2 * WINDOW * ROW
+    h.close()
+    h2 = Harness(tmp_path, s=TO_SSD, g=GW, seed=1)
+    plan, _, _, _ = h2.step()
+    assert len(plan.releases) == 1  # turn 1's, released again by the books
+    assert sliding_bytes_on_disk(h2, path) == WINDOW * ROW
+    assert released_layers(h2) == [(2,), (2,), ()]
+    h2.close()
+
+
+def test_release_old_windows_off_keeps_every_window(tmp_path: Path) -> None:
+    h = Harness(tmp_path, s=settings(*SSD, "store.release_old_windows=false"), g=GW)
+    for t in range(3):
+        run_turn(h, t)
+        h.step()
+    assert sliding_bytes_on_disk(h, the_file(tmp_path)) == 3 * WINDOW * ROW
+    assert released_layers(h) == [(), (), ()]
+    h.close()
