@@ -17,6 +17,7 @@ import torch
 from flatcake.connectors.node_client import RemoteSchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
+from flatcake.geometry import KVGeometry
 from flatcake.link.client import worker_root
 from flatcake.link.wire import TensorRanks
 from flatcake.plan.tasks import StepPlan, WorkerReport
@@ -100,20 +101,23 @@ class Engine(Harness):
 
 
 class TensorEngine(Harness):
-    """One engine of ``ranks.world_size`` workers attached to the service at ``sock``;
-    ``step`` runs every rank's part of each plan and reports as vLLM aggregates."""
+    """One engine of ``ranks.world_size`` workers attached to the service at ``sock``
+    (each rank's KV of geometry ``g``); ``step`` runs every rank's part of each plan and
+    reports as vLLM aggregates."""
 
-    def __init__(self, sock: Path, ranks: TensorRanks, seed: int = 10) -> None:
+    def __init__(self, sock: Path, ranks: TensorRanks, seed: int = 10,
+                 g: KVGeometry = G) -> None:
         self.s = node_settings(sock)
-        self.sched = RemoteSchedulerSide(G, self.s, ranks=ranks,  # type: ignore[assignment]
+        self.g = g
+        self.sched = RemoteSchedulerSide(g, self.s, ranks=ranks,  # type: ignore[assignment]
                                          name="tp")
         self.workers, self.kvs = [], []
         for rank in range(ranks.world_size):
-            where = worker_root(str(sock), 1.0, rank, G, ranks, wait_s=10)
-            worker = WorkerSide(G, where.config, where.store_dir,
+            where = worker_root(str(sock), 1.0, rank, g, ranks, wait_s=10)
+            worker = WorkerSide(g, where.config, where.store_dir,
                                 arena_path=where.arena_path, writes=where.writes,
                                 part=where.part, parts=where.parts)
-            kv = random_kv(seed + rank)  # each rank's KV differs
+            kv = random_kv(seed + rank, g)  # each rank's KV differs
             worker.register(kv)
             self.workers.append(worker)
             self.kvs.append(kv)
@@ -125,7 +129,7 @@ class TensorEngine(Harness):
         plan = self.sched.build_step()
         for w in self.workers:
             w.start_step(plan)
-            for layer in range(G.num_layers):
+            for layer in range(self.g.num_layers):
                 w.wait_for_layer(layer)
             w.end_step()
         n = len(self.workers)
