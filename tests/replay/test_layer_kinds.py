@@ -108,12 +108,36 @@ def test_only_a_prefix_cached_window_cuts_a_hit_back(uncached: tuple[str, ...],
     assert hits[3] == hit
 
 
-def test_tiered_direct_reads_every_layer_that_keeps_its_blocks() -> None:
-    hits, extra, commands = _replay("tiered-direct")
-    assert hits[3:].tolist() == [5, 5]
-    # One command per block per layer; the sliding layer is not prefix-cached.
-    assert extra["restore_commands_by_kind"] == {"sliding": 0.0, "full": 10.0, "c32": 5.0}
-    assert commands == 2 * 5 * 3
+# Per block, tiered-direct reads full 2 x 4,096 B and c32 1,000 -> 4,096 B (O_DIRECT),
+# and the sliding layer's 8,192 B for the window's 1 block at the hit's end when the
+# engine prefix-caches it. A block of every layer is 17,384 B (an object of 20,480 B);
+# of the layers that keep every block, 9,192 B (12,288 B). The host tier (3 blocks of
+# 17,384 B) then holds 3 blocks or 5; the 17 blocks of the 5 turns demote the rest.
+@pytest.mark.parametrize(("uncached", "sliding_cmds", "window_bytes", "demoted", "obj"),
+                         [((), 1, 8192, 14, 20480), (("sliding",), 0, 0, 12, 12288)])
+def test_tiered_direct_stores_and_reads_a_prefix_cached_window(
+        uncached: tuple[str, ...], sliding_cmds: int, window_bytes: int, demoted: int,
+        obj: int) -> None:
+    preset = tiny_preset(gpu_blocks=4, host_blocks=3, geometry=HYBRID)
+    m, node = replay_node(from_requests(REQS, TRACE_BT), "tiered-direct", 1 / 2.5,
+                          preset.with_node(uncached_kinds=uncached))
+    assert node.rec.hit_blocks[3:].tolist() == [5, 5]
+    # One command per block per layer, and per window block per windowed layer.
+    assert m.extra["restore_commands_by_kind"] == {"sliding": float(sliding_cmds),
+                                                   "full": 10.0, "c32": 5.0}
+    assert m.read_commands == 2 * (5 * 3 + sliding_cmds)
+    assert m.ssd_read_bytes == 2 * (5 * (2 * 4096 + 4096) + window_bytes)
+    # Every block's object holds its windowed layers (vLLM stores every sliding block).
+    assert m.extra["blocks_demoted"] == demoted
+    assert m.ssd_write_bytes == m.extra["ssd_used_bytes"] == demoted * obj
+
+
+def test_a_baseline_hit_ending_inside_a_turn_keeps_its_window() -> None:
+    # D's hit ends inside A: A's every block holds its sliding state, so, unlike
+    # FlatCake's segments (the window at a turn's end only), nothing is cut back.
+    preset = tiny_preset(gpu_blocks=4, host_blocks=3, geometry=HYBRID)
+    _m, node = replay_node(from_requests(BRANCH, TRACE_BT), "tiered-direct", 1 / 2.5, preset)
+    assert node.rec.hit_blocks[3] == 3
 
 
 # The paper preset's geometry before its layer kinds were kept: 22 alike layers of 179 B

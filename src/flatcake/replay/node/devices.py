@@ -180,7 +180,9 @@ class NodeSpec:
             prefix-cache: it rebuilds their state itself on a hit, charged to no system.
             Like the vLLM connector (``connectors.vllm_glue.KVGroups`` stores only the
             prefix-cacheable groups), FlatCake neither stores nor restores them, and they
-            never cut a hit back; the baselines read nothing for them either.
+            never cut a hit back; the baselines neither store nor read them either. A
+            windowed kind not listed the baselines store with every block and read at
+            a hit's end, as vLLM's OffloadingConnector does (``layers.PeerBlocks``).
     """
 
     num_workers: int

@@ -44,7 +44,7 @@ class HiCacheSystem(TieredSystem):
         super().attach(node)
         # HiCache's host pool is per engine: the node's host budget shared evenly.
         self.pool_blocks = node.spec.host_memory_bytes // node.spec.num_workers // (
-            node.block_bytes)
+            self.peer.block_bytes)
         self.limit_blocks = int(self.cfg.prefetch_capacity_fraction * self.pool_blocks)
         self.reserved = [0] * len(node.workers)
         # Mooncake stages each batch in its client buffer: a batch never exceeds it.

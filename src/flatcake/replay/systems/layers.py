@@ -11,7 +11,9 @@ c4a and c128a layers); every count here is per layer and summed per kind
   storing every block (a sliding-window layer keeps its segment's last ``window``
   blocks), what it did not store (the kinds the engine rebuilds), and its read commands
   per restore per kind;
-* ``direct_reads``: one block read straight into the GPU, one command per layer.
+* ``direct_reads``: one block read straight into the GPU, one command per layer;
+* ``PeerBlocks``: what a baseline stores and reads of a block when the engine
+  prefix-caches a sliding window (vLLM's OffloadingConnector stores it).
 """
 
 from __future__ import annotations
@@ -103,20 +105,70 @@ class LayerBooks:
         }
 
 
-def direct_reads(geometry: KVGeometry, spec: NodeSpec) -> np.ndarray:
-    """Commands and bytes of one block read straight into the GPU (a row each, a
-    column per layer): one command per layer that keeps every block and GPU of the
-    worker, each its share of the layer's block widened to 4 KiB (O_DIRECT). A layer
-    with a sliding window reads nothing: vLLM does not prefix-cache DeepSeek-V4's
-    sliding-window state (``CircularBufferSpec.prefix_cacheable`` is False) and pads a
-    sliding group's out-of-window blocks with null blocks (``kv_connector/v1/base.py``),
-    so a per-layer reader gets none of them; the engine rebuilds the window by
-    recomputation, which the replay charges no system."""
-    gpw = spec.gpus_per_worker
+def cached_window_layers(geometry: KVGeometry, uncached_kinds: Sequence[str]) -> np.ndarray:
+    """Which layers have a sliding window the engine prefix-caches (a mask, in layer
+    order): those with a window whose kind is not in ``uncached_kinds``."""
     windows = geometry.layer_window_blocks or (0,) * geometry.num_layers
+    kinds = [grp.kind for grp in geometry.layer_groups for _ in range(grp.num_layers)]
+    return np.array([bool(w) and kind not in uncached_kinds
+                     for w, kind in zip(windows, kinds, strict=True)], dtype=bool)
+
+
+def _direct(geometry: KVGeometry, spec: NodeSpec, layers: np.ndarray) -> np.ndarray:
+    gpw = spec.gpus_per_worker
     out = np.zeros((2, geometry.num_layers), dtype=np.int64)
-    for k, (size, w) in enumerate(zip(geometry.layer_block_bytes, windows, strict=True)):
-        if not w:
+    for k, size in enumerate(geometry.layer_block_bytes):
+        if layers[k]:
             out[0, k] = gpw
             out[1, k] = gpw * spec.ssd.aligned(-(-size // gpw))
     return out
+
+
+def direct_reads(geometry: KVGeometry, spec: NodeSpec) -> np.ndarray:
+    """Commands and bytes of one block read straight into the GPU (a row each, a
+    column per layer): one command per layer that keeps every block and GPU of the
+    worker, each its share of the layer's block widened to 4 KiB (O_DIRECT). A
+    sliding-window layer is read for the window blocks at a hit's end only
+    (``PeerBlocks.window_direct``)."""
+    windows = geometry.layer_window_blocks or (0,) * geometry.num_layers
+    return _direct(geometry, spec, np.array([not w for w in windows], dtype=bool))
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerBlocks:
+    """What a per-block baseline store holds and reads of one block when the engine
+    prefix-caches some sliding windows (``NodeSpec.uncached_kinds`` leaves them out).
+
+    vLLM 0.32's OffloadingConnector offloads every prefix-cacheable group
+    (``kv_connector/v1/offloading/config.py: get_offloading_group_ids`` returns
+    ``prefix_cacheable_group_ids``), a sliding-window group's blocks by the mask of
+    ``SlidingWindowManager.reachable_block_mask`` (``v1/core/single_type_kv_cache_manager.py``):
+    with the default ``retention_interval=None`` it keeps the window's tail at every
+    chunk boundary, and a window no shorter than a chunk makes that every block ("Every
+    block is reachable; cache them all"). So the store holds each block's windowed
+    layers beside its other layers, and the window blocks at any hit's end are there
+    whenever the hit's blocks are: the rule "a hit needs the window at its end" never
+    cuts a baseline's hit back. A load reads a sliding group's last
+    ``load_window_size_in_chunks`` keys only (``offloading/scheduler.py``:
+    ``offload_keys[-sliding_window_size_in_chunks:]``): ``window_blocks`` blocks of the
+    windowed layers at the hit's end, every block of the others.
+
+    ``block_bytes``: bytes a store holds per block (the layers that keep every block and
+    the cached windowed layers); ``window_bytes``: the windowed layers' part of it;
+    ``window_direct``: one window block's direct reads (as ``direct_reads``)."""
+
+    block_bytes: int
+    window_bytes: int
+    window_blocks: int
+    window_direct: np.ndarray
+
+    @classmethod
+    def of(cls, geometry: KVGeometry, spec: NodeSpec) -> PeerBlocks:
+        cached = cached_window_layers(geometry, spec.uncached_kinds)
+        sizes = np.asarray(geometry.layer_block_bytes, dtype=np.int64)
+        windows = np.asarray(geometry.layer_window_blocks or (0,) * geometry.num_layers)
+        win_bytes = int(sizes[cached].sum())
+        return cls(block_bytes=geometry.history_block_bytes + win_bytes,
+                   window_bytes=win_bytes,
+                   window_blocks=int(windows[cached].max()) if cached.any() else 0,
+                   window_direct=_direct(geometry, spec, cached))

@@ -19,6 +19,7 @@ from typing import Any
 
 from flatcake.replay.node.blockcache import BlockLru
 from flatcake.replay.node.node import ArrivalQueue, Node, Request, System, Worker, not_attached
+from flatcake.replay.systems.layers import PeerBlocks
 from flatcake.replay.workload.runs import slice_runs
 
 
@@ -32,12 +33,15 @@ class MemoryOnlySystem(System):
         self.queues: list[ArrivalQueue] = []
         self.host: BlockLru | None = None
         self.blocks_dropped = 0
+        self.peer: PeerBlocks | None = None
 
     def attach(self, node: Node) -> None:
         super().attach(node)
         self.queues = [ArrivalQueue() for _ in node.workers]
-        self.host = BlockLru(node.wl.num_ids, node.spec.host_memory_bytes // node.block_bytes,
-                             name="host")
+        # A block holds its prefix-cached windowed layers too (``layers.PeerBlocks``).
+        self.peer = PeerBlocks.of(node.geometry, node.spec)
+        self.host = BlockLru(node.wl.num_ids,
+                             node.spec.host_memory_bytes // self.peer.block_bytes, name="host")
 
     def on_arrival(self, req: Request) -> None:
         if self.node is None:
@@ -49,15 +53,15 @@ class MemoryOnlySystem(System):
         return self.queues[worker.idx].pop()
 
     def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
-        node, host = self.node, self.host
-        if node is None or host is None:
+        node, host, peer = self.node, self.host, self.peer
+        if node is None or host is None or peer is None:
             raise not_attached(self.name)
         g = req.gpu_prefix
         hm = host.prefix_hits(req.runs, g)
         if not hm:
             return 0, 0.0
         host.touch(slice_runs(req.runs, g, g + hm))
-        nbytes = hm * node.block_bytes
+        nbytes = hm * node.block_bytes + min(peer.window_blocks, hm) * peer.window_bytes
         now = node.now
         end = worker.link.submit(now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
         return hm, end - now

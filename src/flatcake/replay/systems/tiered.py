@@ -34,10 +34,10 @@ What the model does, and where each behaviour comes from:
   straight into the GPU (GDS), with no host pool and so no termination. Paged KV in the
   GPU is one tensor per layer, so each (block, layer) lands in a different place: one
   read command per block per layer (``direct_reads_per_layer``), each of its layer's
-  block size at an eviction-order offset; a sliding-window layer reads nothing
-  (``layers.direct_reads`` says why).
-* Objects and the host tier hold a block's layers that keep every block
-  (``Node.block_bytes``): Mooncake's object of a page holds all its layers.
+  block size at an eviction-order offset; a windowed layer only for the window blocks
+  at the hit's end, if the engine prefix-caches it (``layers.PeerBlocks``: vLLM's rules).
+* Objects and the host tier hold all of a block's stored layers (``PeerBlocks``), as
+  Mooncake's object of a page does; a host->GPU copy moves a window's blocks only.
 * On a tensor-parallel worker (``gpus_per_worker`` > 1) every GPU stores and reads its
   own share of each object, so commands multiply by the GPU count and shrink by it.
 
@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from flatcake.replay.node.node import ArrivalQueue, Node, Request, System, Worker, not_attached
-from flatcake.replay.systems.layers import LayerBooks, direct_reads
+from flatcake.replay.systems.layers import LayerBooks, PeerBlocks, direct_reads
 from flatcake.replay.systems.settings import TieredConfig
 from flatcake.replay.systems.state import HostTier, TieredSharing, TState
 from flatcake.replay.workload.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
@@ -95,6 +95,8 @@ class TieredSystem(System):
         self.gpw = 1
         self.direct = np.zeros((2, 0), dtype=np.int64)
         self.direct_cmds = self.direct_bytes = 0
+        self.peer = PeerBlocks(0, 0, 0, np.zeros((2, 0), dtype=np.int64))
+        self.window_cmds = self.window_bytes = 0
         self.books: LayerBooks | None = None
         self.num_buckets_recycled = 0
         self.blocks_lost_to_recycling = 0
@@ -104,15 +106,17 @@ class TieredSystem(System):
         super().attach(node)
         n = node.wl.num_ids
         self.queues = [ArrivalQueue() for _ in node.workers]
-        self.host = HostTier(n, node.spec.host_memory_bytes // node.block_bytes)
+        self.peer = peer = PeerBlocks.of(node.geometry, node.spec)
+        self.host = HostTier(n, node.spec.host_memory_bytes // peer.block_bytes)
         self.bucket_of = np.full(n, -1, dtype=np.int32)
         gpw = node.spec.gpus_per_worker
         self.gpw = gpw
         # One object per block per GPU of the worker (its share of the KV heads).
-        self.obj_bytes = gpw * node.spec.ssd.aligned(-(-node.block_bytes // gpw))
+        self.obj_bytes = gpw * node.spec.ssd.aligned(-(-peer.block_bytes // gpw))
         # tiered-direct: one command per (block, layer) per GPU, each of its layer's size.
         self.direct = direct_reads(node.geometry, node.spec)
         self.direct_cmds, self.direct_bytes = (int(v) for v in self.direct.sum(axis=1))
+        self.window_cmds, self.window_bytes = (int(v) for v in peer.window_direct.sum(axis=1))
         self.books = LayerBooks(node.geometry)
 
     # ---- host tier and SSD buckets --------------------------------------------------
@@ -262,34 +266,53 @@ class TieredSystem(System):
         hm = total - s
         st.ssd_parts = ssd_parts
         req.restore_blocks = total
-        end = self.read_local(w, hm, s)
+        window = self.window_tail(req.runs, g, g + total)
+        end = self.read_local(w, hm, s, window)
         if s == 0:
             node.loop.at(end, self.restore_done, (req, 0, 0))
             return
         node.loop.at(end + node.spec.restore_overhead_s, self.restore_done,
-                     (req, s, s * node.block_bytes))
+                     (req, s, s * node.block_bytes + window[1] * self.peer.window_bytes))
 
-    def read_local(self, w: Worker, host_blocks: int, ssd_blocks: int) -> float:
+    def window_tail(self, runs: Runs, start: int, end: int) -> tuple[int, int]:
+        """Of the window blocks at the end of a hit on blocks ``[start, end)`` of
+        ``runs`` (its last ``PeerBlocks.window_blocks``), how many are in host memory
+        and how many on SSD only."""
+        if self.host is None:
+            raise not_attached(self.name)
+        w = self.peer.window_blocks
+        if not w or end <= start:
+            return 0, 0
+        tick = self.host.lru.tick
+        in_host = sum(int(np.count_nonzero(tick[s:e])) for s, e in
+                      slice_runs(runs, max(start, end - w), end))
+        return in_host, min(w, end - start) - in_host
+
+    def read_local(self, w: Worker, host_blocks: int, ssd_blocks: int,
+                   window: tuple[int, int] = (0, 0)) -> float:
         """Copy ``host_blocks`` over ``w``'s host->GPU link and read ``ssd_blocks``
-        straight into the GPU on its SSD channel; returns when both are done."""
+        straight into the GPU on its SSD channel; ``window``: how many of the window
+        blocks at the hit's end are among each (``window_tail``), whose windowed layers
+        come too. Returns when both are done."""
         node = self.node
         if node is None:
             raise not_attached(self.name)
         now = node.now
         spec = node.spec
-        bb = node.block_bytes
         hm, s = host_blocks, ssd_blocks
         host_end = now
         if hm:
-            host_end = w.link.submit(now, hm * bb / spec.host_to_gpu_bytes_per_s, hm * bb)
+            hb = hm * node.block_bytes + window[0] * self.peer.window_bytes
+            host_end = w.link.submit(now, hb / spec.host_to_gpu_bytes_per_s, hb)
         if s == 0:
             return host_end
         gpw = self.gpw
         if self.cfg.direct_reads_per_layer:
-            cmds = s * self.direct_cmds
-            nbytes = s * self.direct_bytes
+            ws = window[1]
+            cmds = s * self.direct_cmds + ws * self.window_cmds
+            nbytes = s * self.direct_bytes + ws * self.window_bytes
             if self.books is not None:
-                self.books.read(s * self.direct[0])
+                self.books.read(s * self.direct[0] + ws * self.peer.window_direct[0])
         else:
             cmds = s * gpw
             nbytes = s * self.obj_bytes
@@ -333,7 +356,7 @@ class TieredSystem(System):
         if not hm:
             return 0, 0.0
         self.host.lru.touch(slice_runs(req.runs, g, g + hm))
-        nbytes = hm * node.block_bytes
+        nbytes = hm * node.block_bytes + min(self.peer.window_blocks, hm) * self.peer.window_bytes
         now = node.now
         end = worker.link.submit(now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
         return hm, end - now
