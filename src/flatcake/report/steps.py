@@ -9,7 +9,8 @@ Steps (each prints its timing; ``--reuse`` keeps sweeps already in ``--out``):
 
 1. ``speed``: read + convert the Claude Code trace cold, then one whole-trace replay per
    system at the top rate (CPU seconds, peak memory);
-2. ``claude-code``: every system at every rate on the ``paper`` preset;
+2. ``claude-code``: every system at every rate on the ``paper`` preset, and again with
+   the sliding windows prefix-cached (``report.windows``);
 3. ``sensitivity``: the host-memory budget at 8 / 32 / 128 GiB and the GPU KV pool at
    4 / 6 / 12 GiB per worker (4 GiB: the smallest pool that holds the trace's largest
    request on the paper geometry), every system, 1 req/s;
@@ -51,6 +52,7 @@ from flatcake.replay.systems import SYSTEMS
 from flatcake.replay.workload.source import load_workload
 from flatcake.report import cluster as cluster_step
 from flatcake.report import deployments as deployments_step
+from flatcake.report import windows as windows_step
 from flatcake.report.claims import claims_table
 
 STEPS = ("speed", "claude-code", "sensitivity", "ablation", "llama70b", "mooncake",
@@ -223,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cc = sweep("claude-code", lambda d: run_sweep(cc_wl(), systems, rates, "paper", d,
                                                   jobs=args.jobs))
+    ccw = sweep(windows_step.NAME, lambda d: windows_step.run(
+        cc_wl(), [s for s in systems if s != "flatcake-1q"], rates, d, args.jobs))
     sens: dict[int, SweepResult] = {}
     if cc is not None:
         sens[8] = _subset(cc, 1.0)
@@ -291,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         deployed = deployments_step.run_deployments(cc_wl(), out / "deployments",
                                                     jobs=args.jobs, quick=args.quick)
     _write(out, args, speed, cc, (sens, pools), ablations, llama, mooncake, builtin,
-           [*(cluster_step.cluster_table(grid) if grid is not None else []),
+           [*(windows_step.windows_table(cc, ccw) if cc is not None and ccw is not None
+              else []),
+            *(cluster_step.cluster_table(grid) if grid is not None else []),
             *(deployments_step.deployments_table(deployed) if deployed is not None else [])])
     if args.docs_out:
         body = (out / "report.md").read_text().split("\n", 1)[1]  # without its title
