@@ -4,12 +4,14 @@ each stop says when the worker left and its CPU cost."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,8 +47,10 @@ def test_a_worker_vllm_had_to_terminate_is_an_unclean_stop(compare):
     assert hits == ["vLLM sent SIGTERM to a worker past its grace period"]
 
 
-def test_cpu_seconds_are_counted_per_process_of_the_servers_group(compare):
-    # A "worker" of the group burns 0.3 CPU s, then waits to be stopped.
+@contextlib.contextmanager
+def burning_worker() -> Iterator[int]:
+    """A process named as vLLM names its worker, leading its own group, that has burnt
+    0.3 CPU s and waits to be stopped; yields its pid and stops it on leaving."""
     burn = ("import sys, time\n"
             "open('/proc/self/comm', 'w').write('VLLM::Worker')\n"
             "while time.process_time() < 0.3: pass\n"
@@ -55,25 +59,21 @@ def test_cpu_seconds_are_counted_per_process_of_the_servers_group(compare):
                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert child.stdout is not None and child.stdout.readline() == "done\n"
-        cpu = compare.cpu_seconds(child.pid)
+        yield child.pid
     finally:
         child.communicate("", timeout=30)
+
+
+def test_cpu_seconds_are_counted_per_process_of_the_servers_group(compare):
+    with burning_worker() as pid:
+        cpu = compare.cpu_seconds(pid)
     assert cpu["worker"] >= 0.25 and cpu["engine"] == 0.0  # /proc counts whole ticks
     assert compare.cpu_seconds(os.getpgid(0))["worker"] == 0.0  # another group
 
 
 def test_the_model_threads_run_and_wait_are_read(compare):
-    burn = ("import sys, time\n"
-            "open('/proc/self/comm', 'w').write('VLLM::Worker')\n"
-            "while time.process_time() < 0.3: pass\n"
-            "print('done', flush=True); sys.stdin.read()\n")
-    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "done\n"
-        run, wait = compare.model_thread(child.pid)
-    finally:
-        child.communicate("", timeout=30)
+    with burning_worker() as pid:
+        run, wait = compare.model_thread(pid)
     assert run >= 0.25 and wait >= 0.0  # schedstat counts nanoseconds
     assert compare.model_thread(os.getpgid(0)) == (0.0, 0.0)  # no worker in this group
 
