@@ -66,10 +66,14 @@ def session_turns(ids: Callable[[int], list[int]], session: str, *lengths: int,
     return turns
 
 
-def plan_of(turns: dict[str, dict], *groups: tuple[str, ...], **options: object) -> dict:
+def plan_of(turns: dict[str, dict], *groups: tuple[str, ...], prefix_caching: bool,
+            **options: object) -> dict:
     """An engine run's plan: each group of ``turns``' named requests is one phase (sent
-    together), the phases in order; ``options`` set the run (``engine_script.py``)."""
-    return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups]} | options
+    together), the phases in order; ``prefix_caching`` says whether vLLM's own prefix
+    cache is on (off where FlatCake's hits are checked: vLLM would keep the prefix
+    itself); ``options`` set the run (``engine_script.py``)."""
+    return {"phases": [[{"name": n, **turns[n]} for n in g] for g in groups],
+            "prefix_caching": prefix_caching} | options
 
 
 def run_as_served(model: Path, plan: dict, want: dict, out: Path,

@@ -12,7 +12,9 @@
         PLAN.json in order, write every output to OUT.json and exit; builds the model
         first when MODEL_DIR does not exist yet
 
-A plan is ``{"phases": [[request, ...], ...], "prefix_caching": bool (default true),
+A plan is ``{"phases": [[request, ...], ...], "prefix_caching": bool (required: vLLM's
+own prefix cache on or off; a run that checks FlatCake's hits wants it off, or vLLM
+keeps the prefix itself and FlatCake rightly loads nothing),
 "in_process": bool (default false: vLLM's default, the engine core in a child
 process), "model_kind": KIND (default llama), "block_size": int (default 32; vLLM's CPU
 MLA kernel takes 16 only), "cpu_mla_prefix_caching": bool (default false: vLLM's CPU
@@ -87,7 +89,19 @@ def keep_cpu_mla_prefix_cache() -> None:
     CpuPlatform.check_and_update_config = classmethod(check_keeping_prefix_cache)
 
 
+def read_plan(plan_path: str) -> dict:
+    """The plan at ``plan_path``; a plan that does not say whether vLLM's own prefix
+    cache is on is refused by name."""
+    with open(plan_path) as fh:
+        plan = json.load(fh)
+    if not isinstance(plan.get("prefix_caching"), bool):
+        raise SystemExit(f"{plan_path}: the plan must set \"prefix_caching\" to true or "
+                         "false (vLLM's own prefix cache; off where FlatCake's hits count)")
+    return plan
+
+
 def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
+    plan = read_plan(plan_path)
     from vllm import LLM, SamplingParams
 
     kwargs: dict = {}
@@ -110,8 +124,6 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
                               "memory_copy_watermark": 0.0},
             },
         }
-    with open(plan_path) as fh:
-        plan = json.load(fh)
     if plan.get("cpu_mla_prefix_caching"):
         keep_cpu_mla_prefix_cache()
     in_process = plan.get("in_process", False)
@@ -121,7 +133,7 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
         build_model(model, plan.get("model_kind", "llama"))
     llm = LLM(model=model, dtype="float32", enforce_eager=True,
               block_size=plan.get("block_size", 32),
-              enable_prefix_caching=plan.get("prefix_caching", True), max_model_len=1024,
+              enable_prefix_caching=plan["prefix_caching"], max_model_len=1024,
               max_num_seqs=8, seed=0, disable_log_stats=store is None,
               tensor_parallel_size=plan.get("tensor_parallel_size", 1), **kwargs)
     started_s = time.monotonic() - t0

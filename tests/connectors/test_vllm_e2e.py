@@ -70,7 +70,7 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
     # in seconds instead of minutes on two cores, and computes the same).
     base = run_engine(model, plan_of(turns, ("A0",), ("A1",), ("A2",), ("B0",), ("B1",),
                                      ("C1", "C2"), ("C3",), ("S0",), ("S1",), ("Z0",),
-                                     in_process=True),
+                                     prefix_caching=True, in_process=True),
                       tmp_path / "baseline.json")
     want = base["requests"]
 
@@ -103,8 +103,8 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
     # Between the runs, session B's segment rots on disk.
     damaged = corrupt_session_file(store, fc["B0"]["session_id"])
 
-    # 2. A fresh process over the same store, vLLM's defaults.
-    run2 = plan_of(turns, ("S0",), ("S1",), ("A0",), ("B1",), ("Z0",))
+    # 2. A fresh process over the same store, vLLM's prefix cache on as by default.
+    run2 = plan_of(turns, ("S0",), ("S1",), ("A0",), ("B1",), ("Z0",), prefix_caching=True)
     run2["phases"][0][0]["cache_salt"] = "bob"
     _, got2, fc2 = run_as_served(model, run2, want, tmp_path / "run2.json", store)
     # Another tenant's salt: nothing of alice's prompt is served to bob.

@@ -66,7 +66,7 @@ def test_hybrid_model_turns_restore_every_group(tmp_path: Path) -> None:
     model, store = tmp_path / "model", tmp_path / "store"
     build_hybrid_model(model)
     base = run_engine(model, plan_of(turns, ("H0",), ("H1",), ("R0",), ("R1",),
-                                     in_process=True),
+                                     prefix_caching=True, in_process=True),
                       tmp_path / "baseline.json")
     want = base["requests"]
 
@@ -86,7 +86,8 @@ def test_hybrid_model_turns_restore_every_group(tmp_path: Path) -> None:
     assert all(f["load_error_blocks"] == 0 for f in fc.values())
 
     damaged = corrupt_session_file(store, fc["R0"]["session_id"])
-    _, got2, fc2 = run_as_served(model, plan_of(turns, ("H1",), ("R1",)), want,
+    _, got2, fc2 = run_as_served(model, plan_of(turns, ("H1",), ("R1",), prefix_caching=True),
+                                 want,
                                  tmp_path / "run2.json", store)
     # H's turn 1 again in a fresh process: every full block of turn 0's prompt.
     assert got2["H1"]["num_cached_tokens"] == 4 * BLOCK

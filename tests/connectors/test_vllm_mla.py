@@ -51,7 +51,7 @@ def test_mla_turns_come_back_from_ssd_in_a_fresh_process(tmp_path: Path) -> None
         ids, "B", 70, 20, max_tokens=6)
     model, store = tmp_path / "model", tmp_path / "store"
     baseline = plan_of(turns, ("A0",), ("A1",), ("B0",), ("B1",), **MLA,
-                       cpu_mla_prefix_caching=True)
+                       prefix_caching=True, cpu_mla_prefix_caching=True)
     baseline["phases"][3][0]["cache_salt"] = "from-scratch"
     base = run_engine(model, baseline, tmp_path / "baseline.json")
     want = base["requests"]
@@ -72,7 +72,8 @@ def test_mla_turns_come_back_from_ssd_in_a_fresh_process(tmp_path: Path) -> None
     assert header.layer_block_bytes == (LATENT_BLOCK_BYTES, LATENT_BLOCK_BYTES)
 
     damaged = corrupt_session_file(store, "B")
-    _, got2, fc2 = run_as_served(model, plan_of(turns, ("A1",), ("B1",), **MLA), want,
+    _, got2, fc2 = run_as_served(model, plan_of(turns, ("A1",), ("B1",), **MLA,
+                                                    prefix_caching=True), want,
                                  tmp_path / "run2.json", store)
     # Every full block of turn 0 comes back in the fresh process, from SSD.
     assert got2["A1"]["num_cached_tokens"] == 6 * BLOCK

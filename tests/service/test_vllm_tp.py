@@ -66,7 +66,7 @@ def two_turns_at_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
                    timeout=300)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", os.environ.get(
         "VLLM_CPU_OMP_THREADS_BIND", bind_two_ranks()))
-    want = run_engine(model, phases(tensor_parallel_size=2, **baseline),
+    want = run_engine(model, phases(tensor_parallel_size=2, prefix_caching=True, **baseline),
                       tmp_path / "baseline.json")["requests"]
     full = len(a0) // block * block
     assert want["A1"]["num_cached_tokens"] == full
