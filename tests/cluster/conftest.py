@@ -1,10 +1,13 @@
-"""A real ``redis-server`` on 127.0.0.1 per test module; the tests skip without one.
+"""A real ``redis-server`` on 127.0.0.1 per test module (``own_redis``: one for a test
+that pauses it); the tests skip without one.
 ``python`` (the NIXL venv's interpreter) and ``env`` (NIXL for this interpreter's children)
 skip a test that needs them when they are missing."""
 
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +25,19 @@ def redis_url() -> Iterator[str]:
         pytest.skip(why)
     with RedisServer() as server:
         yield server.url
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A server for this test alone (it may pause it: resumed before it stops)."""
+    why = redis_available()
+    if why:
+        pytest.skip(why)
+    with RedisServer() as server:
+        try:
+            yield server
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
 
 
 @pytest.fixture

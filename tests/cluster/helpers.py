@@ -1,13 +1,15 @@
 """Child processes for the cluster tests: the NIXL venv's python (or None), the
 environment a child runs with (this checkout's ``src`` on its path, no inherited ``UCX_*``),
 a child whose own lines ("ready" or JSON) are read with a timeout past NIXL's log lines,
-and the PYTHONPATH that gives this interpreter (torch) NIXL too."""
+and the PYTHONPATH that gives this interpreter (torch) NIXL too; ``paused`` makes a Redis
+server hang (stopped, resumed on leaving)."""
 
 from __future__ import annotations
 
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +18,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+
+
+@contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """The process ``pid`` (a redis-server) stopped: its clients hang until it resumes."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 

@@ -61,6 +61,13 @@ class RedisServer:
             raise ValueError("the Redis server is not running")
         return f"redis://{HOST}:{self.port}/0"
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (a test pauses it to make Redis hang)."""
+        if self._proc is None:
+            raise ValueError("the Redis server is not running")
+        return self._proc.pid
+
     @staticmethod
     def free_port() -> int:
         """A port nothing listens on now (for a server started later on it)."""

@@ -13,8 +13,9 @@
   epoch (the clients under roles ``client0``, ``client1``, ...);
 * one thread (``flatcake-cluster``) publishes and removes index entries in the order the
   store queued them (publish after a segment is durable, remove when the books drop it:
-  never out of order, never under the store's lock), serves staging requests and renews
-  the lease.
+  never out of order, never under the store's lock; while Redis fails they wait and are
+  sent again in order, ``cluster.writer.IndexWriter``), serves staging requests and
+  renews the lease.
 
 A node of several tensor-parallel parts (the node service, heads split over the ranks:
 each part has its own arena and session files) passes the parts after the first in
@@ -22,7 +23,7 @@ each part has its own arena and session files) passes the parts after the first 
 ``part{p}`` (``part_role``); a requester's rank reads its part through that agent.
 
 Lookups (``lookup``) run on the caller's thread: one batched round trip set per call.
-A Redis or NIXL failure is a miss or a skipped publish, never a crash of the store.
+A Redis or NIXL failure is a miss or a publish that waits, never a crash of the store.
 
 Redis unreachable at start-up (``background_join``, what every store host gets): the
 service logs one warning, serves local-only (lookups miss, no remote readers) and the
@@ -49,6 +50,7 @@ from flatcake.cio.remote_load import RemoteReader
 from flatcake.cio.remote_readers import NixlPeers, remote_reader
 from flatcake.cio.remote_ssd import StagingServer
 from flatcake.cluster.index import ClusterIndex, RemoteHit, StaleNodeError
+from flatcake.cluster.writer import IndexWriter
 from flatcake.control.address import Medium
 from flatcake.errors import ClusterUnavailableError
 
@@ -106,7 +108,9 @@ class ClusterService:
         self._stop = threading.Event()
         self._renewed = time.monotonic()
         self._backoff = join_backoff_s
-        self.published = self.removed = 0  # segments, for stats and tests
+        # Entries waiting for Redis; retried at most every 5 s (sooner while it is young).
+        self.writer = IndexWriter(self.index,
+                                  retry_s=(join_backoff_s[0], max(join_backoff_s[0], 5.0)))
         try:
             self._join()
         except ClusterUnavailableError as exc:
@@ -177,6 +181,16 @@ class ClusterService:
             return self._joined
 
     @property
+    def published(self) -> int:
+        """Segments Redis took a publish of (stats and tests)."""
+        return self.writer.published
+
+    @property
+    def removed(self) -> int:
+        """Segments Redis took a removal of."""
+        return self.writer.removed
+
+    @property
     def node(self) -> int:
         return self.index.node
 
@@ -208,8 +222,9 @@ class ClusterService:
         self._ops.put((kind, segments))
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every queued publish and removal reached Redis (or failed); before
-        the join nothing is queued (what the store published is held for the join)."""
+        """Wait until every queued publish and removal was tried once (it reached Redis
+        or waits in ``writer`` for it); before the join nothing is queued (what the store
+        published is held for the join)."""
         with self._applied:
             return self._applied.wait_for(lambda: self._pending == 0 or
                                           not self._thread.is_alive(), timeout_s)
@@ -274,33 +289,14 @@ class ClusterService:
                 ops.append(self._ops.get_nowait())
             except queue.Empty:
                 break
-        if not ops:
-            return False
-        # Consecutive ops of one kind go in one pipeline; the order is kept.
-        at = 0
-        while at < len(ops):
-            kind = ops[at][0]
-            batch: list[Any] = []
-            while at < len(ops) and ops[at][0] == kind:
-                batch.extend(ops[at][1])
-                at += 1
-            try:
-                if kind == "publish":
-                    ok = self.index.publish(batch)
-                    self.published += len(batch) if ok else 0
-                else:
-                    ok = self.index.remove(batch)
-                    self.removed += len(batch) if ok else 0
-            except Exception as exc:
-                ok = False
-                logger.warning("cluster index %s of %d segments failed: %s", kind,
-                               len(batch), exc)
-            if not ok:
-                logger.warning("cluster index: %d segments not %sd", len(batch), kind)
-        with self._applied:
-            self._pending -= len(ops)
-            self._applied.notify_all()
-        return True
+        for kind, segments in ops:
+            self.writer.put(kind, segments)
+        busy = self.writer.apply() or bool(ops)
+        if ops:
+            with self._applied:
+                self._pending -= len(ops)
+                self._applied.notify_all()
+        return busy
 
     def _republish_client(self, k: int) -> None:
         """A timed-out read retired client ``k``'s window: owners must WRITE into the
