@@ -49,7 +49,10 @@ logger = logging.getLogger(__name__)
 class Index(Protocol):
     """What the lookup reads of a cluster index (``cluster.ClusterIndex``)."""
 
-    failures: int
+    @property
+    def failures(self) -> int:
+        """Lookups that failed so far (a lookup that raised it failed)."""
+        ...
 
     def lookup(self, keys: Sequence[bytes], *, prefix: bool = True) -> Sequence[IndexHit]:
         ...

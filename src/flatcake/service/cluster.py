@@ -15,7 +15,11 @@ the node's own agent, each further tensor-parallel part through its own, role
                    every part's crcs (``plan.remote.segment_record``)
     reclaim        the books dropped segments -> their entries removed
     lookup         the engines' scheduler halves hosted here look up after their local
-                   prefix through this member's index (``connectors.cluster_side``)
+                   prefix through this member's index (``connectors.cluster_side``), on
+                   the member's lookup thread: the service's loop waits for it at most
+                   ``LOOKUP_WAIT_S``, and not at all while Redis still owes an earlier
+                   answer; either is a miss (a failure: the scheduler half goes
+                   local-only for a while), so a hanging Redis never stalls the engines
 
 The service never moves a KV byte for its engines; remote reads of its sessions are
 served by its NIXL agents from the arenas it maps and the files it holds, as an
@@ -28,7 +32,9 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,25 +58,85 @@ if TYPE_CHECKING:
 logger = logging.getLogger("flatcake.service")
 
 
-class _MemberIndex:
-    """The member's index as the scheduler halves read it (closed by the member)."""
+LOOKUP_WAIT_S = 0.25  # the longest a lookup holds the service's loop (a few round trips)
 
-    def __init__(self, member: NodeCluster) -> None:
-        self._service = member.service
+
+class BoundedLookup:
+    """Cluster lookups on a thread of their own, each waited for at most ``wait_s``: an
+    answer later than that, or asked while an earlier one is still owed, is a miss and
+    counts in ``failures`` (the scheduler halves' ``Index``; closed by the member)."""
+
+    def __init__(self, lookup: Callable[[Sequence[bytes]], Sequence[IndexHit]],
+                 failures: Callable[[], int], wait_s: float = LOOKUP_WAIT_S) -> None:
+        if wait_s <= 0:
+            raise ValueError(f"wait_s must be positive, got {wait_s!r}")
+        self._lookup, self._failures, self.wait_s = lookup, failures, wait_s
+        self._asks: queue.SimpleQueue[_Ask | None] = queue.SimpleQueue()
+        self._owed = threading.Event()  # a lookup is on the thread
+        self.missed = 0  # lookups answered as misses, Redis too slow
+        self._thread = threading.Thread(target=self._serve, name="flatcake-cluster-lookup",
+                                        daemon=True)
+        self._thread.start()
 
     @property
     def failures(self) -> int:
-        return self._service.index.failures
+        return self._failures() + self.missed
 
-    @failures.setter
-    def failures(self, value: int) -> None:
-        self._service.index.failures = value
+    @property
+    def owed(self) -> bool:
+        """Whether a lookup is still on the thread (Redis owes its answer)."""
+        return self._owed.is_set()
 
     def lookup(self, keys: Sequence[bytes], *, prefix: bool = True) -> Sequence[IndexHit]:
-        return self._service.lookup(keys)
+        if self._owed.is_set():  # Redis still owes the last answer: don't queue behind it
+            self.missed += 1
+            return []
+        ask = _Ask(keys)
+        self._owed.set()
+        self._asks.put(ask)
+        if ask.done.wait(self.wait_s):
+            return ask.hits
+        self.missed += 1
+        logger.warning("the cluster index did not answer a lookup within %.2f s; a miss",
+                       self.wait_s)
+        return []
+
+    def _serve(self) -> None:
+        while (ask := self._asks.get()) is not None:
+            try:
+                ask.hits = list(self._lookup(ask.keys))
+            except Exception as exc:  # a miss, never an exception into an engine
+                logger.warning("cluster index lookup failed: %s", exc)
+                self.missed += 1
+            self._owed.clear()
+            ask.done.set()
 
     def close(self) -> None:
-        """The member closes the index."""
+        """Stop the thread (it leaves once Redis answers what it owes)."""
+        self._asks.put(None)
+
+
+class _Ask:
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        self.keys, self.hits = keys, list[IndexHit]()
+        self.done = threading.Event()
+
+
+class _MemberIndex:
+    """The member's lookups as a scheduler half reads them (closed by the member)."""
+
+    def __init__(self, lookups: BoundedLookup) -> None:
+        self._lookups = lookups
+
+    @property
+    def failures(self) -> int:
+        return self._lookups.failures
+
+    def lookup(self, keys: Sequence[bytes], *, prefix: bool = True) -> Sequence[IndexHit]:
+        return self._lookups.lookup(keys, prefix=prefix)
+
+    def close(self) -> None:
+        """The member closes the lookups."""
 
 
 def _map_arena(path: Path, capacity: int) -> np.ndarray:
@@ -115,13 +181,15 @@ class NodeCluster:
             cluster=store.cluster_name, window_bytes=4096, windows=1,
             timeout_s=store.remote_timeout_s, parts=parts[1:])
         self.skipped = 0  # stores not published (a part's crcs missing)
+        index = self.service.index
+        self.lookups = BoundedLookup(self.service.lookup, lambda: index.failures)
 
     @property
     def parts(self) -> int:
         return len(self.roots)
 
     def lookup_index(self) -> Index:
-        return _MemberIndex(self)
+        return _MemberIndex(self.lookups)
 
     def republish(self, control: ControlPlane) -> None:
         """After recovery: every SSD segment the books kept, with each part's crcs."""
@@ -154,6 +222,7 @@ class NodeCluster:
 
     def close(self) -> None:
         """Publish what is queued, leave the index, release the agents and the maps."""
+        self.lookups.close()
         self.service.close()
         self._maps = []
 
