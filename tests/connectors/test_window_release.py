@@ -3,7 +3,8 @@ half's books decide (``StepPlan.releases``), the worker half, which owns the fil
 punches them out. On a real file, a session's sliding-layer bytes stay within its window
 as it grows, a restore planned before a release reads the rows first, a fresh process
 rebuilds the same books from the holes and still restores every full block of the
-newest turn, and releases a crash left unpunched are punched at its first step."""
+newest turn, and releases a crash left unpunched are punched at its first step. The
+SSD budget counts what the file still holds, before and after a restart."""
 
 from __future__ import annotations
 
@@ -94,6 +95,11 @@ def test_the_worker_punches_what_the_books_release_and_a_restart_keeps_it(
         assert os.stat(path).st_blocks * 512 <= ALIGN + (t + 1) * (full + ALIGN) + WINDOW * ROW
     before = released_layers(h)
     assert before == [(2,)] * (turns - 1) + [()]
+    # The SSD budget counts what the file holds: the released rows no longer.
+    used = h.sched.control.stats().ssd_used_bytes
+    assert used == ALIGN + sum(s.total_bytes for s in h.sched.control.segments()) \
+        - (turns - 1) * WINDOW * ROW
+    h.sched.control.check_integrity()
     want = {(layer, b): h.block(layer, SLOTS[b]) for layer in range(3)
             for b in range(turns * PER_TURN) if layer < 2 or b >= turns * PER_TURN - WINDOW}
     h.close()
@@ -101,6 +107,8 @@ def test_the_worker_punches_what_the_books_release_and_a_restart_keeps_it(
     # gets every full block of the newest turn back, byte for byte.
     h2 = Harness(tmp_path, s=TO_SSD, g=GW, seed=1)
     assert released_layers(h2) == before
+    assert h2.sched.control.stats().ssd_used_bytes == used  # the holes, counted again
+    h2.sched.control.check_integrity()
     toks = prompt(turns)
     v = view("next", toks, session="s")
     assert h2.sched.num_matched_tokens(v, 0) == (4 * PER_TURN * turns, True)

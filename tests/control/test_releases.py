@@ -1,6 +1,7 @@
 """The books' side of releasing superseded window rows (``control.releases``): which
-segments a newer turn releases, that lookups stop there at once, and that the punch
-waits for a restore in flight that was planned with the rows."""
+segments a newer turn releases, that lookups stop there at once, that the punch
+waits for a restore in flight that was planned with the rows, and that the SSD budget
+counts what the files still hold."""
 
 from __future__ import annotations
 
@@ -71,3 +72,21 @@ def test_only_the_same_sessions_turns_run_through_to_their_end_are_released() ->
         store(off, "a", ks[:8], 1)
         assert [s.layout.released for s in off.segments()] == [(), ()]
         assert off.lookup(ks[:4]).num_blocks == 4
+
+
+def test_the_ssd_budget_counts_what_the_files_still_hold() -> None:
+    cp = plane()
+    ks = skeys("a", 12)
+    store(cp, "a", ks[:4], 0)
+    store(cp, "a", ks[:8], 1)
+    store(cp, "a", ks[:12], 2)
+    first, second, _ = sorted(cp.segments(), key=lambda s: s.segment_id)
+    assert first.layout.released == second.layout.released == (1, 2)
+    segs = sum(s.total_bytes for s in cp.segments())
+    # Two turns' window rows (2 layers x 2 blocks x 8 KiB each) no longer count.
+    assert cp.stats().ssd_used_bytes == 4096 + segs - 2 * (2 * 2 * 8192)
+    assert len(cp.take_window_releases()) == 2
+    cp.check_integrity()  # each session's bytes match the budget
+    cp.drop_session("a")  # reclaim gives back what was still counted, no more
+    assert cp.stats().ssd_used_bytes == 0
+    cp.check_integrity()

@@ -19,6 +19,7 @@ from flatcake.control.sessions import SessionTable
 from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.stores import Stores
+from flatcake.control.windows import released_bytes
 from flatcake.errors import IntegrityError
 
 
@@ -60,8 +61,8 @@ def check_books(*, index: BlockIndex, arena: HostArena, ssd: SsdSpace,
                 owned.add(seg_id)
                 if medium == Medium.MEMORY:
                     mem += seg.total_bytes
-                else:
-                    ssd_bytes += seg.total_bytes
+                else:  # released window rows are not on disk any more
+                    ssd_bytes += seg.total_bytes - released_bytes(seg.layout)
         copy = 0
         for seg_id in rec.copy_ids:
             c = copies.get(seg_id)

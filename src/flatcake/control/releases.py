@@ -3,8 +3,9 @@
 When an SSD turn is published, ``after_publish`` finds the older segments of the same
 session whose window rows no window ending at the new turn reads
 (``windows.released_rows``), swaps each for the same segment with those layers
-released (``SegmentLayout.release``: lookups stop there at once, ``control.windows``)
-and queues a ``WindowRelease`` for the data plane. ``take`` hands over the releases no
+released (``SegmentLayout.release``: lookups stop there at once, ``control.windows``),
+stops counting their pages against the SSD budget and the session's bytes, and queues
+a ``WindowRelease`` for the data plane. ``take`` hands over the releases no
 restore in flight reads (one planned before the swap may still read the rows); the
 others wait for the next call. No I/O; single-threaded, like every verb.
 """
@@ -15,6 +16,8 @@ import dataclasses
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from flatcake.control.index import BlockIndex, HitRun, Segment
+from flatcake.control.sessions import SessionTable
+from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.types import LoadPlan, WindowRelease
 from flatcake.control.windows import released_rows, window_pages
 
@@ -23,8 +26,11 @@ class Releases:
     """Owns the releases not handed over yet and the bytes released so far; writes the
     index (segments swapped for their released layout)."""
 
-    def __init__(self, index: BlockIndex, windows: tuple[int, ...]) -> None:
+    def __init__(self, index: BlockIndex, ssd: SsdSpace, sessions: SessionTable,
+                 windows: tuple[int, ...]) -> None:
         self._index = index
+        self._ssd = ssd
+        self._sessions = sessions
         self._windows = windows
         self._queued: list[WindowRelease] = []
         self.released_bytes = 0
@@ -51,6 +57,10 @@ class Releases:
             if not done:
                 continue
             self._index.replace(dataclasses.replace(cur, layout=lay.release(tuple(done))))
+            # The SSD budget and the session count what the file will hold.
+            freed = sum(b - a for a, b in pages)
+            self._ssd.punch(cur.file_id, cur.file_offset, freed)
+            self._sessions.session(cur.session_id).ssd_bytes -= freed
             self._queued.append(WindowRelease(cur.segment_id, cur.file_id, tuple(pages)))
 
     def after_recovery(self, files: Iterable[Sequence[tuple[Segment, int]]]) -> None:

@@ -40,6 +40,7 @@ from flatcake.control.recovery import (
 )
 from flatcake.control.sessions import SegmentIds, SessionTable, check_session_id
 from flatcake.control.ssd_space import SsdSpace
+from flatcake.control.windows import released_bytes
 from flatcake.geometry import KVGeometry
 from flatcake.layout import SegmentLayout, describe_layers
 
@@ -92,6 +93,9 @@ class Restart:
         known_file = file_id in self._ssd.files_of(session_id)
         ext = self._ssd.adopt_extent(session_id, file_id, file_offset, layout.total_bytes,
                                     virtual_base)
+        punched = released_bytes(layout)  # punched before: the file holds the rest
+        if punched:
+            self._ssd.punch(file_id, file_offset, punched)
         # The id is drawn once the segment is built (a header the books refuse here
         # takes none).
         segment = Segment(self._ids.upcoming, session_id, Medium.SSD,
@@ -105,7 +109,8 @@ class Restart:
             rec = self._sessions.create(session_id, when)
         rec.last_access = max(rec.last_access, when)
         rec.ssd_segment_ids.append(segment.segment_id)
-        rec.ssd_bytes += ext.size_bytes + (0 if known_file else self._ssd.file_header_bytes)
+        rec.ssd_bytes += ext.size_bytes - punched + (0 if known_file
+                                                     else self._ssd.file_header_bytes)
         return segment
 
     def recover_files(self, scans: Sequence[ScannedFile], *,

@@ -42,6 +42,8 @@ class SessionFile:
         span_bytes: the span's size; the file never grows past it.
         end_bytes: append pointer (file header + segments, including holes).
         extents: live segment allocations, ``file_offset -> size_bytes``.
+        punched: bytes of an extent punched out of the file (released window rows),
+            ``file_offset -> bytes``: the file no longer holds them.
     """
 
     file_id: int
@@ -50,10 +52,12 @@ class SessionFile:
     span_bytes: int
     end_bytes: int
     extents: dict[int, int] = field(default_factory=dict)
+    punched: dict[int, int] = field(default_factory=dict)
 
     @property
     def allocated_bytes(self) -> int:
-        return sum(self.extents.values())
+        """What the file's segments hold on disk (extents less their punched pages)."""
+        return sum(self.extents.values()) - sum(self.punched.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,8 @@ class SsdSpace:
 
     Invariants (``check_integrity``): live files sit at distinct span-aligned bases;
     extents of a file are disjoint, 4 KiB aligned and inside ``[file_header_bytes,
-    end_bytes)``; ``used_bytes`` = file headers + extents.
+    end_bytes)``; ``used_bytes`` = file headers + extents - their punched pages (what
+    the files hold: released window rows no longer count against the budget).
     """
 
     def __init__(self, node_id: int, capacity_bytes: int, session_file_bytes: int,
@@ -222,11 +227,12 @@ class SsdSpace:
             size = f.extents.pop(file_offset)
         except KeyError:
             raise KeyError(f"file {file_id} has no extent at offset {file_offset!r}") from None
-        self._used -= size
+        held = size - f.punched.pop(file_offset, 0)
+        self._used -= held
         if file_offset + size == f.end_bytes:
             f.end_bytes = max((o + n for o, n in f.extents.items()),
                               default=self.file_header_bytes)
-        return size
+        return held
 
     def truncate_file(self, file_id: int, file_offset: int) -> int:
         """Cut a file at ``file_offset`` (a damaged segment's start): every extent from
@@ -243,7 +249,7 @@ class SsdSpace:
             if o < file_offset:
                 raise ValueError(f"file_offset={file_offset!r} falls inside the extent at "
                                  f"{o} of file {file_id}")
-            freed += f.extents.pop(o)
+            freed += f.extents.pop(o) - f.punched.pop(o, 0)
         self._used -= freed
         f.end_bytes = max((o + n for o, n in f.extents.items()),
                           default=self.file_header_bytes)
@@ -264,6 +270,19 @@ class SsdSpace:
         del self._file_at_base[f.base_offset]
         heapq.heappush(self._free_spans, f.base_offset // self.span_bytes)
         return freed
+
+    def punch(self, file_id: int, file_offset: int, nbytes: int) -> None:
+        """``nbytes`` of the extent at ``file_offset`` were punched out of the file
+        (released window rows): the budget stops counting them."""
+        f = self.file(file_id)
+        size = f.extents.get(file_offset)
+        done = f.punched.get(file_offset, 0) + nbytes
+        if size is None or nbytes < 0 or done > size:
+            raise ValueError(f"cannot punch {nbytes} B of file {file_id} at "
+                             f"{file_offset!r}: extent {size!r}, punched already "
+                             f"{f.punched.get(file_offset, 0)}")
+        f.punched[file_offset] = done
+        self._used -= nbytes
 
     def release_session(self, session_id: str) -> list[int]:
         """Unmap every file of a session; returns their ids."""
@@ -345,6 +364,8 @@ class SsdSpace:
                 if o < pos or o % ALIGN or n % ALIGN or n <= 0:
                     raise IntegrityError(f"file {file_id} extent {o}+{n} misplaced")
                 pos = o + n
+            if any(f.extents.get(o, -1) < n for o, n in f.punched.items()):
+                raise IntegrityError(f"file {file_id} punched pages outside its extents")
             if pos > f.end_bytes or f.end_bytes > f.span_bytes:
                 raise IntegrityError(f"file {file_id} append pointer {f.end_bytes} wrong")
             used += self.file_header_bytes + f.allocated_bytes

@@ -115,3 +115,10 @@ def window_pages(layout: SegmentLayout, window: int) -> tuple[tuple[int, int], .
             spans.append([lo, hi])
     pages = ((-(-lo // ALIGN) * ALIGN, hi // ALIGN * ALIGN) for lo, hi in spans)
     return tuple((a, b) for a, b in pages if b > a)
+
+
+def released_bytes(layout: SegmentLayout) -> int:
+    """Bytes of ``layout``'s released layers given back to the filesystem: the whole
+    pages of each released window's rows (``window_pages``, as a release punches)."""
+    windows = {layout.layer_window_blocks[k] for k in layout.released}
+    return sum(b - a for w in windows for a, b in window_pages(layout, w))
