@@ -5,6 +5,7 @@ byte flip, and a reader that logs the layer of every read."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,3 +109,21 @@ class RecordingReader(DirectReader):
     def submit(self, request: ReadRequest, dest: torch.Tensor) -> Future[int]:
         self._log.append(("read", next(self._layers)))
         return super().submit(request, dest)
+
+
+def window_pages_held(path: Path, segments: Iterable[tuple[int, SegmentLayout]],
+                      window: int) -> int:
+    """Bytes of the whole pages inside the rows of the layers of ``window`` of each
+    ``(file offset, layout)`` segment of the file ``path`` that hold data on disk
+    (``SEEK_DATA``): what those layers alone allocate, released rows not."""
+    from flatcake.cio.holes import is_hole
+    from flatcake.control.windows import window_pages
+    from flatcake.layout import ALIGN
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return sum(0 if is_hole(fd, offset + page) else ALIGN
+                   for offset, layout in segments for lo, hi in window_pages(layout, window)
+                   for page in range(lo, hi, ALIGN))
+    finally:
+        os.close(fd)

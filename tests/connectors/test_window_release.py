@@ -13,11 +13,10 @@ import time
 from pathlib import Path
 
 from flatcake.cio.files import SESSIONS_DIR
-from flatcake.cio.holes import is_hole
 from flatcake.connectors.scheduler_side import RequestView
-from flatcake.control.windows import window_pages
 from flatcake.geometry import KVGeometry, LayerGroup
 from flatcake.layout import ALIGN, align_up
+from tests.cio.helpers import window_pages_held
 from tests.connectors.sides_harness import Harness, end, settings, view
 
 # Two full-attention layers and one sliding-window layer of 8 tokens (2 blocks), 4 KiB
@@ -61,17 +60,8 @@ def the_file(root: Path) -> Path:
 
 def sliding_bytes_on_disk(h: Harness, path: Path) -> int:
     """Bytes of the sliding layer's whole pages that hold data (``SEEK_DATA``)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        total = 0
-        for seg in h.sched.control.segments():
-            assert seg.file_offset is not None
-            for lo, hi in window_pages(seg.layout, WINDOW):
-                for page in range(seg.file_offset + lo, seg.file_offset + hi, ALIGN):
-                    total += 0 if is_hole(fd, page) else ALIGN
-        return total
-    finally:
-        os.close(fd)
+    return window_pages_held(path, ((int(s.file_offset or 0), s.layout)
+                                    for s in h.sched.control.segments()), WINDOW)
 
 
 def released_layers(h: Harness) -> list[tuple[int, ...]]:

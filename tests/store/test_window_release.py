@@ -14,13 +14,12 @@ import pytest
 import torch
 
 from flatcake.cio.files import SESSIONS_DIR, SessionFiles
-from flatcake.cio.holes import is_hole
 from flatcake.cli import main
-from flatcake.control.windows import window_pages
 from flatcake.geometry import KVGeometry, LayerGroup
 from flatcake.layout import ALIGN, align_up
 from flatcake.store import FlatCakeStore, TurnSignals
 from flatcake.store.inspect import inspect_root
+from tests.cio.helpers import window_pages_held
 from tests.store.helpers import paged, session_keys, small_config
 
 WINDOW = 3  # blocks: 48 tokens of 16
@@ -44,19 +43,9 @@ def the_file(root: Path) -> Path:
 
 
 def sliding_pages_allocated(store: FlatCakeStore, path: Path) -> int:
-    """Bytes of the whole pages inside the sliding layers' rows of every segment that
-    hold data on disk (``SEEK_DATA``): what the sliding layers alone allocate."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        total = 0
-        for seg in store.control.segments():
-            assert seg.file_offset is not None
-            for lo, hi in window_pages(seg.layout, WINDOW):
-                for page in range(seg.file_offset + lo, seg.file_offset + hi, ALIGN):
-                    total += 0 if is_hole(fd, page) else ALIGN
-        return total
-    finally:
-        os.close(fd)
+    """What the sliding layers alone allocate (``SEEK_DATA``) in every segment."""
+    return window_pages_held(path, ((int(s.file_offset or 0), s.layout)
+                                    for s in store.control.segments()), WINDOW)
 
 
 def assert_restored(dst: list[torch.Tensor], src: list[torch.Tensor], slots: list[int],
