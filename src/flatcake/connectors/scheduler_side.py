@@ -8,7 +8,8 @@ the worker half runs them on the same executor. Engine-neutral: it sees requests
 
     num_matched_tokens   lookup of the request's block keys; a store still in flight
                          for its next block -> "ask again" (None); all-memory hit ->
-                         sync load; any SSD block -> async load (request waits); in a
+                         sync load; any SSD block -> async load (request waits),
+                         sync where ``ssd_in_step`` (a host-memory KV); in a
                          cluster, then the blocks other nodes hold (``cluster_side``:
                          async load, local-only when Redis fails)
     after_alloc          prepare_load (sessions pinned); sync -> this step's plan;
@@ -134,18 +135,24 @@ class SchedulerSide:
         world_size: workers that each report every task (tensor parallel size).
         async_loads: every load is async, an all-memory one too (an engine that
             learns a failed load only by request: vLLM with several KV cache groups).
+        ssd_in_step: an SSD load runs in the step that schedules its request, the
+            forward pass waiting for each layer as for an all-memory one (an engine
+            whose KV is in host memory: the restore overlaps the forward's layers
+            instead of a step ending before the engine learns it finished and another
+            computing the rest); a hit reaching other nodes stays async.
     """
 
     def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
                  *, world_size: int = 1, clock: Clock | None = None,
                  node: NodeParts | None = None, queue: Hashable = None,
-                 async_loads: bool = False) -> None:
+                 async_loads: bool = False, ssd_in_step: bool = False) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.geometry = geometry
         self.settings = settings
         self.world_size = world_size
         self.async_loads = async_loads
+        self.ssd_in_step = ssd_in_step and not async_loads
         self.store_dir = Path(store_dir)
         # A node service's engine: the node's books, sessions and prefix refcounts,
         # shared with every engine attached to it, and an FC-MAS queue of its own.
@@ -214,8 +221,8 @@ class SchedulerSide:
         if num_blocks < self.settings.min_hit_blocks:
             return 0, False
         # Async when the part past the engine's own blocks reads SSD (the load's rule).
-        return num_blocks * bs, (self.async_loads or reads_ssd(hit, local_blocks)
-                                 or bool(state.remote))
+        return num_blocks * bs, (self.async_loads or bool(state.remote) or (
+            reads_ssd(hit, local_blocks) and not self.ssd_in_step))
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
         """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD."""
@@ -247,6 +254,8 @@ class SchedulerSide:
         task, plan = load(self.control, request_id, hit, block_ids, first, state.remote)
         if self.async_loads:
             task = replace(task, sync=False)
+        elif self.ssd_in_step and not task.remote:
+            task = replace(task, sync=True)
         state.load, state.loading = task, True
         self._loads[request_id] = task
         self._stats["hit_tokens"] += (num_blocks - first) * bs

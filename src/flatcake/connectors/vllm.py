@@ -219,6 +219,11 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         self._invalid: set[int] = set()
         self._report = WorkerReport()
         self._start_before_forward = False  # set by register_kv_caches
+        # KV in host memory (a CPU engine) that vLLM zeroes no new blocks of: a step's
+        # loads start before its forward pass (``handle_preemptions``), and an SSD load
+        # runs in the step that schedules its request (``SchedulerSide.ssd_in_step``).
+        self._host_kv = (vllm_config.device_config.device_type == "cpu"
+                         and not getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         node = self.settings.config.store.node
         if role == KVConnectorRole.SCHEDULER and node:
             from flatcake.connectors.node_client import RemoteSchedulerSide
@@ -233,7 +238,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             self.scheduler_side = SchedulerSide(self.geometry, self.settings,
                                                 self._rank_dir(root, 0),
                                                 world_size=self._world_size,
-                                                async_loads=self.kv_groups is not None)
+                                                async_loads=self.kv_groups is not None,
+                                                ssd_in_step=self._host_kv)
             logger.info("FlatCake scheduler side: store %s, %d segments recovered, geometry "
                         "%s blocks", root, self.scheduler_side.recovered_segments,
                         describe_layers(self.geometry.layer_block_bytes))
@@ -407,8 +413,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._start_before_forward = (
-            next(iter(kv_caches.values())).device.type == "cpu"
-            and not getattr(self._kv_cache_config, "needs_kv_cache_zeroing", False))
+            self._host_kv and next(iter(kv_caches.values())).device.type == "cpu")
         if self.kv_groups is not None:
             # Layers of different groups share one buffer (their blocks differ): one
             # tensor per layer of a stored group, in FlatCake's layer order.

@@ -1,0 +1,71 @@
+"""SSD loads run in the step that schedules their request (``ssd_in_step``, a CPU
+engine's host-memory KV): planned sync, in the step's plan at once, their layers ready
+before the forward pass reads them, and a damaged segment reported as load errors in
+that same step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flatcake.cio.filescan import scan_session_file
+from tests.connectors.sides_harness import Harness, finish, tokens, view
+
+
+def _stored_turn(h: Harness) -> list[int]:
+    turn0 = list(range(100, 117))  # 4 full blocks + 1, placed on SSD (first turn)
+    p = finish(h, "a", turn0, [1, 2, 3, 4, 5], out=3, session="s")
+    assert p["placement"] == "ssd:first_turn"
+    h.step()
+    return turn0
+
+
+def test_an_ssd_hit_loads_in_the_step_that_schedules_it(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.sched.ssd_in_step = True
+    turn0 = _stored_turn(h)
+    want = {(layer, j): h.block(layer, s) for layer in range(3)
+            for j, s in enumerate([1, 2, 3, 4])}
+    v = view("b", tokens(turn0[:16], 8, 300), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (16, False)  # the engine does not wait
+    slots = list(range(20, 27))
+    h.sched.after_alloc("b", slots, 16)
+    assert h.sched.hit_sources("b") == (0, 16)  # every block from SSD
+    plan, _, recving, invalid = h.step()
+    assert [(t.request_id, t.sync) for t in plan.loads] == [("b", True)]
+    assert recving == set() and invalid == set()  # nothing left to report later
+    for (layer, j), raw in want.items():
+        assert h.block(layer, slots[j]) == raw
+    totals = h.sched.totals()
+    assert totals["loaded_tokens_ssd"] == 16 and totals["restores_started"] == 0
+    h.close()
+
+
+def test_a_damaged_segment_loaded_in_step_is_a_load_error_of_that_step(
+        tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.sched.ssd_in_step = True
+    turn0 = _stored_turn(h)
+    (path,) = (tmp_path / "sessions").iterdir()
+    _, (seg,), _ = scan_session_file(path)
+    data = bytearray(path.read_bytes())
+    data[seg.file_offset + seg.header.layout.data_offset + 100] ^= 0xFF  # layer 0 rots
+    path.write_bytes(bytes(data))
+    v = view("b", tokens(turn0[:16], 8, 300), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (16, False)
+    slots = list(range(20, 27))
+    h.sched.after_alloc("b", slots, 16)
+    _, _, recving, invalid = h.step()
+    assert recving == set() and invalid == set(slots[:4])  # recomputed by the engine
+    assert h.sched.totals()["damaged_segments"] == 1
+    h.close()
+
+
+def test_a_gpu_engine_keeps_ssd_loads_async(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    turn0 = _stored_turn(h)
+    v = view("b", tokens(turn0[:16], 8, 300), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (16, True)
+    h.sched.after_alloc("b", list(range(20, 27)), 16)
+    plan, _, recving, _ = h.step()
+    assert [t.sync for t in plan.loads] == [False] and recving == {"b"}
+    h.close()
