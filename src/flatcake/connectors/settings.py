@@ -48,6 +48,10 @@ class ConnectorSettings:
         shutdown_drain_s: how long a stopping worker waits for queued writes; what is
             left is dropped, never published. A worker process that its engine kills
             after a grace period drains for at most half of it (``drain_within``).
+        ssd_loads_in_step: on a CPU engine, an SSD hit loads in the step that schedules
+            its request, the forward pass waiting for each layer
+            (``SchedulerSide.ssd_in_step``); ``False`` keeps it async: the request waits
+            in vLLM's remote-KV state and other requests' steps never wait for a disk.
     """
 
     config: FlatCakeConfig = field(default_factory=FlatCakeConfig)
@@ -56,14 +60,16 @@ class ConnectorSettings:
     min_hit_blocks: int = 1
     max_pending_stores: int = 64
     shutdown_drain_s: float = 60.0
+    ssd_loads_in_step: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.tenant_salt, str):
             raise ValueError(f"kv_connector_extra_config.tenant_salt must be a string, got "
                              f"{self.tenant_salt!r}")
-        if not isinstance(self.infer_sessions, bool):
-            raise ValueError(f"kv_connector_extra_config.infer_sessions must be a boolean, "
-                             f"got {self.infer_sessions!r}")
+        for name in ("infer_sessions", "ssd_loads_in_step"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"kv_connector_extra_config.{name} must be a boolean, "
+                                 f"got {getattr(self, name)!r}")
         for name in ("min_hit_blocks", "max_pending_stores"):
             n = getattr(self, name)
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -88,7 +94,7 @@ class ConnectorSettings:
 
 
 _CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks",
-                   "max_pending_stores", "shutdown_drain_s")
+                   "max_pending_stores", "shutdown_drain_s", "ssd_loads_in_step")
 
 
 def parse_extra_config(extra: Mapping[str, Any] | None,

@@ -239,7 +239,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                                                 self._rank_dir(root, 0),
                                                 world_size=self._world_size,
                                                 async_loads=self.kv_groups is not None,
-                                                ssd_in_step=self._host_kv)
+                                                ssd_in_step=self._host_kv and
+                                                self.settings.ssd_loads_in_step)
             logger.info("FlatCake scheduler side: store %s, %d segments recovered, geometry "
                         "%s blocks", root, self.scheduler_side.recovered_segments,
                         describe_layers(self.geometry.layer_block_bytes))
