@@ -1,7 +1,9 @@
 """Releasing superseded window rows under the node service: the service's books decide,
 and each tensor-parallel rank punches its own part's file (split heads: ``ROOT/tp0``,
 ``ROOT/tp1``), so every part's sliding layer holds the newest window only, and an
-engine attached later still restores every block of the newest turn on every rank."""
+engine attached later still restores every block of the newest turn on every rank. An
+attached ``FlatCakeStore`` punches what the service's books release of its turns the
+same way, and the SSD budget counts what the file holds."""
 
 from __future__ import annotations
 
@@ -9,12 +11,16 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from flatcake.cio.filescan import scan_session_file
 from flatcake.layout import ALIGN, align_up
 from flatcake.link.wire import TensorRanks
+from flatcake.store import FlatCakeStore, TurnSignals
 from tests.connectors.test_window_release import GW, PER_TURN, ROW, SLOTS, WINDOW, run_turn
 from tests.service.helpers import Service, TensorEngine
+from tests.store import test_window_release as embedded
+from tests.store.helpers import paged, session_keys, small_config
 
 pytest.importorskip("zmq")
 
@@ -48,5 +54,53 @@ def test_every_rank_punches_its_part_and_the_newest_turn_restores(tmp_path: Path
             full = align_up(segs[0].layout.header_bytes + PER_TURN * 2 * ROW)
             allocated = os.stat(path).st_blocks * 512
             assert allocated <= ALIGN + (turns + 1) * (full + ALIGN) + 2 * WINDOW * ROW, part
+    finally:
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_an_attached_store_punches_what_the_services_books_release(tmp_path: Path) -> None:
+    g = embedded.GEOMETRIES["zero-copy"]
+    row, turns, per_turn = g.layer_block_bytes[2], 6, 5
+    total = turns * per_turn
+    src, keys = paged(g, total, seed=31), session_keys(31, total, g)
+    slots = list(range(total))
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.memory_capacity_bytes=4194304",
+                  "store.ssd_capacity_bytes=268435456").start()
+
+    def attached() -> FlatCakeStore:
+        cfg = small_config(f"store.node=unix:{svc.sock}", "store.node_timeout_s=2")
+        return FlatCakeStore.open(svc.root, g, cfg)
+
+    try:
+        store = attached()
+        for t in range(turns):
+            n = (t + 1) * per_turn
+            res = store.store_turn("s", keys[:n], src, range(n), TurnSignals(t, 0))
+            assert res.medium is not None and res.medium.name == "SSD"
+            path = embedded.the_file(svc.root)
+            assert embedded.sliding_pages_allocated(store, path) <= embedded.WINDOW * 2 * row
+        stats = store.control.stats()
+        # The budget counts what the file holds: its header and segments less the
+        # released rows.
+        segments = sum(align_up(s.layout.total_bytes) for s in store.control.segments())
+        assert stats.window_bytes_released > 0
+        assert stats.ssd_used_bytes == ALIGN + segments - stats.window_bytes_released
+        before = sorted((s.file_offset, s.layout.released)
+                        for s in store.control.segments())
+        assert [r for _, r in before] == [(2, 3)] * (turns - 1) + [()]
+        store.close()
+        assert svc.stop() == 0
+        svc.start()  # the holes are the record: the same books
+        store = attached()
+        after = sorted((s.file_offset, s.layout.released)
+                       for s in store.control.segments())
+        assert after == before
+        dst = paged(g, total)
+        res = store.load(keys, dst, slots)
+        assert (res.num_blocks, res.damaged_segments) == (total, 0)
+        embedded.assert_restored(dst, src, slots, total)
+        assert torch.equal(dst[0][slots], src[0][:total])
+        store.close()
     finally:
         assert svc.stop() == 0, svc.stderr()

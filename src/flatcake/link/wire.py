@@ -38,7 +38,7 @@ CONTROL_CALLS = frozenset({
     "prepare_load", "complete_load", "segment", "mark_damaged", "restore_request",
     "submit_restore", "next_restores", "restore_done", "pop_ready_restore", "reclaim",
     "drop_session", "session_ids", "session", "stats", "segments", "ready_cuts",
-    "newest_turn_index", SERVABLE,
+    "newest_turn_index", "take_window_releases", SERVABLE,
 })
 FCMAS_CALLS = frozenset({"submit_restore", "next_restores", "restore_done",
                          "pop_ready_restore"})

@@ -180,8 +180,10 @@ class FlatCakeStore:
 
     def _release_windows(self) -> None:
         """Punch out the window rows the books released (under the lock: a later cut
-        may reuse their range)."""
-        if self.attached:
+        may reuse their range); attached, those the service's books released, which
+        the shared files' rows of every client are."""
+        if self.attached and not (self.config.store.release_old_windows
+                                  and self.geometry.layer_window_blocks):
             return
         for rel in self.control.take_window_releases():
             self._exec.files.release(rel.file_id, rel.pages)
