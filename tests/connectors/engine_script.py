@@ -20,10 +20,11 @@ process), "model_kind": KIND (default llama), "block_size": int (default 32; vLL
 MLA kernel takes 16 only), "cpu_mla_prefix_caching": bool (default false: vLLM's CPU
 platform switches its prefix cache off for MLA models; true switches it back on, so a
 baseline reuses cached latents through the same attention path a FlatCake hit
-takes), "tensor_parallel_size": int (default 1)}``; a request is ``{"name", "prompt"
-(token ids) or "extend": [name, [new token ids]] (that request's prompt + its output +
-new tokens), "session_id" and "cache_salt" (optional), "max_tokens"}``. One phase is
-one ``generate`` call (its requests run concurrently).
+takes), "tensor_parallel_size": int (default 1), "short_reply_threshold_tokens": int
+(default 512; FlatCake's embedded store: 0 puts every turn on SSD)}``; a request is
+``{"name", "prompt" (token ids) or "extend": [name, [new token ids]] (that request's
+prompt + its output + new tokens), "session_id" and "cache_salt" (optional),
+"max_tokens"}``. One phase is one ``generate`` call (its requests run concurrently).
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
             "kv_connector_extra_config": {
                 "store": {"root": store, "memory_capacity_bytes": 64 << 20,
                           "ssd_capacity_bytes": 1 << 30, "session_file_bytes": 64 << 20},
-                "placement": {"short_reply_threshold_tokens": 512,
+                "placement": {"short_reply_threshold_tokens":
+                              plan.get("short_reply_threshold_tokens", 512),
                               "memory_copy_watermark": 0.0},
             },
         }

@@ -97,3 +97,51 @@ def test_hybrid_model_turns_restore_every_group(tmp_path: Path) -> None:
     assert fc2["R1"]["load_error_blocks"] == 3
     assert got2["R1"]["num_cached_tokens"] == 0
     assert not damaged.exists()
+
+
+@pytest.mark.timeout(1500)  # three engine processes
+def test_a_growing_session_keeps_one_window_of_its_sliding_layers(tmp_path: Path) -> None:
+    """Every turn on SSD; each adds more than a window (108 tokens), so once a newer turn is durable
+    the older turns' sliding rows are punched out of the session file (the hole is the
+    record: read back with SEEK_DATA as a restart reads it). A fresh process still gets
+    every full block of the newest turn, outputs as the baseline's."""
+    from flatcake.cio.filescan import scan_session_file
+    from tests.cio.helpers import window_pages_held
+
+    ids = random_ids(3)
+    n = 6
+    turns = session_turns(ids, "W", 140, *[100] * n, max_tokens=8)
+    names = [(f"W{k}",) for k in range(n + 1)]
+    model, store = tmp_path / "model", tmp_path / "store"
+    build_hybrid_model(model)
+    want = run_engine(model, plan_of(turns, *names, prefix_caching=True, in_process=True),
+                      tmp_path / "baseline.json")["requests"]
+    _, _, fc = run_as_served(model, plan_of(turns, *names[:n], prefix_caching=False,
+                                            in_process=True, short_reply_threshold_tokens=0),
+                             want, tmp_path / "run1.json", store)
+    assert all(fc[f"W{k}"]["placement"].startswith("ssd") for k in range(n))
+    # A fresh process: its first step hands over the release the first one left.
+    _, got2, fc2 = run_as_served(model, plan_of(turns, names[n], prefix_caching=False,
+                                                short_reply_threshold_tokens=0),
+                                 want, tmp_path / "run2.json", store)
+    full = len(want[f"W{n - 1}"]["prompt"]) // BLOCK * BLOCK
+    assert got2[f"W{n}"]["num_cached_tokens"] == full  # every full block of the newest
+    assert fc2[f"W{n}"]["loaded_tokens_ssd"] == full
+    (path,) = sorted((store / "sessions").iterdir())
+    _, segs, damaged = scan_session_file(path)
+    assert not damaged and len(segs) == n + 1
+    windows = segs[0].header.layout.layer_window_blocks
+    sliding = tuple(k for k, w in enumerate(windows) if w)  # in vLLM's group order
+    print("released layers per turn:", [s.released for s in segs], "windows:", windows)
+    assert len(sliding) == 3
+    assert [s.released for s in segs[:n - 1]] == [sliding] * (n - 1)
+    # The sliding layers' pages that still hold data (SEEK_DATA): the two newest
+    # turns' windows at most (the newest turn's release waits for a next step), never
+    # one window per turn.
+    window = windows[sliding[0]]
+    page_bytes = BLOCK * 2 * 2 * 32 * 4  # a block of one layer: 32 tokens, K and V
+    held = window_pages_held(path, ((s.file_offset, s.header.layout) for s in segs),
+                             window)
+    print(f"sliding bytes held {held} B over {n + 1} turns; window {window} blocks; "
+          f"file allocates {path.stat().st_blocks * 512} B of {path.stat().st_size} B")
+    assert 0 < held <= 2 * len(sliding) * window * page_bytes
