@@ -38,6 +38,14 @@ def test_the_engine_from_its_log_and_config(folder: Path) -> None:
     assert none.flatcake_memory_bytes is None and none.flatcake_ssd_bytes is None
     fc = read_engine(folder / "server-r0-flatcake.log")  # its KV transfer config
     assert (fc.flatcake_memory_bytes, fc.flatcake_ssd_bytes) == (32 << 20, 2048 << 20)
+    # A CPU engine's connector loads SSD hits in the step unless its config says not.
+    assert fc.ssd_loads_in_step and not none.ssd_loads_in_step
+    log = folder / "server-r0-flatcake.log"
+    log.write_text(log.read_text().replace("'ssd_capacity_bytes': 2147483648",
+                                           "'ssd_capacity_bytes': 2147483648, "
+                                           "'ssd_loads_in_step': False"))
+    off = read_engine(log)
+    assert not off.ssd_loads_in_step and "False in the log" in off.in_step_source
 
 
 def test_a_log_without_the_cache_line(folder: Path) -> None:
@@ -83,7 +91,9 @@ def test_trace_runs_are_replayed(folder: Path, capsys: pytest.CaptureFixture[str
     assert realcheck.main([str(folder)]) == 0
     out = capsys.readouterr().out
     assert "150 blocks of 32 tokens, 12 layers x 4 KV heads x 64 float32" in out
-    assert "FlatCake 32 MiB memory + 2048 MiB SSD (from server-r0-flatcake.log)" in out
+    assert ("FlatCake 32 MiB memory + 2048 MiB SSD, SSD hits loaded in the step (CPU KV "
+            "cache, ssd_loads_in_step not set: the connector's default True) (from "
+            "server-r0-flatcake.log)") in out
     rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines()
             if line.startswith("| r0-")}
     # The replay gives the engine's cached share of the trace's first requests exactly:

@@ -4,12 +4,18 @@ folder that is not a loadgen result."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from flatcake.geometry import KVGeometry
+from flatcake.replay.node.devices import layered_s
+from flatcake.replay.simulate import replay_node
+from flatcake.replay.workload.trace import from_requests
 from flatcake.report import engine_runs, realcheck
+from flatcake.report.engine_log import EngineFacts
 
 # 2 prompts of 64 tokens (two 32-token blocks) + a 32-token question each: 96 tokens.
 # The engine: 1 ms per uncached token, 0.1 ms per cached token, 10 ms per output token.
@@ -159,3 +165,60 @@ def test_working_set_prompt_is_one_loadgen_block() -> None:
     run = trace_run([sent(0, [[7, 8]], 544), sent(1, [[7, 8]], 544)], 512)
     (_, a, _, _), (_, b, _, _) = realcheck.engine_requests(run, 32)
     assert a[:16] == b[:16] and len(set(a[:16])) == 16 and a[16] != b[16]
+
+
+def in_step_replay(in_step: bool) -> tuple[list[float], dict[str, float], realcheck.Engine]:
+    """An SSD hit replayed by hand: 4 layers of 16,384 B blocks, GPU cache 4 blocks, no
+    FlatCake memory. A (3 blocks), then B evicts A from the GPU, then A's first 2
+    blocks (32,768 B) come back from SSD. The disk reads them in 0.07 s, plus 0.01 s of
+    fixed cost per restore; the prefill of 32 new tokens on 64 cached ones is
+    32 * 1 ms + 64 * 0.1 ms = 0.0384 s."""
+    g = KVGeometry(num_layers=4, tokens_per_block=32, num_kv_heads=1, head_dim=16,
+                   dtype="float32", name="engine")
+    engine = realcheck.Engine(EngineFacts(4, 32, g, "test", ssd_loads_in_step=in_step),
+                              0, 2048 << 20)
+    preset = realcheck.build_preset(engine_runs.Costs(U, C, D, 1), engine, None)
+    ssd = dataclasses.replace(preset.node.ssd, read_bytes_per_s=32768 / 0.07,
+                              command_latency_s=0.0)
+    preset = preset.with_node(ssd=ssd, restore_overhead_s=0.01, store_command_s=0.0)
+    wl = from_requests([(0.0, [0, 1, 2], 96, 1), (10.0, [3, 4, 5], 96, 1),
+                        (20.0, [0, 1, 6], 96, 1)], 32)
+    _, node = replay_node(wl, "flatcake", 1.0, preset)
+    rec = node.rec
+    assert list(rec.hit_blocks) == [0, 0, 2] and rec.ssd_read_bytes == 32768
+    pred = {"mean": 0.2, "ssd_bytes": float(rec.ssd_read_bytes)}
+    return list(rec.first_token_s - rec.arrival_s), pred, engine
+
+
+def test_an_ssd_hit_loaded_in_the_step_overlaps_the_forward_layer_by_layer() -> None:
+    # Restored before the step: 0.07 + 0.01 + 0.0384 = 0.1184 s.
+    before, _, _ = in_step_replay(False)
+    assert before[2] == pytest.approx(0.1184)
+    # In the step, 4 layers: each layer's 0.02 s load, then the last layer's forward
+    # (0.0384 / 4 = 0.0096 s) after the last load: 0.08 + 0.0096 = 0.0896 s.
+    during, _, _ = in_step_replay(True)
+    assert during[2] == pytest.approx(0.0896)
+    assert before[:2] == during[:2] == pytest.approx([0.096, 0.096])  # misses alike
+
+
+def test_layered_load_and_forward() -> None:
+    assert layered_s(1.2, 0.6, 12) == pytest.approx(1.2 + 0.05)  # the load is longer
+    assert layered_s(0.6, 1.2, 12) == pytest.approx(1.2 + 0.05)  # the forward is
+    # A decode step of 0.5 s in progress: the loads are ready before it ends.
+    assert layered_s(0.12, 1.2, 12, wait_s=0.5) == pytest.approx(1.7)
+    with pytest.raises(ValueError, match="layers must be >= 1"):
+        layered_s(1.0, 1.0, 0)
+
+
+def test_an_over_prediction_names_the_restore_charged_before_the_prefill(
+        folder: Path) -> None:
+    run = next(r for r in engine_runs.load_runs(folder) if r.config == "flatcake")
+    costs = engine_runs.Costs(U, C, D, 1)
+    _, pred, engine = in_step_replay(False)
+    meas = {"mean": 0.1, "p50": 0.1}
+    why = realcheck.lacks(run, meas, pred, [run], costs, engine.facts.ssd_loads_in_step)
+    assert "restores each SSD hit before the prefill starts" in why
+    assert "fitted prefill cost" not in why
+    # Modelled in the step, an over-prediction is the fitted cost's.
+    why = realcheck.lacks(run, meas, pred, [run], costs, True)
+    assert "fitted prefill cost is too high" in why

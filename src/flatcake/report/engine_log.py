@@ -5,7 +5,10 @@ vLLM's server log says how big its prefix cache was (``GPU KV cache size: N toke
 ``non-default args`` line, and ``num_gpu_blocks_override`` when the cache was capped);
 the model's ``config.json`` gives the KV geometry (layers, KV heads, head dim) and the
 element type when the log names none. A FlatCake server's log also holds the store's
-memory and SSD budgets (its KV transfer config). ``report.realcheck`` builds its replay engine from
+memory and SSD budgets (its KV transfer config) and whether an SSD hit loads in the step
+that schedules it: the connector's ``ssd_loads_in_step`` where the config sets it, else its
+default (``True``), which it applies only where the KV cache is on a CPU (the log's ``CPU KV
+cache size``). ``report.realcheck`` builds its replay engine from
 these, so the check replays the engine that ran, not the flags it was meant to have.
 """
 
@@ -18,7 +21,8 @@ from pathlib import Path
 
 from flatcake.geometry import DTYPE_BYTES, KVGeometry
 
-CACHE_TOKENS = re.compile(r"\b(?:GPU|CPU|XPU) KV cache size: ([\d,]+) tokens")
+CACHE_TOKENS = re.compile(r"\b(GPU|CPU|XPU) KV cache size: ([\d,]+) tokens")
+IN_STEP = re.compile(r"'ssd_loads_in_step': (True|False)")
 OVERRIDE = re.compile(r"with num_gpu_blocks_override=(\d+)")
 NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$", re.M)
 ARG = re.compile(r"'(\w+)': ('[^']*'|\d+)")
@@ -36,6 +40,8 @@ class EngineFacts:
     flatcake_memory_bytes: int | None = None
     flatcake_ssd_bytes: int | None = None
     model: str = ""
+    ssd_loads_in_step: bool = False
+    in_step_source: str = ""
 
     def describe(self) -> str:
         g = self.geometry
@@ -100,7 +106,7 @@ def read_engine(log: Path) -> EngineFacts:
     m = CACHE_TOKENS.search(text)
     if m is None:
         raise ValueError(f"{log}: no 'KV cache size: N tokens' line (did the server start?)")
-    tokens = int(m.group(1).replace(",", ""))
+    tokens = int(m.group(2).replace(",", ""))
     args = _args(text)
     override = OVERRIDE.search(text)
     block = int(args["block_size"]) if args.get("block_size", "").isdigit() else 0
@@ -118,6 +124,14 @@ def read_engine(log: Path) -> EngineFacts:
                                                          args.get("dtype")))
     budgets = {k: int(args[k]) for k in ("memory_capacity_bytes", "ssd_capacity_bytes")
                if args.get(k, "").isdigit()}
+    in_step, how = False, ""
+    if "FlatCakeConnector" in text:
+        setting = IN_STEP.search(text)
+        in_step = m.group(1) == "CPU" and (setting is None or setting.group(1) == "True")
+        how = (f"SSD hits {'loaded in the step' if in_step else 'restored before the step'}"
+               f" ({m.group(1)} KV cache, ssd_loads_in_step "
+               + ("not set: the connector's default True" if setting is None
+                  else f"{setting.group(1)} in the log") + ")")
     return EngineFacts(tokens // block, block, geometry, log.name,
                        budgets.get("memory_capacity_bytes"), budgets.get("ssd_capacity_bytes"),
-                       model)
+                       model, in_step, how)

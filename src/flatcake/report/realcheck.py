@@ -88,7 +88,9 @@ def engine_of(run: Run, args: argparse.Namespace) -> Engine:
         raise ValueError(f"{run.name}: FlatCake's budgets are not in a server log; give "
                          "--memory-mib and --ssd-mib")
     return Engine(EngineFacts(blocks, block, geometry, source,
-                              model=facts.model if facts and not args.geometry else ""),
+                              model=facts.model if facts and not args.geometry else "",
+                              ssd_loads_in_step=facts.ssd_loads_in_step if facts else False,
+                              in_step_source=facts.in_step_source if facts else ""),
                   memory, ssd)
 
 
@@ -103,6 +105,7 @@ def build_preset(costs: Costs, engine: Engine, calibration: Path | None) -> Repl
                   decode_step_per_seq_s=0.0, hbm_bytes_per_s=1e18,
                   prefill_s_per_cached_token=costs.cached_s)
     node = dataclasses.replace(base.node, num_workers=1, gpu=gpu,
+                               ssd_loads_in_step=engine.facts.ssd_loads_in_step,
                                host_memory_bytes=engine.memory_bytes or 0,
                                ssd=dataclasses.replace(base.node.ssd,
                                                        capacity_bytes=engine.ssd_bytes or 0))
@@ -158,15 +161,21 @@ def predict(run: Run, preset: ReplayPreset, block_tokens: int) -> dict[str, floa
     inp = wl.input_tokens[keep]
     cached = np.minimum(rec.hit_blocks[keep] * block_tokens, inp)
     return {"share": float(cached.sum() / inp.sum()), "mean": float(np.mean(ttft)),
-            "p50": float(np.median(ttft)),
+            "p50": float(np.median(ttft)), "ssd_bytes": float(rec.ssd_read_bytes),
             "stalled": float(np.mean([float(r["ttft_s"]) > 2 * t + 0.05 for r, t in
                                       zip(run.records, ttft, strict=True)]))}
 
 
 def lacks(run: Run, meas: dict[str, float], pred: dict[str, float],
-          runs: list[Run], costs: Costs) -> str:
-    """Which cost the model lacks, from what the run measured."""
+          runs: list[Run], costs: Costs, in_step: bool = False) -> str:
+    """Which cost the model lacks, from what the run measured (``in_step``: the replay
+    loaded its SSD hits in the step, ``NodeSpec.ssd_loads_in_step``)."""
     if pred["mean"] > meas["mean"]:
+        if run.config == "flatcake" and pred.get("ssd_bytes") and not in_step:
+            return ("the model charges more than the engine paid: it restores each SSD hit "
+                    "before the prefill starts, while an engine that loads it in the step "
+                    "(a CPU engine's ssd_loads_in_step) overlaps each layer's restore with "
+                    "the forward pass")
         return ("the model charges more than the engine paid: the fitted prefill cost is "
                 "too high for this run (it was fitted at another load)")
     stalls = (f"{100 * pred['stalled']:.0f} % of its requests waited more than twice "
@@ -236,7 +245,8 @@ def table(runs: list[Run], engines: dict[str, Engine], costs: Costs,
             what = ("cached share" if abs(share_err) > SHARE_BAR_POINTS else "") + \
                 (" and " if abs(share_err) > SHARE_BAR_POINTS and abs(mean_err) > TTFT_BAR
                  else "") + ("mean TTFT" if abs(mean_err) > TTFT_BAR else "")
-            notes.append(f"- {run.name}: {what} off; {lacks(run, meas, pred, runs, costs)}.")
+            why = lacks(run, meas, pred, runs, costs, engine.facts.ssd_loads_in_step)
+            notes.append(f"- {run.name}: {what} off; {why}.")
     return "\n".join(lines), notes, met_rows
 
 
@@ -251,7 +261,8 @@ def report(args: argparse.Namespace) -> str:
         budgets = (f"FlatCake {e.memory_bytes / MIB:g} MiB memory + {e.ssd_bytes / MIB:g} MiB "
                    "SSD" if e.memory_bytes is not None and e.ssd_bytes is not None
                    else "")
-        what = e.facts.describe() + (f", {budgets}" if budgets else "")
+        what = e.facts.describe() + (f", {budgets}" if budgets else "") + \
+            (f", {e.facts.in_step_source}" if e.facts.in_step_source else "")
         seen.setdefault(what, []).append(e.facts.source)
     engine_text = "; ".join(f"{what} (from {', '.join(dict.fromkeys(src))})"
                             for what, src in seen.items())

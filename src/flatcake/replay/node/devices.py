@@ -24,6 +24,10 @@ Timing models, all deterministic:
   The channel serves jobs first come first served (``FifoServer``), so concurrent
   restores queue behind each other.
 * **Host->GPU** copies: ``bytes / host_to_gpu_bytes_per_s`` on the worker's link, FIFO.
+* **A load in the step** (``NodeSpec.ssd_loads_in_step``): the restore of ``L`` layers
+  starts with the prefill and delivers its layers evenly over ``load_s``; the forward of
+  layer ``i`` starts once layer ``i`` is loaded and layer ``i - 1`` computed
+  (``layered_s``). Evenly spread, that is ``max(load, compute) + min(load, compute) / L``.
 """
 
 from __future__ import annotations
@@ -97,6 +101,20 @@ class GpuSpec:
         """Seconds of one decode step of ``batch_seqs`` sequences holding that much KV."""
         return (self.decode_step_base_s + batch_seqs * self.decode_step_per_seq_s
                 + batch_kv_bytes / self.hbm_bytes_per_s)
+
+
+def layered_s(load_s: float, compute_s: float, layers: int, wait_s: float = 0.0) -> float:
+    """Seconds until the last layer's forward ends when a load of ``layers`` layers
+    taking ``load_s`` (each layer's part evenly, in layer order) starts at 0 and the
+    forward of those layers takes ``compute_s``; the forward starts no earlier than
+    ``wait_s`` (a decode step in progress) and each layer waits for its load."""
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers!r}")
+    r, f = load_s / layers, compute_s / layers
+    end = wait_s
+    for i in range(1, layers + 1):
+        end = max(end, i * r) + f
+    return end
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +201,10 @@ class NodeSpec:
             never cut a hit back; the baselines neither store nor read them either. A
             windowed kind not listed the baselines store with every block and read at
             a hit's end, as vLLM's OffloadingConnector does (``layers.PeerBlocks``).
+        ssd_loads_in_step: FlatCake's SSD hits load in the step that schedules the
+            request, the forward waiting per layer (``layered_s``), as the vLLM
+            connector does on a CPU engine (its ``ssd_loads_in_step``); ``False`` (a GPU
+            engine) restores the hit before the request may be scheduled.
     """
 
     num_workers: int
@@ -196,6 +218,7 @@ class NodeSpec:
     restore_overhead_s: float = 0.0
     store_command_s: float = 0.0
     uncached_kinds: tuple[str, ...] = ()
+    ssd_loads_in_step: bool = False
 
     def __post_init__(self) -> None:
         _positive("node.num_workers", self.num_workers)

@@ -40,7 +40,7 @@ from flatcake import progress
 from flatcake.geometry import KVGeometry
 from flatcake.replay.node.arrivals import session_schedule, window_rate
 from flatcake.replay.node.clock import EventLoop
-from flatcake.replay.node.devices import NodeSpec
+from flatcake.replay.node.devices import NodeSpec, layered_s
 from flatcake.replay.node.metrics import Recorder
 from flatcake.replay.node.parts import (  # noqa: F401  (re-exported)
     ArrivalQueue,
@@ -330,10 +330,13 @@ class Node:
         cached_tokens = min(hit * bt, req.input_tokens)
         new_tokens = req.input_tokens - cached_tokens
         compute_s = self.spec.gpu.prefill_time_s(new_tokens, cached_tokens)
-        if w.decoding:
-            # The decode step in progress finishes first.
-            compute_s += self.spec.gpu.decode_step_s(w.decoding, w.decode_kv_bytes)
-        wall = max(compute_s, req.load_s)
+        # The decode step in progress finishes first.
+        step_s = self.spec.gpu.decode_step_s(w.decoding, w.decode_kv_bytes) \
+            if w.decoding else 0.0
+        if req.load_layers:  # loaded in this step, layer by layer with the forward
+            wall = layered_s(req.load_s, compute_s, req.load_layers, step_s)
+        else:
+            wall = max(compute_s + step_s, req.load_s)
         w.stall_s += wall  # the decode batch waits for this prefill
         rec = self.rec
         rec.hit_blocks[req.idx] = hit

@@ -19,7 +19,7 @@ class Request:
 
     __slots__ = ("admitted", "arrival_s", "chain", "decode_stall_s", "done_s",
                  "first_token_s", "gpu_prefix",
-                 "hit_blocks", "idx", "input_tokens", "load_s", "num_blocks",
+                 "hit_blocks", "idx", "input_tokens", "load_layers", "load_s", "num_blocks",
                  "output_tokens", "prefill_start_s", "ready_s", "restore_blocks",
                  "restore_end_s", "restore_start_s", "runs", "session", "sys", "turn",
                  "worker")
@@ -40,6 +40,7 @@ class Request:
         self.restore_blocks = 0  # blocks restored/loaded right after gpu_prefix
         self.hit_blocks = 0
         self.load_s = 0.0
+        self.load_layers = 0  # > 0: load_s delivers this many layers in the step
         self.ready_s = math.nan
         self.prefill_start_s = math.nan
         self.first_token_s = math.nan

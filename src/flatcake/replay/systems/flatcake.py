@@ -179,6 +179,11 @@ class FlatCakeSystem(System):
             node.make_ready(req)
             return
         st.needs_ssd = True
+        if node.spec.ssd_loads_in_step:  # the engine schedules it; it loads with the prefill
+            st.in_step = True
+            sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
+            node.make_ready(req)
+            return
         sched.submit(cp.restore_request(req.idx, req.arrival_s, lp))
         self.pump(req.worker)
 
@@ -206,7 +211,16 @@ class FlatCakeSystem(System):
             raise not_attached(self.name)
         if self.sharing is not None and self.sharing.start(req):
             return
-        w = node.workers[req.worker]
+        end, useful = self._read(req, node.workers[req.worker])
+        # Fixed cost of a restore (lookup, submission, completion), same for every system.
+        node.loop.at(end + node.spec.restore_overhead_s, self.restore_done, (req, useful))
+
+    def _read(self, req: Request, w: Worker) -> tuple[float, int]:
+        """Charge the reads of ``req``'s hit beyond its GPU prefix; when they end and
+        the SSD bytes the request needs."""
+        node = self.node
+        if node is None:
+            raise not_attached(self.name)
         st: FcState = req.sys
         g = req.gpu_prefix
         plan = st.plan
@@ -227,8 +241,7 @@ class FlatCakeSystem(System):
         st.plan = None
         end = self.charge(w, plan, st.refill_bytes)
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
-        # Fixed cost of a restore (lookup, submission, completion), same for every system.
-        node.loop.at(end + node.spec.restore_overhead_s, self.restore_done, (req, useful))
+        return end, useful
 
     def charge(self, w: Worker, plan: ReadPlan, refill_bytes: int = 0) -> float:
         """Put ``plan``'s SSD reads on ``w``'s SSD channel and its memory copies on its
@@ -299,6 +312,8 @@ class FlatCakeSystem(System):
         st: FcState = req.sys
         if not st.load_pinned:
             return 0, 0.0
+        if st.in_step:
+            return self._load_in_step(req, worker)
         n = memory_run(st.hit, req.gpu_prefix)
         cp.complete_load(req.idx)
         st.load_pinned = False
@@ -309,6 +324,20 @@ class FlatCakeSystem(System):
         now = node.now
         end = worker.link.submit(now, nbytes / node.spec.host_to_gpu_bytes_per_s, nbytes)
         return n, end - now
+
+    def _load_in_step(self, req: Request, worker: Worker) -> tuple[int, float]:
+        """An SSD hit loaded in the step that prefills it: the reads start now and the
+        forward waits for each layer (``req.load_layers``); the restore's fixed cost is
+        spread with them."""
+        node = self.node
+        if node is None:
+            raise not_attached(self.name)
+        end, useful = self._read(req, worker)
+        node.rec.prefetch_s.append(node.now - req.arrival_s)
+        node.rec.ssd_useful_bytes += useful
+        self._release(req)
+        req.load_layers = (self.geometry or node.geometry).num_layers
+        return req.restore_blocks, end - node.now + node.spec.restore_overhead_s
 
     def on_prefill_start(self, req: Request) -> None:
         self.refcount.add(req.idx, req.sys.keys)

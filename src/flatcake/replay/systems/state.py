@@ -19,14 +19,15 @@ if TYPE_CHECKING:
 
 
 class FcState:
-    __slots__ = ("gpu_prefix", "hit", "keys", "load_pinned", "needs_ssd", "plan", "refill_bytes",
-                 "refills", "turn")
+    __slots__ = ("gpu_prefix", "hit", "in_step", "keys", "load_pinned", "needs_ssd", "plan",
+                 "refill_bytes", "refills", "turn")
 
     def __init__(self, hit: PrefixHit, keys: tuple[bytes, ...], turn: TurnInfo) -> None:
         self.hit = hit
         self.keys = keys
         self.turn = turn
         self.needs_ssd = False
+        self.in_step = False  # the SSD part loads with the prefill (ssd_loads_in_step)
         self.load_pinned = False
         self.gpu_prefix = 0  # GPU prefix when the load was planned
         self.plan: ReadPlan | None = None
