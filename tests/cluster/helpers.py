@@ -6,6 +6,7 @@ server hang (stopped, resumed on leaving)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+
+from flatcake.control.address import Medium, encode_address
 
 
 @contextmanager
@@ -121,3 +124,12 @@ def ask(asker: subprocess.Popen[str], line: str) -> dict:
     asker.stdin.write(line + "\n")
     asker.stdin.flush()
     return json.loads(next_line(asker, 60))
+
+
+def keys(n: int, tag: str = "s") -> list[bytes]:
+    return [hashlib.blake2b(f"{tag}{i}".encode(), digest_size=32).digest() for i in range(n)]
+
+
+def seg(node: int, sid: int, ks: list[bytes], medium: Medium = Medium.SSD, base: int = 0):
+    addrs = [encode_address(medium, node, base + 4096 * j) for j in range(len(ks))]
+    return (sid, ks, addrs, {"segment_id": sid, "file_id": sid, "blocks": len(ks)})

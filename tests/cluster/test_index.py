@@ -3,7 +3,6 @@ epochs and leases, batched lookups, and Redis failures as misses."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import textwrap
@@ -12,16 +11,8 @@ import time
 import pytest
 
 from flatcake.cluster import ClusterIndex, StaleNodeError
-from flatcake.control.address import Medium, encode_address
-
-
-def keys(n: int, tag: str = "s") -> list[bytes]:
-    return [hashlib.blake2b(f"{tag}{i}".encode(), digest_size=32).digest() for i in range(n)]
-
-
-def seg(node: int, sid: int, ks: list[bytes], medium: Medium = Medium.SSD, base: int = 0):
-    addrs = [encode_address(medium, node, base + 4096 * j) for j in range(len(ks))]
-    return (sid, ks, addrs, {"segment_id": sid, "file_id": sid, "blocks": len(ks)})
+from flatcake.control.address import Medium
+from tests.cluster.helpers import keys, seg
 
 
 def index(url: str, cluster: str, node: int, **kw) -> ClusterIndex:

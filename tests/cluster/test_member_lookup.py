@@ -16,8 +16,7 @@ from flatcake.cluster import ClusterIndex, RedisServer
 from flatcake.connectors.cluster_side import ClusterLookup
 from flatcake.plan.requests import load
 from flatcake.service.cluster import BoundedLookup, _MemberIndex
-from tests.cluster.helpers import paused
-from tests.cluster.test_index import keys, seg
+from tests.cluster.helpers import keys, paused, seg
 from tests.connectors.sides_harness import G, Harness, finish, settings, tokens, view
 
 

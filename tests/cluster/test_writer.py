@@ -12,8 +12,7 @@ import pytest
 
 from flatcake.cluster import ClusterIndex, RedisServer
 from flatcake.cluster.writer import IndexWriter
-from tests.cluster.helpers import paused
-from tests.cluster.test_index import keys, seg
+from tests.cluster.helpers import keys, paused, seg
 
 
 class Recorded:

@@ -17,9 +17,9 @@ from flatcake.cio.filescan import scan_session_file
 from flatcake.layout import ALIGN, align_up
 from flatcake.link.wire import TensorRanks
 from flatcake.store import FlatCakeStore, TurnSignals
-from tests.connectors.test_window_release import GW, PER_TURN, ROW, SLOTS, WINDOW, run_turn
+from tests.connectors.window_turns import GW, PER_TURN, ROW, SLOTS, WINDOW, run_turn
 from tests.service.helpers import Service, TensorEngine
-from tests.store import test_window_release as embedded
+from tests.store import window_helpers as embedded
 from tests.store.helpers import paged, session_keys, small_config
 
 pytest.importorskip("zmq")
