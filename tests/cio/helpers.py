@@ -1,15 +1,17 @@
 """Builders shared by the restore tests of ``cio`` (staging window, zero-copy): a real
 session file written with ``SegmentWriter``, a restore job planned for all of it, a
-byte flip, and a reader that logs the layer of every read."""
+byte flip, a reader that logs the layer of every read, and a hung disk."""
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
 from flatcake.cio.direct import open_file, resolve_io_mode
@@ -127,3 +129,31 @@ def window_pages_held(path: Path, segments: Iterable[tuple[int, SegmentLayout]],
                    for page in range(lo, hi, ALIGN))
     finally:
         os.close(fd)
+
+
+class HungDisk:
+    """Every read of the local SSD reader (``DirectReader``) hangs on its reader thread,
+    as a ``preadv`` that does not return, until ``release``; then it reads. Release it
+    in the test's teardown (``finally``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()  # a read is hanging
+        self._gate = threading.Event()
+        self._lock = threading.Lock()
+        self.late_reads = 0  # reads that ran once released
+        real = DirectReader._read
+
+        def hung(reader: DirectReader, request: ReadRequest,
+                 views: list[memoryview]) -> int:
+            self.entered.set()
+            self._gate.wait(60)
+            n = real(reader, request, views)
+            with self._lock:
+                self.late_reads += 1
+            return n
+
+        monkeypatch.setattr(DirectReader, "_read", hung)
+
+    def release(self) -> None:
+        self._gate.set()
+

@@ -214,6 +214,7 @@ def test_fc_mas_bounds_restores_in_flight_and_counts_slot_waits(tmp_path: Path) 
     ({"model": "llama-3.1-8b"}, "model"),
     ({"min_hit_blocks": 0}, "min_hit_blocks"),
     ({"ssd_loads_in_step": "yes"}, "ssd_loads_in_step"),
+    ({"in_step_load_timeout_s": 0}, "in_step_load_timeout_s"),
     ({"store": 5}, "kv_connector_extra_config.store"),
     ({"store": {"node_id": 4096}}, "store.node_id"),
     ({"store.cluster_url": "localhost:6379"}, "store.cluster_url"),

@@ -1,14 +1,25 @@
 """SSD loads run in the step that schedules their request (``ssd_in_step``, a CPU
 engine's host-memory KV): planned sync, in the step's plan at once, their layers ready
 before the forward pass reads them, and a damaged segment reported as load errors in
-that same step."""
+that same step; a load the disk does not deliver by the step's deadline is given up,
+its blocks load errors, and its late bytes never reach the KV slots."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 
+import pytest
+
 from flatcake.cio.filescan import scan_session_file
-from tests.connectors.sides_harness import Harness, finish, tokens, view
+from flatcake.geometry import KVGeometry
+from tests.cio.helpers import HungDisk
+from tests.connectors.sides_harness import G, Harness, finish, tokens, view
+
+# 4 KiB blocks per layer in page-aligned KV: reads could go straight into the slots.
+G4K = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=64,
+                 dtype="float32", name="tiny")
 
 
 def _stored_turn(h: Harness) -> list[int]:
@@ -69,3 +80,43 @@ def test_a_gpu_engine_keeps_ssd_loads_async(tmp_path: Path) -> None:
     plan, _, recving, _ = h.step()
     assert [t.sync for t in plan.loads] == [False] and recving == {"b"}
     h.close()
+
+
+@pytest.mark.parametrize("g", [G, G4K], ids=["staged", "zero-copy-able"])
+def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        g: KVGeometry) -> None:
+    h = Harness(tmp_path, g=g)
+    h.sched.ssd_in_step = True
+    turn0 = _stored_turn(h)
+    h.worker.load_timeout_s = 0.3
+    disk = HungDisk(monkeypatch)
+    v = view("b", tokens(turn0[:16], 8, 300), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (16, False)
+    slots = list(range(20, 27))
+    h.sched.after_alloc("b", slots, 16)
+    out: list[tuple[object, set[str], set[str], set[int]]] = []
+    stepper = threading.Thread(target=lambda: out.append(h.step()))
+    try:
+        with caplog.at_level(logging.WARNING, "flatcake.connectors.worker_side"):
+            stepper.start()
+            stepper.join(20)
+        assert disk.entered.is_set()
+        assert not stepper.is_alive()  # the step went on without the hung load
+        (_, _, recving, invalid), = out
+        assert recving == set() and invalid == set(slots[:4])  # recomputed by the engine
+        assert caplog.text.count("given up") == 1
+        totals = h.sched.totals()
+        assert totals["loads_late"] == 1 and totals.get("loaded_tokens_ssd", 0) == 0
+        # The engine recomputes those blocks into their slots.
+        for layer in range(3):
+            for s in slots[:4]:
+                h.kv[layer][s].fill_(7.0)
+        recomputed = {(layer, s): h.block(layer, s) for layer in range(3) for s in slots[:4]}
+    finally:
+        disk.release()
+    h.close()  # waits for the late restore: its reads land in its window, never the slots
+    assert disk.late_reads > 0
+    for (layer, s), raw in recomputed.items():
+        assert h.block(layer, s) == raw
+

@@ -40,6 +40,7 @@ _WHERE = {
     "DiskScan": "scan",
     "recover_files": "scan",
     "scan_sessions": "scan",
+    "Fence": "restore",
     "LayerReady": "restore",
     "OpenFile": "restore",
     "RestoreJob": "restore",

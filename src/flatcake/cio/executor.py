@@ -56,7 +56,14 @@ from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import GdsReader, Reader
 from flatcake.cio.refill import LayerRefills
 from flatcake.cio.remote_load import remote_part
-from flatcake.cio.restore import LayerReady, OpenFile, RestoreJob, RestoreOutcome
+from flatcake.cio.restore import (
+    Fence,
+    LayerReady,
+    LoadAbandoned,
+    OpenFile,
+    RestoreJob,
+    RestoreOutcome,
+)
 from flatcake.cio.scan import DiskScan
 from flatcake.cio.staging import StagingWindow
 from flatcake.cio.writer import SegmentWriter
@@ -241,14 +248,17 @@ class Executor:
         return header.crcs
 
     def submit_load(self, task: LoadTask, paged: PagedKV, ready: LayerReady,
-                    on_done: Callable[[LoadOutcome], None] | None = None
-                    ) -> Future[LoadOutcome]:
+                    on_done: Callable[[LoadOutcome], None] | None = None,
+                    fence: Fence | None = None) -> Future[LoadOutcome]:
         """Start ``task``: an SSD restore on a restore thread (it waits for a free
         staging window), an all-memory one on the sync thread; its remote runs, if any,
         then go on on a remote thread (``store.remote_windows`` of them), so remote
         reads run side by side and neither other pool waits on another node.
-        ``on_done`` runs on the last of these threads once every layer is settled."""
+        ``on_done`` runs on the last of these threads once every layer is settled.
+        ``fence``: closed by a caller that stops waiting (``cio.restore.Fence``); the
+        restore then writes nothing more into ``paged`` and ends as a miss."""
         job, cut_tags = self.load_job(task, paged)
+        job.fence = fence
         refills = LayerRefills(task, paged, self.arena, self.geometry.layer_window_blocks) \
             if task.refills else None
         if refills is not None:
@@ -281,6 +291,9 @@ class Executor:
                 outcome = RestoreOutcome(job.num_request_blocks, (), 0, 0, 0, 0.0)
             else:
                 outcome = window.run(job, local)
+        except LoadAbandoned:  # the caller gave up on it (and said so): a miss
+            logger.debug("FlatCake load for request %s stopped: given up", task.request_id)
+            outcome = RestoreOutcome(task.first_block, (), 0, 0, 0, 0.0)
         except Exception as exc:  # a failed load is a miss, never a crash
             logger.warning("FlatCake load for request %s failed: %s", task.request_id, exc)
             outcome = RestoreOutcome(task.first_block, (), 0, 0, 0, 0.0)

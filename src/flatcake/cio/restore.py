@@ -1,11 +1,13 @@
 """What a restore is given and what it gives back: the job (read plan, paged KV, stream
-slots, checks, files), the per-layer ready signals, and the outcome. Built by the
-executor (``cio.executor``), run by a staging window (``cio.staging``)."""
+slots, checks, files), the per-layer ready signals, the fence an engine that gives up
+on a load closes, and the outcome. Built by the executor (``cio.executor``), run by a
+staging window (``cio.staging``)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +40,8 @@ class RestoreJob:
         num_request_blocks: blocks the restore would load if nothing fails.
         after_layer: called with ``(layer, cut)`` once a layer is in the paged KV (the
             memory copies a restore fills, ``cio.refill``).
+        fence: closed by an engine that stopped waiting for this restore (``Fence``);
+            None when the engine always waits for it.
     """
 
     plan: ReadPlan
@@ -49,6 +53,7 @@ class RestoreJob:
     arena: torch.Tensor | None
     num_request_blocks: int
     after_layer: Callable[[int, int], None] | None = None
+    fence: Fence | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,3 +114,41 @@ class LayerReady:
         if self._error is not None:
             raise RuntimeError("restore failed") from self._error
         return ok
+
+
+class LoadAbandoned(RuntimeError):
+    """The engine stopped waiting for this restore (its ``Fence`` is closed)."""
+
+
+class Fence:
+    """Keeps a restore's late bytes out of the engine's KV once the engine gave up on it.
+
+    The restore thread writes into the paged KV (and the arena's memory copies) only
+    inside ``open()``; ``close()`` takes the same lock, so once it returns no write is
+    running and none starts: a late restore stops at its next layer and its reads land
+    only in its staging window, which it keeps until they end (``ReadQueue.abandon``).
+    A fenced restore never reads straight into the KV slots (zero-copy): a read the
+    kernel still holds cannot be called back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Give up on the restore; waits for a layer's write already running (a copy,
+        never a read)."""
+        with self._lock:
+            self._closed = True
+
+    @contextmanager
+    def open(self) -> Iterator[None]:
+        """Hold the fence open for one write; raises ``LoadAbandoned`` once closed."""
+        with self._lock:
+            if self._closed:
+                raise LoadAbandoned("the engine stopped waiting for this restore")
+            yield

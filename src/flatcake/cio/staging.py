@@ -34,6 +34,10 @@ The plan's *stream* of a layer is a sequence of block-sized positions (``plan.st
 ``RestoreJob.stream_slots`` maps each stream block to a paged KV slot, or to -1 for a
 block read only so that its segment layer can be checked against its crc32 (an older
 segment without block crcs is read whole).
+A restore the engine may give up on (a load in the step, ``RestoreJob.fence``) reads
+through the staging slots only, and writes each layer into the paged KV inside its
+fence: once the engine closed it, no byte of the restore reaches the KV slots, and the
+restore stops at its next layer, keeping its window until its reads end.
 Checks (``StreamCheck``) run before scatter; a failed check cuts the restore at the
 first request block of that segment: blocks from the cut on are *not* loaded, whatever
 layers they had reached, and the caller recomputes them. A read command that fails
@@ -50,6 +54,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -59,7 +64,7 @@ from flatcake.cio.crc import crc32, crc32_combine, crc32_shift_operator
 from flatcake.cio.direct import aligned_buffer, writable_view
 from flatcake.cio.readcrc import OpGate, crc_pieces
 from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
-from flatcake.cio.restore import LayerReady, RestoreJob, RestoreOutcome
+from flatcake.cio.restore import LayerReady, LoadAbandoned, RestoreJob, RestoreOutcome
 from flatcake.cio.zerocopy import SlotViews, op_commands, zero_copy_refusal
 from flatcake.layout import ALIGN, align_up
 from flatcake.plan.stream import StreamCheck
@@ -82,6 +87,8 @@ class _Placement:
 
 # Layers a zero-copy restore may have submitted beyond the two of the staging path.
 MAX_LAYERS_AHEAD = 4
+# Why a restore the engine may give up on is not read straight into the slots.
+FENCED = "the engine may give up on this load: its reads land in the staging window"
 
 
 @dataclass(slots=True)
@@ -152,7 +159,8 @@ class StagingWindow:
         failed: list[int] = []
         commands = 0
         reads = ReadQueue(self.reader, self.reads_in_flight)
-        refusal = zero_copy_refusal(
+        fence = job.fence
+        refusal = FENCED if fence is not None else zero_copy_refusal(
             self.reader, job.paged,
             all(p.dest_offset(sizes[lp.layer]) % sizes[lp.layer] == 0
                 and p.length % sizes[lp.layer] == 0
@@ -171,6 +179,8 @@ class StagingWindow:
                 # unfinished, so the reader's queue never runs dry at a layer boundary.
                 while nxt < n and free and (nxt <= i + 1 or (
                         direct is not None and unfinished < 2 * self._in_flight_goal())):
+                    if fence is not None and fence.closed:  # given up: read no more
+                        raise LoadAbandoned("the engine stopped waiting for this restore")
                     slot = free.pop()
                     st = self._submit(job, reads, plan.layers[nxt], slot, direct)
                     pending[nxt] = (st, slot)
@@ -182,12 +192,13 @@ class StagingWindow:
                 bbpl = sizes[lp.layer]
                 cut = self._finish_reads(job, reads, state, slot, bbpl, cut)
                 cut = self._verify(job, lp.layer, state, slot, bbpl, cut, failed)
-                self._scatter(job, lp.layer, state, slot, bbpl, cut,
-                              memory_only=direct is not None)
+                with fence.open() if fence is not None else nullcontext():
+                    self._scatter(job, lp.layer, state, slot, bbpl, cut,
+                                  memory_only=direct is not None)
+                    ready.set(lp.layer)
+                    if job.after_layer is not None:
+                        job.after_layer(lp.layer, cut)  # overlaps the next layers' reads
                 free.append(slot)
-                ready.set(lp.layer)
-                if job.after_layer is not None:
-                    job.after_layer(lp.layer, cut)  # overlaps the next layers' reads
         except BaseException:
             reads.abandon()  # no read may still land in the slots once the window is free
             raise

@@ -120,6 +120,7 @@ COUNTER_KEYS = (  # counters the connector reports, per stats interval
     "restores_started",         # SSD restores started by FC-MAS
     "staging_slot_waits",       # SSD restores that found every staging window busy
     "loads_staged",             # SSD restores read through staging, not into the slots
+    "loads_late",               # loads in the step given up at their deadline: recomputed
     "stores_ok",
     "stores_failed",
     "stores_rejected",          # no medium could take the turn (CapacityError)

@@ -333,6 +333,7 @@ class SchedulerSide:
                              self.geometry.tokens_per_block)
             self._stats["damaged_segments"] += len(finished.failed_segments)
             self._stats["loads_staged"] += any(r.staged for r in reports)
+            self._stats["loads_late"] += any(r.late for r in reports)
 
     def take_released(self, reported: Iterable[str]) -> list[str]:
         """Of the SSD restores the workers ``reported`` finished, and those held before,

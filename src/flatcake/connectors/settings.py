@@ -52,6 +52,11 @@ class ConnectorSettings:
             its request, the forward pass waiting for each layer
             (``SchedulerSide.ssd_in_step``); ``False`` keeps it async: the request waits
             in vLLM's remote-KV state and other requests' steps never wait for a disk.
+        in_step_load_timeout_s: how long a step waits for a load in the step (an
+            in-step SSD hit, or an all-memory one), from the step's start. Past it the
+            load is given up: its blocks are load errors that the engine recomputes,
+            and the restore is fenced off from the KV slots. The default 5 s is the
+            bound ``store.remote_timeout_s`` puts on a remote read.
     """
 
     config: FlatCakeConfig = field(default_factory=FlatCakeConfig)
@@ -61,6 +66,7 @@ class ConnectorSettings:
     max_pending_stores: int = 64
     shutdown_drain_s: float = 60.0
     ssd_loads_in_step: bool = True
+    in_step_load_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tenant_salt, str):
@@ -79,6 +85,10 @@ class ConnectorSettings:
         if not isinstance(d, int | float) or isinstance(d, bool) or not 0 <= d < float("inf"):
             raise ValueError(f"kv_connector_extra_config.shutdown_drain_s must be a number "
                              f">= 0, got {d!r}")
+        t = self.in_step_load_timeout_s
+        if not isinstance(t, int | float) or isinstance(t, bool) or not 0 < t < float("inf"):
+            raise ValueError(f"kv_connector_extra_config.in_step_load_timeout_s must be a "
+                             f"number > 0, got {t!r}")
 
 
     def drain_within(self, grace_s: float | None) -> float:
@@ -94,7 +104,8 @@ class ConnectorSettings:
 
 
 _CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks",
-                   "max_pending_stores", "shutdown_drain_s", "ssd_loads_in_step")
+                   "max_pending_stores", "shutdown_drain_s", "ssd_loads_in_step",
+                   "in_step_load_timeout_s")
 
 
 def parse_extra_config(extra: Mapping[str, Any] | None,

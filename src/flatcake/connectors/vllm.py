@@ -266,7 +266,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                 self.geometry, config, store_dir,
                 max_pending_stores=self.settings.max_pending_stores,
                 drain_timeout_s=drain_s, arena_path=arena, writes=writes, part=part,
-                parts=parts)
+                parts=parts, load_timeout_s=self.settings.in_step_load_timeout_s)
 
     def _tensor_ranks(self, vllm_config: VllmConfig) -> TensorRanks:
         from flatcake.link.wire import TensorRanks

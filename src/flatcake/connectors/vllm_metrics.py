@@ -78,6 +78,9 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
         "loads_staged": ("vllm:flatcake_loads_staged",
                          "SSD restores read through the staging window and one copy "
                          "(zero-copy refused, e.g. blocks not a multiple of 4 KiB)."),
+        "loads_late": ("vllm:flatcake_loads_late",
+                       "Loads in the step the engine stopped waiting for at their "
+                       "deadline (in_step_load_timeout_s): recomputed."),
         "lookup_waits": ("vllm:flatcake_lookup_waits",
                          "Lookups deferred behind a store of the same prefix."),
         "cluster_lookup_failures": ("vllm:flatcake_cluster_lookup_failures",

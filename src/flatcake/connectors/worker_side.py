@@ -14,9 +14,14 @@ windows); this class adds the engine's step rhythm and a view of its paged KV::
                          word: no restore in flight reads them)
                        SSD loads: one restore thread each (two-layer staging window:
                          read layer l+1 while layer l is verified and scattered)
-                       sync (all-memory) loads: a restore thread whose layers the
-                         forward pass waits for (wait_for_layer)
-    end_step()         joins this step's sync loads; hands the step's stores (the
+                       sync loads (all-memory, or SSD in the step): a restore
+                         thread whose layers the forward pass waits for
+                         (wait_for_layer), each until the step's deadline
+                         (``load_timeout_s`` from the step's start): past it the
+                         load is given up, its fence closed (nothing more of it
+                         reaches the KV slots) and its blocks are load errors
+    end_step()         joins this step's sync loads (within the same deadline);
+                       hands the step's stores (the
                        prompt blocks this forward pass computed) to the writer
                        thread (gather + write + sync) through a bounded queue; a
                        store the queue cannot take is reported failed at once
@@ -60,14 +65,14 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.restore import LayerReady
+from flatcake.cio.restore import Fence, LayerReady
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
@@ -87,6 +92,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class _InStep:
+    """A load of this step the forward pass waits for, until ``deadline``
+    (``time.monotonic()``)."""
+
+    task: LoadTask
+    ready: LayerReady
+    future: Future[LoadOutcome]
+    fence: Fence
+    deadline: float
+    given_up: bool = False
+
+
 def _drain_at_exit(ref: weakref.ref[WorkerSide]) -> None:
     worker = ref()
     if worker is not None:
@@ -100,15 +118,19 @@ class WorkerSide(WorkerIO):
         max_pending_stores: stores the writer's queue holds; one more is dropped.
         drain_timeout_s: how long ``close`` (and the exit hook) waits for stores.
         writes: False for a rank that only reads (see the module docstring).
+        load_timeout_s: how long a step waits for its sync loads, from its start
+            (``ConnectorSettings.in_step_load_timeout_s``).
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
                  max_pending_stores: int = 64, drain_timeout_s: float = 60.0,
                  arena_path: Path | None = None, writes: bool = True,
-                 part: int = 0, parts: int = 1) -> None:
-        if max_pending_stores < 1 or drain_timeout_s < 0:
-            raise ValueError(f"max_pending_stores must be >= 1 and drain_timeout_s >= 0, got "
-                             f"{max_pending_stores}, {drain_timeout_s}")
+                 part: int = 0, parts: int = 1, load_timeout_s: float = 5.0) -> None:
+        if max_pending_stores < 1 or drain_timeout_s < 0 or not load_timeout_s > 0:
+            raise ValueError(f"max_pending_stores must be >= 1, drain_timeout_s >= 0 and "
+                             f"load_timeout_s > 0, got {max_pending_stores}, "
+                             f"{drain_timeout_s}, {load_timeout_s}")
+        self.load_timeout_s = load_timeout_s
         self.geometry = geometry
         self.config = config
         self.store_dir = Path(store_dir)
@@ -128,7 +150,7 @@ class WorkerSide(WorkerIO):
         self._finished: set[str] = set()  # finished requests still holding stores
         self._closed = False
         self._done: list[_Finished] = []
-        self._sync: list[tuple[LoadTask, LayerReady, Future[LoadOutcome]]] = []
+        self._sync: list[_InStep] = []
         self._sync_errors: set[int] = set()
         self._unplanned: set[str] = set()  # async loads the scheduler could not plan
         self._sync_done: list[LoadDone] = []
@@ -214,6 +236,7 @@ class WorkerSide(WorkerIO):
             self._failed_requests.add(failed.request_id)
             if failed.is_async:
                 self._unplanned.add(failed.request_id)
+        deadline = time.monotonic() + self.load_timeout_s
         for task in plan.loads:
             if self.grouped is not None and slots is not None:
                 self._start_grouped_load(self.grouped, task, slots)
@@ -223,8 +246,9 @@ class WorkerSide(WorkerIO):
             mine = task if not task.remote else replace(
                 task, remote=runs_of_part(task.remote, self.part, self.parts))
             if task.sync:
-                fut = self.executor.submit_load(mine, self._paged_kv(), ready)
-                self._sync.append((task, ready, fut))
+                fence = Fence()
+                fut = self.executor.submit_load(mine, self._paged_kv(), ready, fence=fence)
+                self._sync.append(_InStep(task, ready, fut, fence, deadline))
             else:
                 self._loads_in_flight += 1
                 self.executor.submit_load(mine, self._paged_kv(), ready,
@@ -232,22 +256,52 @@ class WorkerSide(WorkerIO):
 
 
     def wait_for_layer(self, layer: int) -> None:
-        """Block until layer ``layer`` of this step's sync loads is in the paged KV.
-        A failed load does not raise here: its blocks are reported at the end of the
+        """Block until layer ``layer`` of this step's sync loads is in the paged KV, or
+        until a load's deadline, which gives that load up (``_give_up``). A failed or
+        given-up load does not raise here: its blocks are reported at the end of the
         step and recomputed."""
-        for _task, ready, _fut in self._sync:
+        for load in self._sync:
+            if load.given_up:
+                continue
             try:
-                ready.wait_for_layer(layer)
+                if not load.ready.wait_for_layer(layer, self._left(load)):
+                    self._give_up(load, f"layer {layer}")
             except RuntimeError:
                 logger.debug("sync load failed before layer %d", layer)
+
+    @staticmethod
+    def _left(load: _InStep) -> float:
+        return max(load.deadline - time.monotonic(), 0.0)
+
+    def _give_up(self, load: _InStep, where: str) -> None:
+        """Stop waiting for ``load``: close its fence (once this returns, nothing of it
+        is written into the KV slots), so its blocks are load errors, recomputed."""
+        load.fence.close()
+        load.given_up = True
+        task = load.task
+        logger.warning("FlatCake load of request %s given up at %s: not in the KV %.1f s "
+                       "after its step started (in_step_load_timeout_s); its %d blocks are "
+                       "recomputed", task.request_id, where, self.load_timeout_s,
+                       task.remote_end - task.first_block)
+
+    def _join(self, load: _InStep) -> LoadDone:
+        """``load``'s report, waited for until its deadline; a given-up load reports
+        none of its blocks (``LoadDone.late``)."""
+        if not load.given_up:
+            try:
+                return load.future.result(self._left(load)).done
+            except TimeoutError:
+                self._give_up(load, "the end of the step")
+        task = load.task
+        return LoadDone(task.request_id, task.first_block, task.remote_end, late=True)
 
     def end_step(self) -> None:
         """Join this step's sync loads (their failed blocks go to ``poll``), then hand the
         step's stores to the writer thread: off the forward pass, which they would only
         slow down, and from blocks their finished requests keep until reported."""
-        for task, _ready, fut in self._sync:
-            done = fut.result().done
-            self._sync_errors.update(self._failed_block_ids(task, done))
+        for load in self._sync:
+            done = self._join(load)
+            self._sync_errors.update(self._failed_block_ids(load.task, done))
             self._sync_done.append(done)
             self._count_load(done)
         self._sync = []

@@ -196,6 +196,8 @@ class LoadDone:
             damaged too (their session is dropped and the files quarantined).
         staged: SSD reads went through the staging window and one copy, not straight
             into the KV slots (``cio.zerocopy``: a block not a multiple of 4 KiB, ...).
+        late: a load in the step the engine stopped waiting for at its deadline: none
+            of its blocks is delivered (the restore, fenced off, may still be reading).
     """
 
     request_id: str
@@ -209,6 +211,7 @@ class LoadDone:
     remote_bytes: int = 0
     damaged_headers: tuple[int, ...] = ()
     staged: bool = False
+    late: bool = False
 
 
 @dataclass(frozen=True, slots=True)
