@@ -1,6 +1,7 @@
 """Builders shared by the restore tests of ``cio`` (staging window, zero-copy): a real
 session file written with ``SegmentWriter``, a restore job planned for all of it, a
-byte flip, a reader that logs the layer of every read, and a hung disk."""
+byte flip, a reader that logs the layer of every read, a hung disk, and a count of the
+reads that run at once."""
 
 from __future__ import annotations
 
@@ -157,3 +158,31 @@ class HungDisk:
     def release(self) -> None:
         self._gate.set()
 
+
+class ReadOverlap:
+    """Counts the reads of the local SSD reader (``DirectReader``) running at once. Each
+    read waits (at most ``hold_s``) for a second one to start, so two reads handed to the
+    reader together are always seen together."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold_s: float = 0.1) -> None:
+        self._cond = threading.Condition()
+        self._inside = 0
+        self.most_at_once = 0
+        self.reads = 0
+        real = DirectReader._read
+
+        def counted(reader: DirectReader, request: ReadRequest,
+                    views: list[memoryview]) -> int:
+            with self._cond:
+                self._inside += 1
+                self.reads += 1
+                self.most_at_once = max(self.most_at_once, self._inside)
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._inside >= 2, hold_s)
+            try:
+                return real(reader, request, views)
+            finally:
+                with self._cond:
+                    self._inside -= 1
+
+        monkeypatch.setattr(DirectReader, "_read", counted)

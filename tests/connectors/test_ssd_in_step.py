@@ -14,8 +14,8 @@ import pytest
 
 from flatcake.cio.filescan import scan_session_file
 from flatcake.geometry import KVGeometry
-from tests.cio.helpers import HungDisk
-from tests.connectors.sides_harness import G, Harness, finish, tokens, view
+from tests.cio.helpers import HungDisk, ReadOverlap
+from tests.connectors.sides_harness import G, Harness, finish, settings, tokens, view
 
 # 4 KiB blocks per layer in page-aligned KV: reads could go straight into the slots.
 G4K = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=64,
@@ -120,3 +120,21 @@ def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
     for (layer, s), raw in recomputed.items():
         assert h.block(layer, s) == raw
 
+
+def test_an_in_step_load_keeps_the_stores_bound_on_reads_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each segment layer (4 blocks of 4 KiB) is read in 4 commands; the store lets a
+    # restore have one with the reader at a time, whichever step it loads in.
+    h = Harness(tmp_path, settings("store.reads_in_flight=1", "planner.max_read_bytes=4096"),
+                g=G4K)
+    h.sched.ssd_in_step = True
+    turn0 = _stored_turn(h)
+    overlap = ReadOverlap(monkeypatch)
+    v = view("b", tokens(turn0[:16], 8, 300), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (16, False)
+    h.sched.after_alloc("b", list(range(20, 27)), 16)
+    plan, _, _, invalid = h.step()
+    assert [t.sync for t in plan.loads] == [True] and invalid == set()
+    assert h.sched.totals()["loaded_tokens_ssd"] == 16
+    assert overlap.reads >= 12 and overlap.most_at_once == 1
+    h.close()

@@ -22,8 +22,10 @@ this machine's SSD reader (O_DIRECT ``preadv``, or GDS when CUDA + kvikio are us
 a remote reader registers under its node without touching the books.
 
 Threads: SSD restores run on ``scheduler.max_restores_in_flight`` threads, one staging
-window each; all-memory (sync) loads on one more thread, so they never wait behind SSD
-reads; the remote runs of a load, after its local prefix, on ``store.remote_windows``
+window each; sync loads (all-memory, or a CPU engine's SSD hit loaded in the step) on
+one more thread with a window of its own, so they never wait behind async SSD reads
+(every window is built by ``_window`` with the store's read settings); the remote
+runs of a load, after its local prefix, on ``store.remote_windows``
 threads (one per receive window of ``cio.remote_readers``); each of these moves off an
 engine's compute cores as ``store.thread_cpus`` says (``cio.affinity``). ``self.lock`` guards the
 session files and the crc book; callers may hold their own lock around a call, never
@@ -141,10 +143,8 @@ class Executor:
             self.readers.register(Medium.SSD, LOCAL_NODE, local_reader(config, self.io_mode))
             num = config.scheduler.max_restores_in_flight
             for _ in range(num):
-                self._windows.put(StagingWindow(
-                    self.reader, crc_threads=config.store.read_threads,
-                    reads_in_flight=config.store.reads_in_flight))
-            self._sync_window = StagingWindow(self.reader)
+                self._windows.put(self._window())
+            self._sync_window = self._window()
         except BaseException:
             self.readers.close()
             self.files.close()
@@ -157,6 +157,13 @@ class Executor:
         self._remote_pool = self.thread_cpus.pool(config.store.remote_windows,
                                                   "flatcake-remote")
         self._in_flight = InFlight()
+
+    def _window(self) -> StagingWindow:
+        """A staging window with the store's read settings: every restore's, the SSD
+        restores' and the loads in the step alike."""
+        store = self.config.store
+        return StagingWindow(self.reader, crc_threads=store.read_threads,
+                             reads_in_flight=store.reads_in_flight)
 
     @property
     def reader(self) -> Reader:
