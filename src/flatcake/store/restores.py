@@ -15,6 +15,9 @@ land (``wait_for_layer``), whatever the queue order.
 
 Every method runs under the store's lock (``cond``); the executor's threads call back
 into ``_finished``, which takes it. ``LoadHandle`` is the caller's side of one restore.
+A store that closes waits for its restores within a deadline; those left then are
+abandoned: each ends as a miss (no block reported loaded), and its late finish is
+ignored.
 """
 
 from __future__ import annotations
@@ -92,7 +95,9 @@ class Restores:
 
     def _finished(self, request_id: str, outcome: LoadOutcome) -> None:
         with self._cond:
-            load = self._loads[request_id]
+            load = self._loads.get(request_id)
+            if load is None:  # abandoned when the store closed: already a miss
+                return
             try:
                 load.result = self._finish(outcome, load.plan)
                 if not load.task.sync:
@@ -119,10 +124,25 @@ class Restores:
         load.future.set_result(result)
         self._cond.notify_all()
 
-    def wait_idle(self) -> None:
-        """Block (holding the lock between checks) until no restore is queued or runs."""
+    def wait_idle(self, timeout_s: float | None = None) -> int:
+        """Block (holding the lock between checks) until no restore is queued or runs,
+        at most ``timeout_s`` (None: no limit); returns how many are left."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._loads)
+            self._cond.wait_for(lambda: not self._loads, timeout_s)
+            return len(self._loads)
+
+    def abandon(self) -> int:
+        """End every restore not delivered yet as a miss (the store is closing): its
+        ``wait`` returns no blocks, its layer waits fail, and a late finish is ignored.
+        Returns how many."""
+        with self._cond:
+            loads, self._loads = self._loads, {}
+            for load in loads.values():
+                load.ready.fail(RuntimeError("the store closed before this restore ended"))
+                if not load.future.done():
+                    load.future.set_result(LoadResult.miss(load.plan.hit.num_blocks))
+            self._cond.notify_all()
+            return len(loads)
 
 
 class LoadHandle:

@@ -113,6 +113,11 @@ class LoadResult:
     num_remote_blocks: int = 0
     remote_bytes: int = 0
 
+    @classmethod
+    def miss(cls, num_hit_blocks: int) -> LoadResult:
+        """A restore that delivered nothing (every block is recomputed)."""
+        return cls(0, num_hit_blocks, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+
     @property
     def gb_per_s(self) -> float:
         """Restored KV bytes (SSD + memory) per second."""

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flatcake.cio.arena import ArenaBuffer
-from flatcake.cio.executor import Executor, LoadOutcome
+from flatcake.cio.executor import CLOSE_WAIT_S, Executor, LoadOutcome
 from flatcake.cio.holes import releases_windows
 from flatcake.cio.paged import BlockIds, PagedKV
 from flatcake.cio.readers import Reader
@@ -518,15 +518,25 @@ class FlatCakeStore:
         with self._lock, self._exec.writer.lock:
             return fsck_root(self.root)
 
-    def close(self) -> None:
-        """Wait for restores queued or in flight, then close every file. Idempotent."""
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Wait up to ``timeout_s`` for restores queued or in flight, then close every
+        file (``Executor.close``, within what is left of the deadline). Restores left
+        at the deadline end as misses: their ``wait`` reports no block loaded, and a
+        restore still reading keeps its window and files (the process is ending); its
+        late bytes are never reported. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._restores.wait_idle()
+        t0 = time.monotonic()
+        if self._restores.wait_idle(timeout_s):
+            left = self._restores.abandon()
+            if left:
+                logger.warning("FlatCake store %s closed with %d restores unfinished after "
+                               "%.1f s: misses, nothing of them is reported loaded",
+                               self.root, left, timeout_s)
         if self._cluster is not None:
             self._cluster.close()
-        self._exec.close()
+        self._exec.close(timeout_s=max(timeout_s - (time.monotonic() - t0), 0.0))
         if self.attached:
             self.control.close()  # type: ignore[attr-defined]
 
