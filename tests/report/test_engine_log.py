@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flatcake.connectors.settings import IN_STEP_LINE
 from flatcake.report import engine_runs, realcheck
 from flatcake.report.engine_log import read_engine
 
@@ -46,6 +47,19 @@ def test_the_engine_from_its_log_and_config(folder: Path) -> None:
                                            "'ssd_loads_in_step': False"))
     off = read_engine(log)
     assert not off.ssd_loads_in_step and "False in the log" in off.in_step_source
+
+
+def test_the_connectors_own_line_says_whether_ssd_hits_load_in_the_step(
+        folder: Path) -> None:
+    # The config sets nothing (the default would be True on this CPU engine), but the
+    # connector said what it does: its line is read first.
+    log = folder / "server-r0-flatcake.log"
+    said = IN_STEP_LINE % (False, "several KV cache groups: every load is async")
+    log.write_text(log.read_text() + f"(EngineCore pid=7) INFO 12-04 20:54:36 "
+                                      f"[vllm.py:250] {said}\n")
+    facts = read_engine(log)
+    assert not facts.ssd_loads_in_step
+    assert "the connector's log: several KV cache groups" in facts.in_step_source
 
 
 def test_a_log_without_the_cache_line(folder: Path) -> None:

@@ -103,6 +103,11 @@ class ConnectorSettings:
         return min(self.shutdown_drain_s, max(grace_s, 0.0) / 2)
 
 
+# The line the scheduler half logs at start: whether SSD hits load in the step, and why
+# (``report.engine_log`` reads it back from a server's log).
+IN_STEP_LINE = "FlatCake ssd_loads_in_step effective: %s (%s)"
+
+
 _CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks",
                    "max_pending_stores", "shutdown_drain_s", "ssd_loads_in_step",
                    "in_step_load_timeout_s")

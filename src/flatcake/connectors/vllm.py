@@ -119,7 +119,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from flatcake.connectors.group_slots import GroupIds, StepSlots, slots_of
 from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
-from flatcake.connectors.settings import ConnectorSettings, parse_extra_config
+from flatcake.connectors.settings import IN_STEP_LINE, ConnectorSettings, parse_extra_config
 from flatcake.connectors.vllm_events import EventBook
 from flatcake.connectors.vllm_glue import (
     FlatCakeMetadata,
@@ -244,6 +244,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             logger.info("FlatCake scheduler side: store %s, %d segments recovered, geometry "
                         "%s blocks", root, self.scheduler_side.recovered_segments,
                         describe_layers(self.geometry.layer_block_bytes))
+        if role == KVConnectorRole.SCHEDULER:
+            self._log_in_step(bool(node))
         else:
             from vllm.distributed import get_tensor_model_parallel_rank
 
@@ -267,6 +269,19 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                 max_pending_stores=self.settings.max_pending_stores,
                 drain_timeout_s=drain_s, arena_path=arena, writes=writes, part=part,
                 parts=parts, load_timeout_s=self.settings.in_step_load_timeout_s)
+
+    def _log_in_step(self, attached: bool) -> None:
+        """One line at start: whether an SSD hit loads in the step that schedules it
+        (``SchedulerSide.ssd_in_step``), and why."""
+        side = self.scheduler_side
+        in_step = isinstance(side, SchedulerSide) and side.ssd_in_step
+        why = ("attached to a node service: its loads are async" if attached
+               else "the KV cache is not in host memory" if not self._host_kv
+               else "ssd_loads_in_step is false" if not self.settings.ssd_loads_in_step
+               else "several KV cache groups: every load is async" if not in_step
+               else f"a host-memory KV cache; in_step_load_timeout_s "
+                    f"{self.settings.in_step_load_timeout_s:g}")
+        logger.info(IN_STEP_LINE, in_step, why)
 
     def _tensor_ranks(self, vllm_config: VllmConfig) -> TensorRanks:
         from flatcake.link.wire import TensorRanks

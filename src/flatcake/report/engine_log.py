@@ -6,9 +6,11 @@ vLLM's server log says how big its prefix cache was (``GPU KV cache size: N toke
 the model's ``config.json`` gives the KV geometry (layers, KV heads, head dim) and the
 element type when the log names none. A FlatCake server's log also holds the store's
 memory and SSD budgets (its KV transfer config) and whether an SSD hit loads in the step
-that schedules it: the connector's ``ssd_loads_in_step`` where the config sets it, else its
-default (``True``), which it applies only where the KV cache is on a CPU (the log's ``CPU KV
-cache size``). ``report.realcheck`` builds its replay engine from
+that schedules it: the connector's own line (``connectors.settings.IN_STEP_LINE``, the
+effective value) first; in an older log without it, the connector's ``ssd_loads_in_step``
+where the config sets it, else its default (``True``), which it applies only where the KV
+cache is on a CPU (the log's ``CPU KV cache size``). ``report.realcheck`` builds its
+replay engine from
 these, so the check replays the engine that ran, not the flags it was meant to have.
 """
 
@@ -19,10 +21,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from flatcake.connectors.settings import IN_STEP_LINE
 from flatcake.geometry import DTYPE_BYTES, KVGeometry
 
 CACHE_TOKENS = re.compile(r"\b(GPU|CPU|XPU) KV cache size: ([\d,]+) tokens")
 IN_STEP = re.compile(r"'ssd_loads_in_step': (True|False)")
+IN_STEP_SAID = re.compile(re.escape(IN_STEP_LINE).replace("%s", "(True|False)", 1)
+                          .replace("%s", r"([^)\n]*)", 1))
 OVERRIDE = re.compile(r"with num_gpu_blocks_override=(\d+)")
 NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$", re.M)
 ARG = re.compile(r"'(\w+)': ('[^']*'|\d+)")
@@ -125,7 +130,12 @@ def read_engine(log: Path) -> EngineFacts:
     budgets = {k: int(args[k]) for k in ("memory_capacity_bytes", "ssd_capacity_bytes")
                if args.get(k, "").isdigit()}
     in_step, how = False, ""
-    if "FlatCakeConnector" in text:
+    said = IN_STEP_SAID.search(text)
+    if said is not None:
+        in_step = said.group(1) == "True"
+        how = (f"SSD hits {'loaded in the step' if in_step else 'restored before the step'}"
+               f" (the connector's log: {said.group(2)})")
+    elif "FlatCakeConnector" in text:
         setting = IN_STEP.search(text)
         in_step = m.group(1) == "CPU" and (setting is None or setting.group(1) == "True")
         how = (f"SSD hits {'loaded in the step' if in_step else 'restored before the step'}"
