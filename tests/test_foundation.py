@@ -33,13 +33,19 @@ def test_geometry_rejects_bad_fields(kwargs: dict[str, object], field: str) -> N
         KVGeometry(**kwargs)  # type: ignore[arg-type]
 
 
-def test_deepseek_v4_flash_keeps_three_layer_kinds() -> None:
-    # 2 sliding-window layers (584 B a token), 21 c4a layers (584 + 132 B per 4 tokens),
-    # 20 c128a layers (584 B per 128 tokens), 128-token blocks.
+def test_deepseek_v4_flash_keeps_each_cache_vllm_keeps() -> None:
+    # Per 128-token block and layer: 43 windows (585 B a token), c4a's MLA entry and
+    # indexer key (585 and 135 B per 4 tokens), c128a's entry (864 B per 128 tokens),
+    # compressor state (8,208, 2,160 and 4,104 B a token in 8, 8 and 128-token windows:
+    # a window group's block is its window as of the block's end).
     g = preset("deepseek-v4-flash")
-    assert g.num_layers == 43 and [grp.kind for grp in g.groups] == ["sliding", "c4a", "c128a"]
-    assert g.layer_block_bytes == (128 * 584,) * 2 + (32 * 716,) * 21 + (584,) * 20
-    assert g.block_bytes == 2 * 74752 + 21 * 22912 + 20 * 584
+    assert g.num_layers == 167 and [grp.kind for grp in g.groups] == [
+        "sliding", "c4a", "c4a-indexer", "c128a", "c4a-state", "c4a-indexer-state",
+        "c128a-state"]
+    assert g.layer_block_bytes == ((128 * 585,) * 43 + (32 * 585,) * 21 + (32 * 135,) * 21
+                                   + (864,) * 20 + (8 * 8208,) * 21 + (8 * 2160,) * 21
+                                   + (128 * 4104,) * 20)
+    assert [grp.window_blocks(128) for grp in g.groups] == [1, 0, 0, 0, 1, 1, 1]
     assert not g.is_uniform and preset("deepseek-v3").is_uniform
     with pytest.raises(ValueError, match="layer_block_bytes"):
         _ = g.block_bytes_per_layer

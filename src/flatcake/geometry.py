@@ -280,12 +280,28 @@ class KVGeometry:
 # - DeepSeek-V3: deepseek-ai/DeepSeek-V3 config.json (num_hidden_layers 61,
 #   kv_lora_rank 512, qk_rope_head_dim 64): MLA caches 512 + 64 = 576 elements per
 #   token per layer, replicated on every worker.
-# - DeepSeek-V4-Flash: deepseek-ai/DeepSeek-V4-Flash config.json ``compress_ratios``:
-#   21 layers keep one entry per 4 tokens ("c4a": a 584 B fp8 latent entry, 448 fp8 +
-#   64 bf16 elements + 8 scale bytes, and its 132 B indexer key), 20 layers one per 128
-#   tokens ("c128a", 584 B), 2 layers only a 128-token sliding window (584 B a token);
-#   one block is 128 tokens so every kind holds whole entries.
-_DSV4_ENTRY = 448 + 64 * 2 + 8
+# - DeepSeek-V4-Flash: deepseek-ai/DeepSeek-V4-Flash config.json (43 layers,
+#   ``compress_ratios`` 0, 0, then 4 and 128 in turn: 21 compressed-4x "c4a" and 20
+#   compressed-128x "c128a" layers; ``head_dim`` 512, ``sliding_window`` 128, indexer
+#   ``index_head_dim`` 128), with vLLM 0.32's fp8_ds_mla cache. Each of vLLM's per-layer
+#   caches is one group, its bytes vLLM's own page size over the tokens a page covers
+#   (pages padded to 576 B; tests/connectors/test_dsv4_preset.py checks them against
+#   the specs vLLM builds):
+#   * every layer keeps a 128-token window of raw entries (models/deepseek_v4/
+#     attention.py ``DeepseekV4SWACache``; v1/attention/backends/mla/sparse_swa.py):
+#     37,440 B per 64 tokens, 585 B a token;
+#   * c4a layers an MLA entry per 4 tokens (37,440 B per 256 tokens, 585 B) and an
+#     indexer key per 4 tokens (``DeepseekV4IndexerCache``: 8,640 B per 256 tokens,
+#     135 B); c128a layers an MLA entry per 128 tokens (1,728 B per 256 tokens, 864 B);
+#   * compressor state, tokens still being compressed (models/deepseek_v4/compressor.py
+#     ``CompressorStateCache``, float32): c4a 32,832 B per 4 tokens (8,208 B a token)
+#     and its indexer's 8,640 B per 4 tokens (2,160 B), an 8-token window; c128a 32,832
+#     B per 8 tokens (4,104 B a token), a 128-token window. vLLM prefix-caches these
+#     with bounded replay on and off; the 43 windows only with it off. A window group's
+#     block holds the window as of the block's end: c4a's 8-token state is one
+#     8 x 8,208 B entry per 128-token block.
+#   One block is 128 tokens so every kind holds whole entries.
+_DSV4_ENTRY = 585
 PRESETS: dict[str, KVGeometry] = {
     "llama-3.1-8b": KVGeometry(
         num_layers=32, tokens_per_block=16, num_kv_heads=8, head_dim=128,
@@ -300,10 +316,16 @@ PRESETS: dict[str, KVGeometry] = {
         dtype="bfloat16", name="deepseek-v3",
     ),
     "deepseek-v4-flash": KVGeometry(
-        num_layers=43, tokens_per_block=128, dtype="uint8", name="deepseek-v4-flash",
-        groups=(LayerGroup(2, _DSV4_ENTRY, window_tokens=128, kind="sliding"),
-                LayerGroup(21, _DSV4_ENTRY + 128 + 4, tokens_per_entry=4, kind="c4a"),
-                LayerGroup(20, _DSV4_ENTRY, tokens_per_entry=128, kind="c128a")),
+        num_layers=167, tokens_per_block=128, dtype="uint8", name="deepseek-v4-flash",
+        groups=(LayerGroup(43, _DSV4_ENTRY, window_tokens=128, kind="sliding"),
+                LayerGroup(21, _DSV4_ENTRY, tokens_per_entry=4, kind="c4a"),
+                LayerGroup(21, 135, tokens_per_entry=4, kind="c4a-indexer"),
+                LayerGroup(20, 864, tokens_per_entry=128, kind="c128a"),
+                LayerGroup(21, 8 * 8208, tokens_per_entry=128, window_tokens=8,
+                           kind="c4a-state"),
+                LayerGroup(21, 8 * 2160, tokens_per_entry=128, window_tokens=8,
+                           kind="c4a-indexer-state"),
+                LayerGroup(20, 4104, window_tokens=128, kind="c128a-state")),
     ),
 }
 

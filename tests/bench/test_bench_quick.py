@@ -142,9 +142,9 @@ def test_strict_exit_follows_the_bars(direct_dir: Path,
     assert rc == (0 if all(b["passed"] for b in doc["bars"]) else 1)
 
 
-def test_quick_run_of_a_model_with_three_layer_kinds(
+def test_quick_run_of_a_model_with_seven_layer_kinds(
         direct_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # DeepSeek-V4-Flash: layers of 73 KiB, 22.4 KiB and 584 B blocks. Every layout still
+    # DeepSeek-V4-Flash: layers of seven block sizes, 864 B to 513 KiB. Every layout still
     # restores the same bytes; FlatCake in one command per layer and turn.
     assert main(["bench", "--quick", "--dir", str(direct_dir), "--json",
                  "--model", "deepseek-v4-flash"]) == 0
@@ -153,11 +153,11 @@ def test_quick_run_of_a_model_with_three_layer_kinds(
     assert list(rows) == ["device", "flatcake", "scattered", "per-chunk-files"]
     assert all(row["verified"] for row in rows.values())
     sizes, turns, blocks = doc["layer_block_bytes"], doc["num_turns"], doc["num_blocks"]
-    assert sorted(set(sizes)) == [584, 22912, 74752]
+    assert sorted(set(sizes)) == [864, 4320, 17280, 18720, 65664, 74880, 525312]
     useful = blocks * sum(sizes)
     assert {rows[n]["bytes_useful"] for n in ("flatcake", "scattered", "per-chunk-files")} \
         == {useful}
     assert rows["flatcake"]["read_commands"] <= len(sizes) * turns
     assert rows["scattered"]["read_commands"] == blocks * len(sizes)
-    assert "device-paged not run: a block part of 22912 bytes is not a multiple of 4096" \
+    assert "device-paged not run: a block part of 864 bytes is not a multiple of 4096" \
         in doc["notes"]

@@ -80,10 +80,11 @@ def test_explain_states_the_geometry_and_where_costs_come_from(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--explain"]) == 0
     text = capsys.readouterr().out
-    assert "geometry deepseek-v4-flash: 43 layers, 128-token blocks" in text
-    assert "c4a 21 x 22,912 B" in text and "c128a 20 x 584 B" in text
-    assert "sliding 2 x 74,752 B (18.25 x 4,096 B), window 1 block" in text
-    assert "492,832 B per block in the layers that keep every block" in text
+    assert "geometry deepseek-v4-flash: 167 layers, 128-token blocks" in text
+    assert "c4a 21 x 18,720 B" in text and "c128a 20 x 864 B" in text
+    assert "sliding 43 x 74,880 B (18.28 x 4,096 B), window 1 block" in text
+    assert "c4a-state 21 x 65,664 B (16.03 x 4,096 B), window 1 block" in text
+    assert "501,120 B per block in the layers that keep every block" in text
     assert "padding" in text
     assert "documented guesses" in text
     monkeypatch.setenv(CALIBRATION_ENV, str(_file(tmp_path)))

@@ -124,10 +124,12 @@ class ReplayPreset:
 
 # ---------------------------------------------------------------------------- paper
 # DeepSeek-V4-Flash (the paper's model) as vLLM caches it with --kv-cache-dtype fp8: the
-# store's own geometry (``flatcake.geometry``, preset ``deepseek-v4-flash``), every layer
-# kind as it is: 2 sliding-window layers (a 128-token window), 21 c4a layers (a 716 B
-# entry with its indexer key per 4 tokens), 20 c128a layers (a 584 B entry per 128
-# tokens). A c128a entry spans two of the Claude Code trace's 64-token blocks, so the
+# store's own geometry (``flatcake.geometry``, preset ``deepseek-v4-flash``), each of
+# vLLM's per-layer caches as it is: a 128-token window of raw entries in all 43 layers,
+# 21 c4a layers' entries and indexer keys (585 + 135 B per 4 tokens), 20 c128a layers'
+# entries (864 B per 128 tokens), and the compressor state of tokens still being
+# compressed (windows of 8 and 128 tokens). A c128a entry spans two of the Claude Code
+# trace's 64-token blocks, so the
 # replay re-cuts the trace into 128-token blocks (``simulate.replay_blocks``).
 PAPER_GEOMETRY = geometry_preset("deepseek-v4-flash")
 
@@ -175,10 +177,13 @@ PAPER_FIXED_COST = (
 
 PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "KV geometry: DeepSeek-V4-Flash with vLLM's fp8 cache, every layer kind as it is "
-    "(the store's deepseek-v4-flash geometry): 21 c4a layers keep a 584 B entry and a "
-    "132 B indexer key per 4 tokens, 20 c128a layers a 584 B entry per 128 tokens, 2 "
-    "sliding-window layers 584 B per token of their last 128 tokens only. The layers "
-    "that keep every block take 3,850 B per token, so a 219K-token request is 0.79 GiB "
+    "(the store's deepseek-v4-flash geometry, each of vLLM 0.32's per-layer caches): "
+    "21 c4a layers keep a 585 B entry and a 135 B indexer key per 4 tokens, 20 c128a "
+    "layers an 864 B entry per 128 tokens (vLLM's pages, padded to 576 B); all 43 "
+    "layers a 128-token sliding window of 585 B per token; the compressor state of "
+    "tokens not yet compressed is a window too (c4a 8 tokens of 8,208 + 2,160 B, c128a "
+    "128 tokens of 4,104 B). The layers that keep every block take 3,915 B per token, "
+    "so a 219K-token request is 0.80 GiB "
     "per worker, the paper's 0.8 GiB. A c128a entry spans 128 tokens, two of the trace's "
     "64-token blocks: the replay re-cuts the trace into 128-token blocks (FlatCake's "
     "block for this model; vLLM aligns a hybrid model's prefix hit to its scheduler "
@@ -188,7 +193,9 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "default in vLLM 0.32; its DeepSeek-V4 model class does not use it) the sliding "
     "group is not prefix-cached and the engine rebuilds the window on a hit, which the "
     "replay charges no system; the vLLM connector stores only the prefix-cacheable "
-    "groups, so it neither stores these layers nor cuts a hit back for them.",
+    "groups, so it neither stores these layers nor cuts a hit back for them. The "
+    "compressor state is prefix-cached with bounded replay on or off: a window kind the "
+    "replay counts like any cached window.",
     "8 data-parallel workers (DP attention: each GPU holds the KV of its own requests); "
     "requests are spread round robin (SGLang's --load-balance-method default), so a "
     "session's next turn usually lands on another GPU and its history must come from "
