@@ -9,29 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.geometry import KVGeometry
 from flatcake.replay.presets import get_preset
 from flatcake.replay.simulate import replay_blocks, replay_node, run_replay
 from flatcake.replay.workload.recut import recut
 from flatcake.replay.workload.source import load_workload
 from flatcake.replay.workload.trace import from_requests, from_sessions
 from tests.replay.helpers import ids, tiny_preset
-
-# Trace blocks of 16 tokens; a "c32" entry spans 32 tokens, so the replay's block is 32
-# tokens. Per 32-token block and layer: sliding 8,192 B (window: 1 block), full 4,096 B
-# (2 layers), c32 1,000 B. The layers that keep every block: 9,192 B.
-HYBRID = KVGeometry(num_layers=4, tokens_per_block=32, dtype="uint8", name="hybrid",
-                    groups=(LayerGroup(1, 256, window_tokens=32, kind="sliding"),
-                            LayerGroup(2, 128, kind="full"),
-                            LayerGroup(1, 1000, tokens_per_entry=32, kind="c32")))
-TRACE_BT = 16
-
-# A, B, C (11 trace blocks each: 5 whole 32-token blocks and half of one), then A and B
-# come back extended, at one instant. The GPU holds 7 blocks and the host tier 5, so A
-# and B come back from SSD.
-REQS = [(0.0, ids(0, 11), 11 * TRACE_BT, 2), (1.0, ids(100, 111), 11 * TRACE_BT, 2),
-        (2.0, ids(200, 211), 11 * TRACE_BT, 2), (10.0, ids(0, 13), 13 * TRACE_BT, 2),
-        (10.0, ids(100, 113), 13 * TRACE_BT, 2)]
+from tests.replay.layer_scenarios import BRANCH, HYBRID, REQS, TRACE_BT
 
 
 def _replay(system: str, reqs: list[Any] = REQS, uncached: tuple[str, ...] = ()
@@ -94,9 +79,6 @@ def test_a_kind_the_engine_does_not_prefix_cache_is_never_stored() -> None:
     assert extra["ssd_window_bytes_released"] == 0
 
 
-# A, B, C as above, then D shares A's first 3 whole blocks and goes on elsewhere: its
-# hit ends inside A's SSD segment, which holds the sliding layer's last block only.
-BRANCH = [*REQS[:3], (10.0, ids(0, 6) + ids(500, 505), 11 * TRACE_BT, 2)]
 
 
 @pytest.mark.parametrize(("uncached", "hit"), [((), 0), (("sliding",), 3)])

@@ -194,8 +194,10 @@ PAPER_ASSUMPTIONS: tuple[str, ...] = (
     "group is not prefix-cached and the engine rebuilds the window on a hit, which the "
     "replay charges no system; the vLLM connector stores only the prefix-cacheable "
     "groups, so it neither stores these layers nor cuts a hit back for them. The "
-    "compressor state is prefix-cached with bounded replay on or off: a window kind the "
-    "replay counts like any cached window.",
+    "compressor state is prefix-cached with bounded replay on or off: a window kind "
+    "each system stores by its engine's rule (FlatCake each turn's last window, the "
+    "HiCache baselines SGLang's one trailing window per request with hits cut back to a "
+    "held window, tiered-direct vLLM's every block; layers.PeerBlocks).",
     "8 data-parallel workers (DP attention: each GPU holds the KV of its own requests); "
     "requests are spread round robin (SGLang's --load-balance-method default), so a "
     "session's next turn usually lands on another GPU and its history must come from "

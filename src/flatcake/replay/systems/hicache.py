@@ -111,8 +111,10 @@ class HiCacheSystem(TieredSystem):
             raise not_attached(self.name)
         spec = node.spec
         n = runs_len(parts)
-        nbytes = n * self.obj_bytes
-        cmds = n * self.gpw
+        # SGLang's rule: the window pages at the prefetch's end come with its batch.
+        wn = self._batch_windows(op, op.done_blocks, n)
+        nbytes = n * self.obj_bytes + wn * self.win_obj_bytes
+        cmds = (n + wn) * self.gpw
         qd = self.cfg.read_queue_depth or spec.ssd.queue_depth
         t = (self.cfg.batch_overhead_s + nbytes / spec.ssd.read_bytes_per_s
              + cmds * spec.ssd.command_latency_s / qd)
@@ -123,12 +125,28 @@ class HiCacheSystem(TieredSystem):
         # per-restore cost every system pays.
         return end + (spec.restore_overhead_s if op.done_blocks == 0 else 0.0)
 
+    def _batch_windows(self, op: PrefetchOp, start: int, n: int) -> int:
+        """Of the batch at prefetch positions ``[start, start + n)``, the blocks of the
+        window at the prefetch's end whose window pages the store holds (SGLang's
+        ``_sync_trailing_keys``: the last pages of the hit)."""
+        w = self.wins.window_blocks
+        if not w:
+            return 0
+        lo = max(start, op.total_blocks - w)
+        return self.wins.count_runs(slice_runs(op.parts, lo, start + n))
+
     def _batch_end(self, op: PrefetchOp, parts: Runs, used: bool) -> None:
         if self.host is None:
             raise not_attached(self.name)
+        n = runs_len(parts)
         if not used:
-            self.counts["terminated_batch_bytes"] += runs_len(parts) * self.obj_bytes
+            self.counts["terminated_batch_bytes"] += n * self.obj_bytes + \
+                self._batch_windows(op, op.done_blocks, n) * self.win_obj_bytes
             return
+        node = self.node
+        if node is not None:
+            node.rec.ssd_useful_bytes += \
+                self._batch_windows(op, op.done_blocks - n, n) * self.peer.window_bytes
         # Blocks another prefetch already brought into host memory were read twice.
         self.counts["duplicate_blocks"] += self.host.lru.count_present(parts)
 

@@ -13,7 +13,8 @@ c4a and c128a layers); every count here is per layer and summed per kind
   per restore per kind;
 * ``direct_reads``: one block read straight into the GPU, one command per layer;
 * ``PeerBlocks``: what a baseline stores and reads of a block when the engine
-  prefix-caches a sliding window (vLLM's OffloadingConnector stores it).
+  prefix-caches a sliding window, by vLLM's rule (every block) or SGLang's (one
+  trailing window per request, ``windows.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from flatcake.geometry import KVGeometry, LayerGroup
 from flatcake.layout import SegmentLayout
 from flatcake.readplan import ReadPlan
 from flatcake.replay.node.devices import NodeSpec
+from flatcake.replay.systems.settings import WINDOW_RULES
 
 
 def stored_layers(geometry: KVGeometry,
@@ -137,38 +139,59 @@ def direct_reads(geometry: KVGeometry, spec: NodeSpec) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class PeerBlocks:
     """What a per-block baseline store holds and reads of one block when the engine
-    prefix-caches some sliding windows (``NodeSpec.uncached_kinds`` leaves them out).
+    prefix-caches some sliding windows (``NodeSpec.uncached_kinds`` leaves them out),
+    by the rule of the engine the baseline models (``rule``).
 
-    vLLM 0.32's OffloadingConnector offloads every prefix-cacheable group
+    ``vllm`` (``tiered-direct``: Mooncake read straight into vLLM's paged KV): vLLM
+    0.32's OffloadingConnector offloads every prefix-cacheable group
     (``kv_connector/v1/offloading/config.py: get_offloading_group_ids`` returns
     ``prefix_cacheable_group_ids``), a sliding-window group's blocks by the mask of
     ``SlidingWindowManager.reachable_block_mask`` (``v1/core/single_type_kv_cache_manager.py``):
     with the default ``retention_interval=None`` it keeps the window's tail at every
     chunk boundary, and a window no shorter than a chunk makes that every block ("Every
-    block is reachable; cache them all"). So the store holds each block's windowed
-    layers beside its other layers, and the window blocks at any hit's end are there
-    whenever the hit's blocks are: the rule "a hit needs the window at its end" never
-    cuts a baseline's hit back. A load reads a sliding group's last
+    block is reachable; cache them all"); its MooncakeStore connector stores by the
+    same mask (``kv_connector/v1/mooncake/store/coordinator.py`` reuses
+    ``reachable_block_mask``). So the store holds each block's windowed layers beside
+    its other layers, and the window blocks at any hit's end are there whenever the
+    hit's blocks are: the rule "a hit needs the window at its end" never cuts a
+    baseline's hit back. A load reads a sliding group's last
     ``load_window_size_in_chunks`` keys only (``offloading/scheduler.py``:
     ``offload_keys[-sliding_window_size_in_chunks:]``): ``window_blocks`` blocks of the
     windowed layers at the hit's end, every block of the others.
 
-    ``block_bytes``: bytes a store holds per block (the layers that keep every block and
-    the cached windowed layers); ``window_bytes``: the windowed layers' part of it;
-    ``window_direct``: one window block's direct reads (as ``direct_reads``)."""
+    ``sglang`` (``tiered``, ``tiered-wait``, ``tiered-timeout``, ``tiered-uring``,
+    ``memory-only``: SGLang HiCache over Mooncake Store): SGLang 0.5.23 keeps one
+    trailing window per request, a load reads the window at the hit's end, and a hit
+    whose trailing window is not held is cut back (``windows.TrailingWindows``, with
+    its sources). A block then holds only the layers that keep every block; the last
+    ``window_blocks`` blocks of each finished request hold ``window_bytes`` more.
+
+    ``block_bytes``: bytes a store holds per block (the layers that keep every block,
+    and the cached windowed layers under ``vllm``); ``window_bytes``: the windowed
+    layers' bytes of one block; ``window_direct``: one window block's direct reads (as
+    ``direct_reads``)."""
 
     block_bytes: int
     window_bytes: int
     window_blocks: int
     window_direct: np.ndarray
+    rule: str = "vllm"
+
+    @property
+    def every_block(self) -> bool:
+        """Whether every block holds its windowed layers (``vllm``)."""
+        return self.rule == "vllm"
 
     @classmethod
-    def of(cls, geometry: KVGeometry, spec: NodeSpec) -> PeerBlocks:
+    def of(cls, geometry: KVGeometry, spec: NodeSpec, rule: str = "vllm") -> PeerBlocks:
+        if rule not in WINDOW_RULES:
+            raise ValueError(f"invalid window rule {rule!r}: choose {' or '.join(WINDOW_RULES)}")
         cached = cached_window_layers(geometry, spec.uncached_kinds)
         sizes = np.asarray(geometry.layer_block_bytes, dtype=np.int64)
         windows = np.asarray(geometry.layer_window_blocks or (0,) * geometry.num_layers)
         win_bytes = int(sizes[cached].sum())
-        return cls(block_bytes=geometry.history_block_bytes + win_bytes,
+        per_block = win_bytes if rule == "vllm" else 0
+        return cls(block_bytes=geometry.history_block_bytes + per_block,
                    window_bytes=win_bytes,
                    window_blocks=int(windows[cached].max()) if cached.any() else 0,
-                   window_direct=_direct(geometry, spec, cached))
+                   window_direct=_direct(geometry, spec, cached), rule=rule)

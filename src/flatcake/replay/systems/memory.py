@@ -7,6 +7,10 @@
   memory right after it; those are copied host->GPU when its prefill starts
   (``load_back``, overlapped layer by layer with the compute).
 * No prefetch, no SSD, nothing is ever cancelled.
+* A sliding window the engine prefix-caches follows SGLang's rule
+  (``windows.TrailingWindows``): each finished request backs up its trailing window's
+  pages, a host hit is cut back to the longest prefix whose trailing window is held,
+  and the window's blocks at the hit's end are copied with it.
 
 Sources read: sgl-project/sglang ``docs/advanced_features/hicache_best_practices.md``
 (tiers, ``--hicache-ratio``, write policies) and ``python/sglang/srt/mem_cache/
@@ -20,6 +24,7 @@ from typing import Any
 from flatcake.replay.node.blockcache import BlockLru
 from flatcake.replay.node.node import ArrivalQueue, Node, Request, System, Worker, not_attached
 from flatcake.replay.systems.layers import PeerBlocks
+from flatcake.replay.systems.windows import TrailingWindows
 from flatcake.replay.workload.runs import slice_runs
 
 
@@ -34,12 +39,14 @@ class MemoryOnlySystem(System):
         self.host: BlockLru | None = None
         self.blocks_dropped = 0
         self.peer: PeerBlocks | None = None
+        self.wins = TrailingWindows(0, 0)
 
     def attach(self, node: Node) -> None:
         super().attach(node)
         self.queues = [ArrivalQueue() for _ in node.workers]
-        # A block holds its prefix-cached windowed layers too (``layers.PeerBlocks``).
-        self.peer = PeerBlocks.of(node.geometry, node.spec)
+        # SGLang's window rule (``layers.PeerBlocks``): one trailing window per request.
+        self.peer = PeerBlocks.of(node.geometry, node.spec, "sglang")
+        self.wins = TrailingWindows(node.wl.num_ids, self.peer.window_blocks)
         self.host = BlockLru(node.wl.num_ids,
                              node.spec.host_memory_bytes // self.peer.block_bytes, name="host")
 
@@ -57,7 +64,7 @@ class MemoryOnlySystem(System):
         if node is None or host is None or peer is None:
             raise not_attached(self.name)
         g = req.gpu_prefix
-        hm = host.prefix_hits(req.runs, g)
+        hm = self.wins.cut(req.runs, g, g + host.prefix_hits(req.runs, g)) - g
         if not hm:
             return 0, 0.0
         host.touch(slice_runs(req.runs, g, g + hm))
@@ -72,10 +79,13 @@ class MemoryOnlySystem(System):
             raise not_attached(self.name)
         if not req.runs:
             return
+        self.wins.mark(req.runs)
         host.touch(req.runs)
         over = host.size - host.capacity_blocks
         if over > 0:
-            self.blocks_dropped += len(host.evict(over))
+            dropped = host.evict(over)
+            self.wins.drop(dropped)
+            self.blocks_dropped += len(dropped)
 
     def extra_metrics(self) -> dict[str, Any]:
         return {"host_blocks_dropped": self.blocks_dropped}

@@ -74,7 +74,8 @@ def _hicache(**knobs: Any) -> Factory:
 
 def _tiered_direct(name: str, fc: FlatCakeConfig, tiered: TieredConfig,
                    shared: bool) -> System:
-    return TieredSystem(dataclasses.replace(tiered, direct=True), name,
+    # Mooncake read straight into vLLM's paged KV: vLLM's window rule.
+    return TieredSystem(dataclasses.replace(tiered, direct=True, window_rule="vllm"), name,
                         TieredReads if shared else None)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MB = 1000**2
+WINDOW_RULES = ("vllm", "sglang")
+"""How a baseline stores a sliding window the engine prefix-caches (``layers.PeerBlocks``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,11 @@ class TieredConfig:
             master, staging allocation, completion): an assumption, 0.5 ms.
         timeout_base_s / timeout_per_ki_token_s / timeout_max_s: the ``timeout``
             policy's limit, ``min(max, base + per_ki_token * tokens / 1024)``.
+        window_rule: how a sliding window the engine prefix-caches is stored
+            (``layers.PeerBlocks``): ``sglang`` (SGLang 0.5.23 HiCache: one trailing
+            window per request, hits cut back to a prefix whose window is held) or
+            ``vllm`` (vLLM 0.32's offloading: every block); ``tiered-direct`` takes
+            ``vllm``.
     """
 
     bucket_bytes: int = 256 * MB
@@ -46,6 +53,7 @@ class TieredConfig:
     timeout_base_s: float = 2.0
     timeout_per_ki_token_s: float = 0.1
     timeout_max_s: float = 30.0
+    window_rule: str = "sglang"
 
     def __post_init__(self) -> None:
         for name in ("bucket_bytes", "bucket_keys", "batch_pages"):
@@ -59,6 +67,9 @@ class TieredConfig:
         if not 0 < self.prefetch_capacity_fraction <= 1:
             raise ValueError(f"invalid tiered.prefetch_capacity_fraction="
                              f"{self.prefetch_capacity_fraction!r}: must be in (0, 1]")
+        if self.window_rule not in WINDOW_RULES:
+            raise ValueError(f"invalid tiered.window_rule={self.window_rule!r}: choose "
+                             f"{' or '.join(WINDOW_RULES)}")
         if self.prefetch_policy not in ("best_effort", "wait_complete", "timeout"):
             raise ValueError(f"invalid tiered.prefetch_policy={self.prefetch_policy!r}: "
                              f"choose best_effort, wait_complete or timeout")

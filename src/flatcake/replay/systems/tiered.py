@@ -36,8 +36,13 @@ What the model does, and where each behaviour comes from:
   read command per block per layer (``direct_reads_per_layer``), each of its layer's
   block size at an eviction-order offset; a windowed layer only for the window blocks
   at the hit's end, if the engine prefix-caches it (``layers.PeerBlocks``: vLLM's rules).
-* Objects and the host tier hold all of a block's stored layers (``PeerBlocks``), as
-  Mooncake's object of a page does; a host->GPU copy moves a window's blocks only.
+* Sliding windows the engine prefix-caches follow the rule of the engine each
+  baseline models (``layers.PeerBlocks``, ``TieredConfig.window_rule``):
+  ``tiered-direct`` vLLM's (every block's object and host slot hold its windowed
+  layers), the HiCache baselines SGLang's (one trailing window per finished request,
+  written, demoted and recycled with its block; a hit whose trailing window is not held
+  is cut back to the longest prefix that has one: ``windows.TrailingWindows``). A
+  host->GPU copy or a load moves the window blocks at the hit's end only.
 * On a tensor-parallel worker (``gpus_per_worker`` > 1) every GPU stores and reads its
   own share of each object, so commands multiply by the GPU count and shrink by it.
 
@@ -66,6 +71,7 @@ from flatcake.replay.node.node import ArrivalQueue, Node, Request, System, Worke
 from flatcake.replay.systems.layers import LayerBooks, PeerBlocks, direct_reads
 from flatcake.replay.systems.settings import TieredConfig
 from flatcake.replay.systems.state import HostTier, TieredSharing, TState
+from flatcake.replay.systems.windows import TrailingWindows
 from flatcake.replay.workload.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
 from flatcake.replay.workload.types import IdArray
 
@@ -97,6 +103,8 @@ class TieredSystem(System):
         self.direct_cmds = self.direct_bytes = 0
         self.peer = PeerBlocks(0, 0, 0, np.zeros((2, 0), dtype=np.int64))
         self.window_cmds = self.window_bytes = 0
+        self.wins = TrailingWindows(0, 0)  # SGLang's rule: which blocks hold windows
+        self.win_obj_bytes = 0  # an SSD object of one block's window pages
         self.books: LayerBooks | None = None
         self.num_buckets_recycled = 0
         self.blocks_lost_to_recycling = 0
@@ -106,13 +114,15 @@ class TieredSystem(System):
         super().attach(node)
         n = node.wl.num_ids
         self.queues = [ArrivalQueue() for _ in node.workers]
-        self.peer = peer = PeerBlocks.of(node.geometry, node.spec)
+        self.peer = peer = PeerBlocks.of(node.geometry, node.spec, self.cfg.window_rule)
+        self.wins = TrailingWindows(n, 0 if peer.every_block else peer.window_blocks)
         self.host = HostTier(n, node.spec.host_memory_bytes // peer.block_bytes)
         self.bucket_of = np.full(n, -1, dtype=np.int32)
         gpw = node.spec.gpus_per_worker
         self.gpw = gpw
         # One object per block per GPU of the worker (its share of the KV heads).
         self.obj_bytes = gpw * node.spec.ssd.aligned(-(-peer.block_bytes // gpw))
+        self.win_obj_bytes = gpw * node.spec.ssd.aligned(-(-peer.window_bytes // gpw))
         # tiered-direct: one command per (block, layer) per GPU, each of its layer's size.
         self.direct = direct_reads(node.geometry, node.spec)
         self.direct_cmds, self.direct_bytes = (int(v) for v in self.direct.sum(axis=1))
@@ -128,7 +138,10 @@ class TieredSystem(System):
         lru.touch(runs)
         over = lru.size - lru.capacity_blocks
         if over > 0:
-            self._demote(lru.evict(over))
+            evicted = lru.evict(over)
+            self._demote(evicted)
+            # What found no room on SSD is gone, its window pages with it.
+            self.wins.drop(evicted[self.bucket_of[evicted] < 0])
 
     def _demote(self, evicted: IdArray) -> None:
         if not len(evicted):
@@ -149,7 +162,7 @@ class TieredSystem(System):
             room = per_bucket - self.open_count
             take = todo[pos:pos + room]
             pos += len(take)
-            nbytes = len(take) * self.obj_bytes
+            nbytes = len(take) * self.obj_bytes + self.wins.count(take) * self.win_obj_bytes
             # FIFO recycling: drop the oldest sealed buckets until the write fits.
             while self.ssd_used_bytes + nbytes > ssd_cap and self.buckets:
                 self._recycle_oldest()
@@ -183,8 +196,9 @@ class TieredSystem(System):
         self.num_buckets_recycled += 1
         if self.host is None:
             raise not_attached(self.name)
-        self.blocks_lost_to_recycling += len(live) - int(
-            np.count_nonzero(self.host.lru.tick[live]))
+        gone = live[self.host.lru.tick[live] == 0]
+        self.blocks_lost_to_recycling += len(gone)
+        self.wins.drop(gone)
 
     def _lookup(self, runs: Runs, start: int) -> tuple[int, Runs, Runs]:
         """From position ``start``, the run of blocks the store holds (host memory or
@@ -222,12 +236,22 @@ class TieredSystem(System):
         if self.node is None or self.host is None:
             raise not_attached(self.name)
         total, host_parts, ssd_parts = self._lookup(runs, g)
+        end = self.wins.cut(runs, g, g + total)
+        if end < g + total:  # SGLang's rule: back to a prefix whose window is held
+            total, host_parts, ssd_parts = self._lookup(slice_runs(runs, 0, end), g)
         n_ssd = runs_len(ssd_parts)
         bt = self.node.geometry.tokens_per_block
         if n_ssd and n_ssd * bt < self.cfg.prefetch_threshold_tokens:
-            hm = self.host.prefix(runs, g)
+            hm = self.host_prefix(runs, g)
             return hm, slice_runs(runs, g, g + hm), EMPTY_RUNS
         return total, host_parts, ssd_parts
+
+    def host_prefix(self, runs: Runs, g: int) -> int:
+        """The run of blocks in host memory right after a GPU prefix of ``g``, cut back
+        to a prefix whose trailing window is held (SGLang's rule)."""
+        if self.host is None:
+            raise not_attached(self.name)
+        return self.wins.cut(runs, g, g + self.host.prefix(runs, g)) - g
 
     # ---- arrival / restore (GDS straight into the GPU) ---------------------------
     def on_arrival(self, req: Request) -> None:
@@ -352,7 +376,7 @@ class TieredSystem(System):
         if node is None or self.host is None:
             raise not_attached(self.name)
         g = req.gpu_prefix
-        hm = self.host.prefix(req.runs, g)
+        hm = self.host_prefix(req.runs, g)
         if not hm:
             return 0, 0.0
         self.host.lru.touch(slice_runs(req.runs, g, g + hm))
@@ -364,6 +388,8 @@ class TieredSystem(System):
     def on_complete(self, req: Request) -> None:
         if self.host is None:
             raise not_attached(self.name)
+        # SGLang's rule: the turn's trailing window pages are backed up with its blocks.
+        self.wins.mark(req.runs)
         # Put the blocks the store does not hold (and refresh those in memory); blocks
         # that only have an SSD copy are not put again.
         put: list[tuple[int, int]] = []

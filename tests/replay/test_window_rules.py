@@ -1,0 +1,74 @@
+"""Each baseline stores a prefix-cached sliding window by the rule of the engine it
+models (``layers.PeerBlocks``): SGLang's trailing window per request, cut-back
+included, for the HiCache baselines; vLLM's every block for ``tiered-direct``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flatcake.replay.simulate import replay_node
+from flatcake.replay.systems.settings import TieredConfig
+from flatcake.replay.systems.windows import TrailingWindows
+from flatcake.replay.workload.trace import from_requests
+from tests.replay.helpers import tiny_preset
+from tests.replay.layer_scenarios import BRANCH, HYBRID, REQS, TRACE_BT
+
+
+def test_trailing_windows_mark_and_cut() -> None:
+    wins = TrailingWindows(10, 2)
+    wins.mark(((0, 3), (7, 9)))  # positions 0..4: ids 0, 1, 2, 7, 8
+    assert np.flatnonzero(wins.held).tolist() == [7, 8]
+    runs = ((0, 3), (7, 9))
+    assert wins.cut(runs, 0, 5) == 5
+    # Ending at position 4 needs ids 2 and 7: 2 holds none, and no shorter end works.
+    assert wins.cut(runs, 0, 4) == 0
+    # Blocks before ``start`` are on the GPU: ending at 4 then needs id 7 only.
+    assert wins.cut(runs, 3, 4) == 4
+    wins.drop(np.array([8], dtype=np.int32))
+    assert wins.cut(runs, 0, 5) == 0
+    assert wins.count(np.array([7, 8], dtype=np.int32)) == 1
+    off = TrailingWindows(10, 0)
+    off.mark(runs)
+    assert off.cut(runs, 0, 4) == 4 and off.count(np.arange(10)) == 0
+
+
+def test_an_unknown_window_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="window_rule='lmcache'"):
+        TieredConfig(window_rule="lmcache")
+
+
+def _run(system: str, reqs: list, uncached: tuple[str, ...] = (), host_blocks: int = 3):
+    preset = tiny_preset(gpu_blocks=4, host_blocks=host_blocks, geometry=HYBRID)
+    return replay_node(from_requests(reqs, TRACE_BT), system, 1 / 2.5,
+                       preset.with_node(uncached_kinds=uncached))
+
+
+# D's hit ends at A's third block, inside A: SGLang backed up A's window at A's end
+# only, so the hit is cut back to nothing; vLLM's every-block rule (tiered-direct) and a
+# window the engine does not prefix-cache keep the 3 blocks.
+@pytest.mark.parametrize(("system", "host_blocks"), [("tiered-wait", 3), ("memory-only", 100)])
+@pytest.mark.parametrize(("uncached", "hit"), [((), 0), (("sliding",), 3)])
+def test_sglang_cuts_a_hit_back_to_a_held_trailing_window(
+        system: str, host_blocks: int, uncached: tuple[str, ...], hit: int) -> None:
+    _m, node = _run(system, BRANCH, uncached, host_blocks)
+    assert node.rec.hit_blocks[3] == hit
+
+
+def test_vllm_keeps_every_window_block() -> None:
+    _m, node = _run("tiered-direct", BRANCH)
+    assert node.rec.hit_blocks[3] == 3
+
+
+def test_sglang_stores_one_window_per_request_and_reads_the_hits_end() -> None:
+    # Objects of the layers that keep every block: 9,192 B -> 12,288 B (O_DIRECT);
+    # a window object: the sliding layer's 8,192 B. A, B and C each back up their last
+    # block's window; the 12 blocks the small host tier demotes carry those 3.
+    m, _node = _run("tiered-wait", BRANCH)
+    assert m.extra["blocks_demoted"] == 12
+    assert m.ssd_write_bytes == m.extra["ssd_used_bytes"] == 12 * 12288 + 3 * 8192
+    # The extended A hits its 5 blocks from SSD: 5 objects and the window at its end.
+    m, node = _run("tiered-wait", REQS)
+    assert node.rec.hit_blocks[3] == 5
+    assert m.ssd_read_bytes == 5 * 12288 + 8192
+    assert m.read_commands == 5 + 1
