@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flatcake.replay.cluster import ClusterSpec, replay_cluster
 from flatcake.replay.simulate import replay_node
 from flatcake.replay.systems.settings import TieredConfig
 from flatcake.replay.systems.windows import TrailingWindows
-from flatcake.replay.workload.trace import from_requests
-from tests.replay.helpers import tiny_preset
+from flatcake.replay.workload.trace import from_requests, from_sessions
+from tests.replay.helpers import ids, tiny_preset
 from tests.replay.layer_scenarios import BRANCH, HYBRID, REQS, TRACE_BT
 
 
@@ -72,3 +73,19 @@ def test_sglang_stores_one_window_per_request_and_reads_the_hits_end() -> None:
     assert node.rec.hit_blocks[3] == 5
     assert m.ssd_read_bytes == 5 * 12288 + 8192
     assert m.read_commands == 5 + 1
+
+
+@pytest.mark.parametrize(("uncached", "window"), [((), 8192), (("sliding",), 0)])
+def test_a_cluster_read_brings_the_window_at_the_hits_end(uncached: tuple[str, ...],
+                                                          window: int) -> None:
+    # Turn 0 (10 blocks of 32 tokens) runs on node 0, turn 1 on node 1, which reads the
+    # 10 blocks from node 0's host memory: 9,192 B each, and the sliding layer of the
+    # window's one block at the hit's end when the engine prefix-caches it.
+    session = [(ids(0, 20), 20 * TRACE_BT, 500, 0.0), (ids(0, 25), 25 * TRACE_BT, 10, 30.0)]
+    preset = tiny_preset(gpu_blocks=80, geometry=HYBRID).with_node(uncached_kinds=uncached)
+    m, cluster = replay_cluster(from_sessions([session], TRACE_BT), "tiered-direct", 1.0,
+                                preset, ClusterSpec(2, "round_robin", True))
+    assert list(cluster.rec.hit_blocks) == [0, 10]
+    assert m.extra["remote_blocks"] == 10
+    assert m.extra["remote_memory_bytes"] == 10 * 9192 + window
+    assert m.extra["remote_ssd_bytes"] == 0

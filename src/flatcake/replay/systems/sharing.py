@@ -341,20 +341,41 @@ class TieredReads(_Member):
         more, owners = self.extend(req.runs, g + total) if g + total < req.num_blocks \
             else (0, {})
         mine = owners.pop(self.me, [0, 0])
+        tails = self.window_tail(req.runs, g, g + total + more)
+        tail = tails.pop(self.me, [0, 0])
         local_ssd = s + mine[1]
-        end = ts.read_local(w, total - s + mine[0], local_ssd)
+        end = ts.read_local(w, total - s + mine[0], local_ssd, (tail[0], tail[1]))
         bb = node.block_bytes
-        remote_ssd = 0
+        wb = ts.peer.window_bytes
+        remote_ssd = window_ssd = tail[1]
         for k, (hm, sm) in owners.items():
-            cmds = sm * ts.gpw
-            end = max(end, self.cluster.fetch(self.me, req.worker, k, cmds,
-                                              sm * self.peers[k].obj_bytes, hm * bb, hm + sm))
+            # The window blocks at the hit's end that ``k`` sends bring their windowed
+            # layers: from its host memory, or from SSD in its objects (vLLM's rule
+            # keeps them in every object already; SGLang's in window objects of their own).
+            wh, ws = tails.get(k, (0, 0))
+            peer = self.peers[k]
+            win_obj = 0 if peer.peer.every_block else ws
+            cmds = (sm + win_obj) * ts.gpw
+            end = max(end, self.cluster.fetch(
+                self.me, req.worker, k, cmds, sm * peer.obj_bytes + win_obj * peer.win_obj_bytes,
+                hm * bb + wh * wb, hm + sm))
             remote_ssd += sm
+            window_ssd += ws
         req.restore_blocks = total + more
         ssd_blocks = local_ssd + remote_ssd
         node.loop.at(end + node.spec.restore_overhead_s, ts.restore_done,
-                     (req, ssd_blocks, ssd_blocks * bb))
+                     (req, ssd_blocks, ssd_blocks * bb + window_ssd * wb))
         return True
+
+    def window_tail(self, runs: Runs, start: int, end: int) -> dict[int, list[int]]:
+        """Per node, ``[host blocks, SSD blocks]`` of the window blocks at the end of a
+        hit on blocks ``[start, end)`` (its last ``PeerBlocks.window_blocks``), each read
+        from the node ``extend`` reads it from."""
+        w = self.system.peer.window_blocks
+        if not w or end <= start:
+            return {}
+        _n, tails = self.extend(slice_runs(runs, 0, end), max(start, end - w))
+        return tails
 
     def to_put(self, s: int, e: int) -> np.ndarray | None:
         if not self.sharing():
