@@ -2,8 +2,10 @@
 with DeepSeek-V4's sliding windows left to the engine (vLLM's bounded replay, the
 published table) beside the same sweep with the windows prefix-cached
 (``NodeSpec.uncached_kinds=()``, vLLM 0.32's DeepSeek-V4 model class), where FlatCake
-stores each turn's window and cuts hits back to it, and the baselines store and read
-the window as vLLM's OffloadingConnector does (``replay.systems.layers.PeerBlocks``)."""
+stores each turn's window and cuts hits back to it, and each baseline stores and reads
+the window by the rule of the engine it models (``replay.systems.layers.PeerBlocks``:
+SGLang's trailing window per request for the HiCache baselines, vLLM's every block for
+``tiered-direct``)."""
 
 from __future__ import annotations
 
@@ -61,10 +63,14 @@ def windows_table(rebuilt: SweepResult, cached: SweepResult) -> list[str]:
             "Each pair: DeepSeek-V4's sliding windows left to the engine (vLLM's bounded "
             "replay, the tables above) / prefix-cached (vLLM 0.32's DeepSeek-V4 model "
             "class, `uncached_kinds=()`). Prefix-cached, FlatCake stores each turn's "
-            "window and cuts a hit back to where the window is held; the baselines store "
-            "every block's sliding layers and read the window at the hit's end, as vLLM's "
-            "OffloadingConnector does. SSD read commands per restore: every layer kind "
-            f"together (tiered: one per object). The bound is {100 * bound:.2f}%.", "",
+            "window and cuts a hit back to where the window is held. The HiCache "
+            "baselines (tiered, tiered-wait, memory-only) keep one trailing window per "
+            "request and cut a hit back to a prefix whose window is held, as SGLang "
+            "0.5.23 does; tiered-direct stores every block's windowed layers, as vLLM's "
+            "OffloadingConnector does; both read the window at the hit's end. The "
+            "compressor states are windows the engine prefix-caches in both columns. SSD "
+            "read commands per restore: every layer kind together (tiered: one per "
+            f"object). The bound is {100 * bound:.2f}%.", "",
             "| system | rate | hit rate (%) rebuilt | prefix-cached | mean TTFT (s) "
             "rebuilt | prefix-cached | read amplification rebuilt | prefix-cached | "
             "commands per restore rebuilt | prefix-cached |",
