@@ -89,3 +89,12 @@ def test_a_cluster_read_brings_the_window_at_the_hits_end(uncached: tuple[str, .
     assert m.extra["remote_blocks"] == 10
     assert m.extra["remote_memory_bytes"] == 10 * 9192 + window
     assert m.extra["remote_ssd_bytes"] == 0
+
+
+def test_a_cut_back_is_counted_where_the_hit_is_decided() -> None:
+    m, _node = _run("memory-only", BRANCH, host_blocks=100)
+    assert (m.extra["window_cut_hits"], m.extra["window_cut_blocks"]) == (1, 3)
+    m, _node = _run("tiered-wait", BRANCH)
+    assert (m.extra["window_cut_hits"], m.extra["window_cut_blocks"]) == (1, 3)
+    m, _node = _run("memory-only", BRANCH, ("sliding",), host_blocks=100)
+    assert "window_cut_blocks" not in m.extra

@@ -61,7 +61,7 @@ class HiCacheSystem(TieredSystem):
             raise not_attached(self.name)
         w = node.workers[req.worker]
         g = w.gpu.prefix_hits(req.runs)
-        _total, host_parts, ssd_parts = self.plan_read(req.runs, g)
+        _total, host_parts, ssd_parts = self.plan_read(req.runs, g, record=True)
         need = runs_len(ssd_parts)
         if need == 0:
             self._ready(req)

@@ -64,7 +64,7 @@ class MemoryOnlySystem(System):
         if node is None or host is None or peer is None:
             raise not_attached(self.name)
         g = req.gpu_prefix
-        hm = self.wins.cut(req.runs, g, g + host.prefix_hits(req.runs, g)) - g
+        hm = self.wins.cut(req.runs, g, g + host.prefix_hits(req.runs, g), record=True) - g
         if not hm:
             return 0, 0.0
         host.touch(slice_runs(req.runs, g, g + hm))
@@ -88,4 +88,4 @@ class MemoryOnlySystem(System):
             self.blocks_dropped += len(dropped)
 
     def extra_metrics(self) -> dict[str, Any]:
-        return {"host_blocks_dropped": self.blocks_dropped}
+        return {"host_blocks_dropped": self.blocks_dropped, **self.wins.metrics()}

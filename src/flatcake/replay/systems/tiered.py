@@ -105,6 +105,7 @@ class TieredSystem(System):
         self.window_cmds = self.window_bytes = 0
         self.wins = TrailingWindows(0, 0)  # SGLang's rule: which blocks hold windows
         self.win_obj_bytes = 0  # an SSD object of one block's window pages
+        self.prefill_cut_blocks = 0
         self.books: LayerBooks | None = None
         self.num_buckets_recycled = 0
         self.blocks_lost_to_recycling = 0
@@ -230,13 +231,14 @@ class TieredSystem(System):
                 break
         return total, tuple(host_parts), tuple(ssd_parts)
 
-    def plan_read(self, runs: Runs, g: int) -> tuple[int, Runs, Runs]:
+    def plan_read(self, runs: Runs, g: int, record: bool = False) -> tuple[int, Runs, Runs]:
         """What to restore after a GPU prefix of ``g``: SSD prefetches shorter than the
-        threshold are not issued, so the hit then stops at the host-memory prefix."""
+        threshold are not issued, so the hit then stops at the host-memory prefix.
+        ``record``: count a window cut-back (``TrailingWindows.cut``)."""
         if self.node is None or self.host is None:
             raise not_attached(self.name)
         total, host_parts, ssd_parts = self._lookup(runs, g)
-        end = self.wins.cut(runs, g, g + total)
+        end = self.wins.cut(runs, g, g + total, record)
         if end < g + total:  # SGLang's rule: back to a prefix whose window is held
             total, host_parts, ssd_parts = self._lookup(slice_runs(runs, 0, end), g)
         n_ssd = runs_len(ssd_parts)
@@ -246,12 +248,17 @@ class TieredSystem(System):
             return hm, slice_runs(runs, g, g + hm), EMPTY_RUNS
         return total, host_parts, ssd_parts
 
-    def host_prefix(self, runs: Runs, g: int) -> int:
+    def host_prefix(self, runs: Runs, g: int, record: bool = False) -> int:
         """The run of blocks in host memory right after a GPU prefix of ``g``, cut back
-        to a prefix whose trailing window is held (SGLang's rule)."""
+        to a prefix whose trailing window is held (SGLang's rule); ``record``: count
+        the blocks cut (``prefill_window_cut_blocks``: a prefetch ended inside a turn)."""
         if self.host is None:
             raise not_attached(self.name)
-        return self.wins.cut(runs, g, g + self.host.prefix(runs, g)) - g
+        hm = self.host.prefix(runs, g)
+        got = self.wins.cut(runs, g, g + hm) - g
+        if record:
+            self.prefill_cut_blocks += hm - got
+        return got
 
     # ---- arrival / restore (GDS straight into the GPU) ---------------------------
     def on_arrival(self, req: Request) -> None:
@@ -261,7 +268,7 @@ class TieredSystem(System):
         w = node.workers[req.worker]
         runs = req.runs
         g = w.gpu.prefix_hits(runs)
-        total, host_parts, ssd_parts = self.plan_read(runs, g)
+        total, host_parts, ssd_parts = self.plan_read(runs, g, record=True)
         if (g + total < req.num_blocks and self.sharing is not None
                 and self.sharing.arrive(req, g + total)):
             return
@@ -376,7 +383,7 @@ class TieredSystem(System):
         if node is None or self.host is None:
             raise not_attached(self.name)
         g = req.gpu_prefix
-        hm = self.host_prefix(req.runs, g)
+        hm = self.host_prefix(req.runs, g, record=True)
         if not hm:
             return 0, 0.0
         self.host.lru.touch(slice_runs(req.runs, g, g + hm))
@@ -419,6 +426,9 @@ class TieredSystem(System):
             "blocks_lost_to_recycling": self.blocks_lost_to_recycling,
             "blocks_demoted": self.blocks_demoted,
             "ssd_used_bytes": self.ssd_used_bytes,
+            **self.wins.metrics(),
+            **({"prefill_window_cut_blocks": self.prefill_cut_blocks}
+               if self.wins.window_blocks else {}),
             **({"restore_commands_by_kind": self.books.metrics()["restore_commands_by_kind"]}
                if self.books is not None and self.books.restores else {}),
             **(self.sharing.metrics() if self.sharing is not None else {}),

@@ -41,11 +41,13 @@ class TrailingWindows:
     """Per block id, whether the store holds its window pages; ``window_blocks`` = 0
     (no window the engine prefix-caches) makes every method a no-op."""
 
-    __slots__ = ("held", "window_blocks")
+    __slots__ = ("cut_blocks", "cuts", "held", "window_blocks")
 
     def __init__(self, num_ids: int, window_blocks: int) -> None:
         self.window_blocks = window_blocks
         self.held = np.zeros(num_ids if window_blocks else 0, dtype=bool)
+        self.cuts = 0  # hits cut back (``cut(record=True)``) ...
+        self.cut_blocks = 0  # ... and the blocks they lost
 
     def mark(self, runs: Runs) -> None:
         """A request finished over ``runs``: its last ``window_blocks`` blocks keep
@@ -74,13 +76,25 @@ class TrailingWindows:
             return 0
         return sum(int(np.count_nonzero(self.held[s:e])) for s, e in runs)
 
-    def cut(self, runs: Runs, start: int, end: int) -> int:
+    def cut(self, runs: Runs, start: int, end: int, record: bool = False) -> int:
         """The longest hit end in ``[start, end]`` whose trailing window is held: every
         block of ``[max(start, p - window_blocks), p)`` (blocks before ``start`` are on
-        the GPU already). ``start`` when none is; ``end`` without a window."""
+        the GPU already). ``start`` when none is; ``end`` without a window. ``record``:
+        count the cut (once per request: where its hit is decided)."""
         w = self.window_blocks
         if not w or end <= start:
             return end
+        got = self._cut(runs, start, end, w)
+        if record and got < end:
+            self.cuts += 1
+            self.cut_blocks += end - got
+        return got
+
+    def metrics(self) -> dict[str, int]:
+        return {"window_cut_hits": self.cuts, "window_cut_blocks": self.cut_blocks} \
+            if self.window_blocks else {}
+
+    def _cut(self, runs: Runs, start: int, end: int, w: int) -> int:
         parts = slice_runs(runs, start, end)
         flags = np.concatenate([self.held[s:e] for s, e in parts]) if len(parts) > 1 \
             else self.held[parts[0][0]:parts[0][1]]
