@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flatcake.cio.filescan import scan_session_file
+from flatcake.clock import ManualClock
 from flatcake.geometry import KVGeometry
 from tests.cio.helpers import HungDisk, ReadOverlap
 from tests.connectors.sides_harness import G, Harness, finish, settings, tokens, view
@@ -137,4 +138,34 @@ def test_an_in_step_load_keeps_the_stores_bound_on_reads_in_flight(
     assert [t.sync for t in plan.loads] == [True] and invalid == set()
     assert h.sched.totals()["loaded_tokens_ssd"] == 16
     assert overlap.reads >= 12 and overlap.most_at_once == 1
+    h.close()
+
+
+def test_several_in_step_loads_run_side_by_side_in_fc_mas_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two SSD hits admitted for one step, the larger first. Having waited as long,
+    # FC-MAS starts the smaller first (1 + wait / kv bytes), and both restores read at
+    # once (two windows), not one after the other: each has at most one read with the
+    # reader at a time.
+    clock = ManualClock(100.0)
+    h = Harness(tmp_path, settings("store.reads_in_flight=1", "planner.max_read_bytes=4096",
+                                   "scheduler.max_restores_in_flight=2"), g=G4K, clock=clock)
+    h.sched.ssd_in_step = True
+    h.worker.load_timeout_s = 60.0
+    big = _stored_turn(h)  # 4 blocks
+    small = list(range(500, 509))  # 2 blocks
+    assert finish(h, "c", small, [8, 9, 10], out=3, session="t")["placement"] == \
+        "ssd:first_turn"
+    h.step()
+    overlap = ReadOverlap(monkeypatch, hold_s=0.5)
+    for rid, toks, n, session in (("b", big[:16], 16, "s"), ("d", small[:8], 8, "t")):
+        v = view(rid, tokens(toks, 8, 300), session=session)
+        assert h.sched.num_matched_tokens(v, 0) == (n, False)
+        h.sched.after_alloc(rid, list(range(20, 27)) if rid == "b" else
+                            list(range(30, 35)), n)
+    clock.advance(1.0)
+    plan, _, _, invalid = h.step()
+    assert [(t.request_id, t.sync) for t in plan.loads] == [("d", True), ("b", True)]
+    assert invalid == set() and h.sched.totals()["loaded_tokens_ssd"] == 16 + 8
+    assert overlap.most_at_once == 2
     h.close()

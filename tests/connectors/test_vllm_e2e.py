@@ -75,10 +75,12 @@ def test_offline_turns_are_stored_without_any_call_and_tenants_stay_apart(
     want = base["requests"]
 
     # 1. FlatCake, empty store, vLLM's prefix cache off: every hit is FlatCake's.
-    _, got, fc = run_as_served(
+    run1, got, fc = run_as_served(
         model, plan_of(turns, ("A0",), ("A1",), ("A2",), ("B0",), ("C1", "C2"), ("C3",),
                        ("S0",), prefix_caching=False, in_process=True),
         want, tmp_path / "run1.json", store)
+    # A CPU engine: the connector says at start that SSD hits load in the step.
+    assert "FlatCake ssd_loads_in_step effective: True (a host-memory KV cache" in run1["log"]
     assert fc["A0"]["placement"] == "ssd:first_turn" and fc["A0"]["hit_tokens"] == 0
     assert fc["A0"]["stored_blocks"] == 3  # the prompt's full blocks, written at prefill
     # Turn 1 restores turn 0's three full blocks from SSD: 96 of its 148 prompt tokens

@@ -55,6 +55,19 @@ class TestPriority:
             s.restore_done(r.request_id)
         assert started_at is not None and 10 <= started_at <= 11
 
+    def test_order_of_restores_that_all_run_now(self) -> None:
+        # Loads in one step: the all-memory one first, then the SSD ones as
+        # next_restores would start them (the small one first, the aged big one before
+        # a fresh small one); one queue keeps them as given.
+        reqs = [req("big", 0.0, 4), req("aged", -20.0, 8), req("mem", 0.0),
+                req("small", 0.0, 1)]
+        s, clock = sched()
+        clock.set(2.0)
+        assert [r.request_id for r in s.order(reqs)] == ["mem", "aged", "small", "big"]
+        assert len(s) == 0  # nothing queued by it
+        fifo, _ = sched(single=True)
+        assert [r.request_id for r in fifo.order(reqs)] == ["big", "aged", "mem", "small"]
+
     def test_ties_by_arrival(self) -> None:
         s, _ = sched(max_in_flight=3)
         for rid, t in (("c", 3.0), ("a", 1.0), ("b", 2.0)):

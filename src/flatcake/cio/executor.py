@@ -21,10 +21,11 @@ Reader choice is a dispatch keyed by ``(medium, node)`` (``cio.dispatch``): node
 this machine's SSD reader (O_DIRECT ``preadv``, or GDS when CUDA + kvikio are usable);
 a remote reader registers under its node without touching the books.
 
-Threads: SSD restores run on ``scheduler.max_restores_in_flight`` threads, one staging
-window each; sync loads (all-memory, or a CPU engine's SSD hit loaded in the step) on
-one more thread with a window of its own, so they never wait behind async SSD reads
-(every window is built by ``_window`` with the store's read settings); the remote
+Threads: SSD restores (async, or a CPU engine's SSD hits loaded in the step) run on
+``scheduler.max_restores_in_flight`` threads, one staging window each, in the order
+they are submitted (the books' FC-MAS order); all-memory loads on one more thread with
+a window of its own, so they never wait behind SSD reads (every window is built by
+``_window`` with the store's read settings); the remote
 runs of a load, after its local prefix, on ``store.remote_windows``
 threads (one per receive window of ``cio.remote_readers``); each of these moves off an
 engine's compute cores as ``store.thread_cpus`` says (``cio.affinity``). ``self.lock`` guards the
@@ -270,7 +271,7 @@ class Executor:
             if task.refills else None
         if refills is not None:
             job.after_layer = refills.after_layer
-        pool = self._sync_pool if task.sync else self._restores
+        pool = self._restores if self._reads_ssd(task) else self._sync_pool
         if not task.remote:
             return self._in_flight.track(pool.submit(lambda: self._settle(
                 task, job, *self._run_local(task, job, cut_tags, ready), ready, on_done,
@@ -288,10 +289,18 @@ class Executor:
         pool.submit(self._run_local, task, job, cut_tags, ready).add_done_callback(then_remote)
         return result
 
+    @staticmethod
+    def _reads_ssd(task: LoadTask) -> bool:
+        """An SSD restore (async, or a load in the step reading SSD): a restore thread
+        and one of the windows, so several run side by side in submission order;
+        otherwise (all-memory) the sync thread."""
+        return not task.sync or task.read_plan.bytes_read > 0
+
     def _run_local(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
                    ready: LayerReady) -> tuple[RestoreOutcome, tuple[int, ...]]:
         """The local prefix of ``task``: (its outcome, the failed segment tags)."""
-        window = self._sync_window if task.sync else self._windows.get()
+        pooled = self._reads_ssd(task)
+        window = self._windows.get() if pooled else self._sync_window
         local = LayerReady(ready.num_layers) if task.remote else ready
         try:
             if job.num_request_blocks <= task.first_block:
@@ -306,7 +315,7 @@ class Executor:
             outcome = RestoreOutcome(task.first_block, (), 0, 0, 0, 0.0)
             ready.fail(exc)
         finally:
-            if not task.sync:
+            if pooled:
                 self._windows.put(window)
         for layer in range(ready.num_layers):
             local.set(layer)  # a plan with no reads has no layers to signal

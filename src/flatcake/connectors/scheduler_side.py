@@ -19,7 +19,9 @@ the worker half runs them on the same executor. Engine-neutral: it sees requests
                          turn runs), prepare_store (address allocated, published only
                          once every worker wrote it); the worker writes the prompt's
                          new full blocks after that step's forward pass
-    build_step           sync loads + SSD restores FC-MAS starts now (at most
+    build_step           sync loads (all run in this step: in FC-MAS's order, the
+                         all-memory ones first, then the SSD ones by priority)
+                         + async SSD restores FC-MAS starts now (at most
                          max_restores_in_flight in flight; the rest wait, never
                          cancelled) + stores + file drops -> StepPlan
     on_report            complete_store / complete_load, restore_done; FC-MAS's
@@ -60,6 +62,7 @@ from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
+from flatcake.control.queues import RestoreRequest
 from flatcake.control.signals import (
     PrefixRefcount,
     SessionTracker,
@@ -168,7 +171,8 @@ class SchedulerSide:
         self._reqs: dict[str, RequestBooks] = {}
         self._unreleased: set[str] = set()  # restored, not out of FC-MAS's ready queue
         self._released: list[str] = []  # out of the ready queue, in its order
-        self._sync_loads: list[LoadTask] = []
+        # This step's sync loads (all run in it), as FC-MAS sees them: its order.
+        self._sync_loads: dict[str, tuple[LoadTask, RestoreRequest]] = {}
         self._queued_loads: dict[str, LoadTask] = {}  # SSD loads waiting in FC-MAS
         self._loads: dict[str, LoadTask] = {}  # every load planned and not yet reported
         self.stores = StoreBooks(world_size)
@@ -261,7 +265,8 @@ class SchedulerSide:
         self._stats["hit_tokens"] += (num_blocks - first) * bs
         state.hit_blocks += num_blocks - first
         if task.sync:
-            self._sync_loads.append(task)
+            self._sync_loads[request_id] = (task, self.control.restore_request(
+                request_id, self.control.clock.now(), plan))
         else:
             self._queued_loads[request_id] = task
             self.control.submit_restore(plan, remote_blocks(task), self.queue)
@@ -276,9 +281,14 @@ class SchedulerSide:
         self._stats["staging_slot_waits"] += (self.control.restore_stats(self.queue).num_slot_waits
                                               - before)
         self._stats["restores_started"] += len(started)
-        loads = self._sync_loads + [self._queued_loads.pop(str(r.request_id))
+        # Every sync load runs in this step, side by side: in FC-MAS's order (the
+        # all-memory ones first, then small SSD restores before large ones).
+        order = self.control.restore_queue(self.queue).order(
+            [req for _, req in self._sync_loads.values()])
+        sync = [self._sync_loads[str(r.request_id)][0] for r in order]
+        loads = sync + [self._queued_loads.pop(str(r.request_id))
                                     for r in started]
-        self._sync_loads = []
+        self._sync_loads = {}
         stores = self.stores.take_new()
         self._settle_damage()
         drops, self._drops = self._drops, []
@@ -471,7 +481,7 @@ class SchedulerSide:
         self._reqs.clear()
         self._loads.clear()
         self._queued_loads.clear()
-        self._sync_loads = []
+        self._sync_loads.clear()
         self._load_reports.clear()
         self._apply(self.control.take_reclaim_actions())
         self._settle_damage()

@@ -28,7 +28,7 @@ Single-threaded: the owner (engine scheduler or simulator event loop) serialises
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from flatcake.clock import Clock, WallClock
@@ -66,6 +66,12 @@ class _Entry:
     seq: int
     submit_time: float
     restored: bool = False  # single-queue mode: restore finished
+
+
+def _priority_key(req: RestoreRequest, now: float, seq: int) -> tuple[float, float, int]:
+    """Highest wait/kv first, then earliest arrival, then submission order. Comparing
+    wait/kv is the same as comparing 1 + wait/kv in any size unit."""
+    return (-max(now - req.arrival_time, 0.0) / req.kv_bytes, req.arrival_time, seq)
 
 
 class MasScheduler:
@@ -220,11 +226,20 @@ class MasScheduler:
 
     def _by_priority(self, entries: list[_Entry]) -> list[_Entry]:
         now = self.clock.now()
-        # Highest wait/kv first, then earliest arrival, then submission order. Comparing
-        # wait/kv is the same as comparing 1 + wait/kv in any size unit.
-        return sorted(entries, key=lambda e: (-max(now - e.req.arrival_time, 0.0)
-                                              / e.req.kv_bytes,
-                                              e.req.arrival_time, e.seq))
+        return sorted(entries, key=lambda e: _priority_key(e.req, now, e.seq))
+
+    def order(self, reqs: Sequence[RestoreRequest]) -> list[RestoreRequest]:
+        """The order this queue would run ``reqs`` (not held by it) if they were
+        submitted now in the given order: two-queue, the all-memory ones first, then
+        the SSD ones highest priority first; single-queue, as given (FIFO). For restores
+        that all run at once (a CPU engine's loads in the step), in this order."""
+        if self.cfg.single_queue:
+            return list(reqs)
+        now = self.clock.now()
+        memory = [r for r in reqs if not r.needs_ssd]
+        ssd = [(r, i) for i, r in enumerate(reqs) if r.needs_ssd]
+        return memory + [r for r, _ in sorted(ssd, key=lambda x: _priority_key(x[0], now,
+                                                                               x[1]))]
 
     def check_integrity(self) -> None:
         """Every held request is in exactly one place; the in-flight bound holds."""
