@@ -68,8 +68,8 @@ def test_service_without_redis_starts_local_only(caplog: pytest.LogCaptureFixtur
         assert service.lookup([b"k" * 32]) == []
         assert service.reader(Medium.SSD, 1) is None
         service.publish([(1, [b"a" * 32], [0], {}), (2, [b"b" * 32], [0], {})])
-        service.remove([(1, [b"a" * 32])])
-        assert list(service._held) == [2] and service.flush(1.0)
+        service.remove([(1, [b"a" * 32]), (3, [b"c" * 32])])  # 3: never published
+        assert service.writer.waiting() == [("publish", 2)] and service.flush(1.0)
         assert not service.wait_joined(0.5)  # retried with back-off, still no Redis
     finally:
         service.close()

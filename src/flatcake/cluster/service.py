@@ -13,9 +13,9 @@
   epoch (the clients under roles ``client0``, ``client1``, ...);
 * one thread (``flatcake-cluster``) publishes and removes index entries in the order the
   store queued them (publish after a segment is durable, remove when the books drop it:
-  never out of order, never under the store's lock; while Redis fails they wait and are
-  sent again in order, ``cluster.writer.IndexWriter``), serves staging requests and
-  renews the lease.
+  never out of order, never under the store's lock; they wait in one bounded queue,
+  ``cluster.writer.IndexWriter``, for the join and while Redis fails, and are sent in
+  order once it answers), serves staging requests and renews the lease.
 
 A node of several tensor-parallel parts (the node service, heads split over the ranks:
 each part has its own arena and session files) passes the parts after the first in
@@ -28,16 +28,15 @@ A Redis or NIXL failure is a miss or a publish that waits, never a crash of the 
 Redis unreachable at start-up (``background_join``, what every store host gets): the
 service logs one warning, serves local-only (lookups miss, no remote readers) and the
 thread retries the join with back-off (``join_backoff_s``: first and longest wait).
-Meanwhile it holds what the store published (a removal cancels its publish: nothing of
-this life reached Redis, and entries of an older epoch are ignored by every lookup), so
-the held entries are bounded by what the store holds; once joined it publishes them
-first, in order. ``background_join=False`` raises ``ClusterUnavailableError`` instead.
+Meanwhile what the store publishes waits in the writer (a removal cancels its publish:
+nothing of this life reached Redis, and entries of an older epoch are ignored by every
+lookup); once joined the writer sends it first, in order. ``background_join=False``
+raises ``ClusterUnavailableError`` instead.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -100,15 +99,12 @@ class ClusterService:
         self.clients: list[NixlNode] = []
         self.staging: StagingServer | None = None
         self.peers: NixlPeers | None = None
-        self._ops: queue.Queue[tuple[str, list[Any]]] = queue.Queue()
-        self._pending = 0  # ops queued and not applied yet (under _applied)
-        self._applied = threading.Condition()
-        self._joined = False  # under _applied
-        self._held: dict[int, Published] = {}  # published before the join (under _applied)
+        self._joining = threading.Condition()
+        self._joined = False  # under _joining
         self._stop = threading.Event()
         self._renewed = time.monotonic()
         self._backoff = join_backoff_s
-        # Entries waiting for Redis; retried at most every 5 s (sooner while it is young).
+        # Entries wait for the join and for Redis; retried at most every 5 s (sooner at first).
         self.writer = IndexWriter(self.index,
                                   retry_s=(join_backoff_s[0], max(join_backoff_s[0], 5.0)))
         try:
@@ -160,14 +156,9 @@ class ClusterService:
         peers.on_retired = self._republish_client
         self.peers = peers
         self._renewed = time.monotonic()
-        with self._applied:
+        with self._joining:
             self._joined = True
-            self._applied.notify_all()
-            held = list(self._held.values())
-            self._held.clear()
-            if held:
-                self._pending += 1
-                self._ops.put(("publish", held))
+            self._joining.notify_all()
 
     @property
     def joined(self) -> bool:
@@ -176,8 +167,8 @@ class ClusterService:
 
     def wait_joined(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the join; whether the node joined."""
-        with self._applied:
-            self._applied.wait_for(lambda: self._joined or self._stop.is_set(), timeout_s)
+        with self._joining:
+            self._joining.wait_for(lambda: self._joined or self._stop.is_set(), timeout_s)
             return self._joined
 
     @property
@@ -202,32 +193,17 @@ class ClusterService:
     def publish(self, segments: Sequence[Published]) -> None:
         """Queue durable segments ``(segment_id, keys, block addresses, record)``."""
         if segments:
-            self._queue("publish", list(segments))
+            self.writer.put("publish", segments)
 
     def remove(self, segments: Sequence[tuple[int, Sequence[bytes]]]) -> None:
         """Queue the removal of dropped segments ``(segment_id, keys)``."""
         if segments:
-            self._queue("remove", list(segments))
-
-    def _queue(self, kind: str, segments: list[Any]) -> None:
-        with self._applied:
-            if not self._joined:  # held for the join; a removal cancels its publish
-                for seg in segments:
-                    if kind == "publish":
-                        self._held[seg[0]] = seg
-                    else:
-                        self._held.pop(seg[0], None)
-                return
-            self._pending += 1
-        self._ops.put((kind, segments))
+            self.writer.put("remove", segments)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every queued publish and removal was tried once (it reached Redis
-        or waits in ``writer`` for it); before the join nothing is queued (what the store
-        published is held for the join)."""
-        with self._applied:
-            return self._applied.wait_for(lambda: self._pending == 0 or
-                                          not self._thread.is_alive(), timeout_s)
+        """Wait until every queued publish and removal reached Redis, or Redis failed and
+        they wait in ``writer``; before the join at once (they wait for it)."""
+        return not self._joined or self.writer.wait(timeout_s)
 
     # -- lookups and readers -----------------------------------------------------------
     def lookup(self, keys: Sequence[bytes]) -> list[RemoteHit]:
@@ -262,7 +238,7 @@ class ClusterService:
                              self.node, exc)
                 return
         while not self._stop.is_set():
-            busy = self._apply_ops()
+            busy = self.writer.apply()
             try:
                 if self.staging is not None and self.staging.serve_once():
                     busy = True
@@ -274,29 +250,12 @@ class ClusterService:
             except StaleNodeError:
                 logger.error("node %d: a newer process took this node id; this one stops "
                              "serving the cluster", self.node)
-                with self._applied:
-                    self._applied.notify_all()
+                self.writer.close()  # flush waits no longer
                 return
             except Exception as exc:  # redis or NIXL trouble: keep serving locally
                 logger.warning("cluster service of node %d: %s", self.node, exc)
             if not busy:
                 time.sleep(_IDLE_S)
-
-    def _apply_ops(self) -> bool:
-        ops = []
-        while True:
-            try:
-                ops.append(self._ops.get_nowait())
-            except queue.Empty:
-                break
-        for kind, segments in ops:
-            self.writer.put(kind, segments)
-        busy = self.writer.apply() or bool(ops)
-        if ops:
-            with self._applied:
-                self._pending -= len(ops)
-                self._applied.notify_all()
-        return busy
 
     def _republish_client(self, k: int) -> None:
         """A timed-out read retired client ``k``'s window: owners must WRITE into the
@@ -322,8 +281,8 @@ class ClusterService:
         stop the thread, release the agents."""
         self.flush()
         self._stop.set()
-        with self._applied:
-            self._applied.notify_all()  # wait_joined gives up
+        with self._joining:
+            self._joining.notify_all()  # wait_joined gives up
         self._thread.join(timeout=10)
         try:
             self.index.leave()
