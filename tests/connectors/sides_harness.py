@@ -22,6 +22,10 @@ from flatcake.plan.tasks import StepPlan
 
 G = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=8,
                dtype="float32", name="tiny")  # 512 bytes per block per layer
+# The same layers with 4 KiB blocks: restores read straight into the slots, and writes
+# go straight from them on the writer's threads.
+G4K = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=64,
+                 dtype="float32", name="tiny")
 SLOTS = 64
 
 

@@ -1,5 +1,6 @@
 """A worker closing while SSD loads are in flight: the wait for them is bounded, and a
-load that did not finish is never reported (so nothing of it is served)."""
+load that did not finish is never reported (so nothing of it is served). Closed with
+nothing in flight, it leaves no thread of its own running."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from flatcake.cio.staging import StagingWindow
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.plan.tasks import StepPlan
-from tests.connectors.sides_harness import G, Harness, finish, settings, tokens, view
+from tests.connectors.sides_harness import G4K, G, Harness, finish, settings, tokens, view
 
 
 def test_close_waits_for_loads_in_flight_within_its_bound(
@@ -70,4 +71,20 @@ def test_close_with_nothing_in_flight_closes_everything(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.worker.start_step(StepPlan())
     assert h.worker.executor.close(timeout_s=0.0) is True
-    h.sched.close()
+    h.close()
+
+
+def test_close_stops_every_thread_the_worker_started(tmp_path: Path) -> None:
+    # 4 KiB blocks: the turn is written straight from the slots, on the writer's threads.
+    before = set(threading.enumerate())
+    h = Harness(tmp_path, g=G4K)
+    finish(h, "a", list(range(100, 113)), [5, 6, 7, 8], out=3, session="s")
+    plan, sending, _, _ = h.step()
+    assert len(plan.stores) == 1 and sending == {"a"}
+    started = [t for t in threading.enumerate()
+               if t not in before and t.name.startswith("flatcake-")]
+    assert any(t.name.startswith("flatcake-write_") for t in started), started
+    h.close()
+    for t in started:
+        t.join(5)
+    assert [t.name for t in started if t.is_alive()] == []

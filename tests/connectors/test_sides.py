@@ -16,12 +16,7 @@ import pytest
 import flatcake
 from flatcake.clock import ManualClock
 from flatcake.connectors.scheduler_side import RequestView
-from flatcake.geometry import KVGeometry
-from tests.connectors.sides_harness import Harness, end, finish, settings, tokens, view
-
-# The harness's layers with 4 KiB blocks: restores read straight into the slots.
-G4K = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=64,
-                 dtype="float32", name="tiny")
+from tests.connectors.sides_harness import G4K, Harness, end, finish, settings, tokens, view
 
 
 @pytest.mark.parametrize("aligned", [False, True])

@@ -479,11 +479,11 @@ class Executor:
 
     def close(self, close_files: bool = True, timeout_s: float = CLOSE_WAIT_S) -> bool:
         """Wait up to ``timeout_s`` for loads in flight, free the windows and readers,
-        close the files (``close_files=False`` leaves them open for a write still
-        running). Past the deadline it returns False at once: loads not yet started
-        are cancelled (never reported done, so nothing of them is served), and a load
-        still running keeps its window, the readers and the files (the process is
-        ending) and checks its bytes as ever."""
+        stop the segment writer's threads and close the files (``close_files=False``
+        leaves both for a write still running). Past the deadline it returns False at
+        once: loads not yet started are cancelled (never reported done, so nothing of
+        them is served), and a load still running keeps its window, the readers and
+        the files (the process is ending) and checks its bytes as ever."""
         left = self._in_flight.wait(timeout_s)
         pools = (self._restores, self._sync_pool, self._remote_pool)
         if left:
@@ -500,6 +500,7 @@ class Executor:
         self._sync_window.close()
         self.readers.close()
         if close_files:
+            self.writer.close()
             with self.lock:
                 self.files.close()
         return True
