@@ -1,7 +1,8 @@
 """A node service's cluster lookups while Redis hangs (a paused redis-server, resumed in
 teardown): the lookup runs on the member's own thread, the service's loop waits for it
 at most its bound and not at all while Redis still owes an earlier answer, so a local
-hit is served as a local hit; once Redis answers, remote hits come back."""
+hit is served as a local hit; once Redis answers, remote hits come back. After a
+failure no lookup is waited for until Redis answers one again."""
 
 from __future__ import annotations
 
@@ -87,6 +88,45 @@ def test_a_lookup_that_raises_is_a_miss_and_a_failure() -> None:
     try:
         assert bounded.lookup(keys(2)) == [] and bounded.failures == 1
     finally:
+        bounded.close()
+
+
+def test_after_a_failure_no_lookup_waits_until_redis_answers_again() -> None:
+    """A failed lookup puts Redis in back-off: the next ask is a miss at once (it only
+    probes Redis; without this it waited ``wait_s`` for the hanging call), and once
+    the probe is answered lookups are waited for again."""
+    gate = threading.Event()
+    calls: list[int] = []
+    hit = object()
+
+    def flaky(ks: Sequence[bytes]) -> list:
+        calls.append(len(ks))
+        if len(calls) == 1:
+            raise ConnectionError("gone")
+        assert gate.wait(30)  # Redis hangs until the test lets it answer
+        return [hit]
+
+    bounded = BoundedLookup(flaky, lambda: 0, wait_s=30.0)
+    try:
+        assert bounded.lookup(keys(2)) == [] and bounded.failures == 1
+        got: list[Sequence[object]] = []
+        asker = threading.Thread(target=lambda: got.append(bounded.lookup(keys(2))))
+        asker.start()
+        asker.join(10)
+        # Answered at once: the probe is on the lookup thread, where it hangs.
+        assert not asker.is_alive() and got == [[]] and bounded.owed
+        assert bounded.failures == 2
+        deadline = time.monotonic() + 10
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(calls) == 2
+        gate.set()
+        while bounded.owed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bounded.lookup(keys(2)) == [hit] and len(calls) == 3
+        assert bounded.failures == 2
+    finally:
+        gate.set()
         bounded.close()
 
 

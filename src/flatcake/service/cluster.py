@@ -64,7 +64,9 @@ LOOKUP_WAIT_S = 0.25  # the longest a lookup holds the service's loop (a few rou
 class BoundedLookup:
     """Cluster lookups on a thread of their own, each waited for at most ``wait_s``: an
     answer later than that, or asked while an earlier one is still owed, is a miss and
-    counts in ``failures`` (the scheduler halves' ``Index``; closed by the member)."""
+    counts in ``failures`` (the scheduler halves' ``Index``; closed by the member).
+    Once Redis was late or failed, a lookup is not waited for at all (a miss at once,
+    asked only to probe Redis) until Redis answers one again."""
 
     def __init__(self, lookup: Callable[[Sequence[bytes]], Sequence[IndexHit]],
                  failures: Callable[[], int], wait_s: float = LOOKUP_WAIT_S) -> None:
@@ -73,6 +75,7 @@ class BoundedLookup:
         self._lookup, self._failures, self.wait_s = lookup, failures, wait_s
         self._asks: queue.SimpleQueue[_Ask | None] = queue.SimpleQueue()
         self._owed = threading.Event()  # a lookup is on the thread
+        self._answering = True  # Redis answered the last lookup (else none is waited for)
         self.missed = 0  # lookups answered as misses, Redis too slow
         self._thread = threading.Thread(target=self._serve, name="flatcake-cluster-lookup",
                                         daemon=True)
@@ -94,8 +97,12 @@ class BoundedLookup:
         ask = _Ask(keys)
         self._owed.set()
         self._asks.put(ask)
+        if not self._answering:  # Redis was late or failed: this ask only probes it
+            self.missed += 1
+            return []
         if ask.done.wait(self.wait_s):
             return ask.hits
+        self._answering = False
         self.missed += 1
         logger.warning("the cluster index did not answer a lookup within %.2f s; a miss",
                        self.wait_s)
@@ -103,11 +110,14 @@ class BoundedLookup:
 
     def _serve(self) -> None:
         while (ask := self._asks.get()) is not None:
+            failures = self._failures()
             try:
                 ask.hits = list(self._lookup(ask.keys))
+                self._answering = self._failures() == failures
             except Exception as exc:  # a miss, never an exception into an engine
                 logger.warning("cluster index lookup failed: %s", exc)
                 self.missed += 1
+                self._answering = False
             self._owed.clear()
             ask.done.set()
 
