@@ -12,9 +12,9 @@ What the model does, and where each behaviour comes from:
   groups offloaded objects into bucket files and seals a bucket at
   ``bucket_size_limit`` = 256 MB or ``bucket_keys_limit`` = 500 keys (defaults in
   ``mooncake-store/include/storage_backend.h`` / ``bucket_backend_config``).
-* **Buckets are recycled FIFO.** When the SSD budget is full, the oldest bucket is
-  deleted whole (``PrepareEviction`` picks the oldest bucket; policy FIFO), so its
-  blocks, which belong to many sessions, all disappear at once.
+* **Buckets are recycled FIFO** (``buckets.py``). When the SSD budget is full, the
+  oldest bucket is deleted whole (``PrepareEviction`` picks the oldest bucket; policy
+  FIFO), so its blocks, which belong to many sessions, all disappear at once.
 * **SSD hits come back through HiCache's L3 prefetch** (``tiered``; the mechanics, with
   their sources, are in ``replay/systems/prefetch.py``): issued at arrival into the
   engine's host pool under a budget of half that pool, truncated to the pool's room, one
@@ -61,19 +61,18 @@ their sources, are ``TieredConfig`` (``tiered_config``).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from flatcake.replay.node.node import ArrivalQueue, Node, Request, System, Worker, not_attached
+from flatcake.replay.systems.buckets import SsdBuckets
 from flatcake.replay.systems.layers import LayerBooks, PeerBlocks, direct_reads
 from flatcake.replay.systems.settings import TieredConfig
 from flatcake.replay.systems.state import HostTier, TieredSharing, TState
 from flatcake.replay.systems.windows import TrailingWindows
 from flatcake.replay.workload.runs import EMPTY_RUNS, Runs, runs_len, runs_of, slice_runs
-from flatcake.replay.workload.types import IdArray
 
 
 class TieredSystem(System):
@@ -90,13 +89,8 @@ class TieredSystem(System):
         self.sharing = sharing(self) if sharing is not None else None
         self.queues: list[ArrivalQueue] = []
         self.host: HostTier | None = None
-        self.bucket_of = np.zeros(0, dtype=np.int32)
-        self.buckets: deque[tuple[int, IdArray, int]] = deque()  # sealed, oldest first
-        self.open_ids: list[IdArray] = []
-        self.open_count = 0
-        self.open_bytes = 0
-        self.next_bucket = 0
-        self.ssd_used_bytes = 0
+        self.ssd = SsdBuckets(cfg, 0, 0)
+        self.bucket_of = self.ssd.bucket_of  # per block id: its bucket, -1 if not on SSD
         self.obj_bytes = 0
         self.gpw = 1
         self.direct = np.zeros((2, 0), dtype=np.int64)
@@ -107,9 +101,6 @@ class TieredSystem(System):
         self.win_obj_bytes = 0  # an SSD object of one block's window pages
         self.prefill_cut_blocks = 0
         self.books: LayerBooks | None = None
-        self.num_buckets_recycled = 0
-        self.blocks_lost_to_recycling = 0
-        self.blocks_demoted = 0
 
     def attach(self, node: Node) -> None:
         super().attach(node)
@@ -118,12 +109,14 @@ class TieredSystem(System):
         self.peer = peer = PeerBlocks.of(node.geometry, node.spec, self.cfg.window_rule)
         self.wins = TrailingWindows(n, 0 if peer.every_block else peer.window_blocks)
         self.host = HostTier(n, node.spec.host_memory_bytes // peer.block_bytes)
-        self.bucket_of = np.full(n, -1, dtype=np.int32)
         gpw = node.spec.gpus_per_worker
         self.gpw = gpw
         # One object per block per GPU of the worker (its share of the KV heads).
         self.obj_bytes = gpw * node.spec.ssd.aligned(-(-peer.block_bytes // gpw))
         self.win_obj_bytes = gpw * node.spec.ssd.aligned(-(-peer.window_bytes // gpw))
+        self.ssd = SsdBuckets(self.cfg, n, self.obj_bytes, self.win_obj_bytes, self.wins,
+                              self.host.lru.tick)
+        self.bucket_of = self.ssd.bucket_of
         # tiered-direct: one command per (block, layer) per GPU, each of its layer's size.
         self.direct = direct_reads(node.geometry, node.spec)
         self.direct_cmds, self.direct_bytes = (int(v) for v in self.direct.sum(axis=1))
@@ -140,66 +133,12 @@ class TieredSystem(System):
         over = lru.size - lru.capacity_blocks
         if over > 0:
             evicted = lru.evict(over)
-            self._demote(evicted)
+            node = self.node
+            if node is None:
+                raise not_attached(self.name)
+            self.ssd.demote(node, evicted)
             # What found no room on SSD is gone, its window pages with it.
             self.wins.drop(evicted[self.bucket_of[evicted] < 0])
-
-    def _demote(self, evicted: IdArray) -> None:
-        if not len(evicted):
-            return
-        node = self.node
-        if node is None:
-            raise not_attached(self.name)
-        ssd_cap = node.spec.ssd.capacity_bytes
-        if ssd_cap <= 0:
-            return
-        todo = evicted[self.bucket_of[evicted] < 0]
-        if not len(todo):
-            return
-        self.blocks_demoted += len(todo)
-        per_bucket = max(1, min(self.cfg.bucket_keys, self.cfg.bucket_bytes // self.obj_bytes))
-        pos = 0
-        while pos < len(todo):
-            room = per_bucket - self.open_count
-            take = todo[pos:pos + room]
-            pos += len(take)
-            nbytes = len(take) * self.obj_bytes + self.wins.count(take) * self.win_obj_bytes
-            # FIFO recycling: drop the oldest sealed buckets until the write fits.
-            while self.ssd_used_bytes + nbytes > ssd_cap and self.buckets:
-                self._recycle_oldest()
-            if self.ssd_used_bytes + nbytes > ssd_cap:
-                return  # the budget is smaller than one bucket: nothing more fits
-            self.bucket_of[take] = self.next_bucket
-            self.open_ids.append(take)
-            self.open_count += len(take)
-            self.open_bytes += nbytes
-            self.ssd_used_bytes += nbytes
-            w = node.workers[self.next_bucket % len(node.workers)]
-            t = node.spec.ssd.write_time_s(1, nbytes)
-            w.ssd.submit(node.now, t, nbytes, 1)
-            node.rec.ssd_write(1, nbytes)
-            if self.open_count >= per_bucket:
-                self._seal()
-
-    def _seal(self) -> None:
-        ids = np.concatenate(self.open_ids) if len(self.open_ids) > 1 else self.open_ids[0]
-        self.buckets.append((self.next_bucket, ids, self.open_bytes))
-        self.next_bucket += 1
-        self.open_ids = []
-        self.open_count = 0
-        self.open_bytes = 0
-
-    def _recycle_oldest(self) -> None:
-        bucket, ids, nbytes = self.buckets.popleft()
-        live = ids[self.bucket_of[ids] == bucket]
-        self.bucket_of[live] = -1
-        self.ssd_used_bytes -= nbytes
-        self.num_buckets_recycled += 1
-        if self.host is None:
-            raise not_attached(self.name)
-        gone = live[self.host.lru.tick[live] == 0]
-        self.blocks_lost_to_recycling += len(gone)
-        self.wins.drop(gone)
 
     def _lookup(self, runs: Runs, start: int) -> tuple[int, Runs, Runs]:
         """From position ``start``, the run of blocks the store holds (host memory or
@@ -422,10 +361,7 @@ class TieredSystem(System):
 
     def extra_metrics(self) -> dict[str, Any]:
         return {
-            "buckets_recycled": self.num_buckets_recycled,
-            "blocks_lost_to_recycling": self.blocks_lost_to_recycling,
-            "blocks_demoted": self.blocks_demoted,
-            "ssd_used_bytes": self.ssd_used_bytes,
+            **self.ssd.metrics(),
             **self.wins.metrics(),
             **({"prefill_window_cut_blocks": self.prefill_cut_blocks}
                if self.wins.window_blocks else {}),
