@@ -243,6 +243,6 @@ def test_a_restore_that_fills_memory_copies_ends_one_layer_copy_later() -> None:
 
 
 def test_a_copy_slower_than_the_reads_sets_the_restores_pace() -> None:
-    from flatcake.replay.systems.flatcake import refill_wait_s
+    from flatcake.replay.systems.keys import refill_wait_s
     assert refill_wait_s(2.0, 1.0, 4) == pytest.approx(0.25)  # one layer's copy
     assert refill_wait_s(1.0, 2.0, 4) == pytest.approx(0.5 + 3 * 1.0 / 4)

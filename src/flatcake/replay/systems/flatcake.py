@@ -40,7 +40,8 @@ the end of its hit continues it, a branch of it joins it up to the branch cap, a
 starts its own).
 
 The pure arithmetic (keys of dense ids, hit runs, the refill pipeline) is in
-``systems.keys``.
+``systems.keys``; what a read plan and a segment write cost on the node's devices, in
+``systems.devio``.
 """
 
 from __future__ import annotations
@@ -70,12 +71,8 @@ from flatcake.plan.bulk import SegmentCache, stream_totals
 from flatcake.plan.requests import servable, settle
 from flatcake.readplan import ReadPlan
 from flatcake.replay.node.node import Node, Request, System, Worker, not_attached
-from flatcake.replay.systems.keys import (
-    keys_of,
-    make_keys,
-    memory_run,
-    refill_wait_s,
-)
+from flatcake.replay.systems.devio import charge_plan, write_segment
+from flatcake.replay.systems.keys import keys_of, make_keys, memory_run
 from flatcake.replay.systems.layers import LayerBooks, stored_layers
 from flatcake.replay.systems.state import FcSharing, FcState
 
@@ -244,29 +241,12 @@ class FlatCakeSystem(System):
         return end, useful
 
     def charge(self, w: Worker, plan: ReadPlan, refill_bytes: int = 0) -> float:
-        """Put ``plan``'s SSD reads on ``w``'s SSD channel and its memory copies on its
-        host->GPU link; returns when both are done (and the ``refill_bytes`` of memory
-        copies the restore fills are written, ``refill_wait_s``)."""
+        """Put ``plan``'s reads on ``w``'s devices (``devio.charge_plan``); returns when
+        they and the ``refill_bytes`` of memory copies the restore fills are done."""
         node = self.node
         if node is None:
             raise not_attached(self.name)
-        now = node.now
-        spec = node.spec
-        end = now
-        if plan.bytes_read:
-            # Each GPU of a tensor-parallel worker reads its share with the same plan.
-            cmds = plan.num_commands * spec.gpus_per_worker
-            t = (spec.ssd.read_time_s(cmds, plan.bytes_read) if not spec.store_command_s
-                 else plan.bytes_read / spec.ssd.read_bytes_per_s + cmds * spec.store_command_s)
-            end = w.ssd.submit(now, t, plan.bytes_read, cmds)
-            node.rec.ssd_read(cmds, plan.bytes_read, t)
-            if refill_bytes:
-                end += refill_wait_s(t, refill_bytes / spec.host_to_gpu_bytes_per_s,
-                                     (self.geometry or node.geometry).num_layers)
-        if plan.memory_bytes:
-            end = max(end, w.link.submit(now, plan.memory_bytes / spec.host_to_gpu_bytes_per_s,
-                                         plan.memory_bytes))
-        return end
+        return charge_plan(node, w, plan, refill_bytes, (self.geometry or node.geometry).num_layers)
 
     def restore_done(self, arg: tuple[Request, int]) -> None:
         req, useful = arg
@@ -390,14 +370,10 @@ class FlatCakeSystem(System):
             return
         if plan.copy is not None:
             cp.complete_copy(plan)  # in host memory now; the SSD write follows
-        w = node.workers[req.worker]
-        nbytes = plan.segment.total_bytes
         if self.books is not None:
             self.books.wrote(plan.segment.layout)
-        cmds = -(-nbytes // self.config.planner.max_read_bytes) * node.spec.gpus_per_worker
-        t = node.spec.ssd.write_time_s(cmds, nbytes)
-        end = w.ssd.submit(node.now, t, nbytes, cmds)
-        node.rec.ssd_write(cmds, nbytes)
+        end = write_segment(node, node.workers[req.worker], plan.segment.total_bytes,
+                            self.config.planner.max_read_bytes)
         node.loop.at(end, self._store_done, plan)
 
     def _store_done(self, plan: StorePlan) -> None:
