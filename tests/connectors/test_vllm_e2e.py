@@ -162,7 +162,8 @@ def test_stats_reach_prometheus_series() -> None:
     interval = FlatCakeStats(data={"prompt_tokens": 200, "loaded_tokens_ssd": 96,
                                    "loaded_tokens_memory": 32, "placements.first_turn": 1,
                                    "load_error_blocks": 2, "restores_in_flight": 1,
-                                   "staging_slot_waits": 3}).aggregate(worker)
+                                   "staging_slot_waits": 3, "loads_late": 1}
+                             ).aggregate(worker)
     assert interval.reduce()["delivered_hit_rate"] == pytest.approx(128 / 200)
     prom.observe(interval.data, 0)
     labels = {"model_name": "tiny", "engine": "0"}
@@ -172,6 +173,7 @@ def test_stats_reach_prometheus_series() -> None:
             ("vllm:flatcake_placements_total", {"rule": "first_turn"}, 1),
             ("vllm:flatcake_load_error_blocks_total", {}, 2),
             ("vllm:flatcake_staging_slot_waits_total", {}, 3),
+            ("vllm:flatcake_loads_late_total", {}, 1),
             ("vllm:flatcake_restores_in_flight", {}, 1),
             ("vllm:flatcake_delivered_hit_rate", {}, 0.64),
             ("vllm:flatcake_io_bytes_total", {"kind": "read_ssd"}, 8192)):
