@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,9 +88,12 @@ def test_a_gpu_engine_keeps_ssd_loads_async(tmp_path: Path) -> None:
 def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         g: KVGeometry) -> None:
-    h = Harness(tmp_path, g=g)
+    # One staging window: a window the late restore kept for good would hang the next.
+    h = Harness(tmp_path, settings("scheduler.max_restores_in_flight=1"), g=g)
     h.sched.ssd_in_step = True
     turn0 = _stored_turn(h)
+    want = {(layer, j): h.block(layer, s) for layer in range(3)
+            for j, s in enumerate([1, 2, 3, 4])}
     h.worker.load_timeout_s = 0.3
     disk = HungDisk(monkeypatch)
     v = view("b", tokens(turn0[:16], 8, 300), session="s")
@@ -116,9 +120,22 @@ def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
         recomputed = {(layer, s): h.block(layer, s) for layer in range(3) for s in slots[:4]}
     finally:
         disk.release()
-    h.close()  # waits for the late restore: its reads land in its window, never the slots
+    deadline = time.monotonic() + 10
+    while not disk.late_reads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The disk answers again: the next step's hit loads, through the window the late
+    # restore gave back once its reads ended.
+    h.worker.load_timeout_s = 10.0
+    v = view("e", tokens(turn0[:16], 8, 700), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (16, False)
+    h.sched.after_alloc("e", list(range(40, 47)), 16)
+    _, _, _, invalid = h.step()
+    assert invalid == set() and h.sched.totals()["loaded_tokens_ssd"] == 16
+    for (layer, j), raw in want.items():
+        assert h.block(layer, 40 + j) == raw
+    h.close()
     assert disk.late_reads > 0
-    for (layer, s), raw in recomputed.items():
+    for (layer, s), raw in recomputed.items():  # the late reads landed in the window
         assert h.block(layer, s) == raw
 
 
