@@ -17,11 +17,7 @@ from flatcake.cio.filescan import scan_session_file
 from flatcake.clock import ManualClock
 from flatcake.geometry import KVGeometry
 from tests.cio.helpers import HungDisk, ReadOverlap
-from tests.connectors.sides_harness import G, Harness, finish, settings, tokens, view
-
-# 4 KiB blocks per layer in page-aligned KV: reads could go straight into the slots.
-G4K = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=64,
-                 dtype="float32", name="tiny")
+from tests.connectors.sides_harness import G4K, G, Harness, finish, settings, tokens, view
 
 
 def _stored_turn(h: Harness) -> list[int]:
