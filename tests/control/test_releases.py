@@ -90,3 +90,30 @@ def test_the_ssd_budget_counts_what_the_files_still_hold() -> None:
     cp.drop_session("a")  # reclaim gives back what was still counted, no more
     assert cp.stats().ssd_used_bytes == 0
     cp.check_integrity()
+
+
+def test_a_write_after_a_cut_never_lands_on_a_range_a_release_was_handed_for() -> None:
+    # Two engines on one node's books: engine A's step takes turn 1's release (its
+    # workers punch it when they start that step); before they do, engine B's load
+    # finds turn 1 damaged, the cut gives the file's tail back, and B's next store of
+    # the session is placed. It must not land on the range A is about to punch.
+    cp = plane()
+    ks = skeys("a", 16)
+    store(cp, "a", ks[:4], 0)
+    store(cp, "a", ks[:8], 1)
+    store(cp, "a", ks[:12], 2)
+    first, second, _ = sorted(cp.segments(), key=lambda s: s.segment_id)
+    handed = cp.take_window_releases()  # engine A's step
+    assert {r.segment_id for r in handed} == {first.segment_id, second.segment_id}
+    assert cp.mark_damaged(second.segment_id)  # engine B's load
+    (action,) = cp.settle_damage()
+    assert [s.segment_id for s in action.ssd_segments] == [second.segment_id, second.segment_id + 1]
+    plan = cp.prepare_store("a", ks[:16], turn_index=3, context_tokens=0)  # engine B
+    assert plan is not None and plan.segment.file_offset is not None
+    seg = plan.segment
+    lo, hi = seg.file_offset, seg.file_offset + seg.total_bytes
+    for rel in handed:
+        if rel.file_id == seg.file_id:
+            assert all(b <= lo or a >= hi for a, b in rel.pages), (rel, lo, hi)
+    cp.complete_store(plan, True)
+    cp.check_integrity()

@@ -17,7 +17,10 @@ session's segments append inside its current file; one that does not fit opens a
 file (new ``file_id``, new span). Freed spans are reused lowest first; file ids never
 are. The SSD budget counts file headers plus allocated segment bytes. A file can be cut
 (``truncate_file``) at a damaged segment: its tail is given back and appends resume
-after the last good segment.
+after the last good segment, unless the tail held released window rows: then the file
+is sealed and the session's next segment opens a new file. A release handed to one
+engine's workers may still be punched after another engine's workers ran the cut, so
+no byte of a released range is ever written again.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class SessionFile:
         extents: live segment allocations, ``file_offset -> size_bytes``.
         punched: bytes of an extent punched out of the file (released window rows),
             ``file_offset -> bytes``: the file no longer holds them.
+        sealed: a cut gave back an extent with released rows: no more appends (a
+            punch of them may still be on its way), the session's next segment opens
+            a new file.
     """
 
     file_id: int
@@ -53,6 +59,7 @@ class SessionFile:
     end_bytes: int
     extents: dict[int, int] = field(default_factory=dict)
     punched: dict[int, int] = field(default_factory=dict)
+    sealed: bool = False
 
     @property
     def allocated_bytes(self) -> int:
@@ -193,7 +200,8 @@ class SsdSpace:
             )
         ids = self._by_session.get(session_id)
         current = self._files[ids[-1]] if ids else None
-        if current is not None and current.end_bytes + size <= current.span_bytes:
+        if current is not None and not current.sealed and \
+                current.end_bytes + size <= current.span_bytes:
             if self._used + size > self.capacity_bytes:
                 return None
             f, new_file = current, False
@@ -238,8 +246,10 @@ class SsdSpace:
         """Cut a file at ``file_offset`` (a damaged segment's start): every extent from
         there on is given back, and the append pointer rolls back to the end of the last
         extent left (or the file header), so the next append lands right after the last
-        good segment. ``file_offset`` must not fall inside an extent. Returns the bytes
-        given back to the budget (the file itself stays mapped)."""
+        good segment; when an extent given back had released rows the file is sealed
+        instead (a punch of them may not have run yet). ``file_offset`` must not fall
+        inside an extent. Returns the bytes given back to the budget (the file itself
+        stays mapped)."""
         f = self.file(file_id)
         if file_offset < self.file_header_bytes or file_offset % ALIGN:
             raise ValueError(f"file_offset={file_offset!r} is not a 4 KiB aligned offset in "
@@ -249,7 +259,9 @@ class SsdSpace:
             if o < file_offset:
                 raise ValueError(f"file_offset={file_offset!r} falls inside the extent at "
                                  f"{o} of file {file_id}")
-            freed += f.extents.pop(o) - f.punched.pop(o, 0)
+            punched = f.punched.pop(o, 0)
+            f.sealed = f.sealed or punched > 0
+            freed += f.extents.pop(o) - punched
         self._used -= freed
         f.end_bytes = max((o + n for o, n in f.extents.items()),
                           default=self.file_header_bytes)
