@@ -1,6 +1,6 @@
 """File I/O, the data plane: O_DIRECT readers and writer, the staging window, the
 on-disk format, session files, the host arena, and the executor that runs the books'
-tasks with them (``executor``).
+tasks with them (``executor``; its loads: ``loads``).
 
 Names resolve on first use (PEP 562), kept lazy for torch: most modules here import it
 (1-2 s of CPU), and a plain face would load it with ``flatcake.cio.format`` /
@@ -19,7 +19,7 @@ _WHERE = {
     "aligned_buffer": "direct",
     "resolve_io_mode": "direct",
     "Executor": "executor",
-    "LoadOutcome": "executor",
+    "LoadOutcome": "loads",
     "ReaderDispatch": "dispatch",
     "StoreOutcome": "executor",
     "SessionFiles": "files",

@@ -17,6 +17,9 @@
     FileDrop   -> delete (or quarantine) a session file
     restart    -> settle: act on the books' verdicts (``control.restart``) on disk
 
+The loads live in ``cio.loads`` (``ExecutorLoads``, this class's base); the stores,
+cuts, drops, restart and lifecycle here.
+
 Reader choice is a dispatch keyed by ``(medium, node)`` (``cio.dispatch``): node 0 is
 this machine's SSD reader (O_DIRECT ``preadv``, or GDS when CUDA + kvikio are usable);
 a remote reader registers under its node without touching the books.
@@ -25,26 +28,22 @@ Threads: SSD restores (async, or a CPU engine's SSD hits loaded in the step) run
 ``scheduler.max_restores_in_flight`` threads, one staging window each, in the order
 they are submitted (the books' FC-MAS order); all-memory loads on one more thread with
 a window of its own, so they never wait behind SSD reads (every window is built by
-``_window`` with the store's read settings); the remote
-runs of a load, after its local prefix, on ``store.remote_windows``
-threads (one per receive window of ``cio.remote_readers``); each of these moves off an
-engine's compute cores as ``store.thread_cpus`` says (``cio.affinity``). ``self.lock`` guards the
-session files and the crc book; callers may hold their own lock around a call, never
+``_window`` with the store's read settings); the remote runs of a load, after its
+local prefix, on ``store.remote_windows`` threads (one per receive window of
+``cio.remote_readers``); each of these moves off an engine's compute cores as
+``store.thread_cpus`` says (``cio.affinity``). ``self.lock`` guards the session files
+and the crc book; callers may hold their own lock around a call, never
 the other way round (the executor calls back without it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from flatcake.cio.affinity import ThreadCpus
 from flatcake.cio.arena import ArenaBuffer
@@ -52,21 +51,12 @@ from flatcake.cio.crc import SegmentCrcs
 from flatcake.cio.direct import ensure_dir, resolve_io_mode, scrub_page
 from flatcake.cio.dispatch import LOCAL_NODE, ReaderDispatch, local_reader
 from flatcake.cio.files import SessionFiles
-from flatcake.cio.filescan import segment_at
-from flatcake.cio.format import FileHeader, FormatError
+from flatcake.cio.format import FileHeader
 from flatcake.cio.inflight import InFlight
+from flatcake.cio.loads import ExecutorLoads, LoadOutcome
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import GdsReader, Reader
-from flatcake.cio.refill import LayerRefills
-from flatcake.cio.remote_load import remote_part
-from flatcake.cio.restore import (
-    Fence,
-    LayerReady,
-    LoadAbandoned,
-    OpenFile,
-    RestoreJob,
-    RestoreOutcome,
-)
+from flatcake.cio.restore import OpenFile
 from flatcake.cio.scan import DiskScan
 from flatcake.cio.staging import StagingWindow
 from flatcake.cio.writer import SegmentWriter
@@ -77,8 +67,9 @@ from flatcake.control.recovery import FileFate, Recovery
 from flatcake.control.types import FileCut, StorePlan
 from flatcake.geometry import KVGeometry
 from flatcake.layout import ALIGN
-from flatcake.plan.stream import StreamCheck
-from flatcake.plan.tasks import LoadDone, LoadTask, StoreDone, StoreTask
+from flatcake.plan.tasks import StoreDone, StoreTask
+
+__all__ = ["ATTACH_WAIT_S", "CLOSE_WAIT_S", "Executor", "LoadOutcome", "StoreOutcome"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,14 +77,6 @@ logger = logging.getLogger(__name__)
 ATTACH_WAIT_S = 10.0
 # How long ``close`` waits for loads in flight unless told otherwise.
 CLOSE_WAIT_S = 10.0
-
-@dataclass(frozen=True, slots=True)
-class LoadOutcome:
-    """A finished load: the report for the books and what the window measured."""
-
-    done: LoadDone
-    restore: RestoreOutcome
-
 
 @dataclass(frozen=True, slots=True)
 class StoreOutcome:
@@ -105,16 +88,7 @@ class StoreOutcome:
     error: str = ""
 
 
-def _into(result: Future[LoadOutcome], fn: Callable[..., LoadOutcome], *args: object
-          ) -> None:
-    """``fn(*args)``'s outcome or exception into ``result``."""
-    try:
-        result.set_result(fn(*args))
-    except BaseException as exc:
-        result.set_exception(exc)
-
-
-class Executor:
+class Executor(ExecutorLoads):
     """Session files, crc book, host arena, writer, readers and staging windows of one
     store directory (see the module docstring)."""
 
@@ -199,152 +173,6 @@ class Executor:
                         offset = int(control.segment(seg_id).file_offset or 0)
                         self.crcs[(verdict.file_id, offset)] = scanned.get(
                             offset, SegmentCrcs(recovery.crcs[seg_id]))
-
-    # -- loads -----------------------------------------------------------------------
-
-    def load_job(self, task: LoadTask, paged: PagedKV) -> tuple[RestoreJob, tuple[int, ...]]:
-        """The restore job of ``task``, with this executor's crcs filled in. Segments it
-        cannot verify (no crcs, or their file is gone) cut the load before them."""
-        cut = task.num_blocks
-        cut_tags: list[int] = []
-        checks: list[StreamCheck] = []
-        files: dict[int, OpenFile] = {}
-        with self.lock:
-            where = {tag: (fid, off) for tag, fid, off in task.check_files}
-            for check in task.checks:
-                fid, off = where[check.tag]
-                book = self.crcs.get((fid, off))
-                if book is None and self.attached:
-                    book = self._crcs_on_disk(fid, off)
-                crcs = None if book is None else book.layers if check.whole else book.over(
-                    check, self.geometry.layer_block_bytes)
-                if crcs is None or fid not in self.files:
-                    cut = min(cut, check.request_start)
-                    cut_tags.append(check.tag)
-                    crcs = (0,) * self.geometry.num_layers
-                checks.append(dataclasses.replace(check, layer_crcs=crcs))
-            for lp in task.read_plan.layers:
-                for op in lp.ssd_ops:
-                    if op.file_id in self.files or (self.attached
-                                                    and self.files.attach(op.file_id)):
-                        files[op.file_id] = self.files.open_file(op.file_id)
-                    else:
-                        cut = task.first_block  # a file of the plan is gone: load nothing
-        req = torch.tensor(task.stream_request, dtype=torch.int64)
-        slots = torch.full_like(req, -1)
-        wanted = req >= 0
-        slots[wanted] = torch.tensor(task.block_ids, dtype=torch.int64)[req[wanted]]
-        job = RestoreJob(task.read_plan, paged, slots.to(paged.device),
-                         list(task.stream_request), tuple(checks), files, self.arena.tensor,
-                         cut)
-        return job, tuple(cut_tags)
-
-    def _crcs_on_disk(self, file_id: int, file_offset: int) -> SegmentCrcs | None:
-        """Attached: the crcs a segment another process wrote carries in its
-        header (read once, then kept); None when the file or header is unreadable.
-        Call under ``self.lock``."""
-        if not self.files.attach(file_id):
-            return None
-        try:
-            header = segment_at(self.files.open_file(file_id).path, file_offset)
-        except (OSError, FormatError) as exc:
-            logger.warning("segment at %d of session file %d: %s", file_offset, file_id, exc)
-            return None
-        if header.file_id != file_id or header.num_layers != self.geometry.num_layers:
-            return None
-        self.crcs[(file_id, file_offset)] = header.crcs
-        return header.crcs
-
-    def submit_load(self, task: LoadTask, paged: PagedKV, ready: LayerReady,
-                    on_done: Callable[[LoadOutcome], None] | None = None,
-                    fence: Fence | None = None) -> Future[LoadOutcome]:
-        """Start ``task``: an SSD restore on a restore thread (it waits for a free
-        staging window), an all-memory one on the sync thread; its remote runs, if any,
-        then go on on a remote thread (``store.remote_windows`` of them), so remote
-        reads run side by side and neither other pool waits on another node.
-        ``on_done`` runs on the last of these threads once every layer is settled.
-        ``fence``: closed by a caller that stops waiting (``cio.restore.Fence``); the
-        restore then writes nothing more into ``paged`` and ends as a miss."""
-        job, cut_tags = self.load_job(task, paged)
-        job.fence = fence
-        refills = LayerRefills(task, paged, self.arena, self.geometry.layer_window_blocks) \
-            if task.refills else None
-        if refills is not None:
-            job.after_layer = refills.after_layer
-        pool = self._restores if self._reads_ssd(task) else self._sync_pool
-        if not task.remote:
-            return self._in_flight.track(pool.submit(lambda: self._settle(
-                task, job, *self._run_local(task, job, cut_tags, ready), ready, on_done,
-                refills)))
-        result: Future[LoadOutcome] = self._in_flight.track(Future())
-
-        def then_remote(local: Future[tuple[RestoreOutcome, tuple[int, ...]]]) -> None:
-            try:
-                self._remote_pool.submit(_into, result, self._settle, task, job,
-                                         *local.result(), ready, on_done, refills)
-            except BaseException as exc:  # the executor is closing
-                ready.fail(exc)
-                result.set_exception(exc)
-
-        pool.submit(self._run_local, task, job, cut_tags, ready).add_done_callback(then_remote)
-        return result
-
-    @staticmethod
-    def _reads_ssd(task: LoadTask) -> bool:
-        """An SSD restore (async, or a load in the step reading SSD): a restore thread
-        and one of the windows, so several run side by side in submission order;
-        otherwise (all-memory) the sync thread."""
-        return not task.sync or task.read_plan.bytes_read > 0
-
-    def _run_local(self, task: LoadTask, job: RestoreJob, cut_tags: tuple[int, ...],
-                   ready: LayerReady) -> tuple[RestoreOutcome, tuple[int, ...]]:
-        """The local prefix of ``task``: (its outcome, the failed segment tags)."""
-        pooled = self._reads_ssd(task)
-        window = self._windows.get() if pooled else self._sync_window
-        local = LayerReady(ready.num_layers) if task.remote else ready
-        try:
-            if job.num_request_blocks <= task.first_block:
-                outcome = RestoreOutcome(job.num_request_blocks, (), 0, 0, 0, 0.0)
-            else:
-                outcome = window.run(job, local)
-        except LoadAbandoned:  # the caller gave up on it (and said so): a miss
-            logger.debug("FlatCake load for request %s stopped: given up", task.request_id)
-            outcome = RestoreOutcome(task.first_block, (), 0, 0, 0, 0.0)
-        except Exception as exc:  # a failed load is a miss, never a crash
-            logger.warning("FlatCake load for request %s failed: %s", task.request_id, exc)
-            outcome = RestoreOutcome(task.first_block, (), 0, 0, 0, 0.0)
-            ready.fail(exc)
-        finally:
-            if pooled:
-                self._windows.put(window)
-        for layer in range(ready.num_layers):
-            local.set(layer)  # a plan with no reads has no layers to signal
-        return outcome, tuple(dict.fromkeys((*cut_tags, *outcome.failed_tags)))
-
-    def _settle(self, task: LoadTask, job: RestoreJob, outcome: RestoreOutcome,
-                failed: tuple[int, ...], ready: LayerReady,
-                on_done: Callable[[LoadOutcome], None] | None,
-                refills: LayerRefills | None) -> LoadOutcome:
-        """The remote runs once the local prefix is in (``cio.remote_load``), then the
-        task's ``LoadOutcome``."""
-        loaded = min(outcome.num_blocks_loaded, job.num_request_blocks)
-        remote_bytes = 0
-        if task.remote:
-            loaded, remote_bytes = remote_part(task, job.paged, loaded, ready,
-                                               self.readers.remote)
-        refilled = refills.written(loaded, failed) if refills is not None else ()
-        # A failed segment's file header is checked too: the books quarantine a file
-        # whose header is damaged instead of cutting it (``control.damage``).
-        files = {tag: file_id for tag, file_id, _ in task.check_files if tag in failed}
-        bad_headers = tuple(sorted({f for f in files.values() if self.header_damage(f)}))
-        done = LoadDone(task.request_id, max(loaded, task.first_block), task.remote_end,
-                        failed, outcome.bytes_read, outcome.memory_bytes, outcome.elapsed_s,
-                        refilled, remote_bytes, bad_headers,
-                        staged=outcome.bytes_read > 0 and not outcome.zero_copy)
-        out = LoadOutcome(done, outcome)
-        if on_done is not None:
-            on_done(out)
-        return out
 
     # -- stores ----------------------------------------------------------------------
 
@@ -437,11 +265,6 @@ class Executor:
                                file_id, exc)
 
     # -- drops and cuts --------------------------------------------------------------
-
-    def header_damage(self, file_id: int) -> str:
-        """Why the file's header is damaged ("" when it is not, or the file is gone)."""
-        with self.lock:
-            return self.files.header_damage(file_id) if file_id in self.files else ""
 
     def drop(self, file_id: int, quarantine: bool = False) -> None:
         """Delete (or quarantine) a session file the books dropped."""
