@@ -1,5 +1,4 @@
-"""The simulated serving node: workers and the request lifecycle; it drives the
-``System`` hooks (``system.py``).
+"""The simulated serving node: workers, the request lifecycle, and the ``System`` hooks.
 
 A node has ``num_workers`` data-parallel GPUs. Each worker runs one engine: a KV pool
 with the engine's own LRU prefix cache, one prefill at a time, continuous-batching
@@ -32,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -47,13 +47,58 @@ from flatcake.replay.node.parts import (  # noqa: F401  (re-exported)
     Request,
     Worker,
 )
-from flatcake.replay.node.system import System, not_attached  # noqa: F401  (re-exported)
 from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
 
 _PROGRESS_SLICE_S = 60.0
 """Simulated seconds between progress-bar updates (only when a bar is shown)."""
+
+
+
+
+def not_attached(system: str) -> ValueError:
+    """The error a system raises when it is driven before ``attach`` gave it a node."""
+    return ValueError(f"system {system!r} is not attached to a node (call attach first)")
+
+
+class System(ABC):
+    """What differs between FlatCake and its baselines.
+
+    Contract: called from the node's event loop only. ``on_arrival`` must eventually
+    make the request ready through ``node.make_ready`` (at once, or when a restore ends);
+    ``pop_ready`` hands the worker its next ready request; ``prefill_load`` is asked at
+    prefill start of a request that did not restore (what else can be loaded, and how
+    long the copy takes); ``on_complete`` stores the finished turn.
+    """
+
+    name = "system"
+
+    def __init__(self) -> None:
+        self.node: Node | None = None
+
+    def attach(self, node: Node) -> None:
+        self.node = node
+
+    @abstractmethod
+    def on_arrival(self, req: Request) -> None: ...
+
+    @abstractmethod
+    def pop_ready(self, worker: Worker) -> Request | None: ...
+
+    def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
+        """Blocks loaded right after the GPU prefix at prefill start, and the copy time
+        (overlapped with compute). Default: nothing."""
+        return 0, 0.0
+
+    def on_prefill_start(self, req: Request) -> None:  # noqa: B027 - optional hook
+        """Called once the hit is final, before compute."""
+
+    @abstractmethod
+    def on_complete(self, req: Request) -> None: ...
+
+    def extra_metrics(self) -> dict[str, Any]:
+        return {}
 
 
 class Node:
