@@ -205,3 +205,14 @@ def test_block_events_become_vllm_kv_events() -> None:
     # Blocks recovered from disk (no engine hashes known here): nothing to report.
     assert book.convert([BlockEvent(False, (b"z" * 32,), Medium.MEMORY)]) == []
     assert book.convert([BlockEvent(False, keys[1:], Medium.SSD)]) == []
+    # A turn's window rows released (layer 2: the sliding group 1): that group's blocks
+    # are removed, the full group's stay advertised until the blocks themselves go.
+    book = EventBook(block_size=2, layer_groups=(0, 0, 1))
+    book.planned(keys, hashes, parent=None, token_ids=[5, 6, 7, 8])
+    book.convert([BlockEvent(True, keys, Medium.SSD)])
+    (window,) = book.convert([BlockEvent(False, keys, Medium.SSD, (2,))])
+    assert isinstance(window, BlockRemoved)
+    assert (window.block_hashes, window.group_idx, window.medium) == (ext[:2], 1, "STORAGE")
+    (whole,) = book.convert([BlockEvent(False, keys, Medium.SSD)])
+    assert isinstance(whole, BlockRemoved)
+    assert (whole.block_hashes, whole.group_idx) == (ext[:2], None)

@@ -133,3 +133,22 @@ def test_release_old_windows_off_keeps_every_window(tmp_path: Path) -> None:
     assert sliding_bytes_on_disk(h, the_file(tmp_path)) == 3 * WINDOW * ROW
     assert released_layers(h) == [(), (), ()]
     h.close()
+
+
+def test_the_event_stream_says_when_a_turns_blocks_stop_ending_a_hit(tmp_path: Path) -> None:
+    # The books release turn 0's sliding rows when turn 1 is published: a hit ending in
+    # turn 0's blocks is cut back from then on, so the stream says those blocks lost
+    # their sliding layer (layer 2), once, and keeps advertising the rest.
+    h = Harness(tmp_path, s=TO_SSD, g=GW)
+    run_turn(h, 0)
+    first = next(iter(h.sched.control.segments()))
+    assert [e.stored for e in h.sched.take_events()] == [True]
+    run_turn(h, 1)
+    h.step()
+    events = [(e.stored, e.keys, e.layers) for e in h.sched.take_events()]
+    assert (False, first.keys, (2,)) in events
+    assert [e for e in events if not e[0]] == [(False, first.keys, (2,))]
+    assert h.sched.control.lookup(first.keys).num_blocks == 0  # what the event says
+    h.step()
+    assert [e for e in h.sched.take_events() if not e.stored] == []  # said once
+    h.close()

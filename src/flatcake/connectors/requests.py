@@ -102,11 +102,15 @@ class BlockEvent:
             (reclaim, or a session cut before a damaged segment).
         keys: FlatCake keys of the blocks, in prefix order.
         medium: where they live(d).
+        layers: with ``stored=False``, only these layers' rows were dropped (window
+            rows a newer turn superseded, ``control.releases``): the blocks stay for
+            longer hits, but no hit ends in them any more; empty: the whole blocks.
     """
 
     stored: bool
     keys: tuple[bytes, ...]
     medium: Medium
+    layers: tuple[int, ...] = ()
 
 
 COUNTER_KEYS = (  # counters the connector reports, per stats interval

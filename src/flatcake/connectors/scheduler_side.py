@@ -295,9 +295,13 @@ class SchedulerSide:
         cuts, self._file_cuts = self._file_cuts, []
         writing = self.stores.writing()
         unpublish, self._unpublish = self._unpublish, []
+        releases = tuple(self.control.take_window_releases())
+        for rel in releases:  # no hit ends in their blocks any more (``control.windows``)
+            seg = self.control.segment(rel.segment_id)
+            self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
                         tuple(r for r in preempted if r in writing), tuple(unpublish),
-                        releases=tuple(self.control.take_window_releases()))
+                        releases=releases)
 
     def on_report(self, report: WorkerReport) -> None:
         """``update_connector_output``: completions reported by the workers."""

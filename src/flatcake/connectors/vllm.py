@@ -213,8 +213,10 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         # requests looked up whose prompt is not computed yet (scheduler side)
         self._awaiting_prompt: dict[str, Request] = {}
         events = vllm_config.kv_events_config
-        self._events = (EventBook(self.block_size) if events is not None
-                        and events.enable_kv_cache_events else None)
+        groups = self.kv_groups
+        self._events = (EventBook(self.block_size, () if groups is None else
+                                  [groups.stored[i] for i in groups.layer_group])
+                        if events is not None and events.enable_kv_cache_events else None)
         self._layer_index: dict[str, int] = {}
         self._invalid: set[int] = set()
         self._report = WorkerReport()

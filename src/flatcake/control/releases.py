@@ -61,7 +61,8 @@ class Releases:
             freed = sum(b - a for a, b in pages)
             self._ssd.punch(cur.file_id, cur.file_offset, freed)
             self._sessions.session(cur.session_id).ssd_bytes -= freed
-            self._queued.append(WindowRelease(cur.segment_id, cur.file_id, tuple(pages)))
+            self._queued.append(WindowRelease(cur.segment_id, cur.file_id, tuple(pages),
+                                              tuple(sorted(done))))
 
     def after_recovery(self, files: Iterable[Sequence[tuple[Segment, int]]]) -> None:
         """Restart: each file's re-indexed segments, in file order with their first

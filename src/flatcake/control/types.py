@@ -151,11 +151,14 @@ class WindowRelease:
         segment_id: the segment (its layout lists the released layers).
         file_id: its session file.
         pages: ``(start, end)`` file offsets of whole 4 KiB pages to give back.
+        layers: the layers this release released (no hit ends in the segment's
+            blocks any more: KV events say so per layer kind).
     """
 
     segment_id: int
     file_id: int
     pages: tuple[tuple[int, int], ...]
+    layers: tuple[int, ...] = ()
 
     @property
     def bytes(self) -> int:
