@@ -163,3 +163,16 @@ def test_a_session_workload_recut_keeps_its_sessions() -> None:
     wl = recut(from_sessions(sess, TRACE_BT), 2)
     assert [len(wl.blocks(i)) for i in range(2)] == [1, 3]
     assert wl.session.tolist() == [0, 0] and wl.num_sessions == 1
+
+
+def test_flatcake_counts_the_window_it_restores_as_delivered() -> None:
+    wl = from_requests(REQS, TRACE_BT)
+    preset = tiny_preset(gpu_blocks=4, host_blocks=3, geometry=HYBRID)
+    m, node = replay_node(wl, "flatcake", 1 / 2.5, preset)
+    # Two restores of one 5-block segment: the sliding layer's last block (8,192 B), two
+    # full layers (5 x 4,096 B each) and the c32 layer (5 x 1,000 B, read as 8,192 B).
+    # The engine uses the window too: delivered is 54,152 B, not the 45,960 B of the
+    # layers that keep every block.
+    assert node.rec.ssd_read_bytes == 2 * (8192 + 2 * 5 * 4096 + 8192)
+    assert node.rec.ssd_useful_bytes == 2 * (8192 + 2 * 5 * 4096 + 5 * 1000)
+    assert m.read_amplification == pytest.approx(57344 / 54152)

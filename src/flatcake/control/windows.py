@@ -122,3 +122,20 @@ def released_bytes(layout: SegmentLayout) -> int:
     pages of each released window's rows (``window_pages``, as a release punches)."""
     windows = {layout.layer_window_blocks[k] for k in layout.released}
     return sum(b - a for w in windows for a, b in window_pages(layout, w))
+
+
+def delivered_bytes(runs: Sequence[HitRun], end: int, medium: Medium = Medium.SSD) -> int:
+    """Bytes of ``runs`` on ``medium`` a restore ending at request block ``end`` hands
+    the engine: every block of the layers that keep their history, and in a windowed
+    layer of ``w`` blocks the blocks ``[end - w, end)`` only (the window the next turn
+    attends to; older rows a segment still holds are not used)."""
+    total = 0
+    for seg, _start, count, prefix in runs:
+        if seg.medium is not medium:
+            continue
+        lay = seg.layout
+        windows = lay.layer_window_blocks or (0,) * lay.num_layers
+        for size, w in zip(lay.layer_block_bytes, windows, strict=True):
+            blocks = count if not w else max(0, prefix + count - max(prefix, end - w))
+            total += blocks * size
+    return total

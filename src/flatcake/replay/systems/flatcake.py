@@ -65,6 +65,7 @@ from flatcake.control.signals import (
     hit_owner,
     max_branch_blocks,
 )
+from flatcake.control.windows import delivered_bytes
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.bulk import SegmentCache, stream_totals
@@ -226,9 +227,10 @@ class FlatCakeSystem(System):
             # The GPU prefix changed while the request waited: plan what is missing now.
             plan = stream_totals(runs, (self.geometry or node.geometry).num_layers, None,
                                  self.config.planner, segment_cache=self.segment_cache)
-        # Useful: the SSD blocks the request needs (the plan also reads the rest of
-        # their segments, for the checksum).
-        useful = sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
+        # Useful: the SSD bytes the request needs, its history blocks and the windows
+        # its next step attends to (the plan also reads the rest of their segments, for
+        # the checksum).
+        useful = delivered_bytes(runs, st.hit.num_blocks)
         # Where the rest of the bytes read go: 4 KiB alignment padding and holes read
         # through (the plan's gap bytes), and the segments' other blocks (checksums).
         self.read_gap_bytes += plan.gap_bytes

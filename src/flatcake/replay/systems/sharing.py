@@ -38,6 +38,7 @@ import numpy as np
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun, PrefixHit, trim_hit
 from flatcake.control.queues import RestoreRequest
+from flatcake.control.windows import delivered_bytes
 from flatcake.plan.bulk import stream_totals
 from flatcake.readplan import ReadPlan
 from flatcake.replay.node.node import Request, not_attached
@@ -209,7 +210,7 @@ class FlatCakeReads(_Member):
                 else stream_totals(runs, num_layers, None, fc.config.planner,
                                    segment_cache=fc.segment_cache)
             end = fc.charge(w, plan, st.refill_bytes)
-            useful += self._account(plan, runs)
+            useful += self._account(plan, runs, st.hit.num_blocks)
         for owner, whole, plan0 in st.pieces:
             peer = self.peers[owner]
             runs = trim_hit(whole, g)
@@ -227,20 +228,17 @@ class FlatCakeReads(_Member):
                                               plan.bytes_read, plan.memory_bytes,
                                               sum(r[2] for r in runs),
                                               wire_bytes=wire_ssd + plan.memory_bytes))
-            useful += self._account(plan, runs)
+            useful += self._account(plan, runs, st.hit.num_blocks)
         st.local_plan = None
         req.restore_blocks = max(st.hit.num_blocks - g, 0)
         node.loop.at(end + node.spec.restore_overhead_s, fc.restore_done, (req, useful))
         return True
 
-    def _account(self, plan: ReadPlan, runs: tuple[HitRun, ...]) -> int:
+    def _account(self, plan: ReadPlan, runs: tuple[HitRun, ...], end: int) -> int:
         """Book where ``plan``'s SSD bytes go, as a one-node restore does (gaps and
         padding, the segments' other blocks read for the checksum); returns the SSD
-        bytes the request wanted."""
-        node = self.system.node
-        if node is None:
-            raise not_attached(self.system.name)
-        wanted = sum(r[2] for r in runs if r[0].medium is Medium.SSD) * node.block_bytes
+        bytes the request wanted (``windows.delivered_bytes``, its hit ending at ``end``)."""
+        wanted = delivered_bytes(runs, end)
         self.system.read_gap_bytes += plan.gap_bytes
         self.system.read_check_bytes += plan.useful_bytes - wanted
         return wanted
