@@ -42,3 +42,18 @@ def test_claims_inside_tolerance_are_reproduced_and_outside_are_not() -> None:
     far = _verdicts(claims_table(_cc(0.90), [], {}))
     assert far[1] == "**not reproduced**"  # tiered at 90%, not ~64%
     assert far[2] == "reproduced"  # memory-only still 11 pt below
+
+
+def test_amplification_names_the_rates_where_it_holds() -> None:
+    cc = _cc(0.6426)
+    for r in cc.runs:
+        if r["system"] == "tiered":
+            r["read_amplification"] = {0.1: 1.2, 0.5: 6.6, 1.0: 2.0}[r["rate_req_s"]]
+    row = next(line for line in claims_table(cc, [], {}) if "restored byte" in line)
+    assert "(at least 5x at some load) | reproduced | at least 5x at 0.5 req/s (6.60x);" \
+        in row
+    for r in cc.runs:
+        if r["system"] == "tiered":
+            r["read_amplification"] = 4.9
+    row = next(line for line in claims_table(cc, [], {}) if "restored byte" in line)
+    assert "| **not reproduced** | at least 5x at no rate;" in row

@@ -101,15 +101,20 @@ def bandwidth_ratio(cc: SweepResult) -> Row:
 
 
 def amplification(cc: SweepResult) -> Row:
+    """The paper's figure is at one load: reproduced when the ratio is at least 5x at
+    some rate of the sweep, and the evidence names the rates where it holds."""
     fc, t = _by(cc, "flatcake"), _by(cc, "tiered")
     vals = [(rate, t[rate]["read_amplification"], fc[rate]["read_amplification"])
             for rate in sorted(set(fc) & set(t))]
-    ratios = [a / b for _, a, b in vals if a and b and math.isfinite(a) and math.isfinite(b)]
-    top = max(ratios, default=math.nan)
+    ratios = [(rate, a / b) for rate, a, b in vals
+              if a and b and math.isfinite(a) and math.isfinite(b)]
+    holds = [f"{rate:g} req/s ({_f(r)}x)" for rate, r in ratios if r >= 5.0]
     ex = t[max(t)].get("extra", {}) if t else {}
-    return ("Mooncake reads 6.5-6.7x more SSD bytes per restored byte (at least 5x)",
-            _verdict(top >= 5.0),
-            "tiered / flatcake by rate: " + ", ".join(
+    return ("Mooncake reads 6.5-6.7x more SSD bytes per restored byte (at least 5x at "
+            "some load)",
+            _verdict(bool(holds)),
+            "at least 5x at " + (", ".join(holds) if holds else "no rate")
+            + "; tiered / flatcake by rate: " + ", ".join(
                 f"{rate:g}: {_f(a)} / {_f(b)}" for rate, a, b in vals)
             + f"; tiered's terminated batches read and thrown away: "
               f"{ex.get('prefetch_terminated_batch_bytes', 0) / 1e9:.2f} GB, duplicate "
