@@ -118,7 +118,9 @@ class FlatCakeSystem(System):
         # stored, restored, nor cut a hit back (the engine rebuilds them).
         geometry, stored = stored_layers(node.geometry, node.spec.uncached_kinds)
         self.geometry = geometry
-        self.cp = ControlPlane(geometry, self.config, clock)
+        # As the store: once a newer turn is durable, the older turns' window rows no
+        # next turn reads are released (the replay punches nothing; it counts them).
+        self.cp = ControlPlane(geometry, self.config, clock, release_windows=True)
         self.books = LayerBooks(node.geometry, stored)
         self.scheds = [MasScheduler(self.config.scheduler, clock) for _ in node.workers]
         if len(self.keys) != node.wl.num_ids:  # a cluster's nodes share one key list
