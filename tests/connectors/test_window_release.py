@@ -152,3 +152,31 @@ def test_the_event_stream_says_when_a_turns_blocks_stop_ending_a_hit(tmp_path: P
     h.step()
     assert [e for e in h.sched.take_events() if not e.stored] == []  # said once
     h.close()
+
+
+def test_releases_an_engine_stopped_before_punching_are_punched_by_the_next(
+        tmp_path: Path) -> None:
+    # Two engines on one node's books (as under the node service): the first hands a
+    # release to its workers and stops before they start that step (its lease ends).
+    # The next engine's step hands it out again, so the rows leave the file now, not
+    # at the next start, and the SSD budget counts what the file holds.
+    from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
+
+    h = Harness(tmp_path, s=TO_SSD, g=GW)
+    run_turn(h, 0)
+    run_turn(h, 1)
+    lost = h.sched.build_step()  # its workers never start it
+    assert lost.releases
+    h.sched.abandon()
+    node = NodeParts(h.sched.control, h.sched.sessions, h.sched.refcount, 0)
+    other = SchedulerSide(GW, TO_SSD, tmp_path, node=node, queue="e2")
+    plan = other.build_step()
+    assert plan.releases == lost.releases
+    h.worker.start_step(plan)  # the next engine's workers share the files
+    h.worker.end_step()
+    path = the_file(tmp_path)
+    assert sliding_bytes_on_disk(h, path) <= WINDOW * ROW
+    used = h.sched.control.stats().ssd_used_bytes
+    assert used == ALIGN + sum(s.total_bytes for s in h.sched.control.segments()) - WINDOW * ROW
+    assert other.build_step().releases == ()  # once
+    h.close()

@@ -104,3 +104,31 @@ def test_an_attached_store_punches_what_the_services_books_release(tmp_path: Pat
         store.close()
     finally:
         assert svc.stop() == 0, svc.stderr()
+
+
+def test_releases_an_attached_store_took_and_did_not_punch_are_handed_out_again() -> None:
+    # A store takes the books' releases, then its lease ends before it calls again (it
+    # punches before its next call): the next taker gets them.
+    from flatcake.clock import ManualClock
+    from flatcake.control import ControlPlane
+    from flatcake.plan.reads import plan_reads
+    from flatcake.service.stores import AttachedStore, attached_call, release_store
+
+    g = embedded.GEOMETRIES["zero-copy"]
+    cfg = small_config("store.ssd_capacity_bytes=268435456", "placement.memory_copy_watermark=0",
+                       "placement.short_reply_threshold_tokens=0")
+    cp = ControlPlane(g, cfg, ManualClock(), planner=plan_reads, release_windows=True)
+    keys = session_keys(32, 10, g)
+    for t, n in enumerate((5, 10)):
+        plan = cp.prepare_store("s", keys[:n], turn_index=t, context_tokens=0)
+        assert plan is not None and plan.medium.name == "SSD"
+        cp.complete_store(plan, True)
+    a, b = AttachedStore("s1", "a", 1, 0.0), AttachedStore("s2", "b", 2, 0.0)
+    taken = attached_call(a, cp, "take_window_releases", (), {})
+    assert taken
+    release_store(a, cp, "detached")  # no call since the take: maybe not punched
+    assert attached_call(b, cp, "take_window_releases", (), {}) == taken
+    attached_call(b, cp, "newest_turn_index", ("s",), {})  # it punched before calling
+    release_store(b, cp, "detached")
+    assert cp.take_window_releases() == []
+    assert cp.stats().window_bytes_released == sum(r.bytes for r in taken)  # once

@@ -41,6 +41,7 @@ Single-threaded: the engine's scheduler thread calls everything.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -69,6 +70,7 @@ from flatcake.control.signals import (
     hit_owner,
     max_branch_blocks,
 )
+from flatcake.control.types import WindowRelease
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.requests import (
@@ -92,6 +94,10 @@ from flatcake.plan.tasks import (
 )
 
 logger = logging.getLogger(__name__)
+# Steps whose window releases an engine's workers may not have started when it stops:
+# vLLM builds at most one step ahead of the one its workers run; four leave margin
+# (a range punched twice is harmless, ``control.releases``).
+HANDED_STEPS = 4
 
 __all__ = ["COUNTER_KEYS", "BlockEvent", "RequestView", "SchedulerSide"]
 
@@ -183,6 +189,9 @@ class SchedulerSide:
         self._stats = self.counters.stats
         self._events: list[BlockEvent] = []
         self._unpublish: list[tuple[int, tuple[bytes, ...]]] = []
+        # The window releases of the last steps built: their workers may not have
+        # punched them yet (``abandon`` gives them back to the books).
+        self._handed: deque[tuple[WindowRelease, ...]] = deque(maxlen=HANDED_STEPS)
         self.cluster = (scheduler_lookup(geometry, settings.config, world_size, self._stats)
                         if self.node is None else member_lookup(geometry, settings.config,
                                                                 self.node.cluster, self._stats))
@@ -296,6 +305,7 @@ class SchedulerSide:
         writing = self.stores.writing()
         unpublish, self._unpublish = self._unpublish, []
         releases = tuple(self.control.take_window_releases())
+        self._handed.append(releases)
         for rel in releases:  # no hit ends in their blocks any more (``control.windows``)
             seg = self.control.segment(rel.segment_id)
             self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
@@ -474,8 +484,9 @@ class SchedulerSide:
     def abandon(self) -> tuple[list[FileDrop], list[FileCut]]:
         """The engine is gone (a node service ended its lease): its restores are
         unpinned, its unfinished writes rolled back (never published), its requests
-        forgotten. Returns the file drops and cuts it had not handed to its workers
-        yet, for another engine's workers to run."""
+        forgotten, the window releases of its last steps handed out again. Returns
+        the file drops and cuts it had not handed to its workers yet, for another
+        engine's workers to run."""
         for request_id in list(self._loads):
             self.control.complete_load(request_id)
         for task in self.stores.abandon():
@@ -487,6 +498,9 @@ class SchedulerSide:
         self._queued_loads.clear()
         self._sync_loads.clear()
         self._load_reports.clear()
+        # Released rows its workers may not have punched: the next engine's punch them.
+        self.control.give_back_window_releases(r for step in self._handed for r in step)
+        self._handed.clear()
         self._apply(self.control.take_reclaim_actions())
         self._settle_damage()
         drops, cuts = self._drops, self._file_cuts

@@ -283,6 +283,12 @@ class ControlPlane(Books):
         return self._releases.take(self._loads.loads) if self._releases is not None \
             else []
 
+    def give_back_window_releases(self, releases: Iterable[WindowRelease]) -> None:
+        """Releases taken by a data plane that may have stopped before punching them
+        (its lease ended): the next ``take_window_releases`` hands them out again."""
+        if self._releases is not None:
+            self._releases.give_back(releases)
+
     # -- damage (``damage``) -----------------------------------------------------------
 
     def mark_damaged(self, segment_id: int, header_damaged: bool = False) -> bool:

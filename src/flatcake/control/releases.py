@@ -79,6 +79,19 @@ class Releases:
                     chain = []
                 chain.append(HitRun(seg, 0, seg.num_blocks, first))
 
+    def give_back(self, releases: Iterable[WindowRelease]) -> None:
+        """Releases handed to a data plane that may have stopped before it punched
+        them (an engine or attached store whose lease ended): queued again, ahead of
+        the others, so the next taker punches them, and the files hold what the SSD
+        budget counts without waiting for a restart. Punching a range twice is
+        harmless: the books never write a released range again
+        (``SsdSpace.truncate_file``). Releases of segments gone meanwhile are dropped
+        (their range went with the segment)."""
+        live = self._index.has_segment
+        back = [r for r in releases if live(r.segment_id) and r not in self._queued]
+        self.released_bytes -= sum(r.bytes for r in back)
+        self._queued[:0] = back
+
     def take(self, loads: Mapping[Hashable, LoadPlan]) -> list[WindowRelease]:
         """The queued releases whose segment no restore in flight reads (with the rows:
         it was planned before the release), oldest first; the data plane punches them

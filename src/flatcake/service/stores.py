@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flatcake.control import ControlPlane, StorePlan
+from flatcake.control.types import WindowRelease
 from flatcake.link import wire
 from flatcake.plan.requests import Servable, servable
 
@@ -29,6 +30,9 @@ class AttachedStore:
     last_call: float
     loads: set[Any] = dataclasses.field(default_factory=set)
     stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
+    # The window releases of its last take, until its next call: it punches them
+    # before it calls again (``FlatCakeStore._release_windows``).
+    handed: tuple[WindowRelease, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,7 @@ def attached_call(store: AttachedStore, control: ControlPlane, method: str,
     may answer a ``ServableWait`` for the service to hold."""
     if method not in wire.CONTROL_CALLS:
         raise wire.NodeRefused(f"unknown control call {method!r}")
+    store.handed = ()  # punched before this call
     if method == wire.SERVABLE:
         keys, engine_blocks = tuple(args[0]), int(kwargs.get("engine_blocks", 0))
         found = servable(control, keys, engine_blocks)
@@ -75,14 +80,18 @@ def attached_call(store: AttachedStore, control: ControlPlane, method: str,
         store.stores[out.segment.segment_id] = out
     elif method == "complete_store":
         store.stores.pop(args[0].segment.segment_id, None)
+    elif method == "take_window_releases":
+        store.handed = tuple(out)
     return out
 
 
 def release_store(store: AttachedStore, control: ControlPlane | None, why: str) -> None:
     """Its lease ended (or it detached): its restores unpinned, its unfinished writes
-    rolled back (never published), its FC-MAS queue gone."""
+    rolled back (never published), its FC-MAS queue gone, the window releases it may
+    not have punched handed out again."""
     busy = bool(store.loads or store.stores)
     if control is not None:
+        control.give_back_window_releases(store.handed)
         for request_id in store.loads:
             control.complete_load(request_id)
         for plan in store.stores.values():
