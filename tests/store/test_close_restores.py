@@ -1,6 +1,6 @@
 """A store closing while a restore hangs on the disk: the wait for it is bounded, and
 the restore ends as a miss (nothing of it is reported loaded, before or after its late
-reads end)."""
+reads end), and its fence keeps every late byte out of the caller's KV."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def test_close_gives_up_on_a_hung_restore_at_its_deadline(
     store = FlatCakeStore.open(tmp_path, SMALL, small_config())
     assert store.store_turn("s", keys, random_kv(SMALL, 8), range(4), TO_SSD).num_blocks == 4
     disk = HungDisk(monkeypatch)
-    handle = store.start_load(keys, empty_kv(SMALL, 8), range(4))
+    kv = empty_kv(SMALL, 8)  # 256 B blocks: the staging path, a scatter per layer
+    handle = store.start_load(keys, kv, range(4))
     closer = threading.Thread(target=store.close, kwargs={"timeout_s": 0.3})
     try:
         assert disk.entered.wait(10)
@@ -42,3 +43,6 @@ def test_close_gives_up_on_a_hung_restore_at_its_deadline(
     while not disk.late_reads and time.monotonic() < deadline:
         time.sleep(0.01)
     assert disk.late_reads > 0 and handle.wait(5).num_blocks == 0  # never reported late
+    assert store._exec._in_flight.wait(10) == 0  # the late restore has ended
+    # Its late layers were read, but none was copied into the caller's tensors.
+    assert all(int(t.count_nonzero()) == 0 for t in kv)

@@ -128,12 +128,15 @@ class Fence:
     running and none starts: a late restore stops at its next layer and its reads land
     only in its staging window, which it keeps until they end (``ReadQueue.abandon``).
     A fenced restore never reads straight into the KV slots (zero-copy): a read the
-    kernel still holds cannot be called back.
+    kernel still holds cannot be called back. ``direct_ok`` lets it (a store's restore,
+    abandoned only when the store closes, keeps zero-copy's speed): the fence then stops
+    its copies and its next reads, but a read already with the disk still lands.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, direct_ok: bool = False) -> None:
         self._lock = threading.Lock()
         self._closed = False
+        self.direct_ok = direct_ok
 
     @property
     def closed(self) -> bool:

@@ -160,7 +160,7 @@ class StagingWindow:
         commands = 0
         reads = ReadQueue(self.reader, self.reads_in_flight)
         fence = job.fence
-        refusal = FENCED if fence is not None else zero_copy_refusal(
+        refusal = FENCED if fence is not None and not fence.direct_ok else zero_copy_refusal(
             self.reader, job.paged,
             all(p.dest_offset(sizes[lp.layer]) % sizes[lp.layer] == 0
                 and p.length % sizes[lp.layer] == 0

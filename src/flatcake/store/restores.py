@@ -17,7 +17,10 @@ Every method runs under the store's lock (``cond``); the executor's threads call
 into ``_finished``, which takes it. ``LoadHandle`` is the caller's side of one restore.
 A store that closes waits for its restores within a deadline; those left then are
 abandoned: each ends as a miss (no block reported loaded), and its late finish is
-ignored.
+ignored. Each restore carries a fence (``cio.restore.Fence``), closed when it is
+abandoned: once ``abandon`` returns, no copy of it reaches the caller's paged KV (a
+staging scatter, a host-arena copy) and it issues no further read; only a zero-copy read
+already with the disk still lands where it was sent.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 
 from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.restore import LayerReady
+from flatcake.cio.restore import Fence, LayerReady
 from flatcake.control import ControlPlane, LoadPlan
 from flatcake.plan.requests import remote_blocks
 from flatcake.plan.tasks import LoadTask
@@ -45,6 +48,7 @@ class _Load:
     paged: PagedKV
     ready: LayerReady
     future: Future[LoadResult] = field(default_factory=Future)
+    fence: Fence = field(default_factory=lambda: Fence(direct_ok=True))
     started: bool = False
     popped: bool = False
     result: LoadResult | None = None
@@ -91,7 +95,7 @@ class Restores:
         load.started = True
         rid = load.task.request_id
         self._executor.submit_load(load.task, load.paged, load.ready,
-                                   lambda outcome: self._finished(rid, outcome))
+                                   lambda outcome: self._finished(rid, outcome), load.fence)
 
     def _finished(self, request_id: str, outcome: LoadOutcome) -> None:
         with self._cond:
@@ -134,9 +138,13 @@ class Restores:
     def abandon(self) -> int:
         """End every restore not delivered yet as a miss (the store is closing): its
         ``wait`` returns no blocks, its layer waits fail, and a late finish is ignored.
-        Returns how many."""
+        Its fence is closed first, outside the lock (a copy running finishes; none
+        starts after). Returns how many."""
         with self._cond:
             loads, self._loads = self._loads, {}
+        for load in loads.values():
+            load.fence.close()
+        with self._cond:
             for load in loads.values():
                 load.ready.fail(RuntimeError("the store closed before this restore ended"))
                 if not load.future.done():

@@ -523,7 +523,9 @@ class FlatCakeStore:
         file (``Executor.close``, within what is left of the deadline). Restores left
         at the deadline end as misses: their ``wait`` reports no block loaded, and a
         restore still reading keeps its window and files (the process is ending); its
-        late bytes are never reported. Idempotent."""
+        late bytes are never reported, and its fence keeps them out of the caller's
+        tensors (``Restores.abandon``; a zero-copy read already with the disk excepted).
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
