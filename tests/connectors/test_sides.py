@@ -221,6 +221,19 @@ def test_bad_extra_config_names_the_field(extra: dict, field: str) -> None:
         parse_extra_config(extra, env={})
 
 
+@pytest.mark.parametrize("field, bound", [("shutdown_drain_s", ">= 0"),
+                                          ("in_step_load_timeout_s", "> 0")])
+@pytest.mark.parametrize("value", [-1, float("inf"), float("nan"), True, "5"])
+def test_bad_seconds_get_one_message_naming_setting_and_value(
+        field: str, bound: str, value: object) -> None:
+    from flatcake.connectors.settings import parse_extra_config
+
+    with pytest.raises(ValueError) as err:
+        parse_extra_config({field: value}, env={})
+    assert str(err.value) == (f"kv_connector_extra_config.{field} must be a finite "
+                              f"number {bound}, got {value!r}")
+
+
 def test_extra_config_uses_the_store_names() -> None:
     from flatcake.connectors.settings import parse_extra_config
 

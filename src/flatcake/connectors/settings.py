@@ -23,6 +23,7 @@ parallelism above 1 is refused in a cluster (``connectors.vllm``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,27 +70,18 @@ class ConnectorSettings:
     in_step_load_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tenant_salt, str):
-            raise ValueError(f"kv_connector_extra_config.tenant_salt must be a string, got "
-                             f"{self.tenant_salt!r}")
+        _want(isinstance(self.tenant_salt, str), "tenant_salt", self.tenant_salt, "a string")
         for name in ("infer_sessions", "ssd_loads_in_step"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"kv_connector_extra_config.{name} must be a boolean, "
-                                 f"got {getattr(self, name)!r}")
+            _want(isinstance(getattr(self, name), bool), name, getattr(self, name),
+                  "a boolean")
         for name in ("min_hit_blocks", "max_pending_stores"):
             n = getattr(self, name)
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"kv_connector_extra_config.{name} must be an int >= 1, "
-                                 f"got {n!r}")
-        d = self.shutdown_drain_s
-        if not isinstance(d, int | float) or isinstance(d, bool) or not 0 <= d < float("inf"):
-            raise ValueError(f"kv_connector_extra_config.shutdown_drain_s must be a number "
-                             f">= 0, got {d!r}")
-        t = self.in_step_load_timeout_s
-        if not isinstance(t, int | float) or isinstance(t, bool) or not 0 < t < float("inf"):
-            raise ValueError(f"kv_connector_extra_config.in_step_load_timeout_s must be a "
-                             f"number > 0, got {t!r}")
-
+            _want(_is_int(n) and n >= 1, name, n, "an int >= 1")
+        d, t = self.shutdown_drain_s, self.in_step_load_timeout_s
+        _want(_is_number(d) and 0 <= d < math.inf, "shutdown_drain_s", d,
+              "a finite number >= 0")
+        _want(_is_number(t) and 0 < t < math.inf, "in_step_load_timeout_s", t,
+              "a finite number > 0")
 
     def drain_within(self, grace_s: float | None) -> float:
         """How long a stopping worker drains its writes when its engine gives the
@@ -101,6 +93,20 @@ class ConnectorSettings:
         if grace_s is None:
             return self.shutdown_drain_s
         return min(self.shutdown_drain_s, max(grace_s, 0.0) / 2)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _want(ok: bool, name: str, value: object, what: str) -> None:
+    """The one shape of a bad setting's error: the key, what it must be, the value."""
+    if not ok:
+        raise ValueError(f"kv_connector_extra_config.{name} must be {what}, got {value!r}")
 
 
 # The line the scheduler half logs at start: whether SSD hits load in the step, and why
@@ -131,9 +137,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None,
         if not isinstance(key, str):
             raise ValueError(f"kv_connector_extra_config keys must be strings, got {key!r}")
         if key == "config_file":
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"kv_connector_extra_config.config_file must be a path, "
-                                 f"got {value!r}")
+            _want(isinstance(value, str) and bool(value), key, value, "a path")
             config_file = value
         elif key in _CONNECTOR_KEYS:
             kwargs[key] = value
