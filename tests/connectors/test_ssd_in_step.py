@@ -117,8 +117,10 @@ def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
     finally:
         disk.release()
     deadline = time.monotonic() + 10
-    while not disk.late_reads and time.monotonic() < deadline:
+    while h.worker.late_reads() and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert disk.late_reads > 0
+    h.step()  # its poll tells the books the late reads ended
     # The disk answers again: the next step's hit loads, through the window the late
     # restore gave back once its reads ended.
     h.worker.load_timeout_s = 10.0
@@ -181,4 +183,46 @@ def test_several_in_step_loads_run_side_by_side_in_fc_mas_order(
     assert [(t.request_id, t.sync) for t in plan.loads] == [("d", True), ("b", True)]
     assert invalid == set() and h.sched.totals()["loaded_tokens_ssd"] == 16 + 8
     assert overlap.most_at_once == 2
+    h.close()
+
+
+def test_while_a_given_up_load_still_reads_no_step_loads_ssd_in_the_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The disk hangs: the first step gives its SSD load up at the deadline. Until that
+    # load's reads end, the same hit is planned as a miss (no later step waits the
+    # deadline again); once they end, SSD hits load in the step again.
+    h = Harness(tmp_path, settings("scheduler.max_restores_in_flight=1"))
+    h.sched.ssd_in_step = True
+    turn0 = _stored_turn(h)
+    h.worker.load_timeout_s = 0.3
+    disk = HungDisk(monkeypatch)
+    out: list[tuple[object, set[str], set[str], set[int]]] = []
+    try:
+        v = view("b", tokens(turn0[:16], 8, 300), session="s")
+        assert h.sched.num_matched_tokens(v, 0) == (16, False)
+        h.sched.after_alloc("b", list(range(20, 27)), 16)
+        stepper = threading.Thread(target=lambda: out.append(h.step()))
+        stepper.start()
+        stepper.join(20)
+        assert not stepper.is_alive() and disk.entered.is_set()
+        assert h.sched.totals()["loads_late"] == 1 and h.worker.late_reads() == 1
+        v = view("c", tokens(turn0[:16], 8, 500), session="s")
+        assert h.sched.num_matched_tokens(v, 0) == (0, False)  # a miss: recomputed
+        assert h.sched.num_matched_tokens(v, 0) == (0, False)  # asked again: one count
+        plan, _, _, invalid = h.step()
+        assert plan.loads == () and invalid == set()
+        assert h.sched.totals()["loads_backed_off"] == 1
+    finally:
+        disk.release()
+    deadline = time.monotonic() + 10
+    while h.worker.late_reads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert h.worker.late_reads() == 0
+    h.step()  # its poll reports the late reads ended
+    v = view("e", tokens(turn0[:16], 8, 700), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (16, False)
+    h.sched.after_alloc("e", list(range(40, 47)), 16)
+    plan, _, _, invalid = h.step()
+    assert [(t.request_id, t.sync) for t in plan.loads] == [("e", True)] and invalid == set()
+    assert h.sched.totals()["loaded_tokens_ssd"] == 16
     h.close()

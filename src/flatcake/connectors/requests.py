@@ -55,6 +55,7 @@ class RequestBooks:
     loaded_remote_blocks: int = 0
     load_error_blocks: int = 0
     store_planned: bool = False
+    backed_off: bool = False  # an SSD hit recomputed while the disk hung (counted once)
     store: StorePlan | None = None
 
     def count_load(self, task: LoadTask, loaded: int, stats: Counter[str], bs: int) -> None:
@@ -125,6 +126,7 @@ COUNTER_KEYS = (  # counters the connector reports, per stats interval
     "staging_slot_waits",       # SSD restores that found every staging window busy
     "loads_staged",             # SSD restores read through staging, not into the slots
     "loads_late",               # loads in the step given up at their deadline: recomputed
+    "loads_backed_off",         # SSD hits recomputed while a given-up load still reads
     "stores_ok",
     "stores_failed",
     "stores_rejected",          # no medium could take the turn (CapacityError)

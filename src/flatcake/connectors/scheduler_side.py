@@ -9,7 +9,8 @@ the worker half runs them on the same executor. Engine-neutral: it sees requests
     num_matched_tokens   lookup of the request's block keys; a store still in flight
                          for its next block -> "ask again" (None); all-memory hit ->
                          sync load; any SSD block -> async load (request waits),
-                         sync where ``ssd_in_step`` (a host-memory KV); in a
+                         sync where ``ssd_in_step`` (a host-memory KV), a miss
+                         while a given-up load still reads (``disk_late``); in a
                          cluster, then the blocks other nodes hold (``cluster_side``:
                          async load, local-only when Redis fails)
     after_alloc          prepare_load (sessions pinned); sync -> this step's plan;
@@ -41,7 +42,7 @@ Single-threaded: the engine's scheduler thread calls everything.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -149,6 +150,15 @@ class SchedulerSide:
             whose KV is in host memory: the restore overlaps the forward's layers
             instead of a step ending before the engine learns it finished and another
             computing the rest); a hit reaching other nodes stays async.
+
+    A load in the step given up at its deadline (``LoadDone.late``) may still be
+    reading: the disk hangs. Until every worker reports its reads ended
+    (``WorkerReport.late_ended``), an SSD hit that would load in the step is planned
+    as a miss (``disk_late``; counted in ``loads_backed_off``), so no later step waits
+    the deadline again; all-memory hits still load. A miss rather than an async load:
+    an async restore has no deadline, so on a hung disk its request would wait in the
+    engine's remote-KV state as long as the disk hangs, holding a staging window the
+    restores queued behind it wait for; a miss costs one prefill, bounded.
     """
 
     def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
@@ -183,6 +193,8 @@ class SchedulerSide:
         self._loads: dict[str, LoadTask] = {}  # every load planned and not yet reported
         self.stores = StoreBooks(world_size)
         self._load_reports: dict[str, list[LoadDone]] = {}
+        # Given-up loads (per worker) whose reads have not ended: the disk hangs.
+        self._late_reads: Counter[str] = Counter()
         self._drops: list[FileDrop] = []
         self._file_cuts: list[FileCut] = []
         self.counters = Counters()
@@ -233,9 +245,19 @@ class SchedulerSide:
         num_blocks = end - local_blocks
         if num_blocks < self.settings.min_hit_blocks:
             return 0, False
+        if (self.ssd_in_step and not remote and reads_ssd(hit, local_blocks)
+                and self.disk_late()):  # would wait for a hung disk: a miss
+            if not state.backed_off:
+                state.backed_off = True
+                self._stats["loads_backed_off"] += 1
+            return 0, False
         # Async when the part past the engine's own blocks reads SSD (the load's rule).
         return num_blocks * bs, (self.async_loads or bool(state.remote) or (
             reads_ssd(hit, local_blocks) and not self.ssd_in_step))
+
+    def disk_late(self) -> bool:
+        """A load given up at its deadline is still reading on some worker."""
+        return any(n > 0 for n in self._late_reads.values())
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
         """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD."""
@@ -318,12 +340,23 @@ class SchedulerSide:
         for stored in report.stores:
             self._store_done(stored)
         for done in report.loads:
+            if done.late:
+                self._count_late(done.request_id, 1)
             reports = self._load_reports.setdefault(done.request_id, [])
             reports.append(done)
             if len(reports) == self.world_size:
                 del self._load_reports[done.request_id]
                 self._load_done(reports)
+        for rid in report.late_ended:  # may come before its late report: a count
+            self._count_late(rid, -1)
         self._settle_damage()
+
+    def _count_late(self, request_id: str, n: int) -> None:
+        left = self._late_reads[request_id] + n
+        if left:
+            self._late_reads[request_id] = left
+        else:
+            del self._late_reads[request_id]
 
     def _store_done(self, done: StoreDone) -> None:
         finished = self.stores.done(done)

@@ -81,6 +81,9 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
         "loads_late": ("vllm:flatcake_loads_late",
                        "Loads in the step the engine stopped waiting for at their "
                        "deadline (in_step_load_timeout_s): recomputed."),
+        "loads_backed_off": ("vllm:flatcake_loads_backed_off",
+                             "SSD hits recomputed instead of loaded in the step while a "
+                             "load given up at its deadline still reads the disk."),
         "lookup_waits": ("vllm:flatcake_lookup_waits",
                          "Lookups deferred behind a store of the same prefix."),
         "cluster_lookup_failures": ("vllm:flatcake_cluster_lookup_failures",

@@ -19,7 +19,9 @@ windows); this class adds the engine's step rhythm and a view of its paged KV::
                          (wait_for_layer), each until the step's deadline
                          (``load_timeout_s`` from the step's start): past it the
                          load is given up, its fence closed (nothing more of it
-                         reaches the KV slots) and its blocks are load errors
+                         reaches the KV slots) and its blocks are load errors;
+                         once its reads end, ``poll`` reports it
+                         (``WorkerReport.late_ended``)
     end_step()         joins this step's sync loads (within the same deadline);
                        hands the step's stores (the
                        prompt blocks this forward pass computed) to the writer
@@ -154,6 +156,8 @@ class WorkerSide(WorkerIO):
         self._sync_errors: set[int] = set()
         self._unplanned: set[str] = set()  # async loads the scheduler could not plan
         self._sync_done: list[LoadDone] = []
+        self._late_open = 0  # given-up loads still reading
+        self._late_ended: list[str] = []  # given-up loads whose reads ended since poll
         self._stores_left: Counter[str] = Counter()
         self._stores_to_start: list[StoreTask] = []
         self._loads_in_flight = 0
@@ -279,10 +283,24 @@ class WorkerSide(WorkerIO):
         load.fence.close()
         load.given_up = True
         task = load.task
+        with self._lock:
+            self._late_open += 1
+        load.future.add_done_callback(lambda _f: self._late_read_ended(task.request_id))
         logger.warning("FlatCake load of request %s given up at %s: not in the KV %.1f s "
                        "after its step started (in_step_load_timeout_s); its %d blocks are "
                        "recomputed", task.request_id, where, self.load_timeout_s,
                        task.remote_end - task.first_block)
+
+    def _late_read_ended(self, request_id: str) -> None:
+        """A given-up load's reads ended (a restore thread): the next ``poll`` says so."""
+        with self._lock:
+            self._late_open -= 1
+            self._late_ended.append(request_id)
+
+    def late_reads(self) -> int:
+        """Loads given up at their deadline whose reads have not ended yet."""
+        with self._lock:
+            return self._late_open
 
     def _join(self, load: _InStep) -> LoadDone:
         """``load``'s report, waited for until its deadline; a given-up load reports
@@ -331,6 +349,7 @@ class WorkerSide(WorkerIO):
         (including this step's sync loads)."""
         with self._lock:
             done, self._done = self._done, []
+            late_ended, self._late_ended = tuple(self._late_ended), []
         sending: set[str] = set()
         recving, self._unplanned = self._unplanned, set()
         invalid = self._sync_errors
@@ -355,7 +374,8 @@ class WorkerSide(WorkerIO):
             self._finished.discard(rid)
             del self._stores_left[rid]
             sending.add(rid)
-        return sending, recving, invalid, WorkerReport(tuple(stores), tuple(loads))
+        return sending, recving, invalid, WorkerReport(tuple(stores), tuple(loads),
+                                                       late_ended)
 
 
     # -- lifecycle ------------------------------------------------------------------

@@ -216,13 +216,19 @@ class LoadDone:
 
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
-    """Task completions of one step (one worker, or several combined)."""
+    """Task completions of one step (one worker, or several combined).
+
+    ``late_ended``: loads reported ``LoadDone.late`` whose reads have since ended, one
+    entry per worker that gave the load up (the scheduler half plans no SSD load in the
+    step while a worker's given-up read still hangs on the disk)."""
 
     stores: tuple[StoreDone, ...] = ()
     loads: tuple[LoadDone, ...] = ()
+    late_ended: tuple[str, ...] = ()
 
     def merged(self, other: WorkerReport) -> WorkerReport:
-        return WorkerReport(self.stores + other.stores, self.loads + other.loads)
+        return WorkerReport(self.stores + other.stores, self.loads + other.loads,
+                            self.late_ended + other.late_ended)
 
     def is_empty(self) -> bool:
-        return not (self.stores or self.loads)
+        return not (self.stores or self.loads or self.late_ended)
