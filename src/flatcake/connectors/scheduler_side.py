@@ -245,15 +245,16 @@ class SchedulerSide:
         num_blocks = end - local_blocks
         if num_blocks < self.settings.min_hit_blocks:
             return 0, False
-        if (self.ssd_in_step and not remote and reads_ssd(hit, local_blocks)
-                and self.disk_late()):  # would wait for a hung disk: a miss
+        ssd = reads_ssd(hit, local_blocks)
+        if self.ssd_in_step and not remote and ssd and self.disk_late():
+            # Would wait for a hung disk in the step: a miss.
             if not state.backed_off:
                 state.backed_off = True
                 self._stats["loads_backed_off"] += 1
             return 0, False
         # Async when the part past the engine's own blocks reads SSD (the load's rule).
         return num_blocks * bs, (self.async_loads or bool(state.remote) or (
-            reads_ssd(hit, local_blocks) and not self.ssd_in_step))
+            ssd and not self.ssd_in_step))
 
     def disk_late(self) -> bool:
         """A load given up at its deadline is still reading on some worker."""
