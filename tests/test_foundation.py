@@ -103,6 +103,10 @@ def test_config_sources_merge_in_order(tmp_path) -> None:
         ("store.remote_window_bytes=100", "store.remote_window_bytes"),
         ("store.remote_windows=0", "store.remote_windows"),
         ("store.remote_windows=65", "store.remote_windows"),
+        ("store.remote_timeout_s=inf", "store.remote_timeout_s=inf: must be a finite"),
+        ("store.node_timeout_s=inf", "store.node_timeout_s=inf: must be a finite"),
+        ("store.node_lease_s=nan", "store.node_lease_s=nan: must be a finite"),
+        ("reclaim.ssd_high=nan", "reclaim.ssd_high=nan: must be a finite"),
     ],
 )
 def test_config_errors_name_field(override: str, needle: str) -> None:

@@ -14,6 +14,7 @@ the field and the value.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -38,8 +39,9 @@ _TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "st
 
 def _check_types(obj: object, section: str) -> None:
     """Every field holds its declared type (``bool`` is not an ``int``, ``1.5`` is not
-    one either), so a wrong TOML or Python value fails here naming the field instead
-    of deep inside the store."""
+    one either, a float is finite: ``inf`` would be a timeout that never fires, ``nan``
+    fails every bound with a message that does not say why), so a wrong TOML or Python
+    value fails here naming the field instead of deep inside the store."""
     for f in dataclasses.fields(obj):  # type: ignore[arg-type]
         want = _TYPES.get(str(f.type))
         if want is None:
@@ -47,6 +49,8 @@ def _check_types(obj: object, section: str) -> None:
         value = getattr(obj, f.name)
         ok = isinstance(value, want) and (bool in want or not isinstance(value, bool))
         _check(ok, f"{section}.{f.name}", value, f"must be a {f.type}")
+        _check(not isinstance(value, float) or math.isfinite(value), f"{section}.{f.name}",
+               value, "must be a finite number")
 
 
 @dataclass(frozen=True, slots=True)
