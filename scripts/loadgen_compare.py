@@ -7,24 +7,28 @@ Configurations (``--configs``): ``none`` (vLLM alone, its own prefix cache),
 ``flatcake`` (the FlatCake connector with ``--flatcake-memory-mib`` of host memory and
 ``--flatcake-ssd-mib`` of SSD under a fresh store root) and ``lmcache`` (LMCache's
 multi-process mode: an ``lmcache server`` with the same host memory as its L1 and its
-``fs_native`` L2 adapter under a fresh folder, vLLM's ``LMCacheMPConnector``, the CPU transfer
-path ``LMCACHE_MP_TRANSFER_MODE=engine_driven NO_GPU_EXT=1``). LMCache is not a
-dependency of the project: ``--lmcache-path DIR`` names a folder holding it, e.g.
-``pip install --no-deps --target DIR lmcache`` (its imports beyond vLLM's are optional
-with ``--disable-observability``). Repeat ``r`` runs them in
-order when r is even, reversed when odd (none, flatcake, flatcake, none, ...), each on a
-fresh server; on each server every working set gets one loadgen run: its ``--warmup`` pass
-(one visit of each prompt, not measured), then ``--duration`` measured seconds; with
-``--trace``, one more run replays a trace's sessions (``flatcake loadgen --trace``, scaled
-to the server's context) for ``--trace-duration`` seconds. Seeds are the same
+``fs_native`` L2 adapter under a fresh folder, vLLM's ``LMCacheMPConnector``, the CPU
+transfer path ``LMCACHE_MP_TRANSFER_MODE=engine_driven NO_GPU_EXT=1``). LMCache is not a
+dependency of the project: ``--lmcache-path DIR`` names a folder holding it, e.g. ``pip
+install --no-deps --target DIR lmcache`` (its imports beyond vLLM's are optional with
+``--disable-observability``). Repeat ``r`` runs them in order when r is even, reversed
+when odd (none, flatcake, flatcake, none, ...), each on a fresh server; on each server
+every working set gets one loadgen run: its ``--warmup`` pass (one visit of each prompt,
+not measured), then ``--duration`` measured seconds; with ``--trace``, one more run
+replays a trace's sessions (``flatcake loadgen --trace``, scaled to the server's
+context) for ``--trace-duration`` seconds. With ``--interleave``, each configuration's
+server starts once and stays up; each repeat runs every working set on each server in
+turn (one loaded at a time, the others idle), so a noisy stretch of a shared machine
+falls on both sides of a comparison rather than on one server's life. A second table
+divides each run by the first configuration's run of the same repeat. Seeds are the same
 for every configuration and differ between working sets, so each server sees the same
 prompts and no two working sets share one. Each stop is SIGTERM to the API server, as a
 supervisor stops a service (``--stop group``: SIGINT to its whole process group, as a
 terminal's Ctrl-C), with ``--shutdown-timeout 30``; a server still up after
 ``STOP_WAIT_S`` is killed. The tables say how each stop went (from the server's log: a
-worker that died, one vLLM sent SIGTERM past its grace period, an engine it force-killed)
-and when the worker process left, with the CPU seconds it used meanwhile. Writes
-``compare.md`` and ``compare.json`` to --out, and each run's loadgen output under
+worker that died, one vLLM sent SIGTERM past its grace period, an engine it
+force-killed) and when the worker process left, with the CPU seconds it used meanwhile.
+Writes ``compare.md`` and ``compare.json`` to --out, and each run's loadgen output under
 ``--out/runs``.
 
 The model is a random Llama built offline in --model when it is missing (12 layers,
@@ -50,10 +54,15 @@ from pathlib import Path
 from typing import Any
 
 from flatcake import docsout
+from flatcake.loadgen.compare import paired_table, table
+from flatcake.loadgen.procstat import WORKER, cpu_seconds, group_procs, loadavg, model_thread
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_PY = REPO / ".venv-engine" / "bin" / "python"
 STOP_WAIT_S = 90
+# Between interleaved runs: vLLM's engine core spins for a second after its last message
+# (``MessageQueue.acquire_read``), which would fall on the next server's run.
+SETTLE_S = 2.0
 RESERVED_CPUS = 1  # vLLM's own default on x86 for one rank without a KV connector
 BLOCK = 32
 CONFIGS = ("none", "flatcake", "lmcache")
@@ -90,62 +99,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def model_thread(pgid: int) -> tuple[float, float]:
-    """Seconds the worker's main thread (it runs the model) in process group ``pgid`` ran
-    so far, and seconds it was runnable but waited for a core
-    (``/proc/PID/task/PID/schedstat``); zeros when there is no worker."""
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or (proc / "comm").read_text().strip() != WORKER:
-                continue
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
-                continue
-            run, wait = (proc / "task" / proc.name / "schedstat").read_text().split()[:2]
-            return int(run) / 1e9, int(wait) / 1e9
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-    return 0.0, 0.0
-
-
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-# A server's processes by their name (``comm``); the rest (the API server, its helpers)
-# count as "api".
-WORKER = "VLLM::Worker"
-ROLES = {WORKER: "worker", "VLLM::EngineCor": "engine"}
-
-
-def group_procs(pgid: int) -> dict[int, tuple[str, str, float]]:
-    """The processes of group ``pgid``: pid -> (name, state (``Z``: exited, not yet
-    reaped), CPU seconds so far, user + system, every thread)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
-        f = fields.split()
-        if int(f[2]) == pgid:  # pgrp; utime and stime follow at 11 and 12
-            out[int(proc.name)] = (name, f[0], (int(f[11]) + int(f[12])) / tick)
-    return out
-
-
-def cpu_seconds(pgid: int) -> dict[str, float]:
-    """CPU seconds (user + system, every thread) the processes of group ``pgid`` used
-    so far, by role: ``worker`` (the model runner), ``engine`` (vLLM's engine core:
-    scheduler and FlatCake's scheduler half), ``api`` (the API server)."""
-    out = {"worker": 0.0, "engine": 0.0, "api": 0.0}
-    for name, _, cpu in group_procs(pgid).values():
-        out[ROLES.get(name, "api")] += cpu
-    return out
 
 
 def env(lmcache: Path | None = None) -> dict[str, str]:
@@ -341,56 +294,111 @@ def build_model(model: Path) -> None:
                     "1024"], env=env(), check=True, timeout=600, capture_output=True)
 
 
-def cell(runs: list[dict], key: str, fmt: str) -> str:
-    vals = [r["summary"][key] for r in runs if r["summary"][key] is not None]
-    if not vals:
-        return "-"
-    mean = sum(vals) / len(vals)
-    each = " / ".join(format(v, fmt) for v in vals)
-    return f"{format(mean, fmt)} ({each})" if len(vals) > 1 else format(mean, fmt)
+def start(args: argparse.Namespace, config: str, tag: str, began: float) -> Server | dict:
+    """A server for ``config`` under a fresh store root, or the record of its failed
+    start (the other configurations still run)."""
+    print(f"[{time.monotonic() - began:6.0f} s] {tag}: starting vLLM "
+          f"(load {loadavg()})", flush=True)
+    try:
+        return Server(args, config, args.out / "stores" / tag,
+                      args.out / f"server-{tag}.log")
+    except SystemExit as failed:
+        print(f"[{time.monotonic() - began:6.0f} s] {tag}: {failed}", flush=True)
+        return {"run": tag, "start_s": None, "stop_s": None, "rc": None,
+                "worker_exit_s": None, "worker_exit_cpu_s": None, "clean": False,
+                "events": [f"did not start: {failed}"], "session_files": None,
+                "flatcake_metrics": {}}
 
 
-def cpu_cell(runs: list[dict], role: str) -> str:
-    """Mean CPU seconds of ``role`` over the runs, each run's in parentheses."""
-    vals = [r["cpu_s"][role] for r in runs]
-    each = f" ({' / '.join(f'{v:.1f}' for v in vals)})" if len(vals) > 1 else ""
-    return f"{sum(vals) / len(vals):.1f}{each}"
+def measure(args: argparse.Namespace, server: Server, tag: str, r: int, config: str,
+            ws: int | None, seed: int, began: float, idle: dict[str, Server]) -> dict:
+    """One loadgen run against ``server`` and what its processes (and the ``idle``
+    servers beside it) used meanwhile."""
+    before, cpu0 = loadavg(), cpu_seconds(server.proc.pid)
+    wait0 = model_thread(server.proc.pid)
+    idle0 = {c: sum(cpu_seconds(s.proc.pid).values()) for c, s in idle.items()}
+    summary = loadgen(args, server.url, ws, seed, args.out / "runs" /
+                      f"{tag}-{'trace' if ws is None else f'ws{ws}'}")
+    cpu = {k: round(v - cpu0[k], 2) for k, v in cpu_seconds(server.proc.pid).items()}
+    result = {"repeat": r, "config": config, "working_set": ws, "summary": summary,
+              "cpu_s": cpu, "load_before": before, "load_after": loadavg(),
+              "model_thread_s": [round(b - a, 3) for a, b in zip(
+                  wait0, model_thread(server.proc.pid), strict=True)],
+              "idle_servers_cpu_s": round(sum(
+                  sum(cpu_seconds(s.proc.pid).values()) - idle0[c]
+                  for c, s in idle.items()), 2)}
+    print(f"[{time.monotonic() - began:6.0f} s]   {tag} "
+          f"{'trace' if ws is None else f'{ws} prompts'}: TTFT p50 "
+          f"{summary['ttft_p50_s']:.3f} s, cached {100 * (summary['cached_share'] or 0):.1f} "
+          f"%, {summary['req_per_s']:.2f} req/s, CPU s worker {cpu['worker']:.1f} engine "
+          f"{cpu['engine']:.1f} api {cpu['api']:.1f}, model thread waited "
+          f"{result['model_thread_s'][1]:.1f} s", flush=True)
+    return result
 
 
-def stops_cell(stops: list[dict], config: str) -> str:
-    """How ``config``'s servers stopped: clean ones of all, and the worst worker exit
-    (seconds after the signal)."""
-    mine = [s for s in stops if s["run"].split("-", 1)[1] == config]
-    exits = [s["worker_exit_s"] for s in mine if s.get("worker_exit_s") is not None]
-    worst = f", worker out in <= {max(exits):.1f} s" if exits else ""
-    return f"{sum(s['clean'] for s in mine)}/{len(mine)} clean{worst}"
+def finish(args: argparse.Namespace, server: Server, tag: str, began: float) -> dict:
+    """Stop ``server``; its stop, FlatCake's metrics and session files."""
+    metrics = server.flatcake_metrics()
+    stopped = server.stop(args.stop)
+    store = args.out / "stores" / tag
+    files = (len(list((store / "sessions").iterdir()))
+             if (store / "sessions").is_dir() else None)
+    print(f"[{time.monotonic() - began:6.0f} s] {tag}: stopped in {stopped['stop_s']} s "
+          f"(worker out in {stopped['worker_exit_s']} s, {stopped['worker_exit_cpu_s']} "
+          f"CPU s), {'cleanly' if stopped['clean'] else ', '.join(stopped['events'])}",
+          flush=True)
+    return {"run": tag, "start_s": round(server.start_s, 1), **stopped,
+            "session_files": files, "flatcake_metrics": metrics}
 
 
-def table(results: list[dict], working_sets: list[int], stops: list[dict]) -> str:
-    lines = ["| working set | config | TTFT p50 (s) | TTFT p95 (s) | cached share | "
-             "req/s | errors | CPU s: worker / engine / API | load avg (1 min) | "
-             "stops |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for ws in [*working_sets, None]:
-        for config in CONFIGS:
-            runs = [r for r in results if r["config"] == config and r["working_set"] == ws]
-            if not runs:
+def in_turn(configs: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """Repeat ``r``'s order: as given when even, reversed when odd."""
+    return configs if r % 2 == 0 else configs[::-1]
+
+
+def sequential(args, configs, loads, results, stops, began) -> None:
+    """A fresh server per repeat and configuration; every load on it in turn."""
+    for r in range(args.repeats):
+        for config in in_turn(configs, r):
+            tag = f"r{r}-{config}"
+            server = start(args, config, tag, began)
+            if isinstance(server, dict):
+                stops.append(server)
                 continue
-            pct = [dict(r, summary={k: (v * 100 if isinstance(v, float) else v)
-                                    for k, v in r["summary"].items()}) for r in runs]
-            lines.append(
-                f"| {'trace' if ws is None else f'{ws} prompts'} | {config} | "
-                f"{cell(runs, 'ttft_p50_s', '.3f')} | "
-                f"{cell(runs, 'ttft_p95_s', '.3f')} | {cell(pct, 'cached_share', '.1f')} % | "
-                f"{cell(runs, 'req_per_s', '.2f')} | "
-                f"{sum(r['summary']['errors'] for r in runs)} | "
-                f"{' / '.join(cpu_cell(runs, k) for k in ('worker', 'engine', 'api'))} | "
-                f"{' / '.join(r['load_before'].split()[0] for r in runs)} | "
-                f"{stops_cell(stops, config)} |")
-    return "\n".join(lines)
+            try:
+                for k, ws in enumerate(loads):
+                    results.append(measure(args, server, tag, r, config, ws, k + 1,
+                                           began, {}))
+            finally:
+                stops.append(finish(args, server, tag, began))
 
 
-def main() -> int:
+def interleaved(args, configs, loads, results, stops, began) -> None:
+    """Every configuration's server up at once, for the whole run; each repeat runs
+    each load on every server in turn (only one loaded at a time), so a slow stretch
+    of a shared machine falls on both sides of a comparison instead of on one
+    server's whole life."""
+    servers: dict[str, Server] = {}
+    try:
+        for config in configs:
+            server = start(args, config, f"i-{config}", began)
+            if isinstance(server, dict):
+                stops.append(server)
+            else:
+                servers[config] = server
+        for r in range(args.repeats):
+            for k, ws in enumerate(loads):
+                for config in in_turn(tuple(servers), r):
+                    idle = {c: s for c, s in servers.items() if c != config}
+                    time.sleep(SETTLE_S)
+                    results.append(measure(args, servers[config], f"r{r}-{config}", r,
+                                           config, ws, k + 1, began, idle))
+    finally:
+        for config, server in servers.items():
+            stops.append(finish(args, server, f"i-{config}", began))
+
+
+def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("loadgen-compare"))
     p.add_argument("--model", type=Path, default=Path("/tmp/flatcake-loadgen-model"))
@@ -401,6 +409,10 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--interleave", action="store_true",
+                   help="start each configuration's server once and alternate the runs "
+                        "between them, repeat by repeat (default: a fresh server per "
+                        "repeat)")
     p.add_argument("--vllm-blocks", type=int, default=150,
                    help="vLLM's KV cache in blocks of 32 tokens (default 150: 8 prompts of "
                         "512 + 32 tokens)")
@@ -411,7 +423,8 @@ def main() -> int:
                    help="SIGTERM to the API server only, as a supervisor (default), or "
                         "SIGINT to its process group, as a terminal's Ctrl-C")
     p.add_argument("--configs", default="none,flatcake",
-                   help=f"configurations, in order (of {', '.join(CONFIGS)})")
+                   help=f"configurations, in order (of {', '.join(CONFIGS)}); the first "
+                        "is the baseline of the paired ratios")
     p.add_argument("--lmcache-path", type=Path, default=None, metavar="DIR",
                    help="a folder holding the lmcache package (for --configs lmcache)")
     p.add_argument("--session-ids", action="store_true",
@@ -428,71 +441,44 @@ def main() -> int:
                    help="also write the tables to FILE for the docs site "
                         "(docs/results/generated/engine.md)")
     args = p.parse_args()
+    configs = tuple(args.configs.split(","))
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        p.error(f"--configs: unknown {', '.join(unknown)} (of {', '.join(CONFIGS)})")
+    if len(set(configs)) != len(configs):
+        p.error(f"--configs: {args.configs} names a configuration twice")
+    if "lmcache" in configs and not (args.lmcache_path and
+                                     (args.lmcache_path / "lmcache").is_dir()):
+        p.error("--configs lmcache needs --lmcache-path DIR holding the lmcache "
+                "package (pip install --no-deps --target DIR lmcache)")
+    if args.interleave and args.trace:
+        p.error("--interleave runs every repeat on the same servers, so a trace's "
+                "second replay would find its first one's KV; run --trace without "
+                "--interleave")
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: needs at least 1")
+    args.configs = configs
+    return args
+
+
+def main() -> int:
+    args = parse()
     started = docsout.start()
     if not ENGINE_PY.is_file():
         raise SystemExit(f"{ENGINE_PY} is missing: run scripts/engine_venv.sh first")
     working_sets = [int(x) for x in args.working_sets.split(",")]
-    configs = tuple(args.configs.split(","))
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown:
-        raise SystemExit(f"--configs: unknown {', '.join(unknown)} (of {', '.join(CONFIGS)})")
-    if "lmcache" in configs and not (args.lmcache_path and
-                                     (args.lmcache_path / "lmcache").is_dir()):
-        raise SystemExit("--configs lmcache needs --lmcache-path DIR holding the lmcache "
-                         "package (pip install --no-deps --target DIR lmcache)")
+    configs = args.configs
     args.out.mkdir(parents=True, exist_ok=True)
     build_model(args.model)
     results: list[dict] = []
     stops: list[dict] = []
     began = time.monotonic()
-    for r in range(args.repeats):
-        for config in (configs if r % 2 == 0 else configs[::-1]):
-            tag = f"r{r}-{config}"
-            store = args.out / "stores" / tag
-            print(f"[{time.monotonic() - began:6.0f} s] {tag}: starting vLLM "
-                  f"(load {loadavg()})", flush=True)
-            try:
-                server = Server(args, config, store, args.out / f"server-{tag}.log")
-            except SystemExit as failed:  # the other configurations still run
-                print(f"[{time.monotonic() - began:6.0f} s] {tag}: {failed}", flush=True)
-                stops.append({"run": tag, "start_s": None, "stop_s": None, "rc": None,
-                              "worker_exit_s": None, "worker_exit_cpu_s": None,
-                              "clean": False, "events": [f"did not start: {failed}"],
-                              "session_files": None, "flatcake_metrics": {}})
-                continue
-            try:
-                for k, ws in enumerate([*working_sets, *([None] if args.trace else [])]):
-                    before, cpu0 = loadavg(), cpu_seconds(server.proc.pid)
-                    wait0 = model_thread(server.proc.pid)
-                    summary = loadgen(args, server.url, ws, k + 1, args.out / "runs" /
-                                      f"{tag}-{'trace' if ws is None else f'ws{ws}'}")
-                    cpu = {k: round(v - cpu0[k], 2)
-                           for k, v in cpu_seconds(server.proc.pid).items()}
-                    results.append({"repeat": r, "config": config, "working_set": ws,
-                                    "summary": summary, "cpu_s": cpu, "load_before": before,
-                                    "load_after": loadavg(), "model_thread_s": [
-                                        round(b - a, 3) for a, b in zip(
-                                            wait0, model_thread(server.proc.pid),
-                                            strict=True)]})
-                    print(f"[{time.monotonic() - began:6.0f} s]   "
-                          f"{'trace' if ws is None else f'{ws} prompts'}: TTFT p50 "
-                          f"{summary['ttft_p50_s']:.3f} s, cached "
-                          f"{100 * (summary['cached_share'] or 0):.1f} %, "
-                          f"{summary['req_per_s']:.2f} req/s, CPU s worker "
-                          f"{cpu['worker']:.1f} engine {cpu['engine']:.1f} api "
-                          f"{cpu['api']:.1f}", flush=True)
-                metrics = server.flatcake_metrics()
-            finally:
-                stopped = server.stop(args.stop)
-            files = (len(list((store / "sessions").iterdir()))
-                     if (store / "sessions").is_dir() else None)
-            stops.append({"run": tag, "start_s": round(server.start_s, 1), **stopped,
-                          "session_files": files, "flatcake_metrics": metrics})
-            print(f"[{time.monotonic() - began:6.0f} s] {tag}: stopped in "
-                  f"{stopped['stop_s']} s (worker out in {stopped['worker_exit_s']} s, "
-                  f"{stopped['worker_exit_cpu_s']} CPU s), "
-                  f"{'cleanly' if stopped['clean'] else ', '.join(stopped['events'])}",
-                  flush=True)
+    loads = [*working_sets, *([None] if args.trace else [])]
+    (interleaved if args.interleave else sequential)(args, configs, loads, results, stops,
+                                                     began)
+    how = ("each configuration's server started once and the runs alternated between "
+           "them, one loaded at a time" if args.interleave
+           else "a fresh server per repeat and configuration")
     text = "\n".join([
         f"# loadgen comparison, {time.strftime('%Y-%m-%d %H:%M')}", "",
         f"Working sets {args.working_sets} of {args.prompt_tokens}-token prompts + 32-token "
@@ -500,13 +486,18 @@ def main() -> int:
         f"{args.duration:g} s measured after one warm-up pass; vLLM cache "
         f"{args.vllm_blocks} blocks of {BLOCK} tokens; FlatCake {args.flatcake_memory_mib} "
         f"MiB memory + {args.flatcake_ssd_mib} MiB SSD; {args.repeats} repeats, "
-        f"alternating. Cells: mean (each repeat). CPU s: what each process of the "
+        f"alternating ({how}). Cells: mean (each repeat). CPU s: what each process of the "
         f"server used during the loadgen run, its warm-up included (user + system, all "
         f"threads)." + (
             f" Trace row: {args.trace}'s sessions from the first, {args.trace_duration:g} s, "
             "no warm-up, after the working sets on the same server." if args.trace else ""),
         "",
-        table(results, working_sets, stops), "",
+        table(results, working_sets, stops, configs), "",
+        f"Each run against {configs[0]}'s run of the same repeat: mean [lowest - highest] "
+        "(each repeat); below 1 is faster for TTFT, above 1 for req/s. The model thread's "
+        "wait: seconds its vLLM worker was runnable but had no core, per run "
+        "(/proc/PID/task/PID/schedstat).", "",
+        paired_table(results, configs[0]), "",
         f"| server | start (s) | stop (s, {STOP_SIGNAL[args.stop]}) | worker out (s) | "
         "worker CPU s while stopping | stopped | session files |",
         "|---|---|---|---|---|---|---|",
@@ -517,7 +508,10 @@ def main() -> int:
           f"{s['session_files'] if s['session_files'] is not None else '-'} |"
           for s in stops),
         "", f"total wall time {time.monotonic() - began:.0f} s; load average at the end "
-        f"{loadavg()}", ""])
+        f"{loadavg()}" + (
+            "; idle servers used "
+            f"{max(r['idle_servers_cpu_s'] for r in results):.1f} CPU s at most during "
+            "another's run" if args.interleave and results else ""), ""])
     (args.out / "compare.md").write_text(text)
     (args.out / "compare.json").write_text(json.dumps(
         {"args": {k: str(v) for k, v in vars(args).items()}, "results": results,

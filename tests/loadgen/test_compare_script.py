@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from flatcake.loadgen import compare as tables
+from flatcake.loadgen import procstat
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "loadgen_compare.py"
 
 
@@ -64,18 +67,18 @@ def burning_worker() -> Iterator[int]:
         child.communicate("", timeout=30)
 
 
-def test_cpu_seconds_are_counted_per_process_of_the_servers_group(compare):
+def test_cpu_seconds_are_counted_per_process_of_the_servers_group():
     with burning_worker() as pid:
-        cpu = compare.cpu_seconds(pid)
+        cpu = procstat.cpu_seconds(pid)
     assert cpu["worker"] >= 0.25 and cpu["engine"] == 0.0  # /proc counts whole ticks
-    assert compare.cpu_seconds(os.getpgid(0))["worker"] == 0.0  # another group
+    assert procstat.cpu_seconds(os.getpgid(0))["worker"] == 0.0  # another group
 
 
-def test_the_model_threads_run_and_wait_are_read(compare):
+def test_the_model_threads_run_and_wait_are_read():
     with burning_worker() as pid:
-        run, wait = compare.model_thread(pid)
+        run, wait = procstat.model_thread(pid)
     assert run >= 0.25 and wait >= 0.0  # schedstat counts nanoseconds
-    assert compare.model_thread(os.getpgid(0)) == (0.0, 0.0)  # no worker in this group
+    assert procstat.model_thread(os.getpgid(0)) == (0.0, 0.0)  # no worker in this group
 
 
 def test_a_worker_that_left_at_the_deadline_is_no_unclean_stop(compare):
@@ -125,5 +128,47 @@ def test_a_stop_says_when_the_worker_left_and_what_it_cost(compare, tmp_path):
     runs = [{"run": "r0-none", "clean": True, "worker_exit_s": 1.5},
             {"run": "r1-none", "clean": False, "worker_exit_s": 6.2},
             {"run": "r0-flatcake", "clean": True, "worker_exit_s": None}]
-    assert compare.stops_cell(runs, "none") == "1/2 clean, worker out in <= 6.2 s"
-    assert compare.stops_cell(runs, "flatcake") == "1/1 clean"
+    assert tables.stops_cell(runs, "none") == "1/2 clean, worker out in <= 6.2 s"
+    assert tables.stops_cell(runs, "flatcake") == "1/1 clean"
+
+
+def run(repeat: int, config: str, ws: int | None, p50: float, rps: float,
+        wait: float = 0.0) -> dict:
+    return {"repeat": repeat, "config": config, "working_set": ws, "model_thread_s": [9, wait],
+            "summary": {"ttft_p50_s": p50, "ttft_mean_s": p50, "req_per_s": rps}}
+
+
+def test_each_run_is_divided_by_the_baselines_run_of_its_repeat():
+    results = [run(0, "none", 4, 0.10, 5.0, 1.0), run(0, "flatcake", 4, 0.11, 4.5, 3.0),
+               run(1, "flatcake", 4, 0.30, 2.0, 5.0), run(1, "none", 4, 0.30, 2.5, 3.0),
+               run(0, "none", 48, 0.50, 2.0), run(0, "flatcake", 48, 0.05, 6.0),
+               run(2, "flatcake", 4, 0.1, 1.0)]  # repeat 2's baseline did not start
+    rows = {row["working_set"]: row for row in tables.paired(results, "none")}
+    assert rows[4]["ratios"]["ttft_p50_s"] == pytest.approx([1.1, 1.0])
+    assert rows[4]["ratios"]["req_per_s"] == pytest.approx([0.9, 0.8])
+    assert rows[4]["wait_s"] == [3.0, 5.0] and rows[4]["baseline_wait_s"] == [1.0, 3.0]
+    assert rows[48]["ratios"]["ttft_p50_s"] == pytest.approx([0.1])
+    text = tables.paired_table(results, "none")
+    assert "| 4 prompts | flatcake | 1.050 [1.00 - 1.10] (1.10 / 1.00) |" in text
+    line4 = next(line for line in text.splitlines() if line.startswith("| 4 prompts"))
+    assert line4.endswith("| 4.0 / 2.0 |")  # the model thread's mean wait, both sides
+
+
+def test_a_missing_or_zero_figure_is_left_out_of_the_ratios():
+    results = [run(0, "none", 4, 0.0, 5.0), run(0, "flatcake", 4, 0.1, 5.0)]
+    row = tables.paired(results, "none")[0]
+    assert row["ratios"]["ttft_p50_s"] == [] and row["ratios"]["req_per_s"] == [1.0]
+    assert "| 4 prompts | flatcake | - |" in tables.paired_table(results, "none")
+    assert tables.paired_table([run(0, "none", 4, 0.1, 5.0)], "none") == ""
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--interleave", "--trace", "agent"], "run --trace without --interleave"),
+    (["--configs", "none,none"], "names a configuration twice"),
+    (["--configs", "none,vllm"], "unknown vllm"),
+    (["--repeats", "0"], "needs at least 1"),
+])
+def test_a_bad_command_line_says_what_is_wrong(argv, says):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", "/nonexistent/x", *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
