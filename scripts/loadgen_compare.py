@@ -63,6 +63,7 @@ STOP_WAIT_S = 90
 # Between interleaved runs: vLLM's engine core spins for a second after its last message
 # (``MessageQueue.acquire_read``), which would fall on the next server's run.
 SETTLE_S = 2.0
+SEED_STRIDE = 1000  # an interleaved repeat's seeds: working set k + 1 + 1000 * repeat
 RESERVED_CPUS = 1  # vLLM's own default on x86 for one rank without a KV connector
 BLOCK = 32
 CONFIGS = ("none", "flatcake", "lmcache")
@@ -377,7 +378,9 @@ def interleaved(args, configs, loads, results, stops, began) -> None:
     """Every configuration's server up at once, for the whole run; each repeat runs
     each load on every server in turn (only one loaded at a time), so a slow stretch
     of a shared machine falls on both sides of a comparison instead of on one
-    server's whole life."""
+    server's whole life. Each repeat sends prompts and questions the servers have not
+    seen (its own seed): a repeat of the same requests would find every store already
+    made, a cost a fresh server pays."""
     servers: dict[str, Server] = {}
     try:
         for config in configs:
@@ -392,7 +395,8 @@ def interleaved(args, configs, loads, results, stops, began) -> None:
                     idle = {c: s for c, s in servers.items() if c != config}
                     time.sleep(SETTLE_S)
                     results.append(measure(args, servers[config], f"r{r}-{config}", r,
-                                           config, ws, k + 1, began, idle))
+                                           config, ws, k + 1 + SEED_STRIDE * r, began,
+                                           idle))
     finally:
         for config, server in servers.items():
             stops.append(finish(args, server, f"i-{config}", began))
