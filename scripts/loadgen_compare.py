@@ -199,6 +199,14 @@ class Server:
         self.stop("group")
         raise SystemExit(f"server not healthy in 300 s; see {log}")
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds its processes used so far by role (``procstat.cpu_seconds``),
+        LMCache's server, a process group of its own, as ``cache_server``."""
+        cpu = cpu_seconds(self.proc.pid)
+        if self.lmcache is not None:
+            cpu["cache_server"] = sum(cpu_seconds(self.lmcache.proc.pid).values())
+        return cpu
+
     def flatcake_metrics(self) -> dict[str, float]:
         """The ``vllm:flatcake_*`` series by name and labels (the engine label left
         out), without Prometheus' ``_created`` timestamps."""
@@ -315,18 +323,18 @@ def measure(args: argparse.Namespace, server: Server, tag: str, r: int, config: 
             ws: int | None, seed: int, began: float, idle: dict[str, Server]) -> dict:
     """One loadgen run against ``server`` and what its processes (and the ``idle``
     servers beside it) used meanwhile."""
-    before, cpu0 = loadavg(), cpu_seconds(server.proc.pid)
+    before, cpu0 = loadavg(), server.cpu_seconds()
     wait0 = model_thread(server.proc.pid)
-    idle0 = {c: sum(cpu_seconds(s.proc.pid).values()) for c, s in idle.items()}
+    idle0 = {c: sum(s.cpu_seconds().values()) for c, s in idle.items()}
     summary = loadgen(args, server.url, ws, seed, args.out / "runs" /
                       f"{tag}-{'trace' if ws is None else f'ws{ws}'}")
-    cpu = {k: round(v - cpu0[k], 2) for k, v in cpu_seconds(server.proc.pid).items()}
+    cpu = {k: round(v - cpu0[k], 2) for k, v in server.cpu_seconds().items()}
     result = {"repeat": r, "config": config, "working_set": ws, "summary": summary,
               "cpu_s": cpu, "load_before": before, "load_after": loadavg(),
               "model_thread_s": [round(b - a, 3) for a, b in zip(
                   wait0, model_thread(server.proc.pid), strict=True)],
               "idle_servers_cpu_s": round(sum(
-                  sum(cpu_seconds(s.proc.pid).values()) - idle0[c]
+                  sum(s.cpu_seconds().values()) - idle0[c]
                   for c, s in idle.items()), 2)}
     print(f"[{time.monotonic() - began:6.0f} s]   {tag} "
           f"{'trace' if ws is None else f'{ws} prompts'}: TTFT p50 "
@@ -492,7 +500,7 @@ def main() -> int:
         f"MiB memory + {args.flatcake_ssd_mib} MiB SSD; {args.repeats} repeats, "
         f"alternating ({how}). Cells: mean (each repeat). CPU s: what each process of the "
         f"server used during the loadgen run, its warm-up included (user + system, all "
-        f"threads)." + (
+        f"threads; + LMCache's own server for lmcache)." + (
             f" Trace row: {args.trace}'s sessions from the first, {args.trace_duration:g} s, "
             "no warm-up, after the working sets on the same server." if args.trace else ""),
         "",

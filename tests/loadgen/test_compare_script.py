@@ -172,3 +172,16 @@ def test_a_bad_command_line_says_what_is_wrong(argv, says):
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", "/nonexistent/x", *argv],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_cache_servers_cpu_is_shown_beside_the_engines():
+    summary = {"ttft_p50_s": 0.1, "ttft_p95_s": 0.2, "cached_share": 0.5, "req_per_s": 5.0,
+               "errors": 0}
+    runs = [{"repeat": 0, "config": c, "working_set": 4, "summary": summary,
+             "load_before": "1.0 1.0 1.0", "cpu_s": dict(
+                 {"worker": 2.0, "engine": 1.0, "api": 0.5},
+                 **({"cache_server": 3.0} if c == "lmcache" else {}))}
+            for c in ("none", "lmcache")]
+    rows = tables.table(runs, [4], [], ("none", "lmcache")).splitlines()[2:]
+    assert "| 2.0 / 1.0 / 0.5 |" in rows[0]
+    assert "| 2.0 / 1.0 / 0.5 + 3.0 |" in rows[1]

@@ -33,6 +33,14 @@ def cpu_cell(runs: list[dict], role: str) -> str:
     return f"{sum(vals) / len(vals):.1f}{each}"
 
 
+def cache_server(runs: list[dict]) -> str:
+    """`` + N`` CPU seconds of a cache server of its own (LMCache's), when the runs
+    had one."""
+    if not all("cache_server" in r["cpu_s"] for r in runs):
+        return ""
+    return f" + {cpu_cell(runs, 'cache_server')}"
+
+
 def stops_cell(stops: list[dict], config: str) -> str:
     """How ``config``'s servers stopped: clean ones of all, and the worst worker exit
     (seconds after the signal)."""
@@ -75,7 +83,8 @@ def table(
                 f"{cell(runs, 'ttft_p95_s', '.3f')} | {cell(pct, 'cached_share', '.1f')} % | "
                 f"{cell(runs, 'req_per_s', '.2f')} | "
                 f"{sum(r['summary']['errors'] for r in runs)} | "
-                f"{' / '.join(cpu_cell(runs, k) for k in ('worker', 'engine', 'api'))} | "
+                f"{' / '.join(cpu_cell(runs, k) for k in ('worker', 'engine', 'api'))}"
+                f"{cache_server(runs)} | "
                 f"{' / '.join(r['load_before'].split()[0] for r in runs)} | "
                 f"{stops_cell(stops, config)} |"
             )
