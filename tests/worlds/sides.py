@@ -67,12 +67,13 @@ class _Node:
         self.outcomes: dict[str, Any] = {}  # the executor's LoadOutcome per request
         submit = self.worker.executor.submit_load
 
-        def recording(task: Any, paged: Any, ready: Any, on_done: Any = None) -> Any:
+        def recording(task: Any, paged: Any, ready: Any, on_done: Any = None,
+                      fence: Any = None) -> Any:
             def done(outcome: Any) -> None:
                 self.outcomes[task.request_id] = outcome
                 if on_done is not None:
                     on_done(outcome)
-            return submit(task, paged, ready, done)
+            return submit(task, paged, ready, done, fence=fence)
 
         self.worker.executor.submit_load = recording
         self.loads: dict[str, LoadDone] = {}  # reported by the worker, not handed back

@@ -58,6 +58,11 @@ class ConnectorSettings:
             load is given up: its blocks are load errors that the engine recomputes,
             and the restore is fenced off from the KV slots. The default 5 s is the
             bound ``store.remote_timeout_s`` puts on a remote read.
+        async_load_timeout_s: how long an async load (an SSD hit on a GPU engine, a
+            hit on other nodes) may take from its start, queueing for a staging window
+            included. Past it the load is given up as an in-step one is: its blocks
+            are load errors, its request is recomputed instead of waiting for a hung
+            disk, and the restore is fenced off from the KV slots.
     """
 
     config: FlatCakeConfig = field(default_factory=FlatCakeConfig)
@@ -68,6 +73,7 @@ class ConnectorSettings:
     shutdown_drain_s: float = 60.0
     ssd_loads_in_step: bool = True
     in_step_load_timeout_s: float = 5.0
+    async_load_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         _want(isinstance(self.tenant_salt, str), "tenant_salt", self.tenant_salt, "a string")
@@ -77,11 +83,12 @@ class ConnectorSettings:
         for name in ("min_hit_blocks", "max_pending_stores"):
             n = getattr(self, name)
             _want(_is_int(n) and n >= 1, name, n, "an int >= 1")
-        d, t = self.shutdown_drain_s, self.in_step_load_timeout_s
+        d = self.shutdown_drain_s
         _want(_is_number(d) and 0 <= d < math.inf, "shutdown_drain_s", d,
               "a finite number >= 0")
-        _want(_is_number(t) and 0 < t < math.inf, "in_step_load_timeout_s", t,
-              "a finite number > 0")
+        for name in ("in_step_load_timeout_s", "async_load_timeout_s"):
+            t = getattr(self, name)
+            _want(_is_number(t) and 0 < t < math.inf, name, t, "a finite number > 0")
 
     def drain_within(self, grace_s: float | None) -> float:
         """How long a stopping worker drains its writes when its engine gives the
@@ -116,7 +123,7 @@ IN_STEP_LINE = "FlatCake ssd_loads_in_step effective: %s (%s)"
 
 _CONNECTOR_KEYS = ("config_file", "tenant_salt", "infer_sessions", "min_hit_blocks",
                    "max_pending_stores", "shutdown_drain_s", "ssd_loads_in_step",
-                   "in_step_load_timeout_s")
+                   "in_step_load_timeout_s", "async_load_timeout_s")
 
 
 def parse_extra_config(extra: Mapping[str, Any] | None,

@@ -270,7 +270,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                 self.geometry, config, store_dir,
                 max_pending_stores=self.settings.max_pending_stores,
                 drain_timeout_s=drain_s, arena_path=arena, writes=writes, part=part,
-                parts=parts, load_timeout_s=self.settings.in_step_load_timeout_s)
+                parts=parts, load_timeout_s=self.settings.in_step_load_timeout_s,
+                async_load_timeout_s=self.settings.async_load_timeout_s)
 
     def _log_in_step(self, attached: bool) -> None:
         """One line at start: whether an SSD hit loads in the step that schedules it

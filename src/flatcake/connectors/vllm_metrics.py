@@ -79,8 +79,8 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
                          "SSD restores read through the staging window and one copy "
                          "(zero-copy refused, e.g. blocks not a multiple of 4 KiB)."),
         "loads_late": ("vllm:flatcake_loads_late",
-                       "Loads in the step the engine stopped waiting for at their "
-                       "deadline (in_step_load_timeout_s): recomputed."),
+                       "Loads given up at their deadline (in_step_load_timeout_s, "
+                       "async_load_timeout_s): recomputed."),
         "loads_backed_off": ("vllm:flatcake_loads_backed_off",
                              "SSD hits recomputed instead of loaded in the step while a "
                              "load given up at its deadline still reads the disk."),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -30,7 +31,7 @@ import torch
 
 from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
-from flatcake.cio.restore import LayerReady
+from flatcake.cio.restore import Fence, LayerReady, LoadAbandoned
 from flatcake.connectors.group_slots import EnginePages, GroupedKV, StepSlots
 from flatcake.control.address import Medium
 from flatcake.geometry import KVGeometry
@@ -55,6 +56,18 @@ class _Finished:
 
 
 
+@dataclass(slots=True)
+class _Async:
+    """An async load in flight, given up by ``poll`` once ``deadline`` passed
+    (``time.monotonic()``) unless ``settled`` (its outcome went to ``poll`` first)."""
+
+    task: LoadTask
+    fence: Fence
+    deadline: float
+    settled: bool = False
+    given_up: bool = False
+
+
 class WorkerIO:
     """The paged KV and task runners of ``WorkerSide`` (which sets every attribute)."""
 
@@ -74,6 +87,10 @@ class WorkerIO:
     _failed_requests: set[str]
     _slots: StepSlots | None
     _loads_in_flight: int
+    async_load_timeout_s: float
+    _async: list[_Async]
+    _late_open: int  # given-up loads still reading
+    _late_ended: list[str]  # given-up loads whose reads ended since the last poll
 
     # -- the engine's KV ---------------------------------------------------------------
 
@@ -103,9 +120,48 @@ class WorkerIO:
 
     # -- loads ----------------------------------------------------------------------
 
-    def _restored(self, task: LoadTask, outcome: LoadOutcome) -> None:
+    def _track_async(self, task: LoadTask) -> _Async:
+        """An async load starting now, with its deadline."""
+        self._loads_in_flight += 1
+        load = _Async(task, Fence(), time.monotonic() + self.async_load_timeout_s)
+        self._async.append(load)
+        return load
+
+    def _restored_async(self, load: _Async, outcome: LoadOutcome) -> None:
+        """An async load ended (a restore thread): ``poll`` reports it, unless ``poll``
+        gave it up already, which it then learns ended (``WorkerReport.late_ended``)."""
         with self._lock:
-            self._done.append(_Finished(task, load=outcome.done))
+            if load.given_up:
+                self._late_open -= 1
+                self._late_ended.append(load.task.request_id)
+                return
+            load.settled = True
+            self._done.append(_Finished(load.task, load=outcome.done))
+
+    def _expire_async(self) -> None:
+        """Give up the async loads past their deadline (a hung disk): their fence
+        closed, so nothing more of them reaches the KV slots, each is reported done with
+        none of its blocks (``LoadDone.late``): its request is recomputed, not held."""
+        now = time.monotonic()
+        for load in self._async:
+            if load.deadline > now or load.settled:
+                continue
+            load.fence.close()
+            task = load.task
+            with self._lock:
+                if load.settled:  # it ended while the fence closed: reported as it is
+                    continue
+                load.given_up = True
+                self._late_open += 1
+                self._done.append(_Finished(task, load=LoadDone(
+                    task.request_id, task.first_block, task.remote_end, late=True)))
+            logger.warning("FlatCake load of request %s given up: not read %.1f s after "
+                           "it started (async_load_timeout_s); its %d blocks are "
+                           "recomputed", task.request_id, self.async_load_timeout_s,
+                           task.remote_end - task.first_block)
+        with self._lock:
+            self._async = [x for x in self._async if not (x.settled or x.given_up)]
+
 
     def _start_grouped_load(self, grouped: GroupedKV, task: LoadTask,
                             slots: StepSlots) -> None:
@@ -117,19 +173,21 @@ class WorkerIO:
                              f"KV cache groups: {'sync' if task.sync else 'no group slots'}")
         n = len(task.block_ids)
         scratch = grouped.scratch(n)
-        self._loads_in_flight += 1
+        load = self._track_async(task)
 
         def settle(outcome: LoadOutcome) -> None:
             done = outcome.done
             try:
-                grouped.scatter(scratch, ids, task.first_block,
-                                min(done.num_blocks_loaded, n))
+                with load.fence.open():  # not once ``poll`` gave it up
+                    grouped.scatter(scratch, ids, task.first_block,
+                                    min(done.num_blocks_loaded, n))
+            except LoadAbandoned:
+                pass  # reported late already; the scratch copy goes unused
             except Exception as exc:  # nothing of it is served: recomputed
                 logger.warning("FlatCake load of request %s not scattered: %s",
                                task.request_id, exc)
                 done = replace(done, num_blocks_loaded=task.first_block)
-            with self._lock:
-                self._done.append(_Finished(task, load=done))
+            self._restored_async(load, replace(outcome, done=done))
 
         self.executor.submit_load(replace(task, block_ids=tuple(range(n))), scratch,
                                   LayerReady(self.geometry.num_layers), settle)

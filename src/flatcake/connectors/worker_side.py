@@ -13,7 +13,10 @@ windows); this class adds the engine's step rhythm and a view of its paged KV::
                        releases: punch superseded window rows out (the books'
                          word: no restore in flight reads them)
                        SSD loads: one restore thread each (two-layer staging window:
-                         read layer l+1 while layer l is verified and scattered)
+                         read layer l+1 while layer l is verified and scattered),
+                         each until ``async_load_timeout_s`` from its start: past
+                         it ``poll`` gives it up as a sync load is given up (its
+                         fence closed, its blocks load errors, its request done)
                        sync loads (all-memory, or SSD in the step): a restore
                          thread whose layers the forward pass waits for
                          (wait_for_layer), each until the step's deadline
@@ -79,7 +82,7 @@ from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.group_slots import GroupedKV, StepSlots
-from flatcake.connectors.worker_io import WorkerIO, _Finished
+from flatcake.connectors.worker_io import WorkerIO, _Async, _Finished
 from flatcake.connectors.write_queue import WriteQueue
 from flatcake.control.plane import ControlPlane
 from flatcake.geometry import KVGeometry
@@ -122,17 +125,23 @@ class WorkerSide(WorkerIO):
         writes: False for a rank that only reads (see the module docstring).
         load_timeout_s: how long a step waits for its sync loads, from its start
             (``ConnectorSettings.in_step_load_timeout_s``).
+        async_load_timeout_s: how long an async load may take, from its start
+            (``ConnectorSettings.async_load_timeout_s``).
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
                  max_pending_stores: int = 64, drain_timeout_s: float = 60.0,
                  arena_path: Path | None = None, writes: bool = True,
-                 part: int = 0, parts: int = 1, load_timeout_s: float = 5.0) -> None:
-        if max_pending_stores < 1 or drain_timeout_s < 0 or not load_timeout_s > 0:
-            raise ValueError(f"max_pending_stores must be >= 1, drain_timeout_s >= 0 and "
-                             f"load_timeout_s > 0, got {max_pending_stores}, "
-                             f"{drain_timeout_s}, {load_timeout_s}")
+                 part: int = 0, parts: int = 1, load_timeout_s: float = 5.0,
+                 async_load_timeout_s: float = 60.0) -> None:
+        if max_pending_stores < 1 or drain_timeout_s < 0 or not load_timeout_s > 0 \
+                or not async_load_timeout_s > 0:
+            raise ValueError(f"max_pending_stores must be >= 1, drain_timeout_s >= 0, "
+                             f"load_timeout_s and async_load_timeout_s > 0, got "
+                             f"{max_pending_stores}, {drain_timeout_s}, {load_timeout_s}, "
+                             f"{async_load_timeout_s}")
         self.load_timeout_s = load_timeout_s
+        self.async_load_timeout_s = async_load_timeout_s
         self.geometry = geometry
         self.config = config
         self.store_dir = Path(store_dir)
@@ -153,6 +162,7 @@ class WorkerSide(WorkerIO):
         self._closed = False
         self._done: list[_Finished] = []
         self._sync: list[_InStep] = []
+        self._async: list[_Async] = []
         self._sync_errors: set[int] = set()
         self._unplanned: set[str] = set()  # async loads the scheduler could not plan
         self._sync_done: list[LoadDone] = []
@@ -254,10 +264,10 @@ class WorkerSide(WorkerIO):
                 fut = self.executor.submit_load(mine, self._paged_kv(), ready, fence=fence)
                 self._sync.append(_InStep(task, ready, fut, fence, deadline))
             else:
-                self._loads_in_flight += 1
+                load = self._track_async(task)
                 self.executor.submit_load(mine, self._paged_kv(), ready,
-                                          partial(self._restored, task))
-
+                                          partial(self._restored_async, load),
+                                          fence=load.fence)
 
     def wait_for_layer(self, layer: int) -> None:
         """Block until layer ``layer`` of this step's sync loads is in the paged KV, or
@@ -347,6 +357,7 @@ class WorkerSide(WorkerIO):
         Sending: finished requests that had stores, now all done (durable or failed);
         recving: SSD loads finished; failed: the slots of blocks that failed to load
         (including this step's sync loads)."""
+        self._expire_async()
         with self._lock:
             done, self._done = self._done, []
             late_ended, self._late_ended = tuple(self._late_ended), []
