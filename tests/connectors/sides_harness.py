@@ -98,6 +98,21 @@ class Harness:
     def block(self, layer: int, slot: int) -> bytes:
         return self.kv[layer][slot].contiguous().view(torch.uint8).numpy().tobytes()
 
+    def recompute(self, slots: list[int]) -> dict[tuple[int, int], bytes]:
+        """The engine recomputes ``slots`` (blocks a given-up load left): new bytes in
+        every layer, returned by (layer, slot)."""
+        for layer in range(len(self.kv)):
+            for s in slots:
+                self.kv[layer][s].fill_(7.0)
+        return {(layer, s): self.block(layer, s) for layer in range(len(self.kv))
+                for s in slots}
+
+    def wait_late_reads(self, timeout_s: float = 10.0) -> None:
+        """Until the reads of every given-up load ended (a released disk)."""
+        deadline = time.monotonic() + timeout_s
+        while self.worker.late_reads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def close(self) -> None:
         self.worker.close()
         self.sched.close()

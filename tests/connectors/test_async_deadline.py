@@ -44,15 +44,10 @@ def test_a_hung_async_load_is_given_up_at_its_deadline_and_fenced_off(
         assert caplog.text.count("async_load_timeout_s") == 1
         assert h.sched.totals()["loads_late"] == 1
         assert h.worker.late_reads() == 1
-        for layer in range(3):  # the engine recomputes those blocks into their slots
-            for s in slots[:4]:
-                h.kv[layer][s].fill_(7.0)
-        recomputed = {(layer, s): h.block(layer, s) for layer in range(3) for s in slots[:4]}
+        recomputed = h.recompute(slots[:4])
     finally:
         disk.release()
-    deadline = time.monotonic() + 10
-    while h.worker.late_reads() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    h.wait_late_reads()
     assert h.worker.late_reads() == 0 and disk.late_reads > 0
     _, _, recving, invalid = h.step()  # its poll tells the books the late reads ended
     assert recving == set() and invalid == set()  # reported once, never again

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -109,16 +108,10 @@ def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
         assert caplog.text.count("given up") == 1
         totals = h.sched.totals()
         assert totals["loads_late"] == 1 and totals.get("loaded_tokens_ssd", 0) == 0
-        # The engine recomputes those blocks into their slots.
-        for layer in range(3):
-            for s in slots[:4]:
-                h.kv[layer][s].fill_(7.0)
-        recomputed = {(layer, s): h.block(layer, s) for layer in range(3) for s in slots[:4]}
+        recomputed = h.recompute(slots[:4])  # the engine recomputes those blocks
     finally:
         disk.release()
-    deadline = time.monotonic() + 10
-    while h.worker.late_reads() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    h.wait_late_reads()
     assert disk.late_reads > 0
     h.step()  # its poll tells the books the late reads ended
     # The disk answers again: the next step's hit loads, through the window the late
@@ -214,9 +207,7 @@ def test_while_a_given_up_load_still_reads_no_step_loads_ssd_in_the_step(
         assert h.sched.totals()["loads_backed_off"] == 1
     finally:
         disk.release()
-    deadline = time.monotonic() + 10
-    while h.worker.late_reads() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    h.wait_late_reads()
     assert h.worker.late_reads() == 0
     h.step()  # its poll reports the late reads ended
     v = view("e", tokens(turn0[:16], 8, 700), session="s")
