@@ -208,6 +208,14 @@ class KVGeometry:
         windows = self.layer_window_blocks or (0,) * self.num_layers
         return sum(b for b, w in zip(self.layer_block_bytes, windows, strict=True) if not w)
 
+    def restore_bytes(self, num_blocks: int) -> int:
+        """Bytes a restore of a request's ``num_blocks`` blocks hands the engine: every
+        block of the layers that keep their history, the last ``window`` blocks of a
+        windowed layer (the rows the next token attends to)."""
+        windows = self.layer_window_blocks or (0,) * self.num_layers
+        return sum(size * (min(w, num_blocks) if w else num_blocks)
+                   for size, w in zip(self.layer_block_bytes, windows, strict=True))
+
     @property
     def is_uniform(self) -> bool:
         """Every layer's block has the same size."""

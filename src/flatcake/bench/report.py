@@ -31,7 +31,8 @@ class LayoutResult:
         ratio_to_device: ``gbps`` over the device row's ``gbps`` (same run).
         read_commands: read commands of one restore (from the reader's counters).
         bytes_read: bytes one restore read (useful + gaps + alignment + checks).
-        bytes_useful: bytes of the request (every block, every layer).
+        bytes_useful: bytes of the request the engine needs (every block of every
+            layer, a windowed layer's last window only: ``KVGeometry.restore_bytes``).
         staging_bytes: largest staging buffer the restore needed (one of two).
         verified: every round's restored bytes equal the bytes written.
         cpu_s: median CPU seconds of this process (all threads) during one restore;

@@ -302,7 +302,9 @@ def _run(options: BenchOptions, command: str, model: str, root: str, num_blocks:
         reader.close()
     read_paths = fc.read_paths
 
-    layouts = layout_rows(names, runs, cpu, staging, verified, useful)
+    # What the engine needs of the request: a windowed layer's last window only.
+    layouts = layout_rows(names, runs, cpu, staging, verified,
+                          geometry.restore_bytes(num_blocks))
     fc_row = by_name(layouts, "flatcake")
     controls = [ControlPlaneCost(options.context_tokens, num_blocks, options.num_turns,
                                  cp_ms, fc_row.restore_s, False,
