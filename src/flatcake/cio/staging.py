@@ -34,10 +34,11 @@ The plan's *stream* of a layer is a sequence of block-sized positions (``plan.st
 ``RestoreJob.stream_slots`` maps each stream block to a paged KV slot, or to -1 for a
 block read only so that its segment layer can be checked against its crc32 (an older
 segment without block crcs is read whole).
-A restore the engine may give up on (a load in the step, ``RestoreJob.fence``) reads
-through the staging slots only, and writes each layer into the paged KV inside its
-fence: once the engine closed it, no byte of the restore reaches the KV slots, and the
-restore stops at its next layer, keeping its window until its reads end.
+A restore the engine may give up on (every load of the vLLM connector,
+``RestoreJob.fence``) reads through the staging slots only, and writes each layer into
+the paged KV inside its fence: once the engine closed it, no byte of the restore
+reaches the KV slots, and the restore reads no more (a restore still queued for a
+window reads nothing), keeping its window until the reads it started end.
 Checks (``StreamCheck``) run before scatter; a failed check cuts the restore at the
 first request block of that segment: blocks from the cut on are *not* loaded, whatever
 layers they had reached, and the caller recomputes them. A read command that fails

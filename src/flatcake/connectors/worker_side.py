@@ -308,7 +308,8 @@ class WorkerSide(WorkerIO):
             self._late_ended.append(request_id)
 
     def late_reads(self) -> int:
-        """Loads given up at their deadline whose reads have not ended yet."""
+        """Loads given up at their deadline (in the step or async) whose reads have not
+        ended yet."""
         with self._lock:
             return self._late_open
 
