@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from flatcake import docsout
-from flatcake.loadgen.compare import paired_table, table
+from flatcake.loadgen.compare import label, paired_table, table
 from flatcake.loadgen.procstat import WORKER, cpu_seconds, group_procs, loadavg, model_thread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -336,8 +336,7 @@ def measure(args: argparse.Namespace, server: Server, tag: str, r: int, config: 
               "idle_servers_cpu_s": round(sum(
                   sum(s.cpu_seconds().values()) - idle0[c]
                   for c, s in idle.items()), 2)}
-    print(f"[{time.monotonic() - began:6.0f} s]   {tag} "
-          f"{'trace' if ws is None else f'{ws} prompts'}: TTFT p50 "
+    print(f"[{time.monotonic() - began:6.0f} s]   {tag} {label(ws)}: TTFT p50 "
           f"{summary['ttft_p50_s']:.3f} s, cached {100 * (summary['cached_share'] or 0):.1f} "
           f"%, {summary['req_per_s']:.2f} req/s, CPU s worker {cpu['worker']:.1f} engine "
           f"{cpu['engine']:.1f} api {cpu['api']:.1f}, model thread waited "

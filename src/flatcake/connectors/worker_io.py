@@ -131,12 +131,17 @@ class WorkerIO:
         """An async load ended (a restore thread): ``poll`` reports it, unless ``poll``
         gave it up already, which it then learns ended (``WorkerReport.late_ended``)."""
         with self._lock:
-            if load.given_up:
-                self._late_open -= 1
-                self._late_ended.append(load.task.request_id)
+            if not load.given_up:
+                load.settled = True
+                self._done.append(_Finished(load.task, load=outcome.done))
                 return
-            load.settled = True
-            self._done.append(_Finished(load.task, load=outcome.done))
+        self._late_read_ended(load.task.request_id)
+
+    def _late_read_ended(self, request_id: str) -> None:
+        """A given-up load's reads ended (a restore thread): the next ``poll`` says so."""
+        with self._lock:
+            self._late_open -= 1
+            self._late_ended.append(request_id)
 
     def _expire_async(self) -> None:
         """Give up the async loads past their deadline (a hung disk): their fence

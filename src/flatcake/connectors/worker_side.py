@@ -301,12 +301,6 @@ class WorkerSide(WorkerIO):
                        "recomputed", task.request_id, where, self.load_timeout_s,
                        task.remote_end - task.first_block)
 
-    def _late_read_ended(self, request_id: str) -> None:
-        """A given-up load's reads ended (a restore thread): the next ``poll`` says so."""
-        with self._lock:
-            self._late_open -= 1
-            self._late_ended.append(request_id)
-
     def late_reads(self) -> int:
         """Loads given up at their deadline (in the step or async) whose reads have not
         ended yet."""

@@ -50,7 +50,8 @@ def stops_cell(stops: list[dict], config: str) -> str:
     return f"{sum(s['clean'] for s in mine)}/{len(mine)} clean{worst}"
 
 
-def _label(ws: int | None) -> str:
+def label(ws: int | None) -> str:
+    """A load's name in the tables: ``4 prompts``, or ``trace``."""
     return "trace" if ws is None else f"{ws} prompts"
 
 
@@ -78,7 +79,7 @@ def table(
                 for r in runs
             ]
             lines.append(
-                f"| {_label(ws)} | {config} | "
+                f"| {label(ws)} | {config} | "
                 f"{cell(runs, 'ttft_p50_s', '.3f')} | "
                 f"{cell(runs, 'ttft_p95_s', '.3f')} | {cell(pct, 'cached_share', '.1f')} % | "
                 f"{cell(runs, 'req_per_s', '.2f')} | "
@@ -151,6 +152,6 @@ def paired_table(results: list[dict], baseline: str) -> str:
             f"{sum(row['baseline_wait_s']) / len(row['baseline_wait_s']):.1f}"
         )
         lines.append(
-            f"| {_label(row['working_set'])} | {row['config']} | {' | '.join(cells)} | {waits} |"
+            f"| {label(row['working_set'])} | {row['config']} | {' | '.join(cells)} | {waits} |"
         )
     return "\n".join(lines)
