@@ -118,6 +118,16 @@ class Harness:
         self.sched.close()
 
 
+def stored_turn(h: Harness) -> list[int]:
+    """Session ``s``'s first turn, 4 full blocks + 1 token in slots 1-5, written to SSD
+    (first-turn placement) and durable; returns its tokens."""
+    turn0 = list(range(100, 117))
+    p = finish(h, "a", turn0, [1, 2, 3, 4, 5], out=3, session="s")
+    assert p["placement"] == "ssd:first_turn"
+    h.step()
+    return turn0
+
+
 def tokens(prefix: list[int], n: int, start: int) -> list[int]:
     return prefix + list(range(start, start + n))
 

@@ -13,7 +13,7 @@ import pytest
 
 from flatcake.geometry import KVGeometry
 from tests.cio.helpers import HungDisk
-from tests.connectors.sides_harness import G4K, G, Harness, finish, settings, tokens, view
+from tests.connectors.sides_harness import G4K, G, Harness, settings, stored_turn, tokens, view
 
 
 @pytest.mark.parametrize("g", [G, G4K], ids=["staged", "zero-copy-able"])
@@ -21,10 +21,7 @@ def test_a_hung_async_load_is_given_up_at_its_deadline_and_fenced_off(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         g: KVGeometry) -> None:
     h = Harness(tmp_path, settings("scheduler.max_restores_in_flight=1"), g=g)
-    turn0 = list(range(100, 117))
-    assert finish(h, "a", turn0, [1, 2, 3, 4, 5], out=3, session="s")["placement"] == \
-        "ssd:first_turn"
-    h.step()
+    turn0 = stored_turn(h)
     want = {(layer, j): h.block(layer, s) for layer in range(3)
             for j, s in enumerate([1, 2, 3, 4])}
     h.worker.async_load_timeout_s = 0.3
@@ -67,9 +64,7 @@ def test_a_hung_async_load_is_given_up_at_its_deadline_and_fenced_off(
 
 def test_an_async_load_within_its_deadline_is_not_given_up(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    turn0 = list(range(100, 117))
-    finish(h, "a", turn0, [1, 2, 3, 4, 5], out=3, session="s")
-    h.step()
+    turn0 = stored_turn(h)
     h.worker.async_load_timeout_s = 30.0
     v = view("b", tokens(turn0[:16], 8, 300), session="s")
     assert h.sched.num_matched_tokens(v, 0) == (16, True)

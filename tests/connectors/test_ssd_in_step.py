@@ -16,21 +16,22 @@ from flatcake.cio.filescan import scan_session_file
 from flatcake.clock import ManualClock
 from flatcake.geometry import KVGeometry
 from tests.cio.helpers import HungDisk, ReadOverlap
-from tests.connectors.sides_harness import G4K, G, Harness, finish, settings, tokens, view
-
-
-def _stored_turn(h: Harness) -> list[int]:
-    turn0 = list(range(100, 117))  # 4 full blocks + 1, placed on SSD (first turn)
-    p = finish(h, "a", turn0, [1, 2, 3, 4, 5], out=3, session="s")
-    assert p["placement"] == "ssd:first_turn"
-    h.step()
-    return turn0
+from tests.connectors.sides_harness import (
+    G4K,
+    G,
+    Harness,
+    finish,
+    settings,
+    stored_turn,
+    tokens,
+    view,
+)
 
 
 def test_an_ssd_hit_loads_in_the_step_that_schedules_it(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.sched.ssd_in_step = True
-    turn0 = _stored_turn(h)
+    turn0 = stored_turn(h)
     want = {(layer, j): h.block(layer, s) for layer in range(3)
             for j, s in enumerate([1, 2, 3, 4])}
     v = view("b", tokens(turn0[:16], 8, 300), session="s")
@@ -52,7 +53,7 @@ def test_a_damaged_segment_loaded_in_step_is_a_load_error_of_that_step(
         tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.sched.ssd_in_step = True
-    turn0 = _stored_turn(h)
+    turn0 = stored_turn(h)
     (path,) = (tmp_path / "sessions").iterdir()
     _, (seg,), _ = scan_session_file(path)
     data = bytearray(path.read_bytes())
@@ -70,7 +71,7 @@ def test_a_damaged_segment_loaded_in_step_is_a_load_error_of_that_step(
 
 def test_a_gpu_engine_keeps_ssd_loads_async(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    turn0 = _stored_turn(h)
+    turn0 = stored_turn(h)
     v = view("b", tokens(turn0[:16], 8, 300), session="s")
     assert h.sched.num_matched_tokens(v, 0) == (16, True)
     h.sched.after_alloc("b", list(range(20, 27)), 16)
@@ -86,7 +87,7 @@ def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
     # One staging window: a window the late restore kept for good would hang the next.
     h = Harness(tmp_path, settings("scheduler.max_restores_in_flight=1"), g=g)
     h.sched.ssd_in_step = True
-    turn0 = _stored_turn(h)
+    turn0 = stored_turn(h)
     want = {(layer, j): h.block(layer, s) for layer in range(3)
             for j, s in enumerate([1, 2, 3, 4])}
     h.worker.load_timeout_s = 0.3
@@ -137,7 +138,7 @@ def test_an_in_step_load_keeps_the_stores_bound_on_reads_in_flight(
     h = Harness(tmp_path, settings("store.reads_in_flight=1", "planner.max_read_bytes=4096"),
                 g=G4K)
     h.sched.ssd_in_step = True
-    turn0 = _stored_turn(h)
+    turn0 = stored_turn(h)
     overlap = ReadOverlap(monkeypatch)
     v = view("b", tokens(turn0[:16], 8, 300), session="s")
     assert h.sched.num_matched_tokens(v, 0) == (16, False)
@@ -160,7 +161,7 @@ def test_several_in_step_loads_run_side_by_side_in_fc_mas_order(
                                    "scheduler.max_restores_in_flight=2"), g=G4K, clock=clock)
     h.sched.ssd_in_step = True
     h.worker.load_timeout_s = 60.0
-    big = _stored_turn(h)  # 4 blocks
+    big = stored_turn(h)  # 4 blocks
     small = list(range(500, 509))  # 2 blocks
     assert finish(h, "c", small, [8, 9, 10], out=3, session="t")["placement"] == \
         "ssd:first_turn"
@@ -186,7 +187,7 @@ def test_while_a_given_up_load_still_reads_no_step_loads_ssd_in_the_step(
     # deadline again); once they end, SSD hits load in the step again.
     h = Harness(tmp_path, settings("scheduler.max_restores_in_flight=1"))
     h.sched.ssd_in_step = True
-    turn0 = _stored_turn(h)
+    turn0 = stored_turn(h)
     h.worker.load_timeout_s = 0.3
     disk = HungDisk(monkeypatch)
     out: list[tuple[object, set[str], set[str], set[int]]] = []
