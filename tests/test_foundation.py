@@ -112,3 +112,25 @@ def test_config_sources_merge_in_order(tmp_path) -> None:
 def test_config_errors_name_field(override: str, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         load_config(env={}, overrides=[override])
+
+
+def test_a_coarser_block_charges_a_window_the_engines_pages_only() -> None:
+    # DeepSeek-V4-Flash's engine page is 128 tokens. At a 512-token trace block the
+    # layers that keep every block scale with the block, but a windowed group holds the
+    # pages of its window as of the block's end: c128a's 128-token compressor state is
+    # one 128-token page (20 layers x 128 x 4,104 B), not four; the sliding window one.
+    g = preset("deepseek-v4-flash")
+    coarse = g.with_block_size(512)
+    by_kind = coarse.kind_bytes(coarse.layer_block_bytes)
+    assert by_kind["c128a-state"] == 20 * 128 * 4104
+    assert by_kind["c4a-state"] == 21 * 8 * 8208
+    assert by_kind["sliding"] == 43 * 128 * 585
+    assert by_kind["c4a"] == 4 * g.kind_bytes(g.layer_block_bytes)["c4a"]
+    cached = sum(v for k, v in by_kind.items() if k != "sliding")
+    assert cached == 14_252_544  # what a per-block store holds of one 512-token block
+    assert coarse.layer_window_blocks == g.layer_window_blocks
+    # The engine's own block and finer ones are unchanged; so is a model without windows.
+    assert g.with_block_size(128) == g
+    llama = preset("llama-3.1-8b")
+    assert llama.with_block_size(512).layer_block_bytes == (512 * 4096,) * 32
+    assert KVGeometry.from_record(coarse.to_record()) == coarse

@@ -90,3 +90,46 @@ def test_snippet_round_trips_every_field_kind(tmp_path: Path) -> None:
         cfg = tmp_path / "snippet.toml"
         cfg.write_text(toml_snippet(p) + "\n")
         assert load_config(cfg, env={}).placement == p
+
+
+def test_replay_config_sets_every_key_the_replay_honours(tmp_path: Path) -> None:
+    from flatcake.replay.presets import get_preset
+    from flatcake.tune import replay_config
+
+    cfg = tmp_path / "fc.toml"
+    cfg.write_text("[placement]\nshort_reply_threshold_tokens = 99\n[scheduler]\nsingle_queue = true\n"
+                   "[store]\nrelease_old_windows = false\nroot = '/nvme/fc'\n"
+                   "memory_capacity_bytes = 1024\n")
+    paper = get_preset("paper")
+    got, ignored = replay_config(paper, str(cfg))
+    assert got.flatcake.placement.short_reply_threshold_tokens == 99
+    assert got.flatcake.scheduler.single_queue is True
+    assert got.flatcake.store.release_old_windows is False
+    # Budgets and paths stay the preset's, and are named back.
+    assert ignored == ["store.root", "store.memory_capacity_bytes"]
+    assert got.flatcake.store.root == paper.flatcake.store.root
+    # Keys the file leaves alone keep the preset's values (not the config's defaults).
+    assert got.flatcake.scheduler.max_restores_in_flight == \
+        paper.flatcake.scheduler.max_restores_in_flight
+    cfg.write_text("[store]\nrelease_old_windowz = false\n")
+    with pytest.raises(ValueError, match="release_old_windowz"):
+        replay_config(paper, str(cfg))
+
+
+def test_release_old_windows_off_in_the_replay_releases_nothing(tmp_path: Path) -> None:
+    from flatcake.replay.simulate import replay_node
+    from flatcake.replay.workload.trace import from_requests
+    from flatcake.tune import replay_config
+    from tests.replay.helpers import ids, tiny_preset
+    from tests.replay.layer_scenarios import HYBRID
+
+    # A's second turn is durable: the window rows of its first are released, unless off.
+    reqs = [(0.0, ids(0, 5), 160, 2), (5.0, ids(0, 9), 288, 2), (9.0, ids(0, 12), 384, 2)]
+    preset = tiny_preset(gpu_blocks=14, host_blocks=3, geometry=HYBRID)
+    on, _ = replay_node(from_requests(reqs, 32), "flatcake", 0.5, preset)
+    cfg = tmp_path / "off.toml"
+    cfg.write_text("[store]\nrelease_old_windows = false\n")
+    off, _ = replay_node(from_requests(reqs, 32), "flatcake", 0.5,
+                         replay_config(preset, str(cfg))[0])
+    assert on.extra["ssd_window_bytes_released"] > 0
+    assert off.extra["ssd_window_bytes_released"] == 0

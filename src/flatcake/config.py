@@ -353,6 +353,12 @@ def _coerce(section: str, name: str, raw: Any, target: Any) -> Any:
     return raw
 
 
+def apply_setting(cfg: FlatCakeConfig, section: str, name: str, raw: Any) -> FlatCakeConfig:
+    """``cfg`` with ``section.name`` set from ``raw`` (a TOML, env or ``--set`` value),
+    checked as ``load_config`` checks it."""
+    return _apply(cfg, section, name, raw)
+
+
 def _apply(cfg: FlatCakeConfig, section: str, name: str, raw: Any) -> FlatCakeConfig:
     if section == "" and name == "model":
         return dataclasses.replace(cfg, model=str(raw))

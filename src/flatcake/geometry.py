@@ -47,6 +47,11 @@ class LayerGroup:
         window_tokens: a sliding window: the next turn reads only the last
             ``window_tokens`` tokens of these layers; 0 keeps the whole history.
         kind: a name for reports ("full", "sliding", "c4a", ...).
+        window_bytes: a windowed group seen at a block coarser than the engine's page
+            (a trace of 512-token blocks over an engine of 128-token pages): the bytes
+            one layer holds per block, the engine's pages of the window as of the
+            block's end, not the block's every token (``KVGeometry.with_block_size``);
+            0: the block's own bytes.
     """
 
     num_layers: int
@@ -54,10 +59,11 @@ class LayerGroup:
     tokens_per_entry: int = 1
     window_tokens: int = 0
     kind: str = "full"
+    window_bytes: int = 0
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "entry_bytes", "tokens_per_entry",
-                           "window_tokens"):
+                           "window_tokens", "window_bytes"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"LayerGroup.{field_name} must be an int, got {value!r}")
@@ -68,6 +74,9 @@ class LayerGroup:
         if self.window_tokens < 0:
             raise ValueError(f"LayerGroup.window_tokens must be >= 0, got "
                              f"{self.window_tokens!r}")
+        if self.window_bytes < 0 or (self.window_bytes and not self.window_tokens):
+            raise ValueError(f"LayerGroup.window_bytes must be >= 0, and 0 without a "
+                             f"window, got {self.window_bytes!r}")
 
     def block_bytes(self, tokens_per_block: int) -> int:
         """Bytes of one model block (``tokens_per_block`` tokens) of one layer."""
@@ -75,7 +84,22 @@ class LayerGroup:
             raise ValueError(
                 f"LayerGroup {self.kind!r}: one entry covers {self.tokens_per_entry} "
                 f"tokens, which does not divide the block of {tokens_per_block} tokens")
-        return self.entry_bytes * (tokens_per_block // self.tokens_per_entry)
+        whole = self.entry_bytes * (tokens_per_block // self.tokens_per_entry)
+        return min(whole, self.window_bytes) if self.window_bytes else whole
+
+    def coarsened(self, engine_block_tokens: int, tokens_per_block: int) -> LayerGroup:
+        """This group seen at ``tokens_per_block``-token blocks over an engine whose
+        pages are ``engine_block_tokens``: a windowed group holds the engine's pages of
+        its window as of a block's end (``window_bytes``), however many more tokens
+        the block spans; any other group, or a block no coarser, is unchanged."""
+        if not self.window_tokens or tokens_per_block <= engine_block_tokens:
+            return self
+        pages = -(-self.window_tokens // engine_block_tokens)
+        held = pages * dataclasses.replace(self, window_bytes=0).block_bytes(
+            engine_block_tokens)
+        if held >= self.entry_bytes * (tokens_per_block // self.tokens_per_entry):
+            return self
+        return dataclasses.replace(self, window_bytes=held)
 
     def window_blocks(self, tokens_per_block: int) -> int:
         """Blocks a next turn reads of this group (0: all of them)."""
@@ -270,6 +294,13 @@ class KVGeometry:
         return cls(**fields, groups=groups)
 
     def with_block_size(self, tokens_per_block: int) -> KVGeometry:
+        """This model at ``tokens_per_block``-token blocks (a trace's block). A block
+        coarser than this geometry's own (the engine's page) charges a windowed group
+        the engine's pages of its window, not every token of the block
+        (``LayerGroup.coarsened``): DeepSeek-V4's 128-token compressor state is one
+        128-token page per 512-token trace block, not four."""
+        groups = tuple(grp.coarsened(self.tokens_per_block, tokens_per_block)
+                       for grp in self.groups)
         return KVGeometry(
             num_layers=self.num_layers,
             tokens_per_block=tokens_per_block,
@@ -278,7 +309,7 @@ class KVGeometry:
             dtype=self.dtype,
             mla_latent_dim=self.mla_latent_dim,
             name=self.name,
-            groups=self.groups,
+            groups=groups,
         )
 
 

@@ -121,6 +121,36 @@ def with_config(preset: ReplayPreset, config: FlatCakeConfig) -> ReplayPreset:
     return dataclasses.replace(preset, flatcake=fc)
 
 
+REPLAY_SECTIONS = ("placement", "reclaim", "planner", "scheduler")
+"""Config sections whose every key the replay's FlatCake honours."""
+REPLAY_STORE_KEYS = ("release_old_windows",)
+"""The ``[store]`` keys it honours (the budgets are the preset's node)."""
+
+
+def replay_config(preset: ReplayPreset, path: str) -> tuple[ReplayPreset, list[str]]:
+    """``preset`` with the keys the TOML file at ``path`` sets, for every key the replay
+    honours (``REPLAY_SECTIONS``, ``REPLAY_STORE_KEYS``); the keys it sets and the
+    replay does not honour (the budgets, paths, the service) are returned, unapplied.
+    A bad key or value raises ``ValueError`` naming it, as ``load_config`` does."""
+    import tomllib
+
+    from flatcake.config import apply_setting, load_config
+
+    load_config(path)  # every key and value checked, with the config's own messages
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    cfg = preset.flatcake
+    ignored: list[str] = []
+    for section, table in data.items():
+        for name, raw in (table.items() if isinstance(table, dict) else [(section, table)]):
+            sect = section if isinstance(table, dict) else ""
+            if sect in REPLAY_SECTIONS or (sect == "store" and name in REPLAY_STORE_KEYS):
+                cfg = apply_setting(cfg, sect, name, raw)
+            else:
+                ignored.append(f"{sect}.{name}" if sect else name)
+    return dataclasses.replace(preset, flatcake=cfg), ignored
+
+
 def _replay(task: tuple[str, str, PlacementConfig, float, int]) -> tuple[float, float, float]:
     """Process-pool entry: replay one (workload file, preset, placement, rate)."""
     from flatcake.replay.presets import get_preset

@@ -18,7 +18,7 @@ from tests.replay.layer_scenarios import BRANCH, HYBRID, REQS, TRACE_BT
 
 def test_trailing_windows_mark_and_cut() -> None:
     wins = TrailingWindows(10, 2)
-    wins.mark(((0, 3), (7, 9)))  # positions 0..4: ids 0, 1, 2, 7, 8
+    wins.mark(((0, 3), (7, 9)), 5)  # positions 0..4: ids 0, 1, 2, 7, 8
     assert np.flatnonzero(wins.held).tolist() == [7, 8]
     runs = ((0, 3), (7, 9))
     assert wins.cut(runs, 0, 5) == 5
@@ -30,7 +30,7 @@ def test_trailing_windows_mark_and_cut() -> None:
     assert wins.cut(runs, 0, 5) == 0
     assert wins.count(np.array([7, 8], dtype=np.int32)) == 1
     off = TrailingWindows(10, 0)
-    off.mark(runs)
+    off.mark(runs, 5)
     assert off.cut(runs, 0, 4) == 4 and off.count(np.arange(10)) == 0
 
 
@@ -98,3 +98,46 @@ def test_a_cut_back_is_counted_where_the_hit_is_decided() -> None:
     assert (m.extra["window_cut_hits"], m.extra["window_cut_blocks"]) == (1, 3)
     m, _node = _run("memory-only", BRANCH, ("sliding",), host_blocks=100)
     assert "window_cut_blocks" not in m.extra
+
+
+# Blocks of 32 tokens, as the replay's (no re-cut). A, B, C and D end on a partial block
+# (176 tokens: 5 full blocks and half of one, hashed as 6 ids, as Mooncake's traces hash
+# ceil(input / block)); then A comes back: its 6th block is full now (a new id) and it
+# goes on. No engine caches a partial block, so every system stores A's 5 full blocks
+# and keeps their window at the 5th: A's return hits all 5. Storing the partial block
+# put FlatCake's window and SGLang's trailing window on it, where no hit ends (0 hit).
+PARTIAL = [(0.0, ids(0, 6), 176, 2), (1.0, ids(100, 106), 176, 2),
+           (2.0, ids(200, 206), 176, 2), (3.0, ids(300, 306), 176, 2),
+           (10.0, ids(0, 5) + ids(50, 53), 256, 2)]
+
+
+@pytest.mark.parametrize(("system", "host_blocks"), [
+    ("flatcake", 3), ("tiered-wait", 3), ("tiered-direct", 3), ("memory-only", 100)])
+def test_a_partial_last_block_is_not_stored_and_holds_no_window(
+        system: str, host_blocks: int) -> None:
+    preset = tiny_preset(gpu_blocks=10, host_blocks=host_blocks, geometry=HYBRID)
+    m, node = replay_node(from_requests(PARTIAL, 32), system, 1 / 2.5, preset)
+    assert node.rec.hit_blocks.tolist() == [0, 0, 0, 0, 5]
+    assert m.extra.get("window_cut_hits", 0) == 0
+    if system == "tiered-direct":
+        # 4 requests x 5 full blocks, each its layers that keep every block (9,192 B
+        # widened to 12,288 B) and its sliding block (8,192 B): no partial block.
+        assert m.ssd_write_bytes == 4 * 5 * (12288 + 8192)
+
+
+@pytest.mark.parametrize(("uncached", "turn_end_hits"), [((), [0, 0, 5, 0]),
+                                                         (("sliding",), [0, 3, 5, 3])])
+def test_the_turn_end_bound_ends_a_hit_where_an_earlier_turn_ended(
+        uncached: tuple[str, ...], turn_end_hits: list[int]) -> None:
+    # A: 5 full blocks. D shares A's first 3 and goes on: the every-block bound hits 3,
+    # the turn-end bound none (no earlier request ended at 3). E extends A: both hit A's
+    # end, 5. F shares the first 3 again: still nobody's end. A window the engine does
+    # not prefix-cache cuts nothing: the two bounds are equal.
+    reqs = [(0.0, ids(0, 5), 160, 2), (1.0, ids(0, 3) + ids(500, 502), 160, 2),
+            (2.0, ids(0, 5) + ids(600, 601), 192, 2), (3.0, ids(0, 3) + ids(700, 702), 160, 2)]
+    preset = tiny_preset(gpu_blocks=10, host_blocks=3, geometry=HYBRID)
+    m, node = replay_node(from_requests(reqs, 32), "flatcake", 1 / 2.5,
+                          preset.with_node(uncached_kinds=uncached))
+    assert node.rec.max_hit_blocks.tolist() == [0, 3, 5, 3]
+    assert node.rec.turn_end_hit_blocks.tolist() == turn_end_hits
+    assert m.max_hit_rate_turn_ends == sum(turn_end_hits) / node.rec.num_blocks.sum()

@@ -66,9 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"mean request rate in req/s (default {DEFAULT_RATE:g})")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.add_argument("--config", default=None,
-                   help="FlatCake TOML config whose [placement] and [reclaim] replace the "
-                        "preset's (e.g. the snippet 'flatcake tune' prints); budgets stay "
-                        "the preset's")
+                   help="FlatCake TOML config: every key it sets of [placement], "
+                        "[reclaim], [planner], [scheduler] and store.release_old_windows "
+                        "replaces the preset's (e.g. the snippet 'flatcake tune' prints); "
+                        "budgets stay the preset's (other keys are listed and ignored)")
     p.add_argument("--explain", action="store_true",
                    help="print the preset's assumptions and exit; with TRACE, --rate or "
                         "--system, print them and run (to stderr with --json)")
@@ -101,10 +102,12 @@ def run(args: argparse.Namespace) -> int:
     if args.routing:
         preset = preset.with_node(routing=args.routing)
     if args.config:
-        from flatcake.config import load_config
-        from flatcake.tune import with_config
+        from flatcake.tune import replay_config
 
-        preset = with_config(preset, load_config(args.config))
+        preset, ignored = replay_config(preset, args.config)
+        if ignored:
+            print(f"{args.config}: not honoured by the replay (the preset's node sets "
+                  f"them): {', '.join(ignored)}", file=sys.stderr)
     rate = DEFAULT_RATE if args.rate is None else args.rate
     if rate <= 0:
         raise ValueError(f"--rate must be > 0, got {rate}")

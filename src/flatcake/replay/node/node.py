@@ -47,6 +47,7 @@ from flatcake.replay.node.parts import (  # noqa: F401  (re-exported)
     Request,
     Worker,
 )
+from flatcake.replay.workload.runs import Runs, slice_runs
 from flatcake.replay.workload.trace import Workload
 
 logger = logging.getLogger(__name__)
@@ -133,6 +134,14 @@ class Node:
         self.rec = rec if rec is not None else Recorder(workload.num_requests,
                                                         spec.num_workers)
         self.seen = np.zeros(workload.num_ids, dtype=bool)
+        # The turn-end bound: with a sliding window the engine prefix-caches, a hit can
+        # end only where the window is held; an infinite store holding it at each
+        # earlier request's last full block (a turn's end) hits up to the last of those.
+        windows = geometry.layer_window_blocks or (0,) * geometry.num_layers
+        kinds = [grp.kind for grp in geometry.layer_groups for _ in range(grp.num_layers)]
+        self.turn_ends = np.zeros(workload.num_ids if any(
+            w and kind not in spec.uncached_kinds for w, kind in zip(windows, kinds, strict=True))
+            else 0, dtype=bool)
         self.session_worker = np.full(max(workload.num_sessions, 1), -1, dtype=np.int32)
         self.session_open = np.zeros(max(workload.num_sessions, 1), dtype=np.int32)
         self.system = system
@@ -198,6 +207,7 @@ class Node:
         for s, e in runs:
             seen[s:e] = True
         self.rec.max_hit_blocks[i] = hit
+        self.rec.turn_end_hit_blocks[i] = self._turn_end_hit(runs, hit, req.full_blocks)
         self.rec.num_blocks[i] = req.num_blocks
         self.rec.arrival_s[i] = req.arrival_s
         req.worker = self._route(req)
@@ -205,6 +215,25 @@ class Node:
         w.outstanding += 1
         w.queue.change(self.now, 1)
         self.system.on_arrival(req)
+
+    def _turn_end_hit(self, runs: Runs, hit: int, full_blocks: int) -> int:
+        """The turn-end bound's hit of a request over ``runs`` whose infinite-cache hit
+        is ``hit`` blocks: the last position up to ``hit`` where an earlier request's
+        full blocks ended (``hit`` itself without a cached window); then marks this
+        request's own end."""
+        ends = self.turn_ends
+        if not len(ends):
+            return hit
+        got = at = 0
+        for s, e in slice_runs(runs, 0, hit):
+            last = np.flatnonzero(ends[s:e])
+            if len(last):
+                got = at + int(last[-1]) + 1
+            at += e - s
+        if full_blocks:
+            ((s, _e),) = slice_runs(runs, full_blocks - 1, full_blocks)
+            ends[s] = True
+        return got
 
     def _route(self, req: Request) -> int:
         routing = self.spec.routing

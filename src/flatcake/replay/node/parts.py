@@ -17,12 +17,33 @@ from flatcake.replay.workload.trace import Workload
 class Request:
     """One request's state during a run (one object per request, never per block)."""
 
-    __slots__ = ("admitted", "arrival_s", "chain", "decode_stall_s", "done_s",
-                 "first_token_s", "gpu_prefix",
-                 "hit_blocks", "idx", "input_tokens", "load_layers", "load_s", "num_blocks",
-                 "output_tokens", "prefill_start_s", "ready_s", "restore_blocks",
-                 "restore_end_s", "restore_start_s", "runs", "session", "sys", "turn",
-                 "worker")
+    __slots__ = (
+        "admitted",
+        "arrival_s",
+        "chain",
+        "decode_stall_s",
+        "done_s",
+        "first_token_s",
+        "full_blocks",
+        "gpu_prefix",
+        "hit_blocks",
+        "idx",
+        "input_tokens",
+        "load_layers",
+        "load_s",
+        "num_blocks",
+        "output_tokens",
+        "prefill_start_s",
+        "ready_s",
+        "restore_blocks",
+        "restore_end_s",
+        "restore_start_s",
+        "runs",
+        "session",
+        "sys",
+        "turn",
+        "worker",
+    )
 
     def __init__(self, idx: int, runs: Runs, arrival_s: float, wl: Workload) -> None:
         self.idx = idx
@@ -33,6 +54,9 @@ class Request:
         self.session = int(wl.session[idx])
         self.turn = int(wl.turn[idx])
         self.input_tokens = int(wl.input_tokens[idx])
+        # The prompt's full blocks: a trace that hashes its partial last block (the
+        # Mooncake traces hash ceil(input / block)) lists one more; no engine caches it.
+        self.full_blocks = min(self.num_blocks, self.input_tokens // wl.block_tokens)
         self.output_tokens = int(wl.output_tokens[idx])
         self.worker = -1
         self.admitted = False

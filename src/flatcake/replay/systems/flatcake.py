@@ -336,18 +336,21 @@ class FlatCakeSystem(System):
         turn = st.turn
         # The prompt's full blocks, as the connector counts them: a trace's partial last
         # block is re-hashed once the next turn fills it, so a continuation never hits it.
-        full_blocks = min(req.num_blocks, req.input_tokens // node.geometry.tokens_per_block)
+        full_blocks = req.full_blocks
         self.sessions.finish_turn(turn, req.output_tokens, full_blocks)
-        if req.num_blocks == 0:
+        if full_blocks == 0:
             self.refcount.remove(req.idx)
+            st.keys = ()
             return
         # A trace's session owns the files of all its chains (sub-agents included).
         sid = str(req.session) if req.session >= 0 else turn.session_id
-        # As the connector does: the request's keys from its first block; prepare_store
+        # As the connector does: the request's full blocks from its first; prepare_store
         # writes those the books do not hold (also blocks dropped since the request
         # arrived, so the new segment is never cut off from its prefix, and blocks it
-        # fetched from other nodes: this node then holds the whole prefix).
-        keys = st.keys
+        # fetched from other nodes: this node then holds the whole prefix). A partial
+        # last block is not stored: no later request shares its key, and a segment
+        # ending on it would hold its windows where no hit can end.
+        keys = st.keys[:full_blocks]
         refcount = self.refcount
 
         def shared(i: int) -> int:

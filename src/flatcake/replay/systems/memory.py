@@ -79,8 +79,8 @@ class MemoryOnlySystem(System):
             raise not_attached(self.name)
         if not req.runs:
             return
-        self.wins.mark(req.runs)
-        host.touch(req.runs)
+        self.wins.mark(req.runs, req.full_blocks)
+        host.touch(slice_runs(req.runs, 0, req.full_blocks))  # full blocks only
         over = host.size - host.capacity_blocks
         if over > 0:
             dropped = host.evict(over)

@@ -335,11 +335,12 @@ class TieredSystem(System):
         if self.host is None:
             raise not_attached(self.name)
         # SGLang's rule: the turn's trailing window pages are backed up with its blocks.
-        self.wins.mark(req.runs)
-        # Put the blocks the store does not hold (and refresh those in memory); blocks
-        # that only have an SSD copy are not put again.
+        self.wins.mark(req.runs, req.full_blocks)
+        # Put the full blocks the store does not hold (and refresh those in memory);
+        # blocks that only have an SSD copy are not put again. A partial last block is
+        # no page the engine's tree caches (nor a key any later request shares).
         put: list[tuple[int, int]] = []
-        for s, e in req.runs:
+        for s, e in slice_runs(req.runs, 0, req.full_blocks):
             keep = self._to_put(s, e)
             if keep.all():
                 put.append((s, e))

@@ -49,13 +49,14 @@ class TrailingWindows:
         self.cuts = 0  # hits cut back (``cut(record=True)``) ...
         self.cut_blocks = 0  # ... and the blocks they lost
 
-    def mark(self, runs: Runs) -> None:
-        """A request finished over ``runs``: its last ``window_blocks`` blocks keep
-        their window pages."""
+    def mark(self, runs: Runs, full_blocks: int) -> None:
+        """A request finished over ``runs`` whose first ``full_blocks`` blocks are full
+        (a trace's partial last block is not a page SGLang's tree caches): the last
+        ``window_blocks`` full blocks keep their window pages."""
         w = self.window_blocks
         if not w or not runs:
             return
-        n = sum(e - s for s, e in runs)
+        n = min(sum(e - s for s, e in runs), full_blocks)
         for s, e in slice_runs(runs, max(0, n - w), n):
             self.held[s:e] = True
 
