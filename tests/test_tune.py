@@ -98,7 +98,8 @@ def test_replay_config_sets_every_key_the_replay_honours(tmp_path: Path) -> None
 
     cfg = tmp_path / "fc.toml"
     cfg.write_text("[placement]\nshort_reply_threshold_tokens = 99\n"
-                   "[scheduler]\nsingle_queue = true\n[store]\nrelease_old_windows = false\nroot = '/nvme/fc'\n"
+                   "[scheduler]\nsingle_queue = true\n"
+                   "[store]\nrelease_old_windows = false\nroot = '/nvme/fc'\n"
                    "memory_capacity_bytes = 1024\n")
     paper = get_preset("paper")
     got, ignored = replay_config(paper, str(cfg))
