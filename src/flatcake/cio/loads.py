@@ -205,6 +205,13 @@ class ExecutorLoads:
         """The remote runs once the local prefix is in (``cio.remote_load``), then the
         task's ``LoadOutcome``."""
         loaded = min(outcome.num_blocks_loaded, job.num_request_blocks)
+        if loaded < task.num_blocks and self.geometry.layer_window_blocks:
+            # A restore reads the window rows at its hit's end only
+            # (``control.windows.restore_view``): cut short (a damaged or unreadable
+            # segment), it holds no window where it stops, so it serves nothing; the
+            # books cut the session at the damage, and the next lookup finds the shorter
+            # hit with its window.
+            loaded = task.first_block
         remote_bytes = 0
         if task.remote:
             loaded, remote_bytes = remote_part(task, job.paged, loaded, ready,

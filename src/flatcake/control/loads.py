@@ -23,6 +23,7 @@ from flatcake.control.sessions import SessionTable
 from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.types import LoadPlan
+from flatcake.control.windows import restore_view
 from flatcake.geometry import KVGeometry
 from flatcake.readplan import ReadPlanner
 
@@ -89,8 +90,9 @@ class Loads:
                                      f"reclaimed; look the keys up again")
         else:
             hit = self._lookup(keys_or_hit)
-        read_plan = planner(hit.runs, self._geometry.num_layers, self._ssd.resolve,
-                            self._config.planner)
+        # The window rows a hit runs past are held for hits ending there, not read.
+        read_plan = planner(restore_view(hit.runs), self._geometry.num_layers,
+                            self._ssd.resolve, self._config.planner)
         sessions = hit.session_ids
         for sid in sessions:
             self._sessions[sid].num_pins += 1

@@ -25,6 +25,7 @@ back, to nothing when every older turn is released; it recomputes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -76,6 +77,43 @@ def windowed_hit(hit: PrefixHit, windows: tuple[int, ...]) -> PrefixHit:
             total = sum(r[2] for r in kept)
             return PrefixHit(total, total - ssd, ssd, kept)
     return EMPTY_HIT
+
+
+def restore_view(runs: tuple[HitRun, ...]) -> tuple[HitRun, ...]:
+    """``runs`` as a restore plans them: in an SSD run wholly before the window at the
+    hit's end (its last block before ``end - w``), a windowed layer of ``w`` blocks is
+    marked released (``SegmentLayout.release``), so the planner neither reads nor checks
+    its rows: they are held where a hit may end at that segment, and no window ending at
+    this hit's end reads them. Without it, a restore of ``T`` turns read every turn's
+    window rows (on DeepSeek-V4-Flash 12.2 MB of compressor state per turn). The books'
+    segments are unchanged (the view is for planning only)."""
+    if not runs or not runs[0].segment.layout.layer_window_blocks:
+        return runs
+    end = max(r.prefix_start + r.num_blocks for r in runs)
+    out = list(runs)
+    for i, run in enumerate(runs):
+        seg = run.segment
+        lay = seg.layout
+        if seg.medium is not Medium.SSD or not lay.layer_window_blocks:
+            continue
+        stop = run.prefix_start + run.num_blocks
+        drop = tuple(k for w, layers in _layers_by_window(lay.layer_window_blocks)
+                     if stop <= end - w
+                     for k in layers if k not in lay.released)
+        if drop:
+            out[i] = HitRun(dataclasses.replace(seg, layout=lay.release(drop)), run.start_pos,
+                            run.num_blocks, run.prefix_start)
+    return tuple(out)
+
+
+@functools.cache
+def _layers_by_window(windows: tuple[int, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Each distinct window (blocks, > 0) with every layer having it."""
+    out: dict[int, list[int]] = {}
+    for layer, w in enumerate(windows):
+        if w:
+            out.setdefault(w, []).append(layer)
+    return tuple((w, tuple(layers)) for w, layers in out.items())
 
 
 def released_rows(session_id: str, prefix: Sequence[HitRun], end: int,

@@ -65,7 +65,7 @@ from flatcake.control.signals import (
     hit_owner,
     max_branch_blocks,
 )
-from flatcake.control.windows import delivered_bytes
+from flatcake.control.windows import delivered_bytes, restore_view
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.bulk import SegmentCache, stream_totals
@@ -227,7 +227,8 @@ class FlatCakeSystem(System):
         runs = trim_hit(st.hit, g) if g else st.hit.runs
         if plan is None or g != st.gpu_prefix:
             # The GPU prefix changed while the request waited: plan what is missing now.
-            plan = stream_totals(runs, (self.geometry or node.geometry).num_layers, None,
+            plan = stream_totals(restore_view(runs), (self.geometry or node.geometry).num_layers,
+                                 None,
                                  self.config.planner, segment_cache=self.segment_cache)
         # Useful: the SSD bytes the request needs, its history blocks and the windows
         # its next step attends to (the plan also reads the rest of their segments, for
