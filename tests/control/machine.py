@@ -40,7 +40,7 @@ class ControlMachine(RuleBasedStateMachine):
 
     def pinned(self) -> set[str]:
         """Sessions pinned now (and the copies held now, for ``check_actions``)."""
-        self.copies_before = {c.segment_id for c in self.cp.memory_copies()}
+        self.copies_before = {i for c in self.cp.memory_copies() for i in c.segment_ids}
         out = {p.session_id for p in self.pending}
         for sessions in self.loads.values():
             out |= sessions
@@ -79,7 +79,7 @@ class ControlMachine(RuleBasedStateMachine):
         if plan is None:
             return
         # Allocated, not yet visible (an earlier turn's copy written ahead may be).
-        mine = {plan.segment.segment_id} | ({plan.copy.segment_id} if plan.copy else set())
+        mine = {plan.segment.segment_id} | set(plan.copy.segment_ids if plan.copy else ())
         assert not {r.segment.segment_id for r in self.cp.lookup(skeys(s, n)).runs} & mine
         if plan.copy is not None:  # only under the copy watermark, never for memory
             assert plan.medium == Medium.SSD
@@ -201,7 +201,7 @@ class ControlMachine(RuleBasedStateMachine):
                 self.cp.truncate_session(s, seg_id)
             return
         kept = [i for i in self.cp.session(s).ssd_segment_ids if i not in tail]
-        copies = {c.segment_id for c in self.cp.memory_copies()}
+        copies = {i for c in self.cp.memory_copies() for i in c.segment_ids}
         action = self.cp.truncate_session(s, seg_id)
         assert {x.segment_id for x in action.ssd_segments} == tail
         assert {x.segment_id for x in action.memory_segments} - copies == later - tail

@@ -12,6 +12,7 @@ import pytest
 from flatcake.clock import ManualClock
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
+from flatcake.control.spare import MAX_COPY_PIECES
 from flatcake.plan.reads import plan_reads
 from tests.control.helpers import K, chat_turn, make, skeys
 
@@ -29,8 +30,10 @@ class TestCopies:
     def test_copy_is_read_instead_of_the_ssd_home(self) -> None:
         cp, _ = make(memory_pages=8, copy_watermark=0.5)
         p = agent_turn(cp, "a", 3, turn=0)
-        assert p.copy is not None and p.copy.medium == Medium.MEMORY
-        assert p.copy.keys == p.segment.keys and p.copy.segment_id != p.segment.segment_id
+        assert p.copy is not None and len(p.copy.pieces) == 1  # one extent fits it
+        assert p.copy.pieces[0].medium == Medium.MEMORY
+        assert p.copy.keys == p.segment.keys and p.copy.home_id == p.segment.segment_id
+        assert p.segment.segment_id not in p.copy.segment_ids
         # The home is unchanged: the index still maps the keys to the SSD segment.
         loc = cp.locate(skeys("a", 3)[0])
         assert loc is not None and loc.segment is p.segment
@@ -58,8 +61,9 @@ class TestCopies:
         cp.check_integrity()
 
     def test_copies_are_a_cache_of_the_newest_turns(self) -> None:
-        # 4 pages, copies up to 1.0, hysteresis 0.9 - 0.85: a new copy evicts the
-        # oldest sessions' copies down to 3.8 pages (its own included).
+        # 4 pages, copies up to 1.0: a new copy evicts the oldest session's copy, just
+        # the one page it needs (the reclaim hysteresis 0.9 - 0.85 does not apply:
+        # each copy dropped early is a restore from SSD that memory could serve).
         cp, clock = make(memory_pages=4, high=0.9, low=0.85, copy_watermark=1.0)
         for t, s in enumerate("abcd"):
             clock.set(float(t))
@@ -68,8 +72,8 @@ class TestCopies:
         e = agent_turn(cp, "e", 2, turn=0)
         assert e.copy is not None
         assert [(a.session_id, a.ssd_segments) for a in cp.take_reclaim_actions()] == \
-            [("a", ()), ("b", ())]
-        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abcde"] == [0, 0, 2, 2, 2]
+            [("a", ())]
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abcde"] == [0, 2, 2, 2, 2]
         assert cp.lookup(skeys("a", 2)).num_ssd_blocks == 2  # the home stays
         cp.check_integrity()
 
@@ -145,11 +149,11 @@ class TestCopies:
         later = agent_turn(cp, "a", 4, turn=1)
         assert first.copy is not None and later.copy is not None
         action = cp.truncate_session("a", later.segment.segment_id)
-        assert action.memory_segments == (later.copy,)
+        assert action.memory_segments == later.copy.pieces
         assert cp.lookup(skeys("a", 4)).num_memory_blocks == 2  # first's copy stays
         cp.check_integrity()
         action = cp.drop_session("a")
-        assert action.memory_segments == (first.copy,) and action.session_dropped
+        assert action.memory_segments == first.copy.pieces and action.session_dropped
         assert cp.stats().memory_used_bytes == 0
         cp.check_integrity()
 
@@ -177,7 +181,7 @@ class TestCopyWrittenAhead:
         cp.complete_copy(plan)
         hit = cp.lookup(skeys("a", 5))
         assert (hit.num_blocks, hit.num_memory_blocks) == (5, 5)
-        assert hit.runs[-1].segment is plan.copy
+        assert hit.runs[-1].segment is plan.copy.pieces[0]
         assert cp.locate(skeys("a", 5)[4]) is None  # the home is not published yet
         lp = cp.prepare_load("r", hit)
         assert lp.read_plan.bytes_read == 0
@@ -186,7 +190,7 @@ class TestCopyWrittenAhead:
         cp.complete_load("r")
         loc = cp.locate(skeys("a", 5)[4])
         assert loc is not None and loc.segment is plan.segment
-        assert cp.lookup(skeys("a", 5)).runs[-1].segment is plan.copy
+        assert cp.lookup(skeys("a", 5)).runs[-1].segment is plan.copy.pieces[0]
         cp.check_integrity()
 
     def test_a_failed_write_leaves_the_copy_as_the_memory_home(self) -> None:
@@ -198,7 +202,7 @@ class TestCopyWrittenAhead:
         cp.complete_store(plan, False)
         assert cp.stats().ssd_used_bytes == 0
         loc = cp.locate(skeys("a", 3)[0])
-        assert loc is not None and loc.segment is plan.copy  # now homed in memory
+        assert loc is not None and loc.segment is plan.copy.pieces[0]  # now homed in memory
         assert cp.session("a").memory_bytes == plan.copy.total_bytes
         cp.check_integrity()  # the restore in flight still reads a live segment
         cp.complete_load(lp.request_id)
@@ -223,8 +227,9 @@ class TestRefillAndLru:
         assert cp.prepare_load("x", skeys("a", 2)).refills == ()  # the host cannot fill
         cp.complete_load("x")
         lp = cp.prepare_load("r", skeys("a", 2), refill=True)
-        assert [(h.segment_id, c.medium) for h, c in lp.refills] == \
-            [(a.segment.segment_id, Medium.MEMORY)]
+        assert [(h.segment_id, c.home_id, [x.medium for x in c.pieces])
+                for h, c in lp.refills] == \
+            [(a.segment.segment_id, a.segment.segment_id, [Medium.MEMORY])]
         assert lp.read_plan.bytes_read > 0  # this restore still reads the SSD
         cp.check_integrity()
         cp.complete_load("r", {a.segment.segment_id})
@@ -248,8 +253,8 @@ class TestRefillAndLru:
         for s in "abx":
             agent_turn(cp, s, 2, turn=0)
         cp.complete_load(cp.prepare_load("r", skeys("a", 2)).request_id)  # reads a's copy
-        agent_turn(cp, "c", 2, turn=0)  # room down to 2.85 pages: b, then x go
-        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abxc"] == [2, 0, 0, 2]
+        agent_turn(cp, "c", 2, turn=0)  # room for its page: b, the oldest not read, goes
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abxc"] == [2, 0, 2, 2]
         cp.check_integrity()
 
     def test_a_lookup_that_reports_a_copy_makes_it_the_most_recently_used(self) -> None:
@@ -258,7 +263,7 @@ class TestRefillAndLru:
             agent_turn(cp, s, 2, turn=0)
         assert cp.lookup(skeys("a", 2)).num_memory_blocks == 2  # a request about to use it
         agent_turn(cp, "c", 2, turn=0)
-        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abxc"] == [2, 0, 0, 2]
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abxc"] == [2, 0, 2, 2]
 
 
 def test_an_early_copy_is_found_behind_blocks_indexed_meanwhile() -> None:
@@ -280,10 +285,11 @@ def test_an_early_copy_is_found_behind_blocks_indexed_meanwhile() -> None:
     cp.check_integrity()
 
 
-def copy_after_holes(holes: str) -> tuple[ControlPlane, list[str]]:
+def copy_after_holes(holes: str) -> tuple[ControlPlane, StorePlan, list[str]]:
     """8 pages: one-page copies a..f at pages 0..5 (a the least recently used), the
     sessions ``holes`` leave, then g's 3-page copy: under the watermark, but larger than
-    any free extent. Returns the books and the sessions whose copies made room."""
+    any free extent. Returns the books, g's plan and the sessions whose copies made
+    room."""
     cp, clock = make(memory_pages=8, copy_watermark=1.0)
     for t, s in enumerate("abcdef"):
         clock.set(float(t))
@@ -291,28 +297,68 @@ def copy_after_holes(holes: str) -> tuple[ControlPlane, list[str]]:
     for s in holes:
         cp.drop_session(s)
     clock.set(9.0)
-    assert agent_turn(cp, "g", 40, turn=0).copy is not None
+    g = agent_turn(cp, "g", 40, turn=0)
     dropped = sorted(x.session_id for a in cp.take_reclaim_actions() for x in a.memory_segments)
     cp.check_integrity()
-    return cp, dropped
+    return cp, g, dropped
 
 
 class TestFragmentation:
-    def test_a_copy_that_fits_in_bytes_but_not_in_one_extent_drops_the_copy_in_the_way(
+    def test_a_copy_that_fits_in_bytes_but_not_in_one_extent_spans_the_free_extents(
             self) -> None:
-        # Holes at pages 1 and 3: dropping c (page 2) opens pages 1..3: one copy, not
-        # the oldest (a).
-        cp, dropped = copy_after_holes("bd")
-        assert dropped == ["c"]
-        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "acef"] == [2, 0, 2, 2]
+        # Holes at pages 1 and 3, pages 6..7 free: g's 40 blocks (256 bytes each) go 32
+        # into pages 6..7 and 8 into page 1; no copy is dropped to open one extent.
+        cp, g, dropped = copy_after_holes("bd")
+        assert dropped == []
+        assert g.copy is not None
+        assert [(x.offset // K, x.num_blocks) for x in g.copy.pieces] == [(6, 32), (1, 8)]
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "acef"] == [2, 2, 2, 2]
+        hit = cp.lookup(skeys("g", 40))
+        assert (hit.num_memory_blocks, hit.num_ssd_blocks) == (40, 0)
+        assert [(r.segment.segment_id, r.start_pos, r.num_blocks, r.prefix_start)
+                for r in hit.runs] == [(g.copy.pieces[0].segment_id, 0, 32, 0),
+                                       (g.copy.pieces[1].segment_id, 0, 8, 32)]
+        lp = cp.prepare_load("r", hit)
+        assert lp.read_plan.bytes_read == 0  # the whole turn from host memory
+        cp.check_integrity()
+        cp.complete_load("r")
+        # The copy goes whole with its home: every piece's range is free again.
+        action = cp.drop_session("g")
+        assert action.memory_segments == g.copy.pieces
+        assert cp.stats().memory_used_bytes == 4 * K
+        cp.check_integrity()
 
-    def test_the_copies_in_the_way_are_the_oldest_not_the_fewest_bytes(self) -> None:
-        # Holes at pages 0 and 3: dropping f alone (page 5, before the free 6..7) would
-        # make room, but f is the newest copy; b and c (pages 1, 2, after the free page
-        # 0) are the two oldest and go instead, as LRU would drop them.
-        cp, dropped = copy_after_holes("ad")
-        assert dropped == ["b", "c"]
-        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "bcef"] == [0, 0, 2, 2]
+    def test_a_hit_that_starts_inside_a_copy_reads_only_the_pieces_it_needs(self) -> None:
+        _cp, g, _ = copy_after_holes("bd")
+        assert g.copy is not None
+        # A request that holds the first 34 blocks on the GPU reads blocks 34..39, all
+        # in the second piece (home positions 32..39 -> its positions 2..7).
+        runs = list(g.copy.runs(34, 6, 34))
+        assert [(r.segment.segment_id, r.start_pos, r.num_blocks, r.prefix_start)
+                for r in runs] == [(g.copy.pieces[1].segment_id, 2, 6, 34)]
+
+    def test_a_copy_scattered_past_the_piece_limit_drops_the_oldest_copies(self) -> None:
+        # 34 pages of one-page copies s0..s33, the even ones dropped: 17 one-page holes.
+        # A 17-page copy would need 17 pieces (> MAX_COPY_PIECES): the least recently
+        # used copy left (s1) goes, which joins pages 0..2, and it fits in 15 pieces.
+        assert MAX_COPY_PIECES == 16
+        cp, clock = make(memory_pages=34, copy_watermark=1.0)
+        names = [f"s{i}" for i in range(34)]
+        for t, s in enumerate(names):
+            clock.set(float(t))
+            assert agent_turn(cp, s, 2, turn=0).copy is not None
+        for s in names[::2]:
+            cp.drop_session(s)
+        clock.set(99.0)
+        big = agent_turn(cp, "big", 17 * 16, turn=0)
+        dropped = [x.session_id for a in cp.take_reclaim_actions() for x in a.memory_segments]
+        assert dropped == ["s1"]
+        assert big.copy is not None and len(big.copy.pieces) == 15
+        assert big.copy.pieces[0].offset == 0 and big.copy.pieces[0].num_blocks == 48
+        assert cp.lookup(skeys("big", 17 * 16)).num_memory_blocks == 17 * 16
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in names[1::2]] == \
+            [0] + [2] * 16
+        cp.check_integrity()
 
     def test_a_copy_goes_while_its_session_writes_but_not_while_a_restore_reads_it(
             self) -> None:
@@ -321,12 +367,12 @@ class TestFragmentation:
             agent_turn(cp, s, 2, turn=0)
         load = cp.prepare_load("r", skeys("b", 2))  # reads b's copy
         # a's next turn: a is pinned by its write, yet its old copy is clean and goes
-        # (oldest); b's is being read and stays; x's goes next.
+        # (oldest, and one page is all the new copy needs); b's would stay while read.
         plan = cp.prepare_store("a", skeys("a", 4), turn_index=1, context_tokens=10**6)
         assert plan is not None and plan.copy is not None
         assert {x.session_id for a in cp.take_reclaim_actions() for x in a.memory_segments} \
-            == {"a", "x"}
-        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abx"] == [0, 2, 0]
+            == {"a"}
+        assert [cp.lookup(skeys(s, 2)).num_memory_blocks for s in "abx"] == [0, 2, 2]
         cp.complete_load(load.request_id)
         cp.complete_store(plan, True)
         cp.check_integrity()

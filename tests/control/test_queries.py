@@ -40,7 +40,8 @@ class TestSegmentsAndBlocks:
         assert p0.copy is not None
         copy = cp.memory_copy(p0.segment.segment_id)
         assert copy is p0.copy and list(cp.memory_copies()) == [copy]
-        assert cp.home_segment_id(copy) == p0.segment.segment_id
+        assert copy is not None and copy.home_id == p0.segment.segment_id
+        assert all(cp.home_segment_id(x) == p0.segment.segment_id for x in copy.pieces)
         assert cp.home_segment_id(p0.segment) == p0.segment.segment_id
 
 

@@ -1,10 +1,13 @@
 """The store's spare memory and hole-free reclaim with real bytes: a memory copy of an
-SSD turn serves restores byte-exact without touching the SSD, leaves the turn's home
-on disk, and a memory reclaim that cuts a session cuts its file on disk too."""
+SSD turn serves restores byte-exact without touching the SSD (also when it spans
+several arena extents), leaves the turn's home on disk, and a memory reclaim that cuts
+a session cuts its file on disk too."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from flatcake.clock import ManualClock
 from flatcake.control.address import Medium
@@ -109,3 +112,66 @@ def test_a_restore_from_ssd_refills_memory_copies_byte_exact(tmp_path: Path) -> 
             assert same(dst, src, 10, dst_slot0=2)
             assert store.control.stats().num_memory_copies == (2 if on else 0)
             store.control.check_integrity()
+
+
+def fragmented(store: FlatCakeStore, filler: list[torch.Tensor]) -> None:
+    """An 8-page arena with one-page copies (2 blocks of 768 bytes) at pages 0..5 and
+    holes at pages 1 and 3: 4 free pages, at most 2 of them in one extent."""
+    for s in range(6):
+        store.store_turn(f"f{s}", session_keys(20 + s, 2), filler, range(2), TO_SSD)
+    store.drop_session("f1")
+    store.drop_session("f3")
+    assert store.control.arena.largest_free_bytes == 2 * 4096
+
+
+def test_a_copy_over_several_arena_extents_restores_byte_exact(tmp_path: Path) -> None:
+    """A 14-block turn (3 pages) in a fragmented arena: its memory copy is written in two
+    pieces (10 blocks in pages 6..7, 4 in page 1) instead of dropping other copies to
+    open one extent, and a restore reads every byte back from both pieces."""
+    cfg = small_config("store.memory_capacity_bytes=32768",
+                       "placement.memory_copy_watermark=1.0")
+    filler, src = random_kv(SMALL, 4, seed=1), random_kv(SMALL, 16, seed=2)
+    keys = session_keys(30, 14)
+    with FlatCakeStore.open(tmp_path, SMALL, cfg) as store:
+        fragmented(store, filler)
+        store.store_turn("g", keys, src, range(14), TO_SSD)
+        home = store.control.locate(keys[0])
+        assert home is not None and home.segment.medium == Medium.SSD
+        copy = store.control.memory_copy(home.segment.segment_id)
+        assert copy is not None
+        assert [(p.offset // 4096, p.num_blocks) for p in copy.pieces] == [(6, 10), (1, 4)]
+        st = store.control.stats()  # no copy made room: only f1's and f3's went
+        assert (st.num_memory_copies, st.memory_copies_dropped) == (5, 2)
+        dst = empty_kv(SMALL, 16)
+        out = store.load(keys, dst, range(1, 15))
+        assert (out.num_blocks, out.num_memory_blocks, out.bytes_read) == (14, 14, 0)
+        assert same(dst, src, 14, dst_slot0=1)
+        for s in (0, 2, 4, 5):  # the other copies still serve, their bytes untouched
+            other = empty_kv(SMALL, 4)
+            got = store.load(session_keys(20 + s, 2), other, range(2))
+            assert got.bytes_read == 0 and same(other, filler, 2)
+        store.control.check_integrity()
+
+
+def test_a_refill_over_several_arena_extents_restores_byte_exact(tmp_path: Path) -> None:
+    """copy_on_restore into a fragmented arena: the restore of a 14-block SSD turn fills
+    a copy in two pieces, layer by layer; the next restore reads both from memory."""
+    cfg = small_config("store.memory_capacity_bytes=32768",
+                       "placement.memory_copy_watermark=1.0", "placement.copy_on_restore=true")
+    filler, src = random_kv(SMALL, 4, seed=1), random_kv(SMALL, 16, seed=3)
+    keys = session_keys(31, 14)
+    with FlatCakeStore.open(tmp_path, SMALL, cfg) as store:
+        store.store_turn("g", keys, src, range(14), TO_SSD)
+    with FlatCakeStore.open(tmp_path, SMALL, cfg) as store:  # a restart: no copies
+        fragmented(store, filler)
+        first = store.load(keys, empty_kv(SMALL, 16), range(14))
+        assert first.num_ssd_blocks == 14 and first.bytes_read > 0
+        home = store.control.locate(keys[0])
+        assert home is not None
+        copy = store.control.memory_copy(home.segment.segment_id)
+        assert copy is not None and len(copy.pieces) == 2
+        dst = empty_kv(SMALL, 16)
+        again = store.load(keys, dst, range(2, 16))
+        assert (again.num_memory_blocks, again.bytes_read) == (14, 0)
+        assert same(dst, src, 14, dst_slot0=2)
+        store.control.check_integrity()

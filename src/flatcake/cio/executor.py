@@ -217,9 +217,12 @@ class Executor(ExecutorLoads):
                 return StoreOutcome(StoreDone(task.request_id, seg.segment_id, True,
                                               seg.layout.data_bytes))
             if plan.copy is not None:  # spare memory: a clean copy, readable at once
-                self.writer.write_memory(
-                    self.arena.view(plan.copy.offset, plan.copy.total_bytes), paged, ids,
-                    windows)
+                # Piece by piece: each holds a run of the segment's blocks in its own
+                # arena extent (the memory layout of that run).
+                for piece, start in plan.copy.starts():
+                    self.writer.write_memory(
+                        self.arena.view(piece.offset, piece.total_bytes), paged,
+                        ids[start:start + piece.num_blocks], windows)
                 if on_copy is not None:
                     on_copy()
             file_id, offset = int(seg.file_id or 0), int(seg.file_offset or 0)

@@ -2,7 +2,8 @@
 
 The books may ask a restore that reads whole SSD segments to also fill memory copies of
 them (``LoadTask.refills``: home segment, its first request block, its block count, the
-copy's arena range). The restore thread copies each layer of those segments from the
+copy's arena range; one entry per arena extent of a copy split over several). The
+restore thread copies each layer of those segments from the
 paged KV into the copy's arena range right after that layer is verified and scattered,
 while the reads of the next layer are in flight (``RestoreJob.after_layer``)::
 
@@ -14,7 +15,8 @@ read, unless copying is slower than reading (then the copy sets the pace). On a 
 paged KV each layer copy is a device-to-host transfer, on a host one a memcpy; the
 replay charges the same pipeline (``replay.systems.flatcake``).
 
-A copy is reported written only when every layer of it was copied, its segment passed
+A copy is reported written only when every layer of every piece of it was copied, its
+segment passed
 its checks and the restore did not cut before it; the books free the others. A copy
 that fails to write is an optimisation lost, never a failed load.
 """
@@ -37,7 +39,7 @@ class LayerRefills:
     def __init__(self, task: LoadTask, paged: PagedKV, arena: ArenaBuffer,
                  layer_window_blocks: tuple[int, ...] = ()) -> None:
         self._refills: list[tuple[int, int, int, MemoryCopy | None]] = []
-        self._layers: dict[int, int] = {}  # home segment id -> layers copied
+        self._layers: list[int] = []  # layers copied, per entry (a piece of a copy)
         for home_id, start, count, offset, nbytes in task.refills:
             try:
                 ids = paged.block_table(task.block_ids[start:start + count], unique=False)
@@ -48,14 +50,14 @@ class LayerRefills:
                                home_id, exc)
                 copy = None
             self._refills.append((home_id, start, count, copy))
-            self._layers[home_id] = 0
+            self._layers.append(0)
         self._num_layers = paged.num_layers
 
     def after_layer(self, layer: int, cut: int) -> None:
         """Layer ``layer`` of request blocks ``[0, cut)`` is in the paged KV: copy it
         for every refill still whole."""
-        for home_id, start, count, copy in self._refills:
-            if copy is None or start + count > cut or self._layers[home_id] != layer:
+        for i, (home_id, start, count, copy) in enumerate(self._refills):
+            if copy is None or start + count > cut or self._layers[i] != layer:
                 continue
             try:
                 copy.layer(layer)
@@ -63,11 +65,14 @@ class LayerRefills:
                 logger.warning("FlatCake memory copy of segment %d not written: %s",
                                home_id, exc)
                 continue
-            self._layers[home_id] = layer + 1
+            self._layers[i] = layer + 1
 
     def written(self, loaded: int, failed: tuple[int, ...]) -> tuple[int, ...]:
-        """Home segment ids whose copies hold verified bytes of every layer, given the
-        restore's final cut (``loaded`` request blocks) and its failed checks."""
-        return tuple(home_id for home_id, start, count, _copy in self._refills
-                     if home_id not in failed and start + count <= loaded
-                     and self._layers[home_id] == self._num_layers)
+        """Home segment ids whose copies hold verified bytes of every layer in every
+        piece, given the restore's final cut (``loaded`` request blocks) and its failed
+        checks."""
+        whole: dict[int, bool] = {}
+        for i, (home_id, start, count, _copy) in enumerate(self._refills):
+            whole[home_id] = whole.get(home_id, True) and home_id not in failed and \
+                start + count <= loaded and self._layers[i] == self._num_layers
+        return tuple(home_id for home_id, ok in whole.items() if ok)

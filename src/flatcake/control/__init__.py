@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from flatcake.control.address import Address, Medium, decode_address, encode_address
 from flatcake.control.alloc import HostArena
-from flatcake.control.copies import MemoryCopies
+from flatcake.control.copies import ArenaCopy, MemoryCopies
 from flatcake.control.index import EMPTY_HIT, BlockIndex, BlockLocation, HitRun, PrefixHit, Segment
 from flatcake.control.keys import (
     BlockKey,
@@ -51,6 +51,7 @@ __all__ = [
     "PRIORITY_UNIT_BYTES",
     "STALE_HIT",
     "Address",
+    "ArenaCopy",
     "BlockIndex",
     "BlockKey",
     "BlockLocation",

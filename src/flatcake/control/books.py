@@ -18,7 +18,7 @@ from flatcake.clock import Clock
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium
 from flatcake.control.alloc import HostArena
-from flatcake.control.copies import MemoryCopies
+from flatcake.control.copies import ArenaCopy, MemoryCopies
 from flatcake.control.damage import Damage
 from flatcake.control.index import BlockIndex, BlockLocation, Segment
 from flatcake.control.loads import Loads
@@ -127,17 +127,17 @@ class Books:
         published segment holds it."""
         return self.index.get(key)
 
-    def memory_copy(self, segment_id: int) -> Segment | None:
+    def memory_copy(self, segment_id: int) -> ArenaCopy | None:
         """The published memory copy of SSD segment ``segment_id``, or ``None``."""
         return self.copies.get(segment_id)
 
-    def memory_copies(self) -> Iterator[Segment]:
+    def memory_copies(self) -> Iterator[ArenaCopy]:
         """Every published memory copy."""
         return iter(self.copies)
 
     def home_segment_id(self, segment: Segment) -> int:
-        """The id of the segment ``segment`` stands for: its home's id for a memory
-        copy, else its own."""
+        """The id of the segment ``segment`` stands for: its home's id for a piece of a
+        memory copy, else its own."""
         return self.copies.home_id(segment)
 
     # -- session files ---------------------------------------------------------------

@@ -13,6 +13,12 @@ made, whenever a lookup reports it and whenever a restore reads it): dropping on
 cuts a session, its home still serves. A session's dead segments (an agent context
 compacted away) so leave memory before the live history of another session does.
 
+A copy need not be one arena extent (``ArenaCopy``): its blocks may be split, in order,
+over several memory segments (*pieces*), each a contiguous run of the home's blocks in
+its own extent, so a long turn's copy fits a fragmented arena without dropping other
+copies to open one extent. A lookup reports a home run as runs of the pieces it covers;
+every reader of memory segments reads pieces as it reads any memory segment.
+
 Ownership: the ``ControlPlane`` allocates and frees the arena ranges and serialises
 every call; this class only keeps ``home segment id -> copy`` in LRU order.
 """
@@ -20,29 +26,92 @@ every call; this class only keeps ``home segment id -> copy`` in LRU order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from flatcake.control.address import Medium
 from flatcake.control.index import BlockIndex, HitRun, PrefixHit, Segment
 from flatcake.errors import IntegrityError
 
 
+@dataclass(frozen=True, slots=True)
+class ArenaCopy:
+    """The memory copy of one SSD segment: its blocks, in order, in ``pieces``.
+
+    Attributes:
+        home_id: the SSD segment whose blocks it holds.
+        pieces: memory segments of the home's session, each a contiguous run of the
+            home's blocks (in the memory layout, in its own arena extent), in block
+            order; together they hold every block of the home exactly once.
+    """
+
+    home_id: int
+    pieces: tuple[Segment, ...]
+
+    @property
+    def session_id(self) -> str:
+        return self.pieces[0].session_id
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(p.num_blocks for p in self.pieces)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(p.total_bytes for p in self.pieces)
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        """The home's keys (the pieces' keys end to end)."""
+        if len(self.pieces) == 1:
+            return self.pieces[0].keys
+        return tuple(k for p in self.pieces for k in p.keys)
+
+    @property
+    def segment_ids(self) -> tuple[int, ...]:
+        return tuple(p.segment_id for p in self.pieces)
+
+    def starts(self) -> Iterator[tuple[Segment, int]]:
+        """Each piece with the home position of its first block."""
+        pos = 0
+        for piece in self.pieces:
+            yield piece, pos
+            pos += piece.num_blocks
+
+    def piece_at(self, pos: int) -> tuple[Segment, int]:
+        """The piece holding home position ``pos`` and that piece's first position."""
+        for piece, start in self.starts():
+            if pos < start + piece.num_blocks:
+                return piece, start
+        raise IndexError(f"position {pos} is past the {self.num_blocks} blocks of the "
+                         f"copy of segment {self.home_id}")
+
+    def runs(self, start_pos: int, count: int, prefix_start: int) -> Iterator[HitRun]:
+        """Home positions ``[start_pos, start_pos + count)`` (request blocks from
+        ``prefix_start``) as runs of the pieces that hold them."""
+        end = start_pos + count
+        for piece, start in self.starts():
+            lo, hi = max(start_pos, start), min(end, start + piece.num_blocks)
+            if lo < hi:
+                yield HitRun(piece, lo - start, hi - lo, prefix_start + lo - start_pos)
+
+
 class MemoryCopies:
-    """``home segment id -> copy segment`` for published copies.
+    """``home segment id -> copy`` for published copies.
 
     Invariants (``check_integrity``): every home is a live SSD segment of the index;
-    a copy is a memory segment of the same session with the same keys and its own
-    segment id.
+    a copy's pieces are memory segments of the same session, not in the index, whose
+    keys end to end are the home's, each with its own segment id.
     """
 
     def __init__(self) -> None:
-        self._by_home: dict[int, Segment] = {}
-        self._home_of: dict[int, int] = {}  # copy segment id -> home segment id
+        self._by_home: dict[int, ArenaCopy] = {}
+        self._home_of: dict[int, int] = {}  # piece segment id -> home segment id
         self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._by_home)
 
-    def __iter__(self) -> Iterator[Segment]:
+    def __iter__(self) -> Iterator[ArenaCopy]:
         """Published copies, least recently used first."""
         return iter(self._by_home.values())
 
@@ -51,9 +120,10 @@ class MemoryCopies:
         copies are dropped in)."""
         return list(self._by_home)
 
-    def touch(self, copy: Segment) -> None:
-        """A restore reads ``copy``: it becomes the most recently used."""
-        home = self._home_of.get(copy.segment_id)
+    def touch(self, piece: Segment) -> None:
+        """A restore reads ``piece`` (of a copy): the copy becomes the most recently
+        used."""
+        home = self._home_of.get(piece.segment_id)
         if home is not None:
             self._by_home[home] = self._by_home.pop(home)
 
@@ -70,42 +140,44 @@ class MemoryCopies:
     def total_bytes(self) -> int:
         return self._bytes
 
-    def bytes_of(self, copy_ids: Iterable[int]) -> int:
-        """Bytes of the copies held among segment ids ``copy_ids``."""
-        return sum(self._by_home[self._home_of[i]].total_bytes for i in copy_ids
-                   if i in self._home_of)
+    def bytes_of(self, piece_ids: Iterable[int]) -> int:
+        """Bytes of the copies with a piece among segment ids ``piece_ids``."""
+        homes = {self._home_of[i] for i in piece_ids if i in self._home_of}
+        return sum(self._by_home[h].total_bytes for h in homes)
 
-    def get(self, home_id: int) -> Segment | None:
+    def get(self, home_id: int) -> ArenaCopy | None:
         return self._by_home.get(home_id)
 
     def is_live(self, seg: Segment) -> bool:
-        """Whether ``seg`` is a copy still held (not dropped since it was looked up).
-        Matched by equality: a hit may come back pickled (an engine attached to the node
-        service), and segment ids are never reused."""
+        """Whether ``seg`` is a piece of a copy still held (not dropped since it was
+        looked up). Matched by equality: a hit may come back pickled (an engine attached
+        to the node service), and segment ids are never reused."""
         home = self._home_of.get(seg.segment_id)
-        return home is not None and self._by_home[home] == seg
+        return home is not None and seg in self._by_home[home].pieces
 
     def home_id(self, seg: Segment) -> int:
-        """The id of the segment whose blocks ``seg`` holds: its home for a copy, else
-        its own."""
+        """The id of the segment whose blocks ``seg`` holds: its home for a piece of a
+        copy, else its own."""
         return self._home_of.get(seg.segment_id, seg.segment_id)
 
-    def add(self, home: Segment, copy: Segment) -> None:
-        if home.medium != Medium.SSD or copy.medium != Medium.MEMORY or \
-                copy.keys != home.keys or copy.session_id != home.session_id:
-            raise ValueError(f"segment {copy.segment_id} is not a memory copy of SSD "
-                             f"segment {home.segment_id}")
+    def add(self, home: Segment, copy: ArenaCopy) -> None:
+        if not is_copy_of(copy, home):
+            raise ValueError(f"segments {list(copy.segment_ids)} are not a memory copy of "
+                             f"SSD segment {home.segment_id}")
         if home.segment_id in self._by_home:
             raise ValueError(f"SSD segment {home.segment_id} already has a memory copy")
         self._by_home[home.segment_id] = copy
-        self._home_of[copy.segment_id] = home.segment_id
+        for piece in copy.pieces:
+            self._home_of[piece.segment_id] = home.segment_id
         self._bytes += copy.total_bytes
 
-    def pop(self, home_id: int) -> Segment | None:
-        """Forget the copy of ``home_id`` (if any) and return it; the caller frees it."""
+    def pop(self, home_id: int) -> ArenaCopy | None:
+        """Forget the copy of ``home_id`` (if any) and return it; the caller frees its
+        pieces."""
         copy = self._by_home.pop(home_id, None)
         if copy is not None:
-            del self._home_of[copy.segment_id]
+            for piece in copy.pieces:
+                del self._home_of[piece.segment_id]
             self._bytes -= copy.total_bytes
         return copy
 
@@ -121,8 +193,11 @@ class MemoryCopies:
             copy = self._by_home.get(seg.segment_id) if seg.medium == Medium.SSD else None
             if copy is None:
                 runs.append(run)
+            elif len(copy.pieces) == 1:
+                runs.append(HitRun(copy.pieces[0], start_pos, count, prefix_start))
+                moved += count
             else:
-                runs.append(HitRun(copy, start_pos, count, prefix_start))
+                runs.extend(copy.runs(start_pos, count, prefix_start))
                 moved += count
         if not moved:
             return hit
@@ -130,24 +205,32 @@ class MemoryCopies:
                          hit.num_ssd_blocks - moved, tuple(runs))
 
     def check_integrity(self, index: BlockIndex) -> None:
-        if len(self._home_of) != len(self._by_home) or \
+        if len(self._home_of) != sum(len(c.pieces) for c in self._by_home.values()) or \
                 self._bytes != sum(c.total_bytes for c in self._by_home.values()):
             raise IntegrityError("memory copy books disagree with each other")
         for home_id, copy in self._by_home.items():
+            ids = list(copy.segment_ids)
             try:
                 home = index.segment(home_id)
             except KeyError:
-                raise IntegrityError(f"memory copy {copy.segment_id} outlived its home "
-                                     f"segment {home_id}") from None
-            if home.medium != Medium.SSD or copy.medium != Medium.MEMORY or \
-                    copy.keys != home.keys or copy.session_id != home.session_id:
-                raise IntegrityError(f"segment {copy.segment_id} is not a memory copy of "
-                                     f"segment {home_id}")
-            if self._home_of.get(copy.segment_id) != home_id:
-                raise IntegrityError(f"memory copy {copy.segment_id} is filed under the "
-                                     f"wrong home")
-            try:
-                index.segment(copy.segment_id)
-            except KeyError:
-                continue
-            raise IntegrityError(f"memory copy {copy.segment_id} is in the index")
+                raise IntegrityError(f"memory copy {ids} outlived its home segment "
+                                     f"{home_id}") from None
+            if copy.home_id != home_id or not is_copy_of(copy, home):
+                raise IntegrityError(f"segments {ids} are not a memory copy of segment "
+                                     f"{home_id}")
+            for piece in copy.pieces:
+                if self._home_of.get(piece.segment_id) != home_id:
+                    raise IntegrityError(f"memory copy piece {piece.segment_id} is filed "
+                                         f"under the wrong home")
+                if index.has_segment(piece.segment_id):
+                    raise IntegrityError(f"memory copy piece {piece.segment_id} is in the "
+                                         f"index")
+
+
+def is_copy_of(copy: ArenaCopy, home: Segment) -> bool:
+    """Whether ``copy`` holds the blocks of SSD segment ``home``: memory pieces of its
+    session whose keys end to end are its keys, no piece empty."""
+    return home.medium == Medium.SSD and copy.home_id == home.segment_id and \
+        bool(copy.pieces) and all(
+            p.medium == Medium.MEMORY and p.session_id == home.session_id and p.num_blocks
+            for p in copy.pieces) and copy.keys == home.keys

@@ -159,7 +159,8 @@ class Reclaimer:
             seg = index.remove_segment(seg_id)
             rec.memory_bytes -= self._arena.free(seg.offset)
             memory.append(seg)
-        memory.extend(self._spare.free(rec, i) for i in ssd_ids if i in rec.copy_ids)
+        memory.extend(piece for i in ssd_ids if i in rec.copy_ids
+                      for piece in self._spare.free(rec, i).pieces)
         ssd = tuple(index.remove_segment(i) for i in ssd_ids)
         self._damage.forget(rec.session_id, ssd_ids)
         rec.memory_segment_ids = [i for i in rec.memory_segment_ids if i < first_id]

@@ -3,14 +3,15 @@ books (no I/O). ``control.copies`` keeps the published ones in LRU order; ``Spar
 makes, publishes, reads and drops them:
 
 * ``allocate``: a copy in the arena while memory use, the copy included, stays at or
-  under ``placement.memory_copy_watermark`` (older copies make room; never a
-  memory-homed segment);
+  under ``placement.memory_copy_watermark`` (the least recently used copies make just
+  enough room; never a memory-homed segment); a copy that no free extent takes whole
+  is split over several (``copies.ArenaCopy``), so fragmentation costs no copy;
 * ``refills``: the copies a restore fills from the blocks it reads
   (``placement.copy_on_restore``), published by ``finish_refills``;
 * ``start_reads`` / ``end_reads``: the memory segments loads in flight read (a copy is
   dropped only when no load reads it);
 * ``drop_copies``: least recently used first, or the cheapest run of copies that opens
-  an extent (the reclaimer's first step, and room for a new copy).
+  an extent (the reclaimer's first step, and room for a copy that needs one extent).
 
 Copies written ahead of their segment are ``control.early``'s. Single-threaded like every
 verb.
@@ -24,12 +25,17 @@ from collections.abc import Collection, Mapping, Set
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.alloc import HostArena
-from flatcake.control.copies import MemoryCopies
+from flatcake.control.copies import ArenaCopy, MemoryCopies
 from flatcake.control.index import BlockIndex, PrefixHit, Segment
 from flatcake.control.sessions import SegmentIds, SessionRecord, SessionTable
 from flatcake.control.types import ReclaimAction
 from flatcake.geometry import KVGeometry
 from flatcake.layout import SegmentLayout
+
+# A copy split over more extents than this is refused: every piece is one more run (a
+# host-to-GPU copy) for the restores that read it, and the arena is not that scattered
+# unless it is nearly full of small copies, which the watermark drop thins first.
+MAX_COPY_PIECES = 16
 
 
 class Spare:
@@ -84,47 +90,110 @@ class Spare:
     # -- making copies ---------------------------------------------------------------
 
     def allocate(self, rec: SessionRecord, home: Segment,
-                 layout: SegmentLayout) -> Segment | None:
+                 layout: SegmentLayout) -> ArenaCopy | None:
         """A memory copy of ``home`` if memory use, the copy included, can stay at or
         under ``placement.memory_copy_watermark``: copies are a cache of the newest
-        turns, so older copies (none a restore reads, least recently used first) make room,
-        down to the watermark less the reclaim hysteresis (``memory_high -
-        memory_low``). Never drops a memory-homed segment for a copy."""
+        turns, so older copies (none a restore reads, least recently used first) make
+        room, just enough of them, as an LRU evicts (dropping a clean copy is free, and
+        each one dropped early is a restore from SSD that memory could have served).
+        Never drops a memory-homed segment for a copy.
+
+        The copy takes one extent when one fits it, else it is split over the largest
+        free extents (``_place``): only a windowed layout (whose rows depend on where
+        the segment ends) needs one extent, and only then are copies dropped to open
+        one."""
         arena = self._arena
         limit = self._config.placement.memory_copy_watermark * arena.capacity_bytes
         size = layout.total_bytes
         projected = arena.used_bytes + size
         if size > limit:
             return None
+        # A windowed layout cannot be split (see ``_split``): it needs one extent.
+        need = size if layout.is_windowed else 0
         if projected > limit:
             evictable = self._copies.total_bytes - self._copies.bytes_of(self._reads)
             if projected - evictable > limit:
                 return None
-            rc = self._config.reclaim
-            self.drop_copies(projected, size, limit * (1.0 - (rc.memory_high - rc.memory_low)))
-        elif not arena.can_fit(size):
-            self.drop_copies(projected, size, limit)
-        offset = arena.try_alloc(size)
-        if offset is None:
+            self.drop_copies(projected, need, limit)
+        elif need and not arena.can_fit(size):
+            self.drop_copies(projected, need, limit)
+        pieces = self._place(rec, home, layout, bool(need))
+        if pieces is None:
             return None
-        rec.copy_bytes += size
+        copy = ArenaCopy(home.segment_id, pieces)
+        rec.copy_bytes += copy.total_bytes
+        return copy
+
+    def _place(self, rec: SessionRecord, home: Segment, layout: SegmentLayout,
+               one_extent: bool) -> tuple[Segment, ...] | None:
+        """The pieces of the copy of ``home`` in the arena: one extent when one takes
+        it (or ``one_extent`` must), else split over several (``_split``). When the
+        free extents are too scattered for that (more than ``MAX_COPY_PIECES``, or
+        slivers under a block), the least recently used copies no restore reads go one
+        by one until it fits (each frees its extents, joining holes): LRU order, as a
+        cache evicts, instead of the copies in the way of one extent. ``None`` when
+        even that cannot make room (or ``one_extent`` and no extent takes it)."""
+        arena, size = self._arena, layout.total_bytes
+        while True:
+            offset = arena.try_alloc(size)
+            if offset is not None:
+                return (self._piece(rec, home, 0, home.num_blocks, layout, offset),)
+            split = None if one_extent else self._split(rec, home)
+            if split is not None:
+                return split
+            # Drop the next least recently used copy (used down by one byte).
+            if one_extent or not self.drop_copies(arena.used_bytes, 0, arena.used_bytes - 1):
+                return None
+
+    def _piece(self, rec: SessionRecord, home: Segment, start: int, count: int,
+               layout: SegmentLayout, offset: int) -> Segment:
+        """The piece of the copy of ``home`` holding its blocks ``[start, start +
+        count)`` at arena ``offset``."""
         return Segment(self._ids.take(), rec.session_id, Medium.MEMORY,
                        encode_address(Medium.MEMORY, self._node_id, offset), layout,
-                       home.keys, home.turn_index)
+                       home.keys[start:start + count], home.turn_index)
 
-    def publish(self, rec: SessionRecord, home: Segment, copy: Segment) -> None:
+    def _split(self, rec: SessionRecord, home: Segment) -> tuple[Segment, ...] | None:
+        """The copy of ``home`` (an unwindowed memory layout) over several free
+        extents, largest first so it has few pieces, or ``None`` (nothing allocated)
+        when they cannot hold it in ``MAX_COPY_PIECES``. Every piece is a whole memory
+        segment of its blocks: layer-major, so a run of blocks is one piece with its own
+        layout whatever the others hold."""
+        g, arena = self._geometry, self._arena
+        block_bytes = sum(g.layer_block_bytes)
+        placed: list[tuple[int, int, SegmentLayout, int]] = []
+        start, n = 0, home.num_blocks
+        while start < n and len(placed) < MAX_COPY_PIECES:
+            count = min(n - start, arena.largest_free_bytes // block_bytes)
+            lay = SegmentLayout.for_memory(count, g.layer_block_bytes) if count else None
+            while lay is not None and not arena.can_fit(lay.total_bytes):
+                count -= 1  # the extent's alignment left less than count blocks
+                lay = SegmentLayout.for_memory(count, g.layer_block_bytes) if count else None
+            if lay is None:
+                break
+            # Best fit: the last piece goes into the smallest extent that takes it.
+            offset = arena.alloc(lay.total_bytes)
+            placed.append((start, count, lay, offset))
+            start += count
+        if start < n:
+            for _s, _c, _lay, offset in placed:
+                arena.free(offset)
+            return None
+        return tuple(self._piece(rec, home, s, c, lay, offset) for s, c, lay, offset in placed)
+
+    def publish(self, rec: SessionRecord, home: Segment, copy: ArenaCopy) -> None:
         """``copy`` of ``home`` is written and serves lookups from now on."""
         self._copies.add(home, copy)
         rec.copy_ids.append(home.segment_id)
         self._holders.add(rec.session_id)
         self._made += 1
 
-    def refills(self, hit: PrefixHit) -> tuple[tuple[Segment, Segment], ...]:
+    def refills(self, hit: PrefixHit) -> tuple[tuple[Segment, ArenaCopy], ...]:
         """Memory copies for the SSD segments ``hit`` reads whole, newest first (the
         ones the session's next turn needs most), while the copy watermark allows.
         Called with the hit's copies counted as read, so making room never drops them."""
         g = self._geometry
-        out: list[tuple[Segment, Segment]] = []
+        out: list[tuple[Segment, ArenaCopy]] = []
         for run in reversed(hit.runs):
             seg = run.segment
             if seg.medium != Medium.SSD or run.start_pos or run.num_blocks != seg.num_blocks \
@@ -140,7 +209,7 @@ class Spare:
             out.append((seg, copy))
         return tuple(out)
 
-    def finish_refills(self, refills: tuple[tuple[Segment, Segment], ...],
+    def finish_refills(self, refills: tuple[tuple[Segment, ArenaCopy], ...],
                        refilled: Collection[int]) -> None:
         """A restore's refills: those the data plane wrote (home ids in ``refilled``)
         serve lookups from now on while their home does, the others are freed."""
@@ -150,7 +219,7 @@ class Spare:
                     and self._copies.get(home.segment_id) is None:
                 self.publish(rec, home, copy)
             else:
-                rec.copy_bytes -= self._arena.free(copy.offset)
+                rec.copy_bytes -= self.free_pieces(copy)
 
     # -- reads by loads in flight ----------------------------------------------------
 
@@ -193,11 +262,19 @@ class Spare:
                 break
             freed += self._drop_copy(home_id, dropped)
         if need_bytes and not arena.can_fit(need_bytes):
-            movable = {c.offset: h for h, c in ((h, copies.get(h)) for h in copies.homes_lru())
-                       if c is not None and c.segment_id not in self._reads}
+            # Every piece of a copy no restore reads; dropping one drops its copy (the
+            # other pieces free room elsewhere too).
+            movable: dict[int, int] = {}
+            rank_of: dict[int, int] = {}
+            for rank, h in enumerate(copies.homes_lru(), start=1):
+                c = copies.get(h)
+                if c is None or not self._reads.keys().isdisjoint(c.segment_ids):
+                    continue
+                for piece in c.pieces:
+                    movable[piece.offset] = h
+                    rank_of[piece.offset] = rank
             # Least recently used first, so a copy's rank is its recency.
-            prices = {offset: arena.size_of(offset) * rank
-                      for rank, offset in enumerate(movable, start=1)}
+            prices = {offset: arena.size_of(offset) * rank_of[offset] for offset in movable}
             for offset in arena.cheapest_window(need_bytes, prices) or ():
                 freed += self._drop_copy(movable[offset], dropped)
         for sid, segs in dropped.items():
@@ -207,23 +284,28 @@ class Spare:
 
     def _drop_copy(self, home_id: int, dropped: dict[str, list[Segment]]) -> int:
         """Drop the copy of ``home_id`` unless a load in flight reads it; returns the
-        bytes freed and files the copy under its session in ``dropped``."""
+        bytes freed and files its pieces under its session in ``dropped``."""
         copy = self._copies.get(home_id)
-        if copy is None or copy.segment_id in self._reads:
+        if copy is None or not self._reads.keys().isdisjoint(copy.segment_ids):
             return 0
         rec = self._sessions[copy.session_id]
         self.free(rec, home_id)
-        dropped.setdefault(rec.session_id, []).append(copy)
+        dropped.setdefault(rec.session_id, []).extend(copy.pieces)
         return copy.total_bytes
 
-    def free(self, rec: SessionRecord, home_id: int) -> Segment:
-        """Unpublish the copy of ``home_id`` (of session ``rec``) and free its range."""
+    def free(self, rec: SessionRecord, home_id: int) -> ArenaCopy:
+        """Unpublish the copy of ``home_id`` (of session ``rec``) and free its ranges."""
         copy = self._copies.pop(home_id)
         if copy is None:
             raise KeyError(f"segment {home_id} has no memory copy")
         rec.copy_ids.remove(home_id)
         if not rec.copy_ids:
             self._holders.discard(rec.session_id)
-        rec.copy_bytes -= self._arena.free(copy.offset)
+        rec.copy_bytes -= self.free_pieces(copy)
         self._dropped += 1
         return copy
+
+    def free_pieces(self, copy: ArenaCopy) -> int:
+        """Free the arena ranges of ``copy`` (not published, or just unpublished);
+        returns the bytes freed."""
+        return sum(self._arena.free(piece.offset) for piece in copy.pieces)

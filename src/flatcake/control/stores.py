@@ -213,13 +213,15 @@ class Stores:
                 self._releases.after_publish(seg, prefix, plan.first_block)
             return
         if plan.copy is not None and early:
-            # Restores may be reading the copy: it becomes the blocks' memory home.
-            self._index.publish(plan.copy)
-            rec.memory_segment_ids.append(plan.copy.segment_id)
+            # Restores may be reading the copy: its pieces become the blocks' memory
+            # homes.
+            for piece in plan.copy.pieces:
+                self._index.publish(piece)
+                rec.memory_segment_ids.append(piece.segment_id)
             rec.memory_bytes += plan.copy.total_bytes
             rec.copy_bytes -= plan.copy.total_bytes
         elif plan.copy is not None:
-            rec.copy_bytes -= self._arena.free(plan.copy.offset)
+            rec.copy_bytes -= self._spare.free_pieces(plan.copy)
         if seg.medium == Medium.MEMORY:
             rec.memory_bytes -= self._arena.free(seg.offset)
         else:

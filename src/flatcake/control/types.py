@@ -10,6 +10,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from flatcake.control.address import Medium
+from flatcake.control.copies import ArenaCopy
 from flatcake.control.index import PrefixHit, Segment
 from flatcake.control.placement import Placement
 from flatcake.readplan import ReadPlan
@@ -29,8 +30,9 @@ class StorePlan:
         file_base_offset: SSD only: the file's base in the node's SSD virtual space.
         span_bytes: SSD only: the file's span (the file never grows past it).
         new_file: SSD only: the file is new; create it first.
-        copy: SSD only: a memory copy to write too (same blocks in the memory layout at
-            ``copy.offset`` in the host arena), or ``None``.
+        copy: SSD only: a memory copy to write too (same blocks in the memory layout,
+            in one or more arena extents: each of ``copy.pieces`` holds a run of the
+            segment's blocks at its ``offset``), or ``None``.
     """
 
     session_id: str
@@ -40,7 +42,7 @@ class StorePlan:
     file_base_offset: int | None = None
     span_bytes: int | None = None
     new_file: bool = False
-    copy: Segment | None = None
+    copy: ArenaCopy | None = None
 
     @property
     def medium(self) -> Medium:
@@ -84,7 +86,7 @@ class LoadPlan:
     hit: PrefixHit
     read_plan: ReadPlan
     session_ids: frozenset[str]
-    refills: tuple[tuple[Segment, Segment], ...] = ()
+    refills: tuple[tuple[Segment, ArenaCopy], ...] = ()
 
     @property
     def ssd_bytes(self) -> int:
@@ -117,8 +119,8 @@ class ReclaimAction:
         session_id: the session.
         medium: the medium whose watermark triggered it; ``None`` for ``drop_session``
             and ``truncate_session``.
-        memory_segments: memory segments and memory copies dropped (their arena
-            ranges are free).
+        memory_segments: memory segments and pieces of memory copies dropped (their
+            arena ranges are free).
         ssd_segments: SSD segments dropped.
         file_ids: session files to delete.
         session_dropped: the session has nothing left and is forgotten.

@@ -208,8 +208,10 @@ def load_task(control: ControlPlane, request_id: Hashable, hit: PrefixHit,
                                       int(run.segment.file_offset or 0))
              for run in read.runs if run.segment.medium == Medium.SSD}
     check_files = tuple((c.tag, *where[c.tag]) for c in planner.checks)
-    refills = tuple((home.segment_id, start_of[home.segment_id], home.num_blocks,
-                     int(copy.offset), copy.total_bytes) for home, copy in plan.refills)
+    # One entry per piece of each copy (a copy may span several arena extents).
+    refills = tuple((home.segment_id, start_of[home.segment_id] + start, piece.num_blocks,
+                     int(piece.offset), piece.total_bytes)
+                    for home, copy in plan.refills for piece, start in copy.starts())
     task = LoadTask(str(request_id), plan.read_plan, stream_request, tuple(planner.checks),
                     check_files, tuple(int(b) for b in block_ids[:hit.num_blocks]),
                     hit.num_blocks, first_block, sync=not reads_ssd(hit, first_block),

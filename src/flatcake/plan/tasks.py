@@ -47,7 +47,8 @@ class LoadTask:
             an SSD restore the request waits for (``WAITING_FOR_REMOTE_KVS``).
         refills: memory copies to write from the restored blocks once they are
             verified (``placement.copy_on_restore``): ``(home segment id, first request
-            block, blocks, arena offset, bytes)`` each.
+            block, blocks, arena offset, bytes)`` per arena extent of a copy (a copy
+            split over several extents has one entry per piece, all with its home id).
         remote: blocks other nodes hold right after the local hit (request blocks
             ``[num_blocks, remote_end)``), read by the remote readers of the executor's
             ``(medium, node)`` dispatch once the local part is in place.
