@@ -244,11 +244,14 @@ class StoreConfig:
     or hugetlbfs mount; the arena file is readable by the service's user only).
 
     ``release_old_windows`` (models with sliding-window layers): once a newer turn of a
-    session is durable, the window rows of its older turns are punched out of the
-    session file, so a session holds about one window per sliding layer on SSD; a hit
-    ending at an older turn (a branch off it) is then cut back and recomputed. False
-    keeps every turn's window until the session is reclaimed (as the node service
-    does for now).
+    session is durable, the window rows of its older turns are superseded (no restore
+    of the newest turn reads them; a hit ending at an older turn, a branch off it, a
+    sub-agent, still does). They are released, punched out of the session file, when a
+    store would cross the SSD high watermark, before any whole session is dropped;
+    ``release_windows_at_once`` releases them as soon as the newer turn is durable (a
+    session then holds about one window per sliding layer, and a hit ending at an older
+    turn is cut back and recomputed). False keeps every turn's window until the session
+    is reclaimed.
     """
 
     root: str = "./flatcake-data"
@@ -270,6 +273,7 @@ class StoreConfig:
     node_lease_s: float = 30.0
     node_arena_dir: str = "/dev/shm"
     release_old_windows: bool = True
+    release_windows_at_once: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self, "store")

@@ -1,5 +1,6 @@
 """The books' side of releasing superseded window rows (``control.releases``): which
-segments a newer turn releases, that lookups stop there at once, that the punch
+segments a newer turn supersedes, that they stay until the SSD needs the space (or go
+at once with ``release_windows_at_once``), that lookups stop there at once, that the punch
 waits for a restore in flight that was planned with the rows, and that the SSD budget
 counts what the files still hold."""
 
@@ -24,7 +25,8 @@ def plane(release: bool = True) -> ControlPlane:
                          store=StoreConfig(memory_capacity_bytes=1 << 20,
                                            ssd_capacity_bytes=1 << 26,
                                            session_file_bytes=1 << 24,
-                                           release_old_windows=release))
+                                           release_old_windows=release,
+                                           release_windows_at_once=True))
     return ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
 
 
@@ -116,4 +118,32 @@ def test_a_write_after_a_cut_never_lands_on_a_range_a_release_was_handed_for() -
         if rel.file_id == seg.file_id:
             assert all(b <= lo or a >= hi for a, b in rel.pages), (rel, lo, hi)
     cp.complete_store(plan, True)
+    cp.check_integrity()
+
+
+def test_superseded_rows_stay_until_the_ssd_needs_their_space() -> None:
+    # The default: a newer turn supersedes the older turns' rows, they stay where they
+    # are (a hit ending at an older turn keeps its window), and a store that would
+    # cross the SSD high watermark (0.9 x 400,000 B) releases them, oldest first,
+    # before any session is dropped. Each turn: 4 blocks, its 2 sliding rows 32 KiB.
+    cfg = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
+                         store=StoreConfig(memory_capacity_bytes=1 << 20,
+                                           ssd_capacity_bytes=400_000,
+                                           session_file_bytes=1 << 24))
+    cp = ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
+    ks = skeys("a", 24)
+    for t in range(5):
+        store(cp, "a", ks[:4 * (t + 1)], t)
+    assert [s.layout.released for s in cp.segments()] == [()] * 5
+    assert [cp.lookup(ks[:4 * k]).num_blocks for k in range(1, 6)] == [4, 8, 12, 16, 20]
+    assert cp.stats().ssd_used_bytes == 352256 and cp.take_window_releases() == []
+    store(cp, "a", ks, 5)  # 352,256 + 69,632 B: over the watermark
+    # Down to the low watermark (320,000 B): four turns' rows (4 x 32,768 B) go, no
+    # session is dropped, and the newest turn still serves every block.
+    assert [s.layout.released for s in cp.segments()] == [(1, 2)] * 4 + [(), ()]
+    assert cp.stats().sessions_reclaimed_ssd == 0
+    assert cp.stats().ssd_used_bytes == 352256 + 69632 - 4 * 32768
+    assert [r.segment_id for r in cp.take_window_releases()] == [0, 1, 2, 3]
+    assert cp.lookup(ks[:16]).num_blocks == 0 and cp.lookup(ks[:20]).num_blocks == 20
+    assert cp.lookup(ks).num_blocks == 24
     cp.check_integrity()

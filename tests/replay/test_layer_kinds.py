@@ -178,18 +178,24 @@ def test_flatcake_counts_the_window_it_restores_as_delivered() -> None:
     assert m.read_amplification == pytest.approx(57344 / 54152)
 
 
-def test_flatcake_releases_older_windows_and_restores_the_newest_only() -> None:
+@pytest.mark.parametrize("at_once", [False, True])
+def test_flatcake_releases_older_windows_and_restores_the_newest_only(at_once: bool) -> None:
     # Two sessions of three turns (10, 15, 20 blocks), each turn on SSD; the GPU holds
     # one session, so the other's next turn restores from SSD.
     def turns() -> list[tuple[list[int], int, int, float]]:
         return [(ids(0, 20), 20 * TRACE_BT, 600, 0.0), (ids(0, 30), 30 * TRACE_BT, 600, 30.0),
                 (ids(0, 40), 40 * TRACE_BT, 600, 30.0)]
+    preset = tiny_preset(gpu_blocks=25, host_blocks=3, geometry=HYBRID)
+    store = dataclasses.replace(preset.flatcake.store, release_windows_at_once=at_once)
+    preset = dataclasses.replace(preset, flatcake=dataclasses.replace(preset.flatcake,
+                                                                      store=store))
     m, node = replay_node(from_sessions([turns(), turns()], TRACE_BT), "flatcake", 1.0,
-                          tiny_preset(gpu_blocks=25, host_blocks=3, geometry=HYBRID))
+                          preset)
     assert node.rec.hit_blocks.tolist() == [0, 10, 15] * 2
     # As the store: once a turn is durable, each older turn's sliding row (8,192 B) is
-    # released, four in all, and a restore reads the newest turn's window only (one
-    # command of the sliding layer each; keeping every window read the older one too).
-    assert m.extra["ssd_window_bytes_released"] == 4 * 8192
+    # superseded, four in all: kept while the SSD has room (a hit may end there),
+    # released at once with ``release_windows_at_once``. Either way a restore reads the
+    # newest turn's window only (one command of the sliding layer each).
+    assert m.extra["ssd_window_bytes_released"] == (4 * 8192 if at_once else 0)
     assert m.extra["restore_commands_by_kind"]["sliding"] == 1.0
     assert node.rec.ssd_read_bytes == 212992

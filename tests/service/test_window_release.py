@@ -27,7 +27,8 @@ pytest.importorskip("zmq")
 
 def test_every_rank_punches_its_part_and_the_newest_turn_restores(tmp_path: Path) -> None:
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
-                  "placement.short_reply_threshold_tokens=0").start()
+                  "placement.short_reply_threshold_tokens=0",
+                  "store.release_windows_at_once=true").start()
     try:
         e = TensorEngine(svc.sock, TensorRanks(2), g=GW)
         turns = 4
@@ -66,10 +67,12 @@ def test_an_attached_store_punches_what_the_services_books_release(tmp_path: Pat
     slots = list(range(total))
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
                   "store.memory_capacity_bytes=4194304",
-                  "store.ssd_capacity_bytes=268435456").start()
+                  "store.ssd_capacity_bytes=268435456",
+                  "store.release_windows_at_once=true").start()
 
     def attached() -> FlatCakeStore:
-        cfg = small_config(f"store.node=unix:{svc.sock}", "store.node_timeout_s=2")
+        cfg = small_config(f"store.node=unix:{svc.sock}", "store.node_timeout_s=2",
+                           "store.release_windows_at_once=true")
         return FlatCakeStore.open(svc.root, g, cfg)
 
     try:
@@ -115,8 +118,10 @@ def test_releases_an_attached_store_took_and_did_not_punch_are_handed_out_again(
     from flatcake.service.stores import AttachedStore, attached_call, release_store
 
     g = embedded.GEOMETRIES["zero-copy"]
-    cfg = small_config("store.ssd_capacity_bytes=268435456", "placement.memory_copy_watermark=0",
-                       "placement.short_reply_threshold_tokens=0")
+    cfg = small_config("store.release_windows_at_once=true",
+                       "store.ssd_capacity_bytes=268435456", "placement.memory_copy_watermark=0",
+                       "placement.short_reply_threshold_tokens=0",
+                  "store.release_windows_at_once=true")
     cp = ControlPlane(g, cfg, ManualClock(), planner=plan_reads, release_windows=True)
     keys = session_keys(32, 10, g)
     for t, n in enumerate((5, 10)):

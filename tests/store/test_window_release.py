@@ -14,6 +14,7 @@ import pytest
 
 from flatcake.cio.files import SessionFiles
 from flatcake.cli import main
+from flatcake.config import FlatCakeConfig
 from flatcake.layout import ALIGN, align_up
 from flatcake.store import FlatCakeStore, TurnSignals
 from flatcake.store.inspect import inspect_root
@@ -37,7 +38,7 @@ def test_a_sessions_sliding_bytes_stay_within_its_window(tmp_path: Path,
     src = paged(g, total, seed=21)
     keys = session_keys(21, total, g)
     slots = list(range(total - 1, -1, -1))
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+    with FlatCakeStore.open(tmp_path, g, at_once()) as store:
         for t in range(turns):
             n = (t + 1) * per_turn
             res = store.store_turn("s", keys[:n], src, range(n), TurnSignals(t, 0))
@@ -63,7 +64,7 @@ def test_a_sessions_sliding_bytes_stay_within_its_window(tmp_path: Path,
         assert_restored(dst, src, slots, total)
         before = sorted((s.file_offset, s.layout.released) for s in store.control.segments())
     assert [r for _, r in before] == [(2, 3)] * (turns - 1) + [()]
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:  # a restart
+    with FlatCakeStore.open(tmp_path, g, at_once()) as store:  # a restart
         after = sorted((s.file_offset, s.layout.released) for s in store.control.segments())
         assert after == before  # the holes are the record: the same books
         dst = paged(g, total)
@@ -73,13 +74,20 @@ def test_a_sessions_sliding_bytes_stay_within_its_window(tmp_path: Path,
         assert store.lookup(keys[:per_turn * 8]).num_blocks == 0  # an older turn: cut back
 
 
+def at_once(*overrides: str) -> FlatCakeConfig:
+    """The store's config with superseded rows released as soon as a newer turn is
+    durable (the release and punch these tests follow; by default rows wait until
+    the SSD needs the space)."""
+    return small_config("store.release_windows_at_once=true", *overrides)
+
+
 def test_a_hit_ending_at_an_older_turn_is_cut_back_to_a_held_window(
         tmp_path: Path) -> None:
     g = GEOMETRIES["staging"]
     src = paged(g, 20, seed=22)
     keys = session_keys(22, 20, g)
     slots = [(7 * b + 3) % 20 for b in range(20)]
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+    with FlatCakeStore.open(tmp_path, g, at_once()) as store:
         for t, end in enumerate((5, 10, 15, 16)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
         # The newest turn adds 1 block: its window [13, 16) needs 2 rows of the turn
@@ -115,7 +123,7 @@ def test_a_crash_before_the_punch_loses_nothing(tmp_path: Path,
     slots = list(range(20))
     # The books release the rows, the process dies before the file is punched.
     monkeypatch.setattr(SessionFiles, "release", lambda self, file_id, pages: 0)
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+    with FlatCakeStore.open(tmp_path, g, at_once()) as store:
         for t, end in enumerate((5, 10, 15)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
         books = [s.layout.released for s in store.control.segments()]
@@ -127,7 +135,7 @@ def test_a_crash_before_the_punch_loses_nothing(tmp_path: Path,
         assert store.fsck().clean  # nothing punched: every row there, and checked
         assert [s.layout.released for s in store.control.segments()] == [(), (), ()]
     monkeypatch.undo()
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+    with FlatCakeStore.open(tmp_path, g, at_once()) as store:
         # The restart releases them again (the same books) and punches them now.
         assert [s.layout.released for s in store.control.segments()] == books
         assert os.stat(path).st_blocks < whole
@@ -142,7 +150,7 @@ def test_a_crash_before_the_punch_loses_nothing(tmp_path: Path,
         assert [s.layout.released for s in store.control.segments()] == \
             [(2, 3), (2, 3), (2, 3), ()]
         assert store.fsck().clean
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+    with FlatCakeStore.open(tmp_path, g, at_once()) as store:
         assert [s.layout.released for s in store.control.segments()] == \
             [(2, 3), (2, 3), (2, 3), ()]
 
@@ -152,7 +160,7 @@ def test_inspect_shows_the_released_bytes(tmp_path: Path,
     g = GEOMETRIES["zero-copy"]
     src = paged(g, 12, seed=25)
     keys = session_keys(25, 12, g)
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+    with FlatCakeStore.open(tmp_path, g, at_once()) as store:
         for t, end in enumerate((4, 8, 12)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
     kinds = inspect_root(tmp_path)["layer_kinds"]
@@ -179,7 +187,7 @@ def test_a_copy_made_on_restore_holds_no_released_rows(tmp_path: Path) -> None:
     keys = session_keys(26, 15, g)
     cfg = small_config("placement.memory_copy_watermark=1.0",
                        "placement.copy_on_restore=true")
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+    with FlatCakeStore.open(tmp_path, g, at_once()) as store:
         for t, end in enumerate((5, 10, 15)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
     with FlatCakeStore.open(tmp_path, g, cfg) as store:  # a restart: no copies yet
@@ -203,7 +211,7 @@ def test_copies_made_when_stored_keep_serving_their_rows(tmp_path: Path) -> None
     g = GEOMETRIES["staging"]
     src = paged(g, 15, seed=28)
     keys = session_keys(28, 15, g)
-    cfg = small_config("placement.memory_copy_watermark=1.0")
+    cfg = at_once("placement.memory_copy_watermark=1.0")
     with FlatCakeStore.open(tmp_path, g, cfg) as store:
         for t, end in enumerate((5, 10, 15)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))

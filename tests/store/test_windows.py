@@ -165,7 +165,8 @@ def test_windows_of_4k_blocks_are_read_straight_into_their_slots(
     src = paged(g, 12, seed=11)
     keys = session_keys(11, 12, g)
     slots = list(range(15, 3, -1))
-    cfg = small_config(f"store.release_old_windows={str(release).lower()}")
+    cfg = small_config(f"store.release_old_windows={str(release).lower()}",
+                       "store.release_windows_at_once=true")
     with FlatCakeStore.open(tmp_path, g, cfg) as store:
         for t, end in enumerate((5, 9, 12)):
             store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
@@ -184,3 +185,24 @@ def test_windows_of_4k_blocks_are_read_straight_into_their_slots(
         others = [slots[b] for b in range(12) if b not in held]
         assert not dst[layer][others].any()
     assert branch == (0 if release else 9)  # released: turn 0's rows are gone too
+
+
+def test_a_hit_ending_at_an_older_turn_is_served_with_its_window(tmp_path: Path) -> None:
+    # The default: superseded rows stay until the SSD needs the space, so a branch off
+    # turn 1 (a sub-agent, a retry) restores every block up to it, its window included,
+    # byte for byte; the restore reads the sliding rows of that window only.
+    g = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="windowed-4k",
+                   groups=(LayerGroup(1, 512, kind="full"),
+                           LayerGroup(2, 256, window_tokens=32, kind="sliding")))
+    src = paged(g, 12, seed=12)
+    keys = session_keys(12, 12, g)
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((5, 9, 12)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+        dst = paged(g, 12)
+        res = store.load(keys[:9], dst, range(12))
+    assert (res.num_blocks, res.damaged_segments) == (9, 0)
+    assert torch.equal(dst[0][:9], src[0][:9])
+    for layer in (1, 2):
+        assert torch.equal(dst[layer][[7, 8]], src[layer][[7, 8]])
+        assert not dst[layer][[0, 1, 2, 3, 4, 5, 6, 9, 10, 11]].any()

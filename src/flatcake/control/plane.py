@@ -140,7 +140,9 @@ class ControlPlane(Books):
                                     actions)
         reclaimer = self._reclaimer = Reclaimer(cfg, index, arena, ssd, copies, sessions,
                                                 spare, damage, actions, pending, loads)
-        releases = self._releases = Releases(index, ssd, sessions, geometry.layer_window_blocks) \
+        releases = self._releases = Releases(
+            index, ssd, sessions, geometry.layer_window_blocks,
+            store.release_windows_at_once) \
             if release_windows and store.release_old_windows and \
             geometry.layer_window_blocks else None
         self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions, ids,

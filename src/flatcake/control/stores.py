@@ -164,7 +164,13 @@ class Stores:
         size = ssd_layout.total_bytes
         projected = ssd.used_bytes + size + ssd.file_header_bytes
         if projected > rc.ssd_high * ssd.capacity_bytes:
-            self._reclaimer.reclaim_ssd(projected)
+            # Superseded window rows go first (the sessions keep every block), then
+            # whole sessions (``control.releases``).
+            if self._releases is not None:
+                projected -= self._releases.release(
+                    int(projected - rc.ssd_low * ssd.capacity_bytes))
+            if projected > rc.ssd_high * ssd.capacity_bytes:
+                self._reclaimer.reclaim_ssd(projected)
         ext = ssd.try_allocate(rec.session_id, size)
         if ext is None:
             self._rejected += 1
