@@ -56,7 +56,7 @@ from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
-from flatcake.link import wire
+from flatcake.link import trust, wire
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
@@ -107,23 +107,15 @@ class NodeService(CallLoop):
         # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
         self._waits: list[tuple[bytes, int, ServableWait]] = []
         self._next_engine = 0
+        self._bound = False  # the socket file is ours to remove at close
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        # A missing socket directory is made 0700; an existing one (/run, /tmp) is left
-        # as it is: the socket itself is 0600 (connecting needs write access to it).
-        self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if listening(self.socket):
-            self._lock.close()
-            raise ValueError(f"another node service listens on {self.socket}: stop it, or "
-                             "give this one another --socket")
-        self.socket.unlink(missing_ok=True)
-        old = os.umask(0o177)
         try:
-            self._sock.bind(wire.endpoint(self.socket))
-        finally:
-            os.umask(old)
-        os.chmod(self.socket, 0o600)
+            self._bind()
+        except (OSError, ValueError):
+            self.close()
+            raise
         self.calls = 0
         self.arena_pages = shared_arena_pages(config.store.node_arena_dir)
         try:  # refused now, not at the first attach, when hugetlbfs cannot hold it
@@ -134,6 +126,24 @@ class NodeService(CallLoop):
             raise
         logger.info("shared arena in %s: %s", config.store.node_arena_dir,
                     self.arena_pages.note)
+
+    def _bind(self) -> None:
+        """Listen on ``self.socket``: its directory made 0700 or checked, a stale socket
+        of ours replaced, anything else there refused (``link.trust``); the socket is
+        0600 (connecting needs write access to it)."""
+        trust.socket_dir(self.socket.parent)
+        if trust.stale_socket(self.socket):
+            if listening(self.socket):
+                raise ValueError(f"another node service listens on {self.socket}: stop "
+                                 "it, or give this one another --socket")
+            self.socket.unlink()
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(wire.endpoint(self.socket))
+        finally:
+            os.umask(old)
+        self._bound = True
+        os.chmod(self.socket, 0o600)
 
     # -- the books, made at the first attach ----------------------------------------
 
@@ -313,7 +323,8 @@ class NodeService(CallLoop):
         still attached map them; ``rm`` them once every engine has stopped)."""
         self._sock.close(0)
         self._ctx.term()
-        self.socket.unlink(missing_ok=True)
+        if self._bound:
+            self.socket.unlink(missing_ok=True)
         if self._member is not None:  # leave the index before the files go
             self._member.close()
             self._member = None
