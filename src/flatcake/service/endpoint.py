@@ -65,22 +65,35 @@ class CallLoop:
             if poller.poll(wait_ms):
                 while True:
                     try:
-                        who, frame = self._sock.recv_multipart(zmq.NOBLOCK)
+                        who, *frames = self._sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._answer(who, frame)
+                    if len(frames) == 1:
+                        self._answer(who, frames[0])
+                    else:  # a call is one frame (a DEALER's send_multipart is not one)
+                        self._refuse(who, f"{len(frames)} frames, a call is one")
             if time.monotonic() >= next_expiry:
                 self.expire()
                 next_expiry = time.monotonic() + tick
             if self._waits:
                 self._answer_waits(time.monotonic())
 
+    def _refuse(self, who: bytes, why: str) -> None:
+        """Answer a message that is not a call (the peer may not read it: a ROUTER drops
+        what it cannot deliver, so this never blocks the loop)."""
+        self._sock.send_multipart([who, wire.encode((None, False, f"malformed call: {why}"))])
+
     def _answer(self, who: bytes, frame: bytes) -> None:
+        """Answer one call; a frame that is not one is refused, never raised out of the
+        loop (one peer's bytes must not stop every engine's service)."""
         try:
             call_id, engine_id, method, args = wire.decode(frame)
         except Exception as exc:
-            self._sock.send_multipart([who, wire.encode((None, False,
-                                                         f"malformed call: {exc}"))])
+            self._refuse(who, f"{type(exc).__name__}: {exc}")
+            return
+        if not (isinstance(call_id, int) and isinstance(engine_id, str)
+                and isinstance(method, str) and isinstance(args, tuple)):
+            self._refuse(who, "not (call_id: int, engine_id: str, method: str, args: tuple)")
             return
         try:
             out = self.handle(method, engine_id, args)
