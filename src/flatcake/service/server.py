@@ -95,6 +95,7 @@ class NodeService(CallLoop):
         ensure_private_dir(self.root)
         self._lock = SessionFiles(self.root, "buffered")
         self._lock.lock_root()  # no embedded store opens this root while we serve
+        self._lock_held = True  # (until the books' executor of the root holds it)
         self._parts: NodeParts | None = None
         self._geometry: KVGeometry | None = None
         self._ranks = TensorRanks()
@@ -155,20 +156,40 @@ class NodeService(CallLoop):
                     f"engine of {geometry} at {ranks} cannot share it: run one service "
                     "per model")
             return self._parts
+        try:
+            return self._make_books(geometry, ranks)
+        except Exception as exc:
+            # Refused (a geometry the root's files were not written with, a part that
+            # cannot be recovered): the service and its root stay as they were, the
+            # root locked by the service, free for the right engine's attach.
+            self._unmake_books()
+            logger.warning("an engine of %s at %s refused: %s", geometry, ranks, exc)
+            if isinstance(exc, ValueError) and not isinstance(exc, wire.NodeRefused):
+                raise wire.NodeRefused(f"{exc}") from None
+            raise
+
+    def _make_books(self, geometry: KVGeometry, ranks: TensorRanks) -> NodeParts:
+        """Recover every part's files (all recovered before any is settled, so a part
+        that fails leaves every file as it was), make the arenas and the books."""
+        if not (isinstance(geometry, KVGeometry) and isinstance(ranks, TensorRanks)):
+            raise wire.NodeRefused("an attach names a KVGeometry and TensorRanks")
         cfg = self.config
         parts = ranks.parts
         if parts == 1:
             self._lock.close()  # the part's root is the root: its executor locks it
+            self._lock_held = False
         quiet = dataclasses.replace(cfg, store=dataclasses.replace(
             cfg.store, memory_capacity_bytes=0))
+        recovered = []
         for part in range(parts):
             ex = Executor(rank_dir(self.root, part, parts), geometry, quiet)
-            scratch = ControlPlane(geometry, cfg, WallClock())
-            scan, recovery = recover_files(scratch, ex.files.sessions_dir)
-            ex.settle(scan, recovery, scratch)
             self._rank_roots.append(ex)
-            self._arenas.append(make_arena(self.root, cfg, self.arena_pages, part,
-                                           cfg.store.memory_capacity_bytes))
+            scratch = ControlPlane(geometry, cfg, WallClock())
+            recovered.append((scratch, *recover_files(scratch, ex.files.sessions_dir)))
+        for ex, (scratch, scan, recovery) in zip(self._rank_roots, recovered, strict=True):
+            ex.settle(scan, recovery, scratch)
+        self._arenas = [make_arena(self.root, cfg, self.arena_pages, part,
+                                   cfg.store.memory_capacity_bytes) for part in range(parts)]
         settings = ConnectorSettings(config=cfg)
         books = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0, parts),
                                    WallClock())
@@ -182,6 +203,19 @@ class NodeService(CallLoop):
                     self.root, self._parts.recovered_segments,
                     describe_layers(geometry.layer_block_bytes), ranks)
         return self._parts
+
+    def _unmake_books(self) -> None:
+        """Undo a ``_make_books`` that failed: its parts closed, the root locked by the
+        service again."""
+        if self._member is not None:
+            self._member.close()
+            self._member = None
+        for ex in self._rank_roots:
+            ex.close()
+        self._rank_roots, self._arenas = [], []
+        if not self._lock_held:
+            self._lock.lock_root()
+            self._lock_held = True
 
     # -- calls ----------------------------------------------------------------------
 
