@@ -38,14 +38,17 @@ class Service:
         self.proc: subprocess.Popen[str] | None = None
         self.arena_dir = root.parent / "shm"
         self.arena_dir.mkdir(exist_ok=True)
+        # Its log goes to a file: a pipe no one reads would stop a chatty service.
+        self.log = root.parent / f"{root.name}-serve.log"
 
     def start(self) -> Service:
         cmd = [sys.executable, "-m", "flatcake.cli", "serve", "--root", str(self.root),
                "--socket", str(self.sock),
                *[x for kv in [*BASE, f"store.node_arena_dir={self.arena_dir}", *self.extra]
                  for x in ("--set", kv)]]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=dict(self.env, PYTHONUNBUFFERED="1"))
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                         env=dict(self.env, PYTHONUNBUFFERED="1"))
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -58,9 +61,8 @@ class Service:
         raise AssertionError(f"flatcake serve did not start: {self.stderr()}")
 
     def stderr(self) -> str:
-        if self.proc is None or self.proc.poll() is None or self.proc.stderr is None:
-            return ""
-        return self.proc.stderr.read()[-3000:]
+        """The end of the service's log (every start of it so far)."""
+        return self.log.read_text()[-3000:] if self.log.exists() else ""
 
     def kill(self) -> None:
         assert self.proc is not None

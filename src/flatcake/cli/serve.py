@@ -51,6 +51,13 @@ def run(args: argparse.Namespace) -> int:
         return _status(sock, cfg.store.node_timeout_s)
     from flatcake.service.server import NodeService
 
+    # The service's own log (where it serves, the arena's pages, attaches, leases) is
+    # its output: shown at the default verbosity, from the start (-v adds the rest).
+    log = logging.getLogger("flatcake.service")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
     try:
         service = NodeService(root, cfg, sock)
     except (OSError, ValueError) as exc:
@@ -59,9 +66,6 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log = logging.getLogger("flatcake.service")
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log.info("serving %s on unix:%s (memory %d B, SSD %d B, lease %g s)", root, sock,
              cfg.store.memory_capacity_bytes, cfg.store.ssd_capacity_bytes,
              cfg.store.node_lease_s)
