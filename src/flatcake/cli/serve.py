@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         socket_path(cfg.store.node) if cfg.store.node else root / "node.sock")
     if args.status:
         return _status(sock, cfg.store.node_timeout_s)
+    from flatcake.service.endpoint import raise_open_files
     from flatcake.service.server import NodeService
 
     # The service's own log (where it serves, the arena's pages, attaches, leases) is
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
     if log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)
+    raise_open_files()  # a flood of idle connections must not exhaust them
     try:
         service = NodeService(root, cfg, sock)
     except (OSError, ValueError) as exc:

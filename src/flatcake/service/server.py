@@ -61,7 +61,7 @@ from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
-from flatcake.service.endpoint import CallLoop, listening
+from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
 from flatcake.service.stores import (
     AttachedStore,
     ServableWait,
@@ -112,6 +112,7 @@ class NodeService(CallLoop):
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         try:
             self._bind()
         except (OSError, ValueError):
