@@ -1,20 +1,24 @@
 """One peer's malformed messages never stop the node service: a DEALER's two-frame
 ``send_multipart`` (it killed the service: "too many values to unpack"), empty, random,
 truncated and wrongly shaped frames, of any frame count, are answered with an error or
-dropped, and a real engine attached afterwards is served."""
+dropped, and a real engine attached afterwards is served; a store's held ``servable``
+whose wait has no end is refused."""
 
 from __future__ import annotations
 
 import pickle
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flatcake.link import wire
 from flatcake.service.endpoint import ask_status
+from flatcake.store import FlatCakeStore
 from tests.connectors.sides_harness import finish
 from tests.service.helpers import Engine, Service
+from tests.store.helpers import SMALL, TO_SSD, random_kv, session_keys, small_config
 
 zmq = pytest.importorskip("zmq")
 
@@ -68,4 +72,29 @@ def test_malformed_messages_are_answered_and_the_service_keeps_serving(tmp_path:
     finally:
         peer.close(0)
         ctx.term()
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_a_servable_wait_without_end_is_refused_and_the_service_keeps_serving(
+        tmp_path: Path) -> None:
+    """A store's ``servable`` held for a write in flight with ``wait_s`` = inf (its
+    deadline stopped the loop: "cannot convert float infinity to integer")."""
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    cfg = small_config(f"store.node=unix:{svc.sock}", "store.node_timeout_s=5")
+    a, b = FlatCakeStore.open(svc.root, SMALL, cfg), FlatCakeStore.open(svc.root, SMALL, cfg)
+    try:
+        keys = session_keys(1, 6)
+        kv = random_kv(SMALL, 8, seed=3)
+        assert a.store_turn("s1", keys[:3], kv, list(range(3)), TO_SSD).num_blocks == 3
+        assert a.control.prepare_store("s1", keys, turn_index=1, context_tokens=0)
+        remote: Any = b.control  # its socket and id, to send what a store never would
+        for wait_s in (float("inf"), float("nan"), -1.0):
+            with pytest.raises(wire.NodeRefused, match="wait_s"):
+                remote._client.call(wire.CONTROL, remote._id, wire.SERVABLE, (tuple(keys),),
+                                    {"wait_s": wait_s})
+        assert svc.proc is not None and svc.proc.poll() is None, svc.stderr()
+        assert len(ask_status(svc.sock, 5.0)["stores"]) == 2
+    finally:
+        a.close()
+        b.close()
         assert svc.stop() == 0, svc.stderr()
