@@ -28,24 +28,37 @@ BASE = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=6710886
         "placement.memory_copy_watermark=0", "store.node_lease_s=2"]
 
 
+# Runs the rest of its arguments with the open-file soft limit lowered to its first.
+LIMITED = ("import os, resource, sys; hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
+           "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard)); "
+           "os.execv(sys.argv[2], sys.argv[2:])")
+
+
 class Service:
-    """``flatcake serve`` on ``root`` in a child process."""
+    """``flatcake serve`` on ``root`` in a child process (``open_files``: started with
+    that open-file soft limit, as systemd's 1,024)."""
 
     def __init__(self, root: Path, sock: Path, *extra: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, open_files: int | None = None) -> None:
         self.root, self.sock, self.extra = root, sock, extra
+        self.open_files = open_files
         self.env = dict(os.environ) if env is None else env
         self.proc: subprocess.Popen[str] | None = None
         self.arena_dir = root.parent / "shm"
         self.arena_dir.mkdir(exist_ok=True)
+        # Its log goes to a file: a pipe no one reads would stop a chatty service.
+        self.log = root.parent / f"{root.name}-serve.log"
 
     def start(self) -> Service:
         cmd = [sys.executable, "-m", "flatcake.cli", "serve", "--root", str(self.root),
                "--socket", str(self.sock),
                *[x for kv in [*BASE, f"store.node_arena_dir={self.arena_dir}", *self.extra]
                  for x in ("--set", kv)]]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=dict(self.env, PYTHONUNBUFFERED="1"))
+        if self.open_files is not None:
+            cmd = [sys.executable, "-c", LIMITED, str(self.open_files), *cmd]
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                         env=dict(self.env, PYTHONUNBUFFERED="1"))
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -58,9 +71,8 @@ class Service:
         raise AssertionError(f"flatcake serve did not start: {self.stderr()}")
 
     def stderr(self) -> str:
-        if self.proc is None or self.proc.poll() is None or self.proc.stderr is None:
-            return ""
-        return self.proc.stderr.read()[-3000:]
+        """The end of the service's log (every start of it so far)."""
+        return self.log.read_text()[-3000:] if self.log.exists() else ""
 
     def kill(self) -> None:
         assert self.proc is not None

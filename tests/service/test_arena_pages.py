@@ -1,7 +1,7 @@
-"""The node service's shared arena and huge pages: ``flatcake serve --status`` says how
-the arena is backed (huge pages where the kernel gives them, else 4 KiB pages and why);
-an arena hugetlbfs cannot hold is refused at start with a clear message, the socket and
-the root's lock given back."""
+"""The node service's shared arena and huge pages: ``flatcake serve --status`` and its log
+at start say how the arena is backed (huge pages where the kernel gives them, else 4 KiB
+pages and why); an arena hugetlbfs cannot hold is refused at start with a clear message,
+the socket and the root's lock given back."""
 
 from __future__ import annotations
 
@@ -36,6 +36,18 @@ def test_status_says_how_the_arena_is_backed(tmp_path: Path) -> None:
         # The arena exists from the start, before any engine attached.
         (arena,) = list(svc.arena_dir.iterdir())
         assert os.stat(arena).st_size == 1048576  # helpers.BASE's memory capacity
+    finally:
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_the_arena_note_is_logged_at_start_at_the_default_verbosity(tmp_path: Path) -> None:
+    """The docs promise one line at start saying how the arena is backed (and how to get
+    huge pages): `flatcake serve` without -v logs it."""
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    try:
+        note = shared_arena_pages(str(svc.arena_dir)).note
+        logged = svc.stderr()  # the service's stderr, written before "ready:"
+        assert f"INFO flatcake.service: shared arena in {svc.arena_dir}: {note}" in logged
     finally:
         assert svc.stop() == 0, svc.stderr()
 

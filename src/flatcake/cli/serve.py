@@ -49,8 +49,17 @@ def run(args: argparse.Namespace) -> int:
         socket_path(cfg.store.node) if cfg.store.node else root / "node.sock")
     if args.status:
         return _status(sock, cfg.store.node_timeout_s)
+    from flatcake.service.endpoint import raise_open_files
     from flatcake.service.server import NodeService
 
+    # The service's own log (where it serves, the arena's pages, attaches, leases) is
+    # its output: shown at the default verbosity, from the start (-v adds the rest).
+    log = logging.getLogger("flatcake.service")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    raise_open_files()  # a flood of idle connections must not exhaust them
     try:
         service = NodeService(root, cfg, sock)
     except (OSError, ValueError) as exc:
@@ -59,9 +68,6 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log = logging.getLogger("flatcake.service")
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log.info("serving %s on unix:%s (memory %d B, SSD %d B, lease %g s)", root, sock,
              cfg.store.memory_capacity_bytes, cfg.store.ssd_capacity_bytes,
              cfg.store.node_lease_s)

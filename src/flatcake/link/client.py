@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 
 from flatcake.geometry import KVGeometry
-from flatcake.link import wire
+from flatcake.link import trust, wire
 from flatcake.link.wire import TensorRanks, WorkerRoot
 
 
@@ -29,6 +29,10 @@ class NodeClient:
 
     def _socket(self) -> zmq.Socket[bytes]:
         if self._sock is None:
+            # Before a byte goes out or a reply is unpickled: the socket and the process
+            # listening on it are ours or root's (its directory no one else can write,
+            # so ZeroMQ's reconnects reach the same service).
+            trust.check_service(self.path, self.timeout_ms / 1000)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(wire.endpoint(self.path))
@@ -97,11 +101,11 @@ def worker_root(node: str, timeout_s: float, rank: int, geometry: KVGeometry,
             try:
                 root: WorkerRoot = client.call(wire.WORKER, "", rank, geometry, ranks)
                 return root
-            except wire.NodeUnavailable:
-                if time.monotonic() >= deadline:
+            except wire.NodeUnavailable as exc:
+                if isinstance(exc, trust.NodeUntrusted) or time.monotonic() >= deadline:
                     raise ValueError(f"store.node={node!r}: no node service answers at "
-                                     f"{client.path} (start it with `flatcake serve`)"
-                                     ) from None
+                                     f"{client.path} (start it with `flatcake serve`): "
+                                     f"{exc}") from None
                 time.sleep(0.5)
     finally:
         client.close()

@@ -6,7 +6,8 @@ per client socket. A call is one frame, ``pickle((call_id, engine_id, method, ar
 its answer one frame, ``pickle((call_id, ok, value))`` with ``value`` the result or, when
 ``ok`` is false, the error's message. Pickle carries the books' own task types as they go
 to vLLM's workers; the socket's directory is 0700 and the socket 0600, so only the
-service's user can connect (a peer that could would hold the store's files anyway).
+service's user can connect (a peer that could would hold the store's files anyway), and a
+client talks only to a socket and a listener of its own user or root (``link.trust``).
 """
 
 from __future__ import annotations

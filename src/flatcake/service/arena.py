@@ -10,6 +10,7 @@ from pathlib import Path
 
 from flatcake.cio.hugepages import ArenaPages
 from flatcake.config import FlatCakeConfig
+from flatcake.link import trust
 
 logger = logging.getLogger("flatcake.service")
 
@@ -20,24 +21,32 @@ def rank_dir(root: Path, part: int, parts: int) -> Path:
     return root if parts == 1 else root / f"tp{part}"
 
 
+def arena_path(root: Path, config: FlatCakeConfig, rank: int) -> Path:
+    """The shared arena file of ``rank`` for ``root``, in ``store.node_arena_dir``."""
+    digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+    return Path(config.store.node_arena_dir) / f"flatcake-{os.getuid()}-{digest}-tp{rank}"
+
+
 def make_arena(root: Path, config: FlatCakeConfig, pages: ArenaPages, rank: int,
                capacity: int) -> Path:
     """The shared arena file of ``rank``: one path per root, kept across service
     restarts (never unlinked nor shrunk: workers attached before a restart keep
     their mapping of it, so every engine reads the one arena). What an earlier
     service left in it is not in these books and is overwritten as it is
-    allocated again. On hugetlbfs it is sized in whole huge pages and reserved now
-    (a page the pool could not give later would kill the engine touching it)."""
-    digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
-    arena_dir = Path(config.store.node_arena_dir)
-    path = arena_dir / f"flatcake-{os.getuid()}-{digest}-tp{rank}"
+    allocated again. One there that is not a private file of ours is refused
+    (``link.trust.open_private``). On hugetlbfs it is sized in whole huge pages and
+    reserved now (a page the pool could not give later would kill the engine touching
+    it)."""
+    path = arena_path(root, config, rank)
+    arena_dir = path.parent
     size = capacity
     if pages.explicit and capacity:
         page = os.statvfs(arena_dir).f_bsize  # hugetlbfs: its huge page size
         size = -(-capacity // page) * page
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # node_arena_dir is shared (/dev/shm): a file or symlink another user planted at
+    # this predictable name is refused, never adopted nor followed.
+    fd = trust.open_private(path, "the arena file")
     try:
-        os.fchmod(fd, 0o600)
         if os.fstat(fd).st_size < size:
             os.ftruncate(fd, size)
         if pages.explicit and size:

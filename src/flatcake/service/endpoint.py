@@ -1,11 +1,19 @@
 """The node service's endpoint: its unix socket and the loop that answers calls.
 
 Single-threaded: one loop receives, answers and expires; the books need no lock.
+
+Connections: each holds one of the service's file descriptors, and ZeroMQ (4.3) aborts
+the process when accepting one finds none left (EMFILE), so a flood of idle connections
+would stop every engine's service. ``serve`` raises its open-file soft limit to the hard
+limit at start (``raise_open_files``: systemd's default soft limit is 1,024, its hard
+limit 524,288), and a connection that has not completed ZeroMQ's handshake within
+``HANDSHAKE_S`` (a raw socket held open) is closed.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import socket
 import threading
 import time
@@ -19,6 +27,32 @@ from flatcake.link import wire
 from flatcake.service.stores import AttachedStore, ServableWait
 
 logger = logging.getLogger("flatcake.service")
+
+HANDSHAKE_S = 5.0  # a connection silent this long after it was accepted is closed
+FEW_OPEN_FILES = 16384  # below this, warn: a client leaking connections could stop us
+_UNLIMITED_OPEN_FILES = 1 << 20  # what an unlimited hard limit is taken as (nr_open)
+
+
+def raise_open_files() -> int:
+    """Raise this process's open-file soft limit to its hard limit (each connection
+    holds a descriptor; see the module); the soft limit now. Warns when it stays low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = _UNLIMITED_OPEN_FILES if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as exc:
+            logger.warning("could not raise the open-file limit from %d to %d: %s", soft,
+                           want, exc)
+        else:
+            logger.info("open-file limit raised from %d to %d (one per connection)",
+                        soft, want)
+            soft = want
+    if soft != resource.RLIM_INFINITY and soft < FEW_OPEN_FILES:
+        logger.warning("the service may hold %d open files (connections among them): a "
+                       "client that leaks connections could stop it; raise the hard "
+                       "limit (systemd LimitNOFILE=, ulimit -Hn)", soft)
+    return soft
 
 
 def listening(path: Path) -> bool:
@@ -65,22 +99,35 @@ class CallLoop:
             if poller.poll(wait_ms):
                 while True:
                     try:
-                        who, frame = self._sock.recv_multipart(zmq.NOBLOCK)
+                        who, *frames = self._sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._answer(who, frame)
+                    if len(frames) == 1:
+                        self._answer(who, frames[0])
+                    else:  # a call is one frame (a DEALER's send_multipart is not one)
+                        self._refuse(who, f"{len(frames)} frames, a call is one")
             if time.monotonic() >= next_expiry:
                 self.expire()
                 next_expiry = time.monotonic() + tick
             if self._waits:
                 self._answer_waits(time.monotonic())
 
+    def _refuse(self, who: bytes, why: str) -> None:
+        """Answer a message that is not a call (the peer may not read it: a ROUTER drops
+        what it cannot deliver, so this never blocks the loop)."""
+        self._sock.send_multipart([who, wire.encode((None, False, f"malformed call: {why}"))])
+
     def _answer(self, who: bytes, frame: bytes) -> None:
+        """Answer one call; a frame that is not one is refused, never raised out of the
+        loop (one peer's bytes must not stop every engine's service)."""
         try:
             call_id, engine_id, method, args = wire.decode(frame)
         except Exception as exc:
-            self._sock.send_multipart([who, wire.encode((None, False,
-                                                         f"malformed call: {exc}"))])
+            self._refuse(who, f"{type(exc).__name__}: {exc}")
+            return
+        if not (isinstance(call_id, int) and isinstance(engine_id, str)
+                and isinstance(method, str) and isinstance(args, tuple)):
+            self._refuse(who, "not (call_id: int, engine_id: str, method: str, args: tuple)")
             return
         try:
             out = self.handle(method, engine_id, args)

@@ -56,12 +56,12 @@ from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
-from flatcake.link import wire
+from flatcake.link import trust, wire
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
-from flatcake.service.endpoint import CallLoop, listening
+from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
 from flatcake.service.stores import (
     AttachedStore,
     ServableWait,
@@ -95,6 +95,7 @@ class NodeService(CallLoop):
         ensure_private_dir(self.root)
         self._lock = SessionFiles(self.root, "buffered")
         self._lock.lock_root()  # no embedded store opens this root while we serve
+        self._lock_held = True  # (until the books' executor of the root holds it)
         self._parts: NodeParts | None = None
         self._geometry: KVGeometry | None = None
         self._ranks = TensorRanks()
@@ -107,23 +108,16 @@ class NodeService(CallLoop):
         # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
         self._waits: list[tuple[bytes, int, ServableWait]] = []
         self._next_engine = 0
+        self._bound = False  # the socket file is ours to remove at close
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        # A missing socket directory is made 0700; an existing one (/run, /tmp) is left
-        # as it is: the socket itself is 0600 (connecting needs write access to it).
-        self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if listening(self.socket):
-            self._lock.close()
-            raise ValueError(f"another node service listens on {self.socket}: stop it, or "
-                             "give this one another --socket")
-        self.socket.unlink(missing_ok=True)
-        old = os.umask(0o177)
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         try:
-            self._sock.bind(wire.endpoint(self.socket))
-        finally:
-            os.umask(old)
-        os.chmod(self.socket, 0o600)
+            self._bind()
+        except (OSError, ValueError):
+            self.close()
+            raise
         self.calls = 0
         self.arena_pages = shared_arena_pages(config.store.node_arena_dir)
         try:  # refused now, not at the first attach, when hugetlbfs cannot hold it
@@ -135,6 +129,24 @@ class NodeService(CallLoop):
         logger.info("shared arena in %s: %s", config.store.node_arena_dir,
                     self.arena_pages.note)
 
+    def _bind(self) -> None:
+        """Listen on ``self.socket``: its directory made 0700 or checked, a stale socket
+        of ours replaced, anything else there refused (``link.trust``); the socket is
+        0600 (connecting needs write access to it)."""
+        trust.socket_dir(self.socket.parent)
+        if trust.stale_socket(self.socket):
+            if listening(self.socket):
+                raise ValueError(f"another node service listens on {self.socket}: stop "
+                                 "it, or give this one another --socket")
+            self.socket.unlink()
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(wire.endpoint(self.socket))
+        finally:
+            os.umask(old)
+        self._bound = True
+        os.chmod(self.socket, 0o600)
+
     # -- the books, made at the first attach ----------------------------------------
 
     def _ensure_books(self, geometry: KVGeometry, ranks: TensorRanks) -> NodeParts:
@@ -145,20 +157,40 @@ class NodeService(CallLoop):
                     f"engine of {geometry} at {ranks} cannot share it: run one service "
                     "per model")
             return self._parts
+        try:
+            return self._make_books(geometry, ranks)
+        except Exception as exc:
+            # Refused (a geometry the root's files were not written with, a part that
+            # cannot be recovered): the service and its root stay as they were, the
+            # root locked by the service, free for the right engine's attach.
+            self._unmake_books()
+            logger.warning("an engine of %s at %s refused: %s", geometry, ranks, exc)
+            if isinstance(exc, ValueError) and not isinstance(exc, wire.NodeRefused):
+                raise wire.NodeRefused(f"{exc}") from None
+            raise
+
+    def _make_books(self, geometry: KVGeometry, ranks: TensorRanks) -> NodeParts:
+        """Recover every part's files (all recovered before any is settled, so a part
+        that fails leaves every file as it was), make the arenas and the books."""
+        if not (isinstance(geometry, KVGeometry) and isinstance(ranks, TensorRanks)):
+            raise wire.NodeRefused("an attach names a KVGeometry and TensorRanks")
         cfg = self.config
         parts = ranks.parts
         if parts == 1:
             self._lock.close()  # the part's root is the root: its executor locks it
+            self._lock_held = False
         quiet = dataclasses.replace(cfg, store=dataclasses.replace(
             cfg.store, memory_capacity_bytes=0))
+        recovered = []
         for part in range(parts):
             ex = Executor(rank_dir(self.root, part, parts), geometry, quiet)
-            scratch = ControlPlane(geometry, cfg, WallClock())
-            scan, recovery = recover_files(scratch, ex.files.sessions_dir)
-            ex.settle(scan, recovery, scratch)
             self._rank_roots.append(ex)
-            self._arenas.append(make_arena(self.root, cfg, self.arena_pages, part,
-                                           cfg.store.memory_capacity_bytes))
+            scratch = ControlPlane(geometry, cfg, WallClock())
+            recovered.append((scratch, *recover_files(scratch, ex.files.sessions_dir)))
+        for ex, (scratch, scan, recovery) in zip(self._rank_roots, recovered, strict=True):
+            ex.settle(scan, recovery, scratch)
+        self._arenas = [make_arena(self.root, cfg, self.arena_pages, part,
+                                   cfg.store.memory_capacity_bytes) for part in range(parts)]
         settings = ConnectorSettings(config=cfg)
         books = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0, parts),
                                    WallClock())
@@ -172,6 +204,19 @@ class NodeService(CallLoop):
                     self.root, self._parts.recovered_segments,
                     describe_layers(geometry.layer_block_bytes), ranks)
         return self._parts
+
+    def _unmake_books(self) -> None:
+        """Undo a ``_make_books`` that failed: its parts closed, the root locked by the
+        service again."""
+        if self._member is not None:
+            self._member.close()
+            self._member = None
+        for ex in self._rank_roots:
+            ex.close()
+        self._rank_roots, self._arenas = [], []
+        if not self._lock_held:
+            self._lock.lock_root()
+            self._lock_held = True
 
     # -- calls ----------------------------------------------------------------------
 
@@ -313,7 +358,8 @@ class NodeService(CallLoop):
         still attached map them; ``rm`` them once every engine has stopped)."""
         self._sock.close(0)
         self._ctx.term()
-        self.socket.unlink(missing_ok=True)
+        if self._bound:
+            self.socket.unlink(missing_ok=True)
         if self._member is not None:  # leave the index before the files go
             self._member.close()
             self._member = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,8 @@ def attached_call(store: AttachedStore, control: ControlPlane, method: str,
         keys, engine_blocks = tuple(args[0]), int(kwargs.get("engine_blocks", 0))
         found = servable(control, keys, engine_blocks)
         wait_s = float(kwargs.get("wait_s", 0.0))
+        if not (math.isfinite(wait_s) and wait_s >= 0):  # its deadline times the loop
+            raise wire.NodeRefused(f"servable: wait_s must be finite and >= 0, got {wait_s}")
         if found.wait and wait_s > 0:
             return ServableWait(store.client_id, keys, engine_blocks,
                                 store.last_call + wait_s)

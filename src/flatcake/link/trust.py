@@ -1,0 +1,170 @@
+"""Which paths and peers the node service and its clients trust.
+
+The socket, its directory and the shared arena files live where another user may have
+planted something before the service started (``/run``, ``/dev/shm``, a shared root).
+Each is trusted only when it is not a symlink, is owned by this process's user (or root,
+where root is named), and no one else may write it::
+
+    socket directory   missing: made 0700 (``mkdir`` fails if it appears meanwhile);
+                       existing: a directory (not a symlink) of ours or root's that no
+                       group or other may write (so no one else can swap the socket)
+    socket (service)   a stale socket of ours is replaced; anything else there (a file,
+                       a symlink, another user's socket) is refused and never removed
+    socket (client)    a socket (not a symlink) of ours or root's, in a directory as
+                       above, whose listener runs as us or root (``SO_PEERCRED``):
+                       checked before a byte is sent or received
+    arena file         made ``O_CREAT | O_EXCL | O_NOFOLLOW``; an existing one is opened
+                       ``O_NOFOLLOW`` and kept only when it is a regular file of ours
+                       that no group or other may read or write
+
+A refusal names the path and what is wrong with it: ``UntrustedPath`` (a ``ValueError``:
+the service refuses to start) in the service, ``NodeUntrusted`` (a ``NodeUnavailable``:
+the engine serves without FlatCake) in a client.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+
+from flatcake.link.wire import NodeUnavailable
+
+ROOT_UID = 0
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+class UntrustedPath(ValueError):
+    """A path the service will not use: a symlink, another user's, or writable by
+    others (the message names the path and the problem)."""
+
+
+class NodeUntrusted(NodeUnavailable):
+    """A socket the client will not talk to (the message names the path and why)."""
+
+
+def _owner(uid: int) -> str:
+    return "this user" if uid == os.geteuid() else f"uid {uid}"
+
+
+def _dir_problem(path: Path, st: os.stat_result) -> str:
+    """What is wrong with ``path`` (lstat ``st``) as the socket's directory, or ''."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid not in (os.geteuid(), ROOT_UID):
+        return f"is owned by {_owner(st.st_uid)}, not by this user or root"
+    if st.st_mode & 0o022:
+        return (f"has mode {stat.S_IMODE(st.st_mode):o}: others may write it (and "
+                "replace the socket); give the socket a directory of its own")
+    return ""
+
+
+def socket_dir(path: Path) -> None:
+    """Make the socket's directory ``path`` (0700, its missing parents too), or check the
+    one there (see the module); raises ``UntrustedPath``."""
+    path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, PRIVATE_DIR_MODE)
+        return  # ours: made just now (never an existing one, nor through a symlink)
+    except FileExistsError:
+        pass
+    problem = _dir_problem(path, os.lstat(path))
+    if problem:
+        raise UntrustedPath(f"socket directory {path} {problem}")
+
+
+def stale_socket(path: Path) -> bool:
+    """Whether a socket of ours is at ``path`` (the service may replace it once no one
+    listens there); raises ``UntrustedPath`` for anything else there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symlink"
+    elif not stat.S_ISSOCK(st.st_mode):
+        problem = "exists and is not a socket"
+    elif st.st_uid != os.geteuid():
+        problem = f"is a socket of {_owner(st.st_uid)}"
+    else:
+        return True
+    raise UntrustedPath(f"--socket {path} {problem}: not removed; remove it yourself or "
+                        "give the service another --socket")
+
+
+def open_private(path: Path, what: str) -> int:
+    """A read-write descriptor of the private file ``path`` (``what`` names it): made
+    (mode 0600) when missing, else opened without following a symlink and kept only when
+    it is a regular file of ours that no group or other may read or write; raises
+    ``UntrustedPath``."""
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        pass
+    else:
+        os.fchmod(fd, PRIVATE_FILE_MODE)  # exact mode whatever the umask
+        return fd
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK)  # a planted FIFO must not block us
+    except OSError as exc:
+        problem = "is a symlink" if os.path.islink(path) else f"cannot be opened ({exc})"
+        raise UntrustedPath(f"{what} {path} {problem}: not used; remove it") from None
+    st = os.fstat(fd)
+    problem = ""
+    if not stat.S_ISREG(st.st_mode):
+        problem = "is not a regular file"
+    elif st.st_uid != os.geteuid():
+        problem = f"is owned by {_owner(st.st_uid)}"
+    elif st.st_mode & 0o077:
+        problem = (f"has mode {stat.S_IMODE(st.st_mode):o}: others may have read or "
+                   "mapped it")
+    if problem:
+        os.close(fd)
+        raise UntrustedPath(f"{what} {path} {problem}: not used; remove it")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def check_service(path: Path, timeout_s: float) -> None:
+    """Refuse (``NodeUntrusted``) a service socket at ``path`` another user could have
+    planted or could listen on (see the module); ``NodeUnavailable`` when no one
+    listens there."""
+    try:
+        problem = _dir_problem(path.parent, os.lstat(path.parent))
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise NodeUnavailable(f"no node service socket at {path}") from None
+    if problem:
+        raise NodeUntrusted(f"the node service's socket directory {path.parent} {problem}")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISSOCK(st.st_mode):
+        raise NodeUntrusted(f"{path} is not a socket (a symlink or another file)")
+    if st.st_uid not in (os.geteuid(), ROOT_UID):
+        raise NodeUntrusted(f"the socket {path} is owned by {_owner(st.st_uid)}, not by "
+                            "this user or root: not used")
+    uid = _listener_uid(path, timeout_s)
+    if uid is not None and uid not in (os.geteuid(), ROOT_UID):
+        raise NodeUntrusted(f"the process listening on {path} runs as {_owner(uid)}, not "
+                            "as this user or root: not used")
+
+
+def _listener_uid(path: Path, timeout_s: float) -> int | None:
+    """The uid of the process listening on ``path`` (``SO_PEERCRED``; None where the
+    platform does not say)."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(timeout_s)
+        try:
+            probe.connect(str(path))
+        except OSError as exc:
+            raise NodeUnavailable(f"no node service listens on {path} ({exc})") from None
+        creds = probe.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)

@@ -1,0 +1,73 @@
+"""A flood of idle connections cannot starve a real client: started with a low open-file
+soft limit (systemd's is 1,024; here 256), the service raises it to the hard limit, so
+600 idle connections (raw sockets and ZeroMQ DEALERs) leave it alive and a real client
+is answered within its timeout; a raw connection that never completes ZeroMQ's
+handshake is closed after ``HANDSHAKE_S``. (ZeroMQ 4.3 aborted the service when accept
+found no descriptor left.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from flatcake.link import wire
+from flatcake.service.endpoint import HANDSHAKE_S, ask_status
+from tests.connectors.sides_harness import finish
+from tests.service.helpers import Engine, Service
+
+zmq = pytest.importorskip("zmq")
+
+SOFT_LIMIT = 256
+IDLE = 300  # of each kind: raw sockets and DEALERs, 600 in all
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_idle_connections_past_the_soft_limit_leave_a_real_client_served(tmp_path: Path
+                                                                         ) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  open_files=SOFT_LIMIT).start()
+    assert svc.proc is not None
+    ctx = zmq.Context()
+    raw: list[socket.socket] = []
+    dealers = []
+    try:
+        for _ in range(IDLE):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(svc.sock))
+            raw.append(s)
+            d = ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.connect(wire.endpoint(svc.sock))
+            dealers.append(d)
+        time.sleep(1.0)  # every connection accepted
+        assert svc.proc.poll() is None, svc.stderr()
+        assert open_fds(svc.proc.pid) > 2 * IDLE > SOFT_LIMIT
+        t0 = time.monotonic()
+        assert ask_status(svc.sock, 2.0)["engines"] == {}
+        assert time.monotonic() - t0 < 2.0
+        e = Engine(svc.sock, seed=1)
+        try:
+            p = finish(e, "r0", list(range(100, 113)), [5, 6, 7, 8], out=3, session="s")
+            assert p["stored_blocks"] == 3
+        finally:
+            e.close()
+        # The raw connections never spoke ZeroMQ: closed by the service.
+        deadline = time.monotonic() + HANDSHAKE_S + 10
+        while open_fds(svc.proc.pid) > IDLE + SOFT_LIMIT // 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert open_fds(svc.proc.pid) <= IDLE + SOFT_LIMIT // 2
+        assert svc.proc.poll() is None, svc.stderr()
+    finally:
+        for s in raw:
+            s.close()
+        for d in dealers:
+            d.close(0)
+        ctx.term()
+        assert svc.stop() == 0, svc.stderr()
