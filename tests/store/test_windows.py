@@ -206,3 +206,34 @@ def test_a_hit_ending_at_an_older_turn_is_served_with_its_window(tmp_path: Path)
     for layer in (1, 2):
         assert torch.equal(dst[layer][[7, 8]], src[layer][[7, 8]])
         assert not dst[layer][[0, 1, 2, 3, 4, 5, 6, 9, 10, 11]].any()
+
+
+def test_a_stored_prompt_ending_inside_a_turn_writes_its_window_there(
+        tmp_path: Path) -> None:
+    # Session a stores 9 blocks in one turn. Session b's prompt is a's first 5 blocks
+    # (a shared prefix, a retry): all stored, but a holds no window at 5, so b's lookup
+    # is cut back to nothing and b recomputes. b's store then writes the window's 2
+    # blocks there as a segment of its own (blocks 3-4), and the next prompt ending at
+    # 5 restores all 5 blocks, its window from b's segment, byte for byte.
+    g = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="windowed-4k",
+                   groups=(LayerGroup(1, 512, kind="full"),
+                           LayerGroup(2, 256, window_tokens=32, kind="sliding")))
+    src = paged(g, 12, seed=13)
+    keys = session_keys(13, 12, g)
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        store.store_turn("a", keys[:9], src, range(9), TurnSignals(0, 0))
+        assert store.lookup(keys[:5]).num_blocks == 0
+        res = store.store_turn("b", keys[:5], src, range(5), TurnSignals(0, 0))
+        assert (res.num_blocks, res.first_block) == (2, 3)
+        assert store.lookup(keys[:5]).num_blocks == 5
+        assert store.lookup(keys[:9]).num_blocks == 9  # a's own hit is unchanged
+        again = store.store_turn("c", keys[:5], src, range(5), TurnSignals(0, 0))
+        assert again.num_blocks == 0  # held now: nothing more to write
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:  # a restart
+        dst = paged(g, 12)
+        got = store.load(keys[:5], dst, range(12))
+    assert (got.num_blocks, got.damaged_segments) == (5, 0)
+    assert torch.equal(dst[0][:5], src[0][:5])
+    for layer in (1, 2):
+        assert torch.equal(dst[layer][[3, 4]], src[layer][[3, 4]])
+        assert not dst[layer][[0, 1, 2, *range(5, 12)]].any()

@@ -192,6 +192,19 @@ def trim_hit(hit: PrefixHit, start: int) -> tuple[HitRun, ...]:
     return tuple(out)
 
 
+def head_runs(runs: Sequence[HitRun], stop: int) -> tuple[HitRun, ...]:
+    """The runs covering request blocks ``[0, stop)`` (a run crossing ``stop`` is cut
+    there)."""
+    out: list[HitRun] = []
+    for run in runs:
+        seg, start_pos, count, prefix_start = run
+        if prefix_start >= stop:
+            break
+        out.append(run if prefix_start + count <= stop else
+                   HitRun(seg, start_pos, stop - prefix_start, prefix_start))
+    return tuple(out)
+
+
 def _common_run(a: tuple[bytes, ...], ai: int, b: tuple[bytes, ...], bi: int) -> int:
     """Length of the longest common run of ``a[ai:]`` and ``b[bi:]``, given that
     ``a[ai] == b[bi]``. Whole-slice comparisons run at C speed; a mismatch is found by
@@ -257,6 +270,14 @@ class BlockIndex:
     def segments(self) -> Iterator[Segment]:
         """Live segments in publication order."""
         return iter(self._segments.values())
+
+    def holders(self, key: bytes) -> list[tuple[Segment, int]]:
+        """Every live ``(segment, position)`` holding ``key``: its owner first, then its
+        shadows, oldest first."""
+        loc = self._loc.get(key)
+        if loc is None:
+            return []
+        return [loc, *self._shadows.get(key, ())]
 
     def lookup(self, keys: Sequence[bytes]) -> PrefixHit:
         """The longest prefix of ``keys`` all present, as runs (O(runs) work)."""

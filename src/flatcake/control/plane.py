@@ -87,7 +87,7 @@ from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.stores import Stores
 from flatcake.control.types import LoadPlan, ReclaimAction, StorePlan, WindowRelease
-from flatcake.control.windows import windowed_hit
+from flatcake.control.windows import window_segment_hit, windowed_hit
 from flatcake.geometry import KVGeometry
 from flatcake.layout import ALIGN, SegmentLayout
 from flatcake.readplan import ReadPlanner
@@ -146,7 +146,8 @@ class ControlPlane(Books):
             if release_windows and store.release_old_windows and \
             geometry.layer_window_blocks else None
         self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions, ids,
-                              spare, early, reclaimer, pending, releases)
+                              spare, early, reclaimer, pending, releases,
+                              lambda keys: self.lookup(keys).num_blocks)
         self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
                             early, self.lookup, loads)
         self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)
@@ -171,7 +172,18 @@ class ControlPlane(Books):
             copies.touch_hit(hit)
             hit = copies.substitute(hit)
         hit = self._servable(self._extend_early(req, hit))
-        return windowed_hit(hit, self._windows) if self._windows and hit.runs else hit
+        if not self._windows or not hit.runs:
+            return hit
+        got = windowed_hit(hit, self._windows)
+        if got.num_blocks < hit.num_blocks:
+            # The hit's end holds no window along its runs: a window segment written
+            # there (a request whose whole prompt was stored) may hold it.
+            alt = window_segment_hit(hit, req, self._windows, self.index.holders)
+            if alt is not None:
+                alt = self._servable(alt)
+                if alt.num_blocks > got.num_blocks:
+                    return windowed_hit(alt, self._windows)
+        return got
 
     # -- store -----------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.alloc import HostArena
 from flatcake.control.early import EarlyCopies
-from flatcake.control.index import BlockIndex, HitRun, Segment
+from flatcake.control.index import BlockIndex, HitRun, Segment, head_runs
 from flatcake.control.keys import check_keys
 from flatcake.control.placement import PlacementRule, PlacementSignals, decide_placement
 from flatcake.control.reclaimer import Reclaimer
@@ -53,7 +53,8 @@ class Stores:
                  node_id: int, index: BlockIndex, arena: HostArena, ssd: SsdSpace,
                  sessions: SessionTable, ids: SegmentIds, spare: Spare, early: EarlyCopies,
                  reclaimer: Reclaimer, pending: dict[int, StorePlan],
-                 releases: Releases | None = None) -> None:
+                 releases: Releases | None = None,
+                 served: Callable[[tuple[bytes, ...]], int] | None = None) -> None:
         self._config = config
         self._geometry = geometry
         self._clock = clock
@@ -68,6 +69,10 @@ class Stores:
         self._reclaimer = reclaimer
         self._pending = pending
         self._releases = releases
+        # The blocks a lookup of a prompt serves (``ControlPlane.lookup``): where a
+        # stored prompt's end holds no window, a window segment is written there.
+        self._served = served
+        self._window_blocks = max(geometry.layer_window_blocks, default=0)
         # SSD stores in flight -> the runs before them (what they release once durable).
         self._prefix: dict[int, tuple[HitRun, ...]] = {}
         self._writing: Counter[bytes] = Counter()
@@ -100,6 +105,15 @@ class Stores:
         req = keys if isinstance(keys, tuple) else tuple(keys)
         hit = self._index.lookup(req)
         new_keys = req[hit.num_blocks:]
+        first, prefix = hit.num_blocks, hit.runs
+        if not new_keys and self._window_at_end_missing(req):
+            # The whole prompt is stored, but no window where it ends (it ends inside
+            # another turn's segment: a shared prefix, a branch, a retry). Its last
+            # window's blocks are written again as a segment of their own, so a later
+            # hit ending here is served (``windows.window_segment_hit``).
+            first = max(0, len(req) - self._window_blocks)
+            new_keys = req[first:]
+            prefix = head_runs(hit.runs, first)
         now = self._clock.now()
         rec = self._sessions.get(session_id)
         if not new_keys or all(k in self._writing for k in new_keys):
@@ -108,9 +122,8 @@ class Stores:
             if rec is not None:
                 rec.last_access = now
             return None
-        check_keys(new_keys, hit.num_blocks)
-        shared = shared_refcount(hit.num_blocks) if callable(shared_refcount) \
-            else shared_refcount
+        check_keys(new_keys, first)
+        shared = shared_refcount(first) if callable(shared_refcount) else shared_refcount
         # Validates the signal fields before anything changes.
         signals = PlacementSignals(False, shared, turn_index, context_tokens,
                                    prev_reply_tokens)
@@ -119,17 +132,23 @@ class Stores:
         rec.last_access = now
         rec.num_pins += 1  # a write is in flight: reclaim must skip this session
         try:
-            plan = self._place_and_allocate(rec, new_keys, hit.num_blocks, turn_index, signals)
+            plan = self._place_and_allocate(rec, new_keys, first, turn_index, signals)
         except BaseException:
             rec.num_pins -= 1
             self._sessions.forget_if_empty(rec)
             raise
         self._pending[plan.segment.segment_id] = plan
-        if self._releases is not None and plan.medium == Medium.SSD and hit.runs:
-            self._prefix[plan.segment.segment_id] = hit.runs
+        if self._releases is not None and plan.medium == Medium.SSD and prefix:
+            self._prefix[plan.segment.segment_id] = prefix
         self._writing.update(plan.segment.keys)
         self._rules[plan.placement.rule] += 1
         return plan
+
+    def _window_at_end_missing(self, req: tuple[bytes, ...]) -> bool:
+        """Every block of ``req`` is stored, yet a lookup of it is cut back: no window is
+        held where it ends."""
+        return bool(self._window_blocks and req and self._served is not None
+                    and self._served(req) < len(req))
 
     def _place_and_allocate(self, rec: SessionRecord, new_keys: tuple[bytes, ...],
                             first_block: int, turn_index: int,

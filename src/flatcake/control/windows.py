@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flatcake.control.address import Medium
-from flatcake.control.index import EMPTY_HIT, HitRun, PrefixHit, Segment
+from flatcake.control.index import EMPTY_HIT, HitRun, PrefixHit, Segment, head_runs
 from flatcake.layout import ALIGN, SegmentLayout
 
 
@@ -77,6 +77,30 @@ def windowed_hit(hit: PrefixHit, windows: tuple[int, ...]) -> PrefixHit:
             total = sum(r[2] for r in kept)
             return PrefixHit(total, total - ssd, ssd, kept)
     return EMPTY_HIT
+
+
+def window_segment_hit(hit: PrefixHit, keys: Sequence[bytes], windows: tuple[int, ...],
+                       holders: Callable[[bytes], list[tuple[Segment, int]]]
+                       ) -> PrefixHit | None:
+    """``hit`` (every key of it indexed, its end's window not held along its runs)
+    served through a *window segment* ending where it ends: a live segment whose last
+    key is the hit's last and whose keys are the request's just before (a request
+    whose whole prompt was already stored wrote it, ``Stores.prepare``), its windows
+    held at its end. ``None`` when no such segment is live."""
+    end = hit.num_blocks
+    if not end:
+        return None
+    reps = window_layers(windows)
+    for seg, j in holders(keys[end - 1]):
+        n = seg.num_blocks
+        start = end - n
+        if j != n - 1 or start < 0 or tuple(keys[start:end]) != seg.keys:
+            continue
+        runs = (*head_runs(hit.runs, start), HitRun(seg, 0, n, start))
+        if all(window_held(runs, len(runs) - 1, w, layer) for w, layer in reps):
+            ssd = sum(r[2] for r in runs if r[0].medium is Medium.SSD)
+            return PrefixHit(end, end - ssd, ssd, runs)
+    return None
 
 
 def restore_view(runs: tuple[HitRun, ...]) -> tuple[HitRun, ...]:
