@@ -64,12 +64,13 @@ def test_vllm_keeps_every_window_block() -> None:
 def test_sglang_stores_one_window_per_request_and_reads_the_hits_end() -> None:
     # Objects of the layers that keep every block: 9,192 B -> 12,288 B (O_DIRECT);
     # a window object: the sliding layer's 8,192 B. A, B and C each back up their last
-    # block's window; the 12 blocks the small host tier demotes carry those 3.
-    m, _node = _run("tiered-wait", BRANCH)
-    assert m.extra["blocks_demoted"] == 12
-    assert m.ssd_write_bytes == m.extra["ssd_used_bytes"] == 12 * 12288 + 3 * 8192
+    # block's window; the host tier (4 blocks of 9,192 B, the window pages its blocks
+    # hold included) demotes 11 blocks, carrying those 3.
+    m, _node = _run("tiered-wait", BRANCH, host_blocks=4)
+    assert m.extra["blocks_demoted"] == 11
+    assert m.ssd_write_bytes == m.extra["ssd_used_bytes"] == 11 * 12288 + 3 * 8192
     # The extended A hits its 5 blocks from SSD: 5 objects and the window at its end.
-    m, node = _run("tiered-wait", REQS)
+    m, node = _run("tiered-wait", REQS, host_blocks=4)
     assert node.rec.hit_blocks[3] == 5
     assert m.ssd_read_bytes == 5 * 12288 + 8192
     assert m.read_commands == 5 + 1
@@ -112,7 +113,7 @@ PARTIAL = [(0.0, ids(0, 6), 176, 2), (1.0, ids(100, 106), 176, 2),
 
 
 @pytest.mark.parametrize(("system", "host_blocks"), [
-    ("flatcake", 3), ("tiered-wait", 3), ("tiered-direct", 3), ("memory-only", 100)])
+    ("flatcake", 3), ("tiered-wait", 4), ("tiered-direct", 3), ("memory-only", 100)])
 def test_a_partial_last_block_is_not_stored_and_holds_no_window(
         system: str, host_blocks: int) -> None:
     preset = tiny_preset(gpu_blocks=10, host_blocks=host_blocks, geometry=HYBRID)
@@ -141,3 +142,18 @@ def test_the_turn_end_bound_ends_a_hit_where_an_earlier_turn_ended(
     assert node.rec.max_hit_blocks.tolist() == [0, 3, 5, 3]
     assert node.rec.turn_end_hit_blocks.tolist() == turn_end_hits
     assert m.max_hit_rate_turn_ends == sum(turn_end_hits) / node.rec.num_blocks.sum()
+
+
+@pytest.mark.parametrize(("budget_blocks", "hit", "dropped"), [(15, 0, 5), (18, 5, 1)])
+def test_sglangs_window_pages_share_the_host_budget(budget_blocks: int, hit: int,
+                                                    dropped: int) -> None:
+    # memory-only: A, B, C put 5 full blocks each (9,192 B a block) and a trailing
+    # window page each (8,192 B). With 15 blocks' bytes the blocks alone fit, the
+    # windows do not: the tier drops its oldest blocks (A's) to hold them, and A's
+    # return finds nothing (when windows rode free it hit all 5). With 18 blocks'
+    # bytes every block and window fits, and A hits 5.
+    preset = tiny_preset(gpu_blocks=4, host_blocks=3, geometry=HYBRID).with_node(
+        host_memory_bytes=budget_blocks * 9192)
+    m, node = replay_node(from_requests(REQS[:4], TRACE_BT), "memory-only", 1 / 2.5, preset)
+    assert node.rec.hit_blocks[3] == hit
+    assert m.extra["host_blocks_dropped"] == dropped

@@ -81,9 +81,17 @@ class MemoryOnlySystem(System):
             return
         self.wins.mark(req.runs, req.full_blocks)
         host.touch(slice_runs(req.runs, 0, req.full_blocks))  # full blocks only
-        over = host.size - host.capacity_blocks
-        if over > 0:
-            dropped = host.evict(over)
+        # The window pages of the blocks that hold them share the host budget (SGLang
+        # keeps them in a host pool of their own, out of the same memory).
+        peer, node = self.peer, self.node
+        if peer is None or node is None:
+            raise not_attached(self.name)
+        per, win = peer.block_bytes, peer.window_bytes
+        while (over := host.size * per + self.wins.num_held * win
+               - node.spec.host_memory_bytes) > 0:
+            dropped = host.evict(max(1, -(-over // (per + win))))
+            if not len(dropped):
+                break
             self.wins.drop(dropped)
             self.blocks_dropped += len(dropped)
 

@@ -130,15 +130,31 @@ class TieredSystem(System):
             raise not_attached(self.name)
         lru = self.host.lru
         lru.touch(runs)
-        over = lru.size - lru.capacity_blocks
-        if over > 0:
+        node = self.node
+        if node is None:
+            raise not_attached(self.name)
+        while (over := self._host_over(node)) > 0:
             evicted = lru.evict(over)
-            node = self.node
-            if node is None:
-                raise not_attached(self.name)
+            if not len(evicted):
+                break
             self.ssd.demote(node, evicted)
             # What found no room on SSD is gone, its window pages with it.
             self.wins.drop(evicted[self.bucket_of[evicted] < 0])
+
+    def _host_over(self, node: Node) -> int:
+        """Blocks the host tier must demote: those past its capacity, and room for the
+        window pages its blocks hold under SGLang's rule (they share the host budget:
+        SGLang keeps them in a host pool of their own, out of the same memory)."""
+        if self.host is None:
+            raise not_attached(self.name)
+        lru = self.host.lru
+        over = lru.size - lru.capacity_blocks
+        if not self.wins.num_held:
+            return over
+        per, win = self.peer.block_bytes, self.peer.window_bytes
+        used = lru.size * per + self.wins.held_in(lru.tick != 0) * win
+        over_bytes = used - node.spec.host_memory_bytes
+        return -(-over_bytes // (per + win)) if over_bytes > 0 else 0
 
     def _lookup(self, runs: Runs, start: int) -> tuple[int, Runs, Runs]:
         """From position ``start``, the run of blocks the store holds (host memory or

@@ -41,11 +41,12 @@ class TrailingWindows:
     """Per block id, whether the store holds its window pages; ``window_blocks`` = 0
     (no window the engine prefix-caches) makes every method a no-op."""
 
-    __slots__ = ("cut_blocks", "cuts", "held", "window_blocks")
+    __slots__ = ("cut_blocks", "cuts", "held", "num_held", "window_blocks")
 
     def __init__(self, num_ids: int, window_blocks: int) -> None:
         self.window_blocks = window_blocks
         self.held = np.zeros(num_ids if window_blocks else 0, dtype=bool)
+        self.num_held = 0  # blocks holding their window pages
         self.cuts = 0  # hits cut back (``cut(record=True)``) ...
         self.cut_blocks = 0  # ... and the blocks they lost
 
@@ -58,12 +59,21 @@ class TrailingWindows:
             return
         n = min(sum(e - s for s, e in runs), full_blocks)
         for s, e in slice_runs(runs, max(0, n - w), n):
+            self.num_held += e - s - int(np.count_nonzero(self.held[s:e]))
             self.held[s:e] = True
 
     def drop(self, ids: IdArray) -> None:
         """Blocks that left the store: their window pages went with them."""
         if self.window_blocks and len(ids):
+            self.num_held -= int(np.count_nonzero(self.held[ids]))
             self.held[ids] = False
+
+    def held_in(self, resident: np.ndarray) -> int:
+        """How many blocks holding their window pages ``resident`` (a mask over every
+        id) marks: the window pages a tier holds beside those blocks."""
+        if not self.num_held:
+            return 0
+        return int(np.count_nonzero(self.held & resident))
 
     def count(self, ids: IdArray) -> int:
         """How many of ``ids`` hold their window pages."""
