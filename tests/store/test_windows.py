@@ -34,6 +34,10 @@ WINDOWED = KVGeometry(
     groups=(LayerGroup(2, 512, kind="full"),
             LayerGroup(2, 584, tokens_per_entry=16, window_tokens=48, kind="sliding")))
 FULL, SLIDING, WINDOW = (0, 1), (2, 3), 3
+# One full layer (8 KiB a block) and two sliding layers of 2 blocks (4 KiB a block).
+WINDOWED_4K = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="windowed-4k",
+                         groups=(LayerGroup(1, 512, kind="full"),
+                                 LayerGroup(2, 256, window_tokens=32, kind="sliding")))
 
 
 def assert_windowed(dst: list[torch.Tensor], src: list[torch.Tensor], slots: list[int],
@@ -158,9 +162,7 @@ def test_a_rotted_byte_in_a_window_cuts_the_restore_at_its_turn(tmp_path: Path) 
 @pytest.mark.parametrize("release", [True, False])
 def test_windows_of_4k_blocks_are_read_straight_into_their_slots(
         tmp_path: Path, release: bool) -> None:
-    g = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="windowed-4k",
-                   groups=(LayerGroup(1, 512, kind="full"),
-                           LayerGroup(2, 256, window_tokens=32, kind="sliding")))
+    g = WINDOWED_4K
     assert g.layer_block_bytes == (8192, 4096, 4096) and g.layer_window_blocks == (0, 2, 2)
     src = paged(g, 12, seed=11)
     keys = session_keys(11, 12, g)
@@ -191,9 +193,7 @@ def test_a_hit_ending_at_an_older_turn_is_served_with_its_window(tmp_path: Path)
     # The default: superseded rows stay until the SSD needs the space, so a branch off
     # turn 1 (a sub-agent, a retry) restores every block up to it, its window included,
     # byte for byte; the restore reads the sliding rows of that window only.
-    g = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="windowed-4k",
-                   groups=(LayerGroup(1, 512, kind="full"),
-                           LayerGroup(2, 256, window_tokens=32, kind="sliding")))
+    g = WINDOWED_4K
     src = paged(g, 12, seed=12)
     keys = session_keys(12, 12, g)
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
@@ -215,9 +215,7 @@ def test_a_stored_prompt_ending_inside_a_turn_writes_its_window_there(
     # is cut back to nothing and b recomputes. b's store then writes the window's 2
     # blocks there as a segment of its own (blocks 3-4), and the next prompt ending at
     # 5 restores all 5 blocks, its window from b's segment, byte for byte.
-    g = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="windowed-4k",
-                   groups=(LayerGroup(1, 512, kind="full"),
-                           LayerGroup(2, 256, window_tokens=32, kind="sliding")))
+    g = WINDOWED_4K
     src = paged(g, 12, seed=13)
     keys = session_keys(13, 12, g)
     with FlatCakeStore.open(tmp_path, g, small_config()) as store:
