@@ -68,13 +68,15 @@ class NodeClient:
         """``call`` as the attached client ``client_id``. When the service no longer
         knows it (its lease ended while it was idle, or the service restarted), what
         it held there is void: ``attach_again()`` attaches anew and gives the new id
-        (or raises ``NodeUnavailable``), and the call is made once more. Forgotten
-        twice is ``NodeUnavailable``."""
+        (or raises ``NodeUnavailable``), and the call is made once more; so too when it
+        refuses this connection as ``client_id``'s (a socket renewed where the service
+        cannot tell its process). Forgotten twice is ``NodeUnavailable``."""
         for again in (False, True):
             try:
                 return self.call(method, client_id, *args, wait_s=wait_s)
             except wire.NodeRefused as exc:
-                if wire.UNKNOWN_ENGINE not in str(exc):
+                if not (wire.UNKNOWN_ENGINE in str(exc)
+                        or wire.FOREIGN_CLIENT in str(exc)):
                     raise
                 if again:
                     raise wire.NodeUnavailable(str(exc)) from None

@@ -2,7 +2,9 @@
 what an attach answers.
 
 Transport is ZeroMQ over a unix socket (``ipc://``): a ROUTER in the service, one DEALER
-per client socket. A call is one frame, ``pickle((call_id, engine_id, method, args))``;
+per client socket. A call is one frame, ``pickle((call_id, engine_id, method, args))``
+(``engine_id`` names the engine or store the call is for: the connection that attached
+it, or another of the same process, ``link.trust.Owner``);
 its answer one frame, ``pickle((call_id, ok, value))`` with ``value`` the result or, when
 ``ok`` is false, the error's message. Pickle carries the books' own task types as they go
 to vLLM's workers; the socket's directory is 0700 and the socket 0600, so only the
@@ -52,6 +54,8 @@ ENGINE_CALLS = frozenset({
 
 # The service's answer to a call of an engine it does not know (lease ended, restart).
 UNKNOWN_ENGINE = "unknown engine"
+# ... and to a call naming an engine or store another connection attached.
+FOREIGN_CLIENT = "is not the caller's"
 
 
 class NodeUnavailable(ConnectionError):

@@ -8,6 +8,11 @@ would stop every engine's service. ``serve`` raises its open-file soft limit to 
 limit at start (``raise_open_files``: systemd's default soft limit is 1,024, its hard
 limit 524,288), and a connection that has not completed ZeroMQ's handshake within
 ``HANDSHAKE_S`` (a raw socket held open) is closed.
+
+Callers: who makes a call is its connection (``link.trust.Caller``: ZeroMQ's routing id,
+and the peer's pid and uid from ``SO_PEERCRED`` where the platform says), never the id a
+call names; the service binds each attached engine or store to the caller that attached
+it (``link.trust.Owner``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import zmq
 
 from flatcake.control import ControlPlane
 from flatcake.link import wire
+from flatcake.link.trust import Caller
 from flatcake.service.stores import AttachedStore, ServableWait
 
 logger = logging.getLogger("flatcake.service")
@@ -76,7 +82,8 @@ class CallLoop:
     _waits: list[tuple[bytes, int, ServableWait]]
     _stores: dict[str, AttachedStore]
 
-    def handle(self, method: str, engine_id: str, args: tuple[Any, ...]) -> Any:
+    def handle(self, method: str, engine_id: str, args: tuple[Any, ...],
+               caller: Caller) -> Any:
         raise NotImplementedError
 
     def expire(self, now: float | None = None) -> int:
@@ -99,11 +106,12 @@ class CallLoop:
             if poller.poll(wait_ms):
                 while True:
                     try:
-                        who, *frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                        got = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
+                    who, frames = got[0].bytes, got[1:]
                     if len(frames) == 1:
-                        self._answer(who, frames[0])
+                        self._answer(who, frames[0].bytes, frames[0].get(zmq.SRCFD))
                     else:  # a call is one frame (a DEALER's send_multipart is not one)
                         self._refuse(who, f"{len(frames)} frames, a call is one")
             if time.monotonic() >= next_expiry:
@@ -117,9 +125,10 @@ class CallLoop:
         what it cannot deliver, so this never blocks the loop)."""
         self._sock.send_multipart([who, wire.encode((None, False, f"malformed call: {why}"))])
 
-    def _answer(self, who: bytes, frame: bytes) -> None:
-        """Answer one call; a frame that is not one is refused, never raised out of the
-        loop (one peer's bytes must not stop every engine's service)."""
+    def _answer(self, who: bytes, frame: bytes, fd: int = -1) -> None:
+        """Answer one call of connection ``who`` (descriptor ``fd``); a frame that is
+        not one is refused, never raised out of the loop (one peer's bytes must not stop
+        every engine's service)."""
         try:
             call_id, engine_id, method, args = wire.decode(frame)
         except Exception as exc:
@@ -130,7 +139,7 @@ class CallLoop:
             self._refuse(who, "not (call_id: int, engine_id: str, method: str, args: tuple)")
             return
         try:
-            out = self.handle(method, engine_id, args)
+            out = self.handle(method, engine_id, args, Caller(who, fd))
             if isinstance(out, ServableWait):  # answered by ``_answer_waits``
                 self._waits.append((who, call_id, out))
                 return

@@ -17,6 +17,10 @@ latent) is one, in ``ROOT`` itself, written by rank 0 and read by every rank.
     call(engine, method, args)                        -> its SchedulerSide's answer
     detach / status
 
+Identity: an engine or store is bound to the caller that attached it (its connection,
+or another connection of the same process: ``link.trust.Owner``); a call naming one
+another caller attached is refused, whatever id it sends.
+
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
 published), its FC-MAS queue gone, its pending file drops and cuts handed to the next
@@ -57,6 +61,7 @@ from flatcake.control import ControlPlane, FileCut
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
 from flatcake.link import trust, wire
+from flatcake.link.trust import Caller, Owner
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
@@ -79,6 +84,7 @@ class _Engine:
     pid: int
     side: SchedulerSide
     last_call: float
+    owner: Owner
 
 
 socket_path = wire.socket_path
@@ -220,12 +226,14 @@ class NodeService(CallLoop):
 
     # -- calls ----------------------------------------------------------------------
 
-    def handle(self, method: str, engine_id: str, args: tuple[Any, ...]) -> Any:
-        """Answer one call (raises ``NodeRefused`` for a call it refuses)."""
+    def handle(self, method: str, engine_id: str, args: tuple[Any, ...],
+               caller: Caller) -> Any:
+        """Answer one call of ``caller`` (raises ``NodeRefused`` for a call it
+        refuses)."""
         self.calls += 1
         now = time.monotonic()
         if method == wire.ATTACH:
-            return self._attach(now, *args)
+            return self._attach(now, caller.owner(), *args)
         if method == wire.WORKER:
             rank, geometry, ranks = args
             self._ensure_books(geometry, ranks)
@@ -236,9 +244,11 @@ class NodeService(CallLoop):
         if method == wire.STATUS:
             return self.status()
         if method == wire.ATTACH_STORE:
-            return self._attach_store(now, *args)
+            return self._attach_store(now, caller.owner(), *args)
         store = self._stores.get(engine_id)
         if store is not None:
+            if not store.owner.admits(caller):
+                raise store.owner.refuse(f"store {engine_id!r}")
             store.last_call = now
             if method == wire.DETACH:
                 self._release_store(store, "detached")
@@ -250,6 +260,8 @@ class NodeService(CallLoop):
         if engine is None:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
                                    "or the service restarted): attach again")
+        if not engine.owner.admits(caller):
+            raise engine.owner.refuse(f"engine {engine_id!r}")
         engine.last_call = now
         if method == wire.DETACH:
             self._release(engine, "detached")
@@ -274,8 +286,9 @@ class NodeService(CallLoop):
             return side.hit_sources(args[0])
         return getattr(side, method)(*args)
 
-    def _attach(self, now: float, name: str, pid: int, geometry: KVGeometry,
-                ranks: TensorRanks, settings: ConnectorSettings) -> Attached:
+    def _attach(self, now: float, owner: Owner, name: str, pid: int,
+                geometry: KVGeometry, ranks: TensorRanks, settings: ConnectorSettings
+                ) -> Attached:
         same_cluster(settings.config, self.config)
         parts = self._ensure_books(geometry, ranks)
         engine_id = f"e{self._next_engine}"
@@ -283,7 +296,8 @@ class NodeService(CallLoop):
         mine = dataclasses.replace(settings, config=self.config)
         side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
                              world_size=ranks.world_size, node=parts, queue=engine_id)
-        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now)
+        pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
+        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner)
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
 
@@ -295,14 +309,15 @@ class NodeService(CallLoop):
         del self._stores[store.client_id]
         release_store(store, self._parts.control if self._parts is not None else None, why)
 
-    def _attach_store(self, now: float, name: str, pid: int, geometry: KVGeometry
-                      ) -> Attached:
+    def _attach_store(self, now: float, owner: Owner, name: str, pid: int,
+                      geometry: KVGeometry) -> Attached:
         if self.config.store.cluster_url:
             raise wire.NodeRefused(STORES_IN_CLUSTER)
         parts = self._ensure_books(geometry, TensorRanks())
         client_id = f"s{self._next_engine}"
         self._next_engine += 1
-        self._stores[client_id] = AttachedStore(client_id, name, pid, now)
+        pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
+        self._stores[client_id] = AttachedStore(client_id, name, pid, now, owner=owner)
         logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
         return Attached(client_id, self.config, parts.recovered_segments)
 

@@ -16,6 +16,7 @@ from typing import Any
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.types import WindowRelease
 from flatcake.link import wire
+from flatcake.link.trust import NOBODY, Owner
 from flatcake.plan.requests import Servable, servable
 
 logger = logging.getLogger("flatcake.service")
@@ -34,6 +35,7 @@ class AttachedStore:
     # The window releases of its last take, until its next call: it punches them
     # before it calls again (``FlatCakeStore._release_windows``).
     handed: tuple[WindowRelease, ...] = ()
+    owner: Owner = NOBODY  # the caller that attached it: only it calls as this store
 
 
 @dataclass(frozen=True, slots=True)
