@@ -21,6 +21,11 @@ Identity: an engine or store is bound to the caller that attached it (its connec
 or another connection of the same process: ``link.trust.Owner``); a call naming one
 another caller attached is refused, whatever id it sends.
 
+Tenants: each engine and store names its tenant (a digest of its key salt,
+``control.keys.tenant_tag``) when it attaches; the service records the tenant of each
+session written and scopes every session verb of an attached store to its tenant's
+(``service.tenants``).
+
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
 published), its FC-MAS queue gone, its pending file drops and cuts handed to the next
@@ -58,6 +63,7 @@ from flatcake.config import FlatCakeConfig
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut
+from flatcake.control.keys import TENANT_TAG_BYTES, tenant_tag
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
 from flatcake.link import trust, wire
@@ -73,6 +79,7 @@ from flatcake.service.stores import (
     attached_call,
     release_store,
 )
+from flatcake.service.tenants import SessionTenants
 
 logger = logging.getLogger("flatcake.service")
 
@@ -85,6 +92,7 @@ class _Engine:
     side: SchedulerSide
     last_call: float
     owner: Owner
+    tenant: bytes
 
 
 socket_path = wire.socket_path
@@ -110,6 +118,7 @@ class NodeService(CallLoop):
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
         self._stores: dict[str, AttachedStore] = {}
+        self._tenants = SessionTenants(self.root)
         self._orphans: tuple[list[FileDrop], list[FileCut]] = ([], [])
         # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
         self._waits: list[tuple[bytes, int, ServableWait]] = []
@@ -255,7 +264,7 @@ class NodeService(CallLoop):
                 return None
             if method != wire.CONTROL:
                 raise wire.NodeRefused(f"unknown call {method!r} of a store")
-            return attached_call(store, self._books(), *args)
+            return attached_call(store, self._books(), self._tenants, *args)
         engine = self._engines.get(engine_id)
         if engine is None:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
@@ -284,7 +293,10 @@ class NodeService(CallLoop):
         if method == "after_alloc":
             side.after_alloc(*args)
             return side.hit_sources(args[0])
-        return getattr(side, method)(*args)
+        out = getattr(side, method)(*args)
+        if method == "prompt_computed" and out is not None:  # the engine writes it
+            self._tenants.claim(self._books(), engine.tenant, out.session_id)
+        return out
 
     def _attach(self, now: float, owner: Owner, name: str, pid: int,
                 geometry: KVGeometry, ranks: TensorRanks, settings: ConnectorSettings
@@ -297,7 +309,8 @@ class NodeService(CallLoop):
         side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
                              world_size=ranks.world_size, node=parts, queue=engine_id)
         pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
-        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner)
+        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner,
+                                           tenant_tag(settings.tenant_salt))
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
 
@@ -310,14 +323,18 @@ class NodeService(CallLoop):
         release_store(store, self._parts.control if self._parts is not None else None, why)
 
     def _attach_store(self, now: float, owner: Owner, name: str, pid: int,
-                      geometry: KVGeometry) -> Attached:
+                      geometry: KVGeometry, tenant: bytes = b"") -> Attached:
         if self.config.store.cluster_url:
             raise wire.NodeRefused(STORES_IN_CLUSTER)
+        if not (isinstance(tenant, bytes) and len(tenant) in (0, TENANT_TAG_BYTES)):
+            raise wire.NodeRefused(f"attach_store: a tenant is control.keys.tenant_tag's "
+                                   f"{TENANT_TAG_BYTES} bytes (or none), got {tenant!r}")
         parts = self._ensure_books(geometry, TensorRanks())
         client_id = f"s{self._next_engine}"
         self._next_engine += 1
         pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
-        self._stores[client_id] = AttachedStore(client_id, name, pid, now, owner=owner)
+        self._stores[client_id] = AttachedStore(client_id, name, pid, now, owner=owner,
+                                               tenant=tenant)
         logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
         return Attached(client_id, self.config, parts.recovered_segments)
 
@@ -344,6 +361,8 @@ class NodeService(CallLoop):
         gone = [s for s in self._stores.values() if now - s.last_call > self.lease_s]
         for store in gone:
             self._release_store(store, why)
+        if self._parts is not None:
+            self._tenants.sweep(self._parts.control)
         return len(late) + len(gone)
 
     def status(self) -> dict[str, Any]:
