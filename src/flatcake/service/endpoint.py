@@ -9,6 +9,11 @@ limit at start (``raise_open_files``: systemd's default soft limit is 1,024, its
 limit 524,288), and a connection that has not completed ZeroMQ's handshake within
 ``HANDSHAKE_S`` (a raw socket held open) is closed.
 
+Deadlines: a call carries the wall-clock time its client stops waiting; one read after
+it is not run (its client gave up: what it would prepare would be no one's), and a
+client names the calls it gave up on in its next call, whose effects are then undone
+(``service.stores.abandon_calls``).
+
 Callers: who makes a call is its connection (``link.trust.Caller``: ZeroMQ's routing id,
 and the peer's pid and uid from ``SO_PEERCRED`` where the platform says), never the id a
 call names; the service binds each attached engine or store to the caller that attached
@@ -83,7 +88,10 @@ class CallLoop:
     _stores: dict[str, AttachedStore]
 
     def handle(self, method: str, engine_id: str, args: tuple[Any, ...],
-               caller: Caller) -> Any:
+               caller: Caller, call_id: int = 0) -> Any:
+        raise NotImplementedError
+
+    def gave_up(self, engine_id: str, caller: Caller, call_ids: tuple[int, ...]) -> None:
         raise NotImplementedError
 
     def expire(self, now: float | None = None) -> int:
@@ -130,16 +138,27 @@ class CallLoop:
         not one is refused, never raised out of the loop (one peer's bytes must not stop
         every engine's service)."""
         try:
-            call_id, engine_id, method, args = wire.decode(frame)
+            obj = wire.decode(frame)
         except Exception as exc:
             self._refuse(who, f"{type(exc).__name__}: {exc}")
             return
-        if not (isinstance(call_id, int) and isinstance(engine_id, str)
-                and isinstance(method, str) and isinstance(args, tuple)):
-            self._refuse(who, "not (call_id: int, engine_id: str, method: str, args: tuple)")
-            return
         try:
-            out = self.handle(method, engine_id, args, Caller(who, fd))
+            call = wire.Call.parse(obj)
+        except ValueError as exc:
+            self._refuse(who, str(exc))
+            return
+        call_id, engine_id, method, args = call.call_id, call.engine_id, call.method, call.args
+        caller = Caller(who, fd)
+        try:
+            if call.gave_up:  # first: one of them may be a call still queued
+                self.gave_up(engine_id, caller, call.gave_up)
+            if call.deadline is not None and time.time() > call.deadline:
+                # Queued past its client's wait (the service paused, busy): running it
+                # now would leave what it prepares to no one.
+                late = time.time() - call.deadline
+                raise wire.NodeRefused(f"{method} not run: {wire.GAVE_UP} "
+                                       f"{late:.3f} s ago")
+            out = self.handle(method, engine_id, args, caller, call_id)
             if isinstance(out, ServableWait):  # answered by ``_answer_waits``
                 self._waits.append((who, call_id, out))
                 return

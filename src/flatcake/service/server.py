@@ -76,6 +76,7 @@ from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
 from flatcake.service.stores import (
     AttachedStore,
     ServableWait,
+    abandon_calls,
     attached_call,
     release_store,
 )
@@ -236,8 +237,8 @@ class NodeService(CallLoop):
     # -- calls ----------------------------------------------------------------------
 
     def handle(self, method: str, engine_id: str, args: tuple[Any, ...],
-               caller: Caller) -> Any:
-        """Answer one call of ``caller`` (raises ``NodeRefused`` for a call it
+               caller: Caller, call_id: int = 0) -> Any:
+        """Answer call ``call_id`` of ``caller`` (raises ``NodeRefused`` for a call it
         refuses)."""
         self.calls += 1
         now = time.monotonic()
@@ -264,7 +265,7 @@ class NodeService(CallLoop):
                 return None
             if method != wire.CONTROL:
                 raise wire.NodeRefused(f"unknown call {method!r} of a store")
-            return attached_call(store, self._books(), self._tenants, *args)
+            return attached_call(store, self._books(), self._tenants, call_id, *args)
         engine = self._engines.get(engine_id)
         if engine is None:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
@@ -297,6 +298,14 @@ class NodeService(CallLoop):
         if method == "prompt_computed" and out is not None:  # the engine writes it
             self._tenants.claim(self._books(), engine.tenant, out.session_id)
         return out
+
+    def gave_up(self, engine_id: str, caller: Caller, call_ids: tuple[int, ...]) -> None:
+        """``caller`` stopped waiting for ``call_ids`` of store ``engine_id``: what they
+        prepared is rolled back, and one not read yet is never run. (An engine that
+        gave up attaches anew; the old one's lease ends and rolls back what it held.)"""
+        store = self._stores.get(engine_id)
+        if store is not None and store.owner.admits(caller):
+            abandon_calls(store, self._books(), call_ids)
 
     def _attach(self, now: float, owner: Owner, name: str, pid: int,
                 geometry: KVGeometry, ranks: TensorRanks, settings: ConnectorSettings

@@ -41,6 +41,11 @@ class AttachedStore:
     handed: tuple[WindowRelease, ...] = ()
     owner: Owner = NOBODY  # the caller that attached it: only it calls as this store
     tenant: bytes = b""  # its key salt's tag (``control.keys.tenant_tag``)
+    # What each call in flight prepared (call id -> ("store", segment id) or ("load",
+    # request id)), until it completes: undone if its client gives up on the call.
+    made_by: dict[int, tuple[str, Any]] = dataclasses.field(default_factory=dict)
+    # Calls given up on before they were read: never run (the newest MAX_GAVE_UP).
+    abandoned: dict[int, None] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +100,47 @@ def _scope(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
     return True
 
 
+def abandon_calls(store: AttachedStore, control: ControlPlane,
+                  call_ids: tuple[int, ...]) -> None:
+    """``store``'s client stopped waiting for ``call_ids`` (it never saw their answers):
+    a store they prepared is rolled back (never published), a load they pinned
+    unpinned; one not read yet will not run."""
+    for call_id in call_ids:
+        made = store.made_by.pop(call_id, None)
+        if made is None:
+            store.abandoned[call_id] = None
+            while len(store.abandoned) > wire.MAX_GAVE_UP:
+                del store.abandoned[next(iter(store.abandoned))]
+            continue
+        kind, key = made
+        if kind == "store" and key in store.stores:
+            control.complete_store(store.stores.pop(key), False)
+        elif kind == "load" and key in store.loads:
+            store.loads.discard(key)
+            control.complete_load(key)
+        logger.info("store %s gave up call %d: its %s %r undone", store.client_id,
+                    call_id, kind, key)
+
+
+def _made(store: AttachedStore, kind: str, key: Any) -> None:
+    """What a call prepared is complete: no longer undone if its call is given up."""
+    for call_id in [c for c, m in store.made_by.items() if m == (kind, key)]:
+        del store.made_by[call_id]
+
+
 def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
-                  method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """One ``ControlPlane`` call of an attached store, on its own FC-MAS queue, scoped
-    to its tenant and to what it holds (module docstring); its loads and stores in
-    flight are kept for its lease. ``servable`` with ``wait_s`` may answer a
-    ``ServableWait`` for the service to hold."""
+                  call_id: int, method: str, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+    """Call ``call_id`` of an attached store: one ``ControlPlane`` call, on its own
+    FC-MAS queue, scoped to its tenant and to what it holds (module docstring); its
+    loads and stores in flight are kept for its lease, and by call until they complete
+    (``abandon_calls``). ``servable`` with ``wait_s`` may answer a ``ServableWait`` for
+    the service to hold."""
     if method not in wire.CONTROL_CALLS:
         raise wire.NodeRefused(f"unknown control call {method!r}")
+    if call_id in store.abandoned:  # given up on before it was read
+        del store.abandoned[call_id]
+        raise wire.NodeRefused(f"{method} not run: {wire.GAVE_UP}")
     store.handed = ()  # punched before this call
     if not _scope(store, control, tenants, method, args):
         return None
@@ -133,15 +171,19 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
         return [(sid, seg) for sid, seg in out if sid in mine]
     if method == "prepare_load":
         store.loads.add(args[0])
+        store.made_by[call_id] = ("load", args[0])
         # The planner the store passed records the stream it planned: it goes back.
         return out, kwargs.get("planner")
     if method == "complete_load":
         store.loads.discard(args[0])
+        _made(store, "load", args[0])
     elif method == "prepare_store" and out is not None:
         store.stores[out.segment.segment_id] = out
+        store.made_by[call_id] = ("store", out.segment.segment_id)
         tenants.claim(control, store.tenant, out.session_id)
     elif method == "complete_store":
         store.stores.pop(args[0].segment.segment_id, None)
+        _made(store, "store", args[0].segment.segment_id)
     elif method == "take_window_releases":
         store.handed = tuple(out)
     return out
