@@ -151,7 +151,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         self._bounce = BounceBuffers(view)
         geometry = view.geometry(f"sglang-{self.model}")
         self._sessions = self._tracker(geometry)
-        self.store = FlatCakeStore.open(root, geometry, config)
+        self.store = FlatCakeStore.open(root, geometry, config,
+                                        tenant_salt=self.settings.tenant_salt)
 
     def _tracker(self, geometry: KVGeometry) -> SessionTracker:
         return SessionTracker(max_sessions=MAX_SESSIONS, turns_in_parts=True,
@@ -334,7 +335,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         with self._lock:
             store.close()
             shutil.rmtree(root, ignore_errors=True)
-            self.store = FlatCakeStore.open(root, geometry, config)
+            self.store = FlatCakeStore.open(root, geometry, config,
+                                        tenant_salt=self.settings.tenant_salt)
             self._sessions = self._tracker(geometry)
 
     def get_stats(self) -> dict[str, Any]:

@@ -69,6 +69,20 @@ def namespace_key(model: str, tenant_salt: str | bytes = b"",
     return hashlib.blake2b(raw, digest_size=KEY_BYTES).digest()
 
 
+TENANT_TAG_BYTES = 16
+_TENANT_TAG = b"flatcake-tenant-v1"
+
+
+def tenant_tag(tenant_salt: str | bytes = b"") -> bytes:
+    """Who the tenant of ``tenant_salt`` is, to the node service (which scopes session
+    verbs by it): ``TENANT_TAG_BYTES`` of BLAKE2b of the salt (the salt itself never
+    leaves the process), empty for no salt."""
+    s = _as_bytes(tenant_salt, "tenant_salt")
+    if not s:
+        return b""
+    return hashlib.blake2b(_TENANT_TAG + s, digest_size=TENANT_TAG_BYTES).digest()
+
+
 def engine_block_key(namespace: bytes, engine_hash: bytes) -> BlockKey:
     """The key of a block an engine hashed itself (``engine_hash``: its chained block
     hash, e.g. vLLM's ``request.block_hashes[i]``), in ``namespace``."""

@@ -6,6 +6,7 @@ store, the SGLang backend through the store).
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +26,10 @@ class NodeClient:
         self.timeout_ms = max(1, int(timeout_s * 1000))
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock: zmq.Socket[bytes] | None = None
-        self._ids = itertools.count()
+        # Call ids unique to this client (another client of the process may call as the
+        # same store): the calls it gives up on are named to the service by id.
+        self._ids = itertools.count(secrets.randbits(48) << 12)
+        self._gave_up: list[int] = []  # named in the next call, until it is answered
 
     def _socket(self) -> zmq.Socket[bytes]:
         if self._sock is None:
@@ -44,14 +48,19 @@ class NodeClient:
         """The service's answer; ``NodeUnavailable`` past the timeout (plus ``wait_s``
         for a call the service may hold that long; the socket is then renewed, so a
         late answer never meets a later call), ``NodeRefused`` for an error it
-        answered."""
+        answered. The call carries its deadline (the service does not run it once that
+        has passed) and the calls this client gave up on since its last answer (the
+        service undoes what they prepared: their answers were never seen)."""
         sock = self._socket()
         call_id = next(self._ids)
-        sock.send(wire.encode((call_id, engine_id, method, args)))
-        deadline = time.monotonic() + self.timeout_ms / 1000 + wait_s
+        wait = self.timeout_ms / 1000 + wait_s
+        sock.send(wire.encode((call_id, engine_id, method, args, time.time() + wait,
+                               tuple(self._gave_up))))
+        deadline = time.monotonic() + wait
         while True:
             left = int((deadline - time.monotonic()) * 1000)
             if left <= 0 or not sock.poll(left):
+                self._gave_up = [*self._gave_up, call_id][-wire.MAX_GAVE_UP:]
                 self.reset()
                 raise wire.NodeUnavailable(
                     f"the node service at {self.path} did not answer {method} within "
@@ -59,6 +68,7 @@ class NodeClient:
             got_id, ok, value = wire.decode(sock.recv())
             if got_id != call_id:
                 continue  # a late answer to an earlier call
+            self._gave_up = []  # the service read them with this call
             if not ok:
                 raise wire.NodeRefused(str(value))
             return value
@@ -68,13 +78,15 @@ class NodeClient:
         """``call`` as the attached client ``client_id``. When the service no longer
         knows it (its lease ended while it was idle, or the service restarted), what
         it held there is void: ``attach_again()`` attaches anew and gives the new id
-        (or raises ``NodeUnavailable``), and the call is made once more. Forgotten
-        twice is ``NodeUnavailable``."""
+        (or raises ``NodeUnavailable``), and the call is made once more; so too when it
+        refuses this connection as ``client_id``'s (a socket renewed where the service
+        cannot tell its process). Forgotten twice is ``NodeUnavailable``."""
         for again in (False, True):
             try:
                 return self.call(method, client_id, *args, wait_s=wait_s)
             except wire.NodeRefused as exc:
-                if wire.UNKNOWN_ENGINE not in str(exc):
+                if not (wire.UNKNOWN_ENGINE in str(exc)
+                        or wire.FOREIGN_CLIENT in str(exc)):
                     raise
                 if again:
                     raise wire.NodeUnavailable(str(exc)) from None

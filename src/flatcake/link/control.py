@@ -31,12 +31,13 @@ class RemoteControl:
     """``ControlPlane``'s methods, answered by the node service (see the module)."""
 
     def __init__(self, node: str, timeout_s: float, geometry: KVGeometry, clock: Clock,
-                 name: str) -> None:
+                 name: str, tenant: bytes = b"") -> None:
         self._client = NodeClient(node, timeout_s)  # used under the store's lock
         self._waiters = threading.local()  # each waiting thread's own NodeClient
         self._waiters_lock = threading.Lock()
         self._waiter_clients: list[NodeClient] = []
         self._name = name
+        self._tenant = tenant  # its key salt's tag: the service scopes its sessions by it
         self.geometry, self.clock = geometry, clock
         got = self._attach()
         self.config: FlatCakeConfig = got.config
@@ -45,7 +46,7 @@ class RemoteControl:
 
     def _attach(self) -> Attached:
         got: Attached = self._client.call(wire.ATTACH_STORE, "", self._name, os.getpid(),
-                                          self.geometry)
+                                          self.geometry, self._tenant)
         self._id = got.engine_id
         return got
 

@@ -16,6 +16,9 @@ where root is named), and no one else may write it::
     arena file         made ``O_CREAT | O_EXCL | O_NOFOLLOW``; an existing one is opened
                        ``O_NOFOLLOW`` and kept only when it is a regular file of ours
                        that no group or other may read or write
+    a client (service) who it is comes from its connection: ZeroMQ's routing id and,
+                       where the platform says, the peer's pid and uid
+                       (``peer_credentials``), never from a field it sends
 
 A refusal names the path and what is wrong with it: ``UntrustedPath`` (a ``ValueError``:
 the service refuses to start) in the service, ``NodeUntrusted`` (a ``NodeUnavailable``:
@@ -28,9 +31,10 @@ import os
 import socket
 import stat
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
-from flatcake.link.wire import NodeUnavailable
+from flatcake.link.wire import FOREIGN_CLIENT, NodeRefused, NodeUnavailable
 
 ROOT_UID = 0
 PRIVATE_DIR_MODE = 0o700
@@ -151,6 +155,67 @@ def check_service(path: Path, timeout_s: float) -> None:
     if uid is not None and uid not in (os.geteuid(), ROOT_UID):
         raise NodeUntrusted(f"the process listening on {path} runs as {_owner(uid)}, not "
                             "as this user or root: not used")
+
+
+def peer_credentials(fd: int) -> tuple[int, int] | None:
+    """The (pid, uid) of the process at the other end of the connected unix socket
+    ``fd`` (``SO_PEERCRED``; None where the platform does not say). ``fd`` stays open."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None or fd < 0:
+        return None
+    conn = socket.socket(fileno=fd)
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
+    except OSError:
+        return None
+    finally:
+        conn.detach()  # the descriptor is ZeroMQ's
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return int(pid), int(uid)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who made a call: its connection's ZeroMQ routing id (unique among the live
+    connections: ZeroMQ refuses a second connection claiming a live one's) and its
+    descriptor, whose peer process (pid, uid) ``credentials`` reads when asked."""
+
+    routing_id: bytes
+    fd: int = -1  # the connection's descriptor (ZeroMQ's, ``zmq.SRCFD``)
+
+    def credentials(self) -> tuple[int, int] | None:
+        """(pid, uid) of the peer process, or None."""
+        return peer_credentials(self.fd)
+
+    def owner(self) -> Owner:
+        """This caller as the owner of what it attaches now."""
+        return Owner(self.routing_id, self.credentials())
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The caller that attached an engine or a store: only it may call as that one."""
+
+    routing_id: bytes
+    credentials: tuple[int, int] | None  # (pid, uid), where the platform says
+
+    def admits(self, caller: Caller) -> bool:
+        """Whether ``caller`` is this owner: its connection, or another connection of
+        the same process (a socket renewed after a timeout, a waiting thread's own)."""
+        if caller.routing_id == self.routing_id:
+            return True
+        return self.credentials is not None and caller.credentials() == self.credentials
+
+    def refuse(self, what: str) -> NodeRefused:
+        """The answer to a caller this owner does not admit (``what``: whom it named)."""
+        pid = f" (pid {self.credentials[0]})" if self.credentials else ""
+        return NodeRefused(f"{what} {FOREIGN_CLIENT}: it was attached over another "
+                           f"connection{pid}; a connection calls only as what it "
+                           "attached itself")
+
+
+# Owns what was made in this process, not attached (no connection's routing id is empty).
+NOBODY = Owner(b"", None)
 
 
 def _listener_uid(path: Path, timeout_s: float) -> int | None:

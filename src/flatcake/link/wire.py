@@ -2,7 +2,12 @@
 what an attach answers.
 
 Transport is ZeroMQ over a unix socket (``ipc://``): a ROUTER in the service, one DEALER
-per client socket. A call is one frame, ``pickle((call_id, engine_id, method, args))``;
+per client socket. A call is one frame, ``pickle((call_id, engine_id, method, args[, deadline,
+gave_up]))`` (``engine_id`` names the engine or store the call is for: the connection
+that attached it, or another of the same process, ``link.trust.Owner``; ``deadline``:
+the wall-clock time, ``time.time()``, past which its client no longer waits, so the
+service does not run it then; ``gave_up``: this client's earlier calls it stopped
+waiting for, whose effects the service undoes; ``Call``);
 its answer one frame, ``pickle((call_id, ok, value))`` with ``value`` the result or, when
 ``ok`` is false, the error's message. Pickle carries the books' own task types as they go
 to vLLM's workers; the socket's directory is 0700 and the socket 0600, so only the
@@ -52,6 +57,40 @@ ENGINE_CALLS = frozenset({
 
 # The service's answer to a call of an engine it does not know (lease ended, restart).
 UNKNOWN_ENGINE = "unknown engine"
+# ... and to a call naming an engine or store another connection attached.
+FOREIGN_CLIENT = "is not the caller's"
+# ... and to a call its client stopped waiting for (not run).
+GAVE_UP = "its client stopped waiting for it"
+MAX_GAVE_UP = 256  # call ids a call may name as given up
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call as the service reads it (see the module)."""
+
+    call_id: int
+    engine_id: str
+    method: str
+    args: tuple[Any, ...]
+    deadline: float | None = None  # wall clock (time.time()); None: no deadline
+    gave_up: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, obj: Any) -> Call:
+        """The call ``obj`` (an unpickled frame) is; ``ValueError`` naming what is
+        wrong."""
+        shape = ("not (call_id: int, engine_id: str, method: str, args: tuple"
+                 "[, deadline: float | None, gave_up: tuple of int])")
+        if not (isinstance(obj, tuple) and len(obj) in (4, 6)):
+            raise ValueError(shape)
+        call = cls(*obj)
+        if not (isinstance(call.call_id, int) and isinstance(call.engine_id, str)
+                and isinstance(call.method, str) and isinstance(call.args, tuple)
+                and (call.deadline is None or isinstance(call.deadline, float | int))
+                and isinstance(call.gave_up, tuple) and len(call.gave_up) <= MAX_GAVE_UP
+                and all(isinstance(c, int) for c in call.gave_up)):
+            raise ValueError(shape)
+        return call
 
 
 class NodeUnavailable(ConnectionError):

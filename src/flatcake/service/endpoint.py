@@ -8,6 +8,16 @@ would stop every engine's service. ``serve`` raises its open-file soft limit to 
 limit at start (``raise_open_files``: systemd's default soft limit is 1,024, its hard
 limit 524,288), and a connection that has not completed ZeroMQ's handshake within
 ``HANDSHAKE_S`` (a raw socket held open) is closed.
+
+Deadlines: a call carries the wall-clock time its client stops waiting; one read after
+it is not run (its client gave up: what it would prepare would be no one's), and a
+client names the calls it gave up on in its next call, whose effects are then undone
+(``service.stores.abandon_calls``).
+
+Callers: who makes a call is its connection (``link.trust.Caller``: ZeroMQ's routing id,
+and the peer's pid and uid from ``SO_PEERCRED`` where the platform says), never the id a
+call names; the service binds each attached engine or store to the caller that attached
+it (``link.trust.Owner``).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import zmq
 
 from flatcake.control import ControlPlane
 from flatcake.link import wire
+from flatcake.link.trust import Caller
 from flatcake.service.stores import AttachedStore, ServableWait
 
 logger = logging.getLogger("flatcake.service")
@@ -76,7 +87,11 @@ class CallLoop:
     _waits: list[tuple[bytes, int, ServableWait]]
     _stores: dict[str, AttachedStore]
 
-    def handle(self, method: str, engine_id: str, args: tuple[Any, ...]) -> Any:
+    def handle(self, method: str, engine_id: str, args: tuple[Any, ...],
+               caller: Caller, call_id: int = 0) -> Any:
+        raise NotImplementedError
+
+    def gave_up(self, engine_id: str, caller: Caller, call_ids: tuple[int, ...]) -> None:
         raise NotImplementedError
 
     def expire(self, now: float | None = None) -> int:
@@ -99,11 +114,12 @@ class CallLoop:
             if poller.poll(wait_ms):
                 while True:
                     try:
-                        who, *frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                        got = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
+                    who, frames = got[0].bytes, got[1:]
                     if len(frames) == 1:
-                        self._answer(who, frames[0])
+                        self._answer(who, frames[0].bytes, frames[0].get(zmq.SRCFD))
                     else:  # a call is one frame (a DEALER's send_multipart is not one)
                         self._refuse(who, f"{len(frames)} frames, a call is one")
             if time.monotonic() >= next_expiry:
@@ -117,20 +133,32 @@ class CallLoop:
         what it cannot deliver, so this never blocks the loop)."""
         self._sock.send_multipart([who, wire.encode((None, False, f"malformed call: {why}"))])
 
-    def _answer(self, who: bytes, frame: bytes) -> None:
-        """Answer one call; a frame that is not one is refused, never raised out of the
-        loop (one peer's bytes must not stop every engine's service)."""
+    def _answer(self, who: bytes, frame: bytes, fd: int = -1) -> None:
+        """Answer one call of connection ``who`` (descriptor ``fd``); a frame that is
+        not one is refused, never raised out of the loop (one peer's bytes must not stop
+        every engine's service)."""
         try:
-            call_id, engine_id, method, args = wire.decode(frame)
+            obj = wire.decode(frame)
         except Exception as exc:
             self._refuse(who, f"{type(exc).__name__}: {exc}")
             return
-        if not (isinstance(call_id, int) and isinstance(engine_id, str)
-                and isinstance(method, str) and isinstance(args, tuple)):
-            self._refuse(who, "not (call_id: int, engine_id: str, method: str, args: tuple)")
-            return
         try:
-            out = self.handle(method, engine_id, args)
+            call = wire.Call.parse(obj)
+        except ValueError as exc:
+            self._refuse(who, str(exc))
+            return
+        call_id, engine_id, method, args = call.call_id, call.engine_id, call.method, call.args
+        caller = Caller(who, fd)
+        try:
+            if call.gave_up:  # first: one of them may be a call still queued
+                self.gave_up(engine_id, caller, call.gave_up)
+            if call.deadline is not None and time.time() > call.deadline:
+                # Queued past its client's wait (the service paused, busy): running it
+                # now would leave what it prepares to no one.
+                late = time.time() - call.deadline
+                raise wire.NodeRefused(f"{method} not run: {wire.GAVE_UP} "
+                                       f"{late:.3f} s ago")
+            out = self.handle(method, engine_id, args, caller, call_id)
             if isinstance(out, ServableWait):  # answered by ``_answer_waits``
                 self._waits.append((who, call_id, out))
                 return

@@ -17,6 +17,15 @@ latent) is one, in ``ROOT`` itself, written by rank 0 and read by every rank.
     call(engine, method, args)                        -> its SchedulerSide's answer
     detach / status
 
+Identity: an engine or store is bound to the caller that attached it (its connection,
+or another connection of the same process: ``link.trust.Owner``); a call naming one
+another caller attached is refused, whatever id it sends.
+
+Tenants: each engine and store names its tenant (a digest of its key salt,
+``control.keys.tenant_tag``) when it attaches; the service records the tenant of each
+session written and scopes every session verb of an attached store to its tenant's
+(``service.tenants``).
+
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
 published), its FC-MAS queue gone, its pending file drops and cuts handed to the next
@@ -54,9 +63,11 @@ from flatcake.config import FlatCakeConfig
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut
+from flatcake.control.keys import TENANT_TAG_BYTES, tenant_tag
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
 from flatcake.link import trust, wire
+from flatcake.link.trust import Caller, Owner
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
@@ -65,9 +76,11 @@ from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
 from flatcake.service.stores import (
     AttachedStore,
     ServableWait,
+    abandon_calls,
     attached_call,
     release_store,
 )
+from flatcake.service.tenants import SessionTenants
 
 logger = logging.getLogger("flatcake.service")
 
@@ -79,6 +92,8 @@ class _Engine:
     pid: int
     side: SchedulerSide
     last_call: float
+    owner: Owner
+    tenant: bytes
 
 
 socket_path = wire.socket_path
@@ -104,6 +119,7 @@ class NodeService(CallLoop):
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
         self._stores: dict[str, AttachedStore] = {}
+        self._tenants = SessionTenants(self.root)
         self._orphans: tuple[list[FileDrop], list[FileCut]] = ([], [])
         # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
         self._waits: list[tuple[bytes, int, ServableWait]] = []
@@ -220,12 +236,14 @@ class NodeService(CallLoop):
 
     # -- calls ----------------------------------------------------------------------
 
-    def handle(self, method: str, engine_id: str, args: tuple[Any, ...]) -> Any:
-        """Answer one call (raises ``NodeRefused`` for a call it refuses)."""
+    def handle(self, method: str, engine_id: str, args: tuple[Any, ...],
+               caller: Caller, call_id: int = 0) -> Any:
+        """Answer call ``call_id`` of ``caller`` (raises ``NodeRefused`` for a call it
+        refuses)."""
         self.calls += 1
         now = time.monotonic()
         if method == wire.ATTACH:
-            return self._attach(now, *args)
+            return self._attach(now, caller.owner(), *args)
         if method == wire.WORKER:
             rank, geometry, ranks = args
             self._ensure_books(geometry, ranks)
@@ -236,20 +254,24 @@ class NodeService(CallLoop):
         if method == wire.STATUS:
             return self.status()
         if method == wire.ATTACH_STORE:
-            return self._attach_store(now, *args)
+            return self._attach_store(now, caller.owner(), *args)
         store = self._stores.get(engine_id)
         if store is not None:
+            if not store.owner.admits(caller):
+                raise store.owner.refuse(f"store {engine_id!r}")
             store.last_call = now
             if method == wire.DETACH:
                 self._release_store(store, "detached")
                 return None
             if method != wire.CONTROL:
                 raise wire.NodeRefused(f"unknown call {method!r} of a store")
-            return attached_call(store, self._books(), *args)
+            return attached_call(store, self._books(), self._tenants, call_id, *args)
         engine = self._engines.get(engine_id)
         if engine is None:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
                                    "or the service restarted): attach again")
+        if not engine.owner.admits(caller):
+            raise engine.owner.refuse(f"engine {engine_id!r}")
         engine.last_call = now
         if method == wire.DETACH:
             self._release(engine, "detached")
@@ -272,10 +294,22 @@ class NodeService(CallLoop):
         if method == "after_alloc":
             side.after_alloc(*args)
             return side.hit_sources(args[0])
-        return getattr(side, method)(*args)
+        out = getattr(side, method)(*args)
+        if method == "prompt_computed" and out is not None:  # the engine writes it
+            self._tenants.claim(self._books(), engine.tenant, out.session_id)
+        return out
 
-    def _attach(self, now: float, name: str, pid: int, geometry: KVGeometry,
-                ranks: TensorRanks, settings: ConnectorSettings) -> Attached:
+    def gave_up(self, engine_id: str, caller: Caller, call_ids: tuple[int, ...]) -> None:
+        """``caller`` stopped waiting for ``call_ids`` of store ``engine_id``: what they
+        prepared is rolled back, and one not read yet is never run. (An engine that
+        gave up attaches anew; the old one's lease ends and rolls back what it held.)"""
+        store = self._stores.get(engine_id)
+        if store is not None and store.owner.admits(caller):
+            abandon_calls(store, self._books(), call_ids)
+
+    def _attach(self, now: float, owner: Owner, name: str, pid: int,
+                geometry: KVGeometry, ranks: TensorRanks, settings: ConnectorSettings
+                ) -> Attached:
         same_cluster(settings.config, self.config)
         parts = self._ensure_books(geometry, ranks)
         engine_id = f"e{self._next_engine}"
@@ -283,7 +317,9 @@ class NodeService(CallLoop):
         mine = dataclasses.replace(settings, config=self.config)
         side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
                              world_size=ranks.world_size, node=parts, queue=engine_id)
-        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now)
+        pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
+        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner,
+                                           tenant_tag(settings.tenant_salt))
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
 
@@ -295,14 +331,19 @@ class NodeService(CallLoop):
         del self._stores[store.client_id]
         release_store(store, self._parts.control if self._parts is not None else None, why)
 
-    def _attach_store(self, now: float, name: str, pid: int, geometry: KVGeometry
-                      ) -> Attached:
+    def _attach_store(self, now: float, owner: Owner, name: str, pid: int,
+                      geometry: KVGeometry, tenant: bytes = b"") -> Attached:
         if self.config.store.cluster_url:
             raise wire.NodeRefused(STORES_IN_CLUSTER)
+        if not (isinstance(tenant, bytes) and len(tenant) in (0, TENANT_TAG_BYTES)):
+            raise wire.NodeRefused(f"attach_store: a tenant is control.keys.tenant_tag's "
+                                   f"{TENANT_TAG_BYTES} bytes (or none), got {tenant!r}")
         parts = self._ensure_books(geometry, TensorRanks())
         client_id = f"s{self._next_engine}"
         self._next_engine += 1
-        self._stores[client_id] = AttachedStore(client_id, name, pid, now)
+        pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
+        self._stores[client_id] = AttachedStore(client_id, name, pid, now, owner=owner,
+                                               tenant=tenant)
         logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
         return Attached(client_id, self.config, parts.recovered_segments)
 
@@ -329,6 +370,8 @@ class NodeService(CallLoop):
         gone = [s for s in self._stores.values() if now - s.last_call > self.lease_s]
         for store in gone:
             self._release_store(store, why)
+        if self._parts is not None:
+            self._tenants.sweep(self._parts.control)
         return len(late) + len(gone)
 
     def status(self) -> dict[str, Any]:

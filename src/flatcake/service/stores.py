@@ -1,8 +1,11 @@
 """``FlatCakeStore``s attached to the node service (``link.control.RemoteControl``):
 their ``ControlPlane`` calls, run on the node's books on each store's own FC-MAS queue,
 and what each holds there (its loads and stores in flight), released when its lease ends
-or it detaches. A ``servable`` asked to wait for a store in flight is held
-(``ServableWait``) and answered by the service's loop once the store is durable.
+or it detaches. Each call is scoped to the store: to its tenant's sessions and segments
+(``service.tenants``: another tenant's are left out of listings and refused by name)
+and to its own loads and stores in flight (another store's are not its to complete).
+A ``servable`` asked to wait for a store in flight is held (``ServableWait``) and
+answered by the service's loop once the store is durable.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Any
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.types import WindowRelease
 from flatcake.link import wire
+from flatcake.link.trust import NOBODY, Owner
 from flatcake.plan.requests import Servable, servable
+from flatcake.service.tenants import SessionTenants
 
 logger = logging.getLogger("flatcake.service")
 
@@ -34,6 +39,13 @@ class AttachedStore:
     # The window releases of its last take, until its next call: it punches them
     # before it calls again (``FlatCakeStore._release_windows``).
     handed: tuple[WindowRelease, ...] = ()
+    owner: Owner = NOBODY  # the caller that attached it: only it calls as this store
+    tenant: bytes = b""  # its key salt's tag (``control.keys.tenant_tag``)
+    # What each call in flight prepared (call id -> ("store", segment id) or ("load",
+    # request id)), until it completes: undone if its client gives up on the call.
+    made_by: dict[int, tuple[str, Any]] = dataclasses.field(default_factory=dict)
+    # Calls given up on before they were read: never run (the newest MAX_GAVE_UP).
+    abandoned: dict[int, None] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +64,90 @@ class ServableWait:
         return None if found.wait and attached and now < self.deadline else found
 
 
-def attached_call(store: AttachedStore, control: ControlPlane, method: str,
-                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """One ``ControlPlane`` call of an attached store, on its own FC-MAS queue; its
-    loads and stores in flight are kept for its lease. ``servable`` with ``wait_s``
-    may answer a ``ServableWait`` for the service to hold."""
+# Verbs naming a session (its id their first argument), checked against the tenant.
+_SESSION_VERBS = frozenset({"session", "newest_turn_index", "files_of", "drop_session",
+                            "cut_pending"})
+# Verbs naming a segment (its id their first argument).
+_SEGMENT_VERBS = frozenset({"segment", "mark_damaged"})
+
+
+def _scope(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
+           method: str, args: tuple[Any, ...]) -> bool:
+    """Refuse (``NodeRefused``) a call naming what is not ``store``'s tenant's; False
+    for a completion of what is not ``store``'s own (not run: another store's load or
+    store in flight, or one its lease already ended)."""
+    tenant = store.tenant
+    if method in _SESSION_VERBS:
+        tenants.check(control, tenant, args[0], method)
+    elif method in _SEGMENT_VERBS:
+        try:
+            sid = control.segment(int(args[0])).session_id
+        except KeyError:
+            return True  # no such segment: the books answer as for anyone
+        tenants.check(control, tenant, sid, method)
+    elif method == "prepare_store":
+        tenants.check_write(control, tenant, args[0], tuple(args[1]))
+    elif method == "prepare_load":
+        tenants.check_hit(control, tenant, args[1], method)
+    elif method == "complete_load":
+        return args[0] in store.loads
+    elif method in ("complete_store", "complete_copy"):
+        plan = args[0]
+        return isinstance(plan, StorePlan) and \
+            store.stores.get(plan.segment.segment_id) == plan
+    elif method == "submit_restore":
+        return getattr(args[0], "request_id", None) in store.loads
+    return True
+
+
+def abandon_calls(store: AttachedStore, control: ControlPlane,
+                  call_ids: tuple[int, ...]) -> None:
+    """``store``'s client stopped waiting for ``call_ids`` (it never saw their answers):
+    a store they prepared is rolled back (never published), a load they pinned
+    unpinned; one not read yet will not run."""
+    for call_id in call_ids:
+        made = store.made_by.pop(call_id, None)
+        if made is None:
+            store.abandoned[call_id] = None
+            while len(store.abandoned) > wire.MAX_GAVE_UP:
+                del store.abandoned[next(iter(store.abandoned))]
+            continue
+        kind, key = made
+        if kind == "store" and key in store.stores:
+            control.complete_store(store.stores.pop(key), False)
+        elif kind == "load" and key in store.loads:
+            store.loads.discard(key)
+            control.complete_load(key)
+        logger.info("store %s gave up call %d: its %s %r undone", store.client_id,
+                    call_id, kind, key)
+
+
+def _made(store: AttachedStore, kind: str, key: Any) -> None:
+    """What a call prepared is complete: no longer undone if its call is given up."""
+    for call_id in [c for c, m in store.made_by.items() if m == (kind, key)]:
+        del store.made_by[call_id]
+
+
+def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
+                  call_id: int, method: str, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+    """Call ``call_id`` of an attached store: one ``ControlPlane`` call, on its own
+    FC-MAS queue, scoped to its tenant and to what it holds (module docstring); its
+    loads and stores in flight are kept for its lease, and by call until they complete
+    (``abandon_calls``). ``servable`` with ``wait_s`` may answer a ``ServableWait`` for
+    the service to hold."""
     if method not in wire.CONTROL_CALLS:
         raise wire.NodeRefused(f"unknown control call {method!r}")
+    if call_id in store.abandoned:  # given up on before it was read
+        del store.abandoned[call_id]
+        raise wire.NodeRefused(f"{method} not run: {wire.GAVE_UP}")
     store.handed = ()  # punched before this call
+    if not _scope(store, control, tenants, method, args):
+        return None
     if method == wire.SERVABLE:
         keys, engine_blocks = tuple(args[0]), int(kwargs.get("engine_blocks", 0))
         found = servable(control, keys, engine_blocks)
+        tenants.claim_hit(control, store.tenant, found.hit)
         wait_s = float(kwargs.get("wait_s", 0.0))
         if not (math.isfinite(wait_s) and wait_s >= 0):  # its deadline times the loop
             raise wire.NodeRefused(f"servable: wait_s must be finite and >= 0, got {wait_s}")
@@ -73,16 +158,32 @@ def attached_call(store: AttachedStore, control: ControlPlane, method: str,
     if method in wire.FCMAS_CALLS:
         kwargs = {**kwargs, "queue": store.client_id}
     out = getattr(control, method)(*args, **kwargs)
+    if method == "lookup":
+        tenants.claim_hit(control, store.tenant, out)
+    elif method == "session_ids":
+        return tenants.visible(store.tenant, out)
+    elif method == "segments":
+        segs = list(out)
+        mine = set(tenants.visible(store.tenant, {s.session_id for s in segs}))
+        return [s for s in segs if s.session_id in mine]
+    elif method == "ready_cuts":
+        mine = set(tenants.visible(store.tenant, {sid for sid, _ in out}))
+        return [(sid, seg) for sid, seg in out if sid in mine]
     if method == "prepare_load":
         store.loads.add(args[0])
+        store.made_by[call_id] = ("load", args[0])
         # The planner the store passed records the stream it planned: it goes back.
         return out, kwargs.get("planner")
     if method == "complete_load":
         store.loads.discard(args[0])
+        _made(store, "load", args[0])
     elif method == "prepare_store" and out is not None:
         store.stores[out.segment.segment_id] = out
+        store.made_by[call_id] = ("store", out.segment.segment_id)
+        tenants.claim(control, store.tenant, out.session_id)
     elif method == "complete_store":
         store.stores.pop(args[0].segment.segment_id, None)
+        _made(store, "store", args[0].segment.segment_id)
     elif method == "take_window_releases":
         store.handed = tuple(out)
     return out

@@ -68,7 +68,7 @@ from flatcake.control import (
     StorePlan,
 )
 from flatcake.control.address import Medium
-from flatcake.control.keys import check_key
+from flatcake.control.keys import check_key, tenant_tag
 from flatcake.control.signals import HitOwner, hit_owner
 from flatcake.geometry import KVGeometry, preset
 from flatcake.plan.remote import RemoteRun
@@ -111,7 +111,7 @@ class FlatCakeStore:
     """A FlatCake KV store rooted at a directory. Open it with ``FlatCakeStore.open``."""
 
     def __init__(self, root: Path, geometry: KVGeometry, config: FlatCakeConfig,
-                 clock: Clock, verify_on_open: bool) -> None:
+                 clock: Clock, verify_on_open: bool, tenant_salt: str | bytes = b"") -> None:
         self.root = root
         self.geometry = geometry
         self.config = config
@@ -121,7 +121,7 @@ class FlatCakeStore:
         self.attached = bool(config.store.node)
         self._remote: RemoteControl | None = None  # attached: the books, through the service
         if self.attached:
-            self._attach(geometry, config, clock)
+            self._attach(geometry, config, clock, tenant_tag(tenant_salt))
         else:
             self._exec = Executor(root, geometry, config)
             self.control = ControlPlane(geometry, config, clock,
@@ -152,7 +152,8 @@ class FlatCakeStore:
             self._exec.close()
             raise
 
-    def _attach(self, geometry: KVGeometry, config: FlatCakeConfig, clock: Clock) -> None:
+    def _attach(self, geometry: KVGeometry, config: FlatCakeConfig, clock: Clock,
+                tenant: bytes) -> None:
         from flatcake.link.client import worker_root
         from flatcake.link.control import RemoteControl
         from flatcake.link.wire import TensorRanks
@@ -160,7 +161,7 @@ class FlatCakeStore:
         node, timeout = config.store.node, config.store.node_timeout_s
         where = worker_root(node, timeout, 0, geometry, TensorRanks(), wait_s=timeout)
         control = RemoteControl(node, timeout, geometry, clock,
-                                name=f"FlatCakeStore pid {os.getpid()}")
+                                name=f"FlatCakeStore pid {os.getpid()}", tenant=tenant)
         # The same verbs, answered by the service.
         self.control = control  # type: ignore[assignment]
         self._remote = control
@@ -196,7 +197,7 @@ class FlatCakeStore:
     @classmethod
     def open(cls, root: str | os.PathLike[str], geometry: KVGeometry | str,
              config: FlatCakeConfig | None = None, *, clock: Clock | None = None,
-             verify_on_open: bool = False) -> FlatCakeStore:
+             verify_on_open: bool = False, tenant_salt: str | bytes = b"") -> FlatCakeStore:
         """Open (or create) the store at ``root`` for blocks of ``geometry`` (a
         ``KVGeometry`` or a preset name).
 
@@ -215,7 +216,7 @@ class FlatCakeStore:
         if not isinstance(config, FlatCakeConfig):
             raise ValueError(f"config must be a FlatCakeConfig, got {type(config).__name__}")
         return cls(Path(root).absolute(), geometry, config,
-                   clock if clock is not None else WallClock(), verify_on_open)
+                   clock if clock is not None else WallClock(), verify_on_open, tenant_salt)
 
     @property
     def arena(self) -> ArenaBuffer:

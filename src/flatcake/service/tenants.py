@@ -1,0 +1,168 @@
+"""Which tenant each session of the node's books belongs to, so that no session verb of
+one tenant's attached store lists, reads, loads, drops or writes another's.
+
+A tenant is its key salt (``control.keys.tenant_tag``: a digest of ``tenant_salt``,
+empty for none), named by a store or an engine when it attaches. Block keys are salted,
+so nobody can name another tenant's blocks by key; sessions and segments are named by
+plain ids, so the service keeps the tenant of each session it saw written::
+
+    a session is        who may name it
+    not in the books    anyone (a store writing it first makes it its tenant's)
+    recorded for T      tenant T only; listings of others leave it out
+    unrecorded          (in the books, its record lost: a crash right after its first
+                        write, a root older than the record) no one, until a lookup
+                        of T hits its blocks or a write of T continues it (knowing
+                        its keys proves the tenant)
+
+The record survives restarts: ``ROOT/tenants``, one JSON line ``[tag hex, session id]``
+appended when a session is first recorded (not synced: a record lost in a crash leaves
+its session unrecorded, never another tenant's), rewritten with the live sessions only
+once it holds many more lines than them. The books stay tenant-blind; only the
+service's verbs consult this. Owned by the service's loop thread (no lock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from flatcake.control import ControlPlane
+from flatcake.control.index import PrefixHit
+from flatcake.link import trust, wire
+
+logger = logging.getLogger("flatcake.service")
+
+RECORD_NAME = "tenants"
+_COMPACT_LINES = 4096  # rewritten past this many lines more than twice the live ones
+
+
+class SessionTenants:
+    """The tenant of each session written through the service (see the module)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        """``root``: where the record lives (None: in memory only)."""
+        self._of: dict[str, bytes] = {}
+        self._path = None if root is None else Path(root) / RECORD_NAME
+        self._lines = 0
+        if self._path is not None:
+            self._load(self._path)
+
+    def _load(self, path: Path) -> None:
+        os.close(trust.open_private(path, "tenant record"))  # ours, 0600, no symlink
+        for n, line in enumerate(path.read_text().splitlines()):
+            try:
+                tag, sid = json.loads(line)
+                self._of[str(sid)] = bytes.fromhex(tag)
+            except (ValueError, TypeError):
+                logger.warning("%s line %d is not [tag, session]: skipped (a torn "
+                               "append)", path, n + 1)
+        self._lines = len(self._of)
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        """The record rewritten with the live sessions only (atomically)."""
+        if self._path is None:
+            return
+        tmp = self._path.with_name(RECORD_NAME + ".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = trust.open_private(tmp, "tenant record")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(json.dumps([tag.hex(), sid]) + "\n"
+                         for sid, tag in self._of.items())
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self._path)
+        self._lines = len(self._of)
+
+    def _record(self, session_id: str, tenant: bytes) -> None:
+        if self._of.get(session_id) == tenant:
+            return
+        self._of[session_id] = tenant
+        if self._path is None:
+            return
+        with os.fdopen(trust.open_private(self._path, "tenant record"), "a") as f:
+            f.write(json.dumps([tenant.hex(), session_id]) + "\n")
+        self._lines += 1
+
+    @staticmethod
+    def _held(control: ControlPlane, session_id: str) -> bool:
+        try:
+            control.session(session_id)
+        except KeyError:
+            return False
+        return True
+
+    def owns(self, control: ControlPlane, tenant: bytes, session_id: str) -> bool:
+        """Whether ``tenant`` may name ``session_id`` (yes when the books do not hold
+        it: there is nothing of anyone's to see)."""
+        got = self._of.get(session_id)
+        if got == tenant:
+            return True
+        if not self._held(control, session_id):
+            self._of.pop(session_id, None)  # gone: its name is free again
+            return True
+        return False
+
+    def check(self, control: ControlPlane, tenant: bytes, session_id: str, verb: str
+              ) -> None:
+        """Refuse (``NodeRefused``) ``verb`` of ``tenant`` on a session it does not own."""
+        if not isinstance(session_id, str):
+            raise wire.NodeRefused(f"{verb}: a session id is a str, got "
+                                   f"{type(session_id).__name__}")
+        if self.owns(control, tenant, session_id):
+            return
+        whose = ("has no tenant on record (its record was lost): the first tenant "
+                 "whose lookup finds its blocks claims it" if session_id not in self._of
+                 else "is another tenant's")
+        raise wire.NodeRefused(f"{verb}: session {session_id!r} {whose}: refused")
+
+    def check_write(self, control: ControlPlane, tenant: bytes, session_id: str,
+                    keys: tuple[bytes, ...]) -> None:
+        """Refuse ``tenant``'s write of ``keys`` into a session it does not own; an
+        unrecorded one it continues (its keys hit the session's blocks) becomes its."""
+        if isinstance(session_id, str) and session_id not in self._of \
+                and self._held(control, session_id) \
+                and any(run.segment.session_id == session_id
+                        for run in control.lookup(keys).runs):
+            self._record(session_id, tenant)
+        self.check(control, tenant, session_id, "prepare_store")
+
+    def claim(self, control: ControlPlane, tenant: bytes, session_id: str) -> None:
+        """``tenant`` wrote ``session_id`` (a store after ``check_write``, or an
+        engine): its tenant's from now on, unless another tenant's already."""
+        if self.owns(control, tenant, session_id) or session_id not in self._of:
+            self._record(session_id, tenant)
+
+    def claim_hit(self, control: ControlPlane, tenant: bytes, hit: PrefixHit) -> None:
+        """``tenant``'s keys hit these blocks (only it can name them): the unrecorded
+        sessions holding them are its."""
+        for run in hit.runs:
+            sid = run.segment.session_id
+            if sid not in self._of:
+                self._record(sid, tenant)
+
+    def check_hit(self, control: ControlPlane, tenant: bytes, hit: PrefixHit, verb: str
+                  ) -> None:
+        """Refuse a hit (a load's) holding any block of a session ``tenant`` does not
+        own."""
+        if not isinstance(hit, PrefixHit):
+            raise wire.NodeRefused(f"{verb}: a hit is a PrefixHit, got "
+                                   f"{type(hit).__name__}")
+        for sid in {run.segment.session_id for run in hit.runs}:
+            self.check(control, tenant, sid, verb)
+
+    def visible(self, tenant: bytes, session_ids: Iterable[str]) -> list[str]:
+        """The sessions of ``session_ids`` that are ``tenant``'s."""
+        return [s for s in session_ids if self._of.get(s) == tenant]
+
+    def sweep(self, control: ControlPlane) -> None:
+        """Forget the sessions the books no longer hold (reclaimed, dropped); rewrite
+        the record once it holds many more lines than live sessions."""
+        held = set(control.session_ids())
+        for sid in [s for s in self._of if s not in held]:
+            del self._of[sid]
+        if self._lines > 2 * len(self._of) + _COMPACT_LINES:
+            self._rewrite()

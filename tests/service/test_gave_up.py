@@ -1,0 +1,117 @@
+"""A call its client gave up on is never run late, or is undone (issue 40: a
+``prepare_store`` the client timed out on ran once the service resumed, leaving a store
+in flight and a pin that never ended: ``drop_session`` then refused, "pinned by 1
+restores or writes in flight")."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flatcake.link import wire
+from flatcake.store import FlatCakeStore
+from tests.service.helpers import Service
+from tests.store.helpers import SMALL, TO_SSD, random_kv, session_keys, small_config
+
+zmq = pytest.importorskip("zmq")
+
+
+def start(tmp_path: Path) -> tuple[Service, FlatCakeStore]:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.memory_capacity_bytes=4194304",
+                  "store.ssd_capacity_bytes=268435456").start()
+    cfg = small_config(f"store.node=unix:{svc.sock}", "store.node_timeout_s=1")
+    return svc, FlatCakeStore.open(svc.root, SMALL, cfg)
+
+
+def pause(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (the signal lands asynchronously)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the service did not stop"
+        time.sleep(0.01)
+
+
+def nothing_held(store: FlatCakeStore) -> None:
+    st = store.control.stats()
+    assert (st.stores_in_flight, st.loads_in_flight, st.num_pinned_sessions) == (0, 0, 0)
+
+
+def test_a_call_delayed_past_its_clients_timeout_leaves_no_store_nor_pin(tmp_path: Path
+                                                                         ) -> None:
+    svc, store = start(tmp_path)
+    assert svc.proc is not None
+    kv, keys = random_kv(SMALL, 8, seed=4), session_keys(4, 4)
+    try:
+        pause(svc.proc.pid)  # a paused service (a GC pause, SIGSTOP): the call waits
+        try:
+            with pytest.raises(ConnectionError, match="did not answer control"):
+                store.control.prepare_store("s", keys, turn_index=0, context_tokens=0)
+        finally:
+            os.kill(svc.proc.pid, signal.SIGCONT)
+        time.sleep(0.3)  # the service reads the late call
+        nothing_held(store)
+        # The session is written and dropped as if the call had never been made.
+        assert store.store_turn("s", keys, kv, list(range(4)), TO_SSD).num_blocks == 4
+        assert store.drop_session("s").sessions == ("s",)
+        nothing_held(store)
+    finally:
+        store.close()
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_a_call_run_in_time_whose_answer_was_never_seen_is_undone(tmp_path: Path) -> None:
+    # A raw connection of the store's own process stands for its client: it sends calls
+    # as the store, with a deadline and the calls it gave up on, and reads the answers.
+    svc, store = start(tmp_path)
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.connect(wire.endpoint(svc.sock))
+    sid = store.control._id  # type: ignore[attr-defined]
+    keys = session_keys(5, 4)
+    prepare = (wire.CONTROL, ("prepare_store", ("s", tuple(keys)),
+                              {"turn_index": 0, "context_tokens": 0}))
+
+    def ask(call_id: int, method: str, args: tuple[Any, ...], *, late: bool = False,
+            gave_up: tuple[int, ...] = ()) -> tuple[bool, Any]:
+        deadline = time.time() + (-1.0 if late else 5.0)
+        peer.send(pickle.dumps((call_id, sid, method, args, deadline, gave_up)))
+        assert peer.poll(5000), svc.stderr()
+        got, ok, value = pickle.loads(peer.recv())
+        assert got == call_id
+        return ok, value
+
+    try:
+        # Run in time, its answer never seen: named as given up, it is rolled back.
+        ok, plan = ask(1, *prepare)
+        assert ok and plan is not None
+        assert store.control.stats().stores_in_flight == 1
+        ok, _ = ask(2, wire.CONTROL, ("stats", (), {}), gave_up=(1,))
+        assert ok
+        nothing_held(store)
+        # Given up before it was read: it never runs.
+        assert ask(3, wire.CONTROL, ("stats", (), {}), gave_up=(4,))[0]
+        ok, why = ask(4, *prepare)
+        assert not ok and wire.GAVE_UP in why
+        nothing_held(store)
+        # Read after its deadline: not run.
+        ok, why = ask(5, *prepare, late=True)
+        assert not ok and wire.GAVE_UP in why
+        nothing_held(store)
+        # The store writes and drops the session.
+        kv = random_kv(SMALL, 8, seed=5)
+        assert store.store_turn("s", keys, kv, list(range(4)), TO_SSD).num_blocks == 4
+        assert store.drop_session("s").sessions == ("s",)
+    finally:
+        peer.close(0)
+        ctx.term()
+        store.close()
+        assert svc.stop() == 0, svc.stderr()
