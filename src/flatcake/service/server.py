@@ -28,8 +28,9 @@ session written and scopes every session verb of an attached store to its tenant
 
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
-published), its FC-MAS queue gone, its pending file drops and cuts handed to the next
-engine that steps. It re-attaches on its next call, as after a service restart.
+published; an attached store's ranges kept until its process is gone, fenced:
+``service.stores``), its FC-MAS queue gone, its pending file drops and cuts handed to
+the next engine that steps. It re-attaches on its next call, as after a service restart.
 
 An attached store's ``servable`` that must wait for a store in flight (``wait_s``) is
 held and answered once that store is durable, failed or rolled back, or its wait is up.
@@ -75,9 +76,12 @@ from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluste
 from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
 from flatcake.service.stores import (
     AttachedStore,
+    Fenced,
     ServableWait,
     abandon_calls,
     attached_call,
+    free_fenced,
+    process_start,
     release_store,
 )
 from flatcake.service.tenants import SessionTenants
@@ -119,6 +123,8 @@ class NodeService(CallLoop):
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
         self._stores: dict[str, AttachedStore] = {}
+        # Unfinished writes of stores whose lease ended, until their process is gone.
+        self._fenced: list[Fenced] = []
         self._tenants = SessionTenants(self.root)
         self._orphans: tuple[list[FileDrop], list[FileCut]] = ([], [])
         # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
@@ -327,9 +333,13 @@ class NodeService(CallLoop):
         assert self._parts is not None  # a store attached: the books exist
         return self._parts.control
 
-    def _release_store(self, store: AttachedStore, why: str) -> None:
+    def _release_store(self, store: AttachedStore, why: str, lease_ended: bool = False
+                       ) -> None:
         del self._stores[store.client_id]
-        release_store(store, self._parts.control if self._parts is not None else None, why)
+        fenced = release_store(store, self._parts.control if self._parts is not None
+                               else None, why, lease_ended=lease_ended)
+        if fenced is not None:
+            self._fenced.append(fenced)
 
     def _attach_store(self, now: float, owner: Owner, name: str, pid: int,
                       geometry: KVGeometry, tenant: bytes = b"") -> Attached:
@@ -342,7 +352,8 @@ class NodeService(CallLoop):
         client_id = f"s{self._next_engine}"
         self._next_engine += 1
         pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
-        self._stores[client_id] = AttachedStore(client_id, name, pid, now, owner=owner,
+        self._stores[client_id] = AttachedStore(client_id, name, pid, now,
+                                               process_start(pid), owner=owner,
                                                tenant=tenant)
         logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
         return Attached(client_id, self.config, parts.recovered_segments)
@@ -369,8 +380,9 @@ class NodeService(CallLoop):
             self._release(engine, why)
         gone = [s for s in self._stores.values() if now - s.last_call > self.lease_s]
         for store in gone:
-            self._release_store(store, why)
+            self._release_store(store, why, lease_ended=True)
         if self._parts is not None:
+            self._fenced = free_fenced(self._fenced, self._parts.control)
             self._tenants.sweep(self._parts.control)
         return len(late) + len(gone)
 
@@ -381,6 +393,7 @@ class NodeService(CallLoop):
                                            for e in self._engines.values()},
                                "stores": {s.client_id: {"name": s.name, "pid": s.pid}
                                           for s in self._stores.values()},
+                               "fenced_stores": len(self._fenced),
                                "calls": self.calls, "arena_dir":
                                self.config.store.node_arena_dir,
                                "arena_pages": self.arena_pages.note,

@@ -6,6 +6,13 @@ or it detaches. Each call is scoped to the store: to its tenant's sessions and s
 and to its own loads and stores in flight (another store's are not its to complete).
 A ``servable`` asked to wait for a store in flight is held (``ServableWait``) and
 answered by the service's loop once the store is durable.
+
+Fencing: a store whose lease ends may only be paused (a GC pause, a SIGSTOPped
+container, a slow disk) and write its ranges when it resumes. Its unfinished writes are
+therefore not given back at once: they stay in flight in the books (``Fenced``: their
+ranges allocated and counted, never published, never handed to another store) until its
+process is gone (``process_gone``: its pid, from the connection's peer credentials, no
+longer names the process that attached) or the service restarts.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flatcake.control import ControlPlane, StorePlan
@@ -34,6 +43,7 @@ class AttachedStore:
     name: str
     pid: int
     last_call: float
+    started: int | None = None  # its process's start time (``process_start``)
     loads: set[Any] = dataclasses.field(default_factory=set)
     stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
     # The window releases of its last take, until its next call: it punches them
@@ -189,18 +199,81 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
     return out
 
 
-def release_store(store: AttachedStore, control: ControlPlane | None, why: str) -> None:
-    """Its lease ended (or it detached): its restores unpinned, its unfinished writes
-    rolled back (never published), its FC-MAS queue gone, the window releases it may
-    not have punched handed out again."""
+@dataclass(frozen=True, slots=True)
+class Fenced:
+    """The unfinished writes of a store whose lease ended, kept in flight in the books
+    (allocated, never published) while its process may still write their ranges."""
+
+    client_id: str
+    pid: int
+    started: int | None  # the process's start time when it attached
+    plans: tuple[StorePlan, ...]
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks since boot, ``/proc/PID/stat``
+    field 22), or None where it is unknown (no such process, no procfs)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()  # after the command name, which may hold ")"
+    return None if fields[0] == b"Z" else int(fields[19])
+
+
+def process_gone(pid: int, started: int | None) -> bool:
+    """Process ``pid`` that started at ``started`` can no longer write: it has exited
+    (a zombie writes nothing), or its pid names a process started later (pid reuse)."""
+    if started is not None:
+        return process_start(pid) != started
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: there
+        return False
+    return False
+
+
+def release_store(store: AttachedStore, control: ControlPlane | None, why: str, *,
+                  lease_ended: bool = False) -> Fenced | None:
+    """Its lease ended (or it detached): its restores unpinned, its FC-MAS queue gone,
+    the window releases it may not have punched handed out again, its unfinished writes
+    rolled back (never published). A store whose lease ended and whose process may still
+    be there keeps its unfinished writes in flight, fenced (module docstring): returned,
+    for ``free_fenced`` once its process is gone."""
     busy = bool(store.loads or store.stores)
+    fenced = None
     if control is not None:
         control.give_back_window_releases(store.handed)
         for request_id in store.loads:
             control.complete_load(request_id)
-        for plan in store.stores.values():
-            control.complete_store(plan, False)
+        if lease_ended and store.stores and store.pid > 0 and \
+                not process_gone(store.pid, store.started):
+            fenced = Fenced(store.client_id, store.pid, store.started,
+                            tuple(store.stores.values()))
+        else:
+            for plan in store.stores.values():
+                control.complete_store(plan, False)
         control.drop_restore_queue(store.client_id)
     (logger.warning if busy else logger.info)(
         "store %s (%s, pid %d) %s%s", store.client_id, store.name, store.pid, why,
-        ": its restores unpinned, its unfinished writes rolled back" if busy else "")
+        "" if not busy else ": its restores unpinned, its unfinished writes rolled back"
+        if fenced is None else ": its restores unpinned, its unfinished writes rolled "
+        f"back but their ranges kept ({len(fenced.plans)} stores in flight) until its "
+        "process is gone")
+    return fenced
+
+
+def free_fenced(fenced: list[Fenced], control: ControlPlane) -> list[Fenced]:
+    """Give back the ranges of every fenced store whose process is gone; the others."""
+    kept = []
+    for f in fenced:
+        if not process_gone(f.pid, f.started):
+            kept.append(f)
+            continue
+        for plan in f.plans:
+            control.complete_store(plan, False)
+        logger.warning("store %s (pid %d) is gone: the ranges of its %d unfinished "
+                       "writes freed", f.client_id, f.pid, len(f.plans))
+    return kept
