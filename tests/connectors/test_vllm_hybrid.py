@@ -101,9 +101,10 @@ def test_hybrid_model_turns_restore_every_group(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(1500)  # three engine processes
 def test_a_growing_session_keeps_one_window_of_its_sliding_layers(tmp_path: Path) -> None:
-    """Every turn on SSD; each adds more than a window (108 tokens), so once a newer turn is durable
-    the older turns' sliding rows are punched out of the session file (the hole is the
-    record: read back with SEEK_DATA as a restart reads it). A fresh process still gets
+    """Every turn on SSD; each adds more than a window (108 tokens), so once a newer
+    turn is durable (``release_windows_at_once``) the older turns' sliding rows are
+    punched out of the session file (the hole is the record: read back with SEEK_DATA
+    as a restart reads it). A fresh process still gets
     every full block of the newest turn, outputs as the baseline's."""
     from flatcake.cio.filescan import scan_session_file
     from tests.cio.helpers import window_pages_held
@@ -117,12 +118,14 @@ def test_a_growing_session_keeps_one_window_of_its_sliding_layers(tmp_path: Path
     want = run_engine(model, plan_of(turns, *names, prefix_caching=True, in_process=True),
                       tmp_path / "baseline.json")["requests"]
     _, _, fc = run_as_served(model, plan_of(turns, *names[:n], prefix_caching=False,
-                                            in_process=True, short_reply_threshold_tokens=0),
+                                            in_process=True, short_reply_threshold_tokens=0,
+                                            release_windows_at_once=True),
                              want, tmp_path / "run1.json", store)
     assert all(fc[f"W{k}"]["placement"].startswith("ssd") for k in range(n))
     # A fresh process: its first step hands over the release the first one left.
     _, got2, fc2 = run_as_served(model, plan_of(turns, names[n], prefix_caching=False,
-                                                short_reply_threshold_tokens=0),
+                                                short_reply_threshold_tokens=0,
+                                                release_windows_at_once=True),
                                  want, tmp_path / "run2.json", store)
     full = len(want[f"W{n - 1}"]["prompt"]) // BLOCK * BLOCK
     assert got2[f"W{n}"]["num_cached_tokens"] == full  # every full block of the newest
