@@ -124,12 +124,16 @@ def test_release_old_windows_off_in_the_replay_releases_nothing(tmp_path: Path) 
     from tests.replay.helpers import ids, tiny_preset
     from tests.replay.layer_scenarios import HYBRID
 
-    # A's second turn is durable: the window rows of its first are released, unless off.
+    # A's second turn is durable: the window rows of its first are released (at once,
+    # here), unless release is off.
     reqs = [(0.0, ids(0, 5), 160, 2), (5.0, ids(0, 9), 288, 2), (9.0, ids(0, 12), 384, 2)]
     preset = tiny_preset(gpu_blocks=14, host_blocks=3, geometry=HYBRID)
-    on, _ = replay_node(from_requests(reqs, 32), "flatcake", 0.5, preset)
+    cfg = tmp_path / "on.toml"
+    cfg.write_text("[store]\nrelease_windows_at_once = true\n")
+    on, _ = replay_node(from_requests(reqs, 32), "flatcake", 0.5,
+                        replay_config(preset, str(cfg))[0])
     cfg = tmp_path / "off.toml"
-    cfg.write_text("[store]\nrelease_old_windows = false\n")
+    cfg.write_text("[store]\nrelease_old_windows = false\nrelease_windows_at_once = true\n")
     off, _ = replay_node(from_requests(reqs, 32), "flatcake", 0.5,
                          replay_config(preset, str(cfg))[0])
     assert on.extra["ssd_window_bytes_released"] > 0

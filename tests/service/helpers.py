@@ -177,3 +177,12 @@ class TensorEngine(Harness):
         for w in self.workers:
             w.close()
         self.sched.close()
+
+
+def pause(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (the signal lands asynchronously)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the process did not stop"
+        time.sleep(0.01)

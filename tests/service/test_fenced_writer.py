@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from flatcake.store import FlatCakeStore
-from tests.service.helpers import Service
-from tests.service.test_gave_up import pause
+from tests.service.helpers import Service, pause
 from tests.store.helpers import (
     SMALL,
     TO_MEMORY,

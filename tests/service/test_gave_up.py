@@ -16,7 +16,7 @@ import pytest
 
 from flatcake.link import wire
 from flatcake.store import FlatCakeStore
-from tests.service.helpers import Service
+from tests.service.helpers import Service, pause
 from tests.store.helpers import SMALL, TO_SSD, random_kv, session_keys, small_config
 
 zmq = pytest.importorskip("zmq")
@@ -28,15 +28,6 @@ def start(tmp_path: Path) -> tuple[Service, FlatCakeStore]:
                   "store.ssd_capacity_bytes=268435456").start()
     cfg = small_config(f"store.node=unix:{svc.sock}", "store.node_timeout_s=1")
     return svc, FlatCakeStore.open(svc.root, SMALL, cfg)
-
-
-def pause(pid: int) -> None:
-    """SIGSTOP ``pid`` and wait until it is stopped (the signal lands asynchronously)."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, "the service did not stop"
-        time.sleep(0.01)
 
 
 def nothing_held(store: FlatCakeStore) -> None:
