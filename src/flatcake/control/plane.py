@@ -206,7 +206,10 @@ class ControlPlane(Books):
         taken at the block that is really written, the same way everywhere.
 
         ``keys`` are the request's block keys (history + new prompt). The blocks after
-        the hit prefix become one new segment. Returns ``None`` when nothing is new, or
+        the hit prefix become one new segment. Every block already indexed, but no window
+        held where ``keys`` end (a windowed model's prompt ending inside another turn):
+        the last window's blocks become the segment, so a later hit ending there is
+        served (``windows.window_segment_hit``). Returns ``None`` when nothing is new, or
         when every new block is being written by another store in flight.
         Otherwise decides the medium (``memory_full`` is computed here: the arena cannot
         take the segment even after memory reclaim), reclaims the chosen medium when the

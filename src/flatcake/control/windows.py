@@ -39,11 +39,7 @@ def window_layers(windows: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """Each distinct window (blocks, > 0) with the first layer having it (all layers of
     a window are released together, so one stands for the rest). Cached: lookups ask
     for the geometry's on every hit."""
-    out: dict[int, int] = {}
-    for layer, w in enumerate(windows):
-        if w:
-            out.setdefault(w, layer)
-    return tuple(out.items())
+    return tuple((w, layers[0]) for w, layers in _layers_by_window(windows))
 
 
 def window_held(runs: tuple[HitRun, ...], end_run: int, window: int,
@@ -72,11 +68,15 @@ def windowed_hit(hit: PrefixHit, windows: tuple[int, ...]) -> PrefixHit:
         if all(window_held(runs, end, w, layer) for w, layer in reps):
             if end == len(runs) - 1:
                 return hit
-            kept = runs[:end + 1]
-            ssd = sum(r[2] for r in kept if r[0].medium is Medium.SSD)
-            total = sum(r[2] for r in kept)
-            return PrefixHit(total, total - ssd, ssd, kept)
+            return _hit_of(runs[:end + 1])
     return EMPTY_HIT
+
+
+def _hit_of(runs: tuple[HitRun, ...]) -> PrefixHit:
+    """The hit made of ``runs`` (prefix order, from the request's first block)."""
+    ssd = sum(r[2] for r in runs if r[0].medium is Medium.SSD)
+    total = sum(r[2] for r in runs)
+    return PrefixHit(total, total - ssd, ssd, runs)
 
 
 def window_segment_hit(hit: PrefixHit, keys: Sequence[bytes], windows: tuple[int, ...],
@@ -98,8 +98,7 @@ def window_segment_hit(hit: PrefixHit, keys: Sequence[bytes], windows: tuple[int
             continue
         runs = (*head_runs(hit.runs, start), HitRun(seg, 0, n, start))
         if all(window_held(runs, len(runs) - 1, w, layer) for w, layer in reps):
-            ssd = sum(r[2] for r in runs if r[0].medium is Medium.SSD)
-            return PrefixHit(end, end - ssd, ssd, runs)
+            return _hit_of(runs)
     return None
 
 
