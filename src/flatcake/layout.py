@@ -29,6 +29,14 @@ segment's last ``min(n, w)`` blocks (its *rows*): a next turn's window ends at t
 of a segment, and each earlier segment holds its own last ``w`` blocks, so every block
 of any window ending at a segment end is stored. Its range holds those rows only.
 
+A segment written where its prompt branches off a stored prefix (``mark > 0``: the
+branch is its block ``mark``, ``control.stores``) keeps a windowed layer's rows from
+``mark - w`` on instead, so a hit may end at any of its blocks from ``mark`` on::
+
+    blocks      0 .. mark-w .. mark ............................ n-w .. n
+    full layer  [==================================================== all ]
+    window w    (none)   [ rows: every window ending at mark .. n is held ]
+
 Once a later turn of the session is durable, an older segment's window rows may be
 *released* (``released``: the file range is punched, ``control.windows``): the layer
 then holds none of its blocks, while every offset stays where it was written.
@@ -67,6 +75,16 @@ def segment_header_bytes(num_blocks: int, layer_block_bytes: tuple[int, ...],
     return align_up(raw + table)
 
 
+def row_start(num_blocks: int, window: int, mark: int = 0) -> int:
+    """The first block a layer of ``window`` blocks (0: none) holds in a segment of
+    ``num_blocks`` branched at ``mark`` (0: not): its last ``window`` blocks, or from
+    ``mark - window`` on (``SegmentLayout``)."""
+    if not window:
+        return 0
+    last = num_blocks - min(num_blocks, window)
+    return max(0, min(last, mark - window)) if mark else last
+
+
 def describe_layers(layer_block_bytes: tuple[int, ...],
                     layer_window_blocks: tuple[int, ...] = ()) -> str:
     """``layer_block_bytes`` for a message: "32 layers x 4096 B", or each run of alike
@@ -101,6 +119,13 @@ class SegmentLayout:
         released: windowed layers whose rows were given back to the filesystem (a
             later turn superseded their window): they hold no block any more
             (``layer_first`` is ``num_blocks``); offsets do not change.
+        mark: 0, or the block where the segment's prompt branched off a stored prefix:
+            a windowed layer of ``w`` holds the rows from ``mark - w`` on (the file
+            header records it).
+        read_end: a restore's view only (``control.windows.restore_view``), never
+            stored: the hit ends at this block of the segment, so a windowed layer of
+            ``w`` is read from ``read_end - w`` on (``layer_first``); 0 none. Offsets
+            do not change.
     """
 
     num_blocks: int
@@ -109,6 +134,8 @@ class SegmentLayout:
     layer_window_blocks: tuple[int, ...] = ()
     block_crcs: bool = False
     released: tuple[int, ...] = ()
+    mark: int = 0
+    read_end: int = 0
     _uniform: int = field(init=False, repr=False, compare=False)
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _first: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -134,7 +161,10 @@ class SegmentLayout:
         if windows and (len(windows) != len(sizes) or min(windows) < 0):
             raise ValueError(f"SegmentLayout.layer_window_blocks must hold one window >= 0 "
                              f"per layer, got {windows!r}")
-        first = tuple(n - min(n, w) if w else 0 for w in windows)
+        if not 0 <= self.mark <= n or not 0 <= self.read_end <= n:
+            raise ValueError(f"SegmentLayout.mark and read_end must be in 0..{n}, got "
+                             f"{self.mark} and {self.read_end}")
+        first = tuple(row_start(n, w, self.mark) for w in windows)
         if not any(first):
             first = ()
         if self.released and not all(0 <= k < len(windows) and windows[k]
@@ -150,19 +180,21 @@ class SegmentLayout:
     @classmethod
     def for_ssd(cls, num_blocks: int, layer_block_bytes: tuple[int, ...],
                 layer_window_blocks: tuple[int, ...] = (),
-                block_crcs: bool = True) -> SegmentLayout:
+                block_crcs: bool = True, mark: int = 0) -> SegmentLayout:
         windows = layer_window_blocks if any(layer_window_blocks) else ()
-        rows = sum(min(num_blocks, w) if w else num_blocks
+        mark = mark if windows else 0
+        rows = sum(num_blocks - row_start(num_blocks, w, mark)
                    for w in windows or (0,) * len(layer_block_bytes)) if block_crcs else 0
         return cls(num_blocks, layer_block_bytes,
                    segment_header_bytes(num_blocks, layer_block_bytes, bool(windows), rows),
-                   windows, block_crcs)
+                   windows, block_crcs, mark=mark)
 
     @classmethod
     def for_memory(cls, num_blocks: int, layer_block_bytes: tuple[int, ...],
-                   layer_window_blocks: tuple[int, ...] = ()) -> SegmentLayout:
-        return cls(num_blocks, layer_block_bytes, 0,
-                   layer_window_blocks if any(layer_window_blocks) else ())
+                   layer_window_blocks: tuple[int, ...] = (), mark: int = 0
+                   ) -> SegmentLayout:
+        windows = layer_window_blocks if any(layer_window_blocks) else ()
+        return cls(num_blocks, layer_block_bytes, 0, windows, mark=mark if windows else 0)
 
     @property
     def num_layers(self) -> int:
@@ -179,15 +211,24 @@ class SegmentLayout:
 
     @property
     def is_windowed(self) -> bool:
-        """Some layer holds fewer blocks than the segment (a sliding window, or rows
-        released)."""
-        return bool(self._first or self.released)
+        """Some layer holds (or a restore reads) fewer blocks than the segment (a
+        sliding window, rows released, a view's ``read_end``)."""
+        return bool(self._first or self.released or self.read_end)
 
     def layer_first(self, layer: int) -> int:
         """The first block ``layer`` holds (0, or where its window's rows start;
-        ``num_blocks`` once its rows are released)."""
+        ``num_blocks`` once its rows are released), as a restore reads it: in a view
+        with ``read_end``, a windowed layer from its window before ``read_end``."""
         if self.released and layer in self.released:
             return self.num_blocks
+        first = self._first[layer] if self._first else 0
+        if self.read_end and self.layer_window_blocks and self.layer_window_blocks[layer]:
+            return max(first, self.read_end - self.layer_window_blocks[layer])
+        return first
+
+    def row_first(self, layer: int) -> int:
+        """The block of ``layer``'s first row as written (``layer_first`` before any
+        release or view): row ``k`` of the layer is block ``row_first + k``."""
         return self._first[layer] if self._first else 0
 
     def release(self, layers: tuple[int, ...]) -> SegmentLayout:
@@ -229,7 +270,7 @@ class SegmentLayout:
     def block_offset(self, layer: int, block: int) -> int:
         """Start of block ``block`` (0-based within the segment) of ``layer``; a block
         before ``layer_first(layer)`` is not held."""
-        first = self._first[layer] if self._first else 0
+        first = self.row_first(layer)
         if block < first:
             raise ValueError(f"block {block} of layer {layer} is outside its window "
                              f"(blocks {first}..{self.num_blocks - 1} are held)")

@@ -120,6 +120,28 @@ def test_headers_with_windows_round_trip_as_version_3(num_blocks: int, windows: 
     assert int.from_bytes(encode_file_header(plain)[8:12], "little") == fmt.FORMAT_VERSION
 
 
+@settings(max_examples=50)
+@given(num_blocks=st.integers(1, 40), window=st.integers(1, 9), data=st.data())
+def test_a_branch_mark_round_trips_as_version_5(num_blocks: int, window: int,
+                                                data: st.DataObject) -> None:
+    mark = data.draw(st.integers(1, num_blocks))
+    sizes, windows = (512, 584), (0, window)
+    rows = num_blocks - max(0, min(num_blocks - min(num_blocks, window), mark - window))
+    header = SegmentHeader(9, 4, 3, 100, num_blocks, sizes,
+                           tuple(bytes([i % 256]) * 32 for i in range(num_blocks)),
+                           (1, 2), windows, ((1,) * num_blocks, (2,) * rows), mark)
+    raw = encode_segment_header(header)
+    assert int.from_bytes(raw[8:12], "little") == fmt.MARK_VERSION
+    got = decode_segment_header(raw)
+    assert got == header
+    assert got.layout.layer_rows(1) == rows
+    assert got.layout.row_first(1) == num_blocks - rows
+    # A mark the header cannot hold is refused by name.
+    with pytest.raises(ValueError, match="mark"):
+        SegmentHeader(9, 4, 3, 100, num_blocks, sizes, header.keys, (1, 2), windows,
+                      header.block_crcs, num_blocks + 1)
+
+
 def test_header_byte_flips_are_detected() -> None:
     rng = random.Random(1)
     fh = bytearray(encode_file_header(_file_header()))

@@ -2,7 +2,8 @@
 a session's SSD bytes grow by at most the window per turn in those layers; every
 restore is byte for byte in its full-attention layers and in each window, through the
 staging path, from SSD and host memory and after a restart; a hit whose window is not
-held is cut back; and a rotted byte in a window's rows cuts the restore at its turn."""
+held is cut back; a rotted byte in a window's rows cuts the restore at its turn; and a
+prompt branching off a stored prefix keeps its window rows from the branch on."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from flatcake.cio.files import SESSIONS_DIR
 from flatcake.cio.filescan import scan_session_file
 from flatcake.cli import main
+from flatcake.control.keys import chain_block_keys
 from flatcake.geometry import KVGeometry, LayerGroup
 from flatcake.layout import align_up, segment_header_bytes
 from flatcake.store import FlatCakeStore, TurnSignals
@@ -235,3 +237,51 @@ def test_a_stored_prompt_ending_inside_a_turn_writes_its_window_there(
     for layer in (1, 2):
         assert torch.equal(dst[layer][[3, 4]], src[layer][[3, 4]])
         assert not dst[layer][[0, 1, 2, *range(5, 12)]].any()
+
+
+def branch_keys(g: KVGeometry, shared: int, total: int, seed: int) -> list[bytes]:
+    """Keys of a prompt of ``total`` blocks whose first ``shared`` are session 13's."""
+    bs = g.tokens_per_block
+    tokens = [13 * 1_000_003 + i for i in range(shared * bs)]
+    tokens += [seed * 1_000_003 + i for i in range((total - shared) * bs)]
+    return chain_block_keys(tokens, bs, "test-model")
+
+
+@pytest.mark.parametrize("rows", ["branches", "turn-ends"])
+def test_a_prompt_branching_off_a_stored_prefix_keeps_its_window_from_the_branch(
+        tmp_path: Path, rows: str) -> None:
+    # Session a stores 9 blocks. Session b shares a's first 5 blocks (a system prompt)
+    # and branches: a holds no window at 5, so b's hit is cut back to nothing. b's store
+    # starts a window (2 blocks) before the branch and keeps its sliding rows from
+    # there on: a third prompt sharing the same 5 blocks, or one ending anywhere in b's
+    # turn, restores byte for byte (after a restart too); the sliding layers are read
+    # from the window at the hit's end only. With turn-end rows neither is served.
+    g = WINDOWED_4K
+    keys_a = session_keys(13, 9, g)
+    keys_b, keys_c = branch_keys(g, 5, 9, 14), branch_keys(g, 5, 8, 15)
+    assert keys_b[:5] == keys_a[:5] != keys_b[:6]
+    src_a, src_b = paged(g, 9, seed=13), paged(g, 9, seed=14)
+    for a, b in zip(src_a, src_b, strict=True):
+        b[:5] = a[:5]
+    cfg = small_config(f"store.window_rows={rows}")
+    branched = rows == "branches"
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:
+        store.store_turn("a", keys_a, src_a, range(9), TurnSignals(0, 0))
+        assert store.lookup(keys_b).num_blocks == 0
+        res = store.store_turn("b", keys_b, src_b, range(9), TurnSignals(0, 0))
+        assert (res.first_block, res.num_blocks) == ((3, 6) if branched else (5, 4))
+        assert store.lookup(keys_c).num_blocks == (5 if branched else 0)
+        assert store.lookup(keys_b[:7]).num_blocks == (7 if branched else 0)
+        assert store.lookup(keys_b).num_blocks == 9
+        assert store.lookup(keys_a).num_blocks == 9  # a's own hit is unchanged
+    if not branched:
+        return
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:  # a restart
+        for keys, end, src in ((keys_c, 5, src_a), (keys_b, 7, src_b)):
+            dst = paged(g, 12)
+            got = store.load(keys[:end], dst, range(12))
+            assert (got.num_blocks, got.damaged_segments) == (end, 0)
+            assert torch.equal(dst[0][:end], src[0][:end])
+            for layer in (1, 2):
+                assert torch.equal(dst[layer][end - 2:end], src[layer][end - 2:end])
+                assert not dst[layer][[*range(end - 2), *range(end, 12)]].any()

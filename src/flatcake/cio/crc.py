@@ -164,7 +164,8 @@ class SegmentCrcs(NamedTuple):
                                                   strict=True)):
             skip = check.layer_skip(layer)
             count = check.num_blocks - skip
-            held = check.layer_first[layer] if check.layer_first else 0
+            rows = check.row_first or check.layer_first
+            held = rows[layer] if rows else 0
             row = check.first + skip - held  # the table holds the layer's rows only
             out.append(range_crc(table, row, count, size) if count else 0)
         return tuple(out)
@@ -179,4 +180,6 @@ class RowsChecked(Protocol):
     def num_blocks(self) -> int: ...
     @property
     def layer_first(self) -> tuple[int, ...]: ...
+    @property
+    def row_first(self) -> tuple[int, ...]: ...
     def layer_skip(self, layer: int) -> int: ...

@@ -20,6 +20,7 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            |     file_id | seq | turn | first_block       |
            |     num_blocks | num_layers | block bytes    |
            |     data bytes | header crc32                 |
+           |     [v5] mark (branch block), 4 bytes        |
            |     key[0..num_blocks)      32 bytes each    |
            |     layer_crc[0..num_layers) 4 bytes each    |
            |     [mixed] layer block bytes, 4 bytes each  |
@@ -55,6 +56,11 @@ layer ``l``'s rows ``0..k`` (the last equals ``layer_crc[l]``), so a restore tha
 only some of a segment's blocks reads just those and checks them (``crc.range_crc``).
 Segments of versions 1 to 3 have no table: a restore reads their layers whole.
 
+The branch mark (version 5, written only when ``mark > 0``): a version 4 segment
+whose prompt branched off a stored prefix at its block ``mark``; a windowed layer then
+holds its rows from ``mark - window`` on (``layout.SegmentLayout``), not only its
+last ``window`` blocks.
+
 The file's size is its clean end (writers never preallocate). Anything else where a
 segment should start is damage: a zeroed or corrupt header, a torn or corrupt segment,
 zeros to the end of the file (a write interrupted by a crash, or lost data). The scan
@@ -87,9 +93,12 @@ sliding window (its windows listed)."""
 BLOCK_CRC_VERSION = 4
 """The version of every segment written: windows listed (0s when none) and a crc32 per
 block each layer holds."""
-READ_VERSIONS = (1, 2, 3, 4)
+MARK_VERSION = 5
+"""The version of a segment written where its prompt branched off (``mark > 0``): a
+version 4 segment with its mark after the fixed fields."""
+READ_VERSIONS = (1, 2, 3, 4, 5)
 """Versions read; 2 added layers of different sizes, 3 sliding-window layers, 4 block
-crcs."""
+crcs, 5 the branch mark."""
 FILE_MAGIC = b"FLCKFILE"
 SEGMENT_MAGIC = b"FLCKSEGM"
 FILE_HEADER_BYTES = ALIGN
@@ -104,6 +113,8 @@ _FILE_CRC_OFFSET = FILE_HEADER_BYTES - 4
 # num_layers, block_bytes_per_layer, data_bytes, header_crc
 _SEG_FIXED = struct.Struct("<8sIIQQQQIIQQI")
 _SEG_CRC_OFFSET = _SEG_FIXED.size - 4
+# version 5: mark, right after the fixed fields (inside SEGMENT_FIXED_HEADER_BYTES)
+_SEG_MARK = struct.Struct("<I")
 
 
 class FormatError(ValueError):
@@ -282,6 +293,8 @@ class SegmentHeader:
             windowed layer holds the segment's last blocks only.
         block_crcs: per layer, the running crc32 of its rows ``0..k`` for each ``k``
             (``crc.BlockCrcs``); None for a segment of version 1 to 3.
+        mark: 0, or the block where the segment's prompt branched off a stored prefix
+            (version 5): a windowed layer holds its rows from ``mark - window`` on.
     """
 
     file_id: int
@@ -294,9 +307,14 @@ class SegmentHeader:
     layer_crcs: tuple[int, ...]
     layer_window_blocks: tuple[int, ...] = ()
     block_crcs: tuple[tuple[int, ...], ...] | None = None
+    mark: int = 0
 
     def __post_init__(self) -> None:
         _check_sizes("SegmentHeader", self.layer_block_bytes)
+        if self.mark and (not self.layer_window_blocks or self.block_crcs is None
+                          or not 0 < self.mark <= self.num_blocks):
+            raise ValueError(f"SegmentHeader.mark {self.mark} needs windows, block crcs "
+                             f"and 0 < mark <= num_blocks={self.num_blocks}")
         _check_windows("SegmentHeader", self.layer_window_blocks, self.num_layers)
         if len(self.keys) != self.num_blocks:
             raise ValueError(
@@ -327,7 +345,8 @@ class SegmentHeader:
     @property
     def layout(self) -> SegmentLayout:
         return SegmentLayout.for_ssd(self.num_blocks, self.layer_block_bytes,
-                                     self.layer_window_blocks, self.block_crcs is not None)
+                                     self.layer_window_blocks, self.block_crcs is not None,
+                                     self.mark)
 
     @property
     def crcs(self) -> SegmentCrcs:
@@ -340,13 +359,16 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
     buf = bytearray(layout.header_bytes)
     _SEG_FIXED.pack_into(
         buf, 0, SEGMENT_MAGIC,
-        BLOCK_CRC_VERSION if header.block_crcs is not None
+        MARK_VERSION if header.mark else BLOCK_CRC_VERSION
+        if header.block_crcs is not None
         else _version(header.layer_window_blocks), layout.header_bytes,
         header.file_id,
         header.seq, header.turn_index, header.first_block, header.num_blocks,
         header.num_layers,
         _uniform_size(header.layer_block_bytes), layout.data_bytes, 0,
     )
+    if header.mark:
+        _SEG_MARK.pack_into(buf, _SEG_FIXED.size, header.mark)
     pos = SEGMENT_FIXED_HEADER_BYTES
     for key in header.keys:
         buf[pos:pos + KEY_BYTES] = key
@@ -409,7 +431,10 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
         windows = ()
     elif version >= WINDOW_VERSION and not any(windows):
         raise FormatError("segment of version 3 lists no window")
-    layout = SegmentLayout.for_ssd(num_blocks, sizes, windows, with_table)
+    mark = _SEG_MARK.unpack_from(buf, _SEG_FIXED.size)[0] if version >= MARK_VERSION else 0
+    if version >= MARK_VERSION and not (windows and 0 < mark <= num_blocks):
+        raise FormatError(f"segment of version {version} has mark {mark} out of range")
+    layout = SegmentLayout.for_ssd(num_blocks, sizes, windows, with_table, mark)
     if layout.header_bytes != header_bytes:
         raise FormatError(f"segment header_bytes {header_bytes} does not match its geometry")
     if data_bytes != layout.data_bytes:
@@ -427,7 +452,7 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
         table = tuple(flat[a:b] for a, b in itertools.pairwise(starts))
     try:
         return SegmentHeader(file_id, seq, turn_index, first_block, num_blocks, sizes, keys,
-                             tuple(crcs), windows, table)
+                             tuple(crcs), windows, table, mark)
     except ValueError as exc:
         raise FormatError(f"segment header: {exc}") from None
 

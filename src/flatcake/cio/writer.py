@@ -150,22 +150,24 @@ class SegmentWriter:
 
     def write_ssd(self, fd: int, file_offset: int, paged: PagedKV, ids: torch.Tensor,
                   keys: Sequence[bytes], *, file_id: int, seq: int, turn_index: int,
-                  first_block: int, layer_window_blocks: tuple[int, ...] = ()
-                  ) -> WrittenSegment:
+                  first_block: int, layer_window_blocks: tuple[int, ...] = (),
+                  mark: int = 0) -> WrittenSegment:
         """Write blocks ``ids`` of every layer as one segment at ``file_offset`` and
         fdatasync (a layer with a window in ``layer_window_blocks``: its last blocks
-        only). ``file_offset`` must be 4 KiB aligned and the file's allocation must
-        already cover the segment."""
+        only, or from ``mark - window`` on: ``layout.SegmentLayout``). ``file_offset``
+        must be 4 KiB aligned and the file's allocation must already cover the
+        segment."""
         if file_offset % ALIGN:
             raise ValueError(f"segment file_offset must be 4096-aligned, got {file_offset}")
         n = int(ids.numel())
-        layout = SegmentLayout.for_ssd(n, paged.layer_block_bytes, layer_window_blocks)
+        layout = SegmentLayout.for_ssd(n, paged.layer_block_bytes, layer_window_blocks,
+                                       mark=mark)
 
         def header_of(crcs: list[BlockCrcs]) -> SegmentHeader:
             return SegmentHeader(file_id, seq, turn_index, first_block, n,
                                  layout.layer_block_bytes, tuple(keys),
                                  tuple(c.crc for c in crcs), layout.layer_window_blocks,
-                                 tuple(tuple(c.prefixes) for c in crcs))
+                                 tuple(tuple(c.prefixes) for c in crcs), layout.mark)
 
         with self.lock:
             # Zero-copy sends every slot of every layer: not for a windowed segment.
@@ -203,7 +205,7 @@ class SegmentWriter:
         for layer in range(layout.num_layers):
             start = layout.layer_offset(layer)
             end = start + layout.layer_bytes(layer)
-            _gather(paged, host, layer, ids, layout.layer_first(layer),
+            _gather(paged, host, layer, ids, layout.row_first(layer),
                     layout.layer_rows(layer), buf[start:end])
             crcs[layer].feed(view[start:end])
         end = layout.header_bytes + layout.data_bytes
@@ -270,7 +272,7 @@ class SegmentWriter:
         crcs = _block_crcs(layout)
         for layer in range(layout.num_layers):
             bbpl = layout.layer_block_bytes[layer]
-            block = layout.layer_first(layer)
+            block = layout.row_first(layer)
             while block < layout.num_blocks:
                 room = max(1, (chunk + bbpl - fill) // bbpl)
                 count = min(room, layout.num_blocks - block)
@@ -296,10 +298,10 @@ class SegmentWriter:
 
     @staticmethod
     def write_memory(dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor,
-                     layer_window_blocks: tuple[int, ...] = ()) -> None:
+                     layer_window_blocks: tuple[int, ...] = (), mark: int = 0) -> None:
         """Gather blocks ``ids`` into a host-memory segment (``SegmentLayout.for_memory``:
         layer-major, no header); ``dest`` is that segment's range of the arena."""
-        copy = MemoryCopy(dest, paged, ids, layer_window_blocks)
+        copy = MemoryCopy(dest, paged, ids, layer_window_blocks, mark)
         for layer in range(paged.num_layers):
             copy.layer(layer)
 
@@ -310,9 +312,9 @@ class MemoryCopy:
     ``layer`` call (a restore copies each layer as it lands)."""
 
     def __init__(self, dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor,
-                 layer_window_blocks: tuple[int, ...] = ()) -> None:
+                 layer_window_blocks: tuple[int, ...] = (), mark: int = 0) -> None:
         self.layout = SegmentLayout.for_memory(int(ids.numel()), paged.layer_block_bytes,
-                                               layer_window_blocks)
+                                               layer_window_blocks, mark)
         if dest.numel() < self.layout.data_bytes:
             raise ValueError(f"memory segment needs {self.layout.data_bytes} bytes, "
                              f"destination has {dest.numel()}")
@@ -321,7 +323,7 @@ class MemoryCopy:
 
     def layer(self, layer: int) -> None:
         start = self.layout.layer_offset(layer)
-        _gather(self._paged, self._host, layer, self._ids, self.layout.layer_first(layer),
+        _gather(self._paged, self._host, layer, self._ids, self.layout.row_first(layer),
                 self.layout.layer_rows(layer),
                 self._dest[start:start + self.layout.layer_bytes(layer)])
 

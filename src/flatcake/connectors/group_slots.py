@@ -34,6 +34,7 @@ import torch
 
 from flatcake.cio.direct import aligned_buffer
 from flatcake.cio.paged import PagedKV
+from flatcake.layout import row_start
 
 GroupIds = tuple[tuple[int, ...], ...]
 """A request's slots in each stored KV cache group (in ``KVGroups`` order), positional."""
@@ -124,17 +125,19 @@ class GroupedKV:
                              f"for {hi} blocks of {pages.per_block}")
         return pages.ids(group, lo, hi)
 
-    def _held_from(self, layer: int, num_blocks: int) -> int:
-        """The first of ``num_blocks`` blocks the store keeps of ``layer``."""
-        window = self.window_blocks[layer] if self.window_blocks else 0
-        return max(num_blocks - window, 0) if window else 0
+    def _held_from(self, layer: int, num_blocks: int, mark: int = 0) -> int:
+        """The first of ``num_blocks`` blocks the store keeps of ``layer`` (a segment
+        branched at ``mark``: ``layout.row_start``)."""
+        return row_start(num_blocks, self.window_blocks[layer] if self.window_blocks else 0,
+                         mark)
 
-    def snapshot(self, ids: GroupIds, num_blocks: int) -> PagedKV | None:
+    def snapshot(self, ids: GroupIds, num_blocks: int, mark: int = 0) -> PagedKV | None:
         """The blocks ``[0, num_blocks)`` of ``ids`` gathered into a scratch paged KV
         (slot ``i`` = block ``i``); None when a group no longer holds a block the store
-        keeps."""
+        keeps (of a segment branched at ``mark``: ``layout.SegmentLayout``)."""
         for layer in range(self.paged.num_layers):
-            held = self._table(ids, layer, self._held_from(layer, num_blocks), num_blocks)
+            held = self._table(ids, layer, self._held_from(layer, num_blocks, mark),
+                               num_blocks)
             if self.null_id in held:
                 return None
         out = self.scratch(num_blocks)

@@ -448,7 +448,10 @@ class SchedulerSide:
             plan = self.control.prepare_store(
                 turn.session_id, keys, turn_index=turn.turn_index,
                 context_tokens=req.num_prompt_tokens,
-                prev_reply_tokens=turn.prev_reply_tokens, shared_refcount=shared)
+                prev_reply_tokens=turn.prev_reply_tokens, shared_refcount=shared,
+                # The engine holds a sliding window's rows from this step's first block
+                # on (it frees blocks behind the window as chunks are computed).
+                rows_from=req.num_computed_tokens // bs)
         except CapacityError as exc:
             self._stats["stores_rejected"] += 1
             logger.warning("FlatCake cannot store request %s: %s", req.request_id, exc)

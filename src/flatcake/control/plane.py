@@ -196,6 +196,7 @@ class ControlPlane(Books):
         context_tokens: int,
         prev_reply_tokens: int | None = None,
         shared_refcount: int | Callable[[int], int] = 1,
+        rows_from: int = 0,
     ) -> StorePlan | None:
         """Place and allocate the blocks of ``keys`` that are not indexed yet.
 
@@ -209,7 +210,12 @@ class ControlPlane(Books):
         the hit prefix become one new segment. Every block already indexed, but no window
         held where ``keys`` end (a windowed model's prompt ending inside another turn):
         the last window's blocks become the segment, so a later hit ending there is
-        served (``windows.window_segment_hit``). Returns ``None`` when nothing is new, or
+        served (``windows.window_segment_hit``). A prompt that branches off a stored
+        prefix where no window is held starts its segment a window before the branch
+        and keeps its window rows from there on (``store.windows_at_branches``), when
+        that window lies at or after request block ``rows_from`` (the first block whose
+        rows the caller still holds in every layer: an engine frees sliding-window
+        blocks behind its window). Returns ``None`` when nothing is new, or
         when every new block is being written by another store in flight.
         Otherwise decides the medium (``memory_full`` is computed here: the arena cannot
         take the segment even after memory reclaim), reclaims the chosen medium when the
@@ -221,7 +227,7 @@ class ControlPlane(Books):
         indexed are written again; the index keeps the first copy (first writer wins).
         """
         return self._stores.prepare(session_id, keys, turn_index, context_tokens,
-                                    prev_reply_tokens, shared_refcount)
+                                    prev_reply_tokens, shared_refcount, rows_from)
 
     def complete_copy(self, plan: StorePlan) -> None:
         """The data plane wrote ``plan.copy`` (the segment itself may still be in

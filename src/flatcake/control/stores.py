@@ -99,19 +99,36 @@ class Stores:
 
     def prepare(self, session_id: str, keys: Sequence[bytes], turn_index: int,
                 context_tokens: int, prev_reply_tokens: int | None,
-                shared_refcount: int | Callable[[int], int]) -> StorePlan | None:
+                shared_refcount: int | Callable[[int], int],
+                rows_from: int = 0) -> StorePlan | None:
         """``ControlPlane.prepare_store``."""
         check_session_id(session_id)
         req = keys if isinstance(keys, tuple) else tuple(keys)
         hit = self._index.lookup(req)
         new_keys = req[hit.num_blocks:]
         first, prefix = hit.num_blocks, hit.runs
-        if not new_keys and self._window_at_end_missing(req):
+        mark = 0
+        rule = self._config.store.window_rows
+        if not new_keys and self._window_missing(req):
             # The whole prompt is stored, but no window where it ends (it ends inside
             # another turn's segment: a shared prefix, a branch, a retry). Its last
             # window's blocks are written again as a segment of their own, so a later
             # hit ending here is served (``windows.window_segment_hit``).
             first = max(0, len(req) - self._window_blocks)
+        elif new_keys and self._window_blocks and rule == "every-block" and \
+                first >= rows_from:
+            mark = 1  # rows at every block: a hit may end anywhere in the segment
+        elif new_keys and first and rule == "branches" and \
+                max(0, first - self._window_blocks) >= rows_from and \
+                self._window_missing(req[:first]):
+            # The prompt branches off a stored prefix where no window is held (a shared
+            # system prompt, a sub-agent, an edit): the segment starts a window before
+            # the branch and keeps its windowed rows from there on (``layout``'s
+            # ``mark``), so a later hit ending at the branch, or anywhere after it in
+            # this segment, is served.
+            mark = min(first, self._window_blocks)
+            first -= mark
+        if first < hit.num_blocks:
             new_keys = req[first:]
             prefix = head_runs(hit.runs, first)
         now = self._clock.now()
@@ -132,7 +149,7 @@ class Stores:
         rec.last_access = now
         rec.num_pins += 1  # a write is in flight: reclaim must skip this session
         try:
-            plan = self._place_and_allocate(rec, new_keys, first, turn_index, signals)
+            plan = self._place_and_allocate(rec, new_keys, first, turn_index, signals, mark)
         except BaseException:
             rec.num_pins -= 1
             self._sessions.forget_if_empty(rec)
@@ -144,7 +161,7 @@ class Stores:
         self._rules[plan.placement.rule] += 1
         return plan
 
-    def _window_at_end_missing(self, req: tuple[bytes, ...]) -> bool:
+    def _window_missing(self, req: tuple[bytes, ...]) -> bool:
         """Every block of ``req`` is stored, yet a lookup of it is cut back: no window is
         held where it ends."""
         return bool(self._window_blocks and req and self._served is not None
@@ -152,11 +169,11 @@ class Stores:
 
     def _place_and_allocate(self, rec: SessionRecord, new_keys: tuple[bytes, ...],
                             first_block: int, turn_index: int,
-                            signals: PlacementSignals) -> StorePlan:
+                            signals: PlacementSignals, mark: int) -> StorePlan:
         g, arena, ssd = self._geometry, self._arena, self._ssd
         n = len(new_keys)
         mem_layout = SegmentLayout.for_memory(n, g.layer_block_bytes,
-                                              g.layer_window_blocks)
+                                              g.layer_window_blocks, mark)
         rc = self._config.reclaim
         tentative = decide_placement(signals, self._config.placement)
         # Reclaim memory only for a write that would go there, and only if the segment
@@ -179,7 +196,7 @@ class Stores:
             rec.memory_bytes += mem_layout.total_bytes
             return StorePlan(rec.session_id, segment, placement, first_block)
         ssd_layout = SegmentLayout.for_ssd(n, g.layer_block_bytes,
-                                              g.layer_window_blocks)
+                                           g.layer_window_blocks, mark=mark)
         size = ssd_layout.total_bytes
         projected = ssd.used_bytes + size + ssd.file_header_bytes
         if projected > rc.ssd_high * ssd.capacity_bytes:

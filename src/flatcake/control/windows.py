@@ -83,20 +83,21 @@ def window_segment_hit(hit: PrefixHit, keys: Sequence[bytes], windows: tuple[int
                        holders: Callable[[bytes], list[tuple[Segment, int]]]
                        ) -> PrefixHit | None:
     """``hit`` (every key of it indexed, its end's window not held along its runs)
-    served through a *window segment* ending where it ends: a live segment whose last
-    key is the hit's last and whose keys are the request's just before (a request
-    whose whole prompt was already stored wrote it, ``Stores.prepare``), its windows
-    held at its end. ``None`` when no such segment is live."""
+    served through another live segment holding its last key at some position ``j``:
+    one whose keys up to ``j`` are the request's just before, and whose windows are
+    held there (a *window segment*, which a request whose whole prompt was already
+    stored wrote, ending at ``j``; or a segment written where a prompt branched off,
+    ``layout``'s ``mark``, holding its rows from the branch on). ``None`` when no such
+    segment is live."""
     end = hit.num_blocks
     if not end:
         return None
     reps = window_layers(windows)
     for seg, j in holders(keys[end - 1]):
-        n = seg.num_blocks
-        start = end - n
-        if j != n - 1 or start < 0 or tuple(keys[start:end]) != seg.keys:
+        start = end - 1 - j
+        if start < 0 or tuple(keys[start:end]) != seg.keys[:j + 1]:
             continue
-        runs = (*head_runs(hit.runs, start), HitRun(seg, 0, n, start))
+        runs = (*head_runs(hit.runs, start), HitRun(seg, 0, j + 1, start))
         if all(window_held(runs, len(runs) - 1, w, layer) for w, layer in reps):
             return _hit_of(runs)
     return None
@@ -117,14 +118,19 @@ def restore_view(runs: tuple[HitRun, ...]) -> tuple[HitRun, ...]:
     for i, run in enumerate(runs):
         seg = run.segment
         lay = seg.layout
-        if seg.medium is not Medium.SSD or not lay.layer_window_blocks:
+        if not lay.layer_window_blocks:
             continue
         stop = run.prefix_start + run.num_blocks
         drop = tuple(k for w, layers in _layers_by_window(lay.layer_window_blocks)
                      if stop <= end - w
-                     for k in layers if k not in lay.released)
-        if drop:
-            out[i] = HitRun(dataclasses.replace(seg, layout=lay.release(drop)), run.start_pos,
+                     for k in layers if k not in lay.released) \
+            if seg.medium is Medium.SSD else ()
+        # A segment holding rows before its last window (written at a branch) is read
+        # from the window before the hit's end only.
+        read_end = run.start_pos + run.num_blocks if lay.mark and stop == end else 0
+        if drop or read_end:
+            view = dataclasses.replace(lay.release(drop) if drop else lay, read_end=read_end)
+            out[i] = HitRun(dataclasses.replace(seg, layout=view), run.start_pos,
                             run.num_blocks, run.prefix_start)
     return tuple(out)
 

@@ -39,10 +39,11 @@ from flatcake.plan.reads import Resolve
 from flatcake.readplan import ReadPlan
 
 SegmentCache = dict[int, tuple[bool, int, int, int, int, tuple[int, ...], tuple[int, ...],
-                               tuple[int, ...]]]
+                               tuple[int, ...], int, int]]
 """segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, layer_block_bytes,
-layer_window_blocks, released layers); the released layers are checked on every use
-(a newer turn may release a segment's window rows while it lives);
+layer_window_blocks, released layers, mark, read_end); the released layers and the
+view's read_end are checked on every use (a newer turn may release a segment's window
+rows while it lives; ``control.windows.restore_view`` makes a view per restore);
 ``base`` is the file offset (SSD, after ``resolve``) or arena offset. A live
 segment's address never changes and segment ids are never reused, so entries stay true
 for as long as the segment lives."""
@@ -68,7 +69,7 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     cache = segment_cache if segment_cache is not None else {}
     ssd: list[tuple[int, int, int, int]] = []
     mem: list[tuple[int, int, int]] = []
-    mixed: list[tuple[int, int, int, int, int, int]] = []
+    mixed: list[tuple[int, int, int, int, int, int, int, int]] = []
     released: list[tuple[int, ...]] = []  # mixed runs' released layers, by index
     sizes: tuple[int, ...] = ()
     windows: tuple[int, ...] = ()
@@ -86,7 +87,7 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     for seg, start, count, _prefix_start in runs:
         info = cache.get(seg.segment_id)
         lay = seg.layout
-        if info is None or info[7] != lay.released:
+        if info is None or info[7] != lay.released or info[9] != lay.read_end:
             on_ssd = seg.medium is ssd_medium
             if on_ssd:
                 if resolve is None:
@@ -96,9 +97,11 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             else:
                 fid, base = -1, seg.offset
             info = (on_ssd, fid, base, lay.header_bytes, lay.num_blocks,
-                    lay.layer_block_bytes, lay.layer_window_blocks, lay.released)
+                    lay.layer_block_bytes, lay.layer_window_blocks, lay.released, lay.mark,
+                    lay.read_end)
             cache[seg.segment_id] = info
-        on_ssd, fid, base, header, n_seg, seg_sizes, seg_windows, seg_released = info
+        (on_ssd, fid, base, header, n_seg, seg_sizes, seg_windows, seg_released, mark,
+         read_end) = info
         if seg_sizes is not sizes and seg_sizes != sizes:
             if len(seg_sizes) != num_layers:
                 raise ValueError(f"num_layers={num_layers} but segment {seg.segment_id} "
@@ -125,7 +128,8 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             if seg_released:
                 rel = len(released)
                 released.append(seg_released)
-            mixed.append((fid if on_ssd else -1, base + header, n_seg, start, count, rel))
+            mixed.append((fid if on_ssd else -1, base + header, n_seg, start, count, rel,
+                          mark, read_end))
         # layout.block_offset(0, start), inlined; the layer stride is the segment's.
         elif on_ssd:
             ssd.append((fid, base + header + start * bbpl, n_seg * bbpl, count * bbpl))
@@ -271,14 +275,17 @@ def _reject_overlaps(file_id: np.ndarray, base: np.ndarray, length: np.ndarray) 
             raise ValueError("two runs of the hit read the same bytes")
 
 
-def _mixed_totals(runs: list[tuple[int, int, int, int, int, int]], sizes: tuple[int, ...],
+def _mixed_totals(runs: list[tuple[int, int, int, int, int, int, int, int]],
+                  sizes: tuple[int, ...],
                   num_blocks: int, cfg: PlannerConfig, windows: tuple[int, ...] = (),
                   released: Sequence[tuple[int, ...]] = ()) -> ReadPlan:
     """The totals for layers of different sizes or with windows. ``runs`` holds
     ``(file_id or -1 for the arena, data start, segment blocks, first block, blocks,
-    index of its released layers in released or -1)``; layer ``l`` of a run is ``[data
-    + n * before[l] + start * size[l], + count * size[l])``; a windowed layer holds its
-    last ``min(n, window)`` blocks only, none once released."""
+    index of its released layers in released or -1, mark, read_end)``; layer ``l`` of a
+    run is ``[data + n * before[l] + start * size[l], + count * size[l])``; a windowed
+    layer holds its last ``min(n, window)`` blocks only (from ``mark - window`` on in a
+    segment written at a branch), none once released, and a view reads it from
+    ``read_end - window`` on (``layout.SegmentLayout``)."""
     runs.sort()
     size = np.asarray(sizes, dtype=np.int64)[:, None]  # (layers, 1)
     before = np.concatenate(([0], np.cumsum(size[:-1, 0])))[:, None]
@@ -291,7 +298,7 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int]], sizes: tuple[
         part = arr[on_ssd == ssd_side]
         if not len(part):
             continue
-        file_id, data, n_seg, start, count, rel = part.T
+        file_id, data, n_seg, start, count, rel, mark, read_end = part.T
         if windows:
             gone = None
             if released:
@@ -299,7 +306,7 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int]], sizes: tuple[
                 for r in np.flatnonzero(rel >= 0):
                     gone[list(released[rel[r]]), r] = True
             lo, length, seg_bytes = _windowed_ranges(data, n_seg, start, count, size,
-                                                     windows, gone)
+                                                     windows, gone, mark, read_end)
             _reject_windowed_overlaps(file_id, data, start, count, seg_bytes)
         else:
             lo = data + n_seg * before + start * size  # (layers, runs)
@@ -324,17 +331,25 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int]], sizes: tuple[
 
 def _windowed_ranges(data: np.ndarray, n_seg: np.ndarray, start: np.ndarray,
                      count: np.ndarray, size: np.ndarray, windows: tuple[int, ...],
-                     gone: np.ndarray | None = None
+                     gone: np.ndarray | None = None, mark: np.ndarray | None = None,
+                     read_end: np.ndarray | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lo, length)`` (layers, runs) of the blocks each layer holds of each run
     (``SegmentLayout.layer_first``: a windowed layer holds its segment's last
-    ``min(n, window)`` blocks, none where ``gone``: released); ``length`` 0 where it
-    holds none of the run; and each run's segment data bytes."""
+    ``min(n, window)`` blocks, from ``mark - window`` on where ``mark``, none where
+    ``gone``: released, read from ``read_end - window`` on where ``read_end``);
+    ``length`` 0 where it holds none of the run; and each run's segment data bytes."""
     win = np.asarray(windows, dtype=np.int64)[:, None]
     first = np.where(win > 0, n_seg - np.minimum(n_seg, win), 0)  # (layers, runs)
+    if mark is not None and mark.any():  # layout.row_start
+        first = np.where((win > 0) & (mark > 0),
+                         np.maximum(0, np.minimum(first, mark - win)), first)
     rows = n_seg - first
     before = np.cumsum(rows * size, axis=0) - rows * size
     lo_blk = np.maximum(start, first if gone is None else np.where(gone, n_seg, first))
+    if read_end is not None and read_end.any():
+        lo_blk = np.where((win > 0) & (read_end > 0),
+                          np.maximum(lo_blk, read_end - win), lo_blk)
     held = np.maximum(start + count - lo_blk, 0)
     return data + before + (lo_blk - first) * size, held * size, (rows * size).sum(axis=0)
 

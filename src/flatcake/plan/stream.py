@@ -45,6 +45,9 @@ class StreamCheck:
         layer_first: each layer's first block held, in the segment (a sliding window
             holds the segment's last blocks only: its crc covers those of the checked
             blocks); empty: all from 0.
+        row_first: each layer's block of its first row as written
+            (``SegmentLayout.row_first``: where its crc table starts); empty: as
+            ``layer_first``.
     """
 
     stream_start: int
@@ -55,6 +58,7 @@ class StreamCheck:
     first: int = 0
     whole: bool = True
     layer_first: tuple[int, ...] = ()
+    row_first: tuple[int, ...] = ()
 
     def layer_skip(self, layer: int) -> int:
         """Leading checked blocks ``layer`` does not hold (all: nothing to check)."""
@@ -100,11 +104,14 @@ class StreamPlanner:
             widened.append(HitRun(seg, lo, hi - lo, start))
             crcs = self._crcs.get(seg.segment_id, ())
             lay = seg.layout
-            held = tuple(lay.layer_first(k) for k in range(lay.num_layers)) \
-                if lay.is_windowed else ()
+            held: tuple[int, ...] = ()
+            rows: tuple[int, ...] = ()
+            if lay.is_windowed:
+                held = tuple(lay.layer_first(k) for k in range(lay.num_layers))
+                rows = tuple(lay.row_first(k) for k in range(lay.num_layers))
             self.checks.append(StreamCheck(start, hi - lo, crcs,
                                            min(r.prefix_start for r in seg_runs),
                                            seg.segment_id, lo, hi - lo == seg.num_blocks,
-                                           held))
+                                           held, rows if rows != held else ()))
         self.stream_request = request
         return plan_reads(widened, num_layers, resolve, cfg)

@@ -1,0 +1,87 @@
+"""The books' side of window rows at branch points (``store.window_rows``): where a
+prompt branches off a stored prefix that holds no window, its segment starts a window
+before the branch and keeps its rows from there on (``layout``'s ``mark``); a host that
+no longer holds those rows (``rows_from``) gets a turn-end segment; a restore ending in
+such a segment reads the window at its end only; ``every-block`` keeps rows
+everywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from flatcake.clock import ManualClock
+from flatcake.config import FlatCakeConfig, PlacementConfig, StoreConfig
+from flatcake.control import ControlPlane
+from flatcake.control.windows import restore_view
+from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.plan.bulk import plan_totals
+from flatcake.plan.reads import plan_reads
+from tests.control.helpers import skeys
+
+# One full layer (8 KiB a block) and two sliding layers of 2 blocks (8 KiB a block).
+G = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="branch",
+               groups=(LayerGroup(1, 512, kind="full"),
+                       LayerGroup(2, 512, window_tokens=32, kind="sliding")))
+BLOCK = 8192
+
+
+def plane(rows: str = "branches") -> ControlPlane:
+    cfg = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
+                         store=StoreConfig(memory_capacity_bytes=1 << 20,
+                                           ssd_capacity_bytes=1 << 26,
+                                           session_file_bytes=1 << 24, window_rows=rows))
+    return ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
+
+
+def stored(cp: ControlPlane, session: str, ks: list[bytes], rows_from: int = 0
+           ) -> tuple[int, int, int]:
+    """Store ``ks`` as turn 0 of ``session``: (first block, blocks, mark)."""
+    plan = cp.prepare_store(session, ks, turn_index=0, context_tokens=0,
+                            rows_from=rows_from)
+    assert plan is not None
+    cp.complete_store(plan, True)
+    return plan.first_block, plan.segment.num_blocks, plan.segment.layout.mark
+
+
+def test_a_branch_keeps_rows_from_its_window_and_serves_hits_ending_after_it() -> None:
+    cp = plane()
+    shared = skeys("sys", 6)
+    a, b, c = shared + skeys("a", 4), shared + skeys("b", 5), shared + skeys("c", 3)
+    assert stored(cp, "a", a) == (0, 10, 0)
+    assert cp.lookup(b).num_blocks == 0  # no window held at the branch (block 6)
+    assert stored(cp, "b", b) == (4, 7, 2)
+    seg = max(cp.segments(), key=lambda s: s.segment_id)
+    assert [seg.layout.row_first(k) for k in range(3)] == [0, 0, 0]
+    assert seg.layout.layer_rows(1) == 7  # rows from block 4: every window from 6 on
+    for end in (6, 8, 11):
+        assert cp.lookup(b[:end]).num_blocks == end
+    assert cp.lookup(c).num_blocks == 6  # a third prompt sharing the prefix
+    assert cp.lookup(a).num_blocks == 10
+    # A restore of b's 11 blocks reads its sliding layers' window (blocks 9-10) only,
+    # not every row from the branch on (blocks 6-10 of the run in b's segment).
+    load = cp.prepare_load("r", b)
+    assert load.hit.num_blocks == 11
+    assert load.read_plan.useful_bytes == (11 + 2 * 2) * BLOCK
+    view = restore_view(load.hit.runs)
+    assert plan_totals(view, 3, None).useful_bytes == load.read_plan.useful_bytes
+    cp.complete_load("r")
+    cp.check_integrity()
+
+
+def test_a_host_without_the_rows_at_the_branch_writes_a_turn_end_segment() -> None:
+    cp = plane()
+    shared = skeys("sys", 6)
+    stored(cp, "a", shared + skeys("a", 4))
+    # The engine computed this prompt from block 5 on: it no longer holds the rows of
+    # the window before the branch (blocks 4-5) in its sliding layers.
+    assert stored(cp, "b", shared + skeys("b", 5), rows_from=5) == (6, 5, 0)
+    assert cp.lookup(shared + skeys("c", 3)).num_blocks == 0
+
+
+@pytest.mark.parametrize(("rows", "hit"), [("turn-ends", 0), ("every-block", 4)])
+def test_the_other_rules(rows: str, hit: int) -> None:
+    cp = plane(rows)
+    shared = skeys("sys", 6)
+    first = stored(cp, "a", shared + skeys("a", 4))
+    assert first == ((0, 10, 1) if rows == "every-block" else (0, 10, 0))
+    assert cp.lookup(shared[:4] + skeys("x", 2)).num_blocks == hit
