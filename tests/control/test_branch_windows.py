@@ -85,3 +85,22 @@ def test_the_other_rules(rows: str, hit: int) -> None:
     first = stored(cp, "a", shared + skeys("a", 4))
     assert first == ((0, 10, 1) if rows == "every-block" else (0, 10, 0))
     assert cp.lookup(shared[:4] + skeys("x", 2)).num_blocks == hit
+
+
+def test_a_newer_turn_keeps_the_rows_of_a_branch_it_supersedes() -> None:
+    cfg = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
+                         store=StoreConfig(memory_capacity_bytes=1 << 20,
+                                           ssd_capacity_bytes=1 << 26,
+                                           session_file_bytes=1 << 24,
+                                           release_windows_at_once=True))
+    cp = ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
+    shared = skeys("sys", 6)
+    stored(cp, "a", shared + skeys("a", 4))
+    b = shared + skeys("b", 5)
+    assert stored(cp, "b", b)[2] == 2
+    plan = cp.prepare_store("b", b + skeys("b2", 4), turn_index=1, context_tokens=0)
+    assert plan is not None
+    cp.complete_store(plan, True)
+    # b's first turn is superseded by its second, but other sessions end at its branch.
+    assert all(not s.layout.released for s in cp.segments())
+    assert cp.lookup(shared + skeys("c", 3)).num_blocks == 6

@@ -150,12 +150,14 @@ def released_rows(session_id: str, prefix: Sequence[HitRun], end: int,
     """What a turn of ``session_id`` ending at request block ``end``, written after the
     runs ``prefix``, releases: each SSD segment of the session that ``prefix`` runs
     through to its end, with its window layers whose rows all lie before ``end - w``
-    and are not released yet (see the module docstring)."""
+    and are not released yet (see the module docstring). A segment written at a branch
+    (``layout``'s ``mark``) keeps its rows: every later prompt sharing the prefix up to
+    the branch ends its hit there."""
     out = []
     for seg, start, count, prefix_start in prefix:
         lay = seg.layout
         if seg.medium is not Medium.SSD or seg.session_id != session_id or \
-                start + count != lay.num_blocks:
+                start + count != lay.num_blocks or lay.mark:
             continue
         seg_end = prefix_start + count
         layers = tuple(layer for layer, w in enumerate(windows)

@@ -25,6 +25,9 @@ Steps (each prints its timing; ``--reuse`` keeps sweeps already in ``--out``):
    routing, KV shared across nodes or not (``report.cluster``);
 9. ``deployments``: the Claude Code trace on one node whose engines share one store
    (``flatcake serve``) against one private store per engine (``report.deployments``);
+10. ``window-rules``: FlatCake with each rule for where a turn keeps its sliding-window
+    rows, and tiered-direct, on the Mooncake and Claude Code traces at 1 req/s
+    (``report.window_rules``);
 
 and writes ``report.md``: speed, the paper's claims (``report.claims``), the mechanism
 counters, and every sweep's tables. ``--quick`` runs fewer rates and sizes (about a
@@ -52,11 +55,12 @@ from flatcake.replay.systems import SYSTEMS
 from flatcake.replay.workload.source import load_workload
 from flatcake.report import cluster as cluster_step
 from flatcake.report import deployments as deployments_step
+from flatcake.report import window_rules as rules_step
 from flatcake.report import windows as windows_step
 from flatcake.report.claims import claims_table
 
 STEPS = ("speed", "claude-code", "sensitivity", "ablation", "llama70b", "mooncake",
-         "builtin", "cluster", "deployments")
+         "builtin", "cluster", "deployments", "window-rules")
 
 CLAUDE_CODE = "../shared/traces/weka-claude-code/weka_claude_code_traces.jsonl.gz"
 MOONCAKE_CONVERSATION = "../shared/traces/mooncake-fast25/conversation_trace.jsonl"
@@ -294,9 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     if "deployments" in steps:
         deployed = deployments_step.run_deployments(cc_wl(), out / "deployments",
                                                     jobs=args.jobs, quick=args.quick)
+    rules = rules_step.load(out / rules_step.NAME)
+    if "window-rules" in steps and (rules is None or not args.reuse):
+        rules = rules_step.run([args.mooncake, args.trace], out / rules_step.NAME, args.jobs)
     _write(out, args, speed, cc, (sens, pools), ablations, llama, mooncake, builtin,
            [*(windows_step.windows_table(cc, ccw) if cc is not None and ccw is not None
               else []),
+            *(rules_step.rules_table(rules) if rules else []),
             *(cluster_step.cluster_table(grid) if grid is not None else []),
             *(deployments_step.deployments_table(deployed) if deployed is not None else [])])
     if args.docs_out:

@@ -1,0 +1,99 @@
+"""The report's window-rule comparison (``store.window_rows``): FlatCake on the ``paper``
+preset (DeepSeek-V4-Flash's per-layer caches) with each rule for where a turn keeps its
+sliding-window rows, beside ``tiered-direct`` (vLLM's every-block rule), on the Mooncake
+conversation trace and the Claude Code trace at 1 req/s: delivered hit rate, mean TTFT
+and the SSD bytes each rule writes of the windowed kinds, against the every-block rule.
+
+    newest turn only   turn ends, older turns' rows released as soon as a newer turn is
+                       durable (``store.release_windows_at_once``)
+    turn ends          every turn's end, superseded rows kept while the SSD has room
+    branches           turn ends and where prompts branch off (the default)
+    every block        rows at every block
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+NAME = "window-rules"
+"""The step's folder in the report's ``--out``."""
+
+RULES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+    ("newest turn only", (("window_rows", "turn-ends"), ("release_windows_at_once", True))),
+    ("turn ends", (("window_rows", "turn-ends"),)),
+    ("branches (default)", (("window_rows", "branches"),)),
+    ("every block", (("window_rows", "every-block"),)),
+)
+RATE = 1.0
+
+
+def _one(task: tuple[str, str, str, tuple[tuple[str, Any], ...]]) -> dict[str, Any]:
+    """Process-pool entry: one replay of ``(trace, system, rule name, store keys)``."""
+    import dataclasses
+
+    from flatcake.config import apply_setting
+    from flatcake.replay.presets import get_preset
+    from flatcake.replay.simulate import run_replay
+    from flatcake.replay.workload.source import load_workload
+
+    trace, system, rule, keys = task
+    preset = get_preset("paper")
+    cfg = preset.flatcake
+    for name, value in keys:
+        cfg = apply_setting(cfg, "store", name, value)
+    preset = dataclasses.replace(preset, flatcake=cfg)
+    m = run_replay(load_workload(trace)[0], system, RATE, preset).to_dict()
+    windowed = {g.kind for g in preset.geometry.layer_groups if g.window_tokens}
+    by_kind = (m.get("extra") or {}).get("ssd_written_bytes_by_kind") or {}
+    return {"trace": Path(trace).name, "system": system, "rule": rule,
+            "hit_rate": m["hit_rate_gpu"], "bound": m["max_hit_rate"],
+            "ttft_mean_s": m["ttft_mean_s"], "ssd_write_bytes": m["ssd_write_bytes"],
+            "window_write_bytes": sum(v for k, v in by_kind.items() if k in windowed)}
+
+
+def run(traces: list[str], out: Path, jobs: int | None,
+        progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Every rule and ``tiered-direct`` on each trace; saved as ``rules.json``."""
+    tasks = [(t, "flatcake", rule, keys) for t in traces for rule, keys in RULES]
+    tasks += [(t, "tiered-direct", "every block", ()) for t in traces]
+    with ProcessPoolExecutor(max_workers=max(1, jobs or 1)) as pool:
+        rows = []
+        for row in pool.map(_one, tasks):
+            progress(f"window rules: {row['trace']} {row['system']} {row['rule']}: "
+                     f"{100 * row['hit_rate']:.2f} %")
+            rows.append(row)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rules.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def load(out: Path) -> list[dict[str, Any]] | None:
+    """The rows a previous run saved, or None."""
+    path = out / "rules.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def rules_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown: per trace, each rule's hit rate, mean TTFT and window bytes written
+    against FlatCake's every-block rule."""
+    out = ["## Where a turn keeps its window rows (`store.window_rows`)", "",
+           f"FlatCake with each rule and tiered-direct, preset `paper`, {RATE:g} req/s. "
+           "Window bytes: SSD bytes written of the sliding-window kinds; x every block: "
+           "against FlatCake's every-block rule on the same trace.", "",
+           "| trace | system | rule | hit % (bound) | mean TTFT s | SSD written TB | "
+           "window TB | x every block |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for trace in dict.fromkeys(r["trace"] for r in rows):
+        mine = [r for r in rows if r["trace"] == trace]
+        every = next((r["window_write_bytes"] for r in mine if r["system"] == "flatcake"
+                      and r["rule"] == "every block"), 0)
+        for r in mine:
+            ratio = f"{r['window_write_bytes'] / every:.3f}" if every else "–"
+            out.append(f"| {trace} | {r['system']} | {r['rule']} | "
+                       f"{100 * r['hit_rate']:.2f} ({100 * r['bound']:.2f}) | "
+                       f"{r['ttft_mean_s']:.3f} | {r['ssd_write_bytes'] / 1e12:.2f} | "
+                       f"{r['window_write_bytes'] / 1e12:.3f} | {ratio} |")
+    return [*out, ""]
