@@ -132,17 +132,24 @@ class EngineKeys:
             engine_hashes = [bytes(h) if isinstance(h, bytearray | memoryview) else h
                              for h in engine_hashes]
             out = [get(h) for h in engine_hashes]
-        if None not in out:
+        try:
+            first = out.index(None)
+        except ValueError:
             return tuple(out)  # type: ignore[arg-type]
-        for i, key in enumerate(out):
-            if key is None:
+        # A chain misses from its first unseen block on: one tight loop over the rest.
+        copy = self._base.copy
+        hashed = 0
+        for i in range(first, len(out)):
+            if out[i] is None:
                 h = engine_hashes[i]
-                if not isinstance(h, bytes | bytearray | memoryview) or not h:
-                    raise ValueError(f"engine_hash must be non-empty bytes, got {h!r}")
-                d = self._base.copy()
+                if h.__class__ is not bytes or not h:
+                    if not isinstance(h, bytes | bytearray | memoryview) or not h:
+                        raise ValueError(f"engine_hash must be non-empty bytes, got {h!r}")
+                d = copy()
                 d.update(h)
                 out[i] = memo[h] = d.digest()
-                self.num_hashed += 1
+                hashed += 1
+        self.num_hashed += hashed
         over = len(memo) - self._capacity
         if over > 0:
             for old in list(itertools.islice(memo, over)):
