@@ -135,6 +135,7 @@ class Driver:
                                             for t in step.loads))
             self._timed("admission", side.on_report, done)
             self._timed("admission", side.take_released, [req.request_id])
+            self._timed("admission", side.take_events)
         plan = self._timed("store", lambda: side.prompt_computed(self._view(req), ids))
         if plan is not None:
             step = self._timed("store", side.build_step)
@@ -142,6 +143,7 @@ class Driver:
                                                        True) for t in step.stores))
             self._timed("store", side.on_report, done)
             self._timed("store", side.take_released, [])
+            self._timed("store", side.take_events)  # vLLM takes them every step
         self._timed("finish", lambda: side.request_finished(self._view(req)))
         self.keys.forget(req.request_id)
 
