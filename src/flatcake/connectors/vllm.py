@@ -208,11 +208,11 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         root = Path(self.settings.config.store.root).absolute()
         self.scheduler_side: SchedulerSide | RemoteSchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
-        # Keys of twice the blocks the engine's cache holds are remembered: a prompt it
-        # serves from its prefix cache hashes nothing.
+        # Keys of twice the blocks the engine's cache holds are remembered (at most 128 Ki,
+        # about 25 MiB): a prompt it serves from its prefix cache hashes nothing.
         self._keys = RequestKeys(self.geometry.name, self.settings.tenant_salt,
                                  self._hashes_per_block,
-                                 max(1 << 12, 2 * int(kv_cache_config.num_blocks)))
+                                 min(max(1 << 12, 2 * int(kv_cache_config.num_blocks)), 1 << 17))
         # requests looked up whose prompt is not computed yet (scheduler side)
         self._awaiting_prompt: dict[str, Request] = {}
         events = vllm_config.kv_events_config
