@@ -14,7 +14,10 @@ install --no-deps --target DIR lmcache`` (its imports beyond vLLM's are optional
 ``--disable-observability``). Repeat ``r`` runs them in order when r is even, reversed
 when odd (none, flatcake, flatcake, none, ...), each on a fresh server; on each server
 every working set gets one loadgen run: its ``--warmup`` pass (one visit of each prompt,
-not measured), then ``--duration`` measured seconds; with ``--trace``, one more run
+not measured), then ``--duration`` measured seconds (closed loop at ``--concurrency``, or
+with ``--rate`` open-loop Poisson arrivals that never fall into lockstep with the engine's
+steps; ``--api chat`` sends chat completions, one user message per prompt, as a chat
+client does); with ``--trace``, one more run
 replays a trace's sessions (``flatcake loadgen --trace``, scaled to the server's
 context) for ``--trace-duration`` seconds. With ``--interleave``, each configuration's
 server starts once and stays up; each repeat runs every working set on each server in
@@ -91,9 +94,13 @@ PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
 torch.manual_seed(0)
 LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=inter,
     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-    max_position_embeddings=8192, bos_token_id=1, eos_token_id=2,
+    max_position_embeddings=16384, bos_token_id=1, eos_token_id=2,
     tie_word_embeddings=False)).save_pretrained(out)
 """
+
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+"""``--api chat`` on the random model: a message's words are its tokens (``chat_body``)."""
 
 
 def free_port() -> int:
@@ -165,6 +172,10 @@ class Server:
                "--max-model-len", str(args.max_model_len), "--block-size", str(BLOCK),
                "--num-gpu-blocks-override", str(args.vllm_blocks), "--enforce-eager",
                "--enable-prompt-tokens-details", "--shutdown-timeout", "30"]
+        if args.api == "chat":  # the random model has no chat template: its words alone
+            template = log.parent / "chat-template.jinja"
+            template.write_text(CHAT_TEMPLATE)
+            cmd += ["--chat-template", str(template)]
         if config == "flatcake":
             cmd += ["--kv-transfer-config", json.dumps({
                 "kv_connector": "FlatCakeConnector", "kv_role": "kv_both",
@@ -286,7 +297,9 @@ def loadgen(args: argparse.Namespace, url: str, ws: int | None, seed: int, out: 
     cmd = [sys.executable, "-m", "flatcake.cli", "loadgen", url, *workload,
            "--max-tokens", str(args.max_tokens), "--vocab-size", "512",
            "--concurrency", str(args.concurrency), "--seed", str(seed), "--timeout", "300",
-           "--json", "--no-plots", "--out", str(out)]
+           "--api", args.api, "--json", "--no-plots", "--out", str(out)]
+    if args.rate is not None:
+        cmd += ["--rate", str(args.rate)]
     if args.session_ids:
         cmd.append("--session-ids")
     done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=1200)
@@ -417,7 +430,15 @@ def parse() -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=2,
+                   help="closed loop: requests in flight (default 2); with --rate: the most "
+                        "in flight")
+    p.add_argument("--rate", type=float, default=None,
+                   help="open loop: Poisson arrivals of this many requests/s (they never "
+                        "fall into lockstep with the engine's steps; default: closed loop)")
+    p.add_argument("--api", default="completions", choices=("completions", "chat"),
+                   help="what loadgen sends: token-id completions (default) or chat "
+                        "completions, one user message per prompt")
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--interleave", action="store_true",

@@ -12,11 +12,15 @@
 
 This file is loaded before any test module, so the profile is in place when the test
 modules build their ``settings(...)`` objects (which inherit the profile's values).
+
+At the end of a run, one line says how many cluster tests skipped for want of
+``redis-server`` (or its client) and how to install it, as ``.ci/run`` does.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import settings
@@ -49,3 +53,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         else:
             test._hypothesis_internal_use_settings = _capped(  # type: ignore[union-attr]
                 test._hypothesis_internal_use_settings)  # type: ignore[union-attr]
+
+
+def redis_skip_line(skipped: Iterable[pytest.TestReport], why: str | None) -> str | None:
+    """``N cluster tests skipped: <why>`` when ``why`` (``redis_available``'s reason)
+    is the reason of some of ``skipped``; None otherwise."""
+    if not why:
+        return None
+    n = sum(1 for r in skipped if isinstance(r.longrepr, tuple) and why in str(r.longrepr[-1]))
+    return f"{n} cluster test{'s' * (n != 1)} skipped: {why}" if n else None
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from flatcake.cluster import redis_available
+
+    line = redis_skip_line(terminalreporter.stats.get("skipped", []), redis_available())
+    if line:
+        terminalreporter.write_line(line, yellow=True, bold=True)

@@ -32,8 +32,9 @@ TRANSPORTS = {"redis": ("flatcake.cluster",), "nixl": ("flatcake.cio.remote",)}
 ENGINES = ("vllm", "sglang")
 PRIVATE = ("flatcake.cli", "flatcake.connectors")  # only from inside themselves, but:
 # the node service hosts the connectors' engine-neutral scheduler halves, one per engine;
-# the bench times their calls (``flatcake bench --node``).
-ALSO_FROM = {"flatcake.connectors": ("flatcake.service", "flatcake.bench.node")}
+# the bench times their calls (``flatcake bench --node``, ``--connector``).
+ALSO_FROM = {"flatcake.connectors": ("flatcake.service", "flatcake.bench.node",
+                                     "flatcake.bench.connector")}
 
 
 def _module_name(path: Path) -> str:

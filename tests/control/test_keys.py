@@ -149,3 +149,44 @@ def test_request_salt_is_a_second_tenant_field() -> None:
     for bad_ns, bad_hash in ((b"short", h), (a, b""), (a, "hex")):
         with pytest.raises(ValueError):
             engine_block_key(bad_ns, bad_hash)  # type: ignore[arg-type]
+
+
+def test_engine_keys_remember_what_they_hashed() -> None:
+    from flatcake.control.keys import EngineKeys, engine_block_key
+
+    ns = namespace_key("llama", "deploy")
+    hashes = [bytes([i]) * 32 for i in range(64)]
+    keys = EngineKeys(ns, capacity=100)
+    first = keys.keys(hashes)
+    assert first == tuple(engine_block_key(ns, h) for h in hashes)  # the same keys
+    assert keys.num_hashed == 64
+    # The same prefix again (a request the engine's prefix cache serves): no digest.
+    assert keys.keys(hashes) == first and keys.num_hashed == 64
+    # A longer prompt over it: only its new blocks are hashed.
+    more = hashes + [bytes([200 + i]) * 32 for i in range(8)]
+    assert keys.keys(more)[64:] == tuple(engine_block_key(ns, h) for h in more[64:])
+    assert keys.num_hashed == 72
+    assert keys.keys([bytearray(hashes[0])]) == first[:1] and keys.num_hashed == 72
+
+
+def test_engine_keys_forget_the_oldest_past_capacity() -> None:
+    from flatcake.control.keys import EngineKeys
+
+    keys = EngineKeys(namespace_key("llama"), capacity=10)
+    hashes = [bytes([i]) * 32 for i in range(25)]
+    keys.keys(hashes)
+    assert len(keys) == 10 and keys.num_hashed == 25
+    keys.keys(hashes[-10:])  # the newest are still remembered
+    assert keys.num_hashed == 25
+    keys.keys(hashes[:1])  # the oldest went: hashed again
+    assert keys.num_hashed == 26
+
+
+@pytest.mark.parametrize("bad", [b"", "hex", 7])
+def test_engine_keys_refuse_what_is_not_a_hash(bad: object) -> None:
+    from flatcake.control.keys import EngineKeys
+
+    with pytest.raises(ValueError, match="engine_hash must be non-empty bytes"):
+        EngineKeys(namespace_key("llama")).keys([bytes(32), bad])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="namespace must be 32 bytes"):
+        EngineKeys(b"short")

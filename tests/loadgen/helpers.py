@@ -23,6 +23,8 @@ class FakeServer:
 
     Attributes:
         bodies: every completion request body received, in arrival order.
+        paths: the path each was posted to (``/v1/completions``, ``/v1/chat/completions``;
+            a chat's prompt is read back from its words, ``chat_body``).
         report_cached: include ``prompt_tokens_details`` in the usage chunk.
         status / message: answer every completion with this HTTP error instead.
         stall_s: sleep this long before the first token (a hung server).
@@ -36,6 +38,7 @@ class FakeServer:
         self.report_cached, self.status, self.message = report_cached, status, message
         self.stall_s, self.token_delay_s = stall_s, token_delay_s
         self.bodies: list[dict[str, Any]] = []
+        self.paths: list[str] = []
         self._cache: set[tuple[int, ...]] = set()
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -99,7 +102,11 @@ class FakeServer:
                     self._json(srv.status, {"error": {"message": srv.message,
                                                       "type": "BadRequestError"}})
                     return
-                prompt = body["prompt"]
+                if "messages" in body:  # a chat: one word per token id (``chat_body``)
+                    prompt = [int(w[1:]) for w in body["messages"][-1]["content"].split()]
+                else:
+                    prompt = body["prompt"]
+                srv.paths.append(self.path)
                 if any(t >= srv.vocab for t in prompt):
                     self._json(400, {"error": {"message": "Token id out of vocabulary"}})
                     return
@@ -114,8 +121,14 @@ class FakeServer:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 time.sleep(srv.stall_s)
+                chat = "messages" in body
+                if chat:  # a chat stream names the role first, before any token
+                    self._event({"choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                    "content": ""}}]})
+                    time.sleep(srv.token_delay_s)
                 for k in range(body["max_tokens"]):
-                    self._event({"choices": [{"index": 0, "text": f" w{k}"}]})
+                    self._event({"choices": [{"index": 0, "delta": {"content": f" w{k}"}}]}
+                                if chat else {"choices": [{"index": 0, "text": f" w{k}"}]})
                     time.sleep(srv.token_delay_s)
                 usage: dict[str, Any] = {"prompt_tokens": len(prompt),
                                          "completion_tokens": body["max_tokens"]}

@@ -86,3 +86,23 @@ def test_urls(url: str, root: str) -> None:
 def test_bad_urls(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Endpoint.parse(url)
+
+
+def test_a_chat_client_sends_messages_and_times_its_first_token() -> None:
+    from flatcake.loadgen import chat_body
+
+    with FakeServer(token_delay_s=0.05) as srv:
+        ep = Endpoint.parse(srv.url)
+        prompt = list(range(10, 74))  # 64 tokens, 4 blocks of 16
+        first = send(ep, chat_body("fake", prompt, 2), 10)
+        again = send(ep, chat_body("fake", prompt[:48] + [7] * 16, 2, session_id="a"), 10)
+    assert srv.paths == ["/v1/chat/completions"] * 2
+    body = srv.bodies[0]
+    assert "prompt" not in body
+    assert body["messages"] == [{"role": "user", "content": " ".join(f"w{t}" for t in prompt)}]
+    assert body["stream_options"] == {"include_usage": True} and body["ignore_eos"] is True
+    assert srv.bodies[1]["kv_transfer_params"] == {"session_id": "a"}
+    assert first.ok and first.prompt_tokens == 64 and first.cached_tokens == 0
+    assert again.ok and again.cached_tokens == 48  # the same ids, the same text
+    # The role chunk comes at once; TTFT is the first token's, a token delay later.
+    assert first.ttft_s is not None and first.ttft_s >= 0.05

@@ -185,3 +185,23 @@ def test_a_cache_servers_cpu_is_shown_beside_the_engines():
     rows = tables.table(runs, [4], [], ("none", "lmcache")).splitlines()[2:]
     assert "| 2.0 / 1.0 / 0.5 |" in rows[0]
     assert "| 2.0 / 1.0 / 0.5 + 3.0 |" in rows[1]
+
+
+def test_loadgen_sends_chat_at_poisson_arrivals_when_asked(compare, monkeypatch, tmp_path):
+    sent: list[list[str]] = []
+
+    def fake_run(cmd, **kwargs):
+        sent.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, '{"summary": {"requests": 1}}', "")
+
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["loadgen_compare.py", "--api", "chat", "--rate", "3",
+                                      "--prompt-tokens", "2048"])
+    args = compare.parse()
+    assert compare.loadgen(args, "http://x", 4, 7, tmp_path) == {"requests": 1}
+    cmd = sent[0]
+    assert cmd[cmd.index("--api") + 1] == "chat" and cmd[cmd.index("--rate") + 1] == "3.0"
+    assert cmd[cmd.index("--prompt-tokens") + 1] == "2048"
+    monkeypatch.setattr(sys, "argv", ["loadgen_compare.py"])
+    compare.loadgen(compare.parse(), "http://x", 4, 7, tmp_path)
+    assert "--rate" not in sent[1] and sent[1][sent[1].index("--api") + 1] == "completions"

@@ -4,6 +4,7 @@ and the CLI commands work end to end on the built-in workload."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,19 @@ def test_sweep_cli_every_builtin_workload(tmp_path: Path,
     assert (out / "verdict.txt").read_text().count("max hit rate") == 3
     assert main(["sweep", "--workload", "agent,nope", "--out", str(tmp_path / "x")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_sweep_without_the_plot_extra_writes_its_tables_and_says_how(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--workload", "agent", "--sessions", "3", "--rates", "0.1",
+                 "--systems", "flatcake", "--out", str(out), "--jobs", "1", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "no plots: plots need matplotlib: pip install 'flatcake[plot]'" in text
+    assert "Traceback" not in text and "hit_rate.png" not in text
+    for name in ("sweep.md", "sweep.csv", "sweep.json", "report.html"):
+        assert (out / name).is_file()
+    assert not list(out.glob("*.png"))

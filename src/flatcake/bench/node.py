@@ -126,7 +126,7 @@ def run_node_bench(options: NodeBenchOptions, command: str = "flatcake bench --n
     try:
         settings = ("store.memory_capacity_bytes=0", "placement.memory_copy_watermark=0",
                     f"store.ssd_capacity_bytes={max(1 << 30, 2 * _total_bytes(options))}")
-        with served(work / "root", *settings) as sock:
+        with served(work / "root", *settings) as (sock, _pid):
             _write_sessions(sock, geometry, options)
             restores = _restore_rows(sock, options)
             costs = _call_costs(sock, geometry, options, work / "embedded")
@@ -165,9 +165,9 @@ def _total_bytes(options: NodeBenchOptions) -> int:
 
 
 @contextlib.contextmanager
-def served(root: Path, *settings: str, start_s: float = 60.0) -> Iterator[Path]:
+def served(root: Path, *settings: str, start_s: float = 60.0) -> Iterator[tuple[Path, int]]:
     """``flatcake serve`` on ``root`` in a child process (socket, arena and log beside
-    the root); yields its socket; SIGTERM at the end."""
+    the root); yields its socket and process id; SIGTERM at the end."""
     sock, shm, log = root.parent / "node.sock", root.parent / "shm", root.parent / "serve.log"
     shm.mkdir(exist_ok=True)
     sets = [*settings, f"store.node_arena_dir={shm}"]
@@ -187,7 +187,7 @@ def served(root: Path, *settings: str, start_s: float = 60.0) -> Iterator[Path]:
         if not line.startswith("ready"):
             raise RuntimeError(f"flatcake serve did not start: {line.strip()} "
                                f"{log.read_text()[-2000:]}")
-        yield sock
+        yield sock, proc.pid
     finally:
         proc.terminate()
         try:
@@ -197,7 +197,7 @@ def served(root: Path, *settings: str, start_s: float = 60.0) -> Iterator[Path]:
             proc.wait(timeout=15)
 
 
-def _attached_config(sock: Path) -> FlatCakeConfig:
+def attached_config(sock: Path) -> FlatCakeConfig:
     return load_config(env={}, overrides=[f"store.node=unix:{sock}",
                                           "store.node_timeout_s=30"])
 
@@ -214,7 +214,7 @@ def _session(geometry: KVGeometry, options: NodeBenchOptions, s: int
 def _write_sessions(sock: Path, geometry: KVGeometry, options: NodeBenchOptions) -> None:
     from flatcake.store import FlatCakeStore, TurnSignals
 
-    store = FlatCakeStore.open(sock.parent / "root", geometry, _attached_config(sock))
+    store = FlatCakeStore.open(sock.parent / "root", geometry, attached_config(sock))
     try:
         for s in range(options.sessions):
             keys, kv = _session(geometry, options, s)
@@ -239,7 +239,7 @@ def _restore_client(sock: str, model: str, options: NodeBenchOptions, sessions: 
     geometry = preset(model)
     try:
         store = FlatCakeStore.open(Path(sock).parent / "root", geometry,
-                                   _attached_config(Path(sock)))
+                                   attached_config(Path(sock)))
     except Exception as exc:
         start.abort()
         out.put(f"attach failed: {exc}")
@@ -335,7 +335,7 @@ def _call_costs(sock: Path, geometry: KVGeometry, options: NodeBenchOptions,
         "embedded": SchedulerSide(geometry, ConnectorSettings(load_config(
             env={}, overrides=["store.memory_capacity_bytes=0"])), scratch),
         "node service": RemoteSchedulerSide(geometry,
-                                            ConnectorSettings(_attached_config(sock))),
+                                            ConnectorSettings(attached_config(sock))),
     }
     lookup = f"lookup of {n} blocks"
     got: dict[tuple[str, str], list[tuple[float, float]]] = {}

@@ -23,6 +23,9 @@ no at-scale control-plane check. Explicit flags still win."""
 NODE_QUICK = {"clients": 2, "sessions": 2, "blocks": 4, "rounds": 1, "calls": 20}
 """``--node --quick``: the node rows at a tiny size (CI)."""
 
+CONNECTOR_QUICK = {"blocks": (8,), "requests": 5, "rounds": 1}
+"""``--connector --quick``: the connector's rows at a tiny size (CI)."""
+
 
 DESCRIPTION = ("Restore the same multi-turn session from FlatCake's session files, from "
                "an eviction-order (scattered) tier and from per-chunk files, all with the "
@@ -82,6 +85,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--node: blocks per session (default 64)")
     p.add_argument("--calls", type=int, default=None,
                    help="--node: scheduler-half calls timed per figure (default 300)")
+    p.add_argument("--connector", action="store_true",
+                   help="instead of the layout comparison, the CPU the connector's "
+                        "scheduler half costs per request and per prompt block (lookup, "
+                        "admission, store) for new, vLLM-held and FlatCake-hit prompts, and "
+                        "an idle step, embedded and through `flatcake serve`")
+    p.add_argument("--prompt-blocks", default=None, metavar="N[,N...]",
+                   help="--connector: prompt sizes in blocks (default 64,256)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="--connector: requests timed per figure (default 200)")
+    p.add_argument("--embedded-only", action="store_false", dest="through_node",
+                   help="--connector: leave out the node service's rows")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when a bar is missed too (default: only when a restore "
                         "differs from the bytes written)")
@@ -134,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         return calibrate(args)
     if args.node:
         return node(args)
+    if args.connector:
+        return connector(args)
     from flatcake.bench.report import dump_json, format_table
     from flatcake.bench.runner import run_bench
 
@@ -177,6 +193,44 @@ def node(args: argparse.Namespace) -> int:
                       format_node_markdown(report), started)
     return exit_status((r.verified for r in report.restores), report.bars,
                        strict=args.strict)
+
+
+def connector(args: argparse.Namespace) -> int:
+    """``--connector``: run the scheduler half's rows, print them; exit 1 only under
+    ``--strict`` when a bar is missed (nothing is restored)."""
+    import json
+
+    from flatcake.bench.connector import (
+        ConnectorBenchOptions,
+        format_connector_markdown,
+        format_connector_table,
+        run_connector_bench,
+    )
+
+    values: dict[str, object] = dict(CONNECTOR_QUICK) if args.quick else {}
+    if args.prompt_blocks is not None:
+        try:
+            values["blocks"] = tuple(int(b) for b in args.prompt_blocks.split(","))
+        except ValueError:
+            raise ValueError(f"--prompt-blocks must be ints separated by commas, got "
+                             f"{args.prompt_blocks!r}") from None
+    for name in ("model", "requests", "rounds", "seed"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    options = ConnectorBenchOptions(directory=args.dir, node=args.through_node,
+                                    **values)  # type: ignore[arg-type]
+    parts = ["flatcake", "bench", "--connector", "--dir", options.directory, "--model",
+             options.model, "--prompt-blocks", ",".join(map(str, options.blocks)),
+             "--requests", str(options.requests), "--rounds", str(options.rounds),
+             "--seed", str(options.seed), *([] if options.node else ["--embedded-only"])]
+    started = docsout.start()
+    report = run_connector_bench(options, command=shlex.join(parts))
+    print(json.dumps(report.to_json(), indent=2) if args.json
+          else format_connector_table(report))
+    if args.docs_out:
+        docsout.write(args.docs_out, [*parts, "--docs-out", args.docs_out],
+                      format_connector_markdown(report), started)
+    return exit_status((), report.bars, strict=args.strict)
 
 
 def calibrate(args: argparse.Namespace) -> int:

@@ -18,10 +18,11 @@ if TYPE_CHECKING:
 
 DESCRIPTION = ("Send a workload (the built-in agent/chat/mixed sessions, a trace file, or "
                "a working set of long prompts) to an OpenAI-compatible server over "
-               "streaming /v1/completions at a rate or a concurrency; write per-request "
-               "JSONL, summary.json and a TTFT plot to --out and print TTFT p50/p95/p99, "
-               "the cached share and req/s. Exit 0 when every request succeeded, 1 when "
-               "some failed, 2 when the server cannot be reached or an option is wrong.")
+               "streaming /v1/completions (or /v1/chat/completions) at a rate or a "
+               "concurrency; write per-request JSONL, summary.json and a TTFT plot to "
+               "--out and print TTFT p50/p95/p99, the cached share and req/s. Exit 0 when "
+               "every request succeeded, 1 when some failed, 2 when the server cannot be "
+               "reached or an option is wrong.")
 DEFAULT_URL = "http://127.0.0.1:8000"
 KINDS = ("agent", "chat", "mixed")
 
@@ -56,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "seed sends prompts a warm server has not seen")
     r = p.add_argument_group("requests and pacing")
     r.add_argument("--model", default=None, help="model name (default: the server's first)")
+    r.add_argument("--api", default="completions", choices=("completions", "chat"),
+                   help="completions: token-id prompts to /v1/completions (default); chat: "
+                        "each prompt as one user message to /v1/chat/completions, a word "
+                        "per token id, as a chat client sends it")
     r.add_argument("--max-tokens", type=int, default=16,
                    help="output tokens per request (default 16)")
     r.add_argument("--max-model-len", type=int, default=None,
@@ -137,7 +142,14 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flatcake import progress
-    from flatcake.loadgen import Endpoint, Pacing, completion_body, probe, stream_completion
+    from flatcake.loadgen import (
+        Endpoint,
+        Pacing,
+        chat_body,
+        completion_body,
+        probe,
+        stream_completion,
+    )
     from flatcake.loadgen import driver as drive
     from flatcake.loadgen.output import (
         WARMUP_FILE,
@@ -172,10 +184,12 @@ def run(args: argparse.Namespace) -> int:
     say(f"workload: {workload.description}")
     say(f"pacing: {mode}, until {bounds}")
 
+    make_body = chat_body if args.api == "chat" else completion_body
+
     def send(job: drive.Job, prompt: list[int]) -> Reply:
-        body = completion_body(model, prompt, job.turn.max_tokens,
-                               session_id=job.session_id if args.session_ids else None,
-                               ignore_eos=not args.no_ignore_eos)
+        body = make_body(model, prompt, job.turn.max_tokens,
+                         session_id=job.session_id if args.session_ids else None,
+                         ignore_eos=not args.no_ignore_eos)
         return stream_completion(endpoint, body, args.timeout)
 
     out = Path(args.out)
@@ -210,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             "max_model_len": max_len, "workload": workload.description,
             "workload_meta": workload.meta, "block_tokens": workload.block_tokens,
             "num_cut": workload.num_cut, "pacing": mode, "bounds": bounds,
-            "max_tokens": args.max_tokens, "session_ids": args.session_ids,
+            "max_tokens": args.max_tokens, "session_ids": args.session_ids, "api": args.api,
             "warmup_requests": warmup,
             "seed": args.seed, "interrupted": result.interrupted, "aborted": result.aborted}
     write_summary(out, summary, meta)

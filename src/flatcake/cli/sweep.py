@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace, preset: ReplayPreset, rates: list[float],
              systems: list[str], kind: str | None, out: Path, verdict: bool = True) -> int:
+    from flatcake.replay.plots import PLOTS, matplotlib_missing
     from flatcake.replay.results import verdict as verdict_table
     from flatcake.replay.sweep import run_sweep
     from flatcake.replay.workload.source import load_workload
@@ -121,9 +122,12 @@ def _run_one(args: argparse.Namespace, preset: ReplayPreset, rates: list[float],
     print(f"{len(result.runs)} runs on {result.meta['jobs']} processes: sweep "
           f"{result.meta['wall_s']:.1f} s, slowest run {result.meta['run_wall_s_max']:.1f} s "
           f"({result.meta['run_cpu_s_max']:.1f} s CPU), total {total:.1f} s")
+    missing = None if args.no_plots else matplotlib_missing()
     print(f"wrote {out}/report.html (open it in a browser), sweep.md, sweep.csv, "
-          f"sweep.json" + ("" if args.no_plots else ", hit_rate.png, ttft.png, prefetch.png, "
-                                                    "read_amplification.png"))
+          f"sweep.json" + ("" if args.no_plots or missing else
+                           ", " + ", ".join(name for name, _ in PLOTS)))
+    if missing:
+        print(f"no plots: {missing}")
     if verdict:
         print()
         print(verdict_table(result))

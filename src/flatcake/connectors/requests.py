@@ -1,15 +1,17 @@
-"""The scheduler half's per-request books, block events and counters (engine-neutral,
-no torch)."""
+"""The scheduler half's per-request books, the keys of an engine's requests, block
+events and counters (engine-neutral, no torch)."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from flatcake.control import StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import EMPTY_HIT, PrefixHit
+from flatcake.control.keys import EngineKeys, namespace_key
 from flatcake.control.signals import TurnInfo
 from flatcake.plan.remote import RemoteRun
 from flatcake.plan.requests import by_medium
@@ -37,6 +39,76 @@ class RequestView:
     num_output_tokens: int = 0
     num_computed_tokens: int = 0
     session_param: object = None
+
+
+class HashedRequest(Protocol):
+    """What ``RequestKeys`` reads off an engine request (vLLM's ``Request``)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def block_hashes(self) -> Sequence[bytes]: ...
+    @property
+    def cache_salt(self) -> str | None: ...
+
+
+class RequestKeys:
+    """FlatCake keys of the requests' full blocks: the engine block hash ending each
+    block, in the namespace of (model, tenant_salt, cache_salt) (``control.keys``).
+
+    Converted incrementally as a request grows (a request's keys are never converted
+    twice), and each namespace's ``EngineKeys`` remembers the keys of
+    ``capacity`` recent engine hashes, so a prompt the engine has seen before (one its
+    prefix cache serves) hashes nothing. ``hashes_per_block``: engine hash blocks per
+    FlatCake block. One thread (the engine's scheduler)."""
+
+    MAX_NAMESPACES = 64  # cache_salts remembered; past it the least recent goes
+
+    def __init__(self, model: str, tenant_salt: str, hashes_per_block: int,
+                 capacity: int = 1 << 16) -> None:
+        self._model = model
+        self._tenant_salt = tenant_salt
+        self._step = hashes_per_block
+        self._capacity = capacity
+        self._spaces: OrderedDict[str | None, EngineKeys] = OrderedDict()
+        # request -> (its namespace's keys, engine hashes converted, keys)
+        self._keys: dict[str, tuple[EngineKeys, int, tuple[bytes, ...]]] = {}
+
+    @property
+    def num_hashed(self) -> int:
+        """Digests computed since start, over every namespace still remembered."""
+        return sum(space.num_hashed for space in self._spaces.values())
+
+    def _space(self, cache_salt: str | None) -> EngineKeys:
+        space = self._spaces.get(cache_salt)
+        if space is None:
+            ns = namespace_key(self._model, self._tenant_salt, cache_salt)
+            space = self._spaces[cache_salt] = EngineKeys(ns, self._capacity)
+            if len(self._spaces) > self.MAX_NAMESPACES:
+                self._spaces.popitem(last=False)
+        else:
+            self._spaces.move_to_end(cache_salt)
+        return space
+
+    def keys(self, request: HashedRequest) -> tuple[bytes, ...]:
+        """The keys of ``request``'s full blocks so far."""
+        hashes = request.block_hashes
+        entry = self._keys.get(request.request_id)
+        if entry is not None and entry[1] >= len(hashes):
+            return entry[2]  # nothing new: no work, however long the prompt
+        step = self._step
+        space, done, keys = entry if entry is not None else (
+            self._space(request.cache_salt), 0, ())
+        keys = keys + space.keys(hashes[done + step - 1::step])
+        self._keys[request.request_id] = (space, len(hashes) - len(hashes) % step, keys)
+        return keys
+
+    def engine_hash(self, request: HashedRequest, block: int) -> bytes:
+        """The engine's hash ending FlatCake block ``block`` of ``request``."""
+        return bytes(request.block_hashes[(block + 1) * self._step - 1])
+
+    def forget(self, request_id: str) -> None:
+        self._keys.pop(request_id, None)
 
 
 @dataclass(slots=True)

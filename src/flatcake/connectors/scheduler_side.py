@@ -308,19 +308,21 @@ class SchedulerSide:
     def build_step(self, preempted: Sequence[str] = ()) -> StepPlan:
         """``build_connector_meta``: this step's loads, stores and file drops;
         ``preempted``: requests the engine preempted in this step."""
-        before = self.control.restore_stats(self.queue).num_slot_waits
-        started = self.control.next_restores(self.queue)
-        self._stats["staging_slot_waits"] += (self.control.restore_stats(self.queue).num_slot_waits
-                                              - before)
-        self._stats["restores_started"] += len(started)
-        # Every sync load runs in this step, side by side: in FC-MAS's order (the
-        # all-memory ones first, then small SSD restores before large ones).
-        order = self.control.restore_queue(self.queue).order(
-            [req for _, req in self._sync_loads.values()])
-        sync = [self._sync_loads[str(r.request_id)][0] for r in order]
-        loads = sync + [self._queued_loads.pop(str(r.request_id))
-                                    for r in started]
-        self._sync_loads = {}
+        loads: list[LoadTask] = []
+        if self._sync_loads:
+            # Every sync load runs in this step, side by side: in FC-MAS's order (the
+            # all-memory ones first, then small SSD restores before large ones).
+            order = self.control.restore_queue(self.queue).order(
+                [req for _, req in self._sync_loads.values()])
+            loads = [self._sync_loads[str(r.request_id)][0] for r in order]
+            self._sync_loads = {}
+        if self._queued_loads:  # else this side's FC-MAS queue has nothing to start
+            queue = self.control.restore_queue(self.queue)
+            before = queue.stats.num_slot_waits
+            started = queue.next_restores()
+            self._stats["staging_slot_waits"] += queue.stats.num_slot_waits - before
+            self._stats["restores_started"] += len(started)
+            loads += [self._queued_loads.pop(str(r.request_id)) for r in started]
         stores = self.stores.take_new()
         self._settle_damage()
         drops, self._drops = self._drops, []

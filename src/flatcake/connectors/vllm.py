@@ -118,6 +118,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from flatcake.connectors.group_slots import GroupIds, StepSlots, slots_of
+from flatcake.connectors.requests import RequestKeys
 from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
 from flatcake.connectors.settings import IN_STEP_LINE, ConnectorSettings, parse_extra_config
 from flatcake.connectors.vllm_events import EventBook
@@ -125,7 +126,6 @@ from flatcake.connectors.vllm_glue import (
     FlatCakeMetadata,
     FlatCakeWorkerMetadata,
     KVGroups,
-    RequestKeys,
     engine_geometry,
     flush,
     group_tensors,
@@ -208,8 +208,11 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         root = Path(self.settings.config.store.root).absolute()
         self.scheduler_side: SchedulerSide | RemoteSchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
+        # Keys of twice the blocks the engine's cache holds are remembered (at most 128 Ki,
+        # about 25 MiB): a prompt it serves from its prefix cache hashes nothing.
         self._keys = RequestKeys(self.geometry.name, self.settings.tenant_salt,
-                                 self._hashes_per_block)
+                                 self._hashes_per_block,
+                                 min(max(1 << 12, 2 * int(kv_cache_config.num_blocks)), 1 << 17))
         # requests looked up whose prompt is not computed yet (scheduler side)
         self._awaiting_prompt: dict[str, Request] = {}
         events = vllm_config.kv_events_config

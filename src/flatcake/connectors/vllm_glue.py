@@ -1,7 +1,7 @@
 """vLLM glue of the FlatCake connector (``connectors.vllm``): the step metadata both
-halves exchange, the FlatCake keys of a request's blocks, the engine's KV geometry and
-its KV cache groups, the layer order of its KV caches, whether its tensor-parallel ranks
-hold the same KV, and the optional ``flush`` helper for an in-process offline engine."""
+halves exchange, the engine's KV geometry and its KV cache groups, the layer order of its
+KV caches, whether its tensor-parallel ranks hold the same KV, and the optional ``flush``
+helper for an in-process offline engine."""
 
 from __future__ import annotations
 
@@ -18,14 +18,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from flatcake.connectors.group_slots import EnginePages, StepSlots
-from flatcake.control.keys import engine_block_key, namespace_key
 from flatcake.geometry import DTYPE_BYTES, KVGeometry, LayerGroup
 from flatcake.plan.tasks import StepPlan, WorkerReport
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
-    from vllm.v1.request import Request
 
 
 class FlatCakeMetadata(KVConnectorMetadata):
@@ -47,42 +45,6 @@ class FlatCakeWorkerMetadata(KVConnectorWorkerMetadata):
         if not isinstance(other, FlatCakeWorkerMetadata):
             raise TypeError(f"cannot aggregate FlatCake metadata with {type(other).__name__}")
         return FlatCakeWorkerMetadata(self.report.merged(other.report))
-
-
-class RequestKeys:
-    """FlatCake keys of the requests' full blocks: the engine block hash ending each
-    block, in the namespace of (model, tenant_salt, cache_salt) (``control.keys``);
-    converted incrementally as a request grows. ``hashes_per_block``: engine hash blocks
-    per FlatCake block."""
-
-    def __init__(self, model: str, tenant_salt: str, hashes_per_block: int) -> None:
-        self._model = model
-        self._tenant_salt = tenant_salt
-        self._step = hashes_per_block
-        # request -> (namespace, engine hashes converted, keys)
-        self._keys: dict[str, tuple[bytes, int, tuple[bytes, ...]]] = {}
-
-    def keys(self, request: Request) -> tuple[bytes, ...]:
-        """The keys of ``request``'s full blocks so far."""
-        hashes = request.block_hashes
-        step = self._step
-        entry = self._keys.get(request.request_id)
-        if entry is None:
-            entry = (namespace_key(self._model, self._tenant_salt, request.cache_salt), 0, ())
-        ns, done, keys = entry
-        if done < len(hashes):
-            new = tuple(engine_block_key(ns, bytes(h)) for h in hashes[done + step - 1::step])
-            keys = keys + new
-            done = len(hashes) - len(hashes) % step
-        self._keys[request.request_id] = (ns, done, keys)
-        return keys
-
-    def engine_hash(self, request: Request, block: int) -> bytes:
-        """The engine's hash ending FlatCake block ``block`` of ``request``."""
-        return bytes(request.block_hashes[(block + 1) * self._step - 1])
-
-    def forget(self, request_id: str) -> None:
-        self._keys.pop(request_id, None)
 
 
 SERVED_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec",

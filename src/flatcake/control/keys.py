@@ -30,6 +30,7 @@ engine's hash as the key itself (no namespace) for hosts that namespace their ow
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections.abc import Sequence
 
@@ -91,6 +92,69 @@ def engine_block_key(namespace: bytes, engine_hash: bytes) -> BlockKey:
     if not isinstance(engine_hash, bytes | bytearray | memoryview) or not engine_hash:
         raise ValueError(f"engine_hash must be non-empty bytes, got {engine_hash!r}")
     return hashlib.blake2b(bytes(engine_hash), digest_size=KEY_BYTES, key=namespace).digest()
+
+
+
+class EngineKeys:
+    """``engine_block_key`` of one namespace, remembering the keys of recent engine
+    hashes: an engine asks for the same prefix again and again (every request its
+    prefix cache serves; every step a request waits), and a remembered key costs a
+    dict lookup where a digest costs a keyed BLAKE2b.
+
+    ``capacity``: engine hashes remembered; past it the oldest are forgotten first (an
+    engine's hashes name whole prefixes, so a forgotten one is only hashed again).
+    ``num_hashed`` counts the digests computed. One thread (the engine's scheduler)."""
+
+    __slots__ = ("_base", "_capacity", "_memo", "namespace", "num_hashed")
+
+    def __init__(self, namespace: bytes, capacity: int = 1 << 16) -> None:
+        if not isinstance(namespace, bytes) or len(namespace) != KEY_BYTES:
+            raise ValueError(f"namespace must be {KEY_BYTES} bytes, got {namespace!r}")
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        self.namespace = namespace
+        # Keyed BLAKE2b's first compression is over the key: copy that state per digest.
+        self._base = hashlib.blake2b(digest_size=KEY_BYTES, key=namespace)
+        self._capacity = capacity
+        self._memo: dict[bytes, BlockKey] = {}
+        self.num_hashed = 0
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def keys(self, engine_hashes: Sequence[bytes]) -> tuple[BlockKey, ...]:
+        """The keys of ``engine_hashes`` (each as ``engine_block_key`` gives it)."""
+        memo = self._memo
+        get = memo.get
+        try:
+            out = [get(h) for h in engine_hashes]
+        except TypeError:  # bytearray or memoryview hashes: as bytes
+            engine_hashes = [bytes(h) if isinstance(h, bytearray | memoryview) else h
+                             for h in engine_hashes]
+            out = [get(h) for h in engine_hashes]
+        try:
+            first = out.index(None)
+        except ValueError:
+            return tuple(out)  # type: ignore[arg-type]
+        # A chain misses from its first unseen block on: one tight loop over the rest.
+        copy = self._base.copy
+        hashed = 0
+        for i in range(first, len(out)):
+            if out[i] is None:
+                h = engine_hashes[i]
+                if h.__class__ is not bytes or not h:
+                    if not isinstance(h, bytes | bytearray | memoryview) or not h:
+                        raise ValueError(f"engine_hash must be non-empty bytes, got {h!r}")
+                d = copy()
+                d.update(h)
+                out[i] = memo[h] = d.digest()
+                hashed += 1
+        self.num_hashed += hashed
+        over = len(memo) - self._capacity
+        if over > 0:
+            for old in list(itertools.islice(memo, over)):
+                del memo[old]
+        return tuple(out)  # type: ignore[arg-type]
 
 
 def chain_block_keys(

@@ -3,9 +3,10 @@
 A workload (a trace's sessions, the built-in generator's, or a working set) becomes
 token-id prompts whose reuse is exactly the workload's (``prompts``); the driver sends
 them at a rate or a concurrency, each session's turns in order (``driver``), over
-streaming ``/v1/completions`` (``client``); each request's TTFT, latency and the
-server's ``cached_tokens`` go to a JSONL file, and a summary (TTFT percentiles, cached
-share, req/s) to a table, JSON and a plot (``summary``, ``output``)::
+streaming ``/v1/completions`` or ``/v1/chat/completions`` (``client``); each request's
+TTFT, latency and the server's ``cached_tokens`` go to a JSONL file, and a summary (TTFT
+percentiles, cached share, req/s) to a table, JSON and a plot (``summary``,
+``output``)::
 
     from flatcake.loadgen import Endpoint, Pacing, TokenSpace, run, working_set
 """
@@ -15,6 +16,7 @@ from flatcake.loadgen.client import (
     Reply,
     ServerInfo,
     ServerUnreachable,
+    chat_body,
     completion_body,
     probe,
     stream_completion,
@@ -44,6 +46,7 @@ __all__ = [
     "Turn",
     "Workload",
     "builtin_trace",
+    "chat_body",
     "completion_body",
     "fit_block_tokens",
     "percentile",

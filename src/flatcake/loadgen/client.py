@@ -2,7 +2,9 @@
 
 ``probe`` asks ``GET /v1/models`` which model the server serves (and its
 ``max_model_len`` where vLLM reports it); ``stream_completion`` sends one streaming
-``POST /v1/completions`` with a token-id prompt and times it::
+``POST /v1/completions`` with a token-id prompt (``completion_body``), or
+``POST /v1/chat/completions`` with the prompt as one user message (``chat_body``: what a
+chat client sends), and times it::
 
     sent ──► first streamed token (TTFT) ──► ... ──► usage chunk, [DONE] (end-to-end)
 
@@ -164,14 +166,30 @@ def completion_body(model: str, prompt: list[int], max_tokens: int, *,
     return body
 
 
+def chat_body(model: str, prompt: list[int], max_tokens: int, *,
+              session_id: str | None = None, ignore_eos: bool = True) -> dict[str, Any]:
+    """The JSON body of one streaming chat completion of a token-id prompt: one user
+    message of a word per token id (``w<id>``; the same ids make the same text, so a
+    prompt's reuse is the workload's). The server's tokenizer and chat template decide
+    its token count (the usage chunk reports it): one token per word on the random
+    model of ``scripts/loadgen_compare.py``, more on a real vocabulary."""
+    body = completion_body(model, [], max_tokens, session_id=session_id,
+                           ignore_eos=ignore_eos)
+    del body["prompt"]
+    body["messages"] = [{"role": "user", "content": " ".join(f"w{t}" for t in prompt)}]
+    return body
+
+
 def stream_completion(endpoint: Endpoint, body: dict[str, Any], timeout_s: float) -> Reply:
-    """Send ``body`` to ``/v1/completions`` and read its stream to the end."""
+    """Send ``body`` to ``/v1/completions`` (``/v1/chat/completions`` when it holds
+    ``messages``) and read its stream to the end."""
     start = time.perf_counter()
     deadline = start + timeout_s
     data = json.dumps(body, separators=(",", ":")).encode()
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     conn = endpoint.connect(timeout_s)
     try:
-        conn.request("POST", "/v1/completions", body=data, headers=endpoint.headers())
+        conn.request("POST", path, body=data, headers=endpoint.headers())
         resp = conn.getresponse()
         if resp.status != 200:
             return Reply(status=resp.status, e2e_s=time.perf_counter() - start,
@@ -211,7 +229,7 @@ def _read_stream(resp: http.client.HTTPResponse, start: float, deadline: float) 
         if "error" in chunk:
             return Reply(status=200, ttft_s=ttft, e2e_s=now - start,
                          error=_error_message(200, payload).replace("HTTP 200", "stream"))
-        if chunk.get("choices") and ttft is None:
+        if ttft is None and _has_token(chunk):
             ttft = now - start
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"]
@@ -225,6 +243,17 @@ def _read_stream(resp: http.client.HTTPResponse, start: float, deadline: float) 
     return Reply(status=200, ttft_s=ttft, e2e_s=end,
                  prompt_tokens=_int(usage.get("prompt_tokens")),
                  cached_tokens=_int(cached), completion_tokens=_int(usage.get("completion_tokens")))
+
+
+def _has_token(chunk: dict[str, Any]) -> bool:
+    """A chunk that streams output: a completion's, or a chat delta beyond the first
+    one naming only the role."""
+    choices = chunk.get("choices")
+    if not choices or not isinstance(choices[0], dict):
+        return False
+    delta = choices[0].get("delta")
+    return not isinstance(delta, dict) or bool(delta.get("content")) or (
+        "role" not in delta and delta.get("content") is not None)
 
 
 def _int(value: object) -> int | None:

@@ -1,4 +1,5 @@
-"""Sweep plots (matplotlib, imported lazily): hit rate vs load with the infinite-cache
+"""Sweep plots (matplotlib, imported lazily; without it, none: ``PLOT_EXTRA`` says how
+to get it): hit rate vs load with the infinite-cache
 line, TTFT mean and P99 vs load, SSD prefetch time vs load, read amplification.
 
 Made to be read at a glance, without knowing the data:
@@ -35,6 +36,18 @@ PLOTS: tuple[tuple[str, tuple[tuple[str, str, float], ...]], ...] = (
 )
 """File name and panels (metric, axis label, scale) of every figure ``write_plots``
 draws, in order."""
+
+PLOT_EXTRA = "plots need matplotlib: pip install 'flatcake[plot]'"
+
+
+def matplotlib_missing() -> str | None:
+    """``PLOT_EXTRA`` when matplotlib cannot be imported (the ``plot`` extra is not
+    installed), else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return PLOT_EXTRA
+    return None
 
 
 def series(result: SweepResult, system: str, key: str, scale: float = 1.0
@@ -136,7 +149,10 @@ def figure(result: SweepResult, panels: tuple[tuple[str, str, float], ...]) -> A
 
 
 def write_plots(result: SweepResult, out: str | Path) -> list[Path]:
-    """Write the figures of ``PLOTS`` into ``out``; returns their paths."""
+    """Write the figures of ``PLOTS`` into ``out``; returns their paths (none without
+    matplotlib: ``matplotlib_missing``)."""
+    if matplotlib_missing():
+        return []
     import matplotlib.pyplot as plt
 
     paths: list[Path] = []
