@@ -32,6 +32,7 @@ from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.stores import Stores
 from flatcake.control.types import ControlStats, LoadPlan
+from flatcake.control.wear import Wear
 from flatcake.geometry import KVGeometry
 from flatcake.readplan import ReadPlanner
 
@@ -65,6 +66,7 @@ class Books:
     _damage: Damage
     _reclaimer: Reclaimer
     _releases: Releases | None
+    _wear: Wear
 
     # -- what it was built with ------------------------------------------------------
 
@@ -292,4 +294,8 @@ class Books:
             memory_copies_dropped=spare.num_dropped,
             window_bytes_released=self._releases.released_bytes
             if self._releases is not None else 0,
+            ssd_written_bytes=self._wear.written_bytes,
+            ssd_read_bytes=self._wear.read_bytes,
+            ssd_dropped_unread_bytes=self._wear.dropped_unread_bytes,
+            ssd_unread_bytes=self._wear.unread_bytes,
         )

@@ -37,6 +37,11 @@ _PIVOTS: tuple[tuple[str, str, float, str], ...] = (
      "{:.2f}"),
     ("prefetch_cancellations", "Prefetches cancelled (recomputed)", 1.0, "{:.0f}"),
     ("throughput_req_s", "Throughput (req/s, steady window)", 1.0, "{:.3f}"),
+    ("ssd_write_bytes", "SSD written (GB)", 1e-9, "{:,.1f}"),
+    ("ssd_read_bytes", "SSD read back (GB)", 1e-9, "{:,.1f}"),
+    ("ssd_never_read_bytes", "SSD written and never read (GB)", 1e-9, "{:,.1f}"),
+    ("drive_writes_per_day", "Drive-writes per day (the drive in `drive_bytes`)", 1.0,
+     "{:.2f}"),
 )
 
 
@@ -69,7 +74,7 @@ def markdown(result: SweepResult) -> str:
             row = [f"{rate:g}"]
             for s in systems:
                 r = cell.get((s, rate))
-                row.append(_fmt(r[key] if r else None, pattern, scale))
+                row.append(_fmt(r.get(key) if r else None, pattern, scale))
             if key == "hit_rate_gpu":
                 any_run = next((cell[(s, rate)] for s in systems if (s, rate) in cell), None)
                 row.append(_fmt(any_run["max_hit_rate"] if any_run else None, pattern, scale))
