@@ -18,9 +18,29 @@ Single-threaded, like every verb.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit, Segment
+
+
+class WearCounts(NamedTuple):
+    """The four figures now (bytes; see the module docstring)."""
+
+    written_bytes: int
+    read_bytes: int
+    dropped_unread_bytes: int
+    unread_bytes: int
+
+
+def wear_increments(before: WearCounts, now: WearCounts) -> dict[str, int]:
+    """The three counters' growth from ``before`` to ``now``, as
+    ``ssd_written_bytes`` / ``ssd_read_bytes`` / ``ssd_dropped_unread_bytes`` (a metrics
+    interval's counters; the live unread bytes are a level, not counted)."""
+    return {"ssd_written_bytes": now.written_bytes - before.written_bytes,
+            "ssd_read_bytes": now.read_bytes - before.read_bytes,
+            "ssd_dropped_unread_bytes": now.dropped_unread_bytes
+            - before.dropped_unread_bytes}
 
 
 class Wear:
@@ -31,16 +51,17 @@ class Wear:
         self.written_bytes = 0
         self.read_bytes = 0
         self.dropped_unread_bytes = 0
+        self.unread_bytes = 0  # the sum of ``_unread``
 
-    @property
-    def unread_bytes(self) -> int:
-        """Bytes of live SSD segments no restore has read yet."""
-        return sum(self._unread.values())
+    def counts(self) -> WearCounts:
+        return WearCounts(self.written_bytes, self.read_bytes, self.dropped_unread_bytes,
+                          self.unread_bytes)
 
     def wrote(self, seg: Segment) -> None:
         """``seg`` was published; counted when it is an SSD segment."""
         if seg.medium == Medium.SSD:
             self.written_bytes += seg.total_bytes
+            self.unread_bytes += seg.total_bytes
             self._unread[seg.segment_id] = seg.total_bytes
 
     def read(self, hit: PrefixHit, ssd_bytes: int) -> None:
@@ -51,7 +72,7 @@ class Wear:
         self.read_bytes += ssd_bytes
         for run in hit.runs:
             if run.segment.medium == Medium.SSD:
-                self._unread.pop(run.segment.segment_id, None)
+                self.unread_bytes -= self._unread.pop(run.segment.segment_id, 0)
 
     def dropped(self, segments: Iterable[Segment]) -> None:
         """Reclaim or a cut forgot ``segments``."""
@@ -59,3 +80,4 @@ class Wear:
             unread = self._unread.pop(seg.segment_id, None)
             if unread is not None:
                 self.dropped_unread_bytes += unread
+                self.unread_bytes -= unread
