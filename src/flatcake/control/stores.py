@@ -126,8 +126,8 @@ class Stores:
             # The prompt runs through a turn placed not yet and goes on: written to the
             # SSD with the new blocks when this store goes there (``control.notyet``).
             start = self._not_yet.start(hit.runs)
-            if start is not None and self._goes_to_ssd(
-                    shared_refcount(first) if callable(shared_refcount) else shared_refcount,
+            if start is not None and start < first and self._goes_to_ssd(
+                    shared_refcount(start) if callable(shared_refcount) else shared_refcount,
                     turn_index, context_tokens, prev_reply_tokens):
                 first, new_keys, prefix = start, req[start:], head_runs(hit.runs, start)
         now = self._clock.now()
