@@ -40,7 +40,7 @@ _PIVOTS: tuple[tuple[str, str, float, str], ...] = (
     ("ssd_write_bytes", "SSD written (GB)", 1e-9, "{:,.1f}"),
     ("ssd_read_bytes", "SSD read back (GB)", 1e-9, "{:,.1f}"),
     ("ssd_never_read_bytes", "SSD written and never read (GB)", 1e-9, "{:,.1f}"),
-    ("drive_writes_per_day", "Drive-writes per day (the drive in `drive_bytes`)", 1.0,
+    ("drive_writes_per_day", "Drive-writes per day (`--drive-tb`, default 4 TB)", 1.0,
      "{:.2f}"),
 )
 
@@ -139,7 +139,27 @@ def verdict(result: SweepResult) -> str:
     any_run = next(iter(result.runs), None)
     if any_run is not None:
         lines.append(f"max hit rate (infinite cache): {100 * any_run['max_hit_rate']:.2f} %")
+    lines += _wear_lines(result, cell, hi)
     return "\n".join(lines)
+
+
+def _wear_lines(result: SweepResult, cell: dict[tuple[str, float], dict[str, Any]],
+                rate: float) -> list[str]:
+    """Per system at ``rate``: SSD GB written / read back / never read, drive-writes a
+    day (runs from before these were measured have none)."""
+    runs = [(s, cell[(s, rate)]) for s in result.meta["systems"] if (s, rate) in cell]
+    runs = [(s, r) for s, r in runs if r.get("ssd_write_bytes") is not None]
+    if not runs:
+        return []
+    drive = runs[0][1].get("drive_bytes", 0) / 1e12
+    out = [f"SSD @{rate:g} req/s: written / read back / never read (GB), drive-writes a day "
+           f"on a {drive:g} TB drive"]
+    for s, r in runs:
+        out.append(f"{s:<14} {_fmt(r['ssd_write_bytes'], '{:,.1f}', 1e-9)} / "
+                   f"{_fmt(r.get('ssd_read_bytes'), '{:,.1f}', 1e-9)} / "
+                   f"{_fmt(r.get('ssd_never_read_bytes'), '{:,.1f}', 1e-9)}  "
+                   f"{_fmt(r.get('drive_writes_per_day'), '{:.2f}', 1)}")
+    return out
 
 
 def write_tables(result: SweepResult, out: Path) -> None:
