@@ -88,6 +88,11 @@ class PlacementConfig:
     which cost 0.4 points of hit rate on the Mooncake chat trace against tiered LRU
     demotion. ``flatcake tune`` turns the rule back on where it pays.
 
+    ``not_yet``: a first turn below the agent threshold that no live request shares is
+    homed in host memory and written to the SSD only when its session continues, so a
+    chat that ends after one turn costs no SSD wear (``control.placement``, NOT_YET).
+    ``False`` sends it to the SSD at once (FIRST_TURN), as before.
+
     ``branch_tail_tokens``: a request without a ``session_id`` that shares only part of
     a stored session (the same history with a different question, a retry, a
     sub-agent) is a *branch*; its new blocks append to the session owning the block it
@@ -103,6 +108,7 @@ class PlacementConfig:
     memory_copy_watermark: float = 0.9
     copy_on_restore: bool = False
     branch_tail_tokens: int = 32 * 1024
+    not_yet: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self, "placement")

@@ -162,7 +162,9 @@ def test_stats_reach_prometheus_series() -> None:
     interval = FlatCakeStats(data={"prompt_tokens": 200, "loaded_tokens_ssd": 96,
                                    "loaded_tokens_memory": 32, "placements.first_turn": 1,
                                    "load_error_blocks": 2, "restores_in_flight": 1,
-                                   "staging_slot_waits": 3, "loads_late": 1}
+                                   "staging_slot_waits": 3, "loads_late": 1,
+                                   "ssd_written_bytes": 4096, "ssd_read_bytes": 1024,
+                                   "ssd_dropped_unread_bytes": 512, "ssd_unread_bytes": 7}
                              ).aggregate(worker)
     assert interval.reduce()["delivered_hit_rate"] == pytest.approx(128 / 200)
     prom.observe(interval.data, 0)
@@ -176,7 +178,11 @@ def test_stats_reach_prometheus_series() -> None:
             ("vllm:flatcake_loads_late_total", {}, 1),
             ("vllm:flatcake_restores_in_flight", {}, 1),
             ("vllm:flatcake_delivered_hit_rate", {}, 0.64),
-            ("vllm:flatcake_io_bytes_total", {"kind": "read_ssd"}, 8192)):
+            ("vllm:flatcake_io_bytes_total", {"kind": "read_ssd"}, 8192),
+            ("vllm:flatcake_ssd_written_bytes_total", {}, 4096),
+            ("vllm:flatcake_ssd_read_back_bytes_total", {}, 1024),
+            ("vllm:flatcake_ssd_dropped_unread_bytes_total", {}, 512),
+            ("vllm:flatcake_ssd_unread_bytes", {}, 7)):
         assert reg.get_sample_value(name, labels | extra) == pytest.approx(value), name
     assert "vllm:flatcake_prompt_tokens_total" in generate_latest(reg).decode()
 

@@ -20,10 +20,16 @@ from flatcake.control.placement import (
 CFG = PlacementConfig(agent_context_threshold_tokens=1000, long_reply_threshold_tokens=300,
                       short_reply_threshold_tokens=100)
 
+NOT_YET_CFG = PlacementConfig(agent_context_threshold_tokens=1000,
+                              long_reply_threshold_tokens=300,
+                              short_reply_threshold_tokens=100, not_yet=True)
+
 # The DESIGN.md list, written as data: (rule, condition, medium), in order.
 DESIGN_ORDER: list[tuple[PlacementRule, Callable[[PlacementSignals], bool], Medium]] = [
     (PlacementRule.MEMORY_FULL, lambda s: s.memory_full, Medium.SSD),
     (PlacementRule.SHARED_PREFIX, lambda s: s.shared_refcount > 1, Medium.MEMORY),
+    (PlacementRule.NOT_YET, lambda s: s.turn_index == 0
+     and s.context_tokens <= CFG.agent_context_threshold_tokens, Medium.MEMORY),
     (PlacementRule.FIRST_TURN, lambda s: s.turn_index == 0, Medium.SSD),
     (PlacementRule.AGENT_CONTEXT,
      lambda s: s.context_tokens > CFG.agent_context_threshold_tokens, Medium.SSD),
@@ -48,11 +54,14 @@ GRID = list(itertools.product(
 class TestRuleTable:
     def test_every_grid_point_takes_the_first_matching_rule(self) -> None:
         fired: set[PlacementRule] = set()
-        for mf, ref, turn, ctx, reply in GRID:
-            s = PlacementSignals(mf, ref, turn, ctx, reply)
-            rule, _, medium = next(r for r in DESIGN_ORDER if r[1](s))
-            assert decide_placement(s, CFG) == Placement(medium, rule), s
-            fired.add(rule)
+        for cfg in (CFG, NOT_YET_CFG):
+            order = [r for r in DESIGN_ORDER
+                     if cfg.not_yet or r[0] != PlacementRule.NOT_YET]
+            for mf, ref, turn, ctx, reply in GRID:
+                s = PlacementSignals(mf, ref, turn, ctx, reply)
+                rule, _, medium = next(r for r in order if r[1](s))
+                assert decide_placement(s, cfg) == Placement(medium, rule), s
+                fired.add(rule)
         assert fired == set(PlacementRule)  # the grid reaches every rule
 
     @pytest.mark.parametrize(
@@ -100,10 +109,10 @@ class TestExplain:
 
     def test_every_rule_explained(self) -> None:
         seen = set()
-        for mf, ref, turn, ctx, reply in GRID:
+        for (mf, ref, turn, ctx, reply), cfg in itertools.product(GRID, (CFG, NOT_YET_CFG)):
             s = PlacementSignals(mf, ref, turn, ctx, reply)
-            d = decide_placement(s, CFG)
-            text = explain(s, CFG)
+            d = decide_placement(s, cfg)
+            text = explain(s, cfg)
             assert f"by {d.rule.value}:" in text
             assert text.startswith(d.medium.name.lower())
             seen.add(d.rule)

@@ -49,7 +49,8 @@ def test_replay_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
                 "throughput_req_s", "throughput_tokens_s", "ssd_read_gbps_per_worker",
                 "read_amplification", "read_commands", "prefetch_time_mean_s",
                 "prefetch_time_p99_s", "prefetch_cancellations", "recomputed_tokens",
-                "placements"):
+                "placements", "ssd_write_bytes", "ssd_read_bytes", "ssd_never_read_bytes",
+                "drive_writes_per_day"):
         assert key in d
     assert d["system"] == "tiered"
     assert d["num_requests"] > 0
@@ -70,10 +71,20 @@ def test_sweep_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep"
     assert main(["sweep", "--workload", "agent", "--sessions", "3", "--rates", "0.1",
                  "--systems", "flatcake,flatcake-1q", "--out", str(out), "--jobs", "1",
-                 "--quiet", "--no-plots"]) == 0
-    assert "2 runs" in capsys.readouterr().out
+                 "--quiet", "--no-plots", "--drive-tb", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "2 runs" in text
     data = json.loads((out / "sweep.json").read_text())
     assert {r["system"] for r in data["runs"]} == {"flatcake", "flatcake-1q"}
+    # SSD wear, for the drive asked for: on the terminal, in every run, in the tables.
+    assert "drive-writes a day on a 2 TB drive" in text
+    run = data["runs"][0]
+    assert run["drive_bytes"] == 2 * 10**12 and run["ssd_write_bytes"] > 0
+    assert 0 <= run["ssd_never_read_bytes"] <= run["ssd_write_bytes"]
+    assert run["drive_writes_per_day"] == pytest.approx(
+        run["ssd_write_bytes"] / 2e12 / (run["simulated_s"] / 86400))
+    md = (out / "sweep.md").read_text()
+    assert "SSD written and never read (GB)" in md and "Drive-writes per day" in md
 
 
 def test_sweep_cli_every_builtin_workload(tmp_path: Path,

@@ -7,6 +7,7 @@ one the replay simulator uses by default.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import resource
@@ -84,6 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "agent_context_threshold_tokens; default 16)")
     p.add_argument("--ssd-gbps", type=float, default=DEFAULT_SSD_READ_GBPS,
                    help="SSD read GB/s per worker for restore-time estimates")
+    p.add_argument("--rate", type=float, default=None,
+                   help="req/s for the expected SSD wear (default: the trace's own span)")
+    p.add_argument("--drive-tb", type=float, default=4.0,
+                   help="state drive-writes per day for an SSD of this many TB (default 4)")
     p.add_argument("--plot", metavar="PNG", help="write reuse-distance and session-size plots")
     p.add_argument("--save", metavar="PATH",
                    help="also write the trace in FlatCake's native format (.jsonl[.gz])")
@@ -138,13 +143,22 @@ def run(args: argparse.Namespace) -> int:
         from flatcake.traces.plot import plot_analysis
 
         plot_analysis(analysis, args.plot)
+    from flatcake.traces.wear import expected_wear
+
+    if args.drive_tb <= 0 or (args.rate is not None and args.rate <= 0):
+        raise ValueError(f"--drive-tb and --rate must be > 0, got {args.drive_tb}, "
+                         f"{args.rate}")
+    wear = expected_wear(analysis.stats, geometry, round(args.drive_tb * 1e12), args.rate)
     if args.json:
         out = analysis.stats.to_dict()
         out["recommendation"] = advice.to_dict()
+        out["expected_ssd_wear"] = dataclasses.asdict(wear) if wear is not None else None
         out["skipped_examples"] = list(trace.skipped_examples)
         print(json.dumps(out, indent=1))
     else:
         print(format_report(trace, analysis, advice))
+        if wear is not None:
+            print(f"\nexpected SSD wear ({analysis.stats.model}): {wear.line()}")
         if args.plot:
             print(f"\nplot written to {args.plot}")
         if args.save:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from typing import TYPE_CHECKING
 
+from flatcake.replay.node.metrics import DEFAULT_DRIVE_BYTES
 from flatcake.replay.presets import PRESETS, ReplayPreset
 from flatcake.replay.systems import ALL_SYSTEMS
 from flatcake.replay.workload.source import SESSIONS_BY_KIND
@@ -54,6 +56,9 @@ def add_workload_args(p: argparse.ArgumentParser, kinds_help: str | None = None)
     p.add_argument("--context-tokens", type=int, default=None,
                    help="built-in workload: cap agent contexts at this many tokens "
                         "(compaction), e.g. 16384 or 65536 for the llama70b comparison")
+    p.add_argument("--drive-tb", type=float, default=DEFAULT_DRIVE_BYTES / 1e12,
+                   help="state drive-writes per day for an SSD of this many TB (default "
+                        f"{DEFAULT_DRIVE_BYTES / 1e12:g})")
     p.add_argument("--block-tokens", type=int, default=None,
                    help="built-in workload: tokens per block (default: the preset's)")
 
@@ -73,6 +78,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", action="store_true",
                    help="print the preset's assumptions and exit; with TRACE, --rate or "
                         "--system, print them and run (to stderr with --json)")
+
+
+def drive_bytes(args: argparse.Namespace) -> int:
+    """``--drive-tb`` in bytes (checked)."""
+    if args.drive_tb <= 0:
+        raise ValueError(f"--drive-tb must be > 0, got {args.drive_tb}")
+    return round(args.drive_tb * 1e12)
 
 
 def explain(preset: ReplayPreset) -> str:
@@ -129,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
 
         m = run_cluster(wl, system, rate, preset, spec, seed=args.seed)
     total = time.perf_counter() - start
+    m = dataclasses.replace(m, drive_bytes=drive_bytes(args))
     if args.json:
         d = m.to_dict()
         d["timings"] = {**timings, "replay_s": total}

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from flatcake import progress
-from flatcake.cli.replay import add_workload_args, cluster_spec
+from flatcake.cli.replay import add_workload_args, cluster_spec, drive_bytes
 from flatcake.replay.presets import PRESETS, ReplayPreset
 from flatcake.replay.systems import ALL_SYSTEMS, BUILTIN_SYSTEMS, SYSTEMS
 
@@ -117,7 +117,9 @@ def _run_one(args: argparse.Namespace, preset: ReplayPreset, rates: list[float],
                        jobs=args.jobs,
                        progress=not args.quiet and progress.is_shown(), plots=not args.no_plots,
                        preset_overrides=overrides, cluster=cluster_spec(args),
-                       meta={"load_timings": timings, "context_tokens": args.context_tokens})
+                       meta={"load_timings": timings, "context_tokens": args.context_tokens,
+                             "drive_bytes": drive_bytes(args)},
+                       drive_bytes=drive_bytes(args))
     total = time.perf_counter() - start
     print(f"{len(result.runs)} runs on {result.meta['jobs']} processes: sweep "
           f"{result.meta['wall_s']:.1f} s, slowest run {result.meta['run_wall_s_max']:.1f} s "

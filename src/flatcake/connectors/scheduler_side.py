@@ -72,6 +72,7 @@ from flatcake.control.signals import (
     max_branch_blocks,
 )
 from flatcake.control.types import WindowRelease
+from flatcake.control.wear import wear_increments
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.requests import (
@@ -181,6 +182,7 @@ class SchedulerSide:
             node = NodeParts.embedded(geometry, settings, self.store_dir,
                                       clock if clock is not None else WallClock())
         self.control = node.control
+        self._wear = self.control.ssd_wear()  # take_stats reports the growth since
         self.sessions = node.sessions
         self.refcount = node.refcount
         self.recovered_segments = node.recovered_segments
@@ -560,8 +562,11 @@ class SchedulerSide:
         """Counters since the last call (for the engine's stats interval), plus the
         gauges of now; placements are counted under ``placements.<rule>``."""
         in_flight = self.control.restores_in_flight_in(self.queue)
+        wear, self._wear = self._wear, self.control.ssd_wear()  # the node's, whole
+        self.counters.stats.update(wear_increments(wear, self._wear))
         return self.counters.take({"restores_in_flight": in_flight,
-                                   "restores_waiting": len(self._queued_loads)})
+                                   "restores_waiting": len(self._queued_loads),
+                                   "ssd_unread_bytes": self._wear.unread_bytes})
 
     def totals(self) -> dict[str, int]:
         """Counters since start (what ``take_stats`` handed out plus what it has not)."""

@@ -21,7 +21,7 @@ from flatcake.control.placement import PlacementRule
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-GAUGE_KEYS = ("restores_in_flight", "restores_waiting")
+GAUGE_KEYS = ("restores_in_flight", "restores_waiting", "ssd_unread_bytes")
 MEDIA = ("memory", "ssd", "remote")
 IO_KINDS = ("read_ssd", "copied_memory", "written_ssd", "written_memory", "read_remote")
 
@@ -60,7 +60,8 @@ class FlatCakeStats(KVConnectorStats):
 class FlatCakePromMetrics(KVConnectorPromMetrics):
     """``vllm:flatcake_*`` series on vLLM's ``/metrics``: the delivered hit rate's two
     counters (and the rate itself), tokens loaded per medium, restores in flight and
-    waiting, staging-slot waits, placements by rule, load errors, stores."""
+    waiting, staging-slot waits, placements by rule, load errors, stores, SSD wear
+    (bytes written, read back, dropped unread; unread now)."""
 
     _COUNTERS: ClassVar[dict[str, tuple[str, str]]] = {
         "prompt_tokens": ("vllm:flatcake_prompt_tokens",
@@ -92,6 +93,13 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
         "stores_failed": ("vllm:flatcake_stores_failed", "Turn segments whose write failed."),
         "stores_rejected": ("vllm:flatcake_stores_rejected",
                             "Turns no medium could take (capacity)."),
+        "ssd_written_bytes": ("vllm:flatcake_ssd_written_bytes",
+                              "SSD bytes written (published segments), the node's."),
+        "ssd_read_bytes": ("vllm:flatcake_ssd_read_back_bytes",
+                           "SSD bytes read back by restores, the node's."),
+        "ssd_dropped_unread_bytes": ("vllm:flatcake_ssd_dropped_unread_bytes",
+                                     "SSD bytes written and dropped by reclaim before any "
+                                     "restore read them (wear for nothing), the node's."),
     }
 
     def __init__(self, vllm_config: VllmConfig, metric_types: Any, labelnames: list[str],
@@ -126,6 +134,10 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
             name="vllm:flatcake_restores_waiting",
             documentation="SSD restores waiting in the FC-MAS queue now.",
             labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._unread = self._gauge_cls(
+            name="vllm:flatcake_ssd_unread_bytes",
+            documentation="SSD bytes of live segments no restore has read yet, the node's.",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
         self._hit_rate = self._gauge_cls(
             name="vllm:flatcake_delivered_hit_rate",
             documentation="Prompt tokens delivered to the engine's KV before prefill over "
@@ -144,7 +156,7 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
                 self._placements.labels(*labels, rule.value)
             for kind in IO_KINDS:
                 self._bytes.labels(*labels, kind)
-            for gauge in (self._in_flight, self._waiting, self._hit_rate):
+            for gauge in (self._in_flight, self._waiting, self._unread, self._hit_rate):
                 gauge.labels(*labels).set(0)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
@@ -167,6 +179,8 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
             self._in_flight.labels(*labels).set(data["restores_in_flight"])
         if "restores_waiting" in data:
             self._waiting.labels(*labels).set(data["restores_waiting"])
+        if "ssd_unread_bytes" in data:
+            self._unread.labels(*labels).set(data["ssd_unread_bytes"])
         total = self._totals.setdefault(engine_idx, [0.0, 0.0])
         total[0] += sum(data.get(f"loaded_tokens_{m}", 0) for m in MEDIA)
         total[1] += data.get("prompt_tokens", 0)

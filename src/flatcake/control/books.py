@@ -32,6 +32,7 @@ from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.stores import Stores
 from flatcake.control.types import ControlStats, LoadPlan
+from flatcake.control.wear import Wear, WearCounts
 from flatcake.geometry import KVGeometry
 from flatcake.readplan import ReadPlanner
 
@@ -65,6 +66,7 @@ class Books:
     _damage: Damage
     _reclaimer: Reclaimer
     _releases: Releases | None
+    _wear: Wear
 
     # -- what it was built with ------------------------------------------------------
 
@@ -264,6 +266,7 @@ class Books:
         rc = self._config.reclaim
         recs = self._sessions.values()
         stores, reclaimer, spare = self._stores, self._reclaimer, self._spare
+        wear = self._wear.counts()
         return ControlStats(
             memory_used_bytes=self.arena.used_bytes,
             memory_capacity_bytes=self.arena.capacity_bytes,
@@ -292,4 +295,13 @@ class Books:
             memory_copies_dropped=spare.num_dropped,
             window_bytes_released=self._releases.released_bytes
             if self._releases is not None else 0,
+            ssd_written_bytes=wear.written_bytes,
+            ssd_read_bytes=wear.read_bytes,
+            ssd_dropped_unread_bytes=wear.dropped_unread_bytes,
+            ssd_unread_bytes=wear.unread_bytes,
         )
+
+    def ssd_wear(self) -> WearCounts:
+        """SSD bytes written, read back, dropped unread and live unread so far
+        (``control.wear``); cheap enough for every metrics interval."""
+        return self._wear.counts()

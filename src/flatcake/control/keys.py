@@ -142,9 +142,9 @@ class EngineKeys:
         for i in range(first, len(out)):
             if out[i] is None:
                 h = engine_hashes[i]
-                if h.__class__ is not bytes or not h:
-                    if not isinstance(h, bytes | bytearray | memoryview) or not h:
-                        raise ValueError(f"engine_hash must be non-empty bytes, got {h!r}")
+                if (h.__class__ is not bytes or not h) and \
+                        (not isinstance(h, bytes | bytearray | memoryview) or not h):
+                    raise ValueError(f"engine_hash must be non-empty bytes, got {h!r}")
                 d = copy()
                 d.update(h)
                 out[i] = memo[h] = d.digest()

@@ -5,7 +5,7 @@ unpin and touch it (no I/O)::
                                     live), its ReadPlan, its sessions pinned, its memory
                                     segments counted as read, maybe refills
     complete(request, refilled) ──► refills published or freed, sessions unpinned and
-                                    touched, reads uncounted
+                                    touched, reads uncounted, SSD bytes read counted (wear)
 
 Single-threaded, like every verb.
 """
@@ -23,6 +23,7 @@ from flatcake.control.sessions import SessionTable
 from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.types import LoadPlan
+from flatcake.control.wear import Wear
 from flatcake.control.windows import restore_view
 from flatcake.geometry import KVGeometry
 from flatcake.readplan import ReadPlanner
@@ -45,7 +46,7 @@ class Loads:
                  planner: ReadPlanner | None, index: BlockIndex, ssd: SsdSpace,
                  copies: MemoryCopies, sessions: SessionTable, spare: Spare,
                  early: EarlyCopies, lookup: Callable[[Sequence[bytes]], PrefixHit],
-                 loads: dict[Hashable, LoadPlan]) -> None:
+                 loads: dict[Hashable, LoadPlan], wear: Wear | None = None) -> None:
         self._config = config
         self._geometry = geometry
         self._clock = clock
@@ -58,6 +59,7 @@ class Loads:
         self._early = early
         self._lookup = lookup  # the facade's: the servable prefix
         self._loads = loads
+        self._wear = wear if wear is not None else Wear()
 
     @property
     def loads(self) -> Mapping[Hashable, LoadPlan]:
@@ -115,3 +117,4 @@ class Loads:
             rec.num_pins -= 1
             rec.last_access = now
         self._spare.end_reads(plan.hit)
+        self._wear.read(plan.hit, plan.ssd_bytes)

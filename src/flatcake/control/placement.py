@@ -7,6 +7,9 @@ decides:
     rule             condition                                          medium
     MEMORY_FULL      host memory cannot take the segment                ssd
     SHARED_PREFIX    shared_refcount > 1 (e.g. a system prompt)         memory
+    NOT_YET          turn_index == 0, context_tokens <= agent threshold  memory, then
+                     (``placement.not_yet``: no sign of reuse yet)        ssd when its
+                                                                         session continues
     FIRST_TURN       turn_index == 0                                    ssd
     AGENT_CONTEXT    context_tokens > agent_context_threshold_tokens    ssd
     LONG_REPLY       prev_reply_tokens > long_reply_threshold_tokens    ssd
@@ -15,6 +18,16 @@ decides:
 
 The reply rules only apply when a previous reply exists (``prev_reply_tokens`` is not
 ``None``); a later turn without one falls through to DEFAULT.
+
+NOT_YET is the answer for a turn with no sign of reuse: a chat's first turn, shared by no
+live request, below the agent threshold. Most are never read again (a chat that does not
+continue), so writing them to the SSD wears the drive for nothing. The turn is homed in
+host memory; when its session continues (the session's next store is an SSD write), the
+control plane writes it to the SSD together with the new turn and frees the memory home
+(``control.stores``). A turn whose memory home reclaim dropped before that is written
+with the next turn all the same (its blocks are no longer indexed), and its hit in
+between is a miss, never wrong bytes. When memory cannot take it, MEMORY_FULL sends it
+to the SSD as before.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ class PlacementRule(Enum):
 
     MEMORY_FULL = "memory_full"
     SHARED_PREFIX = "shared_prefix"
+    NOT_YET = "not_yet"
     FIRST_TURN = "first_turn"
     AGENT_CONTEXT = "agent_context"
     LONG_REPLY = "long_reply"
@@ -84,6 +98,7 @@ _SSD = Medium.SSD
 _DECISIONS = {
     PlacementRule.MEMORY_FULL: Placement(_SSD, PlacementRule.MEMORY_FULL),
     PlacementRule.SHARED_PREFIX: Placement(_MEMORY, PlacementRule.SHARED_PREFIX),
+    PlacementRule.NOT_YET: Placement(_MEMORY, PlacementRule.NOT_YET),
     PlacementRule.FIRST_TURN: Placement(_SSD, PlacementRule.FIRST_TURN),
     PlacementRule.AGENT_CONTEXT: Placement(_SSD, PlacementRule.AGENT_CONTEXT),
     PlacementRule.LONG_REPLY: Placement(_SSD, PlacementRule.LONG_REPLY),
@@ -98,9 +113,11 @@ def placement_rule(signals: PlacementSignals, cfg: PlacementConfig) -> Placement
         return PlacementRule.MEMORY_FULL
     if signals.shared_refcount > 1:
         return PlacementRule.SHARED_PREFIX
+    agent = signals.context_tokens > cfg.agent_context_threshold_tokens
     if signals.turn_index == 0:
-        return PlacementRule.FIRST_TURN
-    if signals.context_tokens > cfg.agent_context_threshold_tokens:
+        return PlacementRule.NOT_YET if cfg.not_yet and not agent else \
+            PlacementRule.FIRST_TURN
+    if agent:
         return PlacementRule.AGENT_CONTEXT
     reply = signals.prev_reply_tokens
     if reply is not None:
@@ -126,6 +143,11 @@ def explain(signals: PlacementSignals, cfg: PlacementConfig) -> str:
     why = {
         PlacementRule.MEMORY_FULL: "memory_full=True",
         PlacementRule.SHARED_PREFIX: f"shared_refcount={s.shared_refcount} > 1",
+        PlacementRule.NOT_YET: (
+            f"turn_index=0, context_tokens={s.context_tokens} <= "
+            f"agent_context_threshold_tokens={cfg.agent_context_threshold_tokens} (no sign "
+            "of reuse yet: written to the SSD when the session continues)"
+        ),
         PlacementRule.FIRST_TURN: "turn_index=0 (first turn of the session)",
         PlacementRule.AGENT_CONTEXT: (
             f"context_tokens={s.context_tokens} > agent_context_threshold_tokens="

@@ -77,6 +77,7 @@ from flatcake.control.early import EarlyCopies
 from flatcake.control.index import BlockIndex, PrefixHit, Segment
 from flatcake.control.integrity import check_books
 from flatcake.control.loads import Loads
+from flatcake.control.notyet import NotYet
 from flatcake.control.reclaimer import Reclaimer
 from flatcake.control.recovery import Recovery, ScannedFile
 from flatcake.control.releases import Releases
@@ -87,6 +88,7 @@ from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.stores import Stores
 from flatcake.control.types import LoadPlan, ReclaimAction, StorePlan, WindowRelease
+from flatcake.control.wear import Wear
 from flatcake.control.windows import window_segment_hit, windowed_hit
 from flatcake.geometry import KVGeometry
 from flatcake.layout import ALIGN, SegmentLayout
@@ -135,11 +137,12 @@ class ControlPlane(Books):
         # the Reclaimer drains (take_reclaim_actions).
         actions: list[ReclaimAction] = []
         damage = self._damage = Damage(index, sessions)
+        wear = self._wear = Wear()
         early = EarlyCopies()
         spare = self._spare = Spare(cfg, geometry, node, index, arena, copies, sessions, ids,
                                     actions)
         reclaimer = self._reclaimer = Reclaimer(cfg, index, arena, ssd, copies, sessions,
-                                                spare, damage, actions, pending, loads)
+                                                spare, damage, actions, pending, loads, wear)
         releases = self._releases = Releases(
             index, ssd, sessions, geometry.layer_window_blocks,
             store.release_windows_at_once) \
@@ -147,9 +150,10 @@ class ControlPlane(Books):
             geometry.layer_window_blocks else None
         self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions, ids,
                               spare, early, reclaimer, pending, releases,
-                              lambda keys: self.lookup(keys).num_blocks)
+                              lambda keys: self.lookup(keys).num_blocks, wear,
+                              NotYet(index, arena, sessions))
         self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
-                            early, self.lookup, loads)
+                            early, self.lookup, loads, wear)
         self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)
         # The lookup path runs on every request: its steps bound once.
         self._index_lookup = index.lookup

@@ -32,6 +32,7 @@ from flatcake.control.sessions import SessionRecord, SessionTable
 from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.types import FileCut, LoadPlan, ReclaimAction, StorePlan
+from flatcake.control.wear import Wear
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ class Reclaimer:
     def __init__(self, config: FlatCakeConfig, index: BlockIndex, arena: HostArena,
                  ssd: SsdSpace, copies: MemoryCopies, sessions: SessionTable,
                  spare: Spare, damage: Damage, actions: list[ReclaimAction],
-                 stores: Mapping[int, StorePlan], loads: Mapping[Hashable, LoadPlan]) -> None:
+                 stores: Mapping[int, StorePlan], loads: Mapping[Hashable, LoadPlan],
+                 wear: Wear | None = None) -> None:
         self._config = config
         self._index = index
         self._arena = arena
@@ -63,6 +65,7 @@ class Reclaimer:
         self._actions = actions
         self._stores = stores
         self._loads = loads
+        self._wear = wear if wear is not None else Wear()
         self._reclaimed = {Medium.MEMORY: 0, Medium.SSD: 0}
         self._truncated = 0
 
@@ -162,6 +165,7 @@ class Reclaimer:
         memory.extend(piece for i in ssd_ids if i in rec.copy_ids
                       for piece in self._spare.free(rec, i).pieces)
         ssd = tuple(index.remove_segment(i) for i in ssd_ids)
+        self._wear.dropped(ssd)
         self._damage.forget(rec.session_id, ssd_ids)
         rec.memory_segment_ids = [i for i in rec.memory_segment_ids if i < first_id]
         rec.ssd_segment_ids = [i for i in rec.ssd_segment_ids if i < first_id]

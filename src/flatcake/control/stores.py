@@ -3,9 +3,12 @@ publish them once durable or give the allocation back (no I/O)::
 
     prepare(session, keys, signals) ─► placement (memory or SSD, reclaim first when the
                                        write would cross the medium's high watermark),
-                                       an address, maybe a memory copy; session pinned
+                                       an address, maybe a memory copy; session pinned;
+                                       from a not-yet turn the prompt continues, when
+                                       SSD-bound (``control.notyet``)
     complete_copy(plan) ─────────────► the copy serves lookups early (``control.early``)
-    complete(plan, ok) ──────────────► published (ok) or freed; session unpinned
+    complete(plan, ok) ──────────────► published (ok) or freed; session unpinned;
+                                       not-yet homes it covers freed
 
 Single-threaded, like every verb.
 """
@@ -23,6 +26,7 @@ from flatcake.control.alloc import HostArena
 from flatcake.control.early import EarlyCopies
 from flatcake.control.index import BlockIndex, HitRun, Segment, head_runs
 from flatcake.control.keys import check_keys
+from flatcake.control.notyet import NotYet
 from flatcake.control.placement import PlacementRule, PlacementSignals, decide_placement
 from flatcake.control.reclaimer import Reclaimer
 from flatcake.control.releases import Releases
@@ -30,6 +34,7 @@ from flatcake.control.sessions import SegmentIds, SessionRecord, SessionTable, c
 from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.types import StorePlan
+from flatcake.control.wear import Wear
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.layout import SegmentLayout
@@ -54,7 +59,8 @@ class Stores:
                  sessions: SessionTable, ids: SegmentIds, spare: Spare, early: EarlyCopies,
                  reclaimer: Reclaimer, pending: dict[int, StorePlan],
                  releases: Releases | None = None,
-                 served: Callable[[tuple[bytes, ...]], int] | None = None) -> None:
+                 served: Callable[[tuple[bytes, ...]], int] | None = None,
+                 wear: Wear | None = None, not_yet: NotYet | None = None) -> None:
         self._config = config
         self._geometry = geometry
         self._clock = clock
@@ -73,6 +79,8 @@ class Stores:
         # stored prompt's end holds no window, a window segment is written there.
         self._served = served
         self._window_blocks = max(geometry.layer_window_blocks, default=0)
+        self._wear = wear if wear is not None else Wear()
+        self._not_yet = not_yet if config.placement.not_yet else None
         # SSD stores in flight -> the runs before them (what they release once durable).
         self._prefix: dict[int, tuple[HitRun, ...]] = {}
         self._writing: Counter[bytes] = Counter()
@@ -131,6 +139,16 @@ class Stores:
         if first < hit.num_blocks:
             new_keys = req[first:]
             prefix = head_runs(hit.runs, first)
+        if new_keys and self._not_yet is not None:
+            # The prompt runs through a turn placed not yet and goes on: written to the
+            # SSD with the new blocks when this store goes there (``control.notyet``).
+            start = self._not_yet.start(hit.runs)
+            if start is not None and start < first and self._goes_to_ssd(
+                    shared_refcount(start) if callable(shared_refcount) else shared_refcount,
+                    turn_index, context_tokens, prev_reply_tokens):
+                # A branch's mark stays where the branch is.
+                mark += first - start if rule == "branches" and mark else 0
+                first, new_keys, prefix = start, req[start:], head_runs(hit.runs, start)
         now = self._clock.now()
         rec = self._sessions.get(session_id)
         if not new_keys or all(k in self._writing for k in new_keys):
@@ -155,11 +173,25 @@ class Stores:
             self._sessions.forget_if_empty(rec)
             raise
         self._pending[plan.segment.segment_id] = plan
+        if self._not_yet is not None:
+            if plan.placement.rule == PlacementRule.NOT_YET:
+                self._not_yet.placed(plan.segment)
+            elif plan.medium == Medium.SSD and first < hit.num_blocks:
+                self._not_yet.cover(plan.segment.segment_id,
+                                    [r for r in hit.runs if r.prefix_start >= first])
         if self._releases is not None and plan.medium == Medium.SSD and prefix:
             self._prefix[plan.segment.segment_id] = prefix
         self._writing.update(plan.segment.keys)
         self._rules[plan.placement.rule] += 1
         return plan
+
+    def _goes_to_ssd(self, shared: int, turn_index: int, context_tokens: int,
+                     prev_reply_tokens: int | None) -> bool:
+        """Whether the rule sends a store with these signals to the SSD while memory
+        has room (memory full sends it there too)."""
+        signals = PlacementSignals(False, shared, turn_index, context_tokens,
+                                   prev_reply_tokens)
+        return decide_placement(signals, self._config.placement).medium == Medium.SSD
 
     def _window_missing(self, req: tuple[bytes, ...]) -> bool:
         """Every block of ``req`` is stored, yet a lookup of it is cut back: no window is
@@ -232,7 +264,13 @@ class Stores:
         self._early.file(plan, plan.copy)
 
     def complete(self, plan: StorePlan, ok: bool) -> None:
-        """``ControlPlane.complete_store``."""
+        """``ControlPlane.complete_store``; then the not-yet homes a durable SSD segment
+        covers are freed (their keys pass to it)."""
+        self._finish(plan, ok)
+        if self._not_yet is not None:
+            self._not_yet.settle(plan.segment.segment_id, ok)
+
+    def _finish(self, plan: StorePlan, ok: bool) -> None:
         seg = plan.segment
         if self._pending.get(seg.segment_id) != plan:
             raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
@@ -247,6 +285,7 @@ class Stores:
         early = self._early.settle(plan)
         if ok:
             self._index.publish(seg)
+            self._wear.wrote(seg)
             rec.segment_ids_on(seg.medium).append(seg.segment_id)
             rec.last_access = self._clock.now()
             if plan.copy is not None:

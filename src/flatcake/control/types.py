@@ -197,4 +197,8 @@ class ControlStats:
     memory_copies_made: int = 0
     memory_copies_dropped: int = 0
     window_bytes_released: int = 0
+    ssd_written_bytes: int = 0
+    ssd_read_bytes: int = 0
+    ssd_dropped_unread_bytes: int = 0
+    ssd_unread_bytes: int = 0
 

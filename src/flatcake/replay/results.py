@@ -37,6 +37,11 @@ _PIVOTS: tuple[tuple[str, str, float, str], ...] = (
      "{:.2f}"),
     ("prefetch_cancellations", "Prefetches cancelled (recomputed)", 1.0, "{:.0f}"),
     ("throughput_req_s", "Throughput (req/s, steady window)", 1.0, "{:.3f}"),
+    ("ssd_write_bytes", "SSD written (GB)", 1e-9, "{:,.1f}"),
+    ("ssd_read_bytes", "SSD read back (GB)", 1e-9, "{:,.1f}"),
+    ("ssd_never_read_bytes", "SSD written and never read (GB)", 1e-9, "{:,.1f}"),
+    ("drive_writes_per_day", "Drive-writes per day (`--drive-tb`, default 4 TB)", 1.0,
+     "{:.2f}"),
 )
 
 
@@ -69,7 +74,7 @@ def markdown(result: SweepResult) -> str:
             row = [f"{rate:g}"]
             for s in systems:
                 r = cell.get((s, rate))
-                row.append(_fmt(r[key] if r else None, pattern, scale))
+                row.append(_fmt(r.get(key) if r else None, pattern, scale))
             if key == "hit_rate_gpu":
                 any_run = next((cell[(s, rate)] for s in systems if (s, rate) in cell), None)
                 row.append(_fmt(any_run["max_hit_rate"] if any_run else None, pattern, scale))
@@ -134,7 +139,27 @@ def verdict(result: SweepResult) -> str:
     any_run = next(iter(result.runs), None)
     if any_run is not None:
         lines.append(f"max hit rate (infinite cache): {100 * any_run['max_hit_rate']:.2f} %")
+    lines += _wear_lines(result, cell, hi)
     return "\n".join(lines)
+
+
+def _wear_lines(result: SweepResult, cell: dict[tuple[str, float], dict[str, Any]],
+                rate: float) -> list[str]:
+    """Per system at ``rate``: SSD GB written / read back / never read, drive-writes a
+    day (runs from before these were measured have none)."""
+    runs = [(s, cell[(s, rate)]) for s in result.meta["systems"] if (s, rate) in cell]
+    runs = [(s, r) for s, r in runs if r.get("ssd_write_bytes") is not None]
+    if not runs:
+        return []
+    drive = runs[0][1].get("drive_bytes", 0) / 1e12
+    out = [f"SSD @{rate:g} req/s: written / read back / never read (GB), drive-writes a day "
+           f"on a {drive:g} TB drive"]
+    for s, r in runs:
+        out.append(f"{s:<14} {_fmt(r['ssd_write_bytes'], '{:,.1f}', 1e-9)} / "
+                   f"{_fmt(r.get('ssd_read_bytes'), '{:,.1f}', 1e-9)} / "
+                   f"{_fmt(r.get('ssd_never_read_bytes'), '{:,.1f}', 1e-9)}  "
+                   f"{_fmt(r.get('drive_writes_per_day'), '{:.2f}', 1)}")
+    return out
 
 
 def write_tables(result: SweepResult, out: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -112,8 +113,10 @@ def run_metrics(rec: Recorder, extra: dict[str, Any], workload: Workload, system
                 cpu_s: float) -> RunMetrics:
     """A finished run's ``RunMetrics``: the recorder plus the system's counters."""
     placements = extra.pop("placements", {})
+    never_read = extra.pop("ssd_never_read_bytes", math.nan)
     extra["num_events"] = rec.num_events
     return summarize(rec, system=system, rate_req_s=rate_req_s, preset=preset.name,
                      trace=workload.name, seed=seed, input_tokens=workload.input_tokens,
                      output_tokens=workload.output_tokens, placements=placements,
-                     wall_s=wall_s, cpu_s=cpu_s, extra=extra)
+                     wall_s=wall_s, cpu_s=cpu_s, extra=extra,
+                     ssd_never_read_bytes=never_read)

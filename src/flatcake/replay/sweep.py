@@ -14,12 +14,13 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from flatcake import progress as progress_bars
 from flatcake.replay.cluster import ClusterSpec, run_cluster
+from flatcake.replay.node.metrics import DEFAULT_DRIVE_BYTES
 from flatcake.replay.page import write_html
 from flatcake.replay.plots import write_plots
 from flatcake.replay.presets import get_preset
@@ -41,6 +42,7 @@ class SweepTask:
     seed: int
     preset_overrides: tuple[tuple[str, Any], ...] = ()
     cluster: ClusterSpec | None = None
+    drive_bytes: int = DEFAULT_DRIVE_BYTES
 
 
 def run_task(task: SweepTask) -> dict[str, Any]:
@@ -50,9 +52,10 @@ def run_task(task: SweepTask) -> dict[str, Any]:
     if task.preset_overrides:
         preset = preset.with_node(**dict(task.preset_overrides))
     if task.cluster is not None:
-        return run_cluster(wl, task.system, task.rate_req_s, preset, task.cluster,
-                           task.seed).to_dict()
-    return run_replay(wl, task.system, task.rate_req_s, preset, task.seed).to_dict()
+        m = run_cluster(wl, task.system, task.rate_req_s, preset, task.cluster, task.seed)
+    else:
+        m = run_replay(wl, task.system, task.rate_req_s, preset, task.seed)
+    return replace(m, drive_bytes=task.drive_bytes).to_dict()
 
 
 def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float],
@@ -60,10 +63,12 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
               progress: bool = True, plots: bool = True,
               preset_overrides: tuple[tuple[str, Any], ...] = (),
               meta: dict[str, Any] | None = None,
-              cluster: ClusterSpec | None = None) -> SweepResult:
+              cluster: ClusterSpec | None = None,
+              drive_bytes: int = DEFAULT_DRIVE_BYTES) -> SweepResult:
     """Replay every (system, rate), write ``sweep.{md,csv,json}`` and plots in
     ``out_dir``, and return the results. ``cluster``: replay that cluster instead of
-    one node (``replay.cluster``)."""
+    one node (``replay.cluster``). ``drive_bytes``: the drive ``drive_writes_per_day``
+    is stated for."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wl_path = out / "workload.npz"
@@ -73,8 +78,8 @@ def run_sweep(workload: Workload, systems: Sequence[str], rates: Sequence[float]
         base = base.with_node(**dict(preset_overrides))
     workload = replay_blocks(workload, base)[0]
     workload.save(wl_path)
-    tasks = [SweepTask(str(wl_path), s, float(r), preset, seed, preset_overrides, cluster)
-             for s in systems for r in rates]
+    tasks = [SweepTask(str(wl_path), s, float(r), preset, seed, preset_overrides, cluster,
+                       drive_bytes) for s in systems for r in rates]
     # Slow runs first (FlatCake plans reads, high rates restore more) for better packing.
     tasks.sort(key=lambda t: (not t.system.startswith("flatcake"), -t.rate_req_s))
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))

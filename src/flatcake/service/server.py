@@ -405,6 +405,10 @@ class NodeService(CallLoop):
                        pinned_sessions=st.num_pinned_sessions,
                        stores_in_flight=st.stores_in_flight,
                        loads_in_flight=st.loads_in_flight,
+                       ssd_written_bytes=st.ssd_written_bytes,
+                       ssd_read_bytes=st.ssd_read_bytes,
+                       ssd_dropped_unread_bytes=st.ssd_dropped_unread_bytes,
+                       ssd_unread_bytes=st.ssd_unread_bytes,
                        world_size=self._ranks.world_size,
                        replicated_kv=self._ranks.replicated)
         return out

@@ -40,6 +40,12 @@ Definitions (all over the whole run):
   tokens were recomputed.
 * ``recomputed_tokens``: tokens prefilled although an infinite cache would have held
   them (the cost of every miss below ``max_hit_rate``).
+* ``ssd_write_bytes`` / ``ssd_read_bytes``: bytes written to / read back from the SSD.
+  ``ssd_never_read_bytes`` (FlatCake; ``None`` for a system whose books do not say):
+  bytes of SSD segments no restore read before the run ended or reclaim dropped them
+  (``control.wear``). ``drive_writes_per_day``: the bytes written per day of the run's
+  span over ``drive_bytes`` (``--drive-tb``, default ``DEFAULT_DRIVE_BYTES``): the
+  endurance rating a drive of that size would need at this rate.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ from flatcake.replay.node.occupancy import LevelTracker, level_stats
 
 SATURATION_SLACK = 0.05
 """Delivered more than this fraction below requested counts as saturation."""
+
+DEFAULT_DRIVE_BYTES = 4 * 10**12
+"""The drive ``drive_writes_per_day`` is stated for: a 4 TB data-centre NVMe."""
 
 
 class Recorder:
@@ -96,6 +105,13 @@ class Recorder:
     def ssd_write(self, num_commands: int, num_bytes: int) -> None:
         self.ssd_write_commands += num_commands
         self.ssd_write_bytes += num_bytes
+
+
+def drive_writes_per_day(written_bytes: float, span_s: float, drive_bytes: int) -> float:
+    """``written_bytes`` over ``span_s`` seconds, as whole drives of ``drive_bytes`` a day."""
+    if span_s <= 0 or drive_bytes <= 0:
+        return math.nan
+    return written_bytes / drive_bytes / (span_s / 86400.0)
 
 
 def _pct(a: np.ndarray, q: float) -> float:
@@ -141,9 +157,17 @@ class RunMetrics:
     cpu_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     max_hit_rate_turn_ends: float = math.nan
+    ssd_never_read_bytes: float = math.nan
+    drive_bytes: int = DEFAULT_DRIVE_BYTES
+
+    @property
+    def drive_writes_per_day(self) -> float:
+        """SSD bytes written per day of the run's span, in drives of ``drive_bytes``."""
+        return drive_writes_per_day(self.ssd_write_bytes, self.simulated_s, self.drive_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["drive_writes_per_day"] = self.drive_writes_per_day
         for k, v in list(d.items()):
             if isinstance(v, float) and not math.isfinite(v):
                 d[k] = None
@@ -153,7 +177,8 @@ class RunMetrics:
 def summarize(rec: Recorder, *, system: str, rate_req_s: float, preset: str, trace: str,
               seed: int, input_tokens: np.ndarray, output_tokens: np.ndarray,
               placements: dict[str, int] | None = None, wall_s: float = 0.0,
-              cpu_s: float = 0.0, extra: dict[str, Any] | None = None) -> RunMetrics:
+              cpu_s: float = 0.0, extra: dict[str, Any] | None = None,
+              ssd_never_read_bytes: float = math.nan) -> RunMetrics:
     """Reduce a finished run's recorder to its ``RunMetrics``."""
     total_blocks = int(rec.num_blocks.sum())
     ttft = rec.first_token_s - rec.arrival_s
@@ -219,6 +244,7 @@ def summarize(rec: Recorder, *, system: str, rate_req_s: float, preset: str, tra
         wall_s=wall_s,
         cpu_s=cpu_s,
         extra=dict(extra or {}),
+        ssd_never_read_bytes=ssd_never_read_bytes,
     )
 
 
@@ -228,9 +254,22 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "ssd_busy_frac", "queue_mean", "queue_p99", "throughput_tokens_s",
     "ssd_read_gbps_per_worker",
     "read_amplification", "read_commands", "prefetch_time_mean_s", "prefetch_time_p99_s",
-    "prefetch_cancellations", "recomputed_tokens",
+    "prefetch_cancellations", "recomputed_tokens", "ssd_write_bytes", "ssd_read_bytes",
+    "ssd_never_read_bytes", "drive_writes_per_day",
 )
 """Columns of the sweep tables, in order (placement counts follow)."""
+
+
+def format_wear(m: RunMetrics) -> str:
+    """One line: SSD written, read back, written and never read, drive-writes per day."""
+    never = m.ssd_never_read_bytes
+    unread = "n/a" if not math.isfinite(never) else f"{never / 1e9:,.1f} GB"
+    dwpd = m.drive_writes_per_day
+    return (f"ssd wear                 written {m.ssd_write_bytes / 1e9:,.1f} GB, read back "
+            f"{m.ssd_read_bytes / 1e9:,.1f} GB, never read {unread}; "
+            + ("n/a" if not math.isfinite(dwpd) else f"{dwpd:.2f}")
+            + f" drive-writes/day on a {m.drive_bytes / 1e12:g} TB drive "
+            f"({m.simulated_s / 3600:.1f} h at this rate)")
 
 
 def format_metrics(m: RunMetrics) -> str:
@@ -260,6 +299,7 @@ def format_metrics(m: RunMetrics) -> str:
         f"{f(m.prefetch_time_p99_s, ' s')}   restores {m.num_restores}   "
         f"cancelled {m.prefetch_cancellations}",
         f"  recomputed tokens        {m.recomputed_tokens}",
+        f"  {format_wear(m)}",
     ]
     if m.placements:
         lines.append("  placements by rule       " + ", ".join(

@@ -412,6 +412,7 @@ class FlatCakeSystem(System):
             "memory_copies_dropped": st.memory_copies_dropped,
             "memory_used_bytes": st.memory_used_bytes,
             "ssd_used_bytes": st.ssd_used_bytes,
+            "ssd_never_read_bytes": st.ssd_dropped_unread_bytes + st.ssd_unread_bytes,
             **(self.books.metrics() if self.books is not None else {}),
             "ssd_window_bytes_released": self.window_bytes_released,
             **(self.sharing.metrics() if self.sharing is not None else {}),
