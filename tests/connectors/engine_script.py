@@ -24,7 +24,7 @@ takes), "tensor_parallel_size": int (default 1), "short_reply_threshold_tokens":
 (default 512; FlatCake's embedded store: 0 puts every turn on SSD),
 "release_windows_at_once": bool (default false: superseded window rows stay until the
 SSD needs the space; true punches them as soon as a newer turn is durable), "window_rows":
-str (default "branches": ``store.window_rows``)}``; a request is
+str (``store.window_rows``; default: the store's)}``; a request is
 ``{"name", "prompt" (token ids) or "extend": [name, [new token ids]] (that request's
 prompt + its output + new tokens), "session_id" and "cache_salt" (optional),
 "max_tokens"}``. One phase is one ``generate`` call (its requests run concurrently).
@@ -126,7 +126,8 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
                           "ssd_capacity_bytes": 1 << 30, "session_file_bytes": 64 << 20,
                           "release_windows_at_once": plan.get("release_windows_at_once",
                                                               False),
-                          "window_rows": plan.get("window_rows", "branches")},
+                          **({"window_rows": plan["window_rows"]}
+                             if "window_rows" in plan else {})},
                 "placement": {"short_reply_threshold_tokens":
                               plan.get("short_reply_threshold_tokens", 512),
                               "memory_copy_watermark": 0.0},

@@ -15,10 +15,10 @@ its own block list, and the connector serves them (``SupportsHMA``).
 
 Every output equals the baseline's token for token and logprob for logprob (1e-5).
 
-Sessions sharing a system prompt (``store.window_rows``): the second session's first turn
-branches off the first's stored prompt, where no sliding window is held, so it writes
-its window rows from the branch on; a third session, in a fresh process, gets the
-shared prefix from FlatCake.
+Sessions sharing a system prompt (``store.window_rows = "branches"``): the second
+session's first turn branches off the first's stored prompt, where no sliding window is
+held, so it writes its window rows from the branch on; a third session, in a fresh
+process, gets the shared prefix from FlatCake.
 """
 
 from __future__ import annotations
@@ -166,13 +166,14 @@ def test_sessions_sharing_a_system_prompt_restore_it_from_the_branch(tmp_path: P
     want = run_engine(model, plan_of(turns, ("A0",), ("B0",), ("C0",), prefix_caching=True,
                                      in_process=True), tmp_path / "baseline.json")["requests"]
     _, got, fc = run_as_served(model, plan_of(turns, ("A0",), ("B0",), prefix_caching=False,
-                                              in_process=True),
+                                              in_process=True, window_rows="branches"),
                                want, tmp_path / "run1.json", store)
     # A holds no window at the end of the shared blocks: B's hit is cut back to nothing,
     # and B's store starts at block 0 (a window, 2 blocks, before the branch).
     assert fc["B0"]["hit_tokens"] == 0 and got["B0"]["num_cached_tokens"] == 0
     assert fc["B0"]["stored_blocks"] == 4
-    _, got2, fc2 = run_as_served(model, plan_of(turns, ("C0",), prefix_caching=False),
+    _, got2, fc2 = run_as_served(model, plan_of(turns, ("C0",), prefix_caching=False,
+                                                window_rows="branches"),
                                  want, tmp_path / "run2.json", store)
     assert got2["C0"]["num_cached_tokens"] == 2 * BLOCK  # the shared full blocks
     assert fc2["C0"]["loaded_tokens_ssd"] + fc2["C0"]["loaded_tokens_memory"] == 2 * BLOCK

@@ -92,7 +92,8 @@ def test_a_newer_turn_keeps_the_rows_of_a_branch_it_supersedes() -> None:
                          store=StoreConfig(memory_capacity_bytes=1 << 20,
                                            ssd_capacity_bytes=1 << 26,
                                            session_file_bytes=1 << 24,
-                                           release_windows_at_once=True))
+                                           release_windows_at_once=True,
+                                           window_rows="branches"))
     cp = ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
     shared = skeys("sys", 6)
     stored(cp, "a", shared + skeys("a", 4))

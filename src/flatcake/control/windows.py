@@ -126,8 +126,9 @@ def restore_view(runs: tuple[HitRun, ...]) -> tuple[HitRun, ...]:
                      for k in layers if k not in lay.released) \
             if seg.medium is Medium.SSD else ()
         # A segment holding rows before its last window (written at a branch) is read
-        # from the window before the hit's end only.
-        read_end = run.start_pos + run.num_blocks if lay.mark and stop == end else 0
+        # from the window before the run's end only (the window at the hit's end lies
+        # there, or wholly in the runs after it).
+        read_end = run.start_pos + run.num_blocks if lay.mark else 0
         if drop or read_end:
             view = dataclasses.replace(lay.release(drop) if drop else lay, read_end=read_end)
             out[i] = HitRun(dataclasses.replace(seg, layout=view), run.start_pos,

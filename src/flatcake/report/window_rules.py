@@ -7,7 +7,8 @@ and the SSD bytes each rule writes of the windowed kinds, against the every-bloc
     newest turn only   turn ends, older turns' rows released as soon as a newer turn is
                        durable (``store.release_windows_at_once``)
     turn ends          every turn's end, superseded rows kept while the SSD has room
-    branches           turn ends and where prompts branch off (the default)
+                       (the default)
+    branches           turn ends and where prompts branch off
     every block        rows at every block
 """
 
@@ -24,8 +25,8 @@ NAME = "window-rules"
 
 RULES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ("newest turn only", (("window_rows", "turn-ends"), ("release_windows_at_once", True))),
-    ("turn ends", (("window_rows", "turn-ends"),)),
-    ("branches (default)", (("window_rows", "branches"),)),
+    ("turn ends (default)", (("window_rows", "turn-ends"),)),
+    ("branches", (("window_rows", "branches"),)),
     ("every block", (("window_rows", "every-block"),)),
 )
 RATE = 1.0
