@@ -53,7 +53,9 @@ def _one(task: tuple[str, str, str, tuple[tuple[str, Any], ...]]) -> dict[str, A
     return {"trace": Path(trace).name, "system": system, "rule": rule,
             "hit_rate": m["hit_rate_gpu"], "bound": m["max_hit_rate"],
             "ttft_mean_s": m["ttft_mean_s"], "ssd_write_bytes": m["ssd_write_bytes"],
-            "window_write_bytes": sum(v for k, v in by_kind.items() if k in windowed)}
+            # None: the system does not count its writes per layer kind.
+            "window_write_bytes": sum(v for k, v in by_kind.items() if k in windowed)
+            if by_kind else None}
 
 
 def run(traces: list[str], out: Path, jobs: int | None,
@@ -80,7 +82,8 @@ def load(out: Path) -> list[dict[str, Any]] | None:
 
 def rules_table(rows: list[dict[str, Any]]) -> list[str]:
     """Markdown: per trace, each rule's hit rate, mean TTFT and window bytes written
-    against FlatCake's every-block rule."""
+    against FlatCake's every-block rule ("–" for a system that does not count its
+    writes per layer kind)."""
     out = ["## Where a turn keeps its window rows (`store.window_rows`)", "",
            f"FlatCake with each rule and tiered-direct, preset `paper`, {RATE:g} req/s. "
            "Window bytes: SSD bytes written of the sliding-window kinds; x every block: "
@@ -92,9 +95,10 @@ def rules_table(rows: list[dict[str, Any]]) -> list[str]:
         every = next((r["window_write_bytes"] for r in mine if r["system"] == "flatcake"
                       and r["rule"] == "every block"), 0)
         for r in mine:
-            ratio = f"{r['window_write_bytes'] / every:.3f}" if every else "–"
+            win = r["window_write_bytes"]
+            ratio = f"{win / every:.3f}" if every and win is not None else "–"
             out.append(f"| {trace} | {r['system']} | {r['rule']} | "
                        f"{100 * r['hit_rate']:.2f} ({100 * r['bound']:.2f}) | "
                        f"{r['ttft_mean_s']:.3f} | {r['ssd_write_bytes'] / 1e12:.2f} | "
-                       f"{r['window_write_bytes'] / 1e12:.3f} | {ratio} |")
+                       f"{'–' if win is None else f'{win / 1e12:.3f}'} | {ratio} |")
     return [*out, ""]
