@@ -47,7 +47,7 @@ class RemoteSchedulerSide:
         self.ranks = ranks or TensorRanks()
         self.name = name
         store = settings.config.store
-        self.client = NodeClient(store.node, store.node_timeout_s)
+        self.client = NodeClient(store.node, store.node_timeout_s, store.node_socket_group)
         self.engine_id = ""
         self.recovered_segments = 0
         self._next_attach = 0.0

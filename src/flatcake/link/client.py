@@ -20,11 +20,15 @@ from flatcake.link.wire import TensorRanks, WorkerRoot
 
 
 class NodeClient:
-    """One socket to the node service; ``call`` waits at most ``timeout_s``."""
+    """One socket to the node service; ``call`` waits at most ``timeout_s``. ``group``:
+    ``store.node_socket_group``, whose service this client also trusts
+    (``link.trust.check_service``)."""
 
-    def __init__(self, node: str, timeout_s: float) -> None:
+    def __init__(self, node: str, timeout_s: float, group: str = "") -> None:
         self.path = wire.socket_path(node)
         self.timeout_ms = max(1, int(timeout_s * 1000))
+        self.group = group
+        self._gid = trust.socket_group(group)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock: zmq.Socket[bytes] | None = None
         # Call ids unique to this client (another client of the process may call as the
@@ -37,7 +41,7 @@ class NodeClient:
             # Before a byte goes out or a reply is read: the socket and the process
             # listening on it are ours or root's (its directory no one else can write,
             # so ZeroMQ's reconnects reach the same service).
-            trust.check_service(self.path, self.timeout_ms / 1000)
+            trust.check_service(self.path, self.timeout_ms / 1000, self._gid)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(wire.endpoint(self.path))
@@ -115,10 +119,10 @@ class NodeClient:
 
 
 def worker_root(node: str, timeout_s: float, rank: int, geometry: KVGeometry,
-                ranks: TensorRanks, wait_s: float = 60.0) -> WorkerRoot:
+                ranks: TensorRanks, wait_s: float = 60.0, group: str = "") -> WorkerRoot:
     """A worker's store directory and arena, from the service (waits up to ``wait_s``
     for it to come up: a worker cannot run without its files)."""
-    client = NodeClient(node, timeout_s)
+    client = NodeClient(node, timeout_s, group)
     deadline = time.monotonic() + wait_s
     try:
         while True:

@@ -36,8 +36,8 @@ class RemoteControl:
     """``ControlPlane``'s methods, answered by the node service (see the module)."""
 
     def __init__(self, node: str, timeout_s: float, geometry: KVGeometry, clock: Clock,
-                 name: str, tenant: bytes = b"") -> None:
-        self._client = NodeClient(node, timeout_s)  # used under the store's lock
+                 name: str, tenant: bytes = b"", group: str = "") -> None:
+        self._client = NodeClient(node, timeout_s, group)  # used under the store's lock
         self._waiters = threading.local()  # each waiting thread's own NodeClient
         self._waiters_lock = threading.Lock()
         self._waiter_clients: list[NodeClient] = []
@@ -74,8 +74,8 @@ class RemoteControl:
         ``servable`` again)."""
         client = getattr(self._waiters, "client", None)
         if client is None:
-            client = self._waiters.client = NodeClient(str(self._client.path),
-                                                       self._client.timeout_ms / 1000)
+            client = self._waiters.client = NodeClient(
+                str(self._client.path), self._client.timeout_ms / 1000, self._client.group)
             with self._waiters_lock:
                 self._waiter_clients.append(client)
         with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):

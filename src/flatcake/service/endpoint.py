@@ -198,12 +198,13 @@ class CallLoop:
         self._waits = held
 
 
-def ask_status(sock: Path, timeout_s: float) -> dict[str, Any]:
-    """What the service listening on ``sock`` serves (``flatcake serve --status``);
-    raises ``NodeUnavailable`` / ``NodeRefused``."""
+def ask_status(sock: Path, timeout_s: float, group: str = "") -> dict[str, Any]:
+    """What the service listening on ``sock`` serves (``flatcake serve --status``; a
+    service of socket group ``group`` trusted too); raises ``NodeUnavailable`` /
+    ``NodeRefused``."""
     from flatcake.link.client import NodeClient
 
-    client = NodeClient(str(sock), timeout_s)
+    client = NodeClient(str(sock), timeout_s, group)
     try:
         out: dict[str, Any] = client.call(STATUS)
         return out

@@ -161,8 +161,10 @@ class NodeService(CallLoop):
     def _bind(self) -> None:
         """Listen on ``self.socket``: its directory made 0700 or checked, a stale socket
         of ours replaced, anything else there refused (``link.trust``); the socket is
-        0600 (connecting needs write access to it)."""
-        trust.socket_dir(self.socket.parent)
+        0600 (connecting needs write access to it), or 0660 and the group's with
+        ``store.node_socket_group`` (its directory 0750)."""
+        gid = trust.socket_group(self.config.store.node_socket_group)
+        trust.socket_dir(self.socket.parent, gid)
         if trust.stale_socket(self.socket):
             if listening(self.socket):
                 raise ValueError(f"another node service listens on {self.socket}: stop "
@@ -174,7 +176,7 @@ class NodeService(CallLoop):
         finally:
             os.umask(old)
         self._bound = True
-        os.chmod(self.socket, 0o600)
+        trust.socket_access(self.socket, gid)
 
     # -- the books, made at the first attach ----------------------------------------
 

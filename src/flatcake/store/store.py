@@ -159,9 +159,12 @@ class FlatCakeStore:
         from flatcake.link.wire import TensorRanks
 
         node, timeout = config.store.node, config.store.node_timeout_s
-        where = worker_root(node, timeout, 0, geometry, TensorRanks(), wait_s=timeout)
+        group = config.store.node_socket_group
+        where = worker_root(node, timeout, 0, geometry, TensorRanks(), wait_s=timeout,
+                            group=group)
         control = RemoteControl(node, timeout, geometry, clock,
-                                name=f"FlatCakeStore pid {os.getpid()}", tenant=tenant)
+                                name=f"FlatCakeStore pid {os.getpid()}", tenant=tenant,
+                                group=group)
         # The same verbs, answered by the service.
         self.control = control  # type: ignore[assignment]
         self._remote = control
