@@ -25,7 +25,7 @@ from flatcake.control.types import ControlStats, LoadPlan, ReclaimAction, Window
 from flatcake.geometry import KVGeometry
 from flatcake.link import wire
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
-from flatcake.plan.requests import Servable
+from flatcake.plan.requests import Servable, StoreBegun
 from flatcake.plan.stream import StreamCheck
 
 
@@ -84,14 +84,16 @@ SERVABLE = Verb("servable", Servable, ("keys", tuple[bytes, ...]), ("engine_bloc
                 ("wait_s", float, 0.0))
 _SESSION = ("session_id", str)
 _REQUEST = ("request_id", str)
+_STORE = (_SESSION, ("keys", tuple[bytes, ...]), ("turn_index", int), ("context_tokens", int),
+          ("prev_reply_tokens", int | None, None), ("shared_refcount", int, 1))
 # An attached store's calls of the books (``link.control.RemoteControl``).
 CONTROL = table(
     SERVABLE,
     Verb("lookup", PrefixHit, ("keys", tuple[bytes, ...])),
     Verb("store_in_flight", bool, ("key", bytes)),
-    Verb("prepare_store", StorePlan | None, _SESSION, ("keys", tuple[bytes, ...]),
-         ("turn_index", int), ("context_tokens", int), ("prev_reply_tokens", int | None, None),
-         ("shared_refcount", int, 1)),
+    Verb("prepare_store", StorePlan | None, *_STORE),
+    # ``plan.requests.begin_store``: settle, prepare_store, take_reclaim_actions in one.
+    Verb("begin_store", StoreBegun, *_STORE),
     Verb("complete_store", None, ("plan", StorePlan), ("ok", bool)),
     Verb("complete_copy", None, ("plan", StorePlan)),
     Verb("take_reclaim_actions", list[ReclaimAction]),

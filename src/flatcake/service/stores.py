@@ -29,7 +29,7 @@ from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.types import WindowRelease
 from flatcake.link import verbs, wire
 from flatcake.link.trust import NOBODY, Owner
-from flatcake.plan.requests import Servable, servable
+from flatcake.plan.requests import Servable, begin_store, servable
 from flatcake.plan.stream import StreamPlanner
 from flatcake.service.tenants import SessionTenants
 
@@ -96,7 +96,7 @@ def _scope(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
         except KeyError:
             return True  # no such segment: the books answer as for anyone
         tenants.check(control, tenant, sid, method)
-    elif method == "prepare_store":
+    elif method in ("prepare_store", "begin_store"):
         tenants.check_write(control, tenant, args["session_id"], args["keys"])
     elif method == "prepare_load":
         tenants.check_hit(control, tenant, args["keys_or_hit"], method)
@@ -130,6 +130,15 @@ def abandon_calls(store: AttachedStore, control: ControlPlane,
             control.complete_load(key)
         logger.info("store %s gave up call %d: its %s %r undone", store.client_id,
                     call_id, kind, key)
+
+
+def _prepared(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
+              call_id: int, plan: StorePlan) -> None:
+    """Call ``call_id`` of ``store`` prepared ``plan``: its store in flight (undone if
+    the call is given up), its session its tenant's."""
+    store.stores[plan.segment.segment_id] = plan
+    store.made_by[call_id] = ("store", plan.segment.segment_id)
+    tenants.claim(control, store.tenant, plan.session_id)
 
 
 def _made(store: AttachedStore, kind: str, key: Any) -> None:
@@ -175,6 +184,11 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
         store.made_by[call_id] = ("load", args["request_id"])
         return verbs.LoadPlanned(plan, planner.stream_request if planner else [],
                                  planner.checks if planner else [])
+    if method == "begin_store":
+        begun = begin_store(control, **args)
+        if begun.plan is not None:
+            _prepared(store, control, tenants, call_id, begun.plan)
+        return begun
     out = getattr(control, method)(**args)
     if method == "lookup":
         tenants.claim_hit(control, store.tenant, out)
@@ -191,9 +205,7 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
         store.loads.discard(args["request_id"])
         _made(store, "load", args["request_id"])
     elif method == "prepare_store" and out is not None:
-        store.stores[out.segment.segment_id] = out
-        store.made_by[call_id] = ("store", out.segment.segment_id)
-        tenants.claim(control, store.tenant, out.session_id)
+        _prepared(store, control, tenants, call_id, out)
     elif method == "complete_store":
         store.stores.pop(args["plan"].segment.segment_id, None)
         _made(store, "store", args["plan"].segment.segment_id)
