@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import struct
+import tracemalloc
 from pathlib import Path
 
 import msgspec
@@ -121,3 +123,22 @@ def test_a_frame_of_another_version_is_refused_by_name() -> None:
                        f"{wire.PROTOCOL_VERSION + 1} of the client") as got:
         wire.decode_call(frame)
     assert got.value.call_id == 9
+
+
+def test_a_frame_of_millions_of_items_is_refused_without_building_them() -> None:
+    # A msgpack array of 20 million nils after another version and a call id: naming
+    # what is wrong reads its first two items only.
+    n = 20_000_000
+    frame = b"\xdd" + struct.pack(">I", n) + b"\x07\x03" + b"\xc0" * (n - 2)
+    tracemalloc.start()
+    try:
+        with pytest.raises(wire.BadFrame, match=f"{wire.OTHER_VERSION} 7 of the client"):
+            wire.decode_call(frame)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < n  # not a Python object per item (8 bytes a pointer at least)
+    # A call naming more than MAX_GAVE_UP calls given up is refused.
+    too_many = tuple(range(wire.MAX_GAVE_UP + 1))
+    with pytest.raises(wire.BadFrame, match="length <= 256"):
+        wire.decode_call(wire.call_frame(1, "", "status", [], None, too_many))

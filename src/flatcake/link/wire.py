@@ -40,7 +40,7 @@ import os
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -69,7 +69,14 @@ class Call(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=T
     verb: str
     args: msgspec.Raw
     deadline: float | None = None  # wall clock (time.time()); None: no deadline
-    gave_up: tuple[int, ...] = ()
+    gave_up: Annotated[tuple[int, ...], msgspec.Meta(max_length=MAX_GAVE_UP)] = ()
+
+
+class _Head(msgspec.Struct, array_like=True):
+    """A frame's first two items, whatever follows (skipped, never built)."""
+
+    version: Any = None
+    call_id: Any = None
 
 
 class Reply(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
@@ -103,7 +110,7 @@ def _dec_hook(typ: type, obj: Any) -> Any:
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _CALLS = msgspec.msgpack.Decoder(Call)
 _REPLIES = msgspec.msgpack.Decoder(Reply)
-_UNTYPED = msgspec.msgpack.Decoder()  # builtins only: for naming what is wrong
+_HEADS = msgspec.msgpack.Decoder(_Head)  # for naming what is wrong with a frame
 
 # A frame that does not decode (``decode_call``, ``Decoder.decode``) raises one of these.
 FrameError = (msgspec.DecodeError, msgspec.ValidationError)
@@ -138,8 +145,6 @@ def decode_call(frame: bytes) -> Call:
         raise BadFrame(other or f"not a call: {exc}", call_id) from None
     if call.version != PROTOCOL_VERSION:
         raise BadFrame(_other_version(frame)[0], call.call_id)
-    if len(call.gave_up) > MAX_GAVE_UP:
-        raise BadFrame(f"a call names at most {MAX_GAVE_UP} calls given up", call.call_id)
     return call
 
 
@@ -147,14 +152,13 @@ def _other_version(frame: bytes) -> tuple[str, int | None]:
     """('', None) unless ``frame`` is an array whose first item is another protocol
     version: then what to answer, and the call id its second item may be."""
     try:
-        items = _UNTYPED.decode(frame)
+        head = _HEADS.decode(frame)
     except FrameError:
         return "", None
-    if not (isinstance(items, list) and items and type(items[0]) is int
-            and items[0] != PROTOCOL_VERSION):
+    if type(head.version) is not int or head.version == PROTOCOL_VERSION:
         return "", None
-    call_id = items[1] if len(items) > 1 and type(items[1]) is int else None
-    return (f"{OTHER_VERSION} {items[0]} of the client; this node service speaks "
+    call_id = head.call_id if type(head.call_id) is int else None
+    return (f"{OTHER_VERSION} {head.version} of the client; this node service speaks "
             f"{OTHER_VERSION} {PROTOCOL_VERSION}: run one FlatCake version on both "
             "sides"), call_id
 
