@@ -31,7 +31,8 @@ wall-clock time, ``time.time()``, past which its client no longer waits, so the 
 does not run it then; ``gave_up``: this client's earlier calls it stopped waiting for,
 whose effects the service undoes. ``args`` is decoded only once ``verb`` is known, into
 that verb's ``Args``; ``value`` (when ``ok``) into its reply type; ``error`` is the
-message of a refusal. A frame that does not decode is answered with ``call_id`` nil.
+message of a refusal. A frame that does not decode is refused with its ``call_id``
+where it names one (another protocol version), else nil.
 """
 
 from __future__ import annotations

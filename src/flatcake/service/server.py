@@ -252,7 +252,7 @@ class NodeService(CallLoop):
     def handle(self, method: str, engine_id: str, args: dict[str, Any],
                caller: Caller, call_id: int = 0) -> Any:
         """Answer call ``call_id`` of ``caller``: ``method`` with ``args`` by parameter
-        name, decoded as ``self.verbs[method]`` declares (raises ``NodeRefused`` for a
+        name, decoded as ``self.verb_table[method]`` declares (raises ``NodeRefused`` for a
         call it refuses)."""
         self.calls += 1
         now = time.monotonic()
