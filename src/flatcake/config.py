@@ -252,6 +252,12 @@ class StoreConfig:
     engine that stopped calling (its pins released, its unfinished writes rolled back
     after it); ``node_arena_dir`` is where the service keeps its shared arena (a tmpfs
     or hugetlbfs mount; the arena file is readable by the service's user only).
+    ``node_socket_group`` (a group name or gid; empty = none, the default: only the
+    service's user and root attach) lets the members of that group attach too: the
+    service makes its socket 0660 and its socket directory 0750, both that group's, and
+    a client with the same key trusts a service socket of that group; the service's
+    files (root, arena) stay its user's (``docs/node-service.md``: what a member can
+    and cannot do).
 
     ``release_old_windows`` (models with sliding-window layers): once a newer turn of a
     session is durable, the window rows of its older turns are superseded (no restore
@@ -289,6 +295,7 @@ class StoreConfig:
     node_timeout_s: float = 2.0
     node_lease_s: float = 30.0
     node_arena_dir: str = "/dev/shm"
+    node_socket_group: str = ""
     release_old_windows: bool = True
     release_windows_at_once: bool = False
     window_rows: str = "turn-ends"

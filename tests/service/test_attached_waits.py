@@ -19,6 +19,7 @@ from flatcake.cio.executor import Executor
 from flatcake.clock import WallClock
 from flatcake.control import ControlPlane
 from flatcake.layout import ALIGN
+from flatcake.link.verbs import Verb
 from flatcake.service.endpoint import ask_status
 from flatcake.store import FlatCakeStore
 from tests.service.helpers import Service
@@ -70,9 +71,9 @@ def test_a_load_behind_a_write_in_flight_is_answered_when_the_write_ends(node: S
         client = b.control._client  # type: ignore[attr-defined]
         call = client.call
 
-        def recording(method: str, engine_id: str = "", *args: Any, **kw: Any) -> Any:
-            asked.append(args[0] if method == "control" else method)
-            return call(method, engine_id, *args, **kw)
+        def recording(verb: Verb, engine_id: str = "", *args: Any, **kw: Any) -> Any:
+            asked.append(verb.name)
+            return call(verb, engine_id, *args, **kw)
 
         client.call = recording
         ended: list[float] = []

@@ -27,15 +27,15 @@ from tests.store.helpers import (
 
 pytest.importorskip("zmq")
 
-# Another process: sends each call of argv[2] (JSON: [engine_id, method, args]; a list
-# is a tuple, {"hex": h} bytes) over its own connection to the socket argv[1]; prints
-# each answer's (ok, repr(value)) as JSON.
+# Another process: sends each call of argv[2] (JSON: [engine_id, verb, args]; {"hex": h}
+# is bytes) over its own connection to the socket argv[1]; prints each answer's (ok,
+# its error) as JSON.
 INTRUDER = """
-import json, pickle, sys, zmq
+import json, sys, zmq
 from flatcake.link import wire
 def arg(x):
     if isinstance(x, list):
-        return tuple(arg(v) for v in x)
+        return [arg(v) for v in x]
     if isinstance(x, dict):
         return bytes.fromhex(x["hex"]) if "hex" in x else {}
     return x
@@ -45,12 +45,12 @@ sock.setsockopt(zmq.LINGER, 0)
 sock.connect(wire.endpoint(sys.argv[1]))
 out = []
 for i, (engine_id, method, args) in enumerate(json.loads(sys.argv[2])):
-    sock.send(pickle.dumps((i, engine_id, method, arg(args))))
+    sock.send(wire.call_frame(i, engine_id, method, arg(args)))
     if not sock.poll(5000):
         out.append([None, "no answer"])
         continue
-    _, ok, value = pickle.loads(sock.recv())
-    out.append([ok, repr(value)])
+    reply = wire.decode_reply(sock.recv())
+    out.append([reply.ok, reply.error])
 print(json.dumps(out))
 sock.close(0)
 ctx.term()
@@ -80,10 +80,9 @@ def test_another_connection_cannot_call_as_an_attached_store_or_engine(tmp_path:
         assert p["stored_blocks"] == 3
         sid = store.control._id  # type: ignore[attr-defined]
         eid = engine.sched.engine_id
-        control = "control"
         answers = intrude(svc.sock, [
-            [sid, control, ["lookup", [[{"hex": k.hex()} for k in keys]], {}]],
-            [sid, control, ["session_ids", [], {}]],
+            [sid, "lookup", [[{"hex": k.hex()} for k in keys]]],
+            [sid, "session_ids", []],
             [sid, "detach", []],
             [eid, "take_stats", []],
             [eid, "detach", []],

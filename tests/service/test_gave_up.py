@@ -6,7 +6,6 @@ restores or writes in flight")."""
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from flatcake.link import wire
+from flatcake.link import verbs, wire
 from flatcake.store import FlatCakeStore
 from tests.service.helpers import Service, pause
 from tests.store.helpers import SMALL, TO_SSD, random_kv, session_keys, small_config
@@ -43,7 +42,7 @@ def test_a_call_delayed_past_its_clients_timeout_leaves_no_store_nor_pin(tmp_pat
     try:
         pause(svc.proc.pid)  # a paused service (a GC pause, SIGSTOP): the call waits
         try:
-            with pytest.raises(ConnectionError, match="did not answer control"):
+            with pytest.raises(ConnectionError, match="did not answer prepare_store"):
                 store.control.prepare_store("s", keys, turn_index=0, context_tokens=0)
         finally:
             os.kill(svc.proc.pid, signal.SIGCONT)
@@ -68,28 +67,29 @@ def test_a_call_run_in_time_whose_answer_was_never_seen_is_undone(tmp_path: Path
     peer.connect(wire.endpoint(svc.sock))
     sid = store.control._id  # type: ignore[attr-defined]
     keys = session_keys(5, 4)
-    prepare = (wire.CONTROL, ("prepare_store", ("s", tuple(keys)),
-                              {"turn_index": 0, "context_tokens": 0}))
+    prepare = ("prepare_store", ["s", keys, 0, 0])
 
-    def ask(call_id: int, method: str, args: tuple[Any, ...], *, late: bool = False,
+    def ask(call_id: int, method: str, args: list[Any], *, late: bool = False,
             gave_up: tuple[int, ...] = ()) -> tuple[bool, Any]:
         deadline = time.time() + (-1.0 if late else 5.0)
-        peer.send(pickle.dumps((call_id, sid, method, args, deadline, gave_up)))
+        peer.send(wire.call_frame(call_id, sid, method, args, deadline, gave_up))
         assert peer.poll(5000), svc.stderr()
-        got, ok, value = pickle.loads(peer.recv())
-        assert got == call_id
-        return ok, value
+        reply = wire.decode_reply(peer.recv())
+        assert reply.call_id == call_id
+        if not reply.ok:
+            return False, reply.error
+        return True, verbs.CONTROL[method].decode_reply(reply.value)
 
     try:
         # Run in time, its answer never seen: named as given up, it is rolled back.
         ok, plan = ask(1, *prepare)
         assert ok and plan is not None
         assert store.control.stats().stores_in_flight == 1
-        ok, _ = ask(2, wire.CONTROL, ("stats", (), {}), gave_up=(1,))
+        ok, _ = ask(2, "stats", [], gave_up=(1,))
         assert ok
         nothing_held(store)
         # Given up before it was read: it never runs.
-        assert ask(3, wire.CONTROL, ("stats", (), {}), gave_up=(4,))[0]
+        assert ask(3, "stats", [], gave_up=(4,))[0]
         ok, why = ask(4, *prepare)
         assert not ok and wire.GAVE_UP in why
         nothing_held(store)

@@ -1,7 +1,7 @@
 """Paths another user can plant before the node service starts: its socket directory,
 its socket and its shared arena file. The service refuses each by name (never follows,
 adopts nor removes it) and leaves the root free; a client refuses a socket, or a
-listener, of another user before it sends or unpickles a byte.
+listener, of another user before it sends or reads a byte.
 
 The tests run as root here: "another user" is uid 12345 (``os.chown`` on files made in
 ``tmp_path``, a forked listener that ``setuid``s)."""
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from flatcake.config import FlatCakeConfig, load_config
-from flatcake.link import trust, wire
+from flatcake.link import trust, verbs
 from flatcake.link.client import NodeClient
 from flatcake.service.arena import arena_path
 from flatcake.service.server import NodeService
@@ -189,7 +189,7 @@ def test_a_client_refuses_a_socket_of_another_user_before_it_connects(tmp_path: 
         os.chown(sock, OTHER_UID, -1)
         client = NodeClient(str(sock), 1.0)
         with pytest.raises(trust.NodeUntrusted, match=r"node.sock is owned by uid 12345"):
-            client.call(wire.STATUS)
+            client.call(verbs.STATUS)
         client.close()
         assert never_connected(planted)
         # flatcake serve --status says so in one line, exit status 1.
@@ -206,7 +206,7 @@ def test_a_client_refuses_a_socket_in_a_directory_others_may_write(tmp_path: Pat
     with listener(d / "node.sock") as planted:
         client = NodeClient(str(d / "node.sock"), 1.0)
         with pytest.raises(trust.NodeUntrusted, match=r"socket directory .*/run has mode 777"):
-            client.call(wire.STATUS)
+            client.call(verbs.STATUS)
         client.close()
         assert never_connected(planted)
 
@@ -248,7 +248,7 @@ def test_a_client_refuses_a_listener_running_as_another_user(tmp_path: Path) -> 
         assert os.read(ready_r, 1) == b"1"
         client = NodeClient(str(sock), 1.0)
         with pytest.raises(trust.NodeUntrusted, match=r"runs as uid 12345"):
-            client.call(wire.STATUS)
+            client.call(verbs.STATUS)
         client.close()
         assert os.read(got_r, 16) == b"0"  # connected to ask who it is; nothing sent
     finally:

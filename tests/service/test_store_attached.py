@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from flatcake.service.endpoint import ask_status
 from flatcake.store import FlatCakeStore, TurnSignals
 from tests.service.helpers import Service
 from tests.store.helpers import (
@@ -109,3 +110,24 @@ def test_a_session_alternating_between_two_stores_stays_in_one_file(tmp_path: Pa
         a.close()
         b.close()
         svc.stop()
+
+
+def test_an_attached_store_turn_is_two_calls(tmp_path: Path) -> None:
+    """Begin (settle, prepare, reclaim: ``plan.requests.begin_store``) and complete,
+    whichever medium the turn goes to; the turn is then served."""
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.memory_capacity_bytes=4194304",
+                  "store.ssd_capacity_bytes=268435456").start()
+    a = attached(svc)
+    try:
+        kv = random_kv(SMALL, SLOTS, seed=5)
+        keys = session_keys(3, 6)
+        for n, signals in ((3, TO_SSD), (6, TO_MEMORY)):
+            before = int(ask_status(svc.sock, 5.0)["calls"])
+            assert a.store_turn("s", keys[:n], kv, list(range(n)), signals).num_blocks == 3
+            # The calls since, this status call excluded.
+            assert int(ask_status(svc.sock, 5.0)["calls"]) - before - 1 == 2
+        assert a.lookup(keys).num_blocks == 6
+    finally:
+        a.close()
+        assert svc.stop() == 0, svc.stderr()

@@ -131,11 +131,11 @@ def test_releases_an_attached_store_took_and_did_not_punch_are_handed_out_again(
         cp.complete_store(plan, True)
     a, b = AttachedStore("s1", "a", 1, 0.0), AttachedStore("s2", "b", 2, 0.0)
     tenants = SessionTenants()
-    taken = attached_call(a, cp, tenants, 0, "take_window_releases", (), {})
+    taken = attached_call(a, cp, tenants, 0, "take_window_releases", {})
     assert taken
     release_store(a, cp, "detached")  # no call since the take: maybe not punched
-    assert attached_call(b, cp, tenants, 0, "take_window_releases", (), {}) == taken
-    attached_call(b, cp, tenants, 0, "stats", (), {})  # it punched before calling
+    assert attached_call(b, cp, tenants, 0, "take_window_releases", {}) == taken
+    attached_call(b, cp, tenants, 0, "stats", {})  # it punched before calling
     release_store(b, cp, "detached")
     assert cp.take_window_releases() == []
     assert cp.stats().window_bytes_released == sum(r.bytes for r in taken)  # once

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     sock = Path(args.socket) if args.socket else (
         socket_path(cfg.store.node) if cfg.store.node else root / "node.sock")
     if args.status:
-        return _status(sock, cfg.store.node_timeout_s)
+        return _status(sock, cfg.store.node_timeout_s, cfg.store.node_socket_group)
     from flatcake.service.endpoint import raise_open_files
     from flatcake.service.server import NodeService
 
@@ -80,11 +80,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(sock: Path, timeout_s: float) -> int:
+def _status(sock: Path, timeout_s: float, group: str) -> int:
     from flatcake.service.endpoint import ask_status
 
     try:
-        print(json.dumps(ask_status(sock, timeout_s), indent=2))
+        print(json.dumps(ask_status(sock, timeout_s, group), indent=2))
     except (ConnectionError, ValueError) as exc:
         print(f"flatcake serve --status: {exc}")
         return 1

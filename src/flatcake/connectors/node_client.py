@@ -19,11 +19,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from flatcake.connectors.node_verbs import ATTACH, ENGINE
 from flatcake.connectors.requests import BlockEvent, RequestView
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import StorePlan
 from flatcake.geometry import KVGeometry
-from flatcake.link import wire
+from flatcake.link import verbs, wire
 from flatcake.link.client import NodeClient
 from flatcake.link.wire import Attached, TensorRanks
 from flatcake.plan.tasks import FailedLoad, StepPlan, WorkerReport
@@ -46,7 +47,7 @@ class RemoteSchedulerSide:
         self.ranks = ranks or TensorRanks()
         self.name = name
         store = settings.config.store
-        self.client = NodeClient(store.node, store.node_timeout_s)
+        self.client = NodeClient(store.node, store.node_timeout_s, store.node_socket_group)
         self.engine_id = ""
         self.recovered_segments = 0
         self._next_attach = 0.0
@@ -76,7 +77,7 @@ class RemoteSchedulerSide:
             self._lost(wire.NodeUnavailable(f"no node service socket at {self.client.path}"))
             return False
         try:
-            got: Attached = self.client.call(wire.ATTACH, "", self.name, os.getpid(),
+            got: Attached = self.client.call(ATTACH, "", self.name, os.getpid(),
                                              self.geometry, self.ranks, self.settings)
         except (wire.NodeUnavailable, wire.NodeRefused) as exc:
             self._lost(exc)
@@ -104,7 +105,8 @@ class RemoteSchedulerSide:
         if not self.engine_id and not self._attach():
             raise wire.NodeUnavailable("not attached")
         try:
-            return self.client.call_as(self.engine_id, self._attach_again, method, *args)
+            return self.client.call_as(self.engine_id, self._attach_again, ENGINE[method],
+                                       *args)
         except wire.NodeUnavailable as exc:
             self._lost(exc)
             raise
@@ -245,5 +247,5 @@ class RemoteSchedulerSide:
     def close(self) -> None:
         if self.engine_id:
             with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
-                self.client.call(wire.DETACH, self.engine_id)
+                self.client.call(verbs.DETACH, self.engine_id)
         self.client.close()

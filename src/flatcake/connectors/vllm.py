@@ -261,7 +261,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                 from flatcake.link.client import worker_root
 
                 where = worker_root(node, config.store.node_timeout_s, rank, self.geometry,
-                                    self._tensor_ranks(vllm_config))
+                                    self._tensor_ranks(vllm_config),
+                                    group=config.store.node_socket_group)
                 config, store_dir, arena = where.config, where.store_dir, where.arena_path
                 writes, part, parts = where.writes, where.part, where.parts
             drain_s = self.settings.drain_within(worker_grace_s(vllm_config))

@@ -14,16 +14,21 @@ from typing import Any
 import zmq
 
 from flatcake.geometry import KVGeometry
-from flatcake.link import trust, wire
+from flatcake.link import trust, verbs, wire
+from flatcake.link.verbs import Verb
 from flatcake.link.wire import TensorRanks, WorkerRoot
 
 
 class NodeClient:
-    """One socket to the node service; ``call`` waits at most ``timeout_s``."""
+    """One socket to the node service; ``call`` waits at most ``timeout_s``. ``group``:
+    ``store.node_socket_group``, whose service this client also trusts
+    (``link.trust.check_service``)."""
 
-    def __init__(self, node: str, timeout_s: float) -> None:
+    def __init__(self, node: str, timeout_s: float, group: str = "") -> None:
         self.path = wire.socket_path(node)
         self.timeout_ms = max(1, int(timeout_s * 1000))
+        self.group = group
+        self._gid = trust.socket_group(group)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock: zmq.Socket[bytes] | None = None
         # Call ids unique to this client (another client of the process may call as the
@@ -33,29 +38,32 @@ class NodeClient:
 
     def _socket(self) -> zmq.Socket[bytes]:
         if self._sock is None:
-            # Before a byte goes out or a reply is unpickled: the socket and the process
+            # Before a byte goes out or a reply is read: the socket and the process
             # listening on it are ours or root's (its directory no one else can write,
             # so ZeroMQ's reconnects reach the same service).
-            trust.check_service(self.path, self.timeout_ms / 1000)
+            trust.check_service(self.path, self.timeout_ms / 1000, self._gid)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(wire.endpoint(self.path))
             self._sock = sock
         return self._sock
 
-    def call(self, method: str, engine_id: str = "", *args: Any, wait_s: float = 0.0
-             ) -> Any:
-        """The service's answer; ``NodeUnavailable`` past the timeout (plus ``wait_s``
-        for a call the service may hold that long; the socket is then renewed, so a
-        late answer never meets a later call), ``NodeRefused`` for an error it
-        answered. The call carries its deadline (the service does not run it once that
-        has passed) and the calls this client gave up on since its last answer (the
-        service undoes what they prepared: their answers were never seen)."""
+    def call(self, verb: Verb, client_id: str = "", *args: Any, wait_s: float = 0.0,
+             **kwargs: Any) -> Any:
+        """The service's answer to ``verb`` (its arguments ``args``, ``kwargs``) as
+        ``client_id``, decoded into the verb's reply type; ``NodeUnavailable`` past the
+        timeout (plus ``wait_s`` for a call the service may hold that long; the socket
+        is then renewed, so a late answer never meets a later call), ``NodeRefused``
+        for an error it answered (or an answer that is not the verb's). The call
+        carries its deadline (the service does not run it once that has passed) and the
+        calls this client gave up on since its last answer (the service undoes what
+        they prepared: their answers were never seen)."""
+        body = verb.encode_args(*args, **kwargs)
         sock = self._socket()
         call_id = next(self._ids)
         wait = self.timeout_ms / 1000 + wait_s
-        sock.send(wire.encode((call_id, engine_id, method, args, time.time() + wait,
-                               tuple(self._gave_up))))
+        sock.send(wire.call_frame(call_id, client_id, verb.name, body, time.time() + wait,
+                                  tuple(self._gave_up)))
         deadline = time.monotonic() + wait
         while True:
             left = int((deadline - time.monotonic()) * 1000)
@@ -63,18 +71,26 @@ class NodeClient:
                 self._gave_up = [*self._gave_up, call_id][-wire.MAX_GAVE_UP:]
                 self.reset()
                 raise wire.NodeUnavailable(
-                    f"the node service at {self.path} did not answer {method} within "
+                    f"the node service at {self.path} did not answer {verb.name} within "
                     f"{self.timeout_ms + int(wait_s * 1000)} ms")
-            got_id, ok, value = wire.decode(sock.recv())
-            if got_id != call_id:
+            try:
+                reply = wire.decode_reply(sock.recv())
+            except wire.FrameError:
+                continue  # not an answer (the service never sends one): not ours
+            if reply.call_id != call_id and not (
+                    reply.call_id is None and wire.OTHER_VERSION in reply.error):
                 continue  # a late answer to an earlier call
             self._gave_up = []  # the service read them with this call
-            if not ok:
-                raise wire.NodeRefused(str(value))
-            return value
+            if not reply.ok:
+                raise wire.NodeRefused(reply.error)
+            try:
+                return verb.decode_reply(reply.value)
+            except wire.FrameError as exc:
+                raise wire.NodeRefused(f"the answer to {verb.name} is not its type: "
+                                       f"{exc}") from None
 
-    def call_as(self, client_id: str, attach_again: Callable[[], str], method: str,
-                *args: Any, wait_s: float = 0.0) -> Any:
+    def call_as(self, client_id: str, attach_again: Callable[[], str], verb: Verb,
+                *args: Any, wait_s: float = 0.0, **kwargs: Any) -> Any:
         """``call`` as the attached client ``client_id``. When the service no longer
         knows it (its lease ended while it was idle, or the service restarted), what
         it held there is void: ``attach_again()`` attaches anew and gives the new id
@@ -83,7 +99,7 @@ class NodeClient:
         cannot tell its process). Forgotten twice is ``NodeUnavailable``."""
         for again in (False, True):
             try:
-                return self.call(method, client_id, *args, wait_s=wait_s)
+                return self.call(verb, client_id, *args, wait_s=wait_s, **kwargs)
             except wire.NodeRefused as exc:
                 if not (wire.UNKNOWN_ENGINE in str(exc)
                         or wire.FOREIGN_CLIENT in str(exc)):
@@ -103,15 +119,15 @@ class NodeClient:
 
 
 def worker_root(node: str, timeout_s: float, rank: int, geometry: KVGeometry,
-                ranks: TensorRanks, wait_s: float = 60.0) -> WorkerRoot:
+                ranks: TensorRanks, wait_s: float = 60.0, group: str = "") -> WorkerRoot:
     """A worker's store directory and arena, from the service (waits up to ``wait_s``
     for it to come up: a worker cannot run without its files)."""
-    client = NodeClient(node, timeout_s)
+    client = NodeClient(node, timeout_s, group)
     deadline = time.monotonic() + wait_s
     try:
         while True:
             try:
-                root: WorkerRoot = client.call(wire.WORKER, "", rank, geometry, ranks)
+                root: WorkerRoot = client.call(verbs.WORKER, "", rank, geometry, ranks)
                 return root
             except wire.NodeUnavailable as exc:
                 if isinstance(exc, trust.NodeUntrusted) or time.monotonic() >= deadline:

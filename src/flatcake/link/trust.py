@@ -7,12 +7,17 @@ where root is named), and no one else may write it::
 
     socket directory   missing: made 0700 (``mkdir`` fails if it appears meanwhile);
                        existing: a directory (not a symlink) of ours or root's that no
-                       group or other may write (so no one else can swap the socket)
+                       group or other may write (so no one else can swap the socket);
+                       with a socket group, 0750 and that group's (members may pass)
     socket (service)   a stale socket of ours is replaced; anything else there (a file,
-                       a symlink, another user's socket) is refused and never removed
+                       a symlink, another user's socket) is refused and never removed;
+                       0600, or 0660 and the socket group's (members may connect)
     socket (client)    a socket (not a symlink) of ours or root's, in a directory as
                        above, whose listener runs as us or root (``SO_PEERCRED``):
-                       checked before a byte is sent or received
+                       checked before a byte is sent or received. With a socket group
+                       configured, also another user's socket of that group, in a
+                       directory of the same user and group, whose listener runs as
+                       that user: the service of a group this client was let into
     arena file         made ``O_CREAT | O_EXCL | O_NOFOLLOW``; an existing one is opened
                        ``O_NOFOLLOW`` and kept only when it is a regular file of ours
                        that no group or other may read or write
@@ -27,6 +32,7 @@ the engine serves without FlatCake) in a client.
 
 from __future__ import annotations
 
+import grp
 import os
 import socket
 import stat
@@ -39,6 +45,8 @@ from flatcake.link.wire import FOREIGN_CLIENT, NodeRefused, NodeUnavailable
 ROOT_UID = 0
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+GROUP_DIR_MODE = 0o750  # members pass (never write: they could swap the socket)
+GROUP_SOCKET_MODE = 0o660  # members connect (connecting needs write access)
 
 
 class UntrustedPath(ValueError):
@@ -54,13 +62,14 @@ def _owner(uid: int) -> str:
     return "this user" if uid == os.geteuid() else f"uid {uid}"
 
 
-def _dir_problem(path: Path, st: os.stat_result) -> str:
-    """What is wrong with ``path`` (lstat ``st``) as the socket's directory, or ''."""
+def _dir_problem(path: Path, st: os.stat_result, owners: set[int] | None = None) -> str:
+    """What is wrong with ``path`` (lstat ``st``) as the socket's directory, or ''
+    (``owners``: the uids it may belong to; this user and root by default)."""
     if stat.S_ISLNK(st.st_mode):
         return "is a symlink"
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
-    if st.st_uid not in (os.geteuid(), ROOT_UID):
+    if st.st_uid not in (owners or {os.geteuid(), ROOT_UID}):
         return f"is owned by {_owner(st.st_uid)}, not by this user or root"
     if st.st_mode & 0o022:
         return (f"has mode {stat.S_IMODE(st.st_mode):o}: others may write it (and "
@@ -68,18 +77,55 @@ def _dir_problem(path: Path, st: os.stat_result) -> str:
     return ""
 
 
-def socket_dir(path: Path) -> None:
-    """Make the socket's directory ``path`` (0700, its missing parents too), or check the
-    one there (see the module); raises ``UntrustedPath``."""
+def socket_group(name: str) -> int | None:
+    """The gid of ``store.node_socket_group`` ``name`` (a group name or a numeric gid;
+    '' = none); ``ValueError`` naming a group that does not exist."""
+    if not name:
+        return None
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ValueError(f"store.node_socket_group={name!r}: no such group") from None
+
+
+def socket_dir(path: Path, gid: int | None = None) -> None:
+    """Make the socket's directory ``path`` (0700, its missing parents too; with a
+    socket group ``gid``, 0750 and that group's), or check the one there (see the
+    module); raises ``UntrustedPath``."""
     path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     try:
         os.mkdir(path, PRIVATE_DIR_MODE)
-        return  # ours: made just now (never an existing one, nor through a symlink)
+        # ours: made just now (never an existing one, nor through a symlink)
     except FileExistsError:
-        pass
-    problem = _dir_problem(path, os.lstat(path))
-    if problem:
-        raise UntrustedPath(f"socket directory {path} {problem}")
+        st = os.lstat(path)
+        problem = _dir_problem(path, st)
+        if problem:
+            raise UntrustedPath(f"socket directory {path} {problem}") from None
+        if st.st_uid != os.geteuid():
+            return  # root's: used as it is (members pass where root lets them)
+    if gid is not None:
+        _give_group(path, gid, GROUP_DIR_MODE)
+
+
+def _give_group(path: Path, gid: int, mode: int) -> None:
+    """``path`` (ours, not a symlink) to group ``gid`` with ``mode``."""
+    try:
+        os.chown(path, -1, gid, follow_symlinks=False)
+    except OSError as exc:
+        raise UntrustedPath(f"{path}: cannot give it to store.node_socket_group (gid "
+                            f"{gid}): {exc.strerror} (the service's user must be a "
+                            "member of the group)") from None
+    os.chmod(path, mode)
+
+
+def socket_access(path: Path, gid: int | None) -> None:
+    """The service's socket ``path``: 0600, or 0660 and group ``gid``'s."""
+    if gid is None:
+        os.chmod(path, PRIVATE_FILE_MODE)
+    else:
+        _give_group(path, gid, GROUP_SOCKET_MODE)
 
 
 def stale_socket(path: Path) -> bool:
@@ -135,26 +181,35 @@ def open_private(path: Path, what: str) -> int:
     return fd
 
 
-def check_service(path: Path, timeout_s: float) -> None:
+def check_service(path: Path, timeout_s: float, gid: int | None = None) -> None:
     """Refuse (``NodeUntrusted``) a service socket at ``path`` another user could have
-    planted or could listen on (see the module); ``NodeUnavailable`` when no one
-    listens there."""
+    planted or could listen on (see the module; ``gid``: the configured socket group);
+    ``NodeUnavailable`` when no one listens there."""
     try:
-        problem = _dir_problem(path.parent, os.lstat(path.parent))
+        dir_st = os.lstat(path.parent)
         st = os.lstat(path)
     except FileNotFoundError:
         raise NodeUnavailable(f"no node service socket at {path}") from None
+    except PermissionError:
+        raise NodeUntrusted(f"the node service's socket {path} cannot be reached by this "
+                            "user (not a member of its socket group?)") from None
+    trusted = {os.geteuid(), ROOT_UID}
+    # The socket group's service: its socket and directory of one user and that group.
+    if gid is not None and st.st_gid == gid == dir_st.st_gid and st.st_uid == dir_st.st_uid:
+        trusted.add(st.st_uid)
+    who = "this user, root" + (f" or a service of group {gid}" if gid is not None else "")
+    problem = _dir_problem(path.parent, dir_st, trusted)
     if problem:
         raise NodeUntrusted(f"the node service's socket directory {path.parent} {problem}")
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISSOCK(st.st_mode):
         raise NodeUntrusted(f"{path} is not a socket (a symlink or another file)")
-    if st.st_uid not in (os.geteuid(), ROOT_UID):
+    if st.st_uid not in trusted:
         raise NodeUntrusted(f"the socket {path} is owned by {_owner(st.st_uid)}, not by "
-                            "this user or root: not used")
+                            f"{who}: not used")
     uid = _listener_uid(path, timeout_s)
-    if uid is not None and uid not in (os.geteuid(), ROOT_UID):
+    if uid is not None and uid not in (os.geteuid(), ROOT_UID, st.st_uid):
         raise NodeUntrusted(f"the process listening on {path} runs as {_owner(uid)}, not "
-                            "as this user or root: not used")
+                            f"as {who}: not used")
 
 
 def peer_credentials(fd: int) -> tuple[int, int] | None:

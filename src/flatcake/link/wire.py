@@ -2,58 +2,53 @@
 what an attach answers.
 
 Transport is ZeroMQ over a unix socket (``ipc://``): a ROUTER in the service, one DEALER
-per client socket. A call is one frame, ``pickle((call_id, engine_id, method, args[, deadline,
-gave_up]))`` (``engine_id`` names the engine or store the call is for: the connection
-that attached it, or another of the same process, ``link.trust.Owner``; ``deadline``:
-the wall-clock time, ``time.time()``, past which its client no longer waits, so the
-service does not run it then; ``gave_up``: this client's earlier calls it stopped
-waiting for, whose effects the service undoes; ``Call``);
-its answer one frame, ``pickle((call_id, ok, value))`` with ``value`` the result or, when
-``ok`` is false, the error's message. Pickle carries the books' own task types as they go
-to vLLM's workers; the socket's directory is 0700 and the socket 0600, so only the
-service's user can connect (a peer that could would hold the store's files anyway), and a
-client talks only to a socket and a listener of its own user or root (``link.trust``).
+per client socket. A call is one frame, its answer one frame, each a msgpack array
+decoded into declared types only (msgspec): nothing a peer sends is unpickled, on
+either side, so a peer's bytes can make a value of a declared type or an error, never
+run code. The verbs, with their arguments' and answers' types, are ``link.verbs``::
+
+    call (client -> service)
+    +---------+---------+-----------+------+------+----------+---------+
+    | version | call_id | client_id | verb | args | deadline | gave_up |
+    +---------+---------+-----------+------+------+----------+---------+
+      int       int       str         str    the    float |    [int]
+                                             verb's  nil       (<= MAX_GAVE_UP)
+                                             Args
+
+    answer (service -> client)
+    +---------+----+-------+-------+
+    | call_id | ok | value | error |
+    +---------+----+-------+-------+
+      int|nil   bool  the     str
+                      verb's
+                      reply
+
+``version``: ``PROTOCOL_VERSION`` of the client; a call of another version is refused
+by name before anything else of it is read (an attach of an older or newer client
+included). ``client_id`` names the engine or store the call is for (the connection that
+attached it, or another of the same process, ``link.trust.Owner``); ``deadline``: the
+wall-clock time, ``time.time()``, past which its client no longer waits, so the service
+does not run it then; ``gave_up``: this client's earlier calls it stopped waiting for,
+whose effects the service undoes. ``args`` is decoded only once ``verb`` is known, into
+that verb's ``Args``; ``value`` (when ``ok``) into its reply type; ``error`` is the
+message of a refusal. A frame that does not decode is refused with its ``call_id``
+where it names one (another protocol version), else nil.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from flatcake.config import FlatCakeConfig
 
-# The calls a client may make (anything else is refused by name).
-ATTACH = "attach"
-DETACH = "detach"
-WORKER = "worker"
-STATUS = "status"
-ATTACH_STORE = "attach_store"
-CONTROL = "control"
-# An attached store's servable hit (``plan.requests.servable``) in one call; with
-# ``wait_s`` the service answers once no store in flight writes the blocks right after
-# the hit (or ``wait_s`` has passed).
-SERVABLE = "servable"
-# An attached store's calls of the books (``link.control.RemoteControl``); the FC-MAS
-# ones run on the store's own queue.
-CONTROL_CALLS = frozenset({
-    "lookup", "store_in_flight", "prepare_store", "take_reclaim_actions", "complete_store",
-    "complete_copy", "files_of", "file_end_bytes", "cut_pending", "settle_damage",
-    "prepare_load", "complete_load", "segment", "mark_damaged", "restore_request",
-    "submit_restore", "next_restores", "restore_done", "pop_ready_restore", "reclaim",
-    "drop_session", "session_ids", "session", "stats", "segments", "ready_cuts",
-    "newest_turn_index", "take_window_releases", SERVABLE,
-})
-FCMAS_CALLS = frozenset({"submit_restore", "next_restores", "restore_done",
-                         "pop_ready_restore"})
-# An engine's scheduler half, forwarded to its ``SchedulerSide`` in the service.
-ENGINE_CALLS = frozenset({
-    "new_request", "num_matched_tokens", "after_alloc", "prompt_computed", "step",
-    "update", "request_finished", "take_stats",
-})
-
+# Bumped whenever a frame or a verb's types change; a mismatch is refused by name.
+PROTOCOL_VERSION = 1
 
 # The service's answer to a call of an engine it does not know (lease ended, restart).
 UNKNOWN_ENGINE = "unknown engine"
@@ -61,36 +56,134 @@ UNKNOWN_ENGINE = "unknown engine"
 FOREIGN_CLIENT = "is not the caller's"
 # ... and to a call its client stopped waiting for (not run).
 GAVE_UP = "its client stopped waiting for it"
+# ... and to a call of another protocol version.
+OTHER_VERSION = "protocol version"
 MAX_GAVE_UP = 256  # call ids a call may name as given up
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One call as the service reads it (see the module)."""
+class Call(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """One call (see the module's map); ``args`` still encoded."""
 
+    version: int
     call_id: int
-    engine_id: str
-    method: str
-    args: tuple[Any, ...]
+    client_id: str
+    verb: str
+    args: msgspec.Raw
     deadline: float | None = None  # wall clock (time.time()); None: no deadline
-    gave_up: tuple[int, ...] = ()
+    gave_up: Annotated[tuple[int, ...], msgspec.Meta(max_length=MAX_GAVE_UP)] = ()
 
-    @classmethod
-    def parse(cls, obj: Any) -> Call:
-        """The call ``obj`` (an unpickled frame) is; ``ValueError`` naming what is
-        wrong."""
-        shape = ("not (call_id: int, engine_id: str, method: str, args: tuple"
-                 "[, deadline: float | None, gave_up: tuple of int])")
-        if not (isinstance(obj, tuple) and len(obj) in (4, 6)):
-            raise ValueError(shape)
-        call = cls(*obj)
-        if not (isinstance(call.call_id, int) and isinstance(call.engine_id, str)
-                and isinstance(call.method, str) and isinstance(call.args, tuple)
-                and (call.deadline is None or isinstance(call.deadline, float | int))
-                and isinstance(call.gave_up, tuple) and len(call.gave_up) <= MAX_GAVE_UP
-                and all(isinstance(c, int) for c in call.gave_up)):
-            raise ValueError(shape)
-        return call
+
+class _Head(msgspec.Struct, array_like=True):
+    """A frame's first two items, whatever follows (skipped, never built)."""
+
+    version: Any = None
+    call_id: Any = None
+
+
+class Reply(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """One answer (see the module's map); ``value`` still encoded."""
+
+    call_id: int | None
+    ok: bool
+    value: msgspec.Raw = msgspec.Raw(b"\xc0")  # nil
+    error: str = ""
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    item = getattr(obj, "item", None)  # a numpy scalar
+    if callable(item) and getattr(obj, "shape", None) == ():
+        return item()
+    raise TypeError(f"{type(obj).__name__} does not cross the node service's wire")
+
+
+def _dec_hook(typ: type, obj: Any) -> Any:
+    if typ is object:  # a field of any plain value: msgpack's own (str, int, list, ...)
+        return obj
+    if typ is Path and isinstance(obj, str):
+        return Path(obj)
+    if typ is Hashable and isinstance(obj, str | int | bytes):  # a request id
+        return obj
+    raise TypeError(f"{typ} does not cross the node service's wire")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_CALLS = msgspec.msgpack.Decoder(Call)
+_REPLIES = msgspec.msgpack.Decoder(Reply)
+_HEADS = msgspec.msgpack.Decoder(_Head)  # for naming what is wrong with a frame
+
+# A frame that does not decode (``decode_call``, ``Decoder.decode``) raises one of these.
+FrameError = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+def encode(obj: Any) -> bytes:
+    """``obj`` (a frame, a verb's arguments or reply) as msgpack."""
+    return _ENCODER.encode(obj)
+
+
+def decoder(typ: Any) -> msgspec.msgpack.Decoder[Any]:
+    """A decoder of msgpack into ``typ`` (only): raises one of ``FrameError``."""
+    return msgspec.msgpack.Decoder(typ, dec_hook=_dec_hook)
+
+
+class BadFrame(ValueError):
+    """A frame that is not a call of this protocol version (the message says why);
+    ``call_id`` where the frame names one."""
+
+    def __init__(self, why: str, call_id: int | None = None) -> None:
+        super().__init__(why)
+        self.call_id = call_id
+
+
+def decode_call(frame: bytes) -> Call:
+    """The call ``frame`` holds; ``BadFrame`` naming what is wrong (another protocol
+    version by name: ``OTHER_VERSION``)."""
+    try:
+        call = _CALLS.decode(frame)
+    except FrameError as exc:
+        other, call_id = _other_version(frame)
+        raise BadFrame(other or f"not a call: {exc}", call_id) from None
+    if call.version != PROTOCOL_VERSION:
+        raise BadFrame(_other_version(frame)[0], call.call_id)
+    return call
+
+
+def _other_version(frame: bytes) -> tuple[str, int | None]:
+    """('', None) unless ``frame`` is an array whose first item is another protocol
+    version: then what to answer, and the call id its second item may be."""
+    try:
+        head = _HEADS.decode(frame)
+    except FrameError:
+        return "", None
+    if type(head.version) is not int or head.version == PROTOCOL_VERSION:
+        return "", None
+    call_id = head.call_id if type(head.call_id) is int else None
+    return (f"{OTHER_VERSION} {head.version} of the client; this node service speaks "
+            f"{OTHER_VERSION} {PROTOCOL_VERSION}: run one FlatCake version on both "
+            "sides"), call_id
+
+
+def call_frame(call_id: int, client_id: str, verb: str, args: Any,
+               deadline: float | None = None, gave_up: tuple[int, ...] = ()) -> bytes:
+    """A call of ``verb`` with ``args`` (its verb's ``Args``) as its frame."""
+    return encode(Call(PROTOCOL_VERSION, call_id, client_id, verb, msgspec.Raw(encode(args)),
+                       deadline, gave_up))
+
+
+def answer_frame(call_id: int | None, value: Any) -> bytes:
+    """The answer ``value`` (its verb's reply type) to call ``call_id`` as its frame."""
+    return encode(Reply(call_id, True, msgspec.Raw(encode(value))))
+
+
+def refusal_frame(call_id: int | None, error: str) -> bytes:
+    """The refusal of call ``call_id`` (``error`` says why) as its frame."""
+    return encode(Reply(call_id, False, error=error))
+
+
+def decode_reply(frame: bytes) -> Reply:
+    """The answer ``frame`` holds (raises one of ``FrameError``)."""
+    return _REPLIES.decode(frame)
 
 
 class NodeUnavailable(ConnectionError):
@@ -117,12 +210,6 @@ def endpoint(path: Path) -> str:
     return f"ipc://{os.path.abspath(path)}"
 
 
-def encode(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def decode(data: bytes) -> Any:
-    return pickle.loads(data)  # a 0600 socket of the service's own user
 
 
 @dataclass(frozen=True, slots=True)

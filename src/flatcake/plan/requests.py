@@ -25,6 +25,10 @@ them::
                     nothing when every new block is already being written by another
                     request's store; the shared-prefix signal taken at the block really
                     written (hosts pass a function of its position)
+               begin_store(control, session_id, keys, signals) -> StoreBegun: settle,
+                    then (unless the session is being cut: wait, begin again) the
+                    store's plan and the reclaim actions that made room, in one step
+                    (one call for a store attached to the node service)
 
 The verbs turned into executor tasks, the same for every host that has an executor
 (``FlatCakeStore`` in one process, the vLLM scheduler half sending them to its
@@ -60,9 +64,9 @@ from flatcake.plan.tasks import FileDrop, LoadDone, LoadTask, StoreTask
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Finished", "Servable", "by_medium", "finish_load", "load", "load_task",
-           "reclaim_tasks", "remote_blocks", "restore_request", "servable", "settle",
-           "store_task"]
+__all__ = ["Finished", "Servable", "StoreBegun", "begin_store", "by_medium", "finish_load",
+           "load", "load_task", "reclaim_tasks", "remote_blocks", "restore_request",
+           "servable", "settle", "store_task"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +176,40 @@ def settle(control: ControlPlane) -> list[ReclaimAction]:
     """What the host applies now: cuts at damage nothing in flight blocks (drops with
     quarantine where the file header is damaged), then queued reclaim actions."""
     return control.settle_damage()
+
+
+@dataclass(frozen=True, slots=True)
+class StoreBegun:
+    """What ``begin_store`` did, for the host to apply in order.
+
+    Attributes:
+        settled: ``settle``'s actions (applied first).
+        cut_pending: the session is being cut before a damaged segment: nothing was
+            prepared; the host waits for what still uses the cut-off part and begins
+            again.
+        plan: the store's plan; None when every new block is already being written.
+        reclaimed: the reclaim actions that made room for it (applied next).
+    """
+
+    settled: tuple[ReclaimAction, ...]
+    cut_pending: bool
+    plan: StorePlan | None = None
+    reclaimed: tuple[ReclaimAction, ...] = ()
+
+
+def begin_store(control: ControlPlane, session_id: str, keys: Sequence[bytes], *,
+                turn_index: int, context_tokens: int, prev_reply_tokens: int | None = None,
+                shared_refcount: int = 1) -> StoreBegun:
+    """Settle, then prepare the store of ``keys`` (``ControlPlane.prepare_store``)
+    unless the session is being cut (module docstring)."""
+    settled = tuple(settle(control))
+    if control.cut_pending(session_id):
+        return StoreBegun(settled, True)
+    plan = control.prepare_store(session_id, keys, turn_index=turn_index,
+                                 context_tokens=context_tokens,
+                                 prev_reply_tokens=prev_reply_tokens,
+                                 shared_refcount=shared_refcount)
+    return StoreBegun(settled, False, plan, tuple(control.take_reclaim_actions()))
 
 
 # -- the verbs as executor tasks ---------------------------------------------------

@@ -77,6 +77,11 @@ class StreamPlanner:
         self.stream_request: list[int] = []
         self.checks: list[StreamCheck] = []
 
+    @property
+    def crcs(self) -> dict[int, tuple[int, ...]]:
+        """The block crcs it was given, by segment id (read-only)."""
+        return dict(self._crcs)
+
     def __call__(self, runs: Sequence[HitRun], num_layers: int, resolve: Any,
                  cfg: PlannerConfig) -> ReadPlan:
         widened: list[HitRun] = []

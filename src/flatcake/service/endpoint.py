@@ -14,6 +14,11 @@ it is not run (its client gave up: what it would prepare would be no one's), and
 client names the calls it gave up on in its next call, whose effects are then undone
 (``service.stores.abandon_calls``).
 
+Frames: a call is decoded into the wire's ``Call`` and its arguments into its verb's
+declared types (``link.wire``, ``link.verbs``); nothing is unpickled. A frame that does
+not decode (random bytes, truncated, oversized, another protocol version, a pickle, the
+wrong number of frames) is answered with an error naming why, and the loop goes on.
+
 Callers: who makes a call is its connection (``link.trust.Caller``: ZeroMQ's routing id,
 and the peer's pid and uid from ``SO_PEERCRED`` where the platform says), never the id a
 call names; the service binds each attached engine or store to the caller that attached
@@ -35,6 +40,7 @@ import zmq
 from flatcake.control import ControlPlane
 from flatcake.link import wire
 from flatcake.link.trust import Caller
+from flatcake.link.verbs import STATUS, Verb
 from flatcake.service.stores import AttachedStore, ServableWait
 
 logger = logging.getLogger("flatcake.service")
@@ -83,11 +89,12 @@ class CallLoop:
     """The serving loop of ``server.NodeService`` (which answers each call)."""
 
     lease_s: float
+    verb_table: dict[str, Verb]  # every verb it answers, by name
     _sock: zmq.Socket[bytes]
     _waits: list[tuple[bytes, int, ServableWait]]
     _stores: dict[str, AttachedStore]
 
-    def handle(self, method: str, engine_id: str, args: tuple[Any, ...],
+    def handle(self, method: str, engine_id: str, args: dict[str, Any],
                caller: Caller, call_id: int = 0) -> Any:
         raise NotImplementedError
 
@@ -128,26 +135,34 @@ class CallLoop:
             if self._waits:
                 self._answer_waits(time.monotonic())
 
-    def _refuse(self, who: bytes, why: str) -> None:
-        """Answer a message that is not a call (the peer may not read it: a ROUTER drops
-        what it cannot deliver, so this never blocks the loop)."""
-        self._sock.send_multipart([who, wire.encode((None, False, f"malformed call: {why}"))])
+    def _send(self, who: bytes, frame: bytes) -> None:
+        """Send ``frame`` to connection ``who`` (a ROUTER drops what it cannot deliver,
+        so this never blocks the loop)."""
+        self._sock.send_multipart([who, frame])
+
+    def _refuse(self, who: bytes, why: str, call_id: int | None = None) -> None:
+        """Answer a message that is not a call (or not one we can read)."""
+        self._send(who, wire.refusal_frame(call_id, f"malformed call: {why}"))
 
     def _answer(self, who: bytes, frame: bytes, fd: int = -1) -> None:
         """Answer one call of connection ``who`` (descriptor ``fd``); a frame that is
         not one is refused, never raised out of the loop (one peer's bytes must not stop
         every engine's service)."""
         try:
-            obj = wire.decode(frame)
-        except Exception as exc:
-            self._refuse(who, f"{type(exc).__name__}: {exc}")
+            call = wire.decode_call(frame)
+        except wire.BadFrame as exc:
+            self._refuse(who, str(exc), exc.call_id)
+            return
+        method, engine_id, call_id = call.verb, call.client_id, call.call_id
+        verb = self.verb_table.get(method)
+        if verb is None:
+            self._send(who, wire.refusal_frame(call_id, f"unknown call {method!r}"))
             return
         try:
-            call = wire.Call.parse(obj)
-        except ValueError as exc:
-            self._refuse(who, str(exc))
+            args = verb.decode_args(call.args)
+        except Exception as exc:  # wire.FrameError, or a value's own check refusing it
+            self._refuse(who, f"the arguments of {method}: {exc}", call_id)
             return
-        call_id, engine_id, method, args = call.call_id, call.engine_id, call.method, call.args
         caller = Caller(who, fd)
         try:
             if call.gave_up:  # first: one of them may be a call still queued
@@ -162,13 +177,13 @@ class CallLoop:
             if isinstance(out, ServableWait):  # answered by ``_answer_waits``
                 self._waits.append((who, call_id, out))
                 return
-            reply = (call_id, True, out)
+            reply = wire.answer_frame(call_id, out)
         except wire.NodeRefused as exc:
-            reply = (call_id, False, str(exc))
+            reply = wire.refusal_frame(call_id, str(exc))
         except Exception as exc:
             logger.exception("call %s of engine %s failed", method, engine_id)
-            reply = (call_id, False, f"{type(exc).__name__}: {exc}")
-        self._sock.send_multipart([who, wire.encode(reply)])
+            reply = wire.refusal_frame(call_id, f"{type(exc).__name__}: {exc}")
+        self._send(who, reply)
 
     def _answer_waits(self, now: float) -> None:
         """Answer the held ``servable`` calls whose store in flight ended (durable,
@@ -179,18 +194,19 @@ class CallLoop:
             if found is None:
                 held.append((who, call_id, wait))
             else:
-                self._sock.send_multipart([who, wire.encode((call_id, True, found))])
+                self._send(who, wire.answer_frame(call_id, found))
         self._waits = held
 
 
-def ask_status(sock: Path, timeout_s: float) -> dict[str, Any]:
-    """What the service listening on ``sock`` serves (``flatcake serve --status``);
-    raises ``NodeUnavailable`` / ``NodeRefused``."""
+def ask_status(sock: Path, timeout_s: float, group: str = "") -> dict[str, Any]:
+    """What the service listening on ``sock`` serves (``flatcake serve --status``; a
+    service of socket group ``group`` trusted too); raises ``NodeUnavailable`` /
+    ``NodeRefused``."""
     from flatcake.link.client import NodeClient
 
-    client = NodeClient(str(sock), timeout_s)
+    client = NodeClient(str(sock), timeout_s, group)
     try:
-        out: dict[str, Any] = client.call(wire.STATUS)
+        out: dict[str, Any] = client.call(STATUS)
         return out
     finally:
         client.close()

@@ -9,13 +9,18 @@ engine's scheduler half calls it (``client.RemoteSchedulerSide``) and its worker
 
     attach(name, pid, geometry, ranks, settings)      -> Attached   an engine's half
     worker(rank, geometry, ranks)                     -> WorkerRoot  a worker's files
+    attach_store(name, pid, geometry, tenant)         -> Attached   a FlatCakeStore
+    <engine verb>(args)        -> its SchedulerSide's answer (``connectors.node_verbs``)
+    <books verb>(args)         -> the books' answer, for a store (``link.verbs.CONTROL``)
+    detach / status
+
+Every verb's arguments and answer have declared types (``link.verbs``); the frames, and
+the protocol version every call carries, are ``link.wire``'s.
 
 Tensor parallelism (``wire.TensorRanks``): a block is one entry in the books. Its parts
 (one per rank, heads split) lie at the same offsets of the same file in each part's
 directory ``ROOT/tp<part>``, each written and read by its rank; a replicated part (MLA's
 latent) is one, in ``ROOT`` itself, written by rank 0 and read by every rank.
-    call(engine, method, args)                        -> its SchedulerSide's answer
-    detach / status
 
 Identity: an engine or store is bound to the caller that attached it (its connection,
 or another connection of the same process: ``link.trust.Owner``); a call naming one
@@ -61,13 +66,14 @@ from flatcake.cio.hugepages import shared_arena_pages
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
+from flatcake.connectors.node_verbs import ATTACH, ENGINE
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut
 from flatcake.control.keys import TENANT_TAG_BYTES, tenant_tag
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
-from flatcake.link import trust, wire
+from flatcake.link import trust, verbs, wire
 from flatcake.link.trust import Caller, Owner
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
@@ -111,6 +117,7 @@ class NodeService(CallLoop):
         self.config = config
         self.socket = Path(socket).absolute()
         self.lease_s = config.store.node_lease_s
+        self.verb_table = {ATTACH.name: ATTACH, **verbs.SERVICE, **verbs.CONTROL, **ENGINE}
         ensure_private_dir(self.root)
         self._lock = SessionFiles(self.root, "buffered")
         self._lock.lock_root()  # no embedded store opens this root while we serve
@@ -154,8 +161,10 @@ class NodeService(CallLoop):
     def _bind(self) -> None:
         """Listen on ``self.socket``: its directory made 0700 or checked, a stale socket
         of ours replaced, anything else there refused (``link.trust``); the socket is
-        0600 (connecting needs write access to it)."""
-        trust.socket_dir(self.socket.parent)
+        0600 (connecting needs write access to it), or 0660 and the group's with
+        ``store.node_socket_group`` (its directory 0750)."""
+        gid = trust.socket_group(self.config.store.node_socket_group)
+        trust.socket_dir(self.socket.parent, gid)
         if trust.stale_socket(self.socket):
             if listening(self.socket):
                 raise ValueError(f"another node service listens on {self.socket}: stop "
@@ -167,7 +176,7 @@ class NodeService(CallLoop):
         finally:
             os.umask(old)
         self._bound = True
-        os.chmod(self.socket, 0o600)
+        trust.socket_access(self.socket, gid)
 
     # -- the books, made at the first attach ----------------------------------------
 
@@ -194,8 +203,6 @@ class NodeService(CallLoop):
     def _make_books(self, geometry: KVGeometry, ranks: TensorRanks) -> NodeParts:
         """Recover every part's files (all recovered before any is settled, so a part
         that fails leaves every file as it was), make the arenas and the books."""
-        if not (isinstance(geometry, KVGeometry) and isinstance(ranks, TensorRanks)):
-            raise wire.NodeRefused("an attach names a KVGeometry and TensorRanks")
         cfg = self.config
         parts = ranks.parts
         if parts == 1:
@@ -242,36 +249,37 @@ class NodeService(CallLoop):
 
     # -- calls ----------------------------------------------------------------------
 
-    def handle(self, method: str, engine_id: str, args: tuple[Any, ...],
+    def handle(self, method: str, engine_id: str, args: dict[str, Any],
                caller: Caller, call_id: int = 0) -> Any:
-        """Answer call ``call_id`` of ``caller`` (raises ``NodeRefused`` for a call it
-        refuses)."""
+        """Answer call ``call_id`` of ``caller``: ``method`` with ``args`` by parameter
+        name, decoded as ``self.verb_table[method]`` declares (raises ``NodeRefused`` for a
+        call it refuses)."""
         self.calls += 1
         now = time.monotonic()
-        if method == wire.ATTACH:
-            return self._attach(now, caller.owner(), *args)
-        if method == wire.WORKER:
-            rank, geometry, ranks = args
-            self._ensure_books(geometry, ranks)
+        if method == ATTACH.name:
+            return self._attach(now, caller.owner(), **args)
+        if method == verbs.WORKER.name:
+            rank, ranks = args["rank"], args["ranks"]
+            self._ensure_books(args["geometry"], ranks)
             part = ranks.part(rank)
             return WorkerRoot(rank_dir(self.root, part, ranks.parts), self._arenas[part],
                               self.config, writes=ranks.writes(rank), part=part,
                               parts=ranks.parts)
-        if method == wire.STATUS:
+        if method == verbs.STATUS.name:
             return self.status()
-        if method == wire.ATTACH_STORE:
-            return self._attach_store(now, caller.owner(), *args)
+        if method == verbs.ATTACH_STORE.name:
+            return self._attach_store(now, caller.owner(), **args)
         store = self._stores.get(engine_id)
         if store is not None:
             if not store.owner.admits(caller):
                 raise store.owner.refuse(f"store {engine_id!r}")
             store.last_call = now
-            if method == wire.DETACH:
+            if method == verbs.DETACH.name:
                 self._release_store(store, "detached")
                 return None
-            if method != wire.CONTROL:
+            if method not in verbs.CONTROL:
                 raise wire.NodeRefused(f"unknown call {method!r} of a store")
-            return attached_call(store, self._books(), self._tenants, call_id, *args)
+            return attached_call(store, self._books(), self._tenants, call_id, method, args)
         engine = self._engines.get(engine_id)
         if engine is None:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
@@ -279,28 +287,28 @@ class NodeService(CallLoop):
         if not engine.owner.admits(caller):
             raise engine.owner.refuse(f"engine {engine_id!r}")
         engine.last_call = now
-        if method == wire.DETACH:
+        if method == verbs.DETACH.name:
             self._release(engine, "detached")
             return None
-        if method not in wire.ENGINE_CALLS:
-            raise wire.NodeRefused(f"unknown call {method!r}")
-        side = engine.side
+        if method not in ENGINE:
+            raise wire.NodeRefused(f"unknown call {method!r} of an engine")
+        side, values = engine.side, tuple(args.values())
         if method == "step":
             drops, cuts = self._orphans
             if drops or cuts:
                 side.adopt_file_work(drops, cuts)
                 self._orphans = ([], [])
-            plan: StepPlan = side.build_step(*args)
+            plan: StepPlan = side.build_step(*values)
             return plan, side.has_work(), side.take_events()
         if method == "update":
-            report, finished = args
+            report, finished = values
             if report is not None:
                 side.on_report(report)
             return side.take_released(finished), side.has_work(), side.take_events()
         if method == "after_alloc":
-            side.after_alloc(*args)
-            return side.hit_sources(args[0])
-        out = getattr(side, method)(*args)
+            side.after_alloc(*values)
+            return side.hit_sources(args["request_id"])
+        out = getattr(side, method)(*values)
         if method == "prompt_computed" and out is not None:  # the engine writes it
             self._tenants.claim(self._books(), engine.tenant, out.session_id)
         return out
@@ -345,7 +353,7 @@ class NodeService(CallLoop):
                       geometry: KVGeometry, tenant: bytes = b"") -> Attached:
         if self.config.store.cluster_url:
             raise wire.NodeRefused(STORES_IN_CLUSTER)
-        if not (isinstance(tenant, bytes) and len(tenant) in (0, TENANT_TAG_BYTES)):
+        if len(tenant) not in (0, TENANT_TAG_BYTES):
             raise wire.NodeRefused(f"attach_store: a tenant is control.keys.tenant_tag's "
                                    f"{TENANT_TAG_BYTES} bytes (or none), got {tenant!r}")
         parts = self._ensure_books(geometry, TensorRanks())

@@ -27,9 +27,10 @@ from typing import Any
 
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.types import WindowRelease
-from flatcake.link import wire
+from flatcake.link import verbs, wire
 from flatcake.link.trust import NOBODY, Owner
-from flatcake.plan.requests import Servable, servable
+from flatcake.plan.requests import Servable, begin_store, servable
+from flatcake.plan.stream import StreamPlanner
 from flatcake.service.tenants import SessionTenants
 
 logger = logging.getLogger("flatcake.service")
@@ -82,31 +83,30 @@ _SEGMENT_VERBS = frozenset({"segment", "mark_damaged"})
 
 
 def _scope(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
-           method: str, args: tuple[Any, ...]) -> bool:
+           method: str, args: dict[str, Any]) -> bool:
     """Refuse (``NodeRefused``) a call naming what is not ``store``'s tenant's; False
     for a completion of what is not ``store``'s own (not run: another store's load or
     store in flight, or one its lease already ended)."""
     tenant = store.tenant
     if method in _SESSION_VERBS:
-        tenants.check(control, tenant, args[0], method)
+        tenants.check(control, tenant, args["session_id"], method)
     elif method in _SEGMENT_VERBS:
         try:
-            sid = control.segment(int(args[0])).session_id
+            sid = control.segment(args["segment_id"]).session_id
         except KeyError:
             return True  # no such segment: the books answer as for anyone
         tenants.check(control, tenant, sid, method)
-    elif method == "prepare_store":
-        tenants.check_write(control, tenant, args[0], tuple(args[1]))
+    elif method in ("prepare_store", "begin_store"):
+        tenants.check_write(control, tenant, args["session_id"], args["keys"])
     elif method == "prepare_load":
-        tenants.check_hit(control, tenant, args[1], method)
+        tenants.check_hit(control, tenant, args["keys_or_hit"], method)
     elif method == "complete_load":
-        return args[0] in store.loads
+        return args["request_id"] in store.loads
     elif method in ("complete_store", "complete_copy"):
-        plan = args[0]
-        return isinstance(plan, StorePlan) and \
-            store.stores.get(plan.segment.segment_id) == plan
+        plan = args["plan"]
+        return store.stores.get(plan.segment.segment_id) == plan
     elif method == "submit_restore":
-        return getattr(args[0], "request_id", None) in store.loads
+        return args["plan"].request_id in store.loads
     return True
 
 
@@ -132,6 +132,15 @@ def abandon_calls(store: AttachedStore, control: ControlPlane,
                     call_id, kind, key)
 
 
+def _prepared(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
+              call_id: int, plan: StorePlan) -> None:
+    """Call ``call_id`` of ``store`` prepared ``plan``: its store in flight (undone if
+    the call is given up), its session its tenant's."""
+    store.stores[plan.segment.segment_id] = plan
+    store.made_by[call_id] = ("store", plan.segment.segment_id)
+    tenants.claim(control, store.tenant, plan.session_id)
+
+
 def _made(store: AttachedStore, kind: str, key: Any) -> None:
     """What a call prepared is complete: no longer undone if its call is given up."""
     for call_id in [c for c, m in store.made_by.items() if m == (kind, key)]:
@@ -139,14 +148,14 @@ def _made(store: AttachedStore, kind: str, key: Any) -> None:
 
 
 def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
-                  call_id: int, method: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Any:
-    """Call ``call_id`` of an attached store: one ``ControlPlane`` call, on its own
+                  call_id: int, method: str, args: dict[str, Any]) -> Any:
+    """Call ``call_id`` of an attached store: one ``ControlPlane`` call (``args`` by
+    parameter name, decoded as ``link.verbs.CONTROL[method]`` declares), on its own
     FC-MAS queue, scoped to its tenant and to what it holds (module docstring); its
     loads and stores in flight are kept for its lease, and by call until they complete
     (``abandon_calls``). ``servable`` with ``wait_s`` may answer a ``ServableWait`` for
     the service to hold."""
-    if method not in wire.CONTROL_CALLS:
+    if method not in verbs.CONTROL:
         raise wire.NodeRefused(f"unknown control call {method!r}")
     if call_id in store.abandoned:  # given up on before it was read
         del store.abandoned[call_id]
@@ -154,20 +163,33 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
     store.handed = ()  # punched before this call
     if not _scope(store, control, tenants, method, args):
         return None
-    if method == wire.SERVABLE:
-        keys, engine_blocks = tuple(args[0]), int(kwargs.get("engine_blocks", 0))
+    if method == verbs.SERVABLE.name:
+        keys, engine_blocks, wait_s = args["keys"], args["engine_blocks"], args["wait_s"]
         found = servable(control, keys, engine_blocks)
         tenants.claim_hit(control, store.tenant, found.hit)
-        wait_s = float(kwargs.get("wait_s", 0.0))
         if not (math.isfinite(wait_s) and wait_s >= 0):  # its deadline times the loop
             raise wire.NodeRefused(f"servable: wait_s must be finite and >= 0, got {wait_s}")
         if found.wait and wait_s > 0:
             return ServableWait(store.client_id, keys, engine_blocks,
                                 store.last_call + wait_s)
         return found
-    if method in wire.FCMAS_CALLS:
-        kwargs = {**kwargs, "queue": store.client_id}
-    out = getattr(control, method)(*args, **kwargs)
+    if method in verbs.FCMAS:
+        args = {**args, "queue": store.client_id}
+    if method == "prepare_load":
+        # The planner is the service's own (a stream planner, when asked for one):
+        # what it recorded goes back as data.
+        planner = StreamPlanner({}) if args.pop("stream") else None
+        plan = control.prepare_load(**args, planner=planner)
+        store.loads.add(args["request_id"])
+        store.made_by[call_id] = ("load", args["request_id"])
+        return verbs.LoadPlanned(plan, planner.stream_request if planner else [],
+                                 planner.checks if planner else [])
+    if method == "begin_store":
+        begun = begin_store(control, **args)
+        if begun.plan is not None:
+            _prepared(store, control, tenants, call_id, begun.plan)
+        return begun
+    out = getattr(control, method)(**args)
     if method == "lookup":
         tenants.claim_hit(control, store.tenant, out)
     elif method == "session_ids":
@@ -179,21 +201,14 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
     elif method == "ready_cuts":
         mine = set(tenants.visible(store.tenant, {sid for sid, _ in out}))
         return [(sid, seg) for sid, seg in out if sid in mine]
-    if method == "prepare_load":
-        store.loads.add(args[0])
-        store.made_by[call_id] = ("load", args[0])
-        # The planner the store passed records the stream it planned: it goes back.
-        return out, kwargs.get("planner")
-    if method == "complete_load":
-        store.loads.discard(args[0])
-        _made(store, "load", args[0])
+    elif method == "complete_load":
+        store.loads.discard(args["request_id"])
+        _made(store, "load", args["request_id"])
     elif method == "prepare_store" and out is not None:
-        store.stores[out.segment.segment_id] = out
-        store.made_by[call_id] = ("store", out.segment.segment_id)
-        tenants.claim(control, store.tenant, out.session_id)
+        _prepared(store, control, tenants, call_id, out)
     elif method == "complete_store":
-        store.stores.pop(args[0].segment.segment_id, None)
-        _made(store, "store", args[0].segment.segment_id)
+        store.stores.pop(args["plan"].segment.segment_id, None)
+        _made(store, "store", args["plan"].segment.segment_id)
     elif method == "take_window_releases":
         store.handed = tuple(out)
     return out

@@ -38,12 +38,13 @@ queue; it is never cancelled.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import TracebackType
@@ -74,6 +75,8 @@ from flatcake.geometry import KVGeometry, preset
 from flatcake.plan.remote import RemoteRun
 from flatcake.plan.requests import (
     Servable,
+    StoreBegun,
+    begin_store,
     by_medium,
     finish_load,
     load,
@@ -159,9 +162,12 @@ class FlatCakeStore:
         from flatcake.link.wire import TensorRanks
 
         node, timeout = config.store.node, config.store.node_timeout_s
-        where = worker_root(node, timeout, 0, geometry, TensorRanks(), wait_s=timeout)
+        group = config.store.node_socket_group
+        where = worker_root(node, timeout, 0, geometry, TensorRanks(), wait_s=timeout,
+                            group=group)
         control = RemoteControl(node, timeout, geometry, clock,
-                                name=f"FlatCakeStore pid {os.getpid()}", tenant=tenant)
+                                name=f"FlatCakeStore pid {os.getpid()}", tenant=tenant,
+                                group=group)
         # The same verbs, answered by the service.
         self.control = control  # type: ignore[assignment]
         self._remote = control
@@ -269,7 +275,10 @@ class FlatCakeStore:
     def _settle_damage(self) -> None:
         """Apply what the books settled (under the lock): cuts before damaged segments,
         drops with quarantine where a file header is damaged (``control.damage``)."""
-        actions = settle(self.control)
+        self._apply_settled(settle(self.control))
+
+    def _apply_settled(self, actions: Sequence[ReclaimAction]) -> None:
+        """``_settle_damage``'s actions, settled by the books."""
         try:
             self._apply(actions)
         except OSError as exc:
@@ -298,19 +307,17 @@ class FlatCakeStore:
         paged, table = self._paged(kv_caches, block_ids, len(keys), unique=False)
         t0 = time.perf_counter()
         with self._lock:
-            self._settle_damage()
-            while self.control.cut_pending(session_id):
+            while True:
+                begun = self._begin_store(session_id, keys, signals)
+                self._apply_settled(begun.settled)
+                if not begun.cut_pending:
+                    break
                 # The session is being cut before a damaged segment: append only after
                 # the cut, right behind the last good segment (waits for the restores
                 # or writes still using the cut-off part).
                 self._wait()
-                self._settle_damage()
-            plan = self.control.prepare_store(
-                session_id, keys, turn_index=signals.turn_index,
-                context_tokens=signals.context_tokens,
-                prev_reply_tokens=signals.prev_reply_tokens,
-                shared_refcount=signals.shared_refcount)
-            self._apply(self.control.take_reclaim_actions())
+            plan = begun.plan
+            self._apply(begun.reclaimed)
             if plan is None:
                 return StoreResult(session_id, 0, len(keys), None, "", None, 0, 0, 0.0)
             # A new file is created in allocation order, before any append to it;
@@ -348,6 +355,16 @@ class FlatCakeStore:
         return StoreResult(session_id, seg.num_blocks, plan.first_block, plan.medium,
                            plan.placement.rule.value, seg.base_address, seg.total_bytes,
                            out.write_calls, elapsed)
+
+    def _begin_store(self, session_id: str, keys: Sequence[bytes], signals: TurnSignals
+                     ) -> StoreBegun:
+        """(Under the lock.) ``plan.requests.begin_store``; attached, one call."""
+        begin: Callable[..., StoreBegun] = self._remote.begin_store \
+            if self._remote is not None else functools.partial(begin_store, self.control)
+        return begin(session_id, keys, turn_index=signals.turn_index,
+                     context_tokens=signals.context_tokens,
+                     prev_reply_tokens=signals.prev_reply_tokens,
+                     shared_refcount=signals.shared_refcount)
 
     def _prepare_file(self, plan: StorePlan, lock: AbstractContextManager[Any]
                       ) -> tuple[int, OpenFile | None] | str:

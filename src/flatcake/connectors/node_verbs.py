@@ -1,0 +1,33 @@
+"""An engine's scheduler half's verbs on the node service's wire, with their declared
+types (``link.verbs`` has the others and the ``Verb`` they are): each forwards to the
+engine's ``SchedulerSide`` in the service (``connectors.node_client`` calls them).
+``step`` and ``update`` answer a hook's result with whether work is left and the block
+events since the last call, so a vLLM hook is one round trip."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flatcake.connectors.requests import BlockEvent, RequestView
+from flatcake.connectors.settings import ConnectorSettings
+from flatcake.control import StorePlan
+from flatcake.geometry import KVGeometry
+from flatcake.link.verbs import Verb, table
+from flatcake.link.wire import Attached, TensorRanks
+from flatcake.plan.tasks import StepPlan, WorkerReport
+
+_REQ = ("req", RequestView)
+ATTACH = Verb("attach", Attached, ("name", str), ("pid", int), ("geometry", KVGeometry),
+              ("ranks", TensorRanks), ("settings", ConnectorSettings))
+ENGINE = table(
+    Verb("new_request", None, _REQ),
+    Verb("num_matched_tokens", tuple[int | None, bool], _REQ, ("num_local_tokens", int)),
+    Verb("after_alloc", tuple[int, int], ("request_id", str), ("block_ids", list[int]),
+         ("num_external_tokens", int)),
+    Verb("prompt_computed", StorePlan | None, _REQ, ("block_ids", list[int])),
+    Verb("step", tuple[StepPlan, bool, list[BlockEvent]], ("preempted", tuple[str, ...])),
+    Verb("update", tuple[list[str], bool, list[BlockEvent]],
+         ("report", WorkerReport | None), ("finished", list[str])),
+    Verb("request_finished", tuple[bool, dict[str, Any] | None], _REQ),
+    Verb("take_stats", dict[str, int | float]),
+)
