@@ -183,8 +183,10 @@ class SegmentLayout:
                 block_crcs: bool = True, mark: int = 0) -> SegmentLayout:
         windows = layer_window_blocks if any(layer_window_blocks) else ()
         mark = mark if windows else 0
-        rows = sum(num_blocks - row_start(num_blocks, w, mark)
-                   for w in windows or (0,) * len(layer_block_bytes)) if block_crcs else 0
+        rows = 0
+        if block_crcs:
+            rows = sum(num_blocks - row_start(num_blocks, w, mark) for w in windows) \
+                if windows else num_blocks * len(layer_block_bytes)
         return cls(num_blocks, layer_block_bytes,
                    segment_header_bytes(num_blocks, layer_block_bytes, bool(windows), rows),
                    windows, block_crcs, mark=mark)
