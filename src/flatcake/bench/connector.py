@@ -103,8 +103,10 @@ class Request:
 class Driver:
     """One scheduler half driven through vLLM's hooks, CPU taken by phase."""
 
-    def __init__(self, side: Any, tokens_per_block: int, model: str) -> None:
+    def __init__(self, side: Any, tokens_per_block: int, model: str,
+                 prefix: str = "r") -> None:
         self.side = side
+        self.prefix = prefix  # request ids: unique per engine on one service, as vLLM's
         self.bs = tokens_per_block
         self.keys = RequestKeys(model, "", 1)
         self.cpu: dict[str, float] = defaultdict(float)
@@ -123,7 +125,8 @@ class Driver:
     def request(self, hashes: list[bytes], local_blocks: int) -> None:
         """One request of the prompt ``hashes``; the engine holds ``local_blocks``."""
         self._n += 1
-        req, side, ids = Request(f"r{self._n}", hashes), self.side, list(range(len(hashes)))
+        req, side = Request(f"{self.prefix}{self._n}", hashes), self.side
+        ids = list(range(len(hashes)))
         self._timed("lookup", lambda: side.new_request(self._view(req)))
         n, _ = self._timed("lookup", lambda: side.num_matched_tokens(
             self._view(req), local_blocks * self.bs))

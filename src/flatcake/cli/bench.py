@@ -26,6 +26,9 @@ NODE_QUICK = {"clients": 2, "sessions": 2, "blocks": 4, "rounds": 1, "calls": 20
 CONNECTOR_QUICK = {"blocks": (8,), "requests": 5, "rounds": 1}
 """``--connector --quick``: the connector's rows at a tiny size (CI)."""
 
+LOAD_QUICK = {"clients": 2, "rates": (20.0, 40.0), "seconds": 1.0}
+"""``--node-load --quick``: two clients, two low rates, a second each (CI)."""
+
 
 DESCRIPTION = ("Restore the same multi-turn session from FlatCake's session files, from "
                "an eviction-order (scattered) tier and from per-chunk files, all with the "
@@ -78,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "byte compared, and the scheduler half's CPU per call through "
                         "`flatcake serve` beside the embedded half's")
     p.add_argument("--clients", type=int, default=None,
-                   help="--node: attached processes restoring at once (default 4)")
+                   help="--node: attached processes restoring at once (default 4); "
+                        "--node-load: attached engine clients (default 8)")
     p.add_argument("--sessions", type=int, default=None,
                    help="--node: sessions written, one SSD turn each (default 8)")
     p.add_argument("--blocks", type=int, default=None,
@@ -96,6 +100,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--connector: requests timed per figure (default 200)")
     p.add_argument("--embedded-only", action="store_false", dest="through_node",
                    help="--connector: leave out the node service's rows")
+    p.add_argument("--node-load", action="store_true",
+                   help="instead of the layout comparison, the node service under load: "
+                        "--clients attached engine clients (default 8) send lookups, "
+                        "admissions and stores of 2K-token prompts at rising --rates until "
+                        "the service saturates; p50/p99 latency per call, the service's "
+                        "CPU per request and its books after each rate")
+    p.add_argument("--rates", default=None, metavar="R[,R...]",
+                   help="--node-load: total requests/s, in order (default "
+                        "250,500,1000,2000,4000,8000)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="--node-load: seconds per rate (default 3)")
+    p.add_argument("--p99-bound-ms", type=float, default=None,
+                   help="--node-load: stop once p99 lookup latency passes it (default 20)")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when a bar is missed too (default: only when a restore "
                         "differs from the bytes written)")
@@ -150,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         return node(args)
     if args.connector:
         return connector(args)
+    if args.node_load:
+        return node_load(args)
     from flatcake.bench.report import dump_json, format_table
     from flatcake.bench.runner import run_bench
 
@@ -231,6 +250,40 @@ def connector(args: argparse.Namespace) -> int:
         docsout.write(args.docs_out, [*parts, "--docs-out", args.docs_out],
                       format_connector_markdown(report), started)
     return exit_status((), report.bars, strict=args.strict)
+
+
+def node_load(args: argparse.Namespace) -> int:
+    """``--node-load``: rising rates against one service; print the rows and the
+    saturation rate; exit 1 when the books were not clean after a rate."""
+    import json
+    import os
+
+    from flatcake.bench.node_load import LoadOptions, format_load_table, run_node_load
+
+    values: dict[str, object] = dict(LOAD_QUICK) if args.quick else {}
+    if args.rates is not None:
+        try:
+            values["rates"] = tuple(float(r) for r in args.rates.split(","))
+        except ValueError:
+            raise ValueError(f"--rates must be numbers separated by commas, got "
+                             f"{args.rates!r}") from None
+    for name in ("model", "clients", "seconds", "p99_bound_ms", "seed"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    options = LoadOptions(directory=args.dir, **values)  # type: ignore[arg-type]
+    load0 = os.getloadavg()[0]
+    rows, saturation = run_node_load(options)
+    if args.json:
+        print(json.dumps({"saturation_per_s": saturation, "rows": [
+            {"offered": r.offered, "delivered": r.delivered, "requests": r.requests,
+             "calls": {c: len(r.latencies_ms[c]) for c in r.latencies_ms},
+             "p50_ms": {c: r.pct(c, 0.5) for c in r.latencies_ms},
+             "p99_ms": {c: r.pct(c, 0.99) for c in r.latencies_ms},
+             "service_cpu_us": r.service_cpu_us, "books": r.books,
+             "books_clean": r.books_clean} for r in rows]}, indent=2))
+    else:
+        print(format_load_table(rows, saturation, options, (load0, os.getloadavg()[0])))
+    return 0 if all(r.books_clean for r in rows) else 1
 
 
 def calibrate(args: argparse.Namespace) -> int:
