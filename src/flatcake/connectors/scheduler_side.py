@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,8 @@ class SchedulerSide:
             whose KV is in host memory: the restore overlaps the forward's layers
             instead of a step ending before the engine learns it finished and another
             computing the rest); a hit reaching other nodes stays async.
+        may_write: a node service's check of a turn's session and keys before its
+            store is planned (raises ``ValueError``: not stored, logged).
 
     A load in the step given up at its deadline (``LoadDone.late``) may still be
     reading: the disk hangs. Until every worker reports its reads ended
@@ -165,7 +167,8 @@ class SchedulerSide:
     def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
                  *, world_size: int = 1, clock: Clock | None = None,
                  node: NodeParts | None = None, queue: Hashable = None,
-                 async_loads: bool = False, ssd_in_step: bool = False) -> None:
+                 async_loads: bool = False, ssd_in_step: bool = False,
+                 may_write: Callable[[str, tuple[bytes, ...]], None] | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.geometry = geometry
@@ -178,6 +181,9 @@ class SchedulerSide:
         # shared with every engine attached to it, and an FC-MAS queue of its own.
         self.node = node
         self.queue = queue
+        # A node service's engine: raises ValueError for a session it may not write
+        # (another tenant's, ``service.tenants``): its turn is not stored.
+        self.may_write = may_write
         if node is None:
             node = NodeParts.embedded(geometry, settings, self.store_dir,
                                       clock if clock is not None else WallClock())
@@ -447,6 +453,13 @@ class SchedulerSide:
             return max(refcount.refcount(keys[i], i), 1)
 
         turn = state.turn
+        if self.may_write is not None:
+            try:
+                self.may_write(turn.session_id, tuple(keys))
+            except ValueError as exc:
+                logger.warning("FlatCake does not store request %s: %s", req.request_id,
+                               exc)
+                return None
         try:
             # None: nothing new, or only blocks another request is writing now.
             plan = self.control.prepare_store(

@@ -27,9 +27,11 @@ or another connection of the same process: ``link.trust.Owner``); a call naming 
 another caller attached is refused, whatever id it sends.
 
 Tenants: each engine and store names its tenant (a digest of its key salt,
-``control.keys.tenant_tag``) when it attaches; the service records the tenant of each
-session written and scopes every session verb of an attached store to its tenant's
-(``service.tenants``).
+``control.keys.tenant_tag``; an engine's is its ``ConnectorSettings.tenant_salt``'s)
+when it attaches; the service records the tenant of each session written and scopes
+every session verb of an attached store, and every store an engine plans, to its
+tenant's sessions (``service.tenants``: a write into another tenant's session is
+refused by name; an engine's turn is then not stored).
 
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
@@ -329,11 +331,18 @@ class NodeService(CallLoop):
         engine_id = f"e{self._next_engine}"
         self._next_engine += 1
         mine = dataclasses.replace(settings, config=self.config)
+        tenant = tenant_tag(settings.tenant_salt)
+
+        def may_write(session_id: str, keys: tuple[bytes, ...]) -> None:
+            """A store's rule (``SessionTenants.check_write``): another tenant's
+            session is refused by name."""
+            self._tenants.check_write(parts.control, tenant, session_id, keys)
+
         side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
-                             world_size=ranks.world_size, node=parts, queue=engine_id)
+                             world_size=ranks.world_size, node=parts, queue=engine_id,
+                             may_write=may_write)
         pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
-        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner,
-                                           tenant_tag(settings.tenant_salt))
+        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner, tenant)
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
 
