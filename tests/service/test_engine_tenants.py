@@ -2,7 +2,8 @@
 engine of tenant B naming a session tenant A wrote (through an engine or an attached
 store) would append B's turn to A's session. Its write is refused by name, as an
 attached store's is (``service.tenants``): A's session keeps exactly A's blocks, served
-byte for byte to A, and nothing of B's lands in it; each tenant's own session works."""
+byte for byte to A, and nothing of B's lands in it; a hit of A's blocks (A's keys in
+B's hands) is B's miss; each tenant's own session works."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.store.helpers import TO_SSD, random_kv
 pytest.importorskip("zmq")
 
 
-def salted(rid: str, toks: list[int], salt: str, session: str, computed: int = 0
+def salted(rid: str, toks: list[int], salt: str, session: str | None, computed: int = 0
            ) -> RequestView:
     keys = tuple(chain_block_keys(toks, G.tokens_per_block, "tiny", salt))
     return RequestView(rid, keys, len(toks), len(toks), 3, computed, session)
@@ -74,6 +75,10 @@ def test_an_engine_cannot_write_into_another_tenants_session(tmp_path: Path) -> 
         nxt = toks_a + list(range(200, 208))
         v = salted("b1", nxt, "team-b", "chat")
         assert b.sched.num_matched_tokens(v, 0) == (0, False)
+        # Nor with A's keys (as if they leaked): a hit of A's session is B's miss.
+        for rid, session in [("b1a", "chat"), ("b1b", "other"), ("b1c", None)]:
+            v = salted(rid, nxt, "team-a", session)
+            assert b.sched.num_matched_tokens(v, 0) == (0, False)
         v = salted("a1", nxt, "team-a", "chat")
         assert a.sched.num_matched_tokens(v, 0) == (12, True)
         a.sched.after_alloc("a1", [30, 31, 32, 33, 34], 12)

@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flatcake.cio.holes import releases_windows
 from flatcake.cio.names import SESSIONS_DIR
@@ -64,6 +64,7 @@ from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
+from flatcake.control.index import PrefixHit
 from flatcake.control.queues import RestoreRequest
 from flatcake.control.signals import (
     PrefixRefcount,
@@ -76,6 +77,7 @@ from flatcake.control.wear import wear_increments
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.requests import (
+    Servable,
     by_medium,
     finish_load,
     load,
@@ -102,6 +104,16 @@ logger = logging.getLogger(__name__)
 HANDED_STEPS = 4
 
 __all__ = ["COUNTER_KEYS", "BlockEvent", "RequestView", "SchedulerSide"]
+
+
+class SessionScope(Protocol):
+    """A node service engine's tenant over the shared books
+    (``service.tenants.TenantScope``): each raises ``ValueError`` for what names a
+    session of another tenant."""
+
+    def check_hit(self, hit: PrefixHit) -> None: ...
+
+    def check_write(self, session_id: str, keys: tuple[bytes, ...]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +163,8 @@ class SchedulerSide:
             whose KV is in host memory: the restore overlaps the forward's layers
             instead of a step ending before the engine learns it finished and another
             computing the rest); a hit reaching other nodes stays async.
-        may_write: a node service's check of a turn's session and keys before its
-            store is planned (raises ``ValueError``: not stored, logged).
+        scope: a node service's engine's tenant (``SessionScope``): a hit holding
+            another tenant's session is a miss, a turn naming one is not stored.
 
     A load in the step given up at its deadline (``LoadDone.late``) may still be
     reading: the disk hangs. Until every worker reports its reads ended
@@ -168,7 +180,7 @@ class SchedulerSide:
                  *, world_size: int = 1, clock: Clock | None = None,
                  node: NodeParts | None = None, queue: Hashable = None,
                  async_loads: bool = False, ssd_in_step: bool = False,
-                 may_write: Callable[[str, tuple[bytes, ...]], None] | None = None) -> None:
+                 scope: SessionScope | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.geometry = geometry
@@ -181,9 +193,7 @@ class SchedulerSide:
         # shared with every engine attached to it, and an FC-MAS queue of its own.
         self.node = node
         self.queue = queue
-        # A node service's engine: raises ValueError for a session it may not write
-        # (another tenant's, ``service.tenants``): its turn is not stored.
-        self.may_write = may_write
+        self.scope = scope
         if node is None:
             node = NodeParts.embedded(geometry, settings, self.store_dir,
                                       clock if clock is not None else WallClock())
@@ -231,6 +241,13 @@ class SchedulerSide:
         keys = req.keys[:max_blocks]
         local_blocks = num_local_tokens // bs
         found = servable(self.control, keys, local_blocks)
+        if self.scope is not None and found.hit.runs:
+            try:
+                self.scope.check_hit(found.hit)
+            except ValueError as exc:
+                logger.warning("FlatCake: request %s looked up as a miss: %s",
+                               req.request_id, exc)
+                found = Servable(PrefixHit(0, 0, 0, ()), False)
         if found.wait:
             # A store of this prefix is being written and reaches past what the
             # engine holds itself: wait for it rather than recompute it.
@@ -453,9 +470,9 @@ class SchedulerSide:
             return max(refcount.refcount(keys[i], i), 1)
 
         turn = state.turn
-        if self.may_write is not None:
+        if self.scope is not None:
             try:
-                self.may_write(turn.session_id, tuple(keys))
+                self.scope.check_write(turn.session_id, tuple(keys))
             except ValueError as exc:
                 logger.warning("FlatCake does not store request %s: %s", req.request_id,
                                exc)

@@ -29,9 +29,9 @@ another caller attached is refused, whatever id it sends.
 Tenants: each engine and store names its tenant (a digest of its key salt,
 ``control.keys.tenant_tag``; an engine's is its ``ConnectorSettings.tenant_salt``'s)
 when it attaches; the service records the tenant of each session written and scopes
-every session verb of an attached store, and every store an engine plans, to its
+every session verb of an attached store, and every hit and store of an engine, to its
 tenant's sessions (``service.tenants``: a write into another tenant's session is
-refused by name; an engine's turn is then not stored).
+refused by name; an engine's turn is then not stored, its hit a miss).
 
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
@@ -92,7 +92,7 @@ from flatcake.service.stores import (
     process_start,
     release_store,
 )
-from flatcake.service.tenants import SessionTenants
+from flatcake.service.tenants import SessionTenants, TenantScope
 
 logger = logging.getLogger("flatcake.service")
 
@@ -332,15 +332,9 @@ class NodeService(CallLoop):
         self._next_engine += 1
         mine = dataclasses.replace(settings, config=self.config)
         tenant = tenant_tag(settings.tenant_salt)
-
-        def may_write(session_id: str, keys: tuple[bytes, ...]) -> None:
-            """A store's rule (``SessionTenants.check_write``): another tenant's
-            session is refused by name."""
-            self._tenants.check_write(parts.control, tenant, session_id, keys)
-
         side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
                              world_size=ranks.world_size, node=parts, queue=engine_id,
-                             may_write=may_write)
+                             scope=TenantScope(self._tenants, parts.control, tenant))
         pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
         self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner, tenant)
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
