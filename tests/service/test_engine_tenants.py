@@ -115,3 +115,31 @@ def test_an_engine_cannot_write_into_an_attached_stores_session(tmp_path: Path) 
         store.close()
         b.close()
         assert svc.stop() == 0, svc.stderr()
+
+
+def test_an_engines_block_events_leave_out_another_tenants_blocks(tmp_path: Path) -> None:
+    # A small SSD: B's turns reclaim A's session, in B's calls.
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.ssd_capacity_bytes=65536").start()
+    a = Engine(svc.sock, seed=1, name="A", tenant_salt="team-a")
+    b = Engine(svc.sock, seed=2, name="B", tenant_salt="team-b")
+    try:
+        toks_a = list(range(100, 113))
+        assert turn(a, "a0", toks_a, "team-a", [5, 6, 7, 8])["stored_blocks"] == 3
+        keys_a = set(salted("x", toks_a, "team-a", "chat").keys[:3])
+        a.sched.take_events()
+        b.sched.take_events()
+        keys_b: set[bytes] = set()
+        for i in range(12):
+            toks = list(range(1000 * (i + 1), 1000 * (i + 1) + 13))
+            keys_b |= set(salted("x", toks, "team-b", None).keys[:3])
+            turn(b, f"b{i}", toks, "team-b", [20, 21, 22, 23], session=f"b-{i}")
+        assert segments(svc, "team-a") == []  # A's session reclaimed
+        events = b.sched.take_events()
+        assert [e for e in events if e.stored] and [e for e in events if not e.stored]
+        assert not [e for e in events if keys_a & set(e.keys)]
+        assert set().union(*(e.keys for e in events)) <= keys_b  # B's own only
+    finally:
+        a.close()
+        b.close()
+        assert svc.stop() == 0, svc.stderr()

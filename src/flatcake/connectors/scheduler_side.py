@@ -115,6 +115,10 @@ class SessionScope(Protocol):
 
     def check_write(self, session_id: str, keys: tuple[bytes, ...]) -> None: ...
 
+    def sees(self, session_id: str) -> bool:
+        """Whether the session is this tenant's (others' block events are not its)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class NodeParts:
@@ -164,7 +168,8 @@ class SchedulerSide:
             instead of a step ending before the engine learns it finished and another
             computing the rest); a hit reaching other nodes stays async.
         scope: a node service's engine's tenant (``SessionScope``): a hit holding
-            another tenant's session is a miss, a turn naming one is not stored.
+            another tenant's session is a miss, a turn naming one is not stored, and
+            the engine's block events leave out other tenants' blocks.
 
     A load in the step given up at its deadline (``LoadDone.late``) may still be
     reading: the disk hangs. Until every worker reports its reads ended
@@ -358,7 +363,8 @@ class SchedulerSide:
         self._handed.append(releases)
         for rel in releases:  # no hit ends in their blocks any more (``control.windows``)
             seg = self.control.segment(rel.segment_id)
-            self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
+            if self.scope is None or self.scope.sees(seg.session_id):
+                self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
                         tuple(r for r in preempted if r in writing), tuple(unpublish),
                         releases=releases)
@@ -436,7 +442,8 @@ class SchedulerSide:
         gone = []
         for action in actions:
             for seg in (*action.memory_segments, *action.ssd_segments):
-                self._events.append(BlockEvent(False, seg.keys, seg.medium))
+                if self.scope is None or self.scope.sees(seg.session_id):
+                    self._events.append(BlockEvent(False, seg.keys, seg.medium))
                 gone.append((seg.segment_id, seg.keys))
         member = self.node.cluster if self.node is not None else None
         if member is not None:  # the node service is the member: it removes them

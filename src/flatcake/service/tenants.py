@@ -21,8 +21,8 @@ once it holds many more lines than them. The books stay tenant-blind; only the
 service's verbs consult this. Owned by the service's loop thread (no lock).
 
 An attached engine's scheduler half is held to the same rules (``TenantScope``): a hit
-holding another tenant's session is looked up as a miss, and a turn naming another
-tenant's session is not stored.
+holding another tenant's session is looked up as a miss, a turn naming another
+tenant's session is not stored, and its block events leave out other tenants' blocks.
 """
 
 from __future__ import annotations
@@ -191,3 +191,7 @@ class TenantScope:
     def check_write(self, session_id: str, keys: tuple[bytes, ...]) -> None:
         """Refuse a write of ``keys`` into another tenant's session."""
         self.tenants.check_write(self.control, self.tenant, session_id, keys)
+
+    def sees(self, session_id: str) -> bool:
+        """Whether ``session_id`` is on record as this tenant's."""
+        return self.tenants.visible(self.tenant, (session_id,)) == [session_id]
