@@ -81,6 +81,7 @@ from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
+from flatcake.service.connections import ConnectionCap
 from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
 from flatcake.service.stores import (
     AttachedStore,
@@ -144,6 +145,7 @@ class NodeService(CallLoop):
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+        self._conns = ConnectionCap(self._sock, config.store.node_max_connections_per_uid)
         try:
             self._bind()
         except (OSError, ValueError):
@@ -427,6 +429,7 @@ class NodeService(CallLoop):
     def close(self) -> None:
         """Stop answering and release every root lock. The arena files stay (engines
         still attached map them; ``rm`` them once every engine has stopped)."""
+        self._conns.close()
         self._sock.close(0)
         self._ctx.term()
         if self._bound:
