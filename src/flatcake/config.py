@@ -257,7 +257,9 @@ class StoreConfig:
     service makes its socket 0660 and its socket directory 0750, both that group's, and
     a client with the same key trusts a service socket of that group; the service's
     files (root, arena) stay its user's (``docs/node-service.md``: what a member can
-    and cannot do).
+    and cannot do). ``node_max_connections_per_uid`` (default 512; 0 = no cap): once
+    one user holds more connections to the service, its longest-idle one is closed, so
+    a flood of connections cannot starve a real client.
 
     ``release_old_windows`` (models with sliding-window layers): once a newer turn of a
     session is durable, the window rows of its older turns are superseded (no restore
@@ -296,6 +298,7 @@ class StoreConfig:
     node_lease_s: float = 30.0
     node_arena_dir: str = "/dev/shm"
     node_socket_group: str = ""
+    node_max_connections_per_uid: int = 512
     release_old_windows: bool = True
     release_windows_at_once: bool = False
     window_rows: str = "turn-ends"
@@ -308,6 +311,9 @@ class StoreConfig:
                "must be > 0")
         _check(self.node_lease_s >= 1, "store.node_lease_s", self.node_lease_s,
                "must be >= 1")
+        _check(self.node_max_connections_per_uid >= 0,
+               "store.node_max_connections_per_uid", self.node_max_connections_per_uid,
+               "must be >= 0 (0: no cap)")
         _check(not self.cluster_url or self.cluster_url.startswith(
             ("redis://", "rediss://", "unix://")), "store.cluster_url", self.cluster_url,
             "must be a Redis URL (redis://host:port/db, rediss://..., unix://...) or empty")

@@ -5,6 +5,7 @@ with its own paged KV of random bytes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -97,10 +98,12 @@ def node_settings(sock: Path, *overrides: str) -> ConnectorSettings:
 
 
 class Engine(Harness):
-    """One engine attached to the service at ``sock`` (same steps as ``Harness``)."""
+    """One engine attached to the service at ``sock`` (same steps as ``Harness``), of
+    the tenant of ``tenant_salt``."""
 
-    def __init__(self, sock: Path, seed: int, name: str = "engine") -> None:
-        self.s = node_settings(sock)
+    def __init__(self, sock: Path, seed: int, name: str = "engine",
+                 tenant_salt: str = "") -> None:
+        self.s = dataclasses.replace(node_settings(sock), tenant_salt=tenant_salt)
         where = worker_root(str(sock), 1.0, 0, G, TensorRanks(), wait_s=10)
         self.worker = WorkerSide(G, where.config, where.store_dir,
                                  arena_path=where.arena_path)

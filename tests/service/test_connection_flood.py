@@ -31,8 +31,9 @@ def open_fds(pid: int) -> int:
 
 def test_idle_connections_past_the_soft_limit_leave_a_real_client_served(tmp_path: Path
                                                                          ) -> None:
+    # The per-uid cap off: this is the open-file limit's part (many uids' connections).
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
-                  open_files=SOFT_LIMIT).start()
+                  "store.node_max_connections_per_uid=0", open_files=SOFT_LIMIT).start()
     assert svc.proc is not None
     ctx = zmq.Context()
     raw: list[socket.socket] = []

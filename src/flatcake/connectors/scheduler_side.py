@@ -46,7 +46,7 @@ from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flatcake.cio.holes import releases_windows
 from flatcake.cio.names import SESSIONS_DIR
@@ -64,6 +64,7 @@ from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
+from flatcake.control.index import PrefixHit
 from flatcake.control.queues import RestoreRequest
 from flatcake.control.signals import (
     PrefixRefcount,
@@ -76,6 +77,7 @@ from flatcake.control.wear import wear_increments
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.requests import (
+    Servable,
     by_medium,
     finish_load,
     load,
@@ -102,6 +104,20 @@ logger = logging.getLogger(__name__)
 HANDED_STEPS = 4
 
 __all__ = ["COUNTER_KEYS", "BlockEvent", "RequestView", "SchedulerSide"]
+
+
+class SessionScope(Protocol):
+    """A node service engine's tenant over the shared books
+    (``service.tenants.TenantScope``): each raises ``ValueError`` for what names a
+    session of another tenant."""
+
+    def check_hit(self, hit: PrefixHit) -> None: ...
+
+    def check_write(self, session_id: str, keys: tuple[bytes, ...]) -> None: ...
+
+    def sees(self, session_id: str) -> bool:
+        """Whether the session is this tenant's (others' block events are not its)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +167,9 @@ class SchedulerSide:
             whose KV is in host memory: the restore overlaps the forward's layers
             instead of a step ending before the engine learns it finished and another
             computing the rest); a hit reaching other nodes stays async.
+        scope: a node service's engine's tenant (``SessionScope``): a hit holding
+            another tenant's session is a miss, a turn naming one is not stored, and
+            the engine's block events leave out other tenants' blocks.
 
     A load in the step given up at its deadline (``LoadDone.late``) may still be
     reading: the disk hangs. Until every worker reports its reads ended
@@ -165,7 +184,8 @@ class SchedulerSide:
     def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
                  *, world_size: int = 1, clock: Clock | None = None,
                  node: NodeParts | None = None, queue: Hashable = None,
-                 async_loads: bool = False, ssd_in_step: bool = False) -> None:
+                 async_loads: bool = False, ssd_in_step: bool = False,
+                 scope: SessionScope | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.geometry = geometry
@@ -178,6 +198,7 @@ class SchedulerSide:
         # shared with every engine attached to it, and an FC-MAS queue of its own.
         self.node = node
         self.queue = queue
+        self.scope = scope
         if node is None:
             node = NodeParts.embedded(geometry, settings, self.store_dir,
                                       clock if clock is not None else WallClock())
@@ -225,6 +246,13 @@ class SchedulerSide:
         keys = req.keys[:max_blocks]
         local_blocks = num_local_tokens // bs
         found = servable(self.control, keys, local_blocks)
+        if self.scope is not None and found.hit.runs:
+            try:
+                self.scope.check_hit(found.hit)
+            except ValueError as exc:
+                logger.warning("FlatCake: request %s looked up as a miss: %s",
+                               req.request_id, exc)
+                found = Servable(PrefixHit(0, 0, 0, ()), False)
         if found.wait:
             # A store of this prefix is being written and reaches past what the
             # engine holds itself: wait for it rather than recompute it.
@@ -335,7 +363,8 @@ class SchedulerSide:
         self._handed.append(releases)
         for rel in releases:  # no hit ends in their blocks any more (``control.windows``)
             seg = self.control.segment(rel.segment_id)
-            self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
+            if self.scope is None or self.scope.sees(seg.session_id):
+                self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
                         tuple(r for r in preempted if r in writing), tuple(unpublish),
                         releases=releases)
@@ -413,7 +442,8 @@ class SchedulerSide:
         gone = []
         for action in actions:
             for seg in (*action.memory_segments, *action.ssd_segments):
-                self._events.append(BlockEvent(False, seg.keys, seg.medium))
+                if self.scope is None or self.scope.sees(seg.session_id):
+                    self._events.append(BlockEvent(False, seg.keys, seg.medium))
                 gone.append((seg.segment_id, seg.keys))
         member = self.node.cluster if self.node is not None else None
         if member is not None:  # the node service is the member: it removes them
@@ -447,6 +477,13 @@ class SchedulerSide:
             return max(refcount.refcount(keys[i], i), 1)
 
         turn = state.turn
+        if self.scope is not None:
+            try:
+                self.scope.check_write(turn.session_id, tuple(keys))
+            except ValueError as exc:
+                logger.warning("FlatCake does not store request %s: %s", req.request_id,
+                               exc)
+                return None
         try:
             # None: nothing new, or only blocks another request is writing now.
             plan = self.control.prepare_store(

@@ -7,7 +7,9 @@ the process when accepting one finds none left (EMFILE), so a flood of idle conn
 would stop every engine's service. ``serve`` raises its open-file soft limit to the hard
 limit at start (``raise_open_files``: systemd's default soft limit is 1,024, its hard
 limit 524,288), and a connection that has not completed ZeroMQ's handshake within
-``HANDSHAKE_S`` (a raw socket held open) is closed.
+``HANDSHAKE_S`` (a raw socket held open) is closed. One uid holds at most
+``store.node_max_connections_per_uid`` connections: past it, its longest-idle one is
+closed (``service.connections``).
 
 Deadlines: a call carries the wall-clock time its client stops waiting; one read after
 it is not run (its client gave up: what it would prepare would be no one's), and a
@@ -41,6 +43,7 @@ from flatcake.control import ControlPlane
 from flatcake.link import wire
 from flatcake.link.trust import Caller
 from flatcake.link.verbs import STATUS, Verb
+from flatcake.service.connections import ConnectionCap
 from flatcake.service.stores import AttachedStore, ServableWait
 
 logger = logging.getLogger("flatcake.service")
@@ -91,6 +94,7 @@ class CallLoop:
     lease_s: float
     verb_table: dict[str, Verb]  # every verb it answers, by name
     _sock: zmq.Socket[bytes]
+    _conns: ConnectionCap
     _waits: list[tuple[bytes, int, ServableWait]]
     _stores: dict[str, AttachedStore]
 
@@ -111,6 +115,8 @@ class CallLoop:
         """Answer calls until ``stop`` is set."""
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        if self._conns.monitor is not None:
+            poller.register(self._conns.monitor, zmq.POLLIN)
         tick = min(1.0, self.lease_s / 4)
         next_expiry = time.monotonic() + tick
         while not stop.is_set():
@@ -119,6 +125,7 @@ class CallLoop:
                 first = min(w.deadline for _, _, w in self._waits)
                 wait_ms = max(0, min(wait_ms, int((first - time.monotonic()) * 1000) + 1))
             if poller.poll(wait_ms):
+                self._conns.drain()
                 while True:
                     try:
                         got = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -164,6 +171,7 @@ class CallLoop:
             self._refuse(who, f"the arguments of {method}: {exc}", call_id)
             return
         caller = Caller(who, fd)
+        self._conns.touch(fd)
         try:
             if call.gave_up:  # first: one of them may be a call still queued
                 self.gave_up(engine_id, caller, call.gave_up)

@@ -27,9 +27,11 @@ or another connection of the same process: ``link.trust.Owner``); a call naming 
 another caller attached is refused, whatever id it sends.
 
 Tenants: each engine and store names its tenant (a digest of its key salt,
-``control.keys.tenant_tag``) when it attaches; the service records the tenant of each
-session written and scopes every session verb of an attached store to its tenant's
-(``service.tenants``).
+``control.keys.tenant_tag``; an engine's is its ``ConnectorSettings.tenant_salt``'s)
+when it attaches; the service records the tenant of each session written and scopes
+every session verb of an attached store, and every hit and store of an engine, to its
+tenant's sessions (``service.tenants``: a write into another tenant's session is
+refused by name; an engine's turn is then not stored, its hit a miss).
 
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
@@ -79,6 +81,7 @@ from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
 from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
+from flatcake.service.connections import ConnectionCap
 from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
 from flatcake.service.stores import (
     AttachedStore,
@@ -90,7 +93,7 @@ from flatcake.service.stores import (
     process_start,
     release_store,
 )
-from flatcake.service.tenants import SessionTenants
+from flatcake.service.tenants import SessionTenants, TenantScope
 
 logger = logging.getLogger("flatcake.service")
 
@@ -142,6 +145,7 @@ class NodeService(CallLoop):
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+        self._conns = ConnectionCap(self._sock, config.store.node_max_connections_per_uid)
         try:
             self._bind()
         except (OSError, ValueError):
@@ -329,11 +333,12 @@ class NodeService(CallLoop):
         engine_id = f"e{self._next_engine}"
         self._next_engine += 1
         mine = dataclasses.replace(settings, config=self.config)
+        tenant = tenant_tag(settings.tenant_salt)
         side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
-                             world_size=ranks.world_size, node=parts, queue=engine_id)
+                             world_size=ranks.world_size, node=parts, queue=engine_id,
+                             scope=TenantScope(self._tenants, parts.control, tenant))
         pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
-        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner,
-                                           tenant_tag(settings.tenant_salt))
+        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner, tenant)
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
 
@@ -424,6 +429,7 @@ class NodeService(CallLoop):
     def close(self) -> None:
         """Stop answering and release every root lock. The arena files stay (engines
         still attached map them; ``rm`` them once every engine has stopped)."""
+        self._conns.close()
         self._sock.close(0)
         self._ctx.term()
         if self._bound:

@@ -19,6 +19,10 @@ appended when a session is first recorded (not synced: a record lost in a crash 
 its session unrecorded, never another tenant's), rewritten with the live sessions only
 once it holds many more lines than them. The books stay tenant-blind; only the
 service's verbs consult this. Owned by the service's loop thread (no lock).
+
+An attached engine's scheduler half is held to the same rules (``TenantScope``): a hit
+holding another tenant's session is looked up as a miss, a turn naming another
+tenant's session is not stored, and its block events leave out other tenants' blocks.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from flatcake.control import ControlPlane
@@ -166,3 +171,27 @@ class SessionTenants:
             del self._of[sid]
         if self._lines > 2 * len(self._of) + _COMPACT_LINES:
             self._rewrite()
+
+
+@dataclass(frozen=True, slots=True)
+class TenantScope:
+    """One attached engine's tenant over the node's books
+    (``connectors.scheduler_side.SessionScope``): an attached store's rules."""
+
+    tenants: SessionTenants
+    control: ControlPlane
+    tenant: bytes
+
+    def check_hit(self, hit: PrefixHit) -> None:
+        """Refuse a hit holding another tenant's session (an unrecorded one it hits is
+        its, as for a store's lookup)."""
+        self.tenants.claim_hit(self.control, self.tenant, hit)
+        self.tenants.check_hit(self.control, self.tenant, hit, "lookup")
+
+    def check_write(self, session_id: str, keys: tuple[bytes, ...]) -> None:
+        """Refuse a write of ``keys`` into another tenant's session."""
+        self.tenants.check_write(self.control, self.tenant, session_id, keys)
+
+    def sees(self, session_id: str) -> bool:
+        """Whether ``session_id`` is on record as this tenant's."""
+        return self.tenants.visible(self.tenant, (session_id,)) == [session_id]

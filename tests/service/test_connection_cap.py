@@ -1,0 +1,62 @@
+"""One uid's connections are capped (``store.node_max_connections_per_uid``): past the
+cap, its longest-idle connection is closed, so a flood of ZeroMQ connections that
+completed the handshake (not closed by ``HANDSHAKE_S``) leaves the service holding about
+the cap, and a real client of the same uid, the newest, is answered and attaches."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from flatcake.link import wire
+from flatcake.service.endpoint import ask_status
+from tests.connectors.sides_harness import finish
+from tests.service.helpers import Engine, Service
+
+zmq = pytest.importorskip("zmq")
+
+CAP = 16
+FLOOD = 60  # well under the listen backlog (100): none refused before accepted
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_uids_idle_connections_past_the_cap_are_closed(tmp_path: Path) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  f"store.node_max_connections_per_uid={CAP}").start()
+    assert svc.proc is not None
+    base = open_fds(svc.proc.pid)
+    ctx = zmq.Context()
+    dealers = []
+    try:
+        for _ in range(FLOOD):
+            d = ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.setsockopt(zmq.RECONNECT_IVL, -1)  # a flood that does not come back
+            d.connect(wire.endpoint(svc.sock))
+            dealers.append(d)
+        # A real client of the same uid (accepted after the flood) is answered, and an
+        # engine attaches and stores.
+        assert ask_status(svc.sock, 2.0)["engines"] == {}
+        e = Engine(svc.sock, seed=1)
+        try:
+            p = finish(e, "r0", list(range(100, 113)), [5, 6, 7, 8], out=3, session="s")
+            assert p["stored_blocks"] == 3
+        finally:
+            e.close()
+        # The flood's connections past the cap are closed.
+        deadline = time.monotonic() + 20
+        while open_fds(svc.proc.pid) > base + CAP and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert open_fds(svc.proc.pid) <= base + CAP, svc.stderr()
+        assert svc.proc.poll() is None, svc.stderr()
+    finally:
+        for d in dealers:
+            d.close(0)
+        ctx.term()
+        assert svc.stop() == 0, svc.stderr()

@@ -1,0 +1,145 @@
+"""Tenants' engines through the node service: session ids are global in the books, so an
+engine of tenant B naming a session tenant A wrote (through an engine or an attached
+store) would append B's turn to A's session. Its write is refused by name, as an
+attached store's is (``service.tenants``): A's session keeps exactly A's blocks, served
+byte for byte to A, and nothing of B's lands in it; a hit of A's blocks (A's keys in
+B's hands) is B's miss; each tenant's own session works."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flatcake.config import load_config
+from flatcake.connectors.scheduler_side import RequestView
+from flatcake.control.keys import chain_block_keys
+from flatcake.store import FlatCakeStore
+from tests.connectors.sides_harness import G, end
+from tests.service.helpers import BASE, Engine, Service
+from tests.store.helpers import TO_SSD, random_kv
+
+pytest.importorskip("zmq")
+
+
+def salted(rid: str, toks: list[int], salt: str, session: str | None, computed: int = 0
+           ) -> RequestView:
+    keys = tuple(chain_block_keys(toks, G.tokens_per_block, "tiny", salt))
+    return RequestView(rid, keys, len(toks), len(toks), 3, computed, session)
+
+
+def turn(e: Engine, rid: str, toks: list[int], salt: str, slots: list[int],
+         session: str = "chat") -> dict:
+    """A turn that missed, its prompt computed into ``slots``, finished and stepped."""
+    v = salted(rid, toks, salt, session, computed=len(toks))
+    assert e.sched.num_matched_tokens(v, 0) == (0, False)
+    _, params = end(e, v, slots)
+    e.step()
+    return params["flatcake"]
+
+
+def attached(svc: Service, salt: str) -> FlatCakeStore:
+    """A ``FlatCakeStore`` of tenant ``salt`` attached to ``svc``."""
+    cfg = load_config(env={}, overrides=[*BASE, f"store.node=unix:{svc.sock}",
+                                         "store.node_timeout_s=2",
+                                         f"store.node_arena_dir={svc.arena_dir}"])
+    return FlatCakeStore.open(svc.root, G, cfg, tenant_salt=salt)
+
+
+def segments(svc: Service, salt: str) -> list[tuple[str, tuple[bytes, ...]]]:
+    """(session, keys) of every segment tenant ``salt``'s attached store sees."""
+    store = attached(svc, salt)
+    try:
+        return sorted((s.session_id, tuple(s.keys)) for s in store.control.segments())
+    finally:
+        store.close()
+
+
+def test_an_engine_cannot_write_into_another_tenants_session(tmp_path: Path) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    a = Engine(svc.sock, seed=1, name="A", tenant_salt="team-a")
+    b = Engine(svc.sock, seed=2, name="B", tenant_salt="team-b")
+    try:
+        toks_a = list(range(100, 113))  # 3 full blocks + 1 token
+        assert turn(a, "a0", toks_a, "team-a", [5, 6, 7, 8])["stored_blocks"] == 3
+        want = {(layer, j): a.block(layer, s) for layer in range(3)
+                for j, s in enumerate([5, 6, 7])}
+        # B's engine names A's session: its turn is not stored (no append to A's).
+        toks_b = list(range(500, 517))  # 4 full blocks + 1 token
+        assert turn(b, "b0", toks_b, "team-b", [20, 21, 22, 23, 24]
+                    ).get("stored_blocks", 0) == 0
+        keys_a = salted("x", toks_a, "team-a", "chat").keys[:3]
+        assert segments(svc, "team-a") == [("chat", keys_a)]
+        assert segments(svc, "team-b") == []
+        # B's lookup finds nothing of A's; A's next turn restores A's bytes exactly.
+        nxt = toks_a + list(range(200, 208))
+        v = salted("b1", nxt, "team-b", "chat")
+        assert b.sched.num_matched_tokens(v, 0) == (0, False)
+        # Nor with A's keys (as if they leaked): a hit of A's session is B's miss.
+        for rid, session in [("b1a", "chat"), ("b1b", "other"), ("b1c", None)]:
+            v = salted(rid, nxt, "team-a", session)
+            assert b.sched.num_matched_tokens(v, 0) == (0, False)
+        v = salted("a1", nxt, "team-a", "chat")
+        assert a.sched.num_matched_tokens(v, 0) == (12, True)
+        a.sched.after_alloc("a1", [30, 31, 32, 33, 34], 12)
+        _, _, recving, invalid = a.step()
+        assert recving == {"a1"} and invalid == set()
+        for (layer, j), raw in want.items():
+            assert a.block(layer, 30 + j) == raw
+        # B's own session of another name is stored, and only B sees it.
+        assert turn(b, "b2", toks_b, "team-b", [20, 21, 22, 23, 24],
+                    session="chat-b")["stored_blocks"] == 4
+        assert [s for s, _ in segments(svc, "team-b")] == ["chat-b"]
+        assert [s for s, _ in segments(svc, "team-a")] == ["chat"]
+    finally:
+        a.close()
+        b.close()
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_an_engine_cannot_write_into_an_attached_stores_session(tmp_path: Path) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    store = attached(svc, "team-a")
+    b = Engine(svc.sock, seed=2, name="B", tenant_salt="team-b")
+    try:
+        keys = chain_block_keys(list(range(100, 116)), G.tokens_per_block, "tiny",
+                                "team-a")
+        kv = random_kv(G, 8, seed=5)
+        assert store.store_turn("chat", keys, kv, list(range(4)), TO_SSD).num_blocks == 4
+        assert turn(b, "b0", list(range(500, 517)), "team-b", [20, 21, 22, 23, 24]
+                    ).get("stored_blocks", 0) == 0
+        assert sorted((s.session_id, tuple(s.keys)) for s in store.control.segments()) \
+            == [("chat", tuple(keys))]
+        assert segments(svc, "team-b") == []
+    finally:
+        store.close()
+        b.close()
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_an_engines_block_events_leave_out_another_tenants_blocks(tmp_path: Path) -> None:
+    # A small SSD: B's turns reclaim A's session, in B's calls.
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.ssd_capacity_bytes=65536").start()
+    a = Engine(svc.sock, seed=1, name="A", tenant_salt="team-a")
+    b = Engine(svc.sock, seed=2, name="B", tenant_salt="team-b")
+    try:
+        toks_a = list(range(100, 113))
+        assert turn(a, "a0", toks_a, "team-a", [5, 6, 7, 8])["stored_blocks"] == 3
+        keys_a = set(salted("x", toks_a, "team-a", "chat").keys[:3])
+        a.sched.take_events()
+        b.sched.take_events()
+        keys_b: set[bytes] = set()
+        for i in range(12):
+            toks = list(range(1000 * (i + 1), 1000 * (i + 1) + 13))
+            keys_b |= set(salted("x", toks, "team-b", None).keys[:3])
+            turn(b, f"b{i}", toks, "team-b", [20, 21, 22, 23], session=f"b-{i}")
+        assert segments(svc, "team-a") == []  # A's session reclaimed
+        events = b.sched.take_events()
+        assert [e for e in events if e.stored] and [e for e in events if not e.stored]
+        assert not [e for e in events if keys_a & set(e.keys)]
+        assert set().union(*(e.keys for e in events)) <= keys_b  # B's own only
+    finally:
+        a.close()
+        b.close()
+        assert svc.stop() == 0, svc.stderr()
