@@ -32,9 +32,10 @@ TRANSPORTS = {"redis": ("flatcake.cluster",), "nixl": ("flatcake.cio.remote",)}
 ENGINES = ("vllm", "sglang")
 PRIVATE = ("flatcake.cli", "flatcake.connectors")  # only from inside themselves, but:
 # the node service hosts the connectors' engine-neutral scheduler halves, one per engine;
-# the bench times their calls (``flatcake bench --node``, ``--connector``).
+# the bench times their calls (``flatcake bench --node``, ``--connector``,
+# ``--node-load``).
 ALSO_FROM = {"flatcake.connectors": ("flatcake.service", "flatcake.bench.node",
-                                     "flatcake.bench.connector")}
+                                     "flatcake.bench.connector", "flatcake.bench.node_load")}
 
 
 def _module_name(path: Path) -> str:
