@@ -22,7 +22,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.link.client import worker_root
 from flatcake.link.wire import TensorRanks
 from flatcake.plan.tasks import StepPlan, WorkerReport
-from tests.connectors.sides_harness import G, Harness, random_kv, settings
+from tests.connectors.sides_harness import G, Harness, finish, random_kv, settings
 
 BASE = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
         "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
@@ -189,3 +189,14 @@ def pause(pid: int) -> None:
     while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
         assert time.monotonic() < deadline, "the process did not stop"
         time.sleep(0.01)
+
+
+def an_engine_stores(sock: Path) -> None:
+    """An engine attaches to the service at ``sock`` and stores a 3-block turn (a real
+    client is still served)."""
+    e = Engine(sock, seed=1)
+    try:
+        p = finish(e, "r0", list(range(100, 113)), [5, 6, 7, 8], out=3, session="s")
+        assert p["stored_blocks"] == 3
+    finally:
+        e.close()

@@ -13,8 +13,7 @@ import pytest
 
 from flatcake.link import wire
 from flatcake.service.endpoint import ask_status
-from tests.connectors.sides_harness import finish
-from tests.service.helpers import Engine, Service
+from tests.service.helpers import Service, an_engine_stores
 
 zmq = pytest.importorskip("zmq")
 
@@ -43,12 +42,7 @@ def test_a_uids_idle_connections_past_the_cap_are_closed(tmp_path: Path) -> None
         # A real client of the same uid (accepted after the flood) is answered, and an
         # engine attaches and stores.
         assert ask_status(svc.sock, 2.0)["engines"] == {}
-        e = Engine(svc.sock, seed=1)
-        try:
-            p = finish(e, "r0", list(range(100, 113)), [5, 6, 7, 8], out=3, session="s")
-            assert p["stored_blocks"] == 3
-        finally:
-            e.close()
+        an_engine_stores(svc.sock)
         # The flood's connections past the cap are closed.
         deadline = time.monotonic() + 20
         while open_fds(svc.proc.pid) > base + CAP and time.monotonic() < deadline:

@@ -16,8 +16,7 @@ import pytest
 
 from flatcake.link import wire
 from flatcake.service.endpoint import HANDSHAKE_S, ask_status
-from tests.connectors.sides_harness import finish
-from tests.service.helpers import Engine, Service
+from tests.service.helpers import Service, an_engine_stores
 
 zmq = pytest.importorskip("zmq")
 
@@ -53,12 +52,7 @@ def test_idle_connections_past_the_soft_limit_leave_a_real_client_served(tmp_pat
         t0 = time.monotonic()
         assert ask_status(svc.sock, 2.0)["engines"] == {}
         assert time.monotonic() - t0 < 2.0
-        e = Engine(svc.sock, seed=1)
-        try:
-            p = finish(e, "r0", list(range(100, 113)), [5, 6, 7, 8], out=3, session="s")
-            assert p["stored_blocks"] == 3
-        finally:
-            e.close()
+        an_engine_stores(svc.sock)
         # The raw connections never spoke ZeroMQ: closed by the service.
         deadline = time.monotonic() + HANDSHAKE_S + 10
         while open_fds(svc.proc.pid) > IDLE + SOFT_LIMIT // 2 and time.monotonic() < deadline:

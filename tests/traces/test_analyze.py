@@ -7,25 +7,13 @@ import pytest
 
 from flatcake.geometry import preset
 from flatcake.traces import Trace, analyze_trace, build_trace
+from tests.traces.helpers import global_trace
 
 GEOM = preset("llama-3.1-8b")  # 128 KiB of KV per token
 
 
-def _global_trace() -> Trace:
-    # Four requests on one clock, 4-token blocks:
-    #   r0 t=0.0  [1 2 3]      r1 t=1.5 [1 2 4]
-    #   r2 t=3.0  [5]          r3 t=10  [1 2 3 6]
-    lists = [[1, 2, 3], [1, 2, 4], [5], [1, 2, 3, 6]]
-    return build_trace(
-        name="tiny", source_format="test", block_size_tokens=4, clock="global",
-        has_hashes=True, partial_last_block=True, time_s=[0.0, 1.5, 3.0, 10.0],
-        input_tokens=[12, 12, 3, 16], output_tokens=[1, 2, 3, 4],
-        block_counts=[len(x) for x in lists],
-        block_hashes=np.array([i for x in lists for i in x], dtype=np.int64))
-
-
 def test_global_trace_by_hand() -> None:
-    st = analyze_trace(_global_trace(), GEOM).stats
+    st = analyze_trace(global_trace(), GEOM).stats
     assert (st.requests, st.block_accesses, st.unique_blocks) == (4, 11, 6)
     # Blocks 4, 5, 6 are read once; 1, 2 three times; 3 twice.
     assert st.share_blocks_used_once == pytest.approx(3 / 6)
@@ -113,7 +101,7 @@ def test_lengths_only_trace_has_no_prefix_figures() -> None:
 
 
 def test_reuse_distance_cdf_is_monotone_quantiles() -> None:
-    an = analyze_trace(_global_trace(), GEOM)
+    an = analyze_trace(global_trace(), GEOM)
     cdf = an.reuse_distance_cdf
     assert cdf[0] == 1 and cdf[-1] == 3
     assert np.all(np.diff(cdf) >= 0)

@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from flatcake.geometry import preset
-from flatcake.traces import Trace, analyze_trace, build_trace
+from flatcake.traces import analyze_trace
 from flatcake.traces.wear import expected_wear
+from tests.traces.helpers import global_trace
 
 GEOM = preset("llama-3.1-8b")  # every layer keeps every block
 BLOCK = 4 * GEOM.history_block_bytes // GEOM.tokens_per_block
 
 
-def _global_trace() -> Trace:
-    # 4-token blocks: [1 2 3] [1 2 4] [5] [1 2 3 6] at 0, 1.5, 3 and 10 s: 6 distinct
-    # blocks (4, 5, 6 used once), 5 of 11 accesses prefix hits.
-    lists = [[1, 2, 3], [1, 2, 4], [5], [1, 2, 3, 6]]
-    return build_trace(
-        name="tiny", source_format="test", block_size_tokens=4, clock="global",
-        has_hashes=True, partial_last_block=True, time_s=[0.0, 1.5, 3.0, 10.0],
-        input_tokens=[12, 12, 3, 16], output_tokens=[1, 2, 3, 4],
-        block_counts=[len(x) for x in lists],
-        block_hashes=np.array([i for x in lists for i in x], dtype=np.int64))
-
-
 def test_each_distinct_block_written_once_and_the_unreused_never_read() -> None:
-    st = analyze_trace(_global_trace(), GEOM).stats
+    st = analyze_trace(global_trace(), GEOM).stats
     w = expected_wear(st, GEOM, drive_bytes=10**9)
     assert w is not None
     assert w.written_bytes == 6 * BLOCK
