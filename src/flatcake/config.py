@@ -273,10 +273,16 @@ class StoreConfig:
     hit may end. ``"turn-ends"`` (default): at each turn's end. ``"branches"``: also
     where a prompt branches off a stored prefix that holds no window there (a shared
     system prompt, a sub-agent, an edit): the segment then starts a window before the
-    branch and keeps its rows from there on, so a hit ending at the branch or anywhere
-    after it in that turn is served; a long branching turn pays a row per block (on
-    DeepSeek-V4-Flash 12.2 MB of compressor state per 128-token block, 25x its history
-    rows). ``"every-block"``: at every block (every hit served, the most SSD bytes).
+    branch and keeps the window's rows there too (one window per branch), so a later
+    hit ending at the branch is served. ``"every-block"``: at every block (every hit
+    served, the most SSD bytes: on DeepSeek-V4-Flash 12.2 MB of compressor state per
+    128-token block). ``window_row_stride_tokens`` (0 = off): with ``turn-ends`` or
+    ``branches``, a turn also keeps the window at every multiple of this many prompt
+    tokens (rounded to whole blocks), so a hit ending inside a turn (a prompt diverging
+    where no one diverged before) is cut back by at most that many tokens; it costs one
+    window of rows per stride (``block tokens / stride`` of ``every-block``'s window
+    bytes). A turn keeping rows inside it keeps them when a newer turn is durable
+    (other prompts end their hits there).
     """
 
     root: str = "./flatcake-data"
@@ -302,9 +308,12 @@ class StoreConfig:
     release_old_windows: bool = True
     release_windows_at_once: bool = False
     window_rows: str = "turn-ends"
+    window_row_stride_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_types(self, "store")
+        _check(self.window_row_stride_tokens >= 0, "store.window_row_stride_tokens",
+               self.window_row_stride_tokens, "must be >= 0 (0 = no stride)")
         _check(self.window_rows in WINDOW_ROWS, "store.window_rows", self.window_rows,
                f"must be one of {', '.join(WINDOW_ROWS)}")
         _check(self.node_timeout_s > 0, "store.node_timeout_s", self.node_timeout_s,

@@ -32,7 +32,7 @@ from flatcake.cio.format import (
 )
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.writer import SegmentWriter, write_file_header
-from flatcake.layout import SEGMENT_FIXED_HEADER_BYTES, SegmentLayout
+from flatcake.layout import SEGMENT_FIXED_HEADER_BYTES, SegmentLayout, merge_ends
 
 
 def _file_header(session_id: str = "chat/42", file_id: int = 7) -> FileHeader:
@@ -122,24 +122,51 @@ def test_headers_with_windows_round_trip_as_version_3(num_blocks: int, windows: 
 
 @settings(max_examples=50)
 @given(num_blocks=st.integers(1, 40), window=st.integers(1, 9), data=st.data())
-def test_a_branch_mark_round_trips_as_version_5(num_blocks: int, window: int,
-                                                data: st.DataObject) -> None:
+def test_hit_ends_round_trip_as_version_6(num_blocks: int, window: int,
+                                          data: st.DataObject) -> None:
+    picked = sorted(data.draw(st.sets(st.integers(1, num_blocks), max_size=6)))
+    ends = merge_ends(*(((e, e),) for e in picked))
+    sizes, windows = (512, 584), (0, window)
+    # The rows by hand: each end's window, and the segment end's, counted once.
+    held = {b for e in (*picked, num_blocks) for b in range(max(0, e - window), e)}
+    header = SegmentHeader(9, 4, 3, 100, num_blocks, sizes,
+                           tuple(bytes([i % 256]) * 32 for i in range(num_blocks)),
+                           (1, 2), windows, ((1,) * num_blocks, (2,) * len(held)), ends)
+    raw = encode_segment_header(header)
+    assert int.from_bytes(raw[8:12], "little") == (fmt.ENDS_VERSION if ends
+                                                  else fmt.BLOCK_CRC_VERSION)
+    got = decode_segment_header(raw)
+    assert got == header
+    lay = got.layout
+    assert lay.layer_rows(1) == len(held)
+    assert [lay.row_index(1, b) for b in sorted(held)] == list(range(len(held)))
+    for b in set(range(num_blocks)) - held:
+        with pytest.raises(ValueError, match="not held"):
+            lay.block_offset(1, b)
+    # Ends the segment cannot hold are refused by name.
+    with pytest.raises(ValueError, match="ends"):
+        SegmentHeader(9, 4, 3, 100, num_blocks, sizes, header.keys, (1, 2), windows,
+                      header.block_crcs, ((num_blocks + 1, num_blocks + 1),))
+
+
+@settings(max_examples=30)
+@given(num_blocks=st.integers(1, 40), window=st.integers(1, 9), data=st.data())
+def test_a_version_5_branch_mark_still_reads(num_blocks: int, window: int,
+                                            data: st.DataObject) -> None:
+    """A version 5 segment recorded one mark: its rows from ``mark - window`` on."""
     mark = data.draw(st.integers(1, num_blocks))
     sizes, windows = (512, 584), (0, window)
     rows = num_blocks - max(0, min(num_blocks - min(num_blocks, window), mark - window))
     header = SegmentHeader(9, 4, 3, 100, num_blocks, sizes,
                            tuple(bytes([i % 256]) * 32 for i in range(num_blocks)),
-                           (1, 2), windows, ((1,) * num_blocks, (2,) * rows), mark)
+                           (1, 2), windows, ((1,) * num_blocks, (2,) * rows),
+                           ((mark, num_blocks),), ends_listed=False)
     raw = encode_segment_header(header)
     assert int.from_bytes(raw[8:12], "little") == fmt.MARK_VERSION
     got = decode_segment_header(raw)
     assert got == header
     assert got.layout.layer_rows(1) == rows
     assert got.layout.row_first(1) == num_blocks - rows
-    # A mark the header cannot hold is refused by name.
-    with pytest.raises(ValueError, match="mark"):
-        SegmentHeader(9, 4, 3, 100, num_blocks, sizes, header.keys, (1, 2), windows,
-                      header.block_crcs, num_blocks + 1)
 
 
 def test_header_byte_flips_are_detected() -> None:

@@ -126,13 +126,14 @@ def test_scatter_moves_each_group_and_window_into_its_slots() -> None:
             assert torch.equal(got, expect), (layer, slot)
 
 
-def test_a_segment_branched_at_a_mark_needs_its_window_rows_from_there() -> None:
-    """``GroupedKV.snapshot``: a segment written at a branch keeps its sliding rows from
-    the window before its mark on (``layout.SegmentLayout``), so the snapshot needs the
-    sliding group to hold them; a plain segment needs its last window only."""
+def test_a_segment_keeping_rows_inside_needs_the_window_before_each_end() -> None:
+    """``GroupedKV.snapshot``: a segment keeping rows where a hit may end inside it
+    (``layout.SegmentLayout``'s ``ends``) needs the sliding group to hold the window
+    before each; a plain segment needs its last window only."""
     kv = [torch.zeros((SLOTS, 512), dtype=torch.uint8) for _ in range(3)]
     grouped = GroupedKV(PagedKV(kv, 512), LAYER_GROUP, null_id=0, window_blocks=(0, 0, 1))
     ids: GroupIds = ((10, 11, 12, 13), (0, 0, 22, 23))  # the window freed blocks 0-1
     assert grouped.snapshot(ids, 4) is not None
-    assert grouped.snapshot(ids, 4, mark=3) is not None  # rows from block 2 on
-    assert grouped.snapshot(ids, 4, mark=2) is None  # rows from block 1: freed
+    assert grouped.snapshot(ids, 4, ends=((3, 3),)) is not None  # rows at block 2
+    assert grouped.snapshot(ids, 4, ends=((2, 2),)) is None  # rows at block 1: freed
+    assert grouped.snapshot(ids, 4, ends=((1, 1),)) is None  # rows at block 0: freed

@@ -1,9 +1,9 @@
 """The books' side of window rows at branch points (``store.window_rows``): where a
 prompt branches off a stored prefix that holds no window, its segment starts a window
-before the branch and keeps its rows from there on (``layout``'s ``mark``); a host that
+before the branch and keeps that window's rows too (``layout``'s ``ends``); a host that
 no longer holds those rows (``rows_from``) gets a turn-end segment; a restore ending in
 such a segment reads the window at its end only; ``every-block`` keeps rows
-everywhere."""
+everywhere; ``window_row_stride_tokens`` keeps them at every multiple of the stride."""
 
 from __future__ import annotations
 
@@ -25,36 +25,38 @@ G = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="branch",
 BLOCK = 8192
 
 
-def plane(rows: str = "branches") -> ControlPlane:
+def plane(rows: str = "branches", stride: int = 0) -> ControlPlane:
     cfg = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
                          store=StoreConfig(memory_capacity_bytes=1 << 20,
                                            ssd_capacity_bytes=1 << 26,
-                                           session_file_bytes=1 << 24, window_rows=rows))
+                                           session_file_bytes=1 << 24, window_rows=rows,
+                                           window_row_stride_tokens=stride))
     return ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
 
 
 def stored(cp: ControlPlane, session: str, ks: list[bytes], rows_from: int = 0
-           ) -> tuple[int, int, int]:
-    """Store ``ks`` as turn 0 of ``session``: (first block, blocks, mark)."""
+           ) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """Store ``ks`` as turn 0 of ``session``: (first block, blocks, hit ends)."""
     plan = cp.prepare_store(session, ks, turn_index=0, context_tokens=0,
                             rows_from=rows_from)
     assert plan is not None
     cp.complete_store(plan, True)
-    return plan.first_block, plan.segment.num_blocks, plan.segment.layout.mark
+    return plan.first_block, plan.segment.num_blocks, plan.segment.layout.ends
 
 
-def test_a_branch_keeps_rows_from_its_window_and_serves_hits_ending_after_it() -> None:
+def test_a_branch_keeps_the_window_before_it_and_serves_hits_ending_there() -> None:
     cp = plane()
     shared = skeys("sys", 6)
     a, b, c = shared + skeys("a", 4), shared + skeys("b", 5), shared + skeys("c", 3)
-    assert stored(cp, "a", a) == (0, 10, 0)
+    assert stored(cp, "a", a) == (0, 10, ())
     assert cp.lookup(b).num_blocks == 0  # no window held at the branch (block 6)
-    assert stored(cp, "b", b) == (4, 7, 2)
+    assert stored(cp, "b", b) == (4, 7, ((2, 2),))
     seg = max(cp.segments(), key=lambda s: s.segment_id)
-    assert [seg.layout.row_first(k) for k in range(3)] == [0, 0, 0]
-    assert seg.layout.layer_rows(1) == 7  # rows from block 4: every window from 6 on
-    for end in (6, 8, 11):
-        assert cp.lookup(b[:end]).num_blocks == end
+    # Rows of the window before the branch (segment blocks 0-1) and at the end (5-6).
+    assert seg.layout.layer_runs(1) == ((0, 2), (5, 7))
+    assert seg.layout.layer_rows(1) == 4
+    for end, served in ((6, 6), (8, 6), (11, 11)):
+        assert cp.lookup(b[:end]).num_blocks == served
     assert cp.lookup(c).num_blocks == 6  # a third prompt sharing the prefix
     assert cp.lookup(a).num_blocks == 10
     # A restore of b's 11 blocks reads its sliding layers' window (blocks 9-10) only,
@@ -74,7 +76,7 @@ def test_a_host_without_the_rows_at_the_branch_writes_a_turn_end_segment() -> No
     stored(cp, "a", shared + skeys("a", 4))
     # The engine computed this prompt from block 5 on: it no longer holds the rows of
     # the window before the branch (blocks 4-5) in its sliding layers.
-    assert stored(cp, "b", shared + skeys("b", 5), rows_from=5) == (6, 5, 0)
+    assert stored(cp, "b", shared + skeys("b", 5), rows_from=5) == (6, 5, ())
     assert cp.lookup(shared + skeys("c", 3)).num_blocks == 0
 
 
@@ -83,7 +85,7 @@ def test_the_other_rules(rows: str, hit: int) -> None:
     cp = plane(rows)
     shared = skeys("sys", 6)
     first = stored(cp, "a", shared + skeys("a", 4))
-    assert first == ((0, 10, 1) if rows == "every-block" else (0, 10, 0))
+    assert first == ((0, 10, ((1, 9),)) if rows == "every-block" else (0, 10, ()))
     assert cp.lookup(shared[:4] + skeys("x", 2)).num_blocks == hit
 
 
@@ -98,10 +100,41 @@ def test_a_newer_turn_keeps_the_rows_of_a_branch_it_supersedes() -> None:
     shared = skeys("sys", 6)
     stored(cp, "a", shared + skeys("a", 4))
     b = shared + skeys("b", 5)
-    assert stored(cp, "b", b)[2] == 2
+    assert stored(cp, "b", b)[2] == ((2, 2),)
     plan = cp.prepare_store("b", b + skeys("b2", 4), turn_index=1, context_tokens=0)
     assert plan is not None
     cp.complete_store(plan, True)
     # b's first turn is superseded by its second, but other sessions end at its branch.
     assert all(not s.layout.released for s in cp.segments())
     assert cp.lookup(shared + skeys("c", 3)).num_blocks == 6
+
+
+def test_a_stride_keeps_windows_at_its_multiples_of_request_blocks() -> None:
+    """``window_row_stride_tokens``: rows at every multiple of the stride (64 tokens: 4
+    blocks of 16), counted in request blocks (so prompts sharing a prefix find them at
+    the same places), only where the engine still holds the window (``rows_from``); a
+    hit ending between them is cut back to the last one; a restore reads the window at
+    its end only."""
+    cp = plane("turn-ends", stride=64)
+    a = skeys("a", 11)
+    assert stored(cp, "a", a) == (0, 11, ((4, 4), (8, 8)))
+    seg = next(iter(cp.segments()))
+    assert seg.layout.layer_runs(1) == ((2, 4), (6, 8), (9, 11))
+    for end, served in ((3, 0), (4, 4), (7, 4), (8, 8), (10, 8), (11, 11)):
+        assert cp.lookup(a[:end] + skeys("x", 2)).num_blocks == served, end
+    # A restore ending at block 8 reads blocks 6-7 of the sliding layers.
+    load = cp.prepare_load("r", a[:8] + skeys("x", 2))
+    assert load.hit.num_blocks == 8
+    assert load.read_plan.useful_bytes == (8 + 2 * 2) * BLOCK
+    view = restore_view(load.hit.runs)
+    assert plan_totals(view, 3, None).useful_bytes == load.read_plan.useful_bytes
+    cp.complete_load("r")
+    # Stride points whose window the engine no longer holds are left out.
+    cp2 = plane("turn-ends", stride=64)
+    assert stored(cp2, "b", skeys("b", 11), rows_from=5) == (0, 11, ((8, 8),))
+    # A second turn keeps counting from the request's first block.
+    plan = cp.prepare_store("a", a + skeys("a2", 6), turn_index=1, context_tokens=0)
+    assert plan is not None and plan.first_block == 11
+    assert plan.segment.layout.ends == ((1, 1), (5, 5))  # request blocks 12 and 16
+    cp.complete_store(plan, True)
+    cp.check_integrity()

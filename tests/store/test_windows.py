@@ -247,15 +247,17 @@ def branch_keys(g: KVGeometry, shared: int, total: int, seed: int) -> list[bytes
     return chain_block_keys(tokens, bs, "test-model")
 
 
-@pytest.mark.parametrize("rows", ["branches", "turn-ends"])
-def test_a_prompt_branching_off_a_stored_prefix_keeps_its_window_from_the_branch(
-        tmp_path: Path, rows: str) -> None:
+@pytest.mark.parametrize(("rows", "stride"), [("branches", 0), ("turn-ends", 0),
+                                             ("branches", 7 * 16)])
+def test_a_prompt_branching_off_a_stored_prefix_keeps_its_window_at_the_branch(
+        tmp_path: Path, rows: str, stride: int) -> None:
     # Session a stores 9 blocks. Session b shares a's first 5 blocks (a system prompt)
     # and branches: a holds no window at 5, so b's hit is cut back to nothing. b's store
-    # starts a window (2 blocks) before the branch and keeps its sliding rows from
-    # there on: a third prompt sharing the same 5 blocks, or one ending anywhere in b's
-    # turn, restores byte for byte (after a restart too); the sliding layers are read
-    # from the window at the hit's end only. With turn-end rows neither is served.
+    # starts a window (2 blocks) before the branch and keeps that window's sliding rows:
+    # a third prompt sharing the same 5 blocks restores byte for byte (after a restart
+    # too); one ending inside b's turn is cut back to the branch, or served at a
+    # multiple of store.window_row_stride_tokens; the sliding layers are read from the window
+    # at the hit's end only. With turn-end rows neither is served.
     g = WINDOWED_4K
     keys_a = session_keys(13, 9, g)
     keys_b, keys_c = branch_keys(g, 5, 9, 14), branch_keys(g, 5, 8, 15)
@@ -263,21 +265,24 @@ def test_a_prompt_branching_off_a_stored_prefix_keeps_its_window_from_the_branch
     src_a, src_b = paged(g, 9, seed=13), paged(g, 9, seed=14)
     for a, b in zip(src_a, src_b, strict=True):
         b[:5] = a[:5]
-    cfg = small_config(f"store.window_rows={rows}")
+    cfg = small_config(f"store.window_rows={rows}", f"store.window_row_stride_tokens={stride}")
     branched = rows == "branches"
+    inside = 7 if stride else 5 if branched else 0
     with FlatCakeStore.open(tmp_path, g, cfg) as store:
         store.store_turn("a", keys_a, src_a, range(9), TurnSignals(0, 0))
         assert store.lookup(keys_b).num_blocks == 0
         res = store.store_turn("b", keys_b, src_b, range(9), TurnSignals(0, 0))
         assert (res.first_block, res.num_blocks) == ((3, 6) if branched else (5, 4))
         assert store.lookup(keys_c).num_blocks == (5 if branched else 0)
-        assert store.lookup(keys_b[:7]).num_blocks == (7 if branched else 0)
+        assert store.lookup(keys_b[:7]).num_blocks == inside
+        assert store.lookup(keys_b[:8]).num_blocks == (8 if stride else inside)  # rows 6-7 held
         assert store.lookup(keys_b).num_blocks == 9
         assert store.lookup(keys_a).num_blocks == 9  # a's own hit is unchanged
     if not branched:
         return
     with FlatCakeStore.open(tmp_path, g, cfg) as store:  # a restart
-        for keys, end, src in ((keys_c, 5, src_a), (keys_b, 7, src_b)):
+        for keys, end, src in ((keys_c, 5, src_a), (keys_b, inside, src_b),
+                               (keys_b, 9, src_b)):
             dst = paged(g, 12)
             got = store.load(keys[:end], dst, range(12))
             assert (got.num_blocks, got.damaged_segments) == (end, 0)

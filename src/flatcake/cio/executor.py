@@ -213,7 +213,7 @@ class Executor(ExecutorLoads):
         try:
             if target is None:
                 self.writer.write_memory(self.arena.view(seg.offset, seg.total_bytes),
-                                         paged, ids, windows, seg.layout.mark)
+                                         paged, ids, windows, seg.layout.ends)
                 return StoreOutcome(StoreDone(task.request_id, seg.segment_id, True,
                                               seg.layout.data_bytes))
             if plan.copy is not None:  # spare memory: a clean copy, readable at once
@@ -222,7 +222,7 @@ class Executor(ExecutorLoads):
                 for piece, start in plan.copy.starts():
                     self.writer.write_memory(
                         self.arena.view(piece.offset, piece.total_bytes), paged,
-                        ids[start:start + piece.num_blocks], windows, piece.layout.mark)
+                        ids[start:start + piece.num_blocks], windows, piece.layout.ends)
                 if on_copy is not None:
                     on_copy()
             file_id, offset = int(seg.file_id or 0), int(seg.file_offset or 0)
@@ -230,7 +230,7 @@ class Executor(ExecutorLoads):
                 written = self.writer.write_ssd(
                     target.fd, offset, paged, ids, seg.keys, file_id=file_id, seq=seq,
                     turn_index=seg.turn_index, first_block=plan.first_block,
-                    layer_window_blocks=windows, mark=seg.layout.mark)
+                    layer_window_blocks=windows, ends=seg.layout.ends)
             except BaseException:
                 scrub_page(target.fd, offset)
                 raise

@@ -21,12 +21,14 @@ lives inside the header, so no caller-supplied string ever becomes a path compon
            |     num_blocks | num_layers | block bytes    |
            |     data bytes | header crc32                 |
            |     [v5] mark (branch block), 4 bytes        |
+           |     [v6] number of hit-end runs, 4 bytes     |
            |     key[0..num_blocks)      32 bytes each    |
            |     layer_crc[0..num_layers) 4 bytes each    |
            |     [mixed] layer block bytes, 4 bytes each  |
            |     [v3] layer window blocks, 4 bytes each   |
-           |     [v4] layer window blocks (0s: none), and |
-           |          block_crc[layer][row], 4 bytes each |
+           |     [v4] layer window blocks (0s: none),     |
+           |     [v6] hit-end runs (lo, hi), 8 bytes each,|
+           |     [v4] block_crc[layer][row], 4 bytes each |
            |     ... zero to 4 KiB ...                    |
            |   layer 0: block 0 .. n-1                    |
            |   layer 1: block 0 .. n-1                    |
@@ -56,10 +58,10 @@ layer ``l``'s rows ``0..k`` (the last equals ``layer_crc[l]``), so a restore tha
 only some of a segment's blocks reads just those and checks them (``crc.range_crc``).
 Segments of versions 1 to 3 have no table: a restore reads their layers whole.
 
-The branch mark (version 5, written only when ``mark > 0``): a version 4 segment
-whose prompt branched off a stored prefix at its block ``mark``; a windowed layer then
-holds its rows from ``mark - window`` on (``layout.SegmentLayout``), not only its
-last ``window`` blocks.
+Hit ends (version 6, written only when a segment keeps rows besides its end): the
+runs ``(lo, hi)`` of blocks where a hit may end as well (``layout.SegmentLayout``'s
+``ends``); a windowed layer holds the window before each, in block order. Version 5
+(read only) recorded one ``mark``: the run ``(mark, num_blocks)``.
 
 The file's size is its clean end (writers never preallocate). Anything else where a
 segment should start is damage: a zeroed or corrupt header, a torn or corrupt segment,
@@ -83,6 +85,7 @@ from flatcake.layout import (
     KEY_BYTES,
     SEGMENT_FIXED_HEADER_BYTES,
     SegmentLayout,
+    check_ends,
 )
 
 FORMAT_VERSION = 2
@@ -94,11 +97,14 @@ BLOCK_CRC_VERSION = 4
 """The version of every segment written: windows listed (0s when none) and a crc32 per
 block each layer holds."""
 MARK_VERSION = 5
-"""The version of a segment written where its prompt branched off (``mark > 0``): a
-version 4 segment with its mark after the fixed fields."""
-READ_VERSIONS = (1, 2, 3, 4, 5)
+"""A segment that recorded where its prompt branched off (read only): a version 4
+segment with its mark after the fixed fields."""
+ENDS_VERSION = 6
+"""The version of a segment that keeps rows besides its end (``ends``): a version 4
+segment with the number of runs after the fixed fields and the runs after its crcs."""
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 """Versions read; 2 added layers of different sizes, 3 sliding-window layers, 4 block
-crcs, 5 the branch mark."""
+crcs, 5 the branch mark, 6 hit-end runs."""
 FILE_MAGIC = b"FLCKFILE"
 SEGMENT_MAGIC = b"FLCKSEGM"
 FILE_HEADER_BYTES = ALIGN
@@ -113,7 +119,8 @@ _FILE_CRC_OFFSET = FILE_HEADER_BYTES - 4
 # num_layers, block_bytes_per_layer, data_bytes, header_crc
 _SEG_FIXED = struct.Struct("<8sIIQQQQIIQQI")
 _SEG_CRC_OFFSET = _SEG_FIXED.size - 4
-# version 5: mark, right after the fixed fields (inside SEGMENT_FIXED_HEADER_BYTES)
+# version 5: mark, version 6: number of hit-end runs, right after the fixed fields
+# (inside SEGMENT_FIXED_HEADER_BYTES)
 _SEG_MARK = struct.Struct("<I")
 
 
@@ -293,8 +300,9 @@ class SegmentHeader:
             windowed layer holds the segment's last blocks only.
         block_crcs: per layer, the running crc32 of its rows ``0..k`` for each ``k``
             (``crc.BlockCrcs``); None for a segment of version 1 to 3.
-        mark: 0, or the block where the segment's prompt branched off a stored prefix
-            (version 5): a windowed layer holds its rows from ``mark - window`` on.
+        ends: runs ``(lo, hi)`` of blocks besides its end where a hit may end
+            (version 6; ``layout.SegmentLayout``).
+        ends_listed: the header lists ``ends`` (False: a version 5 segment's mark).
     """
 
     file_id: int
@@ -307,14 +315,16 @@ class SegmentHeader:
     layer_crcs: tuple[int, ...]
     layer_window_blocks: tuple[int, ...] = ()
     block_crcs: tuple[tuple[int, ...], ...] | None = None
-    mark: int = 0
+    ends: tuple[tuple[int, int], ...] = ()
+    ends_listed: bool = True
 
     def __post_init__(self) -> None:
         _check_sizes("SegmentHeader", self.layer_block_bytes)
-        if self.mark and (not self.layer_window_blocks or self.block_crcs is None
-                          or not 0 < self.mark <= self.num_blocks):
-            raise ValueError(f"SegmentHeader.mark {self.mark} needs windows, block crcs "
-                             f"and 0 < mark <= num_blocks={self.num_blocks}")
+        if self.ends:
+            if not self.layer_window_blocks or self.block_crcs is None:
+                raise ValueError(f"SegmentHeader.ends {self.ends} need windows and block "
+                                 f"crcs")
+            check_ends(self.ends, self.num_blocks)
         _check_windows("SegmentHeader", self.layer_window_blocks, self.num_layers)
         if len(self.keys) != self.num_blocks:
             raise ValueError(
@@ -346,7 +356,7 @@ class SegmentHeader:
     def layout(self) -> SegmentLayout:
         return SegmentLayout.for_ssd(self.num_blocks, self.layer_block_bytes,
                                      self.layer_window_blocks, self.block_crcs is not None,
-                                     self.mark)
+                                     self.ends, self.ends_listed)
 
     @property
     def crcs(self) -> SegmentCrcs:
@@ -359,7 +369,8 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
     buf = bytearray(layout.header_bytes)
     _SEG_FIXED.pack_into(
         buf, 0, SEGMENT_MAGIC,
-        MARK_VERSION if header.mark else BLOCK_CRC_VERSION
+        (ENDS_VERSION if header.ends_listed else MARK_VERSION) if header.ends
+        else BLOCK_CRC_VERSION
         if header.block_crcs is not None
         else _version(header.layer_window_blocks), layout.header_bytes,
         header.file_id,
@@ -367,8 +378,9 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
         header.num_layers,
         _uniform_size(header.layer_block_bytes), layout.data_bytes, 0,
     )
-    if header.mark:
-        _SEG_MARK.pack_into(buf, _SEG_FIXED.size, header.mark)
+    if header.ends:
+        _SEG_MARK.pack_into(buf, _SEG_FIXED.size, len(header.ends) if header.ends_listed
+                            else header.ends[0][0])
     pos = SEGMENT_FIXED_HEADER_BYTES
     for key in header.keys:
         buf[pos:pos + KEY_BYTES] = key
@@ -382,6 +394,10 @@ def encode_segment_header(header: SegmentHeader) -> bytes:
         struct.pack_into(f"<{header.num_layers}I", buf, pos,
                          *(header.layer_window_blocks or (0,) * header.num_layers))
         pos += 4 * header.num_layers
+    if header.ends and header.ends_listed:
+        struct.pack_into(f"<{2 * len(header.ends)}I", buf, pos,
+                         *(v for run in header.ends for v in run))
+        pos += 8 * len(header.ends)
     if header.block_crcs is not None:
         flat = [c for table in header.block_crcs for c in table]
         struct.pack_into(f"<{len(flat)}I", buf, pos, *flat)
@@ -432,9 +448,24 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
     elif version >= WINDOW_VERSION and not any(windows):
         raise FormatError("segment of version 3 lists no window")
     mark = _SEG_MARK.unpack_from(buf, _SEG_FIXED.size)[0] if version >= MARK_VERSION else 0
-    if version >= MARK_VERSION and not (windows and 0 < mark <= num_blocks):
+    if version == MARK_VERSION and not (windows and 0 < mark <= num_blocks):
         raise FormatError(f"segment of version {version} has mark {mark} out of range")
-    layout = SegmentLayout.for_ssd(num_blocks, sizes, windows, with_table, mark)
+    if version >= ENDS_VERSION and not (windows and 0 < mark <= num_blocks):
+        raise FormatError(f"segment of version {version} lists {mark} hit-end runs, "
+                          f"expected 1..{num_blocks}")
+    ends: tuple[tuple[int, int], ...] = ((mark, num_blocks),) if mark else ()
+    listed = version != MARK_VERSION
+    at = pos + 4 * num_layers * lists
+    if version >= ENDS_VERSION:
+        if at + 8 * mark > header_bytes:
+            raise FormatError(f"segment lists {mark} hit-end runs past its header")
+        flat_ends = struct.unpack_from(f"<{2 * mark}I", buf, at)
+        ends = tuple(zip(flat_ends[::2], flat_ends[1::2], strict=True))
+        at += 8 * mark
+    try:
+        layout = SegmentLayout.for_ssd(num_blocks, sizes, windows, with_table, ends, listed)
+    except ValueError as exc:
+        raise FormatError(f"segment header: {exc}") from None
     if layout.header_bytes != header_bytes:
         raise FormatError(f"segment header_bytes {header_bytes} does not match its geometry")
     if data_bytes != layout.data_bytes:
@@ -445,14 +476,13 @@ def decode_segment_header(data: bytes | bytearray | memoryview) -> SegmentHeader
     crcs = struct.unpack_from(f"<{num_layers}I", buf, pos)
     table = None
     if with_table:
-        at = pos + 4 * num_layers * lists
         rows = [layout.layer_rows(i) for i in range(num_layers)]
         flat = struct.unpack_from(f"<{sum(rows)}I", buf, at)
         starts = [0, *itertools.accumulate(rows)]
         table = tuple(flat[a:b] for a, b in itertools.pairwise(starts))
     try:
         return SegmentHeader(file_id, seq, turn_index, first_block, num_blocks, sizes, keys,
-                             tuple(crcs), windows, table, mark)
+                             tuple(crcs), windows, table, ends, listed)
     except ValueError as exc:
         raise FormatError(f"segment header: {exc}") from None
 

@@ -151,23 +151,23 @@ class SegmentWriter:
     def write_ssd(self, fd: int, file_offset: int, paged: PagedKV, ids: torch.Tensor,
                   keys: Sequence[bytes], *, file_id: int, seq: int, turn_index: int,
                   first_block: int, layer_window_blocks: tuple[int, ...] = (),
-                  mark: int = 0) -> WrittenSegment:
+                  ends: tuple[tuple[int, int], ...] = ()) -> WrittenSegment:
         """Write blocks ``ids`` of every layer as one segment at ``file_offset`` and
         fdatasync (a layer with a window in ``layer_window_blocks``: its last blocks
-        only, or from ``mark - window`` on: ``layout.SegmentLayout``). ``file_offset``
+        only, and before each of ``ends``: ``layout.SegmentLayout``). ``file_offset``
         must be 4 KiB aligned and the file's allocation must already cover the
         segment."""
         if file_offset % ALIGN:
             raise ValueError(f"segment file_offset must be 4096-aligned, got {file_offset}")
         n = int(ids.numel())
         layout = SegmentLayout.for_ssd(n, paged.layer_block_bytes, layer_window_blocks,
-                                       mark=mark)
+                                       ends=ends)
 
         def header_of(crcs: list[BlockCrcs]) -> SegmentHeader:
             return SegmentHeader(file_id, seq, turn_index, first_block, n,
                                  layout.layer_block_bytes, tuple(keys),
                                  tuple(c.crc for c in crcs), layout.layer_window_blocks,
-                                 tuple(tuple(c.prefixes) for c in crcs), layout.mark)
+                                 tuple(tuple(c.prefixes) for c in crcs), layout.ends)
 
         with self.lock:
             # Zero-copy sends every slot of every layer: not for a windowed segment.
@@ -205,8 +205,11 @@ class SegmentWriter:
         for layer in range(layout.num_layers):
             start = layout.layer_offset(layer)
             end = start + layout.layer_bytes(layer)
-            _gather(paged, host, layer, ids, layout.row_first(layer),
-                    layout.layer_rows(layer), buf[start:end])
+            at = start
+            for a, b in layout.layer_runs(layer):
+                nxt = at + (b - a) * layout.layer_block_bytes[layer]
+                _gather(paged, host, layer, ids, a, b - a, buf[at:nxt])
+                at = nxt
             crcs[layer].feed(view[start:end])
         end = layout.header_bytes + layout.data_bytes
         buf[end:layout.total_bytes].zero_()
@@ -272,24 +275,24 @@ class SegmentWriter:
         crcs = _block_crcs(layout)
         for layer in range(layout.num_layers):
             bbpl = layout.layer_block_bytes[layer]
-            block = layout.row_first(layer)
-            while block < layout.num_blocks:
-                room = max(1, (chunk + bbpl - fill) // bbpl)
-                count = min(room, layout.num_blocks - block)
-                nbytes = count * bbpl
-                _gather(paged, host, layer, ids, block, count, bufs[cur][fill:fill + nbytes])
-                crcs[layer].feed(views[cur][fill:fill + nbytes])
-                fill += nbytes
-                block += count
-                while fill >= chunk:
-                    nxt = (cur + 1) % depth
-                    waiting = pending[nxt]
-                    if waiting is not None:
-                        waiting.result()  # its buffer is free again (drain counts it)
-                    bufs[nxt][:fill - chunk].copy_(bufs[cur][chunk:fill])
-                    pending[cur] = flight.submit(pwrite_all, fd, views[cur][:chunk], pos)
-                    pos += chunk
-                    cur, fill = nxt, fill - chunk
+            for block, stop in layout.layer_runs(layer):
+                while block < stop:
+                    room = max(1, (chunk + bbpl - fill) // bbpl)
+                    count = min(room, stop - block)
+                    nbytes = count * bbpl
+                    _gather(paged, host, layer, ids, block, count, bufs[cur][fill:fill + nbytes])
+                    crcs[layer].feed(views[cur][fill:fill + nbytes])
+                    fill += nbytes
+                    block += count
+                    while fill >= chunk:
+                        nxt = (cur + 1) % depth
+                        waiting = pending[nxt]
+                        if waiting is not None:
+                            waiting.result()  # its buffer is free again (drain counts it)
+                        bufs[nxt][:fill - chunk].copy_(bufs[cur][chunk:fill])
+                        pending[cur] = flight.submit(pwrite_all, fd, views[cur][:chunk], pos)
+                        pos += chunk
+                        cur, fill = nxt, fill - chunk
         if fill:
             padded = align_up(fill)
             bufs[cur][fill:padded].zero_()
@@ -298,10 +301,11 @@ class SegmentWriter:
 
     @staticmethod
     def write_memory(dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor,
-                     layer_window_blocks: tuple[int, ...] = (), mark: int = 0) -> None:
+                     layer_window_blocks: tuple[int, ...] = (),
+                     ends: tuple[tuple[int, int], ...] = ()) -> None:
         """Gather blocks ``ids`` into a host-memory segment (``SegmentLayout.for_memory``:
         layer-major, no header); ``dest`` is that segment's range of the arena."""
-        copy = MemoryCopy(dest, paged, ids, layer_window_blocks, mark)
+        copy = MemoryCopy(dest, paged, ids, layer_window_blocks, ends)
         for layer in range(paged.num_layers):
             copy.layer(layer)
 
@@ -312,9 +316,10 @@ class MemoryCopy:
     ``layer`` call (a restore copies each layer as it lands)."""
 
     def __init__(self, dest: torch.Tensor, paged: PagedKV, ids: torch.Tensor,
-                 layer_window_blocks: tuple[int, ...] = (), mark: int = 0) -> None:
+                 layer_window_blocks: tuple[int, ...] = (),
+                 ends: tuple[tuple[int, int], ...] = ()) -> None:
         self.layout = SegmentLayout.for_memory(int(ids.numel()), paged.layer_block_bytes,
-                                               layer_window_blocks, mark)
+                                               layer_window_blocks, ends)
         if dest.numel() < self.layout.data_bytes:
             raise ValueError(f"memory segment needs {self.layout.data_bytes} bytes, "
                              f"destination has {dest.numel()}")
@@ -322,10 +327,12 @@ class MemoryCopy:
         self._host = _HostGather(paged, ids)
 
     def layer(self, layer: int) -> None:
-        start = self.layout.layer_offset(layer)
-        _gather(self._paged, self._host, layer, self._ids, self.layout.row_first(layer),
-                self.layout.layer_rows(layer),
-                self._dest[start:start + self.layout.layer_bytes(layer)])
+        at = self.layout.layer_offset(layer)
+        size = self.layout.layer_block_bytes[layer]
+        for a, b in self.layout.layer_runs(layer):
+            _gather(self._paged, self._host, layer, self._ids, a, b - a,
+                    self._dest[at:at + (b - a) * size])
+            at += (b - a) * size
 
 
 class _HostGather:

@@ -34,7 +34,7 @@ import torch
 
 from flatcake.cio.direct import aligned_buffer
 from flatcake.cio.paged import PagedKV
-from flatcake.layout import row_start
+from flatcake.layout import held_runs
 
 GroupIds = tuple[tuple[int, ...], ...]
 """A request's slots in each stored KV cache group (in ``KVGroups`` order), positional."""
@@ -125,21 +125,26 @@ class GroupedKV:
                              f"for {hi} blocks of {pages.per_block}")
         return pages.ids(group, lo, hi)
 
-    def _held_from(self, layer: int, num_blocks: int, mark: int = 0) -> int:
-        """The first of ``num_blocks`` blocks the store keeps of ``layer`` (a segment
-        branched at ``mark``: ``layout.row_start``)."""
-        return row_start(num_blocks, self.window_blocks[layer] if self.window_blocks else 0,
-                         mark)
+    def _held(self, layer: int, num_blocks: int,
+              ends: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
+        """The blocks ``[a, b)`` of ``num_blocks`` the store keeps of ``layer`` (with
+        hits ending at ``ends`` too: ``layout.held_runs``)."""
+        return held_runs(num_blocks, self.window_blocks[layer] if self.window_blocks else 0,
+                         ends)
 
-    def snapshot(self, ids: GroupIds, num_blocks: int, mark: int = 0) -> PagedKV | None:
+    def _held_from(self, layer: int, num_blocks: int) -> int:
+        """The first of ``num_blocks`` blocks a window at their end keeps of ``layer``."""
+        return self._held(layer, num_blocks)[0][0]
+
+    def snapshot(self, ids: GroupIds, num_blocks: int,
+                 ends: tuple[tuple[int, int], ...] = ()) -> PagedKV | None:
         """The blocks ``[0, num_blocks)`` of ``ids`` gathered into a scratch paged KV
         (slot ``i`` = block ``i``); None when a group no longer holds a block the store
-        keeps (of a segment branched at ``mark``: ``layout.SegmentLayout``)."""
+        keeps (with hits ending at ``ends`` too: ``layout.SegmentLayout``)."""
         for layer in range(self.paged.num_layers):
-            held = self._table(ids, layer, self._held_from(layer, num_blocks, mark),
-                               num_blocks)
-            if self.null_id in held:
-                return None
+            for lo, hi in self._held(layer, num_blocks, ends):
+                if self.null_id in self._table(ids, layer, lo, hi):
+                    return None
         out = self.scratch(num_blocks)
         dest = out.layer_bytes()
         for layer in range(self.paged.num_layers):

@@ -223,7 +223,7 @@ class WorkerIO:
         ids = None if self._slots is None else self._slots.stores.get(store.request_id)
         n = len(store.block_ids)
         scratch = None if ids is None else grouped.snapshot(ids, n,
-                                                            store.plan.segment.layout.mark)
+                                                            store.plan.segment.layout.ends)
         if scratch is None:
             logger.warning("FlatCake store of segment %d (request %s) skipped: a KV cache "
                            "group no longer holds all of its blocks",

@@ -199,7 +199,7 @@ class Spare:
             # A segment written at a branch holds window rows a restore does not read
             # (it reads the window at the hit's end only): not copied from a restore.
             if seg.medium != Medium.SSD or run.start_pos or run.num_blocks != seg.num_blocks \
-                    or seg.layout.mark or self._copies.get(seg.segment_id) is not None:
+                    or seg.layout.ends or self._copies.get(seg.segment_id) is not None:
                 continue
             layout = SegmentLayout.for_memory(seg.num_blocks, g.layer_block_bytes,
                                               g.layer_window_blocks)

@@ -37,7 +37,7 @@ from flatcake.control.types import StorePlan
 from flatcake.control.wear import Wear
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
-from flatcake.layout import SegmentLayout
+from flatcake.layout import SegmentLayout, merge_ends
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,8 @@ class Stores:
         hit = self._index.lookup(req)
         new_keys = req[hit.num_blocks:]
         first, prefix = hit.num_blocks, hit.runs
-        mark = 0
+        branch = 0  # the segment's block where the prompt branched (0: none)
+        every = False
         rule = self._config.store.window_rows
         if not new_keys and self._window_missing(req):
             # The whole prompt is stored, but no window where it ends (it ends inside
@@ -125,17 +126,16 @@ class Stores:
             first = max(0, len(req) - self._window_blocks)
         elif new_keys and self._window_blocks and rule == "every-block" and \
                 first >= rows_from:
-            mark = 1  # rows at every block: a hit may end anywhere in the segment
+            every = True  # rows at every block: a hit may end anywhere in the segment
         elif new_keys and first and rule == "branches" and \
                 max(0, first - self._window_blocks) >= rows_from and \
                 self._window_missing(req[:first]):
             # The prompt branches off a stored prefix where no window is held (a shared
             # system prompt, a sub-agent, an edit): the segment starts a window before
-            # the branch and keeps its windowed rows from there on (``layout``'s
-            # ``mark``), so a later hit ending at the branch, or anywhere after it in
-            # this segment, is served.
-            mark = min(first, self._window_blocks)
-            first -= mark
+            # the branch and keeps that window's rows too (``layout``'s ``ends``), so a
+            # later hit ending at the branch is served.
+            branch = min(first, self._window_blocks)
+            first -= branch
         if first < hit.num_blocks:
             new_keys = req[first:]
             prefix = head_runs(hit.runs, first)
@@ -146,9 +146,10 @@ class Stores:
             if start is not None and start < first and self._goes_to_ssd(
                     shared_refcount(start) if callable(shared_refcount) else shared_refcount,
                     turn_index, context_tokens, prev_reply_tokens):
-                # A branch's mark stays where the branch is.
-                mark += first - start if rule == "branches" and mark else 0
+                # A branch stays where the branch is.
+                branch += first - start if branch else 0
                 first, new_keys, prefix = start, req[start:], head_runs(hit.runs, start)
+        ends = self._row_ends(first, len(new_keys), rows_from, branch, every)
         now = self._clock.now()
         rec = self._sessions.get(session_id)
         if not new_keys or all(k in self._writing for k in new_keys):
@@ -167,7 +168,7 @@ class Stores:
         rec.last_access = now
         rec.num_pins += 1  # a write is in flight: reclaim must skip this session
         try:
-            plan = self._place_and_allocate(rec, new_keys, first, turn_index, signals, mark)
+            plan = self._place_and_allocate(rec, new_keys, first, turn_index, signals, ends)
         except BaseException:
             rec.num_pins -= 1
             self._sessions.forget_if_empty(rec)
@@ -193,6 +194,28 @@ class Stores:
                                    prev_reply_tokens)
         return decide_placement(signals, self._config.placement).medium == Medium.SSD
 
+    def _row_ends(self, first: int, n: int, rows_from: int, branch: int, every: bool
+                  ) -> tuple[tuple[int, int], ...]:
+        """Where a segment of ``n`` blocks written from request block ``first`` keeps
+        window rows besides its end (``layout``'s ``ends``): every block, the branch, and
+        every multiple of ``store.window_row_stride_tokens`` prompt tokens (in whole
+        blocks, counted from the request's first) whose window the engine still holds
+        (from ``rows_from`` on)."""
+        w = self._window_blocks
+        if not w or not n:
+            return ()
+        if every:
+            return ((1, n - 1),) if n > 1 else ()
+        tokens = self._config.store.window_row_stride_tokens
+        stride = max(1, round(tokens / self._geometry.tokens_per_block)) if tokens else 0
+        lo = max(first + 1, rows_from + w)
+        parts: list[tuple[tuple[int, int], ...]] = \
+            [((branch, branch),)] if 0 < branch < n else []
+        if stride and lo < first + n:
+            parts.append(tuple((e - first, e - first)
+                               for e in range(-(-lo // stride) * stride, first + n, stride)))
+        return merge_ends(*parts) if parts else ()
+
     def _window_missing(self, req: tuple[bytes, ...]) -> bool:
         """Every block of ``req`` is stored, yet a lookup of it is cut back: no window is
         held where it ends."""
@@ -201,11 +224,12 @@ class Stores:
 
     def _place_and_allocate(self, rec: SessionRecord, new_keys: tuple[bytes, ...],
                             first_block: int, turn_index: int,
-                            signals: PlacementSignals, mark: int) -> StorePlan:
+                            signals: PlacementSignals,
+                            ends: tuple[tuple[int, int], ...]) -> StorePlan:
         g, arena, ssd = self._geometry, self._arena, self._ssd
         n = len(new_keys)
         mem_layout = SegmentLayout.for_memory(n, g.layer_block_bytes,
-                                              g.layer_window_blocks, mark)
+                                              g.layer_window_blocks, ends)
         rc = self._config.reclaim
         tentative = decide_placement(signals, self._config.placement)
         # Reclaim memory only for a write that would go there, and only if the segment
@@ -228,7 +252,7 @@ class Stores:
             rec.memory_bytes += mem_layout.total_bytes
             return StorePlan(rec.session_id, segment, placement, first_block)
         ssd_layout = SegmentLayout.for_ssd(n, g.layer_block_bytes,
-                                           g.layer_window_blocks, mark=mark)
+                                           g.layer_window_blocks, ends=ends)
         size = ssd_layout.total_bytes
         projected = ssd.used_bytes + size + ssd.file_header_bytes
         if projected > rc.ssd_high * ssd.capacity_bytes:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from flatcake.control.address import Medium
 from flatcake.control.index import EMPTY_HIT, HitRun, PrefixHit, Segment, head_runs
@@ -51,7 +51,7 @@ def window_held(runs: tuple[HitRun, ...], end_run: int, window: int,
     for k in range(end_run, -1, -1):
         seg, start, count, _prefix = runs[k]
         take = min(need, count)
-        if start + count - take < seg.layout.layer_first(layer):
+        if not seg.layout.holds(layer, start + count - take, start + count):
             return False
         need -= take
         if need <= 0:
@@ -60,16 +60,30 @@ def window_held(runs: tuple[HitRun, ...], end_run: int, window: int,
 
 
 def windowed_hit(hit: PrefixHit, windows: tuple[int, ...]) -> PrefixHit:
-    """``hit``, cut back to its last run boundary where every window of ``windows``
-    (each layer's window in blocks; 0 none) is held (``hit`` itself when its end is)."""
+    """``hit``, cut back to its last position where every window of ``windows`` (each
+    layer's window in blocks; 0 none) is held: a run's end, or a block inside a run
+    where its segment keeps rows (``layout``'s ``ends``); ``hit`` itself when its end
+    is."""
     reps = window_layers(windows)
     runs = hit.runs
     for end in range(len(runs) - 1, -1, -1):
-        if all(window_held(runs, end, w, layer) for w, layer in reps):
-            if end == len(runs) - 1:
-                return hit
-            return _hit_of(runs[:end + 1])
+        seg, start, count, prefix = runs[end]
+        for stop in _ends_within(seg.layout.ends, start, start + count):
+            cut = runs if stop == start + count else \
+                (*runs[:end], HitRun(seg, start, stop - start, prefix))
+            last = cut if end == len(cut) - 1 else cut[:end + 1]
+            if all(window_held(last, end, w, layer) for w, layer in reps):
+                return hit if last is runs else _hit_of(last)
     return EMPTY_HIT
+
+
+def _ends_within(ends: tuple[tuple[int, int], ...], start: int, stop: int
+                 ) -> Iterator[int]:
+    """The blocks where a hit through ``[start, stop)`` of a segment may end, last
+    first: ``stop``, then each of ``ends`` inside the run."""
+    yield stop
+    for lo, hi in reversed(ends):
+        yield from range(min(hi, stop - 1), max(lo, start + 1) - 1, -1)
 
 
 def _hit_of(runs: tuple[HitRun, ...]) -> PrefixHit:
@@ -86,21 +100,28 @@ def window_segment_hit(hit: PrefixHit, keys: Sequence[bytes], windows: tuple[int
     served through another live segment holding its last key at some position ``j``:
     one whose keys up to ``j`` are the request's just before, and whose windows are
     held there (a *window segment*, which a request whose whole prompt was already
-    stored wrote, ending at ``j``; or a segment written where a prompt branched off,
-    ``layout``'s ``mark``, holding its rows from the branch on). ``None`` when no such
-    segment is live."""
+    stored wrote, ending at ``j``; or a segment keeping rows where a hit may end inside
+    it, ``layout``'s ``ends``: a branch, every stride blocks, every block). ``None`` when no such
+    segment is live; where that segment holds no window at ``j``, the hit ends at its
+    last block before ``j`` that does."""
     end = hit.num_blocks
     if not end:
         return None
     reps = window_layers(windows)
+    best: PrefixHit | None = None
     for seg, j in holders(keys[end - 1]):
         start = end - 1 - j
         if start < 0 or tuple(keys[start:end]) != seg.keys[:j + 1]:
             continue
-        runs = (*head_runs(hit.runs, start), HitRun(seg, 0, j + 1, start))
-        if all(window_held(runs, len(runs) - 1, w, layer) for w, layer in reps):
-            return _hit_of(runs)
-    return None
+        head = head_runs(hit.runs, start)
+        for stop in _ends_within(seg.layout.ends, 0, j + 1):
+            if best is not None and start + stop <= best.num_blocks:
+                break
+            runs = (*head, HitRun(seg, 0, stop, start))
+            if all(window_held(runs, len(runs) - 1, w, layer) for w, layer in reps):
+                best = _hit_of(runs)
+                break
+    return best
 
 
 def restore_view(runs: tuple[HitRun, ...]) -> tuple[HitRun, ...]:
@@ -125,10 +146,10 @@ def restore_view(runs: tuple[HitRun, ...]) -> tuple[HitRun, ...]:
                      if stop <= end - w
                      for k in layers if k not in lay.released) \
             if seg.medium is Medium.SSD else ()
-        # A segment holding rows before its last window (written at a branch) is read
-        # from the window before the run's end only (the window at the hit's end lies
-        # there, or wholly in the runs after it).
-        read_end = run.start_pos + run.num_blocks if lay.mark else 0
+        # A segment holding rows before its last window (``ends``) is read from the
+        # window before the run's end only (the window at the hit's end lies there, or
+        # wholly in the runs after it).
+        read_end = run.start_pos + run.num_blocks if lay.ends else 0
         if drop or read_end:
             view = dataclasses.replace(lay.release(drop) if drop else lay, read_end=read_end)
             out[i] = HitRun(dataclasses.replace(seg, layout=view), run.start_pos,
@@ -151,14 +172,14 @@ def released_rows(session_id: str, prefix: Sequence[HitRun], end: int,
     """What a turn of ``session_id`` ending at request block ``end``, written after the
     runs ``prefix``, releases: each SSD segment of the session that ``prefix`` runs
     through to its end, with its window layers whose rows all lie before ``end - w``
-    and are not released yet (see the module docstring). A segment written at a branch
-    (``layout``'s ``mark``) keeps its rows: every later prompt sharing the prefix up to
-    the branch ends its hit there."""
+    and are not released yet (see the module docstring). A segment holding rows where a
+    hit may end inside it (``layout``'s ``ends``: a branch, a stride) keeps them: other
+    prompts sharing its prefix end their hits there."""
     out = []
     for seg, start, count, prefix_start in prefix:
         lay = seg.layout
         if seg.medium is not Medium.SSD or seg.session_id != session_id or \
-                start + count != lay.num_blocks or lay.mark:
+                start + count != lay.num_blocks or lay.ends:
             continue
         seg_end = prefix_start + count
         layers = tuple(layer for layer, w in enumerate(windows)

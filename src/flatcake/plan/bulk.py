@@ -34,14 +34,15 @@ import numpy as np
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
-from flatcake.layout import ALIGN, describe_layers
+from flatcake.layout import ALIGN, SegmentLayout, describe_layers
 from flatcake.plan.reads import Resolve
 from flatcake.readplan import ReadPlan
 
 SegmentCache = dict[int, tuple[bool, int, int, int, int, tuple[int, ...], tuple[int, ...],
-                               tuple[int, ...], int, int]]
+                               tuple[int, ...], SegmentLayout | None, int]]
 """segment_id -> (on_ssd, file_id, base, header_bytes, num_blocks, layer_block_bytes,
-layer_window_blocks, released layers, mark, read_end); the released layers and the
+layer_window_blocks, released layers, the layout when it keeps rows at hit ends inside
+it (``ends``), read_end); the released layers and the
 view's read_end are checked on every use (a newer turn may release a segment's window
 rows while it lives; ``control.windows.restore_view`` makes a view per restore);
 ``base`` is the file offset (SSD, after ``resolve``) or arena offset. A live
@@ -71,6 +72,7 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     mem: list[tuple[int, int, int]] = []
     mixed: list[tuple[int, int, int, int, int, int, int, int]] = []
     released: list[tuple[int, ...]] = []  # mixed runs' released layers, by index
+    ends_layouts: list[SegmentLayout] = []  # mixed runs' layouts with ends, by index
     sizes: tuple[int, ...] = ()
     windows: tuple[int, ...] = ()
     bbpl = 0
@@ -97,10 +99,10 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             else:
                 fid, base = -1, seg.offset
             info = (on_ssd, fid, base, lay.header_bytes, lay.num_blocks,
-                    lay.layer_block_bytes, lay.layer_window_blocks, lay.released, lay.mark,
-                    lay.read_end)
+                    lay.layer_block_bytes, lay.layer_window_blocks, lay.released,
+                    lay if lay.ends else None, lay.read_end)
             cache[seg.segment_id] = info
-        (on_ssd, fid, base, header, n_seg, seg_sizes, seg_windows, seg_released, mark,
+        (on_ssd, fid, base, header, n_seg, seg_sizes, seg_windows, seg_released, ends_lay,
          read_end) = info
         if seg_sizes is not sizes and seg_sizes != sizes:
             if len(seg_sizes) != num_layers:
@@ -124,19 +126,23 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
             start, count = lo, hi - lo
         num_blocks += count
         if not bbpl:  # layers of different sizes: see _mixed_totals
-            rel = -1
+            rel = sp = -1
             if seg_released:
                 rel = len(released)
                 released.append(seg_released)
+            if ends_lay is not None:
+                sp = len(ends_layouts)
+                ends_layouts.append(ends_lay)
             mixed.append((fid if on_ssd else -1, base + header, n_seg, start, count, rel,
-                          mark, read_end))
+                          sp, read_end))
         # layout.block_offset(0, start), inlined; the layer stride is the segment's.
         elif on_ssd:
             ssd.append((fid, base + header + start * bbpl, n_seg * bbpl, count * bbpl))
         else:
             mem.append((base + header + start * bbpl, n_seg * bbpl, count * bbpl))
     if mixed:
-        return _mixed_totals(mixed, sizes, num_blocks, cfg, windows, released)
+        return _mixed_totals(mixed, sizes, num_blocks, cfg, windows, released,
+                             ends_layouts)
     num_commands = bytes_read = useful = 0
     if ssd:
         ssd.sort()
@@ -278,14 +284,16 @@ def _reject_overlaps(file_id: np.ndarray, base: np.ndarray, length: np.ndarray) 
 def _mixed_totals(runs: list[tuple[int, int, int, int, int, int, int, int]],
                   sizes: tuple[int, ...],
                   num_blocks: int, cfg: PlannerConfig, windows: tuple[int, ...] = (),
-                  released: Sequence[tuple[int, ...]] = ()) -> ReadPlan:
+                  released: Sequence[tuple[int, ...]] = (),
+                  ends_layouts: Sequence[SegmentLayout] = ()) -> ReadPlan:
     """The totals for layers of different sizes or with windows. ``runs`` holds
     ``(file_id or -1 for the arena, data start, segment blocks, first block, blocks,
-    index of its released layers in released or -1, mark, read_end)``; layer ``l`` of a
-    run is ``[data + n * before[l] + start * size[l], + count * size[l])``; a windowed
-    layer holds its last ``min(n, window)`` blocks only (from ``mark - window`` on in a
-    segment written at a branch), none once released, and a view reads it from
-    ``read_end - window`` on (``layout.SegmentLayout``)."""
+    index of its released layers in released or -1, index of its layout in
+    ends_layouts or -1, read_end)``; layer ``l`` of a run is ``[data + n * before[l] +
+    start * size[l], + count * size[l])``; a windowed layer holds its last ``min(n,
+    window)`` blocks only, none once released, and a view reads it from ``read_end -
+    window`` on (``layout.SegmentLayout``); a segment keeping rows at hit ends inside it
+    is read as its layout says."""
     runs.sort()
     size = np.asarray(sizes, dtype=np.int64)[:, None]  # (layers, 1)
     before = np.concatenate(([0], np.cumsum(size[:-1, 0])))[:, None]
@@ -298,7 +306,7 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int, int, int]],
         part = arr[on_ssd == ssd_side]
         if not len(part):
             continue
-        file_id, data, n_seg, start, count, rel, mark, read_end = part.T
+        file_id, data, n_seg, start, count, rel, sp, read_end = part.T
         if windows:
             gone = None
             if released:
@@ -306,7 +314,11 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int, int, int]],
                 for r in np.flatnonzero(rel >= 0):
                     gone[list(released[rel[r]]), r] = True
             lo, length, seg_bytes = _windowed_ranges(data, n_seg, start, count, size,
-                                                     windows, gone, mark, read_end)
+                                                     windows, gone, read_end)
+            for r in np.flatnonzero(sp >= 0):
+                _ends_ranges(ends_layouts[sp[r]], int(data[r]), int(start[r]),
+                             int(count[r]), size[:, 0], lo[:, r], length[:, r])
+                seg_bytes[r] = ends_layouts[sp[r]].data_bytes
             _reject_windowed_overlaps(file_id, data, start, count, seg_bytes)
         else:
             lo = data + n_seg * before + start * size  # (layers, runs)
@@ -331,19 +343,15 @@ def _mixed_totals(runs: list[tuple[int, int, int, int, int, int, int, int]],
 
 def _windowed_ranges(data: np.ndarray, n_seg: np.ndarray, start: np.ndarray,
                      count: np.ndarray, size: np.ndarray, windows: tuple[int, ...],
-                     gone: np.ndarray | None = None, mark: np.ndarray | None = None,
-                     read_end: np.ndarray | None = None
+                     gone: np.ndarray | None = None, read_end: np.ndarray | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lo, length)`` (layers, runs) of the blocks each layer holds of each run
     (``SegmentLayout.layer_first``: a windowed layer holds its segment's last
-    ``min(n, window)`` blocks, from ``mark - window`` on where ``mark``, none where
+    ``min(n, window)`` blocks, none where
     ``gone``: released, read from ``read_end - window`` on where ``read_end``);
     ``length`` 0 where it holds none of the run; and each run's segment data bytes."""
     win = np.asarray(windows, dtype=np.int64)[:, None]
     first = np.where(win > 0, n_seg - np.minimum(n_seg, win), 0)  # (layers, runs)
-    if mark is not None and mark.any():  # layout.row_start
-        first = np.where((win > 0) & (mark > 0),
-                         np.maximum(0, np.minimum(first, mark - win)), first)
     rows = n_seg - first
     before = np.cumsum(rows * size, axis=0) - rows * size
     lo_blk = np.maximum(start, first if gone is None else np.where(gone, n_seg, first))
@@ -352,6 +360,19 @@ def _windowed_ranges(data: np.ndarray, n_seg: np.ndarray, start: np.ndarray,
                           np.maximum(lo_blk, read_end - win), lo_blk)
     held = np.maximum(start + count - lo_blk, 0)
     return data + before + (lo_blk - first) * size, held * size, (rows * size).sum(axis=0)
+
+
+def _ends_ranges(lay: SegmentLayout, data: int, start: int, count: int, size: np.ndarray,
+                 lo: np.ndarray, length: np.ndarray) -> None:
+    """``lo`` and ``length`` (each layer) of a run of a segment keeping rows at hit ends
+    inside it, filled in from its layout (a view: ``layout.SegmentLayout.layer_first``
+    on, one run of rows)."""
+    for k in range(len(size)):
+        first = max(start, lay.layer_first(k))
+        held = max(0, start + count - first)
+        lo[k] = data + lay.layer_offset(k) - lay.header_bytes + \
+            (first - lay.row_shift(k)) * int(size[k]) if held else data
+        length[k] = held * int(size[k])
 
 
 def _reject_windowed_overlaps(file_id: np.ndarray, data: np.ndarray, start: np.ndarray,

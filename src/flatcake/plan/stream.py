@@ -45,9 +45,9 @@ class StreamCheck:
         layer_first: each layer's first block held, in the segment (a sliding window
             holds the segment's last blocks only: its crc covers those of the checked
             blocks); empty: all from 0.
-        row_first: each layer's block of its first row as written
-            (``SegmentLayout.row_first``: where its crc table starts); empty: as
-            ``layer_first``.
+        row_first: each layer's block minus row for the blocks checked
+            (``SegmentLayout.row_shift``: the block of its first row as written when
+            its rows are one run; the crc table holds rows); empty: as ``layer_first``.
     """
 
     stream_start: int
@@ -113,7 +113,7 @@ class StreamPlanner:
             rows: tuple[int, ...] = ()
             if lay.is_windowed:
                 held = tuple(lay.layer_first(k) for k in range(lay.num_layers))
-                rows = tuple(lay.row_first(k) for k in range(lay.num_layers))
+                rows = tuple(lay.row_shift(k) for k in range(lay.num_layers))
             self.checks.append(StreamCheck(start, hi - lo, crcs,
                                            min(r.prefix_start for r in seg_runs),
                                            seg.segment_id, lo, hi - lo == seg.num_blocks,
