@@ -13,14 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from flatcake.link.wire import TensorRanks
+from flatcake.plan.tasks import StepPlan
 from flatcake.service.endpoint import ask_status
 from tests.connectors.sides_harness import G, end, finish, tokens, view
-from tests.service.helpers import Engine, Service
+from tests.service.helpers import Engine, Service, TensorEngine
 
 pytest.importorskip("zmq")
 
 
-def memory_turn(e: Engine, rid: str, session: str, start: int) -> tuple[list[int], object]:
+def memory_turn(e: Engine | TensorEngine, rid: str, session: str, start: int
+                ) -> tuple[list[int], StepPlan]:
     """A session's first turn (SSD, stored and reported), then its second turn's
     prompt computed into slots 20-24 with a short reply before it (memory): returns the
     second turn's tokens and its step plan, its store handed to the worker."""
@@ -38,17 +41,32 @@ def memory_turn(e: Engine, rid: str, session: str, start: int) -> tuple[list[int
     return turn1, plan
 
 
-def run_step(e: Engine, plan: object) -> None:
-    """The worker runs ``plan`` (its writes) and reports, as a step's end does."""
-    e.worker.start_step(plan)  # type: ignore[arg-type]
+def run_step(e: Engine | TensorEngine, plan: StepPlan, rank: int = 0) -> None:
+    """Worker ``rank`` runs ``plan`` (its writes) and reports, as a step's end does."""
+    worker = e.workers[rank] if isinstance(e, TensorEngine) else e.worker
+    worker.start_step(plan)
     for layer in range(G.num_layers):
-        e.worker.wait_for_layer(layer)
-    e.worker.end_step()
+        worker.wait_for_layer(layer)
+    worker.end_step()
     deadline = time.monotonic() + 30
-    while e.worker.pending() and time.monotonic() < deadline:
-        e._report(set())
+    while True:
+        _s, _r, _i, report = worker.poll(set())
+        e.sched.on_report(report)
+        e.sched.take_released(set())
+        if not worker.pending() or time.monotonic() > deadline:
+            break
         time.sleep(0.01)
-    e._report(set())
+
+
+def wait_released(svc: Service, e: Engine | TensorEngine, other: Engine | None = None
+                  ) -> None:
+    """Until the service released ``e`` (its lease ended); ``other`` keeps calling."""
+    deadline = time.monotonic() + 30
+    while e.sched.engine_id in ask_status(svc.sock, 5.0)["engines"]:
+        assert time.monotonic() < deadline, svc.stderr()
+        if other is not None:
+            other.sched.take_stats()
+        time.sleep(0.2)
 
 
 @pytest.mark.timeout(180)
@@ -60,17 +78,11 @@ def test_a_worker_paused_past_its_engines_lease_writes_nothing_served(tmp_path: 
     try:
         # 1. A's turn goes to the arena; its worker is handed the write, and A pauses.
         _, paused = memory_turn(a, "a", "sa", 100)
-        (task,) = paused.stores  # type: ignore[attr-defined]
-        held = ask_status(svc.sock, 5.0)["memory_used_bytes"]
-        assert held >= task.plan.segment.total_bytes
-        deadline = time.monotonic() + 30
-        while a.sched.engine_id in ask_status(svc.sock, 5.0)["engines"]:
-            assert time.monotonic() < deadline, svc.stderr()
-            b.sched.take_stats()  # B keeps calling: only A's lease ends
-            time.sleep(0.2)
+        (task,) = paused.stores
+        wait_released(svc, a, b)  # B keeps calling: only A's lease ends
         # 2. B's turn of the same size takes a range of the arena and is reported.
         turn1_b, plan_b = memory_turn(b, "b", "sb", 1000)
-        (task_b,) = plan_b.stores  # type: ignore[attr-defined]
+        (task_b,) = plan_b.stores
         mine, theirs = task_b.plan.segment, task.plan.segment
         run_step(b, plan_b)
         # (The turn's blocks: the first turn's from slots 5-7, its own from 23-24.)
@@ -98,4 +110,27 @@ def test_a_worker_paused_past_its_engines_lease_writes_nothing_served(tmp_path: 
     finally:
         a.close()
         b.close()
+        assert svc.stop() == 0, svc.stderr()
+
+
+@pytest.mark.timeout(180)
+def test_a_write_one_rank_reported_before_the_lease_is_freed_by_the_others_report(
+        tmp_path: Path) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.node_lease_s=1").start()
+    e = TensorEngine(svc.sock, TensorRanks(2))
+    try:
+        _, plan = memory_turn(e, "a", "sa", 100)
+        before = ask_status(svc.sock, 5.0)
+        run_step(e, plan, rank=0)  # rank 0 wrote and reported; rank 1 is paused
+        wait_released(svc, e)
+        books = ask_status(svc.sock, 5.0)
+        assert (books["stores_in_flight"], books["fenced_stores"]) == (1, 1), books
+        run_step(e, plan, rank=1)  # rank 1 resumes: the write ended on every rank
+        books = ask_status(svc.sock, 5.0)
+        assert (books["stores_in_flight"], books["fenced_stores"]) == (0, 0), books
+        assert books["memory_used_bytes"] == before["memory_used_bytes"] - \
+            plan.stores[0].plan.segment.total_bytes
+    finally:
+        e.close()
         assert svc.stop() == 0, svc.stderr()

@@ -568,12 +568,13 @@ class SchedulerSide:
         self._stats["prompt_tokens"] += req.num_prompt_tokens
         self.refcount.add(req.request_id, req.keys)
 
-    def abandon(self) -> list[StorePlan]:
+    def abandon(self) -> list[tuple[StorePlan, int]]:
         """The engine is gone (a node service ended its lease): its restores are
         unpinned, its requests forgotten, the window releases of its last steps handed
         out again, the stores its workers were not handed yet rolled back (never
-        published). Returns the stores its workers were handed and may still write
-        (the host rolls them back or fences them: ``service.fences``). Its file drops
+        published). Returns the stores its workers were handed and may still write, each
+        with its workers' reports of it so far (the host rolls them back or fences them:
+        ``service.fences``). Its file drops
         and cuts are the node service's (``NodeParts.files``), never queued here."""
         for request_id in list(self._loads):
             self.control.complete_load(request_id)
@@ -592,7 +593,7 @@ class SchedulerSide:
         self._handed.clear()
         self._apply(self.control.take_reclaim_actions())
         self._settle_damage()
-        return [t.plan for t in handed]
+        return [(t.plan, n) for t, n in handed]
 
     def close(self) -> None:
         """Close the connection to the cluster index, if any."""

@@ -52,11 +52,12 @@ class StoreBooks:
         del self._stores[report.segment_id]
         return task, all(r.ok for r in reports), reports
 
-    def abandon(self) -> tuple[list[StoreTask], list[StoreTask]]:
+    def abandon(self) -> tuple[list[tuple[StoreTask, int]], list[StoreTask]]:
         """Every store in flight, forgotten (its engine is gone): those handed to the
-        workers (they may still write them) and those not yet in a step."""
+        workers (they may still write them), each with its workers' reports so far, and
+        those not yet in a step."""
         new = {task.plan.segment.segment_id for task in self._new}
-        handed = [task for seg_id, (task, _reports) in self._stores.items()
+        handed = [(task, len(reports)) for seg_id, (task, reports) in self._stores.items()
                   if seg_id not in new]
         out = handed, self._new
         self._stores.clear()

@@ -99,11 +99,13 @@ def descendants(pid: int) -> list[Process]:
 
 
 def fence(control: ControlPlane, client_id: str, pid: int, started: int | None,
-          plans: list[StorePlan], reports: int = 0) -> Fenced | None:
+          plans: list[StorePlan], reports: int = 0, seen: dict[int, int] | None = None
+          ) -> Fenced | None:
     """The unfinished writes ``plans`` of a released client of process ``pid`` (started
     at ``started``): rolled back at once where the process is gone, else fenced
     (returned, for ``free_fenced`` and ``reported``). ``reports``: worker reports that
-    end each write (an engine's world size; 0 for none)."""
+    end each write (an engine's world size; 0 for none); ``seen``: those already in, by
+    segment id."""
     if not plans:
         return None
     if pid <= 0 or process_gone(pid, started):
@@ -113,7 +115,7 @@ def fence(control: ControlPlane, client_id: str, pid: int, started: int | None,
     for plan in plans:
         control.fence_store(plan)
     return Fenced(client_id, ((pid, started), *descendants(pid)),
-                  {p.segment.segment_id: p for p in plans}, reports)
+                  {p.segment.segment_id: p for p in plans}, reports, dict(seen or {}))
 
 
 def free_fenced(fenced: list[Fenced], control: ControlPlane) -> list[Fenced]:

@@ -137,7 +137,7 @@ class NodeService(CallLoop):
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
         self._stores: dict[str, AttachedStore] = {}
-        # Unfinished writes of stores whose lease ended, until their process is gone.
+        # Unfinished writes of engines and stores whose lease ended (``service.fences``).
         self._fenced: list[Fenced] = []
         self._tenants = SessionTenants(self.root)
         # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
@@ -400,9 +400,10 @@ class NodeService(CallLoop):
         fenced = None
         if lease_ended:
             fenced = fence(control, f"engine {engine.engine_id}", engine.pid,
-                           engine.started, writing, engine.side.world_size)
+                           engine.started, [p for p, _ in writing], engine.side.world_size,
+                           {p.segment.segment_id: n for p, n in writing if n})
         else:
-            for plan in writing:
+            for plan, _ in writing:
                 control.complete_store(plan, False)
         if fenced is not None:
             self._fenced.append(fenced)
