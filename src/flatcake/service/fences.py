@@ -80,7 +80,8 @@ def process_gone(pid: int, started: int | None) -> bool:
 
 
 def descendants(pid: int) -> list[Process]:
-    """The live descendants of ``pid`` (an engine's worker processes), from ``/proc``."""
+    """The live descendants of ``pid`` (an engine's worker processes), from ``/proc``;
+    never this process (a service a client started writes no range of its)."""
     children: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
@@ -93,6 +94,8 @@ def descendants(pid: int) -> list[Process]:
     todo = list(children.get(pid, ()))
     while todo:
         child = todo.pop()
+        if child == os.getpid():
+            continue
         out.append((child, process_start(child)))
         todo.extend(children.get(child, ()))
     return out
