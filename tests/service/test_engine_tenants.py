@@ -143,3 +143,46 @@ def test_an_engines_block_events_leave_out_another_tenants_blocks(tmp_path: Path
         a.close()
         b.close()
         assert svc.stop() == 0, svc.stderr()
+
+
+def test_another_tenants_files_are_dropped_by_the_service(tmp_path: Path) -> None:
+    # A small SSD: B's turns reclaim A's session, in B's calls. The service deletes
+    # A's file itself: B's workers are handed no drop (nor is an attached store of B
+    # told of A's session), and the file is gone all the same.
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
+                  "store.ssd_capacity_bytes=65536").start()
+    a = Engine(svc.sock, seed=1, name="A", tenant_salt="team-a")
+    b = Engine(svc.sock, seed=2, name="B", tenant_salt="team-b")
+    store = attached(svc, "team-b")
+    try:
+        assert turn(a, "a0", list(range(100, 113)), "team-a", [5, 6, 7, 8]
+                    )["stored_blocks"] == 3
+        files_a = set((svc.root / "sessions").iterdir())
+        assert len(files_a) == 1
+        drops, told = [], []
+        apply = store._apply  # what B's store is told the books dropped
+
+        def spy(actions):  # type: ignore[no-untyped-def]
+            told.extend(x.session_id for x in actions)
+            return apply(actions)
+
+        store._apply = spy  # type: ignore[method-assign]
+        for i in range(12):
+            toks = list(range(1000 * (i + 1), 1000 * (i + 1) + 13))
+            v = salted(f"b{i}", toks, "team-b", f"b-{i}", computed=len(toks))
+            assert b.sched.num_matched_tokens(v, 0) == (0, False)
+            end(b, v, [20, 21, 22, 23])
+            plan, _, _, _ = b.step()
+            drops.extend(plan.drops)
+            keys = chain_block_keys(toks[:12], G.tokens_per_block, "tiny", "team-b")
+            store.store_turn(f"s-{i}", keys, random_kv(G, 3, seed=i), list(range(3)),
+                             TO_SSD)
+        assert segments(svc, "team-a") == []  # A's session reclaimed
+        assert drops == []
+        assert "chat" not in told  # B's store was told of its own only
+        assert not [f for f in files_a if f.exists()]  # A's file deleted
+    finally:
+        store.close()
+        a.close()
+        b.close()
+        assert svc.stop() == 0, svc.stderr()

@@ -212,10 +212,11 @@ def test_socket_and_arena_are_private_and_a_second_service_is_refused(node: Serv
 
 
 def test_an_engine_killed_mid_write_is_rolled_back_after_its_lease(tmp_path: Path) -> None:
-    """Engine A's worker wrote a turn but A died before reporting it durable: the turn
-    is never published; after A's lease its session is unpinned and the write rolled
-    back (nothing in flight), B misses it and stores it itself, and fsck finds the root
-    clean once the service stopped."""
+    """Engine A's worker wrote a turn but A stopped before reporting it durable (its
+    process still there: it may only be paused): the turn is never published; after A's
+    lease the write is fenced (its range held, nothing waits for it), B misses it and
+    stores it itself; once A's worker reports the write, the range is freed, and fsck
+    finds the root clean once the service stopped."""
     import subprocess
     import sys
 
@@ -250,13 +251,17 @@ def test_an_engine_killed_mid_write_is_rolled_back_after_its_lease(tmp_path: Pat
             time.sleep(0.2)
         books = status(svc)
         assert a.sched.engine_id not in books["engines"]
-        assert (books["stores_in_flight"], books["pinned_sessions"]) == (0, 0), books
+        fenced = ("stores_in_flight", "pinned_sessions", "fenced_stores")
+        assert tuple(books[k] for k in fenced) == (1, 1, 1), books
         assert b.sched.num_matched_tokens(view("b2", turn0, session="s"), 0) == (0, False)
         p = finish(b, "b3", turn0, [9, 10, 11, 12], out=3, session="s")
         assert p["stored_blocks"] == 3
         b.step()
         hit, _ = b.sched.num_matched_tokens(view("b4", tokens(turn0, 8, 200), session="s"), 0)
         assert hit == 12
+        a.step()  # A resumes: its worker reports the write, its range is freed
+        books = status(svc)
+        assert tuple(books[k] for k in fenced) == (0, 0, 0), books
     finally:
         a.close()
         b.close()

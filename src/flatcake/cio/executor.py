@@ -145,6 +145,12 @@ class Executor(ExecutorLoads):
         """This machine's SSD reader."""
         return self.readers.get(Medium.SSD, LOCAL_NODE)
 
+    def share(self) -> None:
+        """The root is written by other processes from now on (a node service's, once
+        recovered: the engines' workers create and append to its files): drops and
+        cuts act on files this executor did not create, as an attached one's do."""
+        self.attached = True
+
     def settle(self, scan: DiskScan, recovery: Recovery, control: ControlPlane) -> None:
         """Act on the books' restart verdicts: quarantine, delete, or keep a file
         (trimmed, cut after its last good segment) with its segments' crcs, which check

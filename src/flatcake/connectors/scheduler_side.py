@@ -77,6 +77,7 @@ from flatcake.control.wear import wear_increments
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.requests import (
+    FileWork,
     Servable,
     by_medium,
     finish_load,
@@ -131,6 +132,9 @@ class NodeParts:
     refcount: PrefixRefcount
     recovered_segments: int
     cluster: NodeMember | None = None  # the node service's membership of a cluster
+    # The node service deletes and cuts the files the books drop itself (no engine's
+    # workers are handed another engine's, or another tenant's, files): (drops, cuts).
+    files: FileWork | None = None
 
     @classmethod
     def embedded(cls, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
@@ -451,6 +455,11 @@ class SchedulerSide:
         elif self.cluster is not None:  # the worker is the member
             self._unpublish.extend(gone)
         cuts, drops = reclaim_tasks(actions)
+        files = self.node.files if self.node is not None else None
+        if files is not None:
+            if cuts or drops:
+                files(drops, cuts)
+            return
         self._file_cuts.extend(cuts)
         self._drops.extend(drops)
 
@@ -559,15 +568,18 @@ class SchedulerSide:
         self._stats["prompt_tokens"] += req.num_prompt_tokens
         self.refcount.add(req.request_id, req.keys)
 
-    def abandon(self) -> tuple[list[FileDrop], list[FileCut]]:
+    def abandon(self) -> list[tuple[StorePlan, int]]:
         """The engine is gone (a node service ended its lease): its restores are
-        unpinned, its unfinished writes rolled back (never published), its requests
-        forgotten, the window releases of its last steps handed out again. Returns
-        the file drops and cuts it had not handed to its workers yet, for another
-        engine's workers to run."""
+        unpinned, its requests forgotten, the window releases of its last steps handed
+        out again, the stores its workers were not handed yet rolled back (never
+        published). Returns the stores its workers were handed and may still write, each
+        with its workers' reports of it so far (the host rolls them back or fences them:
+        ``service.fences``). Its file drops
+        and cuts are the node service's (``NodeParts.files``), never queued here."""
         for request_id in list(self._loads):
             self.control.complete_load(request_id)
-        for task in self.stores.abandon():
+        handed, new = self.stores.abandon()
+        for task in new:
             self.control.complete_store(task.plan, False)
         for request_id in list(self._reqs):
             self.refcount.remove(request_id)
@@ -581,14 +593,7 @@ class SchedulerSide:
         self._handed.clear()
         self._apply(self.control.take_reclaim_actions())
         self._settle_damage()
-        drops, cuts = self._drops, self._file_cuts
-        self._drops, self._file_cuts = [], []
-        return drops, cuts
-
-    def adopt_file_work(self, drops: Sequence[FileDrop], cuts: Sequence[FileCut]) -> None:
-        """File drops and cuts another engine left: this engine's workers run them."""
-        self._drops.extend(drops)
-        self._file_cuts.extend(cuts)
+        return [(t.plan, n) for t, n in handed]
 
     def close(self) -> None:
         """Close the connection to the cluster index, if any."""

@@ -52,10 +52,14 @@ class StoreBooks:
         del self._stores[report.segment_id]
         return task, all(r.ok for r in reports), reports
 
-    def abandon(self) -> list[StoreTask]:
-        """Every store in flight, forgotten (its engine is gone: the host rolls them
-        back in the books)."""
-        out = [task for task, _reports in self._stores.values()]
+    def abandon(self) -> tuple[list[tuple[StoreTask, int]], list[StoreTask]]:
+        """Every store in flight, forgotten (its engine is gone): those handed to the
+        workers (they may still write them), each with its workers' reports so far, and
+        those not yet in a step."""
+        new = {task.plan.segment.segment_id for task in self._new}
+        handed = [(task, len(reports)) for seg_id, (task, reports) in self._stores.items()
+                  if seg_id not in new]
+        out = handed, self._new
         self._stores.clear()
         self._new = []
         return out

@@ -243,6 +243,15 @@ class ControlPlane(Books):
         are durable), else give its allocation back. Unpins the session."""
         self._stores.complete(plan, ok)
 
+    def fence_store(self, plan: StorePlan) -> None:
+        """``plan``'s writer may still write its ranges but is no longer trusted to
+        finish (its lease ended while it may only be paused): the store is never
+        published (``complete_store(plan, True)`` frees it), its keys are no longer in
+        flight (lookups do not wait for it, another store may write them), and its ranges
+        stay allocated and its session pinned until ``complete_store`` (the writer is
+        known gone, or reported the write ended) so no other store is given them."""
+        self._stores.fence(plan)
+
     # -- load ------------------------------------------------------------------------
 
     def prepare_load(self, request_id: Hashable,

@@ -9,6 +9,9 @@ publish them once durable or give the allocation back (no I/O)::
     complete_copy(plan) ─────────────► the copy serves lookups early (``control.early``)
     complete(plan, ok) ──────────────► published (ok) or freed; session unpinned;
                                        not-yet homes it covers freed
+    fence(plan) ─────────────────────► its writer is no longer trusted: never published,
+                                       its keys no longer in flight, its ranges held
+                                       (still pending) until ``complete`` frees them
 
 Single-threaded, like every verb.
 """
@@ -84,6 +87,9 @@ class Stores:
         # SSD stores in flight -> the runs before them (what they release once durable).
         self._prefix: dict[int, tuple[HitRun, ...]] = {}
         self._writing: Counter[bytes] = Counter()
+        # Pending stores whose writer may still write but is no longer trusted
+        # (``fence``): their keys left ``_writing``; never published.
+        self._fenced: set[int] = set()
         self._rules: Counter[PlacementRule] = Counter()
         self._rejected = 0
 
@@ -282,14 +288,40 @@ class Stores:
     def complete_copy(self, plan: StorePlan) -> None:
         """``ControlPlane.complete_copy``."""
         seg = plan.segment
-        if self._pending.get(seg.segment_id) != plan or plan.copy is None:
+        if self._pending.get(seg.segment_id) != plan or plan.copy is None or \
+                seg.segment_id in self._fenced:
             raise KeyError(f"no store with a memory copy in flight for segment_id "
                            f"{seg.segment_id!r}")
         self._early.file(plan, plan.copy)
 
+    def fence(self, plan: StorePlan) -> None:
+        """``ControlPlane.fence_store``."""
+        seg = plan.segment
+        if self._pending.get(seg.segment_id) != plan:
+            raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
+        if seg.segment_id not in self._fenced:
+            self._fenced.add(seg.segment_id)
+            self._unwrite(seg.keys)
+
+    def _unwrite(self, keys: Sequence[bytes]) -> None:
+        """``keys`` are no longer written by one more store in flight. One pass with
+        dict's own item verbs (Counter's subtract and __delitem__ run in Python: they
+        were a third of an in-cache request's store)."""
+        writing = self._writing
+        for key in keys:
+            left = writing[key] - 1
+            if left:
+                writing[key] = left
+            else:
+                dict.__delitem__(writing, key)
+
     def complete(self, plan: StorePlan, ok: bool) -> None:
         """``ControlPlane.complete_store``; then the not-yet homes a durable SSD segment
         covers are freed (their keys pass to it)."""
+        if ok and plan.segment.segment_id in self._fenced:
+            logger.warning("store of segment %d (session %r) is fenced: not published, "
+                           "its range freed", plan.segment.segment_id, plan.session_id)
+            ok = False
         self._finish(plan, ok)
         if self._not_yet is not None:
             self._not_yet.settle(plan.segment.segment_id, ok)
@@ -300,15 +332,10 @@ class Stores:
             raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
         del self._pending[seg.segment_id]
         prefix = self._prefix.pop(seg.segment_id, ())
-        # One pass with dict's own item verbs (Counter's subtract and __delitem__ run
-        # in Python: they were a third of an in-cache request's store).
-        writing = self._writing
-        for key in seg.keys:
-            left = writing[key] - 1
-            if left:
-                writing[key] = left
-            else:
-                dict.__delitem__(writing, key)
+        if self._fenced and seg.segment_id in self._fenced:
+            self._fenced.discard(seg.segment_id)  # its keys left ``_writing`` then
+        else:
+            self._unwrite(seg.keys)
         rec = self._sessions[plan.session_id]
         rec.num_pins -= 1
         early = self._early.settle(plan)

@@ -50,7 +50,7 @@ serialises calls).
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from flatcake.control.address import Medium
@@ -64,9 +64,9 @@ from flatcake.plan.tasks import FileDrop, LoadDone, LoadTask, StoreTask
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Finished", "Servable", "StoreBegun", "begin_store", "by_medium", "finish_load",
-           "load", "load_task", "reclaim_tasks", "remote_blocks", "restore_request",
-           "servable", "settle", "store_task"]
+__all__ = ["FileWork", "Finished", "Servable", "StoreBegun", "begin_store", "by_medium",
+           "finish_load", "load", "load_task", "reclaim_tasks", "remote_blocks",
+           "restore_request", "servable", "settle", "store_task"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +263,11 @@ def store_task(request_id: str, plan: StorePlan, block_ids: Sequence[int]) -> St
     first = plan.first_block
     return StoreTask(request_id, plan, tuple(
         int(b) for b in block_ids[first:first + plan.segment.num_blocks]))
+
+
+# Who deletes and cuts the files the books dropped, where it is not the caller's data
+# plane (a node service's own): (drops, cuts).
+FileWork = Callable[[Sequence[FileDrop], Sequence[FileCut]], None]
 
 
 def reclaim_tasks(actions: Iterable[ReclaimAction]) -> tuple[list[FileCut], list[FileDrop]]:

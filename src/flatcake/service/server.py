@@ -35,9 +35,13 @@ refused by name; an engine's turn is then not stored, its hit a miss).
 
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
-published; an attached store's ranges kept until its process is gone, fenced:
-``service.stores``), its FC-MAS queue gone, its pending file drops and cuts handed to
-the next engine that steps. It re-attaches on its next call, as after a service restart.
+published); those its processes may still write are fenced (``service.fences``: never
+published, their ranges held until its workers report them or its processes are gone);
+its FC-MAS queue gone. It re-attaches on its next call, as after a service restart.
+
+Files: the service deletes and cuts the session files the books drop itself
+(``NodeParts.files``), whichever client's call made the reclaim; an attached store is
+told only of its own tenant's sessions dropped.
 
 An attached store's ``servable`` that must wait for a store in flight (``wait_s``) is
 held and answered once that store is durable, failed or rolled back, or its wait is up.
@@ -55,6 +59,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,14 +88,12 @@ from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
 from flatcake.service.connections import ConnectionCap
 from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
+from flatcake.service.fences import Fenced, fence, free_fenced, process_start, reported
 from flatcake.service.stores import (
     AttachedStore,
-    Fenced,
     ServableWait,
     abandon_calls,
     attached_call,
-    free_fenced,
-    process_start,
     release_store,
 )
 from flatcake.service.tenants import SessionTenants, TenantScope
@@ -107,6 +110,7 @@ class _Engine:
     last_call: float
     owner: Owner
     tenant: bytes
+    started: int | None  # its process's start time (``fences.process_start``)
 
 
 socket_path = wire.socket_path
@@ -133,10 +137,9 @@ class NodeService(CallLoop):
         self._arenas: list[Path] = []
         self._engines: dict[str, _Engine] = {}
         self._stores: dict[str, AttachedStore] = {}
-        # Unfinished writes of stores whose lease ended, until their process is gone.
+        # Unfinished writes of engines and stores whose lease ended (``service.fences``).
         self._fenced: list[Fenced] = []
         self._tenants = SessionTenants(self.root)
-        self._orphans: tuple[list[FileDrop], list[FileCut]] = ([], [])
         # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
         self._waits: list[tuple[bytes, int, ServableWait]] = []
         self._next_engine = 0
@@ -222,11 +225,13 @@ class NodeService(CallLoop):
             recovered.append((scratch, *recover_files(scratch, ex.files.sessions_dir)))
         for ex, (scratch, scan, recovery) in zip(self._rank_roots, recovered, strict=True):
             ex.settle(scan, recovery, scratch)
+            ex.share()  # the engines' workers write its files from now on
         self._arenas = [make_arena(self.root, cfg, self.arena_pages, part,
                                    cfg.store.memory_capacity_bytes) for part in range(parts)]
         settings = ConnectorSettings(config=cfg)
-        books = NodeParts.embedded(geometry, settings, rank_dir(self.root, 0, parts),
-                                   WallClock())
+        books = dataclasses.replace(NodeParts.embedded(
+            geometry, settings, rank_dir(self.root, 0, parts), WallClock()),
+            files=self._file_work)
         if cfg.store.cluster_url:  # the node's member of the cluster index
             self._member = join_cluster(cfg, geometry, self._rank_roots, self._arenas,
                                         books.control)
@@ -237,6 +242,16 @@ class NodeService(CallLoop):
                     self.root, self._parts.recovered_segments,
                     describe_layers(geometry.layer_block_bytes), ranks)
         return self._parts
+
+    def _file_work(self, drops: Sequence[FileDrop], cuts: Sequence[FileCut]) -> None:
+        """Delete and cut the files the books dropped, in every part's directory: the
+        service's own work, never a client's (a reclaim one engine's or store's call
+        triggered may drop another tenant's sessions)."""
+        for ex in self._rank_roots:
+            for cut in cuts:
+                ex.cut(cut)
+            for drop in drops:
+                ex.drop(drop.file_id, drop.quarantine)
 
     def _unmake_books(self) -> None:
         """Undo a ``_make_books`` that failed: its parts closed, the root locked by the
@@ -283,7 +298,8 @@ class NodeService(CallLoop):
                 return None
             if method not in verbs.CONTROL:
                 raise wire.NodeRefused(f"unknown call {method!r} of a store")
-            return attached_call(store, self._books(), self._tenants, call_id, method, args)
+            return attached_call(store, self._books(), self._tenants, call_id, method, args,
+                                 files=self._file_work)
         engine = self._engines.get(engine_id)
         if engine is None:
             raise wire.NodeRefused(f"{wire.UNKNOWN_ENGINE} {engine_id!r} (its lease ended "
@@ -298,14 +314,14 @@ class NodeService(CallLoop):
             raise wire.NodeRefused(f"unknown call {method!r} of an engine")
         side, values = engine.side, tuple(args.values())
         if method == "step":
-            drops, cuts = self._orphans
-            if drops or cuts:
-                side.adopt_file_work(drops, cuts)
-                self._orphans = ([], [])
             plan: StepPlan = side.build_step(*values)
             return plan, side.has_work(), side.take_events()
         if method == "update":
             report, finished = values
+            if report is not None and self._fenced:
+                # Its workers' reports of writes fenced when its last lease ended.
+                report = dataclasses.replace(report, stores=reported(
+                    self._fenced, self._books(), engine.pid, report.stores))
             if report is not None:
                 side.on_report(report)
             return side.take_released(finished), side.has_work(), side.take_events()
@@ -338,7 +354,8 @@ class NodeService(CallLoop):
                              world_size=ranks.world_size, node=parts, queue=engine_id,
                              scope=TenantScope(self._tenants, parts.control, tenant))
         pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
-        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner, tenant)
+        self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner, tenant,
+                                           process_start(pid))
         logger.info("engine %s attached (%s, pid %d)", engine_id, name, pid)
         return Attached(engine_id, self.config, parts.recovered_segments)
 
@@ -371,18 +388,33 @@ class NodeService(CallLoop):
         logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
         return Attached(client_id, self.config, parts.recovered_segments)
 
-    def _release(self, engine: _Engine, why: str) -> None:
+    def _release(self, engine: _Engine, why: str, lease_ended: bool = False) -> None:
+        """Its restores unpinned, its unfinished writes rolled back; those its workers
+        were handed fenced where its lease ended and its processes may still write them
+        (``service.fences``: freed once its workers report them or its processes are
+        gone)."""
         del self._engines[engine.engine_id]
         busy = engine.side.has_work()
-        drops, cuts = engine.side.abandon()
-        self._orphans[0].extend(drops)
-        self._orphans[1].extend(cuts)
-        if self._parts is not None:
-            self._parts.control.drop_restore_queue(engine.engine_id)
+        writing = engine.side.abandon()
+        control = self._books()
+        fenced = None
+        if lease_ended:
+            fenced = fence(control, f"engine {engine.engine_id}", engine.pid,
+                           engine.started, [p for p, _ in writing], engine.side.world_size,
+                           {p.segment.segment_id: n for p, n in writing if n})
+        else:
+            for plan, _ in writing:
+                control.complete_store(plan, False)
+        if fenced is not None:
+            self._fenced.append(fenced)
+        control.drop_restore_queue(engine.engine_id)
         # An idle engine whose lease ends loses nothing (it attaches again when it calls).
         (logger.warning if busy else logger.info)(
             "engine %s (%s, pid %d) %s%s", engine.engine_id, engine.name, engine.pid, why,
-            ": its restores unpinned, its unfinished writes rolled back" if busy else "")
+            "" if not busy else ": its restores unpinned, its unfinished writes rolled back"
+            if fenced is None else ": its restores unpinned, its unfinished writes fenced "
+            f"(never published, the ranges of {len(fenced.plans)} held until its workers "
+            "report them or its processes are gone)")
 
     def expire(self, now: float | None = None) -> int:
         """Release every engine silent for longer than its lease; how many."""
@@ -390,7 +422,7 @@ class NodeService(CallLoop):
         why = f"silent for over {self.lease_s:g} s (lease ended)"
         late = [e for e in self._engines.values() if now - e.last_call > self.lease_s]
         for engine in late:
-            self._release(engine, why)
+            self._release(engine, why, lease_ended=True)
         gone = [s for s in self._stores.values() if now - s.last_call > self.lease_s]
         for store in gone:
             self._release_store(store, why, lease_ended=True)

@@ -9,10 +9,10 @@ answered by the service's loop once the store is durable.
 
 Fencing: a store whose lease ends may only be paused (a GC pause, a SIGSTOPped
 container, a slow disk) and write its ranges when it resumes. Its unfinished writes are
-therefore not given back at once: they stay in flight in the books (``Fenced``: their
-ranges allocated and counted, never published, never handed to another store) until its
-process is gone (``process_gone``: its pid, from the connection's peer credentials, no
-longer names the process that attached) or the service restarts.
+therefore fenced, not given back (``service.fences``: never published, their ranges held,
+never handed to another store) until its process is gone (its pid, from the
+connection's peer credentials, no longer names the process that attached) or the
+service restarts.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from flatcake.control import ControlPlane, StorePlan
-from flatcake.control.types import WindowRelease
+from flatcake.control.types import ReclaimAction, WindowRelease
 from flatcake.link import verbs, wire
 from flatcake.link.trust import NOBODY, Owner
-from flatcake.plan.requests import Servable, begin_store, servable
+from flatcake.plan.requests import FileWork, Servable, begin_store, reclaim_tasks, servable
 from flatcake.plan.stream import StreamPlanner
+from flatcake.service.fences import Fenced, fence
 from flatcake.service.tenants import SessionTenants
 
 logger = logging.getLogger("flatcake.service")
@@ -147,14 +147,29 @@ def _made(store: AttachedStore, kind: str, key: Any) -> None:
         del store.made_by[call_id]
 
 
+def _reclaimed(store: AttachedStore, tenants: SessionTenants, files: FileWork | None,
+               actions: Sequence[ReclaimAction]) -> list[ReclaimAction]:
+    """The books dropped ``actions`` in a call of ``store``: the service deletes and
+    cuts their files itself (``files``); the store is told of its tenant's sessions
+    only (another tenant's dropped sessions are not its to know nor to act on)."""
+    if files is not None:
+        cuts, drops = reclaim_tasks(actions)
+        if cuts or drops:
+            files(drops, cuts)
+    mine = set(tenants.visible(store.tenant, {a.session_id for a in actions}))
+    return [a for a in actions if a.session_id in mine]
+
+
 def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
-                  call_id: int, method: str, args: dict[str, Any]) -> Any:
+                  call_id: int, method: str, args: dict[str, Any], *,
+                  files: FileWork | None = None) -> Any:
     """Call ``call_id`` of an attached store: one ``ControlPlane`` call (``args`` by
     parameter name, decoded as ``link.verbs.CONTROL[method]`` declares), on its own
     FC-MAS queue, scoped to its tenant and to what it holds (module docstring); its
     loads and stores in flight are kept for its lease, and by call until they complete
     (``abandon_calls``). ``servable`` with ``wait_s`` may answer a ``ServableWait`` for
-    the service to hold."""
+    the service to hold. The files of what the books drop are the service's
+    (``files``, ``_reclaimed``)."""
     if method not in verbs.CONTROL:
         raise wire.NodeRefused(f"unknown control call {method!r}")
     if call_id in store.abandoned:  # given up on before it was read
@@ -188,7 +203,9 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
         begun = begin_store(control, **args)
         if begun.plan is not None:
             _prepared(store, control, tenants, call_id, begun.plan)
-        return begun
+        return dataclasses.replace(
+            begun, settled=tuple(_reclaimed(store, tenants, files, begun.settled)),
+            reclaimed=tuple(_reclaimed(store, tenants, files, begun.reclaimed)))
     out = getattr(control, method)(**args)
     if method == "lookup":
         tenants.claim_hit(control, store.tenant, out)
@@ -211,43 +228,11 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
         _made(store, "store", args["plan"].segment.segment_id)
     elif method == "take_window_releases":
         store.handed = tuple(out)
+    elif method in ("take_reclaim_actions", "settle_damage", "reclaim"):
+        return _reclaimed(store, tenants, files, out)
+    elif method == "drop_session":  # its own session (``_scope``)
+        _reclaimed(store, tenants, files, [out])
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class Fenced:
-    """The unfinished writes of a store whose lease ended, kept in flight in the books
-    (allocated, never published) while its process may still write their ranges."""
-
-    client_id: str
-    pid: int
-    started: int | None  # the process's start time when it attached
-    plans: tuple[StorePlan, ...]
-
-
-def process_start(pid: int) -> int | None:
-    """The start time of process ``pid`` (clock ticks since boot, ``/proc/PID/stat``
-    field 22), or None where it is unknown (no such process, no procfs)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = stat.rsplit(b")", 1)[1].split()  # after the command name, which may hold ")"
-    return None if fields[0] == b"Z" else int(fields[19])
-
-
-def process_gone(pid: int, started: int | None) -> bool:
-    """Process ``pid`` that started at ``started`` can no longer write: it has exited
-    (a zombie writes nothing), or its pid names a process started later (pid reuse)."""
-    if started is not None:
-        return process_start(pid) != started
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process: there
-        return False
-    return False
 
 
 def release_store(store: AttachedStore, control: ControlPlane | None, why: str, *,
@@ -255,18 +240,17 @@ def release_store(store: AttachedStore, control: ControlPlane | None, why: str, 
     """Its lease ended (or it detached): its restores unpinned, its FC-MAS queue gone,
     the window releases it may not have punched handed out again, its unfinished writes
     rolled back (never published). A store whose lease ended and whose process may still
-    be there keeps its unfinished writes in flight, fenced (module docstring): returned,
-    for ``free_fenced`` once its process is gone."""
+    be there has its unfinished writes fenced (``service.fences``): returned, for
+    ``free_fenced`` once its process is gone."""
     busy = bool(store.loads or store.stores)
     fenced = None
     if control is not None:
         control.give_back_window_releases(store.handed)
         for request_id in store.loads:
             control.complete_load(request_id)
-        if lease_ended and store.stores and store.pid > 0 and \
-                not process_gone(store.pid, store.started):
-            fenced = Fenced(store.client_id, store.pid, store.started,
-                            tuple(store.stores.values()))
+        if lease_ended:
+            fenced = fence(control, f"store {store.client_id}", store.pid, store.started,
+                           list(store.stores.values()))
         else:
             for plan in store.stores.values():
                 control.complete_store(plan, False)
@@ -274,21 +258,7 @@ def release_store(store: AttachedStore, control: ControlPlane | None, why: str, 
     (logger.warning if busy else logger.info)(
         "store %s (%s, pid %d) %s%s", store.client_id, store.name, store.pid, why,
         "" if not busy else ": its restores unpinned, its unfinished writes rolled back"
-        if fenced is None else ": its restores unpinned, its unfinished writes rolled "
-        f"back but their ranges kept ({len(fenced.plans)} stores in flight) until its "
-        "process is gone")
+        if fenced is None else ": its restores unpinned, its unfinished writes fenced "
+        f"(never published, the ranges of {len(fenced.plans)} held until its process is "
+        "gone)")
     return fenced
-
-
-def free_fenced(fenced: list[Fenced], control: ControlPlane) -> list[Fenced]:
-    """Give back the ranges of every fenced store whose process is gone; the others."""
-    kept = []
-    for f in fenced:
-        if not process_gone(f.pid, f.started):
-            kept.append(f)
-            continue
-        for plan in f.plans:
-            control.complete_store(plan, False)
-        logger.warning("store %s (pid %d) is gone: the ranges of its %d unfinished "
-                       "writes freed", f.client_id, f.pid, len(f.plans))
-    return kept
