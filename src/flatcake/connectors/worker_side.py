@@ -124,9 +124,9 @@ class WorkerSide(WorkerIO):
         drain_timeout_s: how long ``close`` (and the exit hook) waits for stores.
         writes: False for a rank that only reads (see the module docstring).
         load_timeout_s: how long a step waits for its sync loads, from its start
-            (``ConnectorSettings.in_step_load_timeout_s``).
+            (``engine.in_step_load_timeout_s``).
         async_load_timeout_s: how long an async load may take, from its start
-            (``ConnectorSettings.async_load_timeout_s``).
+            (``engine.async_load_timeout_s``).
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
