@@ -341,9 +341,9 @@ class StoreConfig:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """What an engine host (the vLLM connector, the SGLang backend, an engine the node
-    service hosts) does around the store. The hosts read these keys from the same
-    ``[engine]`` section; in an engine's extra config they may also be given bare
-    (``"tenant_salt"`` for ``"engine.tenant_salt"``), as before they were a section."""
+    service hosts) does around the store. Every host reads these keys from this one
+    section; in an engine's extra config they may also be given bare (``"tenant_salt"``
+    for ``"engine.tenant_salt"``), the names they had before they were a section."""
 
     tenant_salt: str = ""
     """Mixed into every block key's namespace (with the model name), so two deployments

@@ -201,7 +201,7 @@ h = Harness(Path(sys.argv[1]))
 h.worker.close()
 # A worker of vLLM's multiprocessing executor, which has 2 s to leave once told to stop.
 h.worker = WorkerSide(G, h.s, Path(sys.argv[1]),
-                      drain_timeout_s=h.s.drain_within(2.0))
+                      drain_timeout_s=h.s.engine.drain_within(2.0))
 h.worker.register(h.kv)
 a = view("a", list(range(100, 117)), session="a")
 h.sched.num_matched_tokens(a, 0)
