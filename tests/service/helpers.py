@@ -98,11 +98,11 @@ def node_settings(sock: Path, *overrides: str) -> FlatCakeConfig:
 
 class Engine(Harness):
     """One engine attached to the service at ``sock`` (same steps as ``Harness``), of
-    the tenant of ``tenant_salt``."""
+    the tenant of ``tenant_salt``, its configuration set by ``overrides`` too."""
 
     def __init__(self, sock: Path, seed: int, name: str = "engine",
-                 tenant_salt: str = "") -> None:
-        self.s = node_settings(sock, f"engine.tenant_salt={tenant_salt}")
+                 tenant_salt: str = "", overrides: tuple[str, ...] = ()) -> None:
+        self.s = node_settings(sock, f"engine.tenant_salt={tenant_salt}", *overrides)
         where = worker_root(str(sock), 1.0, 0, G, TensorRanks(), wait_s=10)
         self.worker = WorkerSide(G, where.config, where.store_dir,
                                  arena_path=where.arena_path)
