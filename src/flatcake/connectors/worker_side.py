@@ -80,7 +80,7 @@ from flatcake.cio.paged import PagedKV
 from flatcake.cio.restore import Fence, LayerReady
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
-from flatcake.config import FlatCakeConfig
+from flatcake.config import EngineConfig, FlatCakeConfig
 from flatcake.connectors.group_slots import GroupedKV, StepSlots
 from flatcake.connectors.worker_io import WorkerIO, _Async, _Finished
 from flatcake.connectors.write_queue import WriteQueue
@@ -95,6 +95,7 @@ if TYPE_CHECKING:
     from flatcake.cluster.readers import ClusterReaders
 
 logger = logging.getLogger(__name__)
+_ENGINE = EngineConfig()  # the defaults of the [engine] keys a worker takes
 
 
 @dataclass(slots=True)
@@ -130,10 +131,12 @@ class WorkerSide(WorkerIO):
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
-                 max_pending_stores: int = 64, drain_timeout_s: float = 60.0,
+                 max_pending_stores: int = _ENGINE.max_pending_stores,
+                 drain_timeout_s: float = _ENGINE.shutdown_drain_s,
                  arena_path: Path | None = None, writes: bool = True,
-                 part: int = 0, parts: int = 1, load_timeout_s: float = 5.0,
-                 async_load_timeout_s: float = 60.0) -> None:
+                 part: int = 0, parts: int = 1,
+                 load_timeout_s: float = _ENGINE.in_step_load_timeout_s,
+                 async_load_timeout_s: float = _ENGINE.async_load_timeout_s) -> None:
         if max_pending_stores < 1 or drain_timeout_s < 0 or not load_timeout_s > 0 \
                 or not async_load_timeout_s > 0:
             raise ValueError(f"max_pending_stores must be >= 1, drain_timeout_s >= 0, "
