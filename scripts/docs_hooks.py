@@ -2,6 +2,8 @@
 
 - ``<!-- cli-reference -->`` in a page becomes the CLI reference generated from the
   real parser (``flatcake.cli.reference``).
+- ``<!-- config-reference -->`` becomes every configuration key, generated from the
+  schema and the strings documenting its fields (``flatcake.config_reference``).
 - ``<!-- include: generated/NAME.md -->`` becomes that file, relative to the page: the
   tables a measuring command wrote with ``--docs-out`` (``flatcake.docsout``), its
   headings one level down so they sit under the page's own. A file not written yet
@@ -19,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's flatcake, whatever is installed
 
 CLI = "<!-- cli-reference -->"
+CONFIG = "<!-- config-reference -->"
 INCLUDE = re.compile(r"^<!-- include: (\S+) -->$", re.MULTILINE)
 
 
@@ -27,6 +30,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **_: Any
         from flatcake.cli.reference import markdown as cli_reference
 
         markdown = markdown.replace(CLI, cli_reference())
+    if CONFIG in markdown:
+        from flatcake.config_reference import markdown as config_reference
+
+        markdown = markdown.replace(CONFIG, config_reference())
     here = Path(page.file.abs_src_path).parent
 
     def include(m: re.Match[str]) -> str:

@@ -2,22 +2,28 @@
 
 Sources are merged in one place, later ones winning:
 
-1. the defaults below (each documented where it is defined);
-2. a TOML file (``[placement]``, ``[reclaim]``, ``[store]``, ``[planner]``, ``[scheduler]``);
+1. the defaults below (each field documented by the string under it; the docs site's
+   configuration page is generated from them, ``flatcake.config_reference``);
+2. a TOML file (``[placement]``, ``[reclaim]``, ``[store]``, ``[planner]``,
+   ``[scheduler]``, ``[engine]``);
 3. environment variables ``FLATCAKE_<SECTION>__<FIELD>`` (e.g. ``FLATCAKE_STORE__NODE_ID=3``);
-4. explicit overrides ``"section.field=value"`` (the CLI's ``--set``).
+4. explicit overrides ``"section.field=value"`` (the CLI's ``--set``), or an engine's
+   extra config (``load_extra_config``: vLLM's ``kv_connector_extra_config``, SGLang's
+   ``--hicache-storage-backend-extra-config``).
 
-Every field is validated in ``__post_init__``; a bad value raises ``ValueError`` naming
-the field and the value.
+Every value goes through ``_apply`` (a string is read as the field's type) and every
+field is validated in ``__post_init__``: a bad key or value raises one ``ValueError``
+naming the key and the value, an unknown key names the closest known one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,49 +72,40 @@ class PlacementConfig:
     121K tokens, median session context 148K), so 32K tokens of context already marks an
     agent session whose KV (4 GiB on Llama-3.1-8B) no host arena holds for long.
 
-    ``memory_copy_watermark``: spare host memory. An SSD-homed turn also gets a memory
-    copy (clean: never written back, dropped before any memory-homed segment under
-    pressure; its home and address do not change) while host memory use, copy
-    included, stays at or under this fraction of the arena; restores read the copy.
-    ``0`` turns copies off.
-
-    ``copy_on_restore``: a restore that reads a whole SSD segment (one with no copy)
-    also gets a memory copy of it under the same watermark, written by the data plane
-    from the verified restored blocks, so the session's next turn reads host memory (the
-    way a tiered store's LRU refills host memory on a hit). Homes never change. The
-    restore copies each layer as it lands, overlapping the next layer's reads (a
-    device-to-host copy on a GPU), and its request waits for the last layer's copy
-    (``cio.refill``; the replay charges the same). Off by default (see README,
-    "Placement defaults" for the measured trade-off).
-
     Defaults measured with the replay (README, "Placement defaults"): copies on at 0.9,
     and the short-reply rule off (0). With copies, a chat turn homed on SSD is served
     from memory while memory has room, like one homed in memory, and stays a hit when
     memory fills; a turn homed in memory is then dropped (reclaim never writes back),
     which cost 0.4 points of hit rate on the Mooncake chat trace against tiered LRU
     demotion. ``flatcake tune`` turns the rule back on where it pays.
-
-    ``not_yet``: a first turn below the agent threshold that no live request shares is
-    homed in host memory and written to the SSD only when its session continues, so a
-    chat that ends after one turn costs no SSD wear (``control.placement``, NOT_YET).
-    ``False`` sends it to the SSD at once (FIRST_TURN), as before.
-
-    ``branch_tail_tokens``: a request without a ``session_id`` that shares only part of
-    a stored session (the same history with a different question, a retry, a
-    sub-agent) is a *branch*; its new blocks append to the session owning the block it
-    branches from, so one conversation's tails stay in one file instead of a new
-    session file each. A session takes this many tokens of branch tails; past it, its
-    branches go to an heir session under the same cap (``control.signals``), which
-    bounds what a reclaim of one session drops and what a hot shared prompt keeps.
     """
 
     agent_context_threshold_tokens: int = 32 * 1024
+    """A turn whose context reaches this many tokens is an agent turn: homed on the SSD."""
     long_reply_threshold_tokens: int = 2048
+    """A previous reply this long or longer marks a session whose next turn goes to SSD."""
     short_reply_threshold_tokens: int = 0
+    """A previous reply this short keeps the next turn in memory; 0 turns the rule off."""
     memory_copy_watermark: float = 0.9
+    """Spare host memory: an SSD-homed turn also gets a memory copy (clean: never written
+    back, dropped before any memory-homed segment under pressure; its home and address do
+    not change) while host memory use, copy included, stays at or under this fraction of
+    the arena; restores read the copy. 0 turns copies off."""
     copy_on_restore: bool = False
+    """A restore that reads a whole SSD segment (one with no copy) also gets a memory copy
+    of it under the same watermark, written from the verified restored blocks, so the
+    session's next turn reads host memory. Each layer is copied as it lands, overlapping
+    the next layer's reads, and the request waits for the last layer's copy (the replay
+    charges the same). Off by default (README, "Placement defaults")."""
     branch_tail_tokens: int = 32 * 1024
+    """A request without a ``session_id`` that shares only part of a stored session (a
+    retry, a sub-agent, another question) is a branch: its new blocks append to the
+    session owning the block it branches from, up to this many tokens of branch tails per
+    session, then to an heir session under the same cap (``control.signals``)."""
     not_yet: bool = False
+    """A first turn below the agent threshold that no live request shares is homed in host
+    memory and written to the SSD only when its session continues (NOT_YET), so a chat that
+    ends after one turn costs no SSD wear; false sends it to the SSD at once."""
 
     def __post_init__(self) -> None:
         _check_types(self, "placement")
@@ -133,16 +130,18 @@ class PlacementConfig:
 
 @dataclass(frozen=True, slots=True)
 class ReclaimConfig:
-    """Watermarks as fractions of each medium's capacity.
-
-    Reclaim starts when use crosses ``*_high`` and drops whole sessions, oldest last
-    access first, until use is at or under ``*_low``.
-    """
+    """Watermarks as fractions of each medium's capacity: reclaim starts when use crosses
+    ``*_high`` and drops whole sessions, oldest last access first, until use is at or
+    under ``*_low``."""
 
     ssd_high: float = 0.90
+    """SSD use (fraction of ``store.ssd_capacity_bytes``) that starts a reclaim."""
     ssd_low: float = 0.80
+    """SSD use a reclaim brings the store back to."""
     memory_high: float = 0.90
+    """Host memory use (fraction of ``store.memory_capacity_bytes``) that starts a reclaim."""
     memory_low: float = 0.80
+    """Host memory use a reclaim brings the store back to."""
 
     def __post_init__(self) -> None:
         _check_types(self, "reclaim")
@@ -154,15 +153,13 @@ class ReclaimConfig:
 
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
-    """Read planning (FC-CIO).
-
-    ``gap_limit_bytes``: read through holes smaller than this between two wanted ranges
-    of one file (the paper uses 64 KiB). ``max_read_bytes``: split merged reads larger
-    than this so several commands stay in flight.
-    """
+    """Read planning (FC-CIO)."""
 
     gap_limit_bytes: int = 64 * KIB
+    """Read through holes smaller than this between two wanted ranges of one file (the
+    paper uses 64 KiB)."""
     max_read_bytes: int = 64 * MIB
+    """Split merged reads larger than this, so several commands stay in flight."""
 
     def __post_init__(self) -> None:
         _check_types(self, "planner")
@@ -194,15 +191,13 @@ def parse_cpu_list(text: str) -> frozenset[int]:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """FC-MAS restore scheduling.
-
-    ``max_restores_in_flight``: SSD restores holding a staging window at once (the
-    window is two layers per stream); further restores *wait* for a slot, never cancel.
-    ``single_queue``: the one-FIFO-queue ablation.
-    """
+    """FC-MAS restore scheduling."""
 
     max_restores_in_flight: int = 2
+    """SSD restores holding a staging window (two layers per stream) at once; further
+    restores wait for a slot, never cancel."""
     single_queue: bool = False
+    """The one-FIFO-queue ablation of FC-MAS."""
 
     def __post_init__(self) -> None:
         _check_types(self, "scheduler")
@@ -212,103 +207,100 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
-    """Where and how much the store keeps on this node.
+    """Where and how much the store keeps on this node, and how it meets the others.
 
-    ``memory_capacity_bytes`` and ``ssd_capacity_bytes`` are hard budgets enforced at
-    allocation. ``session_file_bytes`` is the virtual span reserved for each session file
-    in the node's SSD address space (files grow inside it; a session that outgrows it
-    continues in a fresh span). ``io_mode``: ``direct`` requires O_DIRECT and fails with a
-    clear error where the filesystem refuses it; ``buffered`` uses the page cache and says
-    so in the log; ``auto`` tries direct and falls back to buffered with a warning.
-    ``read_threads``: threads of the store's one reader (``preadv`` calls running at
-    once, over all restores). ``reads_in_flight``: read commands one restore keeps with
-    that reader at once; the rest of its reads wait in order (``cio.readers.ReadQueue``).
-    ``thread_cpus``: the CPUs of the store's I/O threads (``cio.affinity``): ``auto``
-    moves them off an engine's bound compute cores, ``inherit`` leaves them there, or a
-    list such as ``1,3-5``.
+    Beyond one node (``flatcake.cluster``; needs the ``redis`` client and NIXL): with
+    ``cluster_url`` set the store joins the cluster as ``node_id``, publishes its durable
+    segments there, serves its arena and session files to peers, and restores blocks
+    other nodes hold after its local prefix.
 
-    Beyond one node (``flatcake.cluster``; needs the ``redis`` client and NIXL):
-    ``cluster_url`` (``redis://host:port/db``; empty = this node alone) is the cluster
-    index's Redis. Set, the store joins the cluster as ``node_id`` (unique per node:
-    it is bits 59..48 of every address), publishes its durable segments there, serves
-    its arena and session files to peers, and restores blocks other nodes hold after
-    its local prefix. ``cluster_name`` keeps deployments sharing one Redis apart;
-    ``remote_timeout_s`` bounds one remote read (a dead or slow owner is a miss after
-    it); ``remote_window_bytes`` is one receive window of remote reads (at least one
-    layer of the largest segment); ``remote_windows`` is how many there are, each in
-    its own client agent: that many remote reads run at once (default 3: one per
-    restore in flight, ``scheduler.max_restores_in_flight``'s default 2, plus the
-    all-memory load thread). A read that timed out retires its window (a late write
-    may still land there); the store renews at most ``remote_windows`` of them, so the
-    windows never take more than ``2 * remote_windows * remote_window_bytes``.
-
-    One store per machine (``flatcake serve``, ``flatcake.service``): ``node`` is the
-    node service's socket (``unix:/run/flatcake/node.sock`` or a plain path; empty = the
-    store is embedded in this process, the default). Set in an engine's configuration,
-    the engine attaches to that service instead of opening ``root`` itself: the
-    service's budgets, root and books serve every engine attached to it.
-    ``node_timeout_s`` bounds one call to the service (past it: a miss, one warning,
-    and the engine re-attaches later); ``node_lease_s`` is how long the service keeps an
-    engine that stopped calling (its pins released, its unfinished writes rolled back
-    after it); ``node_arena_dir`` is where the service keeps its shared arena (a tmpfs
-    or hugetlbfs mount; the arena file is readable by the service's user only).
-    ``node_socket_group`` (a group name or gid; empty = none, the default: only the
-    service's user and root attach) lets the members of that group attach too: the
-    service makes its socket 0660 and its socket directory 0750, both that group's, and
-    a client with the same key trusts a service socket of that group; the service's
-    files (root, arena) stay its user's (``docs/node-service.md``: what a member can
-    and cannot do). ``node_max_connections_per_uid`` (default 512; 0 = no cap): once
-    one user holds more connections to the service, its longest-idle one is closed, so
-    a flood of connections cannot starve a real client.
-
-    ``release_old_windows`` (models with sliding-window layers): once a newer turn of a
-    session is durable, the window rows of its older turns are superseded (no restore
-    of the newest turn reads them; a hit ending at an older turn, a branch off it, a
-    sub-agent, still does). They are released, punched out of the session file, when a
-    store would cross the SSD high watermark, before any whole session is dropped;
-    ``release_windows_at_once`` releases them as soon as the newer turn is durable (a
-    session then holds about one window per sliding layer, and a hit ending at an older
-    turn is cut back and recomputed). False keeps every turn's window until the session
-    is reclaimed. ``window_rows``: where a turn keeps window rows, so where a later
-    hit may end. ``"turn-ends"`` (default): at each turn's end. ``"branches"``: also
-    where a prompt branches off a stored prefix that holds no window there (a shared
-    system prompt, a sub-agent, an edit): the segment then starts a window before the
-    branch and keeps the window's rows there too (one window per branch), so a later
-    hit ending at the branch is served. ``"every-block"``: at every block (every hit
-    served, the most SSD bytes: on DeepSeek-V4-Flash 12.2 MB of compressor state per
-    128-token block). ``window_row_stride_tokens`` (0 = off): with ``turn-ends`` or
-    ``branches``, a turn also keeps the window at every multiple of this many prompt
-    tokens (rounded to whole blocks), so a hit ending inside a turn (a prompt diverging
-    where no one diverged before) is cut back by at most that many tokens; it costs one
-    window of rows per stride (``block tokens / stride`` of ``every-block``'s window
-    bytes). A turn keeping rows inside it keeps them when a newer turn is durable
-    (other prompts end their hits there).
+    One store per machine (``flatcake serve``, ``flatcake.service``): with ``node`` set in
+    an engine's configuration, the engine attaches to that service instead of opening
+    ``root`` itself: the service's budgets, root and books serve every engine attached.
     """
 
     root: str = "./flatcake-data"
+    """The store's folder (``FlatCakeStore.open``'s ``root`` argument wins over it)."""
     node_id: int = 0
+    """This node's id in a cluster, unique per node: bits 59..48 of every address."""
     memory_capacity_bytes: int = 4 * GIB
+    """Host arena budget, a hard limit enforced at allocation (pages touched lazily)."""
     ssd_capacity_bytes: int = 64 * GIB
+    """SSD budget, a hard limit enforced at allocation (headers and segments)."""
     session_file_bytes: int = 64 * GIB
+    """The virtual span reserved for each session file in the node's SSD address space
+    (files grow inside it; a session that outgrows it continues in a fresh span)."""
     io_mode: str = "auto"
+    """``direct`` requires O_DIRECT and fails with a clear error where the filesystem
+    refuses it; ``buffered`` uses the page cache and says so in the log; ``auto`` tries
+    direct and falls back to buffered with a warning."""
     read_threads: int = 4
+    """Threads of the store's one reader (``preadv`` calls running at once, over all
+    restores)."""
     reads_in_flight: int = 8
+    """Read commands one restore keeps with the reader at once; the rest of its reads wait
+    in order (``cio.readers.ReadQueue``)."""
     thread_cpus: str = "auto"
+    """CPUs of the store's I/O threads (``cio.affinity``): ``auto`` moves them off an
+    engine's bound compute cores, ``inherit`` leaves them there, or a list such as
+    ``1,3-5``."""
     cluster_url: str = ""
+    """The cluster index's Redis (``redis://host:port/db``); empty: this node alone."""
     cluster_name: str = "flatcake"
+    """Key prefix in Redis: deployments sharing one Redis stay apart."""
     remote_timeout_s: float = 5.0
+    """Bound of one remote read: a dead or slow owner is a miss after it."""
     remote_window_bytes: int = 64 * MIB
+    """One receive window of remote reads (at least one layer of the largest segment)."""
     remote_windows: int = 3
+    """Receive windows, each in its own client agent: that many remote reads run at once
+    (one per restore in flight, ``scheduler.max_restores_in_flight``'s 2, plus the
+    all-memory load thread). A read that timed out retires its window (a late write may
+    still land there); at most this many are renewed, so the windows never take more than
+    ``2 * remote_windows * remote_window_bytes``."""
     node: str = ""
+    """The node service's socket (``unix:/run/flatcake/node.sock`` or a plain path); empty:
+    the store is embedded in this process."""
     node_timeout_s: float = 2.0
+    """Bound of one call to the node service: past it a miss, one warning, and the engine
+    re-attaches later."""
     node_lease_s: float = 30.0
+    """(service) How long the service keeps an engine that stopped calling: then its pins
+    are released and its unfinished writes rolled back."""
     node_arena_dir: str = "/dev/shm"
+    """(service) Where the service keeps its shared arena file (a tmpfs or hugetlbfs
+    mount; the file is readable by the service's user only)."""
     node_socket_group: str = ""
+    """A group name or gid whose members may attach too: the service makes its socket 0660
+    and its directory 0750, both that group's, and a client with the same key trusts a
+    service socket of that group; the service's files stay its user's (see the node
+    service page: what a member can and cannot do). Empty: only the service's user and
+    root attach."""
     node_max_connections_per_uid: int = 512
+    """(service) Once one user holds more connections to the service, its longest-idle one
+    is closed, so a flood of connections cannot starve a real client; 0: no cap."""
     release_old_windows: bool = True
+    """Models with sliding-window layers: once a newer turn of a session is durable, the
+    window rows of its older turns are superseded; they are punched out of the session file
+    when the SSD would cross its high watermark, before any whole session is dropped.
+    False keeps every turn's window until the session is reclaimed."""
     release_windows_at_once: bool = False
+    """Release superseded window rows as soon as the newer turn is durable (a session then
+    holds about one window per sliding layer; a hit ending at an older turn is cut back and
+    recomputed)."""
     window_rows: str = "turn-ends"
+    """Where a turn keeps window rows, so where a later hit may end: ``turn-ends`` at each
+    turn's end; ``branches`` also where a prompt branches off a stored prefix that holds no
+    window there (the turn then keeps the window before the branch too); ``every-block``
+    at every block (every hit served, the most SSD bytes: on DeepSeek-V4-Flash 12.2 MB of
+    compressor state per 128-token block)."""
     window_row_stride_tokens: int = 0
+    """With ``turn-ends`` or ``branches``, a turn also keeps the window at every multiple
+    of this many prompt tokens (rounded to whole blocks; 0 = off), so a hit ending inside
+    a turn (a prompt diverging where none diverged before) is cut back by at most that
+    many tokens; one window of rows per stride (``block tokens / stride`` of
+    ``every-block``'s window bytes). A turn keeping rows inside it keeps them when a newer
+    turn is durable (other prompts end their hits there)."""
 
     def __post_init__(self) -> None:
         _check_types(self, "store")
@@ -357,31 +349,137 @@ class StoreConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What an engine host (the vLLM connector, the SGLang backend, an engine the node
+    service hosts) does around the store. Every host reads these keys from this one
+    section; in an engine's extra config they may also be given bare (``"tenant_salt"``
+    for ``"engine.tenant_salt"``), the names they had before they were a section."""
+
+    tenant_salt: str = ""
+    """Mixed into every block key's namespace (with the model name), so two deployments
+    sharing a store root never read each other's blocks."""
+    model_name: str = ""
+    """(SGLang) The model name in the key namespace where SGLang passes none."""
+    infer_sessions: bool = True
+    """A request that carries no ``session_id`` is attributed to the session whose stored
+    history it extends (``control.signals.SessionTracker``); false makes each such request
+    a session of its own."""
+    max_sessions: int = 100_000
+    """Sessions a host's session tracker remembers; the least recently used one past it is
+    forgotten (its next turn starts a new session)."""
+    min_hit_blocks: int = 1
+    """Hits shorter than this many blocks are recomputed instead of loaded (a restore has
+    a fixed cost)."""
+    max_pending_stores: int = 64
+    """Turn writes a worker queues behind the one it is writing; a store beyond them is
+    dropped (a later miss), never waited for."""
+    shutdown_drain_s: float = 60.0
+    """How long a stopping worker waits for queued writes; what is left is dropped, never
+    published. A worker that its engine kills after a grace period drains for at most half
+    of it."""
+    ssd_loads_in_step: bool = True
+    """On a CPU engine, an SSD hit loads in the step that schedules its request, the
+    forward pass waiting for each layer; false keeps it async: the request waits in vLLM's
+    remote-KV state and other requests' steps never wait for a disk."""
+    in_step_load_timeout_s: float = 5.0
+    """How long a step waits for a load in the step (an in-step SSD hit, or an all-memory
+    one), from the step's start. Past it the load is given up: its blocks are load errors
+    that the engine recomputes, and the restore is fenced off from the KV slots."""
+    async_load_timeout_s: float = 60.0
+    """How long an async load (an SSD hit on a GPU engine, a hit on other nodes) may take
+    from its start, queueing for a staging window included; past it the load is given up
+    as an in-step one is."""
+    cluster_lookup_timeout_s: float = 2.0
+    """(cluster) Bound of one Redis call of the scheduler half's index lookups (at most
+    ``store.remote_timeout_s``)."""
+    cluster_lookup_retry_s: float = 5.0
+    """(cluster) After a failed index lookup, lookups answer local-only this long without
+    asking Redis."""
+    cluster_lookup_fresh_s: float = 1.0
+    """(cluster) A request's remote runs are looked up again after this long (the engine
+    asks every step a request waits)."""
+    cluster_lookup_first_keys: int = 8
+    """(cluster) Keys of a request's first index lookup; each next one asks four times
+    more while every key asked was found, so a miss costs one small lookup."""
+    node_reattach_s: float = 1.0
+    """(attached) The first wait before re-attaching to a node service that stopped
+    answering; it doubles at each failed attempt."""
+    node_reattach_max_s: float = 30.0
+    """(attached) The longest wait between two re-attach attempts."""
+
+    def __post_init__(self) -> None:
+        _check_types(self, "engine")
+        for name in ("min_hit_blocks", "max_pending_stores", "max_sessions",
+                     "cluster_lookup_first_keys"):
+            _check(getattr(self, name) >= 1, f"engine.{name}", getattr(self, name),
+                   "must be >= 1")
+        _check(self.shutdown_drain_s >= 0, "engine.shutdown_drain_s", self.shutdown_drain_s,
+               "must be >= 0")
+        for name in ("in_step_load_timeout_s", "async_load_timeout_s",
+                     "cluster_lookup_timeout_s", "cluster_lookup_retry_s",
+                     "cluster_lookup_fresh_s", "node_reattach_s"):
+            _check(getattr(self, name) > 0, f"engine.{name}", getattr(self, name),
+                   "must be > 0")
+        _check(self.node_reattach_max_s >= self.node_reattach_s, "engine.node_reattach_max_s",
+               self.node_reattach_max_s, "must be >= engine.node_reattach_s")
+
+    def drain_within(self, grace_s: float | None) -> float:
+        """How long a stopping worker drains its writes when its engine gives the
+        process ``grace_s`` seconds to exit before it signals it (``None``: no limit):
+        ``shutdown_drain_s``, but at most half of the grace. The process must still exit
+        after the drain (vLLM's worker collects its whole heap, about 2 CPU s on a
+        CPU machine), and a drain cut short by a kill would leave a write half done
+        for the next start to discard instead of dropping it cleanly."""
+        if grace_s is None:
+            return self.shutdown_drain_s
+        return min(self.shutdown_drain_s, max(grace_s, 0.0) / 2)
+
+
+@dataclass(frozen=True, slots=True)
 class FlatCakeConfig:
-    """The whole configuration; ``model`` names a geometry preset (``geometry.PRESETS``)."""
+    """The whole configuration, one section per stage."""
 
     model: str = "llama-3.1-8b"
+    """The geometry preset (``geometry.PRESETS``) of the store API and the tools; an engine
+    host takes its geometry from the engine's KV cache instead."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     reclaim: ReclaimConfig = field(default_factory=ReclaimConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
 
-_SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type] = {
     "placement": PlacementConfig,
     "reclaim": ReclaimConfig,
     "planner": PlannerConfig,
     "scheduler": SchedulerConfig,
     "store": StoreConfig,
+    "engine": EngineConfig,
 }
+"""Each section of ``FlatCakeConfig`` and its dataclass, in the order the docs list them."""
+
+
+def keys() -> list[str]:
+    """Every key a user may set, as ``section.field`` (``model`` alone)."""
+    return ["model", *(f"{section}.{f.name}" for section, cls in SECTIONS.items()
+                       for f in dataclasses.fields(cls))]
+
+
+def _unknown(key: str, where: str = "config") -> ValueError:
+    close = difflib.get_close_matches(key, keys(), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown {where} key {key!r}{hint} (every key: "
+                      "docs/usage/configuration.md)")
 
 
 def _coerce(section: str, name: str, raw: Any, target: Any) -> Any:
-    """Convert a string (env/CLI) or TOML value to the field's declared type."""
-    if isinstance(raw, str) and target is not str:
+    """Convert a string (env, ``--set``, or a string in a TOML or JSON file) to the
+    field's declared type."""
+    if isinstance(raw, str) and target not in (str, "str"):
         text = raw.strip()
-        if target is bool or target == "bool":
+        if target in (bool, "bool"):
             if text.lower() in ("1", "true", "yes", "on"):
                 return True
             if text.lower() in ("0", "false", "no", "off"):
@@ -401,54 +499,19 @@ def _coerce(section: str, name: str, raw: Any, target: Any) -> Any:
 
 def apply_setting(cfg: FlatCakeConfig, section: str, name: str, raw: Any) -> FlatCakeConfig:
     """``cfg`` with ``section.name`` set from ``raw`` (a TOML, env or ``--set`` value),
-    checked as ``load_config`` checks it."""
-    return _apply(cfg, section, name, raw)
-
-
-def _apply(cfg: FlatCakeConfig, section: str, name: str, raw: Any) -> FlatCakeConfig:
+    checked as ``load_config`` checks it: the one place a value enters a config."""
     if section == "" and name == "model":
         return dataclasses.replace(cfg, model=str(raw))
-    if section not in _SECTIONS:
-        raise ValueError(
-            f"unknown config section {section!r}; known sections: {sorted(_SECTIONS)}"
-        )
-    cls = _SECTIONS[section]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    cls = SECTIONS.get(section)
+    fields = {f.name: f for f in dataclasses.fields(cls)} if cls is not None else {}
     if name not in fields:
-        raise ValueError(
-            f"unknown config field {section}.{name}; known fields: {sorted(fields)}"
-        )
+        raise _unknown(f"{section}.{name}" if section else name)
     value = _coerce(section, name, raw, fields[name].type)
     current = getattr(cfg, section)
     return dataclasses.replace(cfg, **{section: dataclasses.replace(current, **{name: value})})
 
 
-SECTIONS = tuple(_SECTIONS)
-"""The config sections an engine's extra config may set (nested or dotted)."""
-
-
-def section_overrides(where: str, key: str, value: Any) -> list[str] | None:
-    """The ``section.field=value`` overrides (``load_config``'s) of one entry of an
-    engine's extra config: a section (``{"store": {"root": ...}}``) or a dotted field
-    (``"store.root"``); ``None`` when ``key`` is neither. ``where`` names the engine's
-    option in errors; a value must be a scalar."""
-    if key in _SECTIONS:
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{where}.{key} must be an object of {key} fields, got "
-                             f"{value!r}")
-        return [_scalar_override(where, key, str(name), v) for name, v in value.items()]
-    section, dot, name = key.partition(".")
-    if dot and section in _SECTIONS:
-        return [_scalar_override(where, section, name, value)]
-    return None
-
-
-def _scalar_override(where: str, section: str, name: str, value: Any) -> str:
-    if isinstance(value, Mapping | list | tuple):
-        raise ValueError(f"{where} {section}.{name} must be a scalar, got {value!r}")
-    if isinstance(value, bool):
-        value = "true" if value else "false"
-    return f"{section}.{name}={value}"
+Setting = tuple[str, str, Any]  # (section, field, value); section "" for ``model``
 
 
 def load_config(
@@ -457,6 +520,20 @@ def load_config(
     overrides: Sequence[str] = (),
 ) -> FlatCakeConfig:
     """Build a config from defaults, a TOML file, ``FLATCAKE_*`` env vars and overrides."""
+    settings: list[Setting] = []
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"config override {item!r} must look like section.field=value")
+        dotted, raw = item.split("=", 1)
+        section, _, name = dotted.strip().rpartition(".")
+        settings.append((section, name, raw))
+    return _merge(path, env, settings)
+
+
+def _merge(path: str | Path | None, env: Mapping[str, str] | None,
+           settings: Iterable[Setting], where: str = "") -> FlatCakeConfig:
+    """Defaults, then the TOML file at ``path``, then the environment, then ``settings``
+    (errors in those prefixed with ``where``)."""
     cfg = FlatCakeConfig()
     if path is not None:
         with open(path, "rb") as fh:
@@ -464,23 +541,79 @@ def load_config(
         for key, value in data.items():
             if isinstance(value, dict):
                 for name, raw in value.items():
-                    cfg = _apply(cfg, key, name, raw)
+                    cfg = apply_setting(cfg, key, name, raw)
             else:
-                cfg = _apply(cfg, "", key, value)
+                cfg = apply_setting(cfg, "", key, value)
     environ = os.environ if env is None else env
     for key, raw in sorted(environ.items()):
         if not key.startswith("FLATCAKE_"):
             continue
         rest = key[len("FLATCAKE_"):].lower()
         if rest == "model":
-            cfg = _apply(cfg, "", "model", raw)
+            cfg = apply_setting(cfg, "", "model", raw)
         elif "__" in rest:
             section, name = rest.split("__", 1)
-            cfg = _apply(cfg, section, name, raw)
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"config override {item!r} must look like section.field=value")
-        dotted, raw = item.split("=", 1)
-        section, _, name = dotted.strip().rpartition(".")
-        cfg = _apply(cfg, section, name, raw)
+            cfg = apply_setting(cfg, section, name, raw)
+    for section, name, raw in settings:
+        try:
+            cfg = apply_setting(cfg, section, name, raw)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}" if where else str(exc)) from None
     return cfg
+
+
+_ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
+
+
+def load_extra_config(where: str, extra: Mapping[str, Any] | None,
+                      env: Mapping[str, str] | None = None, *,
+                      ignore: Sequence[str] = ()) -> FlatCakeConfig:
+    """The configuration of an engine host from its extra config (``where`` names it in
+    errors: ``kv_connector_extra_config``), merged as ``load_config`` merges: defaults,
+    then ``config_file`` (a TOML file), then ``FLATCAKE_*`` variables (``env``, by default
+    ``os.environ``), then the extra config itself::
+
+        {"store": {"root": "/nvme/flatcake"},          # a section, nested
+         "placement.not_yet": true,                    # or dotted
+         "tenant_salt": "team-a",                      # an engine key, bare
+         "config_file": "/etc/flatcake.toml"}
+
+    The geometry comes from the engine, so ``model`` is refused; keys in ``ignore`` (the
+    engine's own) are skipped; any other unknown key is refused by name."""
+    extra = {} if extra is None else extra
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"{where} must be a JSON object, got {type(extra).__name__}")
+    config_file = None
+    settings: list[Setting] = []
+    for key, value in extra.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{where} keys must be strings, got {key!r}")
+        section, dot, name = key.partition(".")
+        if key in ignore:
+            continue
+        if key == "config_file":
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{where}.config_file must be a path, got {value!r}")
+            config_file = value
+        elif key == "model":
+            raise ValueError(f"{where}.model is not accepted: the KV geometry comes from "
+                             "the engine")
+        elif key in _ENGINE_FIELDS:
+            settings.append(("engine", key, _scalar(where, key, value)))
+        elif key in SECTIONS:
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{where}.{key} must be an object of {key} keys, got "
+                                 f"{value!r}")
+            settings += [(key, str(n), _scalar(where, f"{key}.{n}", v))
+                         for n, v in value.items()]
+        elif dot and section in SECTIONS:
+            settings.append((section, name, _scalar(where, key, value)))
+        else:
+            raise _unknown(key, where)
+    return _merge(config_file, env, settings, where)
+
+
+def _scalar(where: str, key: str, value: Any) -> Any:
+    if isinstance(value, Mapping | list | tuple) or value is None:
+        raise ValueError(f"{where}.{key} must be a single value, got {value!r}")
+    return value

@@ -14,14 +14,12 @@ from flatcake.bench.connector import SETTINGS, ConnectorBenchOptions, Driver
 from flatcake.cli import main
 from flatcake.config import load_config
 from flatcake.connectors.scheduler_side import SchedulerSide
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.geometry import preset
 
 
 def test_the_driver_stores_a_new_prompt_once_and_a_held_one_never(tmp_path: Path) -> None:
     g = preset("llama-3.1-8b")
-    side = SchedulerSide(g, ConnectorSettings(load_config(env={}, overrides=SETTINGS)),
-                         tmp_path)
+    side = SchedulerSide(g, load_config(env={}, overrides=SETTINGS), tmp_path)
     d = Driver(side, g.tokens_per_block, g.name)
     rng = random.Random(0)
     prompt = [rng.randbytes(32) for _ in range(64)]

@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from flatcake.config import load_config
+from flatcake.config import FlatCakeConfig, load_config
 from flatcake.connectors.requests import RequestView
-from flatcake.connectors.settings import ConnectorSettings
 from tests.connectors.sides_harness import G, Harness, end, finish, random_kv, tokens, view
 
 S0 = list(range(100, 113))       # session s, turn 0: 3 full blocks + 1 token
@@ -36,13 +35,13 @@ OWNER_SLOTS = {"s0": [5, 6, 7], "s1": [5, 6, 7, 9, 10], "t": [20, 21, 22]}
 PROMPTS = {"s0": S0, "s1": S1, "t": T0}
 
 
-def node_settings(node: int, url: str, cluster: str) -> ConnectorSettings:
-    return ConnectorSettings(load_config(env={}, overrides=[
+def node_settings(node: int, url: str, cluster: str) -> FlatCakeConfig:
+    return load_config(env={}, overrides=[
         "store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
         "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
         "placement.memory_copy_watermark=0", f"store.node_id={node}",
         f"store.cluster_url={url}", f"store.cluster_name={cluster}",
-        "store.remote_timeout_s=3", "store.remote_window_bytes=1048576"]))
+        "store.remote_timeout_s=3", "store.remote_window_bytes=1048576"])
 
 
 def owner(h: Harness) -> None:

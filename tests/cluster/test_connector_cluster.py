@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from flatcake.cluster import RedisServer, redis_available
-from flatcake.connectors.settings import ConnectorSettings
 from tests.cluster.helpers import ask, next_line, process
 from tests.connectors.sides_harness import Harness, finish, settings, tokens, view
 
@@ -78,8 +77,8 @@ def test_redis_going_away_leaves_the_scheduler_half_local_only(
         s = settings(f"store.cluster_url={server.url}", "store.cluster_name=local-only",
                      "store.remote_timeout_s=1")
         # The scheduler half reads the cluster; this worker serves none (no NIXL here).
-        worker = settings().config
-        h = Harness(tmp_path, ConnectorSettings(s.config), worker_config=worker)
+        worker = settings()
+        h = Harness(tmp_path, s, worker_config=worker)
         turn0 = list(range(100, 113))
         finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
         h.step()

@@ -49,7 +49,7 @@ def test_a_local_hit_is_served_while_redis_hangs(own_redis: RedisServer,
         turn0 = list(range(100, 113))  # 3 blocks stored here
         finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
         h.step()
-        look = ClusterLookup(G, settings().config, index=_MemberIndex(bounded))
+        look = ClusterLookup(G, settings(), index=_MemberIndex(bounded))
         control = h.sched.control
         v = view("b", tokens(turn0, 20, 200))  # 8 blocks: 3 here
         hit = control.lookup(v.keys)

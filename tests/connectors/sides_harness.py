@@ -14,7 +14,6 @@ from flatcake.clock import ManualClock
 from flatcake.config import FlatCakeConfig, load_config
 from flatcake.connectors.group_slots import StepSlots
 from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.control.keys import chain_block_keys
 from flatcake.geometry import KVGeometry
@@ -29,12 +28,12 @@ G4K = KVGeometry(num_layers=3, tokens_per_block=4, num_kv_heads=2, head_dim=64,
 SLOTS = 64
 
 
-def settings(*overrides: str, infer: bool = True) -> ConnectorSettings:
+def settings(*overrides: str, infer: bool = True) -> FlatCakeConfig:
     base = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
             "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
             "placement.memory_copy_watermark=0"]
-    return ConnectorSettings(load_config(env={}, overrides=[*base, *overrides]),
-                             infer_sessions=infer)
+    return load_config(env={}, overrides=[*base, f"engine.infer_sessions={infer}",
+                                          *overrides])
 
 
 def random_kv(seed: int, g: KVGeometry = G, misalign: int = 0) -> list[torch.Tensor]:
@@ -53,12 +52,12 @@ def random_kv(seed: int, g: KVGeometry = G, misalign: int = 0) -> list[torch.Ten
 class Harness:
     """One engine: a scheduler half, a worker half, and its paged KV (random bytes)."""
 
-    def __init__(self, root: Path, s: ConnectorSettings | None = None, seed: int = 0,
+    def __init__(self, root: Path, s: FlatCakeConfig | None = None, seed: int = 0,
                  clock: ManualClock | None = None,
                  worker_config: FlatCakeConfig | None = None, g: KVGeometry = G,
                  misalign: int = 0) -> None:
         self.s = s if s is not None else settings()
-        self.worker = WorkerSide(g, worker_config or self.s.config, root)
+        self.worker = WorkerSide(g, worker_config or self.s, root)
         self.sched = SchedulerSide(g, self.s, root, clock=clock)
         self.kv = random_kv(seed, g, misalign)
         self.worker.register(self.kv)

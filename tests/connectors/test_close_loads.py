@@ -29,7 +29,7 @@ def test_close_waits_for_loads_in_flight_within_its_bound(
                session=rid)
     h.step()
     h.worker.close()
-    worker = WorkerSide(G, settings("scheduler.max_restores_in_flight=1").config, tmp_path,
+    worker = WorkerSide(G, settings("scheduler.max_restores_in_flight=1"), tmp_path,
                         drain_timeout_s=0.3)
     worker.register(h.kv)
     h.worker = worker

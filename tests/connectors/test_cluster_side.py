@@ -66,7 +66,7 @@ def keys(n: int, start: int = 0) -> tuple[bytes, ...]:
 
 def test_lookups_grow_in_chunks_and_a_miss_costs_one_small_one() -> None:
     index, clock, stats = Index(keys(50)), Clock(), Counter[str]()
-    look = ClusterLookup(G, settings().config, index=index, now=clock, stats=stats)
+    look = ClusterLookup(G, settings(), index=index, now=clock, stats=stats)
     runs = look.runs("a", keys(60), 0)
     assert [(r.request_start, r.start_pos, r.count, r.node) for r in runs] == [(0, 0, 50, 2)]
     assert index.asked == [8, 32, 20]
@@ -81,8 +81,9 @@ def test_lookups_grow_in_chunks_and_a_miss_costs_one_small_one() -> None:
 
 def test_a_request_reuses_its_runs_and_a_failure_backs_off() -> None:
     index, clock, stats = Index(keys(20)), Clock(), Counter[str]()
-    look = ClusterLookup(G, settings().config, index=index, now=clock, stats=stats,
-                         retry_s=5.0, fresh_s=1.0)
+    look = ClusterLookup(G, settings("engine.cluster_lookup_retry_s=5",
+                                     "engine.cluster_lookup_fresh_s=1"),
+                         index=index, now=clock, stats=stats)
     first = look.runs("a", keys(20), 0)
     asked = len(index.asked)
     assert look.runs("a", keys(20), 0) == first and len(index.asked) == asked
@@ -106,7 +107,7 @@ def test_remote_task_loads_after_the_local_hit_or_the_engines_own_prefix(
     h.step()
     v = view("b", tokens(turn0, 20, 200))  # 8 blocks: 3 here, 5 more on node 2
     index = Index(v.keys[3:8])
-    look = ClusterLookup(G, settings().config, index=index)
+    look = ClusterLookup(G, settings(), index=index)
     control = h.sched.control
     hit = control.lookup(v.keys)
     far = look.runs("b", v.keys, hit.num_blocks)

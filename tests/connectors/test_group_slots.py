@@ -29,7 +29,7 @@ class Engine:
 
     def __init__(self, root: Path) -> None:
         s = settings()
-        self.worker = WorkerSide(G, s.config, root)
+        self.worker = WorkerSide(G, s, root)
         self.sched = SchedulerSide(G, s, root, async_loads=True)
         gen = torch.Generator().manual_seed(3)
         self.kv = [torch.randint(0, 256, (SLOTS, 512), generator=gen, dtype=torch.uint8)

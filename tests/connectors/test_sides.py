@@ -209,7 +209,7 @@ def test_fc_mas_bounds_restores_in_flight_and_counts_slot_waits(tmp_path: Path) 
     ({"stroe": {}}, "stroe"),
     ({"model": "llama-3.1-8b"}, "model"),
     ({"min_hit_blocks": 0}, "min_hit_blocks"),
-    ({"ssd_loads_in_step": "yes"}, "ssd_loads_in_step"),
+    ({"ssd_loads_in_step": "maybe"}, "engine.ssd_loads_in_step"),
     ({"in_step_load_timeout_s": 0}, "in_step_load_timeout_s"),
     ({"store": 5}, "kv_connector_extra_config.store"),
     ({"store": {"node_id": 4096}}, "store.node_id"),
@@ -224,15 +224,19 @@ def test_bad_extra_config_names_the_field(extra: dict, field: str) -> None:
 
 @pytest.mark.parametrize("field, bound", [("shutdown_drain_s", ">= 0"),
                                           ("in_step_load_timeout_s", "> 0")])
-@pytest.mark.parametrize("value", [-1, float("inf"), float("nan"), True, "5"])
+@pytest.mark.parametrize("value, why", [(-1, "must be {bound}"),
+                                        (float("inf"), "must be a finite number"),
+                                        (float("nan"), "must be a finite number"),
+                                        (True, "must be a float"),
+                                        ("five", "expected float")])
 def test_bad_seconds_get_one_message_naming_setting_and_value(
-        field: str, bound: str, value: object) -> None:
+        field: str, bound: str, value: object, why: str) -> None:
     from flatcake.connectors.settings import parse_extra_config
 
     with pytest.raises(ValueError) as err:
         parse_extra_config({field: value}, env={})
-    assert str(err.value) == (f"kv_connector_extra_config.{field} must be a finite "
-                              f"number {bound}, got {value!r}")
+    assert str(err.value) == (f"kv_connector_extra_config: invalid config engine.{field}="
+                              f"{value!r}: {why.format(bound=bound)}")
 
 
 def test_extra_config_uses_the_store_names() -> None:
@@ -241,9 +245,9 @@ def test_extra_config_uses_the_store_names() -> None:
     s = parse_extra_config({"store": {"root": "/x", "memory_capacity_bytes": 4096,
                                       "node_id": 3},
                             "scheduler.single_queue": True, "tenant_salt": "t"}, env={})
-    assert s.config.store.root == "/x" and s.config.store.memory_capacity_bytes == 4096
-    assert s.config.store.node_id == 3
-    assert s.config.scheduler.single_queue is True and s.tenant_salt == "t"
+    assert s.store.root == "/x" and s.store.memory_capacity_bytes == 4096
+    assert s.store.node_id == 3
+    assert s.scheduler.single_queue is True and s.engine.tenant_salt == "t"
 
 
 def test_cluster_settings_are_taken_and_tensor_parallelism_is_refused_there(
@@ -254,8 +258,8 @@ def test_cluster_settings_are_taken_and_tensor_parallelism_is_refused_there(
 
     s = parse_extra_config({"store": {"node_id": 2, "cluster_url": "redis://127.0.0.1:1/0",
                                       "remote_timeout_s": 1.5}}, env={})
-    assert s.config.store.cluster_url == "redis://127.0.0.1:1/0"
-    assert s.config.store.node_id == 2 and s.config.store.remote_timeout_s == 1.5
+    assert s.store.cluster_url == "redis://127.0.0.1:1/0"
+    assert s.store.node_id == 2 and s.store.remote_timeout_s == 1.5
     with pytest.raises(ValueError, match=r"tensor parallel size 2.*node id per rank"):
         SchedulerSide(G, s, tmp_path, world_size=2)
 

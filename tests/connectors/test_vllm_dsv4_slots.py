@@ -40,7 +40,7 @@ class Engine:
         self.g = engine_geometry(stand_in, config)
         s = settings("store.memory_capacity_bytes=0", "store.ssd_capacity_bytes=268435456",
                      "store.session_file_bytes=67108864")
-        self.worker = WorkerSide(self.g, s.config, root)
+        self.worker = WorkerSide(self.g, s, root)
         self.sched = SchedulerSide(self.g, s, root, async_loads=True)
         gen = torch.Generator().manual_seed(seed)
         self.kv = []

@@ -72,7 +72,7 @@ def test_a_store_that_cannot_finish_is_dropped_never_published(tmp_path: Path) -
     h = Harness(tmp_path)
     h.worker.close()
     gate = threading.Event()
-    worker = WorkerSide(G, h.s.config, tmp_path, max_pending_stores=1, drain_timeout_s=0.2)
+    worker = WorkerSide(G, h.s, tmp_path, max_pending_stores=1, drain_timeout_s=0.2)
     worker.register(h.kv)
     h.worker = worker
     real_run = worker._writer_thread._run
@@ -200,8 +200,8 @@ from tests.connectors.sides_harness import G, Harness, view
 h = Harness(Path(sys.argv[1]))
 h.worker.close()
 # A worker of vLLM's multiprocessing executor, which has 2 s to leave once told to stop.
-h.worker = WorkerSide(G, h.s.config, Path(sys.argv[1]),
-                      drain_timeout_s=h.s.drain_within(2.0))
+h.worker = WorkerSide(G, h.s, Path(sys.argv[1]),
+                      drain_timeout_s=h.s.engine.drain_within(2.0))
 h.worker.register(h.kv)
 a = view("a", list(range(100, 117)), session="a")
 h.sched.num_matched_tokens(a, 0)
@@ -230,12 +230,12 @@ def test_a_stopping_worker_leaves_within_its_bound_and_keeps_what_it_acknowledge
     import subprocess
     import sys
 
-    from flatcake.connectors.settings import ConnectorSettings
+    from flatcake.config import EngineConfig
     from flatcake.store import fsck_root
     from tests.connectors.sides_harness import random_kv
 
-    assert ConnectorSettings().drain_within(5.0) == 2.5  # vLLM's default grace: 5 s
-    assert ConnectorSettings().drain_within(None) == 60.0  # in the engine's own process
+    assert EngineConfig().drain_within(5.0) == 2.5  # vLLM's default grace: 5 s
+    assert EngineConfig().drain_within(None) == 60.0  # in the engine's own process
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", STOP_SCRIPT, str(tmp_path), str(repo),
                            str(repo / "src")], capture_output=True, text=True, timeout=50)

@@ -5,7 +5,6 @@ with its own paged KV of random bytes."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from flatcake.config import FlatCakeConfig
 from flatcake.connectors.node_client import RemoteSchedulerSide
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.geometry import KVGeometry
 from flatcake.link.client import worker_root
@@ -93,17 +92,17 @@ class Service:
             raise AssertionError("flatcake serve did not stop on SIGTERM") from None
 
 
-def node_settings(sock: Path, *overrides: str) -> ConnectorSettings:
+def node_settings(sock: Path, *overrides: str) -> FlatCakeConfig:
     return settings(f"store.node=unix:{sock}", "store.node_timeout_s=1", *overrides)
 
 
 class Engine(Harness):
     """One engine attached to the service at ``sock`` (same steps as ``Harness``), of
-    the tenant of ``tenant_salt``."""
+    the tenant of ``tenant_salt``, its configuration set by ``overrides`` too."""
 
     def __init__(self, sock: Path, seed: int, name: str = "engine",
-                 tenant_salt: str = "") -> None:
-        self.s = dataclasses.replace(node_settings(sock), tenant_salt=tenant_salt)
+                 tenant_salt: str = "", overrides: tuple[str, ...] = ()) -> None:
+        self.s = node_settings(sock, f"engine.tenant_salt={tenant_salt}", *overrides)
         where = worker_root(str(sock), 1.0, 0, G, TensorRanks(), wait_s=10)
         self.worker = WorkerSide(G, where.config, where.store_dir,
                                  arena_path=where.arena_path)

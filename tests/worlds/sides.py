@@ -24,7 +24,6 @@ from flatcake.clock import ManualClock
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.cluster_side import ClusterLookup
 from flatcake.connectors.scheduler_side import RequestView, SchedulerSide
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.worker_side import WorkerSide
 from flatcake.control.signals import (
     SessionTracker,
@@ -56,7 +55,7 @@ class _Node:
                                                                        node_id=node))
         self.node, self.root, self.g = node, root, g
         self.worker = WorkerSide(g, config, root)
-        self.sched = SchedulerSide(g, ConnectorSettings(config), root, clock=clock)
+        self.sched = SchedulerSide(g, config, root, clock=clock)
         names = itertools.count()  # session names that repeat, as the replay's do
         self.sched.sessions = SessionTracker(
             max_sessions=num_requests, new_session_id=lambda: f"auto-{next(names)}",
@@ -86,7 +85,7 @@ class _Node:
                      lambda offset, n: arena.view(offset, n).numpy())
 
     def join(self, peer: Owner, clock: ManualClock) -> None:
-        self.sched.cluster = ClusterLookup(self.g, self.sched.settings.config,
+        self.sched.cluster = ClusterLookup(self.g, self.sched.config,
                                            index=PeerIndex(peer), now=clock.now)
         reader = PeerReader(peer)
         self.worker.executor.readers.remote_source = \

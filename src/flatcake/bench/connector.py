@@ -40,7 +40,6 @@ from flatcake.bench.node import attached_config, served
 from flatcake.bench.report import Bar, footer, median
 from flatcake.config import load_config
 from flatcake.connectors.requests import RequestKeys, RequestView
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.geometry import preset
 from flatcake.plan.tasks import LoadDone, StoreDone, WorkerReport
 
@@ -210,11 +209,11 @@ def run_connector_bench(options: ConnectorBenchOptions,
         with served(work / "root", *SETTINGS) if options.node else _nothing() as (sock, pid):
             for r in range(options.rounds):
                 halves: list[tuple[str, Any, int]] = [("embedded", SchedulerSide(
-                    geometry, ConnectorSettings(load_config(env={}, overrides=SETTINGS)),
+                    geometry, load_config(env={}, overrides=SETTINGS),
                     work / f"embedded-{r}"), 0)]
                 if sock is not None:
                     halves.append(("node service", RemoteSchedulerSide(
-                        geometry, ConnectorSettings(attached_config(sock))), pid))
+                        geometry, attached_config(sock)), pid))
                 for half, side, side_pid in halves if r % 2 == 0 else halves[::-1]:
                     gc.collect()
                     gc.freeze()  # as vLLM's engine core freezes its startup heap

@@ -325,17 +325,15 @@ def _call_costs(sock: Path, geometry: KVGeometry, options: NodeBenchOptions,
     from flatcake.connectors.node_client import RemoteSchedulerSide
     from flatcake.connectors.requests import RequestView
     from flatcake.connectors.scheduler_side import SchedulerSide
-    from flatcake.connectors.settings import ConnectorSettings
 
     n = options.lookup_blocks
     keys = tuple(session_keys(geometry, n, seed=options.seed + 7))
     tokens = n * geometry.tokens_per_block + 1
     req = RequestView("bench-lookup", keys, tokens, tokens)
     halves: dict[str, Any] = {
-        "embedded": SchedulerSide(geometry, ConnectorSettings(load_config(
-            env={}, overrides=["store.memory_capacity_bytes=0"])), scratch),
-        "node service": RemoteSchedulerSide(geometry,
-                                            ConnectorSettings(attached_config(sock))),
+        "embedded": SchedulerSide(geometry, load_config(
+            env={}, overrides=["store.memory_capacity_bytes=0"]), scratch),
+        "node service": RemoteSchedulerSide(geometry, attached_config(sock)),
     }
     lookup = f"lookup of {n} blocks"
     got: dict[tuple[str, str], list[tuple[float, float]]] = {}

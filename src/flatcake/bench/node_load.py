@@ -98,11 +98,10 @@ def _client(sock: str, model: str, index: int, seed: int, prompt_blocks: int,
     Poisson arrivals of prompts for ``seconds``; sends back latencies and counts."""
     from flatcake.bench.node import attached_config
     from flatcake.connectors.node_client import RemoteSchedulerSide
-    from flatcake.connectors.settings import ConnectorSettings
     from flatcake.geometry import preset
 
     geometry = preset(model)
-    side = RemoteSchedulerSide(geometry, ConnectorSettings(attached_config(Path(sock))),
+    side = RemoteSchedulerSide(geometry, attached_config(Path(sock)),
                                name=f"load-{index}")
     rng = random.Random(seed * 1000 + index)
     stored: list[list[bytes]] = []

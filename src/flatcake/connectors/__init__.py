@@ -1,7 +1,7 @@
 """FlatCake behind an engine: the vLLM KV connector (``vllm``) and its engine-neutral
 halves, the scheduler half (the books, ``scheduler_side``) and the worker half (the
-executor, ``worker_side``), with their settings and counters (sessions and placement
-signals are the books': ``flatcake.control.signals``).
+executor, ``worker_side``), with their extra config (``settings``) and counters
+(sessions and placement signals are the books': ``flatcake.control.signals``).
 
 Names resolve on first use (PEP 562), kept lazy for the optional engines: importing
 the package loads neither vLLM, SGLang nor torch; ``FlatCakeConnector`` and ``flush``
@@ -17,7 +17,6 @@ _WHERE = {
     "COUNTER_KEYS": "requests",
     "RequestView": "requests",
     "SchedulerSide": "scheduler_side",
-    "ConnectorSettings": "settings",
     "parse_extra_config": "settings",
     "FlatCakeConnector": "vllm",
     "flush": "vllm_glue",

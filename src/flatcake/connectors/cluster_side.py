@@ -11,12 +11,14 @@ up through its index (``member_lookup``) and hand it what to publish and remove:
                  the stores in flight): batched lookups of the rest of the request's
                  keys (``cluster.ClusterIndex`` as this node, so its own entries, the
                  local index's business, are skipped), in chunks of 8, 32, 128, ...
-                 keys while every key asked was found (a miss costs one small lookup)
-                 -> ``RemoteRun``s, kept for ``fresh_s`` per request (the engine asks
-                 again every step a request waits)
-    bounded      each Redis call times out after min(store.remote_timeout_s, 2 s); a
-                 failed lookup answers local-only and logs one warning, and for the
-                 next ``retry_s`` seconds no lookup asks Redis (local-only at once)
+                 keys (``engine.cluster_lookup_first_keys``, then 4 times more each)
+                 while every key asked was found (a miss costs one small lookup)
+                 -> ``RemoteRun``s, kept for ``engine.cluster_lookup_fresh_s`` per
+                 request (the engine asks again every step a request waits)
+    bounded      each Redis call times out after min(store.remote_timeout_s,
+                 engine.cluster_lookup_timeout_s); a failed lookup answers local-only
+                 and logs one warning, and for the next
+                 ``engine.cluster_lookup_retry_s`` no lookup asks Redis
     load         ``plan.requests.load``: the request's LoadTask with the remote runs
                  after its local part, an async load (the request waits), queued in
                  FC-MAS like an SSD restore (it takes a restore slot on the worker),
@@ -88,33 +90,30 @@ class ClusterLookup:
     """The cluster index as the scheduler half reads it (see the module docstring).
 
     Args:
+        config: ``engine.cluster_lookup_*`` bound and pace the lookups.
         index: a ``ClusterIndex``-like object (``lookup``, ``failures``); by default one
             on ``config.store.cluster_url`` as ``store.node_id``, not joined.
-        retry_s: after a failed lookup, answer local-only this long without asking.
-        fresh_s: a request's runs are looked up again after this long.
-        first_chunk: keys of the first lookup; each next one asks 4 times more, while
-            every key asked so far was found.
         stats: counts ``cluster_lookup_failures``.
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
-                 index: Index | None = None, retry_s: float = 5.0, fresh_s: float = 1.0,
-                 first_chunk: int = 8,
+                 index: Index | None = None,
                  now: Callable[[], float] = time.monotonic,
                  stats: Counter[str] | None = None) -> None:
-        store = config.store
+        store, engine = config.store, config.engine
         if not store.cluster_url and index is None:
             raise ValueError("ClusterLookup needs store.cluster_url")
         if index is None:
             from flatcake.cluster.index import ClusterIndex
 
             index = ClusterIndex(store.cluster_url, store.node_id, cluster=store.cluster_name,
-                                 timeout_s=min(store.remote_timeout_s, 2.0))
+                                 timeout_s=min(store.remote_timeout_s,
+                                             engine.cluster_lookup_timeout_s))
         self.index: Index = index
         self.geometry = geometry
-        self.retry_s = retry_s
-        self.fresh_s = fresh_s
-        self.first_chunk = first_chunk
+        self.retry_s = engine.cluster_lookup_retry_s
+        self.fresh_s = engine.cluster_lookup_fresh_s
+        self.first_chunk = engine.cluster_lookup_first_keys
         self._now = now
         self._down_until = float("-inf")
         self._looked: dict[str, _Looked] = {}

@@ -6,7 +6,8 @@ out is answered here without one. When the service does not answer within
 ``store.node_timeout_s`` (down, restarting) the engine keeps serving: lookups miss, stores
 are skipped, restores already running finish and are released, hits admitted but never
 planned are handed to the workers as load errors (the engine recomputes them); one
-warning, then the half re-attaches on a later call, at most every ``REATTACH_S``.
+warning, then the half re-attaches on a later call, waiting ``engine.node_reattach_s``
+first, twice as long after each failed attempt, at most ``engine.node_reattach_max_s``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from flatcake.config import FlatCakeConfig
 from flatcake.connectors.node_verbs import ATTACH, ENGINE
 from flatcake.connectors.requests import BlockEvent, RequestView
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import StorePlan
 from flatcake.geometry import KVGeometry
 from flatcake.link import verbs, wire
@@ -31,27 +32,25 @@ from flatcake.plan.tasks import FailedLoad, StepPlan, WorkerReport
 
 logger = logging.getLogger("flatcake.service")
 
-# Re-attach attempts back off from REATTACH_S to REATTACH_MAX_S while the service is gone,
-# so a hung service costs the engine's scheduler one timeout per attempt, not per hook.
-REATTACH_S = 1.0
-REATTACH_MAX_S = 30.0
 
 
 class RemoteSchedulerSide:
     """``SchedulerSide``'s methods, answered by the node service (module docstring)."""
 
-    def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, *,
+    def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
                  ranks: TensorRanks | None = None, name: str = "engine") -> None:
         self.geometry = geometry
-        self.settings = settings
+        self.config = config
         self.ranks = ranks or TensorRanks()
         self.name = name
-        store = settings.config.store
+        store = config.store
         self.client = NodeClient(store.node, store.node_timeout_s, store.node_socket_group)
         self.engine_id = ""
         self.recovered_segments = 0
         self._next_attach = 0.0
-        self._backoff = REATTACH_S
+        # Re-attach attempts back off while the service is gone, so a hung service
+        # costs the engine's scheduler one timeout per attempt, not per hook.
+        self._backoff = config.engine.node_reattach_s
         self._report: WorkerReport | None = None
         self._warned = False
         self._pending_stores = False
@@ -72,18 +71,18 @@ class RemoteSchedulerSide:
         if t < self._next_attach and not now:
             return False
         self._next_attach = t + self._backoff
-        self._backoff = min(self._backoff * 2, REATTACH_MAX_S)
+        self._backoff = min(self._backoff * 2, self.config.engine.node_reattach_max_s)
         if not self.client.path.exists():
             self._lost(wire.NodeUnavailable(f"no node service socket at {self.client.path}"))
             return False
         try:
             got: Attached = self.client.call(ATTACH, "", self.name, os.getpid(),
-                                             self.geometry, self.ranks, self.settings)
+                                             self.geometry, self.ranks, self.config)
         except (wire.NodeUnavailable, wire.NodeRefused) as exc:
             self._lost(exc)
             return False
         self.engine_id, self.recovered_segments = got.engine_id, got.recovered_segments
-        self._backoff = REATTACH_S
+        self._backoff = self.config.engine.node_reattach_s
         if self._warned:
             logger.warning("FlatCake: attached to the node service again as %s",
                            self.engine_id)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flatcake.config import FlatCakeConfig
 from flatcake.connectors.requests import BlockEvent, RequestView
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import StorePlan
 from flatcake.geometry import KVGeometry
 from flatcake.link.verbs import Verb, table
@@ -18,7 +18,7 @@ from flatcake.plan.tasks import StepPlan, WorkerReport
 
 _REQ = ("req", RequestView)
 ATTACH = Verb("attach", Attached, ("name", str), ("pid", int), ("geometry", KVGeometry),
-              ("ranks", TensorRanks), ("settings", ConnectorSettings))
+              ("ranks", TensorRanks), ("config", FlatCakeConfig))
 ENGINE = table(
     Verb("new_request", None, _REQ),
     Verb("num_matched_tokens", tuple[int | None, bool], _REQ, ("num_local_tokens", int)),

@@ -52,6 +52,7 @@ from flatcake.cio.holes import releases_windows
 from flatcake.cio.names import SESSIONS_DIR
 from flatcake.cio.scan import recover_files
 from flatcake.clock import Clock, WallClock
+from flatcake.config import FlatCakeConfig
 from flatcake.connectors.cluster_side import NodeMember, member_lookup, scheduler_lookup
 from flatcake.connectors.requests import (
     COUNTER_KEYS,
@@ -60,7 +61,6 @@ from flatcake.connectors.requests import (
     RequestBooks,
     RequestView,
 )
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
@@ -137,7 +137,7 @@ class NodeParts:
     files: FileWork | None = None
 
     @classmethod
-    def embedded(cls, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
+    def embedded(cls, geometry: KVGeometry, cfg: FlatCakeConfig, store_dir: Path,
                  clock: Clock) -> NodeParts:
         """Fresh books over ``store_dir``, re-indexed from its segments (headers only:
         data crcs are checked on every load; the worker half or the service settles
@@ -145,14 +145,13 @@ class NodeParts:
         workers can punch them out (``cio.holes.releases_windows``): each step hands
         them over (``StepPlan.releases``), and a restart releases again what a crash
         left unpunched."""
-        cfg = settings.config
         release = releases_windows(bool(cfg.store.release_old_windows
                                         and geometry.layer_window_blocks),
                                    store_dir / SESSIONS_DIR)
         control = ControlPlane(geometry, cfg, clock, release_windows=release)
         recovered = recover_files(control, store_dir / SESSIONS_DIR)[1].num_segments
-        sessions = SessionTracker(settings.infer_sessions, max_branch_blocks=max_branch_blocks(
-            settings.config.placement, geometry))
+        sessions = SessionTracker(cfg.engine.infer_sessions, cfg.engine.max_sessions,
+                                  max_branch_blocks=max_branch_blocks(cfg.placement, geometry))
         return cls(control, sessions, PrefixRefcount(), recovered)
 
 
@@ -162,7 +161,7 @@ class SchedulerSide:
     Attributes:
         control: the FlatCake control plane (index, placement, allocation, FC-MAS).
         geometry: per-worker KV geometry of the engine.
-        settings: connector settings.
+        config: the configuration; the engine keys are its ``engine`` section.
         world_size: workers that each report every task (tensor parallel size).
         async_loads: every load is async, an all-memory one too (an engine that
             learns a failed load only by request: vLLM with several KV cache groups).
@@ -185,7 +184,7 @@ class SchedulerSide:
     restores queued behind it wait for; a miss costs one prefill, bounded.
     """
 
-    def __init__(self, geometry: KVGeometry, settings: ConnectorSettings, store_dir: Path,
+    def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path,
                  *, world_size: int = 1, clock: Clock | None = None,
                  node: NodeParts | None = None, queue: Hashable = None,
                  async_loads: bool = False, ssd_in_step: bool = False,
@@ -193,7 +192,7 @@ class SchedulerSide:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.geometry = geometry
-        self.settings = settings
+        self.config = config
         self.world_size = world_size
         self.async_loads = async_loads
         self.ssd_in_step = ssd_in_step and not async_loads
@@ -204,7 +203,7 @@ class SchedulerSide:
         self.queue = queue
         self.scope = scope
         if node is None:
-            node = NodeParts.embedded(geometry, settings, self.store_dir,
+            node = NodeParts.embedded(geometry, config, self.store_dir,
                                       clock if clock is not None else WallClock())
         self.control = node.control
         self._wear = self.control.ssd_wear()  # take_stats reports the growth since
@@ -231,8 +230,8 @@ class SchedulerSide:
         # The window releases of the last steps built: their workers may not have
         # punched them yet (``abandon`` gives them back to the books).
         self._handed: deque[tuple[WindowRelease, ...]] = deque(maxlen=HANDED_STEPS)
-        self.cluster = (scheduler_lookup(geometry, settings.config, world_size, self._stats)
-                        if self.node is None else member_lookup(geometry, settings.config,
+        self.cluster = (scheduler_lookup(geometry, config, world_size, self._stats)
+                        if self.node is None else member_lookup(geometry, config,
                                                                 self.node.cluster, self._stats))
 
     # -- restart ---------------------------------------------------------------------
@@ -277,7 +276,7 @@ class SchedulerSide:
                 self.refcount.add(req.request_id, req.keys)
         state.hit, state.local_blocks, state.remote = hit, local_blocks, remote
         num_blocks = end - local_blocks
-        if num_blocks < self.settings.min_hit_blocks:
+        if num_blocks < self.config.engine.min_hit_blocks:
             return 0, False
         ssd = reads_ssd(hit, local_blocks)
         if self.ssd_in_step and not remote and ssd and self.disk_late():

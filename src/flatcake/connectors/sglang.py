@@ -8,7 +8,9 @@ Launch SGLang with::
         "class_name": "FlatCakeHiCacheStorage", "interface_v1": 1,
         "store": {"root": "/nvme/flatcake"}, "tenant_salt": "team-a"}'
 
-The extra config takes the store's own names (``sglang_pool.parse_sglang_config``).
+The extra config takes the configuration's own keys, as the vLLM connector's does: the
+one parser (``config.load_extra_config``, by ``sglang_pool.parse_sglang_config``) and the
+same ``[engine]`` section (``tenant_salt``, ``model_name``, ``max_sessions``, ...).
 Every call goes to one ``FlatCakeStore`` (the same books and executor as every host):
 
 - ``batch_set_v1``: the batch's pages are stored as one turn (one layer-major segment),
@@ -66,8 +68,8 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
+from flatcake.config import FlatCakeConfig
 from flatcake.connectors.sglang_pool import (
-    BackendSettings,
     BounceBuffers,
     HostPoolView,
     parse_sglang_config,
@@ -80,7 +82,6 @@ from flatcake.store import FlatCakeStore, TurnSignals
 
 logger = logging.getLogger(__name__)
 
-MAX_SESSIONS = 100_000
 STAT_KEYS = ("set_calls", "pages_set", "pages_set_failed", "get_calls", "pages_got",
              "pages_missed", "pages_got_memory", "pages_got_ssd", "exists_calls",
              "read_commands", "bytes_read", "damaged_segments", "bytes_written",
@@ -103,8 +104,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig | None,
                  kwargs: dict[str, Any] | None = None) -> None:
         extra = getattr(storage_config, "extra_config", None) or {}
-        self.settings: BackendSettings = parse_sglang_config(extra)
-        model = self.settings.model_name or getattr(storage_config, "model_name", None)
+        self.config: FlatCakeConfig = parse_sglang_config(extra)
+        model = self.config.engine.model_name or getattr(storage_config, "model_name", None)
         if not model:
             raise ValueError("FlatCake needs the model name: SGLang's model_name or "
                              "model_name in the extra config")
@@ -118,7 +119,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         self._ranks = tuple(int(getattr(storage_config, name, 0) or 0)
                             for name in ("tp_rank", "tp_size", "pp_rank", "pp_size"))
         self._lock = threading.Lock()
-        self._sessions = SessionTracker(max_sessions=MAX_SESSIONS, turns_in_parts=True)
+        self._sessions = SessionTracker(max_sessions=self.config.engine.max_sessions,
+                                        turns_in_parts=True)
         self._stats = dict.fromkeys(STAT_KEYS, 0)
         self.view: HostPoolView | None = None
         self.store: FlatCakeStore | None = None
@@ -142,8 +144,8 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         layout = f"mla-{view.layout}" if view.mla else view.layout
         space = (f"sglang|layout={layout}|dtype={view.dtype_name}|page={view.page_size}"
                  f"|tp={tp_rank}/{tp_size}|pp={pp_rank}/{pp_size}")
-        self._ns = namespace_key(self.model, self.settings.tenant_salt, space)
-        config = self.settings.config
+        self._ns = namespace_key(self.model, self.config.engine.tenant_salt, space)
+        config = self.config
         root = Path(config.store.root) / f"tp{tp_rank}-pp{pp_rank}"
         self.view = view
         self._path_reason = view.direct_refusal()
@@ -152,12 +154,12 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         geometry = view.geometry(f"sglang-{self.model}")
         self._sessions = self._tracker(geometry)
         self.store = FlatCakeStore.open(root, geometry, config,
-                                        tenant_salt=self.settings.tenant_salt)
+                                        tenant_salt=config.engine.tenant_salt)
 
     def _tracker(self, geometry: KVGeometry) -> SessionTracker:
-        return SessionTracker(max_sessions=MAX_SESSIONS, turns_in_parts=True,
-                              max_branch_blocks=max_branch_blocks(
-                                  self.settings.config.placement, geometry))
+        return SessionTracker(max_sessions=self.config.engine.max_sessions,
+                              turns_in_parts=True, max_branch_blocks=max_branch_blocks(
+                                  self.config.placement, geometry))
 
     def _ready(self) -> tuple[FlatCakeStore, HostPoolView]:
         if self.store is None or self.view is None:
@@ -336,7 +338,7 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
             store.close()
             shutil.rmtree(root, ignore_errors=True)
             self.store = FlatCakeStore.open(root, geometry, config,
-                                        tenant_salt=self.settings.tenant_salt)
+                                            tenant_salt=config.engine.tenant_salt)
             self._sessions = self._tracker(geometry)
 
     def get_stats(self) -> dict[str, Any]:

@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from flatcake.cio.direct import aligned_buffer
-from flatcake.config import SECTIONS, FlatCakeConfig, load_config, section_overrides
+from flatcake.config import FlatCakeConfig, load_extra_config
 from flatcake.geometry import DTYPE_BYTES, KVGeometry
 from flatcake.layout import ALIGN
 
@@ -48,7 +47,6 @@ LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "allocator")
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 DIRECT_LAYOUTS = ("layer_first", "page_first_direct")
-BACKEND_KEYS = ("config_file", "tenant_salt", "model_name")
 
 
 class HostPoolView:
@@ -230,49 +228,11 @@ class BounceBuffers:
             del self._free[self.KEEP:]
 
 
-@dataclass(frozen=True, slots=True)
-class BackendSettings:
-    """The backend's configuration: the store's own plus the key space's tenant."""
-
-    config: FlatCakeConfig
-    tenant_salt: str = ""
-    model_name: str | None = None
-
-
 def parse_sglang_config(extra: Mapping[str, Any] | None,
-                        env: Mapping[str, str] | None = None) -> BackendSettings:
-    """Validate ``--hicache-storage-backend-extra-config`` (the store's section names,
-    nested or dotted, plus ``config_file``, ``tenant_salt``, ``model_name``; SGLang's own
-    loading keys are ignored). Raises ``ValueError`` naming a bad key or value."""
-    extra = {} if extra is None else extra
-    if not isinstance(extra, Mapping):
-        raise ValueError(f"hicache-storage-backend-extra-config must be a JSON object, got "
-                         f"{type(extra).__name__}")
-    overrides: list[str] = []
-    config_file = None
-    tenant_salt = ""
-    model_name = None
-    for key, value in extra.items():
-        if not isinstance(key, str):
-            raise ValueError(f"extra config keys must be strings, got {key!r}")
-        if key in SGLANG_KEYS:
-            continue
-        if key == "config_file":
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"extra config config_file must be a path, got {value!r}")
-            config_file = value
-        elif key in ("tenant_salt", "model_name"):
-            if not isinstance(value, str) or (key == "model_name" and not value):
-                raise ValueError(f"extra config {key} must be a string, got {value!r}")
-            if key == "tenant_salt":
-                tenant_salt = value
-            else:
-                model_name = value
-        elif (found := section_overrides("hicache-storage-backend-extra-config", key,
-                                         value)) is not None:
-            overrides.extend(found)
-        else:
-            known = sorted((*BACKEND_KEYS, *SECTIONS, *SGLANG_KEYS))
-            raise ValueError(f"unknown hicache-storage-backend-extra-config key {key!r}; "
-                             f"known keys: {known} (or 'section.field')")
-    return BackendSettings(load_config(config_file, env, overrides), tenant_salt, model_name)
+                        env: Mapping[str, str] | None = None) -> FlatCakeConfig:
+    """Validate ``--hicache-storage-backend-extra-config`` with the one parser every
+    engine host uses (``config.load_extra_config``: sections nested or dotted, the
+    ``[engine]`` keys bare, ``config_file``); SGLang's own loading keys are skipped.
+    Raises ``ValueError`` naming a bad key or value."""
+    return load_extra_config("hicache-storage-backend-extra-config", extra, env,
+                             ignore=SGLANG_KEYS)

@@ -9,8 +9,8 @@ beyond its hits)::
       "kv_role": "kv_both",
       "kv_connector_extra_config": {"store": {"root": "/nvme/flatcake"}}}'
 
-``kv_connector_extra_config`` takes the store's configuration names
-(``connectors.settings``). The two halves map onto FlatCake's cut::
+``kv_connector_extra_config`` takes the configuration's own keys, the engine keys in
+its ``[engine]`` section (``connectors.settings``). The two halves map onto FlatCake's cut::
 
     vLLM scheduler process                     vLLM worker (one per TP rank)
     FlatCakeConnector(role=SCHEDULER)          FlatCakeConnector(role=WORKER)
@@ -117,10 +117,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from flatcake.config import FlatCakeConfig
 from flatcake.connectors.group_slots import GroupIds, StepSlots, slots_of
 from flatcake.connectors.requests import RequestKeys
 from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
-from flatcake.connectors.settings import IN_STEP_LINE, ConnectorSettings, parse_extra_config
+from flatcake.connectors.settings import IN_STEP_LINE, parse_extra_config
 from flatcake.connectors.vllm_events import EventBook
 from flatcake.connectors.vllm_glue import (
     FlatCakeMetadata,
@@ -173,7 +174,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                         self._kv_transfer_config.kv_load_failure_policy)
             self._kv_transfer_config.kv_load_failure_policy = "recompute"
         extra = self._kv_transfer_config.kv_connector_extra_config
-        self.settings: ConnectorSettings = parse_extra_config(
+        self.config: FlatCakeConfig = parse_extra_config(
             extra if isinstance(extra, Mapping) else None)
         parallel = vllm_config.parallel_config
         if parallel.pipeline_parallel_size != 1:
@@ -185,7 +186,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                           if len(kv_cache_config.kv_cache_groups) > 1 else None)
         self._load_slots: dict[str, GroupIds] = {}
         self._store_slots: dict[str, GroupIds] = {}
-        if self.kv_groups is not None and self.settings.config.store.node:
+        if self.kv_groups is not None and self.config.store.node:
             raise ValueError("FlatCakeConnector: a model of several KV cache groups with "
                              "store.node is not supported yet; leave store.node empty or "
                              "start vLLM with --disable-hybrid-kv-cache-manager")
@@ -196,8 +197,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                              f"hash block size {hash_block}")
         self._hashes_per_block = self.block_size // hash_block
         self._world_size = int(parallel.tensor_parallel_size)
-        if self.settings.config.store.cluster_url and self._world_size != 1 \
-                and not self.settings.config.store.node:
+        if self.config.store.cluster_url and self._world_size != 1 \
+                and not self.config.store.node:
             raise ValueError(
                 f"FlatCakeConnector: store.cluster_url with tensor_parallel_size="
                 f"{self._world_size}: each rank keeps its own arena and session files, and "
@@ -205,12 +206,12 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                 "node service in the cluster (store.node; `flatcake serve` with "
                 "store.cluster_url), run tensor_parallel_size=1, or leave "
                 "store.cluster_url empty")
-        root = Path(self.settings.config.store.root).absolute()
+        root = Path(self.config.store.root).absolute()
         self.scheduler_side: SchedulerSide | RemoteSchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         # Keys of twice the blocks the engine's cache holds are remembered (at most 128 Ki,
         # about 25 MiB): a prompt it serves from its prefix cache hashes nothing.
-        self._keys = RequestKeys(self.geometry.name, self.settings.tenant_salt,
+        self._keys = RequestKeys(self.geometry.name, self.config.engine.tenant_salt,
                                  self._hashes_per_block,
                                  min(max(1 << 12, 2 * int(kv_cache_config.num_blocks)), 1 << 17))
         # requests looked up whose prompt is not computed yet (scheduler side)
@@ -229,23 +230,23 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         # runs in the step that schedules its request (``SchedulerSide.ssd_in_step``).
         self._host_kv = (vllm_config.device_config.device_type == "cpu"
                          and not getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
-        node = self.settings.config.store.node
+        node = self.config.store.node
         if role == KVConnectorRole.SCHEDULER and node:
             from flatcake.connectors.node_client import RemoteSchedulerSide
 
             dp = parallel.data_parallel_rank
             self.scheduler_side = RemoteSchedulerSide(
-                self.geometry, self.settings, ranks=self._tensor_ranks(vllm_config),
+                self.geometry, self.config, ranks=self._tensor_ranks(vllm_config),
                 name=f"vllm {vllm_config.model_config.served_model_name} dp{dp}")
             logger.info("FlatCake scheduler side: attached to the node service %s as %r",
                         node, self.scheduler_side.engine_id or "(not yet)")
         elif role == KVConnectorRole.SCHEDULER:
-            self.scheduler_side = SchedulerSide(self.geometry, self.settings,
+            self.scheduler_side = SchedulerSide(self.geometry, self.config,
                                                 self._rank_dir(root, 0),
                                                 world_size=self._world_size,
                                                 async_loads=self.kv_groups is not None,
                                                 ssd_in_step=self._host_kv and
-                                                self.settings.ssd_loads_in_step)
+                                                self.config.engine.ssd_loads_in_step)
             logger.info("FlatCake scheduler side: store %s, %d segments recovered, geometry "
                         "%s blocks", root, self.scheduler_side.recovered_segments,
                         describe_layers(self.geometry.layer_block_bytes))
@@ -255,7 +256,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             from vllm.distributed import get_tensor_model_parallel_rank
 
             rank = get_tensor_model_parallel_rank() if self._world_size > 1 else 0
-            config, store_dir, arena = self.settings.config, self._rank_dir(root, rank), None
+            config, store_dir, arena = self.config, self._rank_dir(root, rank), None
             writes, part, parts = True, 0, 1
             if node:
                 from flatcake.link.client import worker_root
@@ -265,17 +266,17 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                                     group=config.store.node_socket_group)
                 config, store_dir, arena = where.config, where.store_dir, where.arena_path
                 writes, part, parts = where.writes, where.part, where.parts
-            drain_s = self.settings.drain_within(worker_grace_s(vllm_config))
-            if drain_s < self.settings.shutdown_drain_s:
+            drain_s = self.config.engine.drain_within(worker_grace_s(vllm_config))
+            if drain_s < self.config.engine.shutdown_drain_s:
                 logger.info("FlatCake drains its writes for at most %.1f s at shutdown: "
                             "half of VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (shutdown_drain_s "
-                            "%.1f)", drain_s, self.settings.shutdown_drain_s)
+                            "%.1f)", drain_s, self.config.engine.shutdown_drain_s)
             self.worker_side = WorkerSide(
                 self.geometry, config, store_dir,
-                max_pending_stores=self.settings.max_pending_stores,
+                max_pending_stores=self.config.engine.max_pending_stores,
                 drain_timeout_s=drain_s, arena_path=arena, writes=writes, part=part,
-                parts=parts, load_timeout_s=self.settings.in_step_load_timeout_s,
-                async_load_timeout_s=self.settings.async_load_timeout_s)
+                parts=parts, load_timeout_s=self.config.engine.in_step_load_timeout_s,
+                async_load_timeout_s=self.config.engine.async_load_timeout_s)
 
     def _log_in_step(self, attached: bool) -> None:
         """One line at start: whether an SSD hit loads in the step that schedules it
@@ -284,10 +285,10 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         in_step = isinstance(side, SchedulerSide) and side.ssd_in_step
         why = ("attached to a node service: its loads are async" if attached
                else "the KV cache is not in host memory" if not self._host_kv
-               else "ssd_loads_in_step is false" if not self.settings.ssd_loads_in_step
+               else "ssd_loads_in_step is false" if not self.config.engine.ssd_loads_in_step
                else "several KV cache groups: every load is async" if not in_step
                else f"a host-memory KV cache; in_step_load_timeout_s "
-                    f"{self.settings.in_step_load_timeout_s:g}")
+                    f"{self.config.engine.in_step_load_timeout_s:g}")
         logger.info(IN_STEP_LINE, in_step, why)
 
     def _tensor_ranks(self, vllm_config: VllmConfig) -> TensorRanks:

@@ -80,7 +80,7 @@ from flatcake.cio.paged import PagedKV
 from flatcake.cio.restore import Fence, LayerReady
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
-from flatcake.config import FlatCakeConfig
+from flatcake.config import EngineConfig, FlatCakeConfig
 from flatcake.connectors.group_slots import GroupedKV, StepSlots
 from flatcake.connectors.worker_io import WorkerIO, _Async, _Finished
 from flatcake.connectors.write_queue import WriteQueue
@@ -95,6 +95,7 @@ if TYPE_CHECKING:
     from flatcake.cluster.readers import ClusterReaders
 
 logger = logging.getLogger(__name__)
+_ENGINE = EngineConfig()  # the defaults of the [engine] keys a worker takes
 
 
 @dataclass(slots=True)
@@ -124,16 +125,18 @@ class WorkerSide(WorkerIO):
         drain_timeout_s: how long ``close`` (and the exit hook) waits for stores.
         writes: False for a rank that only reads (see the module docstring).
         load_timeout_s: how long a step waits for its sync loads, from its start
-            (``ConnectorSettings.in_step_load_timeout_s``).
+            (``engine.in_step_load_timeout_s``).
         async_load_timeout_s: how long an async load may take, from its start
-            (``ConnectorSettings.async_load_timeout_s``).
+            (``engine.async_load_timeout_s``).
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, store_dir: Path, *,
-                 max_pending_stores: int = 64, drain_timeout_s: float = 60.0,
+                 max_pending_stores: int = _ENGINE.max_pending_stores,
+                 drain_timeout_s: float = _ENGINE.shutdown_drain_s,
                  arena_path: Path | None = None, writes: bool = True,
-                 part: int = 0, parts: int = 1, load_timeout_s: float = 5.0,
-                 async_load_timeout_s: float = 60.0) -> None:
+                 part: int = 0, parts: int = 1,
+                 load_timeout_s: float = _ENGINE.in_step_load_timeout_s,
+                 async_load_timeout_s: float = _ENGINE.async_load_timeout_s) -> None:
         if max_pending_stores < 1 or drain_timeout_s < 0 or not load_timeout_s > 0 \
                 or not async_load_timeout_s > 0:
             raise ValueError(f"max_pending_stores must be >= 1, drain_timeout_s >= 0, "

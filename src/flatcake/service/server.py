@@ -7,7 +7,7 @@ attached engine, and keeps the shared arena files. It never moves a KV byte: eac
 engine's scheduler half calls it (``client.RemoteSchedulerSide``) and its workers run the
 ``StepPlan`` it returns on the shared files and arena, as embedded workers do::
 
-    attach(name, pid, geometry, ranks, settings)      -> Attached   an engine's half
+    attach(name, pid, geometry, ranks, config)        -> Attached   an engine's half
     worker(rank, geometry, ranks)                     -> WorkerRoot  a worker's files
     attach_store(name, pid, geometry, tenant)         -> Attached   a FlatCakeStore
     <engine verb>(args)        -> its SchedulerSide's answer (``connectors.node_verbs``)
@@ -27,7 +27,7 @@ or another connection of the same process: ``link.trust.Owner``); a call naming 
 another caller attached is refused, whatever id it sends.
 
 Tenants: each engine and store names its tenant (a digest of its key salt,
-``control.keys.tenant_tag``; an engine's is its ``ConnectorSettings.tenant_salt``'s)
+``control.keys.tenant_tag``; an engine's is its ``engine.tenant_salt``'s)
 when it attaches; the service records the tenant of each session written and scopes
 every session verb of an attached store, and every hit and store of an engine, to its
 tenant's sessions (``service.tenants``: a write into another tenant's session is
@@ -75,7 +75,6 @@ from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.node_verbs import ATTACH, ENGINE
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
-from flatcake.connectors.settings import ConnectorSettings
 from flatcake.control import ControlPlane, FileCut
 from flatcake.control.keys import TENANT_TAG_BYTES, tenant_tag
 from flatcake.geometry import KVGeometry
@@ -228,9 +227,8 @@ class NodeService(CallLoop):
             ex.share()  # the engines' workers write its files from now on
         self._arenas = [make_arena(self.root, cfg, self.arena_pages, part,
                                    cfg.store.memory_capacity_bytes) for part in range(parts)]
-        settings = ConnectorSettings(config=cfg)
         books = dataclasses.replace(NodeParts.embedded(
-            geometry, settings, rank_dir(self.root, 0, parts), WallClock()),
+            geometry, cfg, rank_dir(self.root, 0, parts), WallClock()),
             files=self._file_work)
         if cfg.store.cluster_url:  # the node's member of the cluster index
             self._member = join_cluster(cfg, geometry, self._rank_roots, self._arenas,
@@ -342,14 +340,15 @@ class NodeService(CallLoop):
             abandon_calls(store, self._books(), call_ids)
 
     def _attach(self, now: float, owner: Owner, name: str, pid: int,
-                geometry: KVGeometry, ranks: TensorRanks, settings: ConnectorSettings
+                geometry: KVGeometry, ranks: TensorRanks, config: FlatCakeConfig
                 ) -> Attached:
-        same_cluster(settings.config, self.config)
+        same_cluster(config, self.config)
         parts = self._ensure_books(geometry, ranks)
         engine_id = f"e{self._next_engine}"
         self._next_engine += 1
-        mine = dataclasses.replace(settings, config=self.config)
-        tenant = tenant_tag(settings.tenant_salt)
+        # The service's store, budgets and policies; the engine's own [engine] keys.
+        mine = dataclasses.replace(self.config, engine=config.engine)
+        tenant = tenant_tag(config.engine.tenant_salt)
         side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
                              world_size=ranks.world_size, node=parts, queue=engine_id,
                              scope=TenantScope(self._tenants, parts.control, tenant))

@@ -9,6 +9,10 @@ input: ``FlatCakeStore.open`` always uses the config it is given.
      "io_mode": "direct", "geometry": {KVGeometry fields}, "config": {FlatCakeConfig
      as nested sections}}
 
+The ``engine`` section is left out: it is the engine hosts' (its ``tenant_salt`` names a
+tenant's key space, which a record has no need to keep); a record read back gets its
+defaults, as a record written before the section existed does.
+
 Written to a temporary file and renamed, mode 0600, so a reader never sees half a file.
 """
 
@@ -55,7 +59,8 @@ def _write(path: Path, geometry: KVGeometry, config: FlatCakeConfig, io_mode: st
     data = {"flatcake_store_config": RECORD_VERSION,
             "opened_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
             "io_mode": io_mode, "geometry": geometry.to_record(),
-            "config": dataclasses.asdict(config)}
+            "config": {name: value for name, value in dataclasses.asdict(config).items()
+                       if name != "engine"}}
     tmp = path.with_name(f".{RECORD_NAME}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -89,8 +94,11 @@ def _config(data: dict[str, Any]) -> FlatCakeConfig:
     defaults = FlatCakeConfig()
     parts: dict[str, Any] = {}
     for f in dataclasses.fields(FlatCakeConfig):
-        value = data[f.name]
         default = getattr(defaults, f.name)
+        if f.name == "engine":
+            parts[f.name] = default
+            continue
+        value = data[f.name]
         if dataclasses.is_dataclass(default):
             # JSON has lists where the config has tuples.
             value = {k: tuple(v) if isinstance(getattr(default, k, None), tuple) else v
