@@ -439,4 +439,5 @@ class NodeService(CallLoop):
             self._member = None
         for ex in self._rank_roots:
             ex.close()
+        self._tenants.close()
         self._lock.close()

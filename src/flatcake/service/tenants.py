@@ -52,6 +52,7 @@ class SessionTenants:
         self._of: dict[str, bytes] = {}
         self._path = None if root is None else Path(root) / RECORD_NAME
         self._lines = 0
+        self._fd = -1  # the record, open for appends (one write per session recorded)
         if self._path is not None:
             self._load(self._path)
 
@@ -81,6 +82,12 @@ class SessionTenants:
             os.fsync(f.fileno())
         tmp.replace(self._path)
         self._lines = len(self._of)
+        self.close()  # appends go to the new file
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def _record(self, session_id: str, tenant: bytes) -> None:
         if self._of.get(session_id) == tenant:
@@ -88,8 +95,11 @@ class SessionTenants:
         self._of[session_id] = tenant
         if self._path is None:
             return
-        with os.fdopen(trust.open_private(self._path, "tenant record"), "a") as f:
-            f.write(json.dumps([tenant.hex(), session_id]) + "\n")
+        if self._fd < 0:
+            self._fd = trust.open_private(self._path, "tenant record")
+            os.lseek(self._fd, 0, os.SEEK_END)
+        # One unbuffered write a line (kept open: no open and close per session).
+        os.write(self._fd, (json.dumps([tenant.hex(), session_id]) + "\n").encode())
         self._lines += 1
 
     @staticmethod
