@@ -309,6 +309,11 @@ class NodeService(CallLoop):
             if report is not None:
                 side.on_report(report)
             return side.take_released(finished), side.has_work(), side.take_events()
+        if method == "num_matched_tokens":
+            req, num_local_tokens, new = values
+            for entered in new:
+                side.new_request(entered)
+            return side.num_matched_tokens(req, num_local_tokens)
         if method == "after_alloc":
             side.after_alloc(*values)
             return side.hit_sources(args["request_id"])
