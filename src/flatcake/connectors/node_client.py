@@ -150,9 +150,13 @@ class RemoteSchedulerSide:
 
     def num_matched_tokens(self, req: RequestView, num_local_tokens: int
                            ) -> tuple[int | None, bool]:
-        new, self._new = tuple(self._new), []
+        new, self._new = self._new, []
+        # Its own new_request (prompt tokens, keys) is the lookup's view: sent once.
+        others = tuple(r for r in new if r.request_id != req.request_id)
+        entered = len(others) < len(new)
         try:
-            n, is_async = self._call("num_matched_tokens", req, num_local_tokens, new)
+            n, is_async = self._call("num_matched_tokens", req, num_local_tokens,
+                                     entered, others)
         except wire.NodeUnavailable:
             return 0, False
         if n:

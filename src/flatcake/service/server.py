@@ -310,9 +310,11 @@ class NodeService(CallLoop):
                 side.on_report(report)
             return side.take_released(finished), side.has_work(), side.take_events()
         if method == "num_matched_tokens":
-            req, num_local_tokens, new = values
-            for entered in new:
-                side.new_request(entered)
+            req, num_local_tokens, entered, new = values
+            for other in new:
+                side.new_request(other)
+            if entered:
+                side.new_request(req)
             return side.num_matched_tokens(req, num_local_tokens)
         if method == "after_alloc":
             side.after_alloc(*values)
