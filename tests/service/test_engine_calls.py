@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from flatcake.connectors.node_client import RemoteSchedulerSide
 from tests.connectors.sides_harness import tokens, view
 from tests.service.helpers import Engine, Service
 
@@ -22,14 +23,16 @@ pytest.importorskip("zmq")
 def engine(tmp_path: Path) -> Iterator[tuple[Engine, list[str]]]:
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
     e = Engine(svc.sock, seed=1)
+    assert isinstance(e.sched, RemoteSchedulerSide)
+    client = e.sched.client
     calls: list[str] = []
-    call = e.sched.client.call
+    call = client.call
 
     def counted(verb: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(verb.name)
         return call(verb, *args, **kwargs)
 
-    e.sched.client.call = counted  # type: ignore[method-assign]
+    client.call = counted  # type: ignore[method-assign,unused-ignore]
     try:
         yield e, calls
     finally:
