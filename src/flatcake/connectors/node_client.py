@@ -2,7 +2,8 @@
 same methods as ``SchedulerSide``, answered by the service through ``link.client``).
 
 Each vLLM hook is at most one call; a step with nothing in flight and nothing to hand
-out is answered here without one. When the service does not answer within
+out is answered here without one, and a request's ``new_request`` goes with its lookup
+(or, when another call comes first, just before it). When the service does not answer within
 ``store.node_timeout_s`` (down, restarting) the engine keeps serving: lookups miss, stores
 are skipped, restores already running finish and are released, hits admitted but never
 planned are handed to the workers as load errors (the engine recomputes them); one
@@ -32,6 +33,7 @@ from flatcake.plan.tasks import FailedLoad, StepPlan, WorkerReport
 
 logger = logging.getLogger("flatcake.service")
 
+MAX_NEW = 64  # requests entered whose new_request waits for a lookup to go with
 
 
 class RemoteSchedulerSide:
@@ -62,6 +64,10 @@ class RemoteSchedulerSide:
         self._restoring: set[str] = set()
         self._sources: dict[str, tuple[int, int]] = {}
         self._failed: list[FailedLoad] = []
+        # Requests that entered since the last call: their ``new_request`` goes with the
+        # next lookup, or alone, in order, before any other call (the service's books
+        # see every request enter before anything else this engine asks).
+        self._new: list[RequestView] = []
         self._attach()
 
     # -- attachment -----------------------------------------------------------------
@@ -101,6 +107,8 @@ class RemoteSchedulerSide:
     def _call(self, method: str, *args: Any) -> Any:
         """A call to this engine's half; raises ``NodeUnavailable`` when detached. An
         engine the service forgot attaches again at once (``NodeClient.call_as``)."""
+        if self._new and method != "num_matched_tokens":
+            self._send_new()
         if not self.engine_id and not self._attach():
             raise wire.NodeUnavailable("not attached")
         try:
@@ -128,13 +136,26 @@ class RemoteSchedulerSide:
     # -- the hooks ------------------------------------------------------------------
 
     def new_request(self, req: RequestView) -> None:
-        with contextlib.suppress(wire.NodeUnavailable):
-            self._call("new_request", req)
+        self._new.append(req)
+        if len(self._new) >= MAX_NEW:
+            self._send_new()
+
+    def _send_new(self) -> None:
+        new, self._new = self._new, []
+        for req in new:
+            # Its own hook has returned: a refusal must not fail another's.
+            with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
+                self._call("new_request", req)
 
     def num_matched_tokens(self, req: RequestView, num_local_tokens: int
                            ) -> tuple[int | None, bool]:
+        new, self._new = self._new, []
+        # Its own new_request (prompt tokens, keys) is the lookup's view: sent once.
+        others = tuple(r for r in new if r.request_id != req.request_id)
+        entered = len(others) < len(new)
         try:
-            n, is_async = self._call("num_matched_tokens", req, num_local_tokens)
+            n, is_async = self._call("num_matched_tokens", req, num_local_tokens,
+                                     entered, others)
         except wire.NodeUnavailable:
             return 0, False
         if n:

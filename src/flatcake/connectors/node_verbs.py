@@ -21,7 +21,11 @@ ATTACH = Verb("attach", Attached, ("name", str), ("pid", int), ("geometry", KVGe
               ("ranks", TensorRanks), ("config", FlatCakeConfig))
 ENGINE = table(
     Verb("new_request", None, _REQ),
-    Verb("num_matched_tokens", tuple[int | None, bool], _REQ, ("num_local_tokens", int)),
+    # ``new``: other requests that entered the engine since its last call, each a
+    # ``new_request`` run first; ``entered``: so did ``req`` (its keys sent once). One
+    # round trip for a new request's two hooks.
+    Verb("num_matched_tokens", tuple[int | None, bool], _REQ, ("num_local_tokens", int),
+         ("entered", bool, False), ("new", tuple[RequestView, ...], ())),
     Verb("after_alloc", tuple[int, int], ("request_id", str), ("block_ids", list[int]),
          ("num_external_tokens", int)),
     Verb("prompt_computed", StorePlan | None, _REQ, ("block_ids", list[int])),

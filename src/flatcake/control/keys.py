@@ -30,8 +30,8 @@ engine's hash as the key itself (no namespace) for hosts that namespace their ow
 from __future__ import annotations
 
 import hashlib
-import itertools
 import struct
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from flatcake.layout import KEY_BYTES
@@ -116,7 +116,9 @@ class EngineKeys:
         # Keyed BLAKE2b's first compression is over the key: copy that state per digest.
         self._base = hashlib.blake2b(digest_size=KEY_BYTES, key=namespace)
         self._capacity = capacity
-        self._memo: dict[bytes, BlockKey] = {}
+        # Oldest first; an OrderedDict, as a dict whose front is deleted over and over
+        # scans its dead entries on every iteration from the front.
+        self._memo: OrderedDict[bytes, BlockKey] = OrderedDict()
         self.num_hashed = 0
 
     def __len__(self) -> int:
@@ -152,8 +154,9 @@ class EngineKeys:
         self.num_hashed += hashed
         over = len(memo) - self._capacity
         if over > 0:
-            for old in list(itertools.islice(memo, over)):
-                del memo[old]
+            pop = memo.popitem
+            for _ in range(over):
+                pop(last=False)
         return tuple(out)  # type: ignore[arg-type]
 
 

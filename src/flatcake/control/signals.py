@@ -55,7 +55,7 @@ Single-threaded: the host that derives the signals owns both classes.
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -76,7 +76,7 @@ def max_branch_blocks(placement: PlacementConfig, geometry: KVGeometry) -> int:
 
 
 def _random_session_id() -> str:
-    return f"auto-{uuid.uuid4().hex[:16]}"
+    return f"auto-{secrets.token_hex(8)}"  # 64 random bits (no UUID built)
 
 
 @dataclass(frozen=True, slots=True)

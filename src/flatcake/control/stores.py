@@ -43,6 +43,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.layout import SegmentLayout, merge_ends
 
 logger = logging.getLogger(__name__)
+MAX_LAYOUTS = 4096  # segment layouts remembered
 
 
 class Stores:
@@ -81,6 +82,9 @@ class Stores:
         # The blocks a lookup of a prompt serves (``ControlPlane.lookup``): where a
         # stored prompt's end holds no window, a window segment is written there.
         self._served = served
+        # (on SSD, blocks, ends) -> its layout: frozen, and one geometry's stores ask
+        # for the same few again and again (bounded: cleared when full).
+        self._layouts: dict[tuple[bool, int, tuple[tuple[int, int], ...]], SegmentLayout] = {}
         self._window_blocks = max(geometry.layer_window_blocks, default=0)
         self._wear = wear if wear is not None else Wear()
         self._not_yet = not_yet if config.placement.not_yet else None
@@ -228,14 +232,26 @@ class Stores:
         return bool(self._window_blocks and req and self._served is not None
                     and self._served(req) < len(req))
 
+    def _layout(self, on_ssd: bool, num_blocks: int, ends: tuple[tuple[int, int], ...]
+                ) -> SegmentLayout:
+        key = (on_ssd, num_blocks, ends)
+        got = self._layouts.get(key)
+        if got is None:
+            g = self._geometry
+            make = SegmentLayout.for_ssd if on_ssd else SegmentLayout.for_memory
+            if len(self._layouts) >= MAX_LAYOUTS:
+                self._layouts.clear()
+            got = self._layouts[key] = make(num_blocks, g.layer_block_bytes,
+                                            g.layer_window_blocks, ends=ends)
+        return got
+
     def _place_and_allocate(self, rec: SessionRecord, new_keys: tuple[bytes, ...],
                             first_block: int, turn_index: int,
                             signals: PlacementSignals,
                             ends: tuple[tuple[int, int], ...]) -> StorePlan:
-        g, arena, ssd = self._geometry, self._arena, self._ssd
+        arena, ssd = self._arena, self._ssd
         n = len(new_keys)
-        mem_layout = SegmentLayout.for_memory(n, g.layer_block_bytes,
-                                              g.layer_window_blocks, ends)
+        mem_layout = self._layout(False, n, ends)
         rc = self._config.reclaim
         tentative = decide_placement(signals, self._config.placement)
         # Reclaim memory only for a write that would go there, and only if the segment
@@ -257,8 +273,7 @@ class Stores:
                               mem_layout, new_keys, turn_index)
             rec.memory_bytes += mem_layout.total_bytes
             return StorePlan(rec.session_id, segment, placement, first_block)
-        ssd_layout = SegmentLayout.for_ssd(n, g.layer_block_bytes,
-                                           g.layer_window_blocks, ends=ends)
+        ssd_layout = self._layout(True, n, ends)
         size = ssd_layout.total_bytes
         projected = ssd.used_bytes + size + ssd.file_header_bytes
         if projected > rc.ssd_high * ssd.capacity_bytes:

@@ -323,6 +323,13 @@ class NodeService(CallLoop):
             if report is not None:
                 side.on_report(report)
             return side.take_released(finished), side.has_work(), side.take_events()
+        if method == "num_matched_tokens":
+            req, num_local_tokens, entered, new = values
+            for other in new:
+                side.new_request(other)
+            if entered:
+                side.new_request(req)
+            return side.num_matched_tokens(req, num_local_tokens)
         if method == "after_alloc":
             side.after_alloc(*values)
             return side.hit_sources(args["request_id"])
@@ -470,4 +477,5 @@ class NodeService(CallLoop):
             self._member = None
         for ex in self._rank_roots:
             ex.close()
+        self._tenants.close()
         self._lock.close()

@@ -52,6 +52,7 @@ class SessionTenants:
         self._of: dict[str, bytes] = {}
         self._path = None if root is None else Path(root) / RECORD_NAME
         self._lines = 0
+        self._fd = -1  # the record, open for appends from its load on
         if self._path is not None:
             self._load(self._path)
 
@@ -74,13 +75,22 @@ class SessionTenants:
         tmp = self._path.with_name(RECORD_NAME + ".tmp")
         tmp.unlink(missing_ok=True)
         fd = trust.open_private(tmp, "tenant record")
-        with os.fdopen(fd, "w") as f:
-            f.writelines(json.dumps([tag.hex(), sid]) + "\n"
-                         for sid, tag in self._of.items())
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self._path)
+        try:
+            os.write(fd, "".join(json.dumps([tag.hex(), sid]) + "\n"
+                                 for sid, tag in self._of.items()).encode())
+            os.fsync(fd)
+            tmp.replace(self._path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.close()
+        self._fd = fd  # the new record, kept open for appends (one write a session)
         self._lines = len(self._of)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def _record(self, session_id: str, tenant: bytes) -> None:
         if self._of.get(session_id) == tenant:
@@ -88,8 +98,7 @@ class SessionTenants:
         self._of[session_id] = tenant
         if self._path is None:
             return
-        with os.fdopen(trust.open_private(self._path, "tenant record"), "a") as f:
-            f.write(json.dumps([tenant.hex(), session_id]) + "\n")
+        os.write(self._fd, (json.dumps([tenant.hex(), session_id]) + "\n").encode())
         self._lines += 1
 
     @staticmethod
