@@ -49,7 +49,10 @@ class Releases:
         """``seg`` (SSD, written after the runs ``prefix``) was just published: the
         rows it supersedes become candidates (``release`` gives them back)."""
         end = first_block + seg.num_blocks
-        for old, layers in released_rows(seg.session_id, prefix, end, self._windows):
+        # Rows at hit ends inside a segment (a branch, a stride) are released only when
+        # the SSD needs the space, never at once.
+        for old, layers in released_rows(seg.session_id, prefix, end, self._windows,
+                                         keep_ends=self._at_once):
             had = self._candidates.pop(old.segment_id, ())
             self._candidates[old.segment_id] = tuple(sorted({*had, *layers}))
         if self._at_once:

@@ -168,18 +168,20 @@ def _layers_by_window(windows: tuple[int, ...]) -> tuple[tuple[int, tuple[int, .
 
 
 def released_rows(session_id: str, prefix: Sequence[HitRun], end: int,
-                  windows: tuple[int, ...]) -> list[tuple[Segment, tuple[int, ...]]]:
+                  windows: tuple[int, ...], keep_ends: bool = True
+                  ) -> list[tuple[Segment, tuple[int, ...]]]:
     """What a turn of ``session_id`` ending at request block ``end``, written after the
     runs ``prefix``, releases: each SSD segment of the session that ``prefix`` runs
     through to its end, with its window layers whose rows all lie before ``end - w``
     and are not released yet (see the module docstring). A segment holding rows where a
-    hit may end inside it (``layout``'s ``ends``: a branch, a stride) keeps them: other
-    prompts sharing its prefix end their hits there."""
+    hit may end inside it (``layout``'s ``ends``: a branch, a stride) keeps them with
+    ``keep_ends`` (other prompts sharing its prefix end their hits there); without it,
+    they go with the rest (when the SSD needs the space)."""
     out = []
     for seg, start, count, prefix_start in prefix:
         lay = seg.layout
         if seg.medium is not Medium.SSD or seg.session_id != session_id or \
-                start + count != lay.num_blocks or lay.ends:
+                start + count != lay.num_blocks or (keep_ends and lay.ends):
             continue
         seg_end = prefix_start + count
         layers = tuple(layer for layer, w in enumerate(windows)
