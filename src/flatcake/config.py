@@ -288,10 +288,10 @@ class StoreConfig:
     """Release superseded window rows as soon as the newer turn is durable (a session then
     holds about one window per sliding layer; a hit ending at an older turn is cut back and
     recomputed)."""
-    window_rows: str = "turn-ends"
+    window_rows: str = "branches"
     """Where a turn keeps window rows, so where a later hit may end: ``turn-ends`` at each
-    turn's end; ``branches`` also where a prompt branches off a stored prefix that holds no
-    window there (the turn then keeps the window before the branch too); ``every-block``
+    turn's end; ``branches`` (the default) also where a prompt branches off a stored prefix
+    that holds no window there (the turn then keeps the window before the branch too); ``every-block``
     at every block (every hit served, the most SSD bytes: on DeepSeek-V4-Flash 12.2 MB of
     compressor state per 128-token block)."""
     window_row_stride_tokens: int = 0
