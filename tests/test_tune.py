@@ -100,12 +100,15 @@ def test_replay_config_sets_every_key_the_replay_honours(tmp_path: Path) -> None
     cfg.write_text("[placement]\nshort_reply_threshold_tokens = 99\n"
                    "[scheduler]\nsingle_queue = true\n"
                    "[store]\nrelease_old_windows = false\nroot = '/nvme/fc'\n"
+                   "window_rows = 'branches'\nwindow_row_stride_tokens = 1024\n"
                    "memory_capacity_bytes = 1024\n")
     paper = get_preset("paper")
     got, ignored = replay_config(paper, str(cfg))
     assert got.flatcake.placement.short_reply_threshold_tokens == 99
     assert got.flatcake.scheduler.single_queue is True
     assert got.flatcake.store.release_old_windows is False
+    assert (got.flatcake.store.window_rows, got.flatcake.store.window_row_stride_tokens) == \
+        ("branches", 1024)
     # Budgets and paths stay the preset's, and are named back.
     assert ignored == ["store.root", "store.memory_capacity_bytes"]
     assert got.flatcake.store.root == paper.flatcake.store.root

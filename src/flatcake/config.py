@@ -291,8 +291,8 @@ class StoreConfig:
     window_rows: str = "branches"
     """Where a turn keeps window rows, so where a later hit may end: ``turn-ends`` at each
     turn's end; ``branches`` (the default) also where a prompt branches off a stored prefix
-    that holds no window there (the turn then keeps the window before the branch too); ``every-block``
-    at every block (every hit served, the most SSD bytes: on DeepSeek-V4-Flash 12.2 MB of
+    that holds no window there (the turn then keeps the window before the branch too);
+    ``every-block`` at every block (every hit served, the most SSD bytes: on DeepSeek-V4-Flash 12.2 MB of
     compressor state per 128-token block)."""
     window_row_stride_tokens: int = 0
     """With ``turn-ends`` or ``branches``, a turn also keeps the window at every multiple

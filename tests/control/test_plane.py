@@ -113,34 +113,47 @@ class TestReclaim:
         assert cp.stats().sessions_reclaimed_memory == 2
         cp.check_integrity()
 
-    def test_memory_reclaim_cuts_the_later_ssd_turns_too(self) -> None:
-        # a: SSD first turn, a memory chat turn, then an SSD agent turn after it. When
-        # memory is reclaimed, the agent turn would sit behind the dropped chat turn:
-        # it goes too (its file cut there), the first turn stays.
+    def test_memory_reclaim_keeps_the_later_ssd_turns(self) -> None:
+        # a: an SSD first turn, a memory chat turn, an SSD turn of another branch (it
+        # shares only the first turn) and an SSD agent turn behind the chat turn. Memory
+        # reclaim drops the chat turn and nothing else: the branch is still served whole,
+        # the agent turn stays published and counted (unreachable: its prefix is gone),
+        # no file is cut.
         cp, clock = make(memory_pages=2, high=0.9, low=0.4)
         first = first_turn(cp, "a", 2)
-        chat_turn(cp, "a", 4)
-        agent = cp.prepare_store("a", skeys("a", 6), turn_index=2, context_tokens=10**6)
-        assert agent is not None and agent.medium == Medium.SSD
+        chat = chat_turn(cp, "a", 4)
+        branch = skeys("a", 2) + skeys("a-branch", 3)
+        side = cp.prepare_store("a", branch, turn_index=2, context_tokens=10**6)
+        agent = cp.prepare_store("a", skeys("a", 6), turn_index=3, context_tokens=10**6)
+        assert side is not None and agent is not None
+        assert side.medium == agent.medium == Medium.SSD
+        cp.complete_store(side, True)
         cp.complete_store(agent, True)
-        assert cp.lookup(skeys("a", 6)).num_blocks == 6
+        ssd_bytes = cp.session("a").ssd_bytes
         clock.set(5.0)
         first_turn(cp, "b", 2)
         chat_turn(cp, "b", 4)
-        chat_turn(cp, "b", 6, turn=2)  # 2 pages > 1.8: a is cut at its chat turn
+        chat_turn(cp, "b", 6, turn=2)  # 2 pages > 1.8: a loses its chat turn
         [action] = cp.take_reclaim_actions()
         assert action.session_id == "a" and action.medium == Medium.MEMORY
-        assert [s.segment_id for s in action.ssd_segments] == [agent.segment.segment_id]
-        assert action.cut_files == (FileCut(first.file_id, agent.file_offset),)  # type: ignore[arg-type]
-        assert action.file_ids == () and not action.session_dropped
-        hit = cp.lookup(skeys("a", 6))
-        assert (hit.num_blocks, hit.num_ssd_blocks) == (2, 2)
-        assert cp.session("a").ssd_bytes == K + first.segment.total_bytes
+        assert action.memory_segments == (chat.segment,)
+        assert (action.ssd_segments, action.file_ids, action.cut_files) == ((), (), ())
+        assert not action.session_dropped
+        hit = cp.lookup(branch)
+        assert (hit.num_blocks, hit.num_ssd_blocks) == (5, 5)
+        assert cp.lookup(skeys("a", 6)).num_blocks == 2
+        assert cp.session("a").ssd_segment_ids == [first.segment.segment_id,
+                                                   side.segment.segment_id,
+                                                   agent.segment.segment_id]
+        assert cp.session("a").ssd_bytes == ssd_bytes
+        assert cp.session("a").memory_bytes == 0
         cp.check_integrity()
-        # The next turn of a appends right after its first turn.
-        again = cp.prepare_store("a", skeys("a", 6), turn_index=3, context_tokens=10**6)
-        assert again is not None and again.first_block == 2
-        assert again.file_offset == agent.file_offset
+        # The chat turn stored again (its blocks only): the agent turn is reached again.
+        again = chat_turn(cp, "a", 4, turn=4)
+        assert again.first_block == 2 and again.segment.keys == tuple(skeys("a", 4)[2:])
+        hit = cp.lookup(skeys("a", 6))
+        assert (hit.num_blocks, hit.num_ssd_blocks) == (6, 4)
+        cp.check_integrity()
 
     def test_memory_full_falls_back_to_ssd(self) -> None:
         cp, clock = make(memory_pages=1)

@@ -70,8 +70,17 @@ def block_bytes(kv: list[torch.Tensor], layer: int, slot: int, layout: str) -> b
 
 
 def session_keys(session: int, num_blocks: int, g: KVGeometry = SMALL) -> list[bytes]:
-    tokens = [session * 1_000_003 + i for i in range(num_blocks * g.tokens_per_block)]
-    return chain_block_keys(tokens, g.tokens_per_block, "test-model")
+    return branch_keys(session, num_blocks, session, num_blocks, g)
+
+
+def branch_keys(session: int, num_shared: int, branch: int, num_blocks: int,
+                g: KVGeometry = SMALL) -> list[bytes]:
+    """Keys of a prompt of ``num_blocks`` blocks that shares its first ``num_shared``
+    with ``session_keys(session, ...)`` and goes on with ``branch``'s tokens."""
+    tpb = g.tokens_per_block
+    tokens = [session * 1_000_003 + i for i in range(num_shared * tpb)]
+    tokens += [branch * 1_000_003 + i for i in range(num_shared * tpb, num_blocks * tpb)]
+    return chain_block_keys(tokens, tpb, "test-model")
 
 
 # Full-attention layers (8 KiB a block), compressed layers keeping one 1 KiB entry per 4

@@ -1,7 +1,7 @@
-"""The store's spare memory and hole-free reclaim with real bytes: a memory copy of an
+"""The store's spare memory and memory reclaim with real bytes: a memory copy of an
 SSD turn serves restores byte-exact without touching the SSD (also when it spans
-several arena extents), leaves the turn's home on disk, and a memory reclaim that cuts
-a session cuts its file on disk too."""
+several arena extents), leaves the turn's home on disk, and a memory reclaim drops
+memory-homed turns only: the session's SSD turns stay on disk and served."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.store.helpers import (
     TO_MEMORY,
     TO_SSD,
     block_bytes,
+    branch_keys,
     empty_kv,
     random_kv,
     session_keys,
@@ -26,9 +27,9 @@ from tests.store.helpers import (
 AGENT = TurnSignals(turn_index=2, context_tokens=10**6)  # a later turn homed on SSD
 
 
-def same(dst: list, src: list, n: int, dst_slot0: int = 0) -> bool:
+def same(dst: list, src: list, n: int, dst_slot0: int = 0, src_slot0: int = 0) -> bool:
     return all(block_bytes(dst, layer, dst_slot0 + i, "kv_blocks")
-               == block_bytes(src, layer, i, "kv_blocks")
+               == block_bytes(src, layer, src_slot0 + i, "kv_blocks")
                for layer in range(SMALL.num_layers) for i in range(n))
 
 
@@ -58,34 +59,47 @@ def test_copy_serves_restores_and_the_home_stays_on_disk(tmp_path: Path) -> None
         assert same(dst, src, 10)
 
 
-def test_memory_reclaim_cuts_the_later_ssd_turn_on_disk(tmp_path: Path) -> None:
+def test_memory_reclaim_keeps_the_ssd_turns_on_disk(tmp_path: Path) -> None:
     # Memory-homed segments of 2 blocks take one 4 KiB page; the arena has 3 pages.
     clock = ManualClock()
     cfg = small_config("store.memory_capacity_bytes=12288", "reclaim.memory_high=0.9",
                        "reclaim.memory_low=0.5")
     src = random_kv(SMALL, 8)
     a, b = session_keys(8, 6), session_keys(9, 8)
+    branch = branch_keys(8, 2, 10, 5)  # a's first turn, then another conversation
     with FlatCakeStore.open(tmp_path, SMALL, cfg, clock=clock) as store:
         store.store_turn("a", a[:2], src, range(2), TO_SSD)
         assert store.store_turn("a", a[:4], src, range(4), TO_MEMORY).medium == Medium.MEMORY
+        assert store.store_turn("a", branch, src, [0, 1, 5, 6, 7], AGENT).medium == Medium.SSD
         store.store_turn("a", a, src, range(6), AGENT)  # behind the memory turn
         assert store.lookup(a).num_blocks == 6
         clock.advance(10.0)
         store.store_turn("b", b[:2], src, range(2), TO_SSD)
         for n in (4, 6, 8):  # three memory turns: the third crosses the watermark
             store.store_turn("b", b[:n], src, range(n), TO_MEMORY)
-        hit = store.lookup(a)
-        assert (hit.num_blocks, hit.num_ssd_blocks) == (2, 2)  # cut, not holed
-        assert store.control.locate(a[4]) is None
+        # a lost its memory turn only: the branch is served whole from the SSD, the
+        # turn behind the memory turn stays indexed but cannot be reached.
+        assert store.lookup(a).num_blocks == 2
+        assert store.control.locate(a[2]) is None and store.control.locate(a[4]) is not None
+        dst = empty_kv(SMALL, 8)
+        out = store.load(branch, dst, range(5))
+        assert (out.num_blocks, out.num_ssd_blocks) == (5, 5)
+        assert same(dst, src, 2) and same(dst, src, 3, dst_slot0=2, src_slot0=5)
         assert store.lookup(b).num_blocks == 8
         store.control.check_integrity()
     with FlatCakeStore.open(tmp_path, SMALL, cfg) as store:
-        # The cut-off turn is gone from the file too: a restart cannot bring it back.
-        assert store.lookup(a).num_blocks == 2
-        assert store.control.locate(a[4]) is None
+        # Nothing was cut from the files: a restart finds every SSD turn.
         dst = empty_kv(SMALL, 8)
-        assert store.load(a, dst, range(6)).num_blocks == 2
-        assert same(dst, src, 2)
+        assert store.load(branch, dst, range(5)).num_blocks == 5
+        assert same(dst, src, 2) and same(dst, src, 3, dst_slot0=2, src_slot0=5)
+        assert store.lookup(a).num_blocks == 2
+        # The memory turn stored again: the SSD turn behind it is reached again.
+        store.store_turn("a", a[:4], src, range(4), TO_MEMORY)
+        dst = empty_kv(SMALL, 8)
+        out = store.load(a, dst, range(6))
+        assert (out.num_blocks, out.num_ssd_blocks) == (6, 4)
+        assert same(dst, src, 6)
+        store.control.check_integrity()
 
 
 def test_a_restore_from_ssd_refills_memory_copies_byte_exact(tmp_path: Path) -> None:

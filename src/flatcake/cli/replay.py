@@ -72,8 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.add_argument("--config", default=None,
                    help="FlatCake TOML config: every key it sets of [placement], "
-                        "[reclaim], [planner], [scheduler] and store.release_old_windows "
-                        "replaces the preset's (e.g. the snippet 'flatcake tune' prints); "
+                        "[reclaim], [planner], [scheduler] and the [store] window keys "
+                        "(release_old_windows, release_windows_at_once, window_rows, "
+                        "window_row_stride_tokens) replaces the preset's (e.g. the "
+                        "snippet 'flatcake tune' prints); "
                         "budgets stay the preset's (other keys are listed and ignored)")
     p.add_argument("--explain", action="store_true",
                    help="print the preset's assumptions and exit; with TRACE, --rate or "

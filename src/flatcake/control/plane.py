@@ -38,7 +38,7 @@ of the shared parts it writes, and who calls it)::
       ├─ Loads         (loads)      prepare/complete_load; the loads in flight
       ├─ Spare         (spare)      memory copies: watermark, refills, copy reads, drops
       ├─ EarlyCopies   (early)      copies written ahead of their segments
-      ├─ Reclaimer     (reclaimer)  reclaim, drop_session, truncate_session, no holes
+      ├─ Reclaimer     (reclaimer)  reclaim, drop_session, truncate_session
       ├─ Releases      (releases)   window rows superseded by a newer turn
       ├─ Damage        (damage)     damaged segments, pending cuts, bad file headers
       ├─ Restart       (restart)    recover_segment / recover_files (``recovery`` types)
@@ -57,7 +57,9 @@ with ``ok=True``); a pinned session (restore reading it, or a write into it in f
 is never reclaimed; a copy a restore in flight reads stays (other copies are clean and
 may go at any time: dropping one cuts nothing); a segment a restore in flight reads, or a write
 in flight after it, is never cut; every indexed block of a session is reachable by the
-keys that wrote it (no holes); the host and SSD budgets are never exceeded.
+keys that wrote it, unless its prefix runs through a memory-homed block memory reclaim
+dropped (nothing else leaves a hole; such a block is never hit, and never served wrong,
+until that prefix is stored again); the host and SSD budgets are never exceeded.
 
 Single-threaded: the owner (store, engine scheduler, simulator loop) serialises calls.
 """

@@ -1,16 +1,19 @@
 """Reclaim and cuts: the control plane's verbs that drop books (no I/O).
 
-Reclaim never leaves a hole in a session's prefix. A segment's blocks follow the
-blocks that were indexed when it was prepared, all in segments with smaller ids, so
-the unit of reclaim is a *cut*: a session's segments from some id on, on every medium.
-SSD above its high watermark: whole sessions go (the cut at the first segment).
-Memory above its high watermark: first memory copies, then sessions are cut at their
-first memory-homed segment, which frees all their memory-homed bytes and the SSD
-segments written after it (their files cut there) and keeps the earlier SSD turns
-served. Either way sessions go oldest last access first, never a pinned one, until
-use is at or under the low watermark; nothing is ever written back or moved. A damaged
-segment cuts its session the same way (``truncate_session``); ``drop_session`` forgets
-a whole session on the engine's word.
+A segment's blocks follow the blocks that were indexed when it was prepared, all in
+segments with smaller ids. A lookup reaches a block only through every key before it,
+so a segment whose prefix is gone is never hit (and never serves wrong KV: a key names
+its whole prefix); it becomes reachable again when a later store writes that prefix.
+SSD above its high watermark: whole sessions go (the cut at the first segment, files
+deleted). Memory above its high watermark: first memory copies, then sessions lose
+their memory-homed segments, and nothing else: their SSD segments stay published and
+counted, files untouched, so the SSD turns of a session's other branches (or of a
+conversation the session shares only a first block with) are still served. Either way
+sessions go oldest last access first, never a pinned one, until use is at or under the
+low watermark; nothing is ever written back or moved. A damaged SSD segment *cuts* its
+session (``truncate_session``): that segment and every later one on both media go and
+its file is cut there (SSD files are cut only when SSD segments go); ``drop_session``
+forgets a whole session on the engine's word.
 
 Every verb returns (or queues, for ``take_reclaim_actions``) ``ReclaimAction`` values:
 the files the data plane deletes or cuts and the arena ranges it may reuse.
@@ -118,13 +121,17 @@ class Reclaimer:
 
     def reclaim_memory(self, used_bytes: int, need_bytes: int) -> None:
         """Memory use would be ``used_bytes`` (a write of ``need_bytes`` included): drop
-        memory copies, then cut sessions at their first memory-homed segment, then drop
-        the copies still in the way of ``need_bytes`` (the cuts may have opened a run)."""
+        memory copies, then the memory-homed segments of whole sessions (their SSD
+        segments stay), then the copies still in the way of ``need_bytes`` (the freed
+        segments may have opened a run)."""
         used_bytes -= self._spare.drop_copies(
             used_bytes, need_bytes, self._config.reclaim.memory_low * self._arena.capacity_bytes)
         victims = self._victims(Medium.MEMORY, used_bytes)
         for rec in victims:
-            self._actions.append(self._cut(rec, min(rec.memory_segment_ids), Medium.MEMORY))
+            memory = self._unpublish_memory(rec, rec.memory_segment_ids)
+            gone = self._sessions.forget_if_empty(rec)
+            self._actions.append(ReclaimAction(rec.session_id, Medium.MEMORY, memory, (), (),
+                                               gone))
         if victims and need_bytes:
             self._spare.drop_copies(used_bytes, need_bytes, float(self._arena.capacity_bytes))
 
@@ -155,19 +162,14 @@ class Reclaimer:
         segment dropped is cut there (deleted when nothing is left in it) and the
         session's later files are deleted. Nothing of it may be in flight."""
         index, ssd_space = self._index, self._ssd
-        mem_ids = [i for i in rec.memory_segment_ids if i >= first_id]
         ssd_ids = sorted(i for i in rec.ssd_segment_ids if i >= first_id)
-        memory: list[Segment] = []
-        for seg_id in mem_ids:
-            seg = index.remove_segment(seg_id)
-            rec.memory_bytes -= self._arena.free(seg.offset)
-            memory.append(seg)
-        memory.extend(piece for i in ssd_ids if i in rec.copy_ids
-                      for piece in self._spare.free(rec, i).pieces)
+        memory = [*self._unpublish_memory(rec, [i for i in rec.memory_segment_ids
+                                                if i >= first_id]),
+                  *(piece for i in ssd_ids if i in rec.copy_ids
+                    for piece in self._spare.free(rec, i).pieces)]
         ssd = tuple(index.remove_segment(i) for i in ssd_ids)
         self._wear.dropped(ssd)
         self._damage.forget(rec.session_id, ssd_ids)
-        rec.memory_segment_ids = [i for i in rec.memory_segment_ids if i < first_id]
         rec.ssd_segment_ids = [i for i in rec.ssd_segment_ids if i < first_id]
         deleted: list[int] = []
         cuts: tuple[FileCut, ...] = ()
@@ -188,6 +190,18 @@ class Reclaimer:
         gone = self._sessions.forget_if_empty(rec)
         return ReclaimAction(rec.session_id, medium, tuple(memory), ssd, tuple(deleted), gone,
                              cuts)
+
+    def _unpublish_memory(self, rec: SessionRecord, seg_ids: list[int]
+                          ) -> tuple[Segment, ...]:
+        """Unpublish the memory-homed segments ``seg_ids`` of ``rec`` and free their
+        arena ranges; keys they owned pass to a shadow (another session's copy of the
+        same blocks) or disappear."""
+        gone = set(seg_ids)
+        memory = tuple(self._index.remove_segment(i) for i in seg_ids)
+        for seg in memory:
+            rec.memory_bytes -= self._arena.free(seg.offset)
+        rec.memory_segment_ids = [i for i in rec.memory_segment_ids if i not in gone]
+        return memory
 
     # -- cuts at damage --------------------------------------------------------------
 
