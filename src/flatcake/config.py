@@ -292,8 +292,8 @@ class StoreConfig:
     """Where a turn keeps window rows, so where a later hit may end: ``turn-ends`` at each
     turn's end; ``branches`` (the default) also where a prompt branches off a stored prefix
     that holds no window there (the turn then keeps the window before the branch too);
-    ``every-block`` at every block (every hit served, the most SSD bytes: on DeepSeek-V4-Flash 12.2 MB of
-    compressor state per 128-token block)."""
+    ``every-block`` at every block (every hit served, the most SSD bytes: on
+    DeepSeek-V4-Flash 12.2 MB of compressor state per 128-token block)."""
     window_row_stride_tokens: int = 0
     """With ``turn-ends`` or ``branches``, a turn also keeps the window at every multiple
     of this many prompt tokens (rounded to whole blocks; 0 = off), so a hit ending inside
