@@ -223,3 +223,27 @@ def test_copies_made_when_stored_keep_serving_their_rows(tmp_path: Path) -> None
         res = store.load(keys[:10], dst, range(15))
         assert (res.num_blocks, res.bytes_read, res.damaged_segments) == (10, 0, 0)
         assert_restored(dst, src, list(range(15)), 10)
+
+
+def test_a_copy_made_on_restore_claims_no_rows_the_restore_did_not_read(
+        tmp_path: Path) -> None:
+    """copy_on_restore with superseded rows kept (not released): a restore reads the
+    window at its hit's end only, so the copies it fills of the older turns hold none of
+    their window rows; a hit ending at an older turn is served from its SSD rows, byte
+    for byte, never from a copy's unread slots."""
+    g = GEOMETRIES["staging"]
+    src = paged(g, 15, seed=27)
+    keys = session_keys(27, 15, g)
+    cfg = small_config("placement.memory_copy_watermark=1.0",
+                       "placement.copy_on_restore=true")
+    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
+        for t, end in enumerate((5, 10, 15)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:  # a restart: no copies yet
+        first = store.load(keys, paged(g, 15), range(15))
+        assert (first.num_ssd_blocks, first.damaged_segments) == (15, 0)
+        dst = paged(g, 15)
+        res = store.load(keys[:10], dst, range(15))
+        assert (res.num_blocks, res.damaged_segments) == (10, 0)
+        assert_restored(dst, src, list(range(15)), 10)
+        store.control.check_integrity()

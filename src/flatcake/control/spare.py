@@ -29,6 +29,7 @@ from flatcake.control.copies import ArenaCopy, MemoryCopies
 from flatcake.control.index import BlockIndex, PrefixHit, Segment
 from flatcake.control.sessions import SegmentIds, SessionRecord, SessionTable
 from flatcake.control.types import ReclaimAction
+from flatcake.control.windows import restore_view
 from flatcake.geometry import KVGeometry
 from flatcake.layout import SegmentLayout
 
@@ -194,7 +195,11 @@ class Spare:
         Called with the hit's copies counted as read, so making room never drops them."""
         g = self._geometry
         out: list[tuple[Segment, ArenaCopy]] = []
-        for run in reversed(hit.runs):
+        # The restore reads what the view keeps: a run wholly before the window at the
+        # hit's end has its window rows left out (``windows.restore_view``), so its copy
+        # claims none of them (the slots it would copy them from were never loaded).
+        views = restore_view(hit.runs)
+        for run, view in zip(reversed(hit.runs), reversed(views), strict=True):
             seg = run.segment
             # A segment written at a branch holds window rows a restore does not read
             # (it reads the window at the hit's end only): not copied from a restore.
@@ -203,8 +208,8 @@ class Spare:
                 continue
             layout = SegmentLayout.for_memory(seg.num_blocks, g.layer_block_bytes,
                                               g.layer_window_blocks)
-            if seg.layout.released:  # rows the restore does not read: none to copy
-                layout = layout.release(seg.layout.released)
+            if view.segment.layout.released:  # rows the restore does not read: none
+                layout = layout.release(view.segment.layout.released)
             copy = self.allocate(self._sessions[seg.session_id], seg, layout)
             if copy is None:
                 break
