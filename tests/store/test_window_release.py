@@ -247,3 +247,28 @@ def test_a_copy_made_on_restore_claims_no_rows_the_restore_did_not_read(
         assert (res.num_blocks, res.damaged_segments) == (10, 0)
         assert_restored(dst, src, list(range(15)), 10)
         store.control.check_integrity()
+
+
+@pytest.mark.parametrize("path_name", sorted(GEOMETRIES))
+def test_a_turn_with_stride_rows_restores_byte_for_byte(tmp_path: Path,
+                                                        path_name: str) -> None:
+    """A turn keeping rows at stride points (``store.window_row_stride_tokens``): a hit
+    ending at its end or at a stride point inside it restores byte for byte, live and
+    after a restart, reading the sliding layers' window at the hit's end only; one
+    ending between stride points is cut back to the last."""
+    g = GEOMETRIES[path_name]
+    src = paged(g, 15, seed=29)
+    keys = session_keys(29, 15, g)
+    cfg = small_config("store.window_row_stride_tokens=96")  # 6 blocks of 16 tokens
+    with FlatCakeStore.open(tmp_path, g, cfg) as store:
+        store.store_turn("s", keys[:15], src, range(15), TurnSignals(0, 0))
+        assert [s.layout.ends for s in store.control.segments()] == [((6, 6), (12, 12))]
+    for _ in range(2):  # live, then after a restart
+        with FlatCakeStore.open(tmp_path, g, cfg) as store:
+            for end, served in ((15, 15), (12, 12), (10, 6), (6, 6), (5, 0)):
+                dst = paged(g, 17)
+                res = store.load(keys[:end] + session_keys(30, 2, g), dst, range(17))
+                assert (res.num_blocks, res.damaged_segments) == (served, 0), end
+                if served:
+                    assert_restored(dst, src, list(range(15)), served)
+            store.control.check_integrity()

@@ -111,12 +111,17 @@ class StreamPlanner:
             lay = seg.layout
             held: tuple[int, ...] = ()
             rows: tuple[int, ...] = ()
+            whole = hi - lo == seg.num_blocks
             if lay.is_windowed:
                 held = tuple(lay.layer_first(k) for k in range(lay.num_layers))
                 rows = tuple(lay.row_shift(k) for k in range(lay.num_layers))
+                # Whole: every row of each layer read, or none (a view reading some of
+                # a layer's rows, e.g. the window before a hit end, checks block crcs).
+                whole = whole and all(h >= lay.num_blocks or h == lay.row_first(k)
+                                      for k, h in enumerate(held))
             self.checks.append(StreamCheck(start, hi - lo, crcs,
                                            min(r.prefix_start for r in seg_runs),
-                                           seg.segment_id, lo, hi - lo == seg.num_blocks,
+                                           seg.segment_id, lo, whole,
                                            held, rows if rows != held else ()))
         self.stream_request = request
         return plan_reads(widened, num_layers, resolve, cfg)
