@@ -294,9 +294,10 @@ class StoreConfig:
     that holds no window there (the turn then keeps the window before the branch too);
     ``every-block`` at every block (every hit served, the most SSD bytes: on
     DeepSeek-V4-Flash 12.2 MB of compressor state per 128-token block)."""
-    window_row_stride_tokens: int = 0
+    window_row_stride_tokens: int = 1024
     """With ``turn-ends`` or ``branches``, a turn also keeps the window at every multiple
-    of this many prompt tokens (rounded to whole blocks; 0 = off), so a hit ending inside
+    of this many prompt tokens (rounded to whole blocks; 0 = off; a turn these rows would
+    push past one session file's span keeps its end's only), so a hit ending inside
     a turn (a prompt diverging where none diverged before) is cut back by at most that
     many tokens; one window of rows per stride (``block tokens / stride`` of
     ``every-block``'s window bytes). A turn keeping rows inside it keeps them when a newer

@@ -14,6 +14,7 @@ from flatcake.config import FlatCakeConfig, PlacementConfig, StoreConfig
 from flatcake.control import ControlPlane
 from flatcake.control.windows import restore_view
 from flatcake.geometry import KVGeometry, LayerGroup
+from flatcake.layout import ALIGN, SegmentLayout
 from flatcake.plan.bulk import plan_totals
 from flatcake.plan.reads import plan_reads
 from tests.control.helpers import skeys
@@ -137,4 +138,26 @@ def test_a_stride_keeps_windows_at_its_multiples_of_request_blocks() -> None:
     assert plan is not None and plan.first_block == 11
     assert plan.segment.layout.ends == ((1, 1), (5, 5))  # request blocks 12 and 16
     cp.complete_store(plan, True)
+    cp.check_integrity()
+
+
+def test_a_turn_whose_rows_would_pass_the_file_span_keeps_its_end_window_only() -> None:
+    """Rows at hit ends are an option: a turn they would push past one session file's
+    span (``store.session_file_bytes``) is written with the window at its end only,
+    not refused."""
+    plain = SegmentLayout.for_ssd(11, G.layer_block_bytes, G.layer_window_blocks)
+    strided = SegmentLayout.for_ssd(11, G.layer_block_bytes, G.layer_window_blocks,
+                                    ends=((4, 4), (8, 8)))
+    assert strided.total_bytes > plain.total_bytes
+    cfg = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
+                         store=StoreConfig(memory_capacity_bytes=1 << 20,
+                                           ssd_capacity_bytes=1 << 26,
+                                           session_file_bytes=ALIGN + plain.total_bytes,
+                                           window_rows="turn-ends",
+                                           window_row_stride_tokens=64))
+    cp = ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
+    a = skeys("a", 11)
+    assert stored(cp, "a", a) == (0, 11, ())
+    assert cp.lookup(a).num_blocks == 11
+    assert cp.lookup(a[:8] + skeys("x", 2)).num_blocks == 0  # no rows at block 8
     cp.check_integrity()

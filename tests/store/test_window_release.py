@@ -77,8 +77,9 @@ def test_a_sessions_sliding_bytes_stay_within_its_window(tmp_path: Path,
 def at_once(*overrides: str) -> FlatCakeConfig:
     """The store's config with superseded rows released as soon as a newer turn is
     durable (the release and punch these tests follow; by default rows wait until
-    the SSD needs the space)."""
-    return small_config("store.release_windows_at_once=true", *overrides)
+    the SSD needs the space), and no stride rows (a turn keeps them past newer ones)."""
+    return small_config("store.release_windows_at_once=true",
+                        "store.window_row_stride_tokens=0", *overrides)
 
 
 def test_a_hit_ending_at_an_older_turn_is_cut_back_to_a_held_window(

@@ -274,6 +274,11 @@ class Stores:
             rec.memory_bytes += mem_layout.total_bytes
             return StorePlan(rec.session_id, segment, placement, first_block)
         ssd_layout = self._layout(True, n, ends)
+        if ends and ssd_layout.total_bytes > ssd.span_bytes - ssd.file_header_bytes:
+            # The rows at hit ends inside the turn are an option: a turn they would push
+            # past one session file's span is written with its end's window only.
+            ends = ()
+            ssd_layout, mem_layout = self._layout(True, n, ends), self._layout(False, n, ends)
         size = ssd_layout.total_bytes
         projected = ssd.used_bytes + size + ssd.file_header_bytes
         if projected > rc.ssd_high * ssd.capacity_bytes:

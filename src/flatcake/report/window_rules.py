@@ -7,9 +7,8 @@ and the SSD bytes each rule writes of the windowed kinds, against the every-bloc
     newest turn only   turn ends, older turns' rows released as soon as a newer turn is
                        durable (``store.release_windows_at_once``)
     turn ends          every turn's end, superseded rows kept while the SSD has room
-                       (the default)
     branches           turn ends and where prompts branch off (one window a branch)
-    + stride 1K / 2K   and every 1,024 / 2,048 prompt tokens
+    + stride 1K / 2K   and every 1,024 (the default) / 2,048 prompt tokens
                        (``store.window_row_stride_tokens``)
     every block        rows at every block
 """
@@ -26,10 +25,12 @@ NAME = "window-rules"
 """The step's folder in the report's ``--out``."""
 
 RULES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
-    ("newest turn only", (("window_rows", "turn-ends"), ("release_windows_at_once", True))),
-    ("turn ends (default)", (("window_rows", "turn-ends"),)),
-    ("branches", (("window_rows", "branches"),)),
-    ("branches + stride 1K", (("window_rows", "branches"), ("window_row_stride_tokens", 1024))),
+    ("newest turn only", (("window_rows", "turn-ends"), ("window_row_stride_tokens", 0),
+                          ("release_windows_at_once", True))),
+    ("turn ends", (("window_rows", "turn-ends"), ("window_row_stride_tokens", 0))),
+    ("branches", (("window_rows", "branches"), ("window_row_stride_tokens", 0))),
+    ("branches + stride 1K (default)", (("window_rows", "branches"),
+                                        ("window_row_stride_tokens", 1024))),
     ("branches + stride 2K", (("window_rows", "branches"), ("window_row_stride_tokens", 2048))),
     ("every block", (("window_rows", "every-block"),)),
 )
