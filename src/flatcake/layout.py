@@ -177,7 +177,6 @@ class SegmentLayout:
     read_end: int = 0
     _uniform: int = field(init=False, repr=False, compare=False)
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _first: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _runs: tuple[tuple[tuple[int, int], ...], ...] = field(init=False, repr=False,
                                                             compare=False)
 
@@ -208,15 +207,13 @@ class SegmentLayout:
         if self.ends:
             check_ends(self.ends, n)
         runs = tuple(_held(n, w, self.ends) for w in windows)
-        first = tuple(r[0][0] for r in runs)
-        if not any(first) and all(len(r) == 1 for r in runs):
-            first, runs = (), ()
+        if all(r == ((0, n),) for r in runs):  # every layer holds every block
+            runs = ()
         if self.released and not all(0 <= k < len(windows) and windows[k]
                                       for k in self.released):
             raise ValueError(f"SegmentLayout.released must name windowed layers, got "
                              f"{self.released!r}")
         uniform = sizes[0] if not runs and sizes.count(sizes[0]) == len(sizes) else 0
-        object.__setattr__(self, "_first", first)
         object.__setattr__(self, "_runs", runs)
         object.__setattr__(self, "_uniform", uniform)
         rows = tuple(sum(b - a for a, b in r) for r in runs) or (n,) * len(sizes)

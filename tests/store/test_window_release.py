@@ -11,10 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from flatcake.cio.files import SessionFiles
 from flatcake.cli import main
 from flatcake.config import FlatCakeConfig
+from flatcake.geometry import KVGeometry
 from flatcake.layout import ALIGN, align_up
 from flatcake.store import FlatCakeStore, TurnSignals
 from flatcake.store.inspect import inspect_root
@@ -72,6 +74,23 @@ def test_a_sessions_sliding_bytes_stay_within_its_window(tmp_path: Path,
         assert (res.num_blocks, res.damaged_segments) == (total, 0)
         assert_restored(dst, src, slots, total)
         assert store.lookup(keys[:per_turn * 8]).num_blocks == 0  # an older turn: cut back
+
+
+def three_turns(root: Path, g: KVGeometry, seed: int, cfg: FlatCakeConfig
+                ) -> tuple[list[torch.Tensor], list[bytes]]:
+    """Session ``s`` stored at ``root`` as three turns of 5 blocks (then closed): its
+    source KV and keys."""
+    src, keys = paged(g, 15, seed=seed), session_keys(seed, 15, g)
+    with FlatCakeStore.open(root, g, cfg) as store:
+        for t, end in enumerate((5, 10, 15)):
+            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
+    return src, keys
+
+
+def copies_on_restore() -> FlatCakeConfig:
+    """Memory copies made by restores, as many as memory holds."""
+    return small_config("placement.memory_copy_watermark=1.0",
+                        "placement.copy_on_restore=true")
 
 
 def at_once(*overrides: str) -> FlatCakeConfig:
@@ -184,14 +203,8 @@ def test_a_copy_made_on_restore_holds_no_released_rows(tmp_path: Path) -> None:
     does not read its window rows) claims none of them, so a hit ending there is still
     cut back rather than served the slots' stale bytes."""
     g = GEOMETRIES["staging"]
-    src = paged(g, 15, seed=26)
-    keys = session_keys(26, 15, g)
-    cfg = small_config("placement.memory_copy_watermark=1.0",
-                       "placement.copy_on_restore=true")
-    with FlatCakeStore.open(tmp_path, g, at_once()) as store:
-        for t, end in enumerate((5, 10, 15)):
-            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
-    with FlatCakeStore.open(tmp_path, g, cfg) as store:  # a restart: no copies yet
+    src, keys = three_turns(tmp_path, g, 26, at_once())
+    with FlatCakeStore.open(tmp_path, g, copies_on_restore()) as store:  # no copies yet
         dst = paged(g, 15)
         first = store.load(keys, dst, range(15))
         assert (first.num_ssd_blocks, first.damaged_segments) == (15, 0)
@@ -233,14 +246,8 @@ def test_a_copy_made_on_restore_claims_no_rows_the_restore_did_not_read(
     their window rows; a hit ending at an older turn is served from its SSD rows, byte
     for byte, never from a copy's unread slots."""
     g = GEOMETRIES["staging"]
-    src = paged(g, 15, seed=27)
-    keys = session_keys(27, 15, g)
-    cfg = small_config("placement.memory_copy_watermark=1.0",
-                       "placement.copy_on_restore=true")
-    with FlatCakeStore.open(tmp_path, g, small_config()) as store:
-        for t, end in enumerate((5, 10, 15)):
-            store.store_turn("s", keys[:end], src, range(end), TurnSignals(t, 0))
-    with FlatCakeStore.open(tmp_path, g, cfg) as store:  # a restart: no copies yet
+    src, keys = three_turns(tmp_path, g, 27, small_config())
+    with FlatCakeStore.open(tmp_path, g, copies_on_restore()) as store:  # no copies yet
         first = store.load(keys, paged(g, 15), range(15))
         assert (first.num_ssd_blocks, first.damaged_segments) == (15, 0)
         dst = paged(g, 15)

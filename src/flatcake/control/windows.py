@@ -69,11 +69,11 @@ def windowed_hit(hit: PrefixHit, windows: tuple[int, ...]) -> PrefixHit:
     for end in range(len(runs) - 1, -1, -1):
         seg, start, count, prefix = runs[end]
         for stop in _ends_within(seg.layout.ends, start, start + count):
-            cut = runs if stop == start + count else \
-                (*runs[:end], HitRun(seg, start, stop - start, prefix))
-            last = cut if end == len(cut) - 1 else cut[:end + 1]
+            whole = stop == start + count
+            last = (*runs[:end], runs[end] if whole else
+                    HitRun(seg, start, stop - start, prefix))
             if all(window_held(last, end, w, layer) for w, layer in reps):
-                return hit if last is runs else _hit_of(last)
+                return hit if whole and end == len(runs) - 1 else _hit_of(last)
     return EMPTY_HIT
 
 
