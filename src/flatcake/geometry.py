@@ -11,6 +11,13 @@ compressed layers keeping one entry per several tokens) lists its ``LayerGroup``
 layer order; each group has its own bytes per block (``layer_block_bytes``) and its
 own rule for what a next turn reads (``window_tokens``).
 
+A state-space layer (Mamba-2, Gated DeltaNet) keeps no per-token entries but one
+fixed-size recurrent state (a conv state and an SSM state, ``state_bytes``) as of a
+position; the engine checkpoints it every ``checkpoint_tokens`` (vLLM's Mamba block in
+``mamba_cache_mode = "align"``). Its group is a window of one checkpoint
+(``LayerGroup.state``): the next turn reads the state at the hit's end only, so a hit
+may end only where that state is held.
+
 Presets name the public model config they come from.
 """
 
@@ -31,6 +38,21 @@ DTYPE_BYTES: dict[str, int] = {
     "uint8": 1,
     "int8": 1,
 }
+
+
+def state_bytes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> int:
+    """Bytes of one layer's recurrent state: each array's elements times its dtype's
+    size, summed (vLLM's ``MambaSpec.state_content_size_bytes``, before page padding)."""
+    if not shapes or len(shapes) != len(dtypes):
+        raise ValueError(f"a state needs one dtype per shape, got shapes {shapes!r}, "
+                         f"dtypes {dtypes!r}")
+    total = 0
+    for shape, dtype in zip(shapes, dtypes, strict=True):
+        if dtype not in DTYPE_BYTES or not shape or min(shape) <= 0:
+            raise ValueError(f"a state array needs a positive shape and a dtype of "
+                             f"{sorted(DTYPE_BYTES)}, got {tuple(shape)!r} {dtype!r}")
+        total += math.prod(shape) * DTYPE_BYTES[dtype]
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +99,23 @@ class LayerGroup:
         if self.window_bytes < 0 or (self.window_bytes and not self.window_tokens):
             raise ValueError(f"LayerGroup.window_bytes must be >= 0, and 0 without a "
                              f"window, got {self.window_bytes!r}")
+
+    @classmethod
+    def state(cls, num_layers: int, shapes: Sequence[Sequence[int]],
+              dtypes: Sequence[str], checkpoint_tokens: int, kind: str = "state"
+              ) -> LayerGroup:
+        """State-space layers (Mamba-2, Gated DeltaNet): one state of ``shapes`` and
+        ``dtypes`` (vLLM's ``MambaSpec``: conv state, SSM state) per layer, checkpointed
+        every ``checkpoint_tokens`` tokens; a window of one checkpoint, so a segment holds
+        the state at each of its hit ends (``layout.SegmentLayout.ends``) and its end."""
+        return cls(num_layers, state_bytes(shapes, dtypes),
+                   tokens_per_entry=checkpoint_tokens, window_tokens=checkpoint_tokens,
+                   kind=kind)
+
+    @property
+    def is_state(self) -> bool:
+        """A recurrent state: the window is one entry, the state as of its end."""
+        return self.window_tokens == self.tokens_per_entry > 1
 
     def block_bytes(self, tokens_per_block: int) -> int:
         """Bytes of one model block (``tokens_per_block`` tokens) of one layer."""
@@ -340,7 +379,26 @@ class KVGeometry:
 #     block holds the window as of the block's end: c4a's 8-token state is one
 #     8 x 8,208 B entry per 128-token block.
 #   One block is 128 tokens so every kind holds whole entries.
+# - Qwen3.5-35B-A3B: transformers' Qwen3_5MoeTextConfig, whose defaults are that
+#   checkpoint's (models/qwen3_5_moe/configuration_qwen3_5_moe.py lines 89-129 in the
+#   engine venv: 40 layers, every fourth full attention, the rest Gated DeltaNet
+#   "linear_attention"; 2 KV heads of 256 dims; linear 16 key heads and 32 value heads
+#   of 128 dims, conv kernel 4), bf16, as vLLM 0.32 caches it with prefix caching:
+#   * full attention: K and V of 2 x 256 bf16 = 2,048 B per token per layer;
+#   * each of 30 GDN layers one state (model_executor/layers/mamba/mamba_utils.py
+#     ``gated_delta_net_state_shape`` lines 280-301, ``_mamba_state_dtype`` 98-110;
+#     models/qwen3_5.py ``get_mamba_state_*_from_config`` 388-419): a conv state of
+#     (4 - 1) x (128 x 16 x 2 + 128 x 32) = 3 x 8,192 bf16 (49,152 B) and an SSM state
+#     of 32 x 128 x 128 bf16 (1,048,576 B; mamba_ssm_cache_dtype "auto" keeps the model
+#     dtype): 1,097,728 B;
+#   * ``mamba_cache_mode = "align"`` (models/config.py line 687) checkpoints the state
+#     every Mamba block, which platforms/interface.py ``_align_hybrid_block_size``
+#     (lines 1086-1103) makes the attention block: the smallest multiple of the
+#     kernel's 16 tokens (FlashAttention on Hopper, v1/attention/backends/flash_attn.py
+#     line 365) whose attention page holds a state, 34 x 16 = 544 tokens (vLLM pads the
+#     state's page by 1.5 % to 1,114,112 B; FlatCake stores the state's own bytes).
 _DSV4_ENTRY = 585
+_QWEN35_BLOCK = 544
 PRESETS: dict[str, KVGeometry] = {
     "llama-3.1-8b": KVGeometry(
         num_layers=32, tokens_per_block=16, num_kv_heads=8, head_dim=128,
@@ -365,6 +423,13 @@ PRESETS: dict[str, KVGeometry] = {
                 LayerGroup(21, 8 * 2160, tokens_per_entry=128, window_tokens=8,
                            kind="c4a-indexer-state"),
                 LayerGroup(20, 4104, window_tokens=128, kind="c128a-state")),
+    ),
+    "qwen3.5-35b-a3b": KVGeometry(
+        num_layers=40, tokens_per_block=_QWEN35_BLOCK, num_kv_heads=2, head_dim=256,
+        dtype="bfloat16", name="qwen3.5-35b-a3b",
+        groups=(LayerGroup(10, 2 * 2 * 256 * 2, kind="full"),
+                LayerGroup.state(30, ((3, 8192), (32, 128, 128)),
+                                 ("bfloat16", "bfloat16"), _QWEN35_BLOCK, kind="gdn")),
     ),
 }
 

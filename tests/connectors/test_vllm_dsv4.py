@@ -82,7 +82,8 @@ def test_a_group_kind_not_served_is_named_at_start(configs: dict) -> None:
         engine_geometry(stand_in, config)
     message = str(info.value)
     assert message.startswith("FlatCakeConnector cannot store group 5, 1 layers of "
-                              "CircularBufferSpec (32768 B pages) (not prefix-cacheable)")
+                              "CircularBufferSpec (32768 B pages), layer "
+                              "model.layers.0.ring (not prefix-cacheable)")
     assert re.findall(r"group (\d+), \d+ layers of", message) == ["5"]
     assert message.endswith("group 0, 1 left to vLLM's bounded window replay")
 

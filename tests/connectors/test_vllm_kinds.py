@@ -74,10 +74,16 @@ def test_several_groups_are_one_layer_group_each_in_group_order() -> None:
 def test_a_mamba_group_beside_attention_is_refused_by_name() -> None:
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(torch.float32,))
-    group = KVCacheGroupSpec(["model.layers.5.mixer"], mamba)
-    with pytest.raises(ValueError, match=r"cannot store group 1, 1 layers of MambaSpec"):
+    mamba = MambaSpec(block_size=16, shapes=((3, 8), (2, 4, 4)),
+                      dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode="align")
+    group = KVCacheGroupSpec(["model.layers.5.mixer", "model.layers.6.mixer"], mamba)
+    with pytest.raises(ValueError) as err:
         engine_geometry(*_config(_full(2), group))
+    # The layer and its spec are named: the state's arrays, dtypes and cache mode.
+    assert ("cannot store group 1, 2 layers of MambaSpec (176 B pages, state 3x8 "
+            "bfloat16, 2x4x4 float32, mamba_cache_mode align), layer "
+            "model.layers.5.mixer and 1 more") in str(err.value)
+    assert "a recurrent state (Mamba, Gated DeltaNet) is not served yet" in str(err.value)
 
 
 def test_a_state_that_is_not_attention_blocks_is_refused_by_name() -> None:

@@ -88,7 +88,9 @@ group is one ``LayerGroup`` of the geometry, its blocks taken from its own block
 (``connectors.group_slots``); every load is async, and a failed one is reported by
 request (vLLM takes no block ids of several groups), so the engine recomputes it.
 
-Limits: a state that is not attention blocks (Mamba's) is refused at start, named; no
+Limits: a state that is not attention blocks (Mamba's, Gated DeltaNet's) is refused at
+start, naming its group, first layer and spec (the store and the replay hold such states,
+``geometry.LayerGroup.state``, but the connector does not hand them over yet); no
 pipeline parallelism; several KV cache groups not with the node service; tensor
 parallelism in a cluster only attached to a node service (embedded, each rank's arena
 and files would need a node id of their own).

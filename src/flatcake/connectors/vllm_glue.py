@@ -62,8 +62,21 @@ def _spec_kind(spec: Any) -> str:
     per_state = getattr(spec, "__dict__", {}).get("tokens_per_state", 1)
     extra = (f", window {window} tokens" if window else "") + \
         (f", one state per {per_state} tokens" if isinstance(per_state, int)
-         and per_state > 1 else "")
+         and per_state > 1 else "") + _state_kind(spec)
     return f"{type(spec).__name__} ({getattr(spec, 'page_size_bytes', '?')} B pages{extra})"
+
+
+def _state_kind(spec: Any) -> str:
+    """A recurrent state's arrays (vLLM's ``MambaSpec``: conv and SSM state) for a
+    message: each shape and dtype, and the cache mode; empty for any other spec."""
+    shapes = getattr(spec, "shapes", None)
+    if not shapes:
+        return ""
+    dtypes = [str(d).removeprefix("torch.") for d in getattr(spec, "dtypes", ())]
+    arrays = ", ".join(f"{'x'.join(map(str, shape))} {dtype}"
+                       for shape, dtype in zip(shapes, dtypes, strict=False))
+    mode = getattr(spec, "mamba_cache_mode", None)
+    return f", state {arrays}" + (f", mamba_cache_mode {mode}" if mode else "")
 
 
 def group_kind(group: Any) -> str:
@@ -73,7 +86,10 @@ def group_kind(group: Any) -> str:
     spec = group.kv_cache_spec
     inner = getattr(spec, "kv_cache_specs", None)
     if not isinstance(inner, Mapping) or not inner:
-        return f"{len(group.layer_names)} layers of {_spec_kind(spec)}"
+        names = list(group.layer_names)
+        first = f", layer {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1
+                                          else "") if names else ""
+        return f"{len(names)} layers of {_spec_kind(spec)}{first}"
     kinds = Counter(_spec_kind(layer) for layer in inner.values())
     held = "; ".join(f"{n} x {kind}" for kind, n in kinds.items())
     return (f"{len(group.layer_names)} layers of {type(spec).__name__} in "
@@ -94,9 +110,13 @@ def _refusal(kv_cache_config: KVCacheConfig, problems: Sequence[str]) -> ValueEr
     left = [str(g) for g, grp in enumerate(groups) if replayed_by_engine(grp.kv_cache_spec)]
     tail = (f"; group {', '.join(left)} left to vLLM's bounded window replay"
             if left else "")
+    state = any(getattr(g.kv_cache_spec, "shapes", None) for g in groups)
+    why = ("; a recurrent state (Mamba, Gated DeltaNet) is not served yet: the connector "
+           "does not hand vLLM's state checkpoints to and from the store, and restoring "
+           "the attention blocks without them would serve wrong KV" if state else "")
     return ValueError(f"FlatCakeConnector cannot store {'; '.join(problems)}: it serves "
                       f"{', '.join(SERVED_SPECS)} (also side by side in a "
-                      f"UniformTypeKVCacheSpecs group){tail}")
+                      f"UniformTypeKVCacheSpecs group){why}{tail}")
 
 
 def _layer_specs(group: Any) -> dict[str, Any]:

@@ -92,9 +92,8 @@ class ReplayPreset:
             kinds.append(f"{grp.kind} {grp.num_layers} x {size:,} B "
                          f"({size / align:.2f} x {align:,} B)"
                          + (f", window {win} block{'s' if win > 1 else ''}" if win else ""))
-        recut = (f" (the trace's {trace_block}-token blocks re-cut: an entry spans "
-                 f"{g.tokens_per_block} tokens)" if g.tokens_per_block != trace_block
-                 else "")
+        recut = (f" (the trace's {trace_block}-token blocks re-cut into blocks of whole "
+                 f"entries of every kind)" if g.tokens_per_block != trace_block else "")
         ssd = self.node.ssd
         return [
             f"geometry {g.name}: {g.num_layers} layers, {g.tokens_per_block}-token "
@@ -250,6 +249,64 @@ PAPER = ReplayPreset(
     assumptions=PAPER_ASSUMPTIONS,
 )
 
+# --------------------------------------------------------------------------- qwen35
+# Qwen3.5-35B-A3B (``flatcake.geometry`` preset ``qwen3.5-35b-a3b``, its sources there):
+# 10 full-attention layers and 30 Gated DeltaNet layers whose state vLLM checkpoints
+# every 544-token block (``mamba_cache_mode = "align"``). The node is the paper's with
+# its KV budgets scaled by the bytes per token (20,480 B against DeepSeek-V4-Flash's
+# 3,915 B, 5.2x), so each holds as many tokens as there.
+QWEN35_GEOMETRY = geometry_preset("qwen3.5-35b-a3b")
+QWEN35_NODE = dataclasses.replace(
+    PAPER_NODE,
+    gpu=dataclasses.replace(PAPER_GPU, kv_capacity_bytes=32 * GIB),
+    host_memory_bytes=40 * GIB,
+    ssd=dataclasses.replace(PAPER_SSD, capacity_bytes=16 * TIB),
+    uncached_kinds=())
+
+QWEN35 = ReplayPreset(
+    name="qwen35",
+    description="Qwen3.5-35B-A3B (10 attention + 30 Gated DeltaNet layers) on the "
+                "paper's node",
+    geometry=QWEN35_GEOMETRY,
+    node=QWEN35_NODE,
+    flatcake=dataclasses.replace(PAPER.flatcake, model=QWEN35_GEOMETRY.name,
+                                 store=StoreConfig(session_file_bytes=32 * GIB)),
+    tiered=TieredConfig(),
+    rates=PAPER.rates,
+    assumptions=(
+        "KV geometry: Qwen3.5-35B-A3B in bf16 as vLLM 0.32 caches it with prefix "
+        "caching (the store's qwen3.5-35b-a3b geometry): 10 full-attention layers of "
+        "2,048 B per token, and 30 Gated DeltaNet layers each holding one recurrent "
+        "state of 1,097,728 B (conv 3 x 8,192 + SSM 32 x 128 x 128, bf16) as of a "
+        "position. vLLM's mamba_cache_mode 'align' checkpoints the state every 544 "
+        "tokens (its attention block, sized so a page holds a state), so a hit can end "
+        "only at a 544-token boundary whose state is held; the replay re-cuts the trace's "
+        "64-token blocks into 1,088-token blocks (the smallest multiple of both), and "
+        "a prompt's last partial block is recomputed by every system.",
+        "State checkpoints, each system by its engine's rule (layers.PeerBlocks): "
+        "FlatCake keeps the state at each turn's end and at branch points "
+        "(store.window_rows), releasing older ones; tiered-direct a state at every "
+        "block (vLLM's OffloadingConnector offloads the Mamba 'align' group by "
+        "reachable_block_mask, dense by default), so its hits are never cut back for "
+        "the state; the HiCache baselines one state at each request's end (SGLang's "
+        "MambaRadixCache keeps the state where a request ends; HiCache's disk tier for "
+        "it is still open upstream, so this is more than SGLang 0.5.23 stores).",
+        "KV budgets: the paper preset's scaled by the bytes per token (20,480 B against "
+        "3,915 B, 5.2x), so each holds about as many tokens as there: GPU KV pool 32 GiB "
+        "per worker (the Claude Code trace's largest request, 880K tokens, is 18.4 GB), "
+        "host memory 40 GiB for the node, SSD 16 TiB (every system's stores fit: "
+        "tiered-direct's state at every block takes 2.5x the attention bytes), "
+        "FlatCake's session-file spans 32 GiB (they must hold the largest turn).",
+        PAPER_ASSUMPTIONS[1],
+        *(a for a in PAPER_ASSUMPTIONS[4:]
+          if not a.startswith(("Tiered (", "FlatCake: two"))),
+        "Tiered (SGLang HiCache over Mooncake): each engine's HiCache host pool is its "
+        "share of the host budget (5 GiB), the rest as in the paper preset.",
+        "FlatCake: two restores in flight per worker, 64 KiB gap limit, 64 MiB largest "
+        "read, as in the paper preset.",
+    ),
+)
+
 # ------------------------------------------------------------------------- llama70b
 # Llama-3.1-70B served by four tensor-parallel engines of 2 x H100 each (fp8 weights, 70
 # GB, fit two GPUs). KV: 80 layers x 8 heads x 128 dims x (K, V) x 2 bytes = 320 KiB per
@@ -358,7 +415,7 @@ LOCAL = with_costs(dataclasses.replace(
                  "restores without bound on a 0.23 GB/s drive)."),
 ), LOCAL_COSTS)
 
-PRESETS: dict[str, ReplayPreset] = {p.name: p for p in (PAPER, LLAMA70B, LOCAL)}
+PRESETS: dict[str, ReplayPreset] = {p.name: p for p in (PAPER, QWEN35, LLAMA70B, LOCAL)}
 
 
 def get_preset(name: str) -> ReplayPreset:
