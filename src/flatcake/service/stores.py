@@ -2,7 +2,8 @@
 their ``ControlPlane`` calls, run on the node's books on each store's own FC-MAS queue,
 and what each holds there (its loads and stores in flight), released when its lease ends
 or it detaches. Each call is scoped to the store: to its tenant's sessions and segments
-(``service.tenants``: another tenant's are left out of listings and refused by name)
+(``service.tenants``: the session ids it names are its tenant's own, translated to the
+books' names and back; another tenant's are left out of listings and refused by name)
 and to its own loads and stores in flight (another store's are not its to complete).
 A ``servable`` asked to wait for a store in flight is held (``ServableWait``) and
 answered by the service's loop once the store is durable.
@@ -31,7 +32,7 @@ from flatcake.link.trust import NOBODY, Owner
 from flatcake.plan.requests import FileWork, Servable, begin_store, reclaim_tasks, servable
 from flatcake.plan.stream import StreamPlanner
 from flatcake.service.fences import Fenced, fence
-from flatcake.service.tenants import SessionTenants
+from flatcake.service.tenants import SessionTenants, inside, outside
 
 logger = logging.getLogger("flatcake.service")
 
@@ -88,6 +89,8 @@ def _scope(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
     for a completion of what is not ``store``'s own (not run: another store's load or
     store in flight, or one its lease already ended)."""
     tenant = store.tenant
+    if "session_id" in args:  # the caller's name of it, the books' from here on
+        args["session_id"] = inside(tenant, args["session_id"], method)
     if method in _SESSION_VERBS:
         tenants.check(control, tenant, args["session_id"], method)
     elif method in _SEGMENT_VERBS:
@@ -151,13 +154,15 @@ def _reclaimed(store: AttachedStore, tenants: SessionTenants, files: FileWork | 
                actions: Sequence[ReclaimAction]) -> list[ReclaimAction]:
     """The books dropped ``actions`` in a call of ``store``: the service deletes and
     cuts their files itself (``files``); the store is told of its tenant's sessions
-    only (another tenant's dropped sessions are not its to know nor to act on)."""
+    only, by its names (another tenant's dropped sessions are not its to know nor to
+    act on)."""
     if files is not None:
         cuts, drops = reclaim_tasks(actions)
         if cuts or drops:
             files(drops, cuts)
-    mine = set(tenants.visible(store.tenant, {a.session_id for a in actions}))
-    return [a for a in actions if a.session_id in mine]
+    mine = tenants.names(store.tenant, {a.session_id for a in actions})
+    return [dataclasses.replace(a, session_id=mine[a.session_id]) for a in actions
+            if a.session_id in mine]
 
 
 def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
@@ -210,14 +215,18 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
     if method == "lookup":
         tenants.claim_hit(control, store.tenant, out)
     elif method == "session_ids":
-        return tenants.visible(store.tenant, out)
+        return list(tenants.names(store.tenant, out).values())
+    elif method == "session":  # its own (``_scope``), a copy by its name
+        name = outside(store.tenant, out.session_id)
+        assert name is not None  # its own: named in its namespace
+        return dataclasses.replace(out, session_id=name)
     elif method == "segments":
         segs = list(out)
-        mine = set(tenants.visible(store.tenant, {s.session_id for s in segs}))
+        mine = tenants.names(store.tenant, {s.session_id for s in segs})
         return [s for s in segs if s.session_id in mine]
     elif method == "ready_cuts":
-        mine = set(tenants.visible(store.tenant, {sid for sid, _ in out}))
-        return [(sid, seg) for sid, seg in out if sid in mine]
+        mine = tenants.names(store.tenant, {sid for sid, _ in out})
+        return [(mine[sid], seg) for sid, seg in out if sid in mine]
     elif method == "complete_load":
         store.loads.discard(args["request_id"])
         _made(store, "load", args["request_id"])
@@ -231,7 +240,7 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
     elif method in ("take_reclaim_actions", "settle_damage", "reclaim"):
         return _reclaimed(store, tenants, files, out)
     elif method == "drop_session":  # its own session (``_scope``)
-        _reclaimed(store, tenants, files, [out])
+        return _reclaimed(store, tenants, files, [out])[0]
     return out
 
 
