@@ -145,8 +145,9 @@ class NodeParts:
     refcount: PrefixRefcount
     recovered_segments: int
     cluster: NodeMember | None = None  # the node service's membership of a cluster
-    # The node service deletes and cuts the files the books drop itself (no engine's
-    # workers are handed another engine's, or another tenant's, files): (drops, cuts).
+    # The node service deletes and cuts the files the books drop and punches the window
+    # rows they release itself (no engine's workers are handed another engine's, or
+    # another tenant's, files): (drops, cuts, releases).
     files: FileWork | None = None
 
     @classmethod
@@ -379,14 +380,19 @@ class SchedulerSide:
         writing = self.stores.writing()
         unpublish, self._unpublish = self._unpublish, []
         releases = tuple(self.control.take_window_releases())
-        self._handed.append(releases)
+        files = self.node.files if self.node is not None else None
+        handed = releases
+        if files is not None and releases:  # the node service punches them itself
+            files((), (), releases)
+            handed = ()
+        self._handed.append(handed)
         for rel in releases:  # no hit ends in their blocks any more (``control.windows``)
             seg = self.control.segment(rel.segment_id)
             if self.scope is None or self.scope.sees(seg.session_id):
                 self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
                         tuple(r for r in preempted if r in writing), tuple(unpublish),
-                        releases=releases)
+                        releases=handed)
 
     def on_report(self, report: WorkerReport) -> None:
         """``update_connector_output``: completions reported by the workers."""
@@ -473,7 +479,7 @@ class SchedulerSide:
         files = self.node.files if self.node is not None else None
         if files is not None:
             if cuts or drops:
-                files(drops, cuts)
+                files(drops, cuts, ())
             return
         self._file_cuts.extend(cuts)
         self._drops.extend(drops)

@@ -77,6 +77,7 @@ from flatcake.connectors.node_verbs import ATTACH, ENGINE
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.control import ControlPlane, FileCut
 from flatcake.control.keys import TENANT_TAG_BYTES, tenant_tag
+from flatcake.control.types import WindowRelease
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
 from flatcake.link import trust, verbs, wire
@@ -241,15 +242,19 @@ class NodeService(CallLoop):
                     describe_layers(geometry.layer_block_bytes), ranks)
         return self._parts
 
-    def _file_work(self, drops: Sequence[FileDrop], cuts: Sequence[FileCut]) -> None:
-        """Delete and cut the files the books dropped, in every part's directory: the
-        service's own work, never a client's (a reclaim one engine's or store's call
-        triggered may drop another tenant's sessions)."""
+    def _file_work(self, drops: Sequence[FileDrop], cuts: Sequence[FileCut],
+                   releases: Sequence[WindowRelease]) -> None:
+        """Delete and cut the files the books dropped and punch the window rows they
+        released, in every part's directory: the service's own work, never a client's
+        (a reclaim one engine's or store's call triggered may drop another tenant's
+        sessions; the rows a newer turn superseded may be another tenant's)."""
         for ex in self._rank_roots:
             for cut in cuts:
                 ex.cut(cut)
             for drop in drops:
                 ex.drop(drop.file_id, drop.quarantine)
+            for rel in releases:
+                ex.release_window(rel)
 
     def _unmake_books(self) -> None:
         """Undo a ``_make_books`` that failed: its parts closed, the root locked by the

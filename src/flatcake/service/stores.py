@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flatcake.control import ControlPlane, StorePlan
-from flatcake.control.types import ReclaimAction, WindowRelease
+from flatcake.control.types import ReclaimAction
 from flatcake.link import verbs, wire
 from flatcake.link.trust import NOBODY, Owner
 from flatcake.plan.requests import FileWork, Servable, begin_store, reclaim_tasks, servable
@@ -48,9 +48,6 @@ class AttachedStore:
     started: int | None = None  # its process's start time (``process_start``)
     loads: set[Any] = dataclasses.field(default_factory=set)
     stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
-    # The window releases of its last take, until its next call: it punches them
-    # before it calls again (``FlatCakeStore._release_windows``).
-    handed: tuple[WindowRelease, ...] = ()
     owner: Owner = NOBODY  # the caller that attached it: only it calls as this store
     tenant: bytes = b""  # its key salt's tag (``control.keys.tenant_tag``)
     # What each call in flight prepared (call id -> ("store", segment id) or ("load",
@@ -150,16 +147,15 @@ def _made(store: AttachedStore, kind: str, key: Any) -> None:
         del store.made_by[call_id]
 
 
-def _reclaimed(store: AttachedStore, tenants: SessionTenants, files: FileWork | None,
+def _reclaimed(store: AttachedStore, tenants: SessionTenants, files: FileWork,
                actions: Sequence[ReclaimAction]) -> list[ReclaimAction]:
     """The books dropped ``actions`` in a call of ``store``: the service deletes and
     cuts their files itself (``files``); the store is told of its tenant's sessions
     only, by its names (another tenant's dropped sessions are not its to know nor to
     act on)."""
-    if files is not None:
-        cuts, drops = reclaim_tasks(actions)
-        if cuts or drops:
-            files(drops, cuts)
+    cuts, drops = reclaim_tasks(actions)
+    if cuts or drops:
+        files(drops, cuts, ())
     mine = tenants.names(store.tenant, {a.session_id for a in actions})
     return [dataclasses.replace(a, session_id=mine[a.session_id]) for a in actions
             if a.session_id in mine]
@@ -167,20 +163,20 @@ def _reclaimed(store: AttachedStore, tenants: SessionTenants, files: FileWork | 
 
 def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
                   call_id: int, method: str, args: dict[str, Any], *,
-                  files: FileWork | None = None) -> Any:
+                  files: FileWork) -> Any:
     """Call ``call_id`` of an attached store: one ``ControlPlane`` call (``args`` by
     parameter name, decoded as ``link.verbs.CONTROL[method]`` declares), on its own
     FC-MAS queue, scoped to its tenant and to what it holds (module docstring); its
     loads and stores in flight are kept for its lease, and by call until they complete
     (``abandon_calls``). ``servable`` with ``wait_s`` may answer a ``ServableWait`` for
-    the service to hold. The files of what the books drop are the service's
-    (``files``, ``_reclaimed``)."""
+    the service to hold. The files of what the books drop, and the window rows they
+    release, are the service's (``files``: ``_reclaimed``, and an attached store's
+    ``take_window_releases`` is answered with none, whoever's rows they were)."""
     if method not in verbs.CONTROL:
         raise wire.NodeRefused(f"unknown control call {method!r}")
     if call_id in store.abandoned:  # given up on before it was read
         del store.abandoned[call_id]
         raise wire.NodeRefused(f"{method} not run: {wire.GAVE_UP}")
-    store.handed = ()  # punched before this call
     if not _scope(store, control, tenants, method, args):
         return None
     if method == verbs.SERVABLE.name:
@@ -235,8 +231,9 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
     elif method == "complete_store":
         store.stores.pop(args["plan"].segment.segment_id, None)
         _made(store, "store", args["plan"].segment.segment_id)
-    elif method == "take_window_releases":
-        store.handed = tuple(out)
+    elif method == "take_window_releases":  # the service punches them, not the store
+        files((), (), out)
+        return []
     elif method in ("take_reclaim_actions", "settle_damage", "reclaim"):
         return _reclaimed(store, tenants, files, out)
     elif method == "drop_session":  # its own session (``_scope``)
@@ -247,14 +244,12 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
 def release_store(store: AttachedStore, control: ControlPlane | None, why: str, *,
                   lease_ended: bool = False) -> Fenced | None:
     """Its lease ended (or it detached): its restores unpinned, its FC-MAS queue gone,
-    the window releases it may not have punched handed out again, its unfinished writes
-    rolled back (never published). A store whose lease ended and whose process may still
-    be there has its unfinished writes fenced (``service.fences``): returned, for
-    ``free_fenced`` once its process is gone."""
+    its unfinished writes rolled back (never published). A store whose lease ended and
+    whose process may still be there has its unfinished writes fenced
+    (``service.fences``): returned, for ``free_fenced`` once its process is gone."""
     busy = bool(store.loads or store.stores)
     fenced = None
     if control is not None:
-        control.give_back_window_releases(store.handed)
         for request_id in store.loads:
             control.complete_load(request_id)
         if lease_ended:
