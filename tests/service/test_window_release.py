@@ -60,7 +60,8 @@ def test_every_part_is_punched_and_the_newest_turn_restores(tmp_path: Path) -> N
         assert svc.stop() == 0, svc.stderr()
 
 
-def test_the_service_punches_what_its_books_release_of_an_attached_stores_turns(tmp_path: Path) -> None:
+def test_the_service_punches_what_its_books_release_of_an_attached_stores_turns(
+        tmp_path: Path) -> None:
     g = embedded.GEOMETRIES["zero-copy"]
     row, turns, per_turn = g.layer_block_bytes[2], 6, 5
     total = turns * per_turn

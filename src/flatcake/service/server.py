@@ -111,6 +111,9 @@ class _Engine:
     owner: Owner
     tenant: bytes
     started: int | None  # its process's start time (``fences.process_start``)
+    # The stores (segment ids) each of its last steps handed its workers, by call id:
+    # a step its client gave up on was never read, so no worker has its stores.
+    steps: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
 
 
 socket_path = wire.socket_path
@@ -318,6 +321,11 @@ class NodeService(CallLoop):
         side, values = engine.side, tuple(args.values())
         if method == "step":
             plan: StepPlan = side.build_step(*values)
+            if plan.stores:
+                engine.steps[call_id] = frozenset(t.plan.segment.segment_id
+                                                  for t in plan.stores)
+                if len(engine.steps) > wire.MAX_GAVE_UP:
+                    del engine.steps[next(iter(engine.steps))]
             return plan, side.has_work(), side.take_events()
         if method == "update":
             report, finished = values
@@ -345,11 +353,20 @@ class NodeService(CallLoop):
 
     def gave_up(self, engine_id: str, caller: Caller, call_ids: tuple[int, ...]) -> None:
         """``caller`` stopped waiting for ``call_ids`` of store ``engine_id``: what they
-        prepared is rolled back, and one not read yet is never run. (An engine that
-        gave up attaches anew; the old one's lease ends and rolls back what it held.)"""
+        prepared is rolled back, and one not read yet is never run. An engine that gave
+        up on a call attaches anew (the call naming them is its attach): the old one is
+        released now if they name one of its steps, whose stores no worker was handed
+        (rolled back; those of the steps it read fenced as at a lease's end), else when
+        its lease ends."""
         store = self._stores.get(engine_id)
         if store is not None and store.owner.admits(caller):
             abandon_calls(store, self._books(), call_ids)
+        for engine in list(self._engines.values()):
+            unread = frozenset().union(*(engine.steps.get(c, ()) for c in call_ids))
+            if unread and engine.owner.admits(caller):
+                self._release(engine, f"gave up on a step (its {len(unread)} stores "
+                              "never handed to its workers: rolled back)",
+                              lease_ended=True, unread=unread)
 
     def _attach(self, now: float, owner: Owner, name: str, pid: int,
                 geometry: KVGeometry, ranks: TensorRanks, config: FlatCakeConfig
@@ -399,15 +416,21 @@ class NodeService(CallLoop):
         logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
         return Attached(client_id, self.config, parts.recovered_segments)
 
-    def _release(self, engine: _Engine, why: str, lease_ended: bool = False) -> None:
+    def _release(self, engine: _Engine, why: str, lease_ended: bool = False,
+                 unread: frozenset[int] = frozenset()) -> None:
         """Its restores unpinned, its unfinished writes rolled back; those its workers
         were handed fenced where its lease ended and its processes may still write them
         (``service.fences``: freed once its workers report them or its processes are
-        gone)."""
+        gone). ``unread``: stores (segment ids) of steps its client never read, which
+        no worker has (none reported them): rolled back."""
         del self._engines[engine.engine_id]
         busy = engine.side.has_work()
         writing = engine.side.abandon()
         control = self._books()
+        for plan, n in [(p, n) for p, n in writing
+                        if n == 0 and p.segment.segment_id in unread]:
+            control.complete_store(plan, False)
+            writing.remove((plan, n))
         fenced = None
         if lease_ended:
             fenced = fence(control, f"engine {engine.engine_id}", engine.pid,
