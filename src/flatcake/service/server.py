@@ -28,20 +28,25 @@ another caller attached is refused, whatever id it sends.
 
 Tenants: each engine and store names its tenant (a digest of its key salt,
 ``control.keys.tenant_tag``; an engine's is its ``engine.tenant_salt``'s)
-when it attaches; the service records the tenant of each session written and scopes
-every session verb of an attached store, and every hit and store of an engine, to its
-tenant's sessions (``service.tenants``: a write into another tenant's session is
-refused by name; an engine's turn is then not stored, its hit a miss).
+when it attaches; the session ids it sends are its tenant's own (``service.tenants``
+prefixes them with its tenant for the books, and strips the prefix from answers), and
+every session verb of an attached store, and every hit of an engine, is scoped to its
+tenant's sessions (another tenant's is refused by name; an engine's hit of one is a
+miss).
 
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
 published); those its processes may still write are fenced (``service.fences``: never
 published, their ranges held until its workers report them or its processes are gone);
 its FC-MAS queue gone. It re-attaches on its next call, as after a service restart.
+An engine whose client gave up on a step (its answer came past the timeout) is released
+as soon as that client's next call names the step: the step's stores, which no worker
+was handed, rolled back at once.
 
-Files: the service deletes and cuts the session files the books drop itself
-(``NodeParts.files``), whichever client's call made the reclaim; an attached store is
-told only of its own tenant's sessions dropped.
+Files: the service deletes and cuts the session files the books drop, and punches the
+window rows they release, itself (``NodeParts.files``), whichever client's call made
+the reclaim or the release; an attached store is told only of its own tenant's sessions
+dropped.
 
 An attached store's ``servable`` that must wait for a store in flight (``wait_s``) is
 held and answered once that store is durable, failed or rolled back, or its wait is up.
