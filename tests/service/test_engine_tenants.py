@@ -29,7 +29,7 @@ def salted(rid: str, toks: list[int], salt: str, session: str | None, computed: 
 
 
 def turn(e: Engine, rid: str, toks: list[int], salt: str, slots: list[int],
-         session: str = "chat") -> dict:
+         session: str | None = "chat") -> dict:
     """A turn that missed, its prompt computed into ``slots``, finished and stepped."""
     v = salted(rid, toks, salt, session, computed=len(toks))
     assert e.sched.num_matched_tokens(v, 0) == (0, False)
@@ -97,6 +97,12 @@ def test_two_tenants_engines_naming_one_session_are_each_served_their_own(tmp_pa
         # Each tenant's next turn restores its own bytes exactly.
         restores(a, "a1", nxt_a, "team-a", want_a)
         restores(b, "b1", nxt_b, "team-b", want_b)
+        # A session B's engine starts without a name is B's too, named back without
+        # its prefix, and B's store lists it by that name.
+        got = turn(b, "b2", list(range(900, 913)), "team-b", [40, 41, 42, 43], None)
+        assert got["session_id"].startswith("auto-") and got["stored_blocks"] == 3
+        assert got["session_id"] in [s for s, _ in segments(svc, "team-b")]
+        assert got["session_id"] not in [s for s, _ in segments(svc, "team-a")]
     finally:
         a.close()
         b.close()

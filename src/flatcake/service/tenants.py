@@ -199,7 +199,7 @@ class SessionTenants:
         """Refuse ``tenant``'s write of ``keys`` into a session it does not own; an
         unrecorded one it continues (its keys hit the session's blocks) becomes its."""
         if isinstance(session_id, str) and session_id not in self._of \
-                and self._held(control, session_id) \
+                and not session_id.startswith(MARK) and self._held(control, session_id) \
                 and any(run.segment.session_id == session_id
                         for run in control.lookup(keys).runs):
             self._record(session_id, tenant)
