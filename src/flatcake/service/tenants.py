@@ -37,9 +37,11 @@ its session unrecorded, never another tenant's), rewritten with the live session
 once it holds many more lines than them. The books stay tenant-blind; only the
 service's verbs consult this. Owned by the service's loop thread (no lock).
 
-An attached engine's scheduler half is held to the same rules (``TenantScope``): a hit
-holding another tenant's session is looked up as a miss, a turn naming another
-tenant's session is not stored, and its block events leave out other tenants' blocks.
+An attached engine's scheduler half is held to the same rules (``TenantScope``): the
+sessions its requests name and those it starts are its tenant's (``name``, ``prefix``;
+named back by ``own``), a hit holding another tenant's session is looked up as a miss,
+a turn into another tenant's plain session is not stored, and its block events leave
+out other tenants' blocks.
 """
 
 from __future__ import annotations
