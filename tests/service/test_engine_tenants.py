@@ -1,9 +1,8 @@
-"""Tenants' engines through the node service: session ids are global in the books, so an
-engine of tenant B naming a session tenant A wrote (through an engine or an attached
-store) would append B's turn to A's session. Its write is refused by name, as an
-attached store's is (``service.tenants``): A's session keeps exactly A's blocks, served
-byte for byte to A, and nothing of B's lands in it; a hit of A's blocks (A's keys in
-B's hands) is B's miss; each tenant's own session works."""
+"""Tenants' engines through the node service: each tenant names its sessions in its
+own namespace (``service.tenants``), so the engines of tenants A and B naming the same
+session each store and restore their own, byte for byte, and neither appends to the
+other's (on the old code B's turn was refused as A's: the name was global); a hit of
+A's blocks (A's keys in B's hands) is B's miss; block events name a tenant's own."""
 
 from __future__ import annotations
 
@@ -13,7 +12,8 @@ import pytest
 
 from flatcake.config import load_config
 from flatcake.connectors.scheduler_side import RequestView
-from flatcake.control.keys import chain_block_keys
+from flatcake.control.keys import chain_block_keys, tenant_tag
+from flatcake.service.tenants import outside
 from flatcake.store import FlatCakeStore
 from tests.connectors.sides_harness import G, end
 from tests.service.helpers import BASE, Engine, Service
@@ -29,7 +29,7 @@ def salted(rid: str, toks: list[int], salt: str, session: str | None, computed: 
 
 
 def turn(e: Engine, rid: str, toks: list[int], salt: str, slots: list[int],
-         session: str = "chat") -> dict:
+         session: str | None = "chat") -> dict:
     """A turn that missed, its prompt computed into ``slots``, finished and stepped."""
     v = salted(rid, toks, salt, session, computed=len(toks))
     assert e.sched.num_matched_tokens(v, 0) == (0, False)
@@ -47,57 +47,69 @@ def attached(svc: Service, salt: str) -> FlatCakeStore:
 
 
 def segments(svc: Service, salt: str) -> list[tuple[str, tuple[bytes, ...]]]:
-    """(session, keys) of every segment tenant ``salt``'s attached store sees."""
+    """(session by the tenant's name, keys) of every segment tenant ``salt``'s attached
+    store sees."""
     store = attached(svc, salt)
     try:
-        return sorted((s.session_id, tuple(s.keys)) for s in store.control.segments())
+        return sorted((str(outside(tenant_tag(salt), s.session_id)), tuple(s.keys))
+                      for s in store.control.segments())
     finally:
         store.close()
 
 
-def test_an_engine_cannot_write_into_another_tenants_session(tmp_path: Path) -> None:
+def restores(e: Engine, rid: str, toks: list[int], salt: str, want: dict) -> None:
+    """``toks`` (its first 3 blocks stored) restore ``want`` byte for byte."""
+    v = salted(rid, toks, salt, "chat")
+    assert e.sched.num_matched_tokens(v, 0) == (12, True)
+    e.sched.after_alloc(rid, [30, 31, 32, 33, 34], 12)
+    _, _, recving, invalid = e.step()
+    assert recving == {rid} and invalid == set()
+    for (layer, j), raw in want.items():
+        assert e.block(layer, 30 + j) == raw
+
+
+def test_two_tenants_engines_naming_one_session_are_each_served_their_own(tmp_path: Path
+                                                                          ) -> None:
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
     a = Engine(svc.sock, seed=1, name="A", tenant_salt="team-a")
     b = Engine(svc.sock, seed=2, name="B", tenant_salt="team-b")
     try:
         toks_a = list(range(100, 113))  # 3 full blocks + 1 token
-        assert turn(a, "a0", toks_a, "team-a", [5, 6, 7, 8])["stored_blocks"] == 3
-        want = {(layer, j): a.block(layer, s) for layer in range(3)
-                for j, s in enumerate([5, 6, 7])}
-        # B's engine names A's session: its turn is not stored (no append to A's).
-        toks_b = list(range(500, 517))  # 4 full blocks + 1 token
-        assert turn(b, "b0", toks_b, "team-b", [20, 21, 22, 23, 24]
-                    ).get("stored_blocks", 0) == 0
+        got = turn(a, "a0", toks_a, "team-a", [5, 6, 7, 8])
+        assert (got["stored_blocks"], got["session_id"]) == (3, "chat")
+        want_a = {(layer, j): a.block(layer, s) for layer in range(3)
+                  for j, s in enumerate([5, 6, 7])}
+        # B's engine names "chat" too: its own session, stored, named back as "chat".
+        toks_b = list(range(500, 513))
+        got = turn(b, "b0", toks_b, "team-b", [20, 21, 22, 23])
+        assert (got["stored_blocks"], got["session_id"]) == (3, "chat")
+        want_b = {(layer, j): b.block(layer, s) for layer in range(3)
+                  for j, s in enumerate([20, 21, 22])}
         keys_a = salted("x", toks_a, "team-a", "chat").keys[:3]
+        keys_b = salted("x", toks_b, "team-b", "chat").keys[:3]
         assert segments(svc, "team-a") == [("chat", keys_a)]
-        assert segments(svc, "team-b") == []
-        # B's lookup finds nothing of A's; A's next turn restores A's bytes exactly.
-        nxt = toks_a + list(range(200, 208))
-        v = salted("b1", nxt, "team-b", "chat")
-        assert b.sched.num_matched_tokens(v, 0) == (0, False)
-        # Nor with A's keys (as if they leaked): a hit of A's session is B's miss.
+        assert segments(svc, "team-b") == [("chat", keys_b)]
+        # B's lookup with A's keys (as if they leaked) is a miss, by any session.
+        nxt_a, nxt_b = toks_a + list(range(200, 208)), toks_b + list(range(600, 608))
         for rid, session in [("b1a", "chat"), ("b1b", "other"), ("b1c", None)]:
-            v = salted(rid, nxt, "team-a", session)
+            v = salted(rid, nxt_a, "team-a", session)
             assert b.sched.num_matched_tokens(v, 0) == (0, False)
-        v = salted("a1", nxt, "team-a", "chat")
-        assert a.sched.num_matched_tokens(v, 0) == (12, True)
-        a.sched.after_alloc("a1", [30, 31, 32, 33, 34], 12)
-        _, _, recving, invalid = a.step()
-        assert recving == {"a1"} and invalid == set()
-        for (layer, j), raw in want.items():
-            assert a.block(layer, 30 + j) == raw
-        # B's own session of another name is stored, and only B sees it.
-        assert turn(b, "b2", toks_b, "team-b", [20, 21, 22, 23, 24],
-                    session="chat-b")["stored_blocks"] == 4
-        assert [s for s, _ in segments(svc, "team-b")] == ["chat-b"]
-        assert [s for s, _ in segments(svc, "team-a")] == ["chat"]
+        # Each tenant's next turn restores its own bytes exactly.
+        restores(a, "a1", nxt_a, "team-a", want_a)
+        restores(b, "b1", nxt_b, "team-b", want_b)
+        # A session B's engine starts without a name is B's too, named back without
+        # its prefix, and B's store lists it by that name.
+        got = turn(b, "b2", list(range(900, 913)), "team-b", [40, 41, 42, 43], None)
+        assert got["session_id"].startswith("auto-") and got["stored_blocks"] == 3
+        assert got["session_id"] in [s for s, _ in segments(svc, "team-b")]
+        assert got["session_id"] not in [s for s, _ in segments(svc, "team-a")]
     finally:
         a.close()
         b.close()
         assert svc.stop() == 0, svc.stderr()
 
 
-def test_an_engine_cannot_write_into_an_attached_stores_session(tmp_path: Path) -> None:
+def test_an_engine_and_another_tenants_store_naming_one_session(tmp_path: Path) -> None:
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
     store = attached(svc, "team-a")
     b = Engine(svc.sock, seed=2, name="B", tenant_salt="team-b")
@@ -106,11 +118,13 @@ def test_an_engine_cannot_write_into_an_attached_stores_session(tmp_path: Path) 
                                 "team-a")
         kv = random_kv(G, 8, seed=5)
         assert store.store_turn("chat", keys, kv, list(range(4)), TO_SSD).num_blocks == 4
-        assert turn(b, "b0", list(range(500, 517)), "team-b", [20, 21, 22, 23, 24]
-                    ).get("stored_blocks", 0) == 0
-        assert sorted((s.session_id, tuple(s.keys)) for s in store.control.segments()) \
-            == [("chat", tuple(keys))]
-        assert segments(svc, "team-b") == []
+        toks_b = list(range(500, 517))
+        assert turn(b, "b0", toks_b, "team-b", [20, 21, 22, 23, 24]
+                    )["stored_blocks"] == 4
+        assert segments(svc, "team-a") == [("chat", tuple(keys))]
+        assert segments(svc, "team-b") == [
+            ("chat", salted("x", toks_b, "team-b", "chat").keys[:4])]
+        assert store.control.session_ids() == ["chat"]
     finally:
         store.close()
         b.close()

@@ -134,3 +134,57 @@ def test_a_write_one_rank_reported_before_the_lease_is_freed_by_the_others_repor
     finally:
         e.close()
         assert svc.stop() == 0, svc.stderr()
+
+
+class _Unread:
+    """An engine client's socket whose next answer arrives but is never read, as when
+    the answer comes just past the client's timeout."""
+
+    def __init__(self, sock: object) -> None:
+        self.sock = sock
+
+    def poll(self, timeout: int) -> bool:
+        self.sock.poll(timeout)  # type: ignore[attr-defined]
+        return False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+@pytest.mark.timeout(180)
+def test_a_step_whose_answer_was_never_read_holds_nothing(tmp_path: Path) -> None:
+    # A's step hands its turn's store to its workers, but the answer is never read: no
+    # worker has that store. A attaches anew; the old A is released at once, its store
+    # rolled back. (On the old code the store stayed fenced, its range held, until A's
+    # process exited: no worker would ever report it.)
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    a = Engine(svc.sock, seed=1, name="A", overrides=("engine.node_reattach_s=0.01",))
+    try:
+        idle = ask_status(svc.sock, 5.0)
+        turn0 = list(range(100, 113))
+        v = view("a0", turn0, out=3, computed=len(turn0), session="sa")
+        a.sched.num_matched_tokens(v, 0)
+        end(a, v, [5, 6, 7, 8])
+        client = a.sched.client  # type: ignore[attr-defined]
+        real = client._socket()
+        client._sock = _Unread(real)
+        old = a.sched.engine_id
+        plan = a.sched.build_step()  # the service ran it; its answer was dropped
+        assert plan.stores == () and a.sched.engine_id == ""
+        time.sleep(0.05)
+        # A's next lookup attaches it anew, naming the step it gave up on.
+        assert a.sched.num_matched_tokens(view("x", list(range(5000, 5013))), 0) == (0, False)
+        books = ask_status(svc.sock, 5.0)
+        assert old not in books["engines"] and a.sched.engine_id in books["engines"]
+        assert (books["stores_in_flight"], books["fenced_stores"]) == (0, 0), books
+        for used in ("memory_used_bytes", "ssd_used_bytes"):  # its range is free
+            assert books[used] == idle[used], books
+        # A's next turn is stored and restored as if the step had never been.
+        assert finish(a, "a1", turn0, [5, 6, 7, 8], out=3, session="sa"
+                      )["stored_blocks"] == 3
+        a.step()
+        v = view("a2", tokens(turn0, 8, 600), session="sa")
+        assert a.sched.num_matched_tokens(v, 0)[0] == 12
+    finally:
+        a.close()
+        assert svc.stop() == 0, svc.stderr()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,41 @@ def test_a_servable_wait_without_end_is_refused_and_the_service_keeps_serving(
         a.close()
         b.close()
         assert svc.stop() == 0, svc.stderr()
+
+
+def test_a_client_runs_no_code_from_a_listeners_reply(tmp_path: Path) -> None:
+    # A listener of the client's own user answers a call with a pickle that would run
+    # code, as a frame of its own and as an answer's value (issue 40: a planted
+    # listener's reply was unpickled by root's client). Neither is unpickled: the
+    # client skips the one (not an answer: it times out), refuses the other, and the
+    # file stays absent.
+    evidence = tmp_path / "ran"
+    code = pickle.dumps(RunsCode(evidence))
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    sock = run / "node.sock"
+    ctx = zmq.Context()
+    listener = ctx.socket(zmq.ROUTER)
+    listener.setsockopt(zmq.LINGER, 0)
+    listener.bind(wire.endpoint(sock))
+    client = NodeClient(f"unix:{sock}", 1.0)
+
+    def answer(as_value: bool) -> None:
+        assert listener.poll(5000)
+        who, frame = listener.recv_multipart()
+        call_id = wire.decode_call(frame).call_id
+        listener.send_multipart([who, wire.answer_frame(call_id, code) if as_value
+                                 else code])
+
+    try:
+        for as_value, error in ((False, wire.NodeUnavailable), (True, wire.NodeRefused)):
+            t = threading.Thread(target=answer, args=(as_value,))
+            t.start()
+            with pytest.raises(error):
+                client.call(verbs.STATUS)
+            t.join(10)
+        assert not evidence.exists()
+    finally:
+        client.close()
+        listener.close(0)
+        ctx.term()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from flatcake.control.index import HitRun, PrefixHit
-from flatcake.control.keys import chain_block_keys
-from flatcake.service.tenants import RECORD_NAME
+from flatcake.control.keys import chain_block_keys, tenant_tag
+from flatcake.service.tenants import RECORD_NAME, prefix
 from flatcake.store import FlatCakeStore
 from tests.service.helpers import Service
 from tests.store.helpers import (
@@ -53,88 +53,126 @@ def assert_loads(store: FlatCakeStore, keys: list[bytes], kv: list) -> None:
                 block_bytes(kv, layer, s, "kv_blocks")
 
 
-def test_a_tenant_cannot_list_load_write_or_drop_another_tenants_session(tmp_path: Path
-                                                                         ) -> None:
+def test_two_tenants_naming_one_session_are_each_served_their_own(tmp_path: Path
+                                                                    ) -> None:
+    """Each tenant names its sessions in its own namespace: A, B and the tenant without
+    a salt all store "chat", each lists, loads (byte for byte) and drops its own, and
+    none lists, reads, loads or drops another's (on the old code B's "chat" was refused
+    as A's: B learnt that A had one)."""
     svc = start(tmp_path)
-    a, b = attached(svc, "team-a"), attached(svc, "team-b")
+    a, b, c = attached(svc, "team-a"), attached(svc, "team-b"), attached(svc, "")
     try:
-        kv = random_kv(SMALL, SLOTS, seed=5)
-        keys = tenant_keys("team-a")
-        assert a.store_turn("chat", keys, kv, list(range(4)), TO_SSD).num_blocks == 4
-        mine = list(a.control.segments())
-        assert [s.session_id for s in mine] == ["chat"]
+        kvs = {s: random_kv(SMALL, SLOTS, seed=n) for n, s in enumerate(("a", "b", "c"))}
+        keys = {"a": tenant_keys("team-a"), "b": tenant_keys("team-b"),
+                "c": tenant_keys("")}
+        stores = {"a": a, "b": b, "c": c}
+        for t, store in stores.items():
+            assert store.store_turn("chat", keys[t], kvs[t], list(range(4)),
+                                    TO_SSD).num_blocks == 4
+        for t, store in stores.items():
+            assert store.control.session_ids() == ["chat"]
+            assert [x["session_id"] for x in store.inspect()["sessions"]] == ["chat"]
+            assert store.control.session("chat").session_id == "chat"
+            assert_loads(store, keys[t], kvs[t])
+        # Segments carry the books' name: the tenant's prefix, then its own name.
+        books = {t: [s.session_id for s in store.control.segments()]
+                 for t, store in stores.items()}
+        assert books["a"] == [prefix(tenant_tag("team-a")) + "chat"]
+        assert books["b"] == [prefix(tenant_tag("team-b")) + "chat"] and books["c"] == ["chat"]
+        a_seg = next(iter(a.control.segments()))
 
-        # B lists nothing of A's.
-        assert "chat" not in b.control.session_ids()
-        assert list(b.control.segments()) == []
-        assert b.inspect()["sessions"] == []
-        # B names A's session or segment: refused by every verb.
-        for verb, arg in [("session", "chat"), ("newest_turn_index", "chat"),
-                          ("files_of", "chat"), ("segment", mine[0].segment_id),
-                          ("mark_damaged", mine[0].segment_id)]:
+        # B names A's session by its books' name, or A's segment: refused by every verb.
+        for verb, arg in [("session", books["a"][0]), ("newest_turn_index", books["a"][0]),
+                          ("files_of", books["a"][0]), ("drop_session", books["a"][0]),
+                          ("segment", a_seg.segment_id),
+                          ("mark_damaged", a_seg.segment_id)]:
             with pytest.raises(ValueError, match="another tenant's"):
                 getattr(b.control, verb)(arg)
+        with pytest.raises(ValueError, match="another tenant's"):  # nor C A's, A C's
+            c.control.session(books["a"][0])
         with pytest.raises(ValueError, match="another tenant's"):
-            b.drop_session("chat")
-        # B's own keys do not hit A's blocks (salted); a hit B makes of A's segment (as
-        # if it knew A's keys or listed A's segments) is not loaded.
-        assert b.lookup(tenant_keys("team-b")).num_blocks == 0
-        forged = PrefixHit(4, 0, 4, (HitRun(mine[0], 0, 4, 0),))
+            a.control.drop_session(books["b"][0])
+        # A hit B makes of A's segment (as if it knew A's keys) is not loaded.
+        forged = PrefixHit(4, 0, 4, (HitRun(a_seg, 0, 4, 0),))
         with pytest.raises(ValueError, match="another tenant's"):
             b.control.prepare_load("b-load", forged)
         with pytest.raises(ValueError, match="another tenant's"):
-            b.load(keys, empty_kv(SMALL, SLOTS), list(range(4)))
-        # B cannot write into A's session (nor take its name).
-        with pytest.raises(ValueError, match="another tenant's"):
-            b.store_turn("chat", tenant_keys("team-b"), random_kv(SMALL, SLOTS, seed=6),
-                         list(range(4)), TO_SSD)
+            b.load(keys["a"], empty_kv(SMALL, SLOTS), list(range(4)))
         st = b.control.stats()
         assert (st.stores_in_flight, st.loads_in_flight) == (0, 0)
 
-        # A still lists, loads (byte for byte) and drops its session.
-        assert a.control.session_ids() == ["chat"]
-        assert a.inspect()["sessions"][0]["session_id"] == "chat"
-        assert_loads(a, keys, kv)
+        # B drops its "chat": A's and C's are untouched, still byte for byte.
+        assert b.drop_session("chat").sessions == ("chat",)
+        assert b.control.session_ids() == [] and b.lookup(keys["b"]).num_blocks == 0
+        for t in ("a", "c"):
+            assert stores[t].control.session_ids() == ["chat"]
+            assert_loads(stores[t], keys[t], kvs[t])
+        # A names its own session by its books' name too.
+        assert a.control.session(books["a"][0]).session_id == "chat"
         assert a.drop_session("chat").sessions == ("chat",)
-        # The name is free again: B may now use it for its own session.
-        kb = tenant_keys("team-b")
-        assert b.store_turn("chat", kb, kv, list(range(4)), TO_SSD).num_blocks == 4
-        assert a.control.session_ids() == [] and b.control.session_ids() == ["chat"]
+        assert c.control.session_ids() == ["chat"]
+        assert_loads(c, keys["c"], kvs["c"])
+    finally:
+        for store in (a, b, c):
+            store.close()
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_a_session_id_that_is_not_one_is_refused_by_name(tmp_path: Path) -> None:
+    """The prefix counts in the id's bytes; the tenant without a salt cannot name a
+    tenant's namespace."""
+    svc = start(tmp_path)
+    a, c = attached(svc, "team-a"), attached(svc, "")
+    try:
+        kv = random_kv(SMALL, SLOTS, seed=3)
+        with pytest.raises(ValueError, match="tenant's prefix"):
+            a.store_turn("x" * 2040, tenant_keys("team-a"), kv, list(range(4)), TO_SSD)
+        with pytest.raises(ValueError, match="another tenant's namespace"):
+            c.store_turn("\x1fchat", tenant_keys(""), kv, list(range(4)), TO_SSD)
+        assert a.control.session_ids() == [] and c.control.session_ids() == []
     finally:
         a.close()
-        b.close()
+        c.close()
         assert svc.stop() == 0, svc.stderr()
 
 
 def test_tenants_survive_a_restart_and_a_lost_record_is_claimed_by_keys(tmp_path: Path
                                                                          ) -> None:
+    """A tenant's sessions are its by their names, record or not; a plain one (the
+    tenant without a salt) whose record was lost is no one's until its keys hit it."""
     svc = start(tmp_path)
-    kv = random_kv(SMALL, SLOTS, seed=7)
-    keys = tenant_keys("team-a")
-    a = attached(svc, "team-a")
-    try:
-        assert a.store_turn("chat", keys, kv, list(range(4)), TO_SSD).num_blocks == 4
-    finally:
-        a.close()
-        assert svc.stop() == 0, svc.stderr()
+    kvs = {t: random_kv(SMALL, SLOTS, seed=7 + n) for n, t in enumerate(("team-a", ""))}
+    keys = {t: tenant_keys(t) for t in kvs}
+    for t in kvs:
+        store = attached(svc, t)
+        try:
+            assert store.store_turn("chat", keys[t], kvs[t], list(range(4)),
+                                    TO_SSD).num_blocks == 4
+        finally:
+            store.close()
+    assert svc.stop() == 0, svc.stderr()
     for lost in (False, True):
-        if lost:  # a crash right after the first write lost its line: no one's
+        if lost:  # a crash right after the first write lost its line
             (svc.root / RECORD_NAME).unlink()
         svc.start()  # the books recovered from the files
-        a, b = attached(svc, "team-a"), attached(svc, "team-b")
+        a, b, c = attached(svc, "team-a"), attached(svc, "team-b"), attached(svc, "")
         try:
             assert b.control.session_ids() == []
-            assert a.control.session_ids() == ([] if lost else ["chat"])
-            with pytest.raises(ValueError, match="no tenant on record" if lost
-                               else "another tenant's"):
-                b.drop_session("chat")
+            assert a.control.session_ids() == ["chat"]  # its prefix names its tenant
+            assert c.control.session_ids() == ([] if lost else ["chat"])
+            if lost:
+                with pytest.raises(ValueError, match="no tenant on record"):
+                    c.drop_session("chat")
             assert b.lookup(tenant_keys("team-b")).num_blocks == 0
-            assert a.lookup(keys).num_blocks == 4  # A's keys find it: A's from now on
-            assert a.control.session_ids() == ["chat"] and b.control.session_ids() == []
+            assert c.lookup(keys[""]).num_blocks == 4  # its keys find it: its from now on
+            assert c.control.session_ids() == ["chat"] and b.control.session_ids() == []
+            forged = PrefixHit(4, 0, 4, tuple(HitRun(s, 0, 4, 0)
+                                              for s in c.control.segments()))
             with pytest.raises(ValueError, match="another tenant's"):
-                b.drop_session("chat")
-            assert_loads(a, keys, kv)
+                b.control.prepare_load("b-load", forged)
+            for t, store in (("team-a", a), ("", c)):
+                assert_loads(store, keys[t], kvs[t])
         finally:
-            a.close()
-            b.close()
+            for store in (a, b, c):
+                store.close()
             assert svc.stop() == 0, svc.stderr()

@@ -2,8 +2,9 @@
 and each tensor-parallel rank punches its own part's file (split heads: ``ROOT/tp0``,
 ``ROOT/tp1``), so every part's sliding layer holds the newest window only, and an
 engine attached later still restores every block of the newest turn on every rank. An
-attached ``FlatCakeStore`` punches what the service's books release of its turns the
-same way, and the SSD budget counts what the file holds."""
+attached ``FlatCakeStore``'s turns release rows the same way, and the SSD budget counts
+what the file holds. The service punches every release itself, in every part's
+directory: no engine's workers nor store is handed rows that may be another tenant's."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.store.helpers import paged, session_keys, small_config
 pytest.importorskip("zmq")
 
 
-def test_every_rank_punches_its_part_and_the_newest_turn_restores(tmp_path: Path) -> None:
+def test_every_part_is_punched_and_the_newest_turn_restores(tmp_path: Path) -> None:
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
                   "placement.short_reply_threshold_tokens=0",
                   "store.release_windows_at_once=true").start()
@@ -40,8 +41,8 @@ def test_every_rank_punches_its_part_and_the_newest_turn_restores(tmp_path: Path
                 if layer < 2 or b >= turns * PER_TURN - WINDOW}
         e.close()
         # Another engine, turn 4: every block of the newest turn, byte for byte per
-        # rank. Its store step hands over turn 2's release (its restore read turn 2's
-        # full rows until then); turn 3's waits for the next step that calls.
+        # rank. Its store step releases turn 2's rows (its restore read turn 2's full
+        # rows until then); turn 3's waits for the next step that calls.
         e2 = TensorEngine(svc.sock, TensorRanks(2), seed=30, g=GW)
         run_turn(e2, turns)
         for (rank, layer, b), raw in want.items():
@@ -59,7 +60,8 @@ def test_every_rank_punches_its_part_and_the_newest_turn_restores(tmp_path: Path
         assert svc.stop() == 0, svc.stderr()
 
 
-def test_an_attached_store_punches_what_the_services_books_release(tmp_path: Path) -> None:
+def test_the_service_punches_what_its_books_release_of_an_attached_stores_turns(
+        tmp_path: Path) -> None:
     g = embedded.GEOMETRIES["zero-copy"]
     row, turns, per_turn = g.layer_block_bytes[2], 6, 5
     total = turns * per_turn
@@ -109,33 +111,34 @@ def test_an_attached_store_punches_what_the_services_books_release(tmp_path: Pat
         assert svc.stop() == 0, svc.stderr()
 
 
-def test_releases_an_attached_store_took_and_did_not_punch_are_handed_out_again() -> None:
-    # A store takes the books' releases, then its lease ends before it calls again (it
-    # punches before its next call): the next taker gets them.
+def test_the_service_punches_releases_itself_no_store_is_handed_another_tenants() -> None:
+    # Tenant A's turns release window rows; tenant B's store calls next. On the old code
+    # B was handed A's release to punch (whoever called next was); now the service
+    # punches it itself and no store is handed any.
     from flatcake.clock import ManualClock
     from flatcake.control import ControlPlane
+    from flatcake.control.keys import tenant_tag
     from flatcake.plan.reads import plan_reads
     from flatcake.service.stores import AttachedStore, attached_call, release_store
-    from flatcake.service.tenants import SessionTenants
+    from flatcake.service.tenants import SessionTenants, prefix
 
     g = embedded.GEOMETRIES["zero-copy"]
     cfg = small_config("store.release_windows_at_once=true",
                        "store.ssd_capacity_bytes=268435456", "placement.memory_copy_watermark=0",
-                       "placement.short_reply_threshold_tokens=0",
-                  "store.release_windows_at_once=true")
+                       "placement.short_reply_threshold_tokens=0")
     cp = ControlPlane(g, cfg, ManualClock(), planner=plan_reads, release_windows=True)
     keys = session_keys(32, 10, g)
     for t, n in enumerate((5, 10)):
-        plan = cp.prepare_store("s", keys[:n], turn_index=t, context_tokens=0)
+        plan = cp.prepare_store(prefix(tenant_tag("a")) + "s", keys[:n], turn_index=t,
+                                context_tokens=0)
         assert plan is not None and plan.medium.name == "SSD"
         cp.complete_store(plan, True)
-    a, b = AttachedStore("s1", "a", 1, 0.0), AttachedStore("s2", "b", 2, 0.0)
-    tenants = SessionTenants()
-    taken = attached_call(a, cp, tenants, 0, "take_window_releases", {})
-    assert taken
-    release_store(a, cp, "detached")  # no call since the take: maybe not punched
-    assert attached_call(b, cp, tenants, 0, "take_window_releases", {}) == taken
-    attached_call(b, cp, tenants, 0, "stats", {})  # it punched before calling
+    b = AttachedStore("s2", "b", 2, 0.0, tenant=tenant_tag("b"))
+    punched: list = []
+    assert attached_call(b, cp, SessionTenants(), 0, "take_window_releases", {},
+                         files=lambda drops, cuts, rels: punched.extend(rels)) == []
+    assert punched and {r.segment_id for r in punched} <= {s.segment_id
+                                                             for s in cp.segments()}
     release_store(b, cp, "detached")
-    assert cp.take_window_releases() == []
-    assert cp.stats().window_bytes_released == sum(r.bytes for r in taken)  # once
+    assert cp.take_window_releases() == []  # punched once, by the service
+    assert cp.stats().window_bytes_released == sum(r.bytes for r in punched)

@@ -64,7 +64,7 @@ from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium
 from flatcake.control.plane import ControlPlane
 from flatcake.control.recovery import FileFate, Recovery
-from flatcake.control.types import FileCut, StorePlan
+from flatcake.control.types import FileCut, StorePlan, WindowRelease
 from flatcake.geometry import KVGeometry
 from flatcake.layout import ALIGN
 from flatcake.plan.tasks import StoreDone, StoreTask
@@ -291,6 +291,14 @@ class Executor(ExecutorLoads):
                 self.files.quarantine(file_id)
             else:
                 self.files.delete(file_id)
+
+    def release_window(self, rel: WindowRelease) -> int:
+        """Punch window rows the books released out of their file (shared: one another
+        process created is opened first, as for a drop); the bytes given back."""
+        with self.lock:
+            if self.attached:
+                self.files.attach(rel.file_id)
+            return self.files.release(rel.file_id, rel.pages)
 
     def cut(self, cut: FileCut) -> None:
         """Truncate a file after its last good segment (a damaged one and everything

@@ -145,11 +145,12 @@ class RequestBooks:
                   "loaded_tokens_remote": far * bs, "load_error_blocks": errors}
         stats.update(counts)
 
-    def params(self, bs: int) -> dict[str, Any]:
+    def params(self, bs: int, session_id: str) -> dict[str, Any]:
         """What the connector did for the request, returned to the client in the
-        output's ``kv_transfer_params``."""
+        output's ``kv_transfer_params`` (``session_id``: its session, as the client
+        names it)."""
         out: dict[str, Any] = {
-            "session_id": self.turn.session_id,
+            "session_id": session_id,
             "turn_index": self.turn.turn_index,
             "session_inferred": self.turn.inferred,
             "hit_tokens": self.hit_blocks * bs,

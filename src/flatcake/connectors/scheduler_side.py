@@ -120,6 +120,19 @@ class SessionScope(Protocol):
         """Whether the session is this tenant's (others' block events are not its)."""
         ...
 
+    def name(self, explicit: object) -> object:
+        """The books' name of the session a request names (each tenant names its own)."""
+        ...
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of the sessions the engine starts without a name."""
+        ...
+
+    def own(self, session_id: str) -> str:
+        """The tenant's name of the books' session ``session_id``."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class NodeParts:
@@ -132,8 +145,9 @@ class NodeParts:
     refcount: PrefixRefcount
     recovered_segments: int
     cluster: NodeMember | None = None  # the node service's membership of a cluster
-    # The node service deletes and cuts the files the books drop itself (no engine's
-    # workers are handed another engine's, or another tenant's, files): (drops, cuts).
+    # The node service deletes and cuts the files the books drop and punches the window
+    # rows they release itself (no engine's workers are handed another engine's, or
+    # another tenant's, files): (drops, cuts, releases).
     files: FileWork | None = None
 
     @classmethod
@@ -270,7 +284,10 @@ class SchedulerSide:
             # The turn continues the conversation owning the end of the local hit; its
             # history is everything the cluster holds of the prompt.
             owner = hit_owner(self.control, hit)
-            turn = self.sessions.resolve(req.session_param, end, owner)
+            explicit, prefix = req.session_param, ""
+            if self.scope is not None:  # the tenant's own names
+                explicit, prefix = self.scope.name(explicit), self.scope.prefix
+            turn = self.sessions.resolve(explicit, end, owner, prefix)
             state = self._reqs[req.request_id] = RequestBooks(turn)
             if not self.refcount.holds(req.request_id):
                 self.refcount.add(req.request_id, req.keys)
@@ -363,14 +380,19 @@ class SchedulerSide:
         writing = self.stores.writing()
         unpublish, self._unpublish = self._unpublish, []
         releases = tuple(self.control.take_window_releases())
-        self._handed.append(releases)
+        files = self.node.files if self.node is not None else None
+        handed = releases
+        if files is not None and releases:  # the node service punches them itself
+            files((), (), releases)
+            handed = ()
+        self._handed.append(handed)
         for rel in releases:  # no hit ends in their blocks any more (``control.windows``)
             seg = self.control.segment(rel.segment_id)
             if self.scope is None or self.scope.sees(seg.session_id):
                 self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
                         tuple(r for r in preempted if r in writing), tuple(unpublish),
-                        releases=releases)
+                        releases=handed)
 
     def on_report(self, report: WorkerReport) -> None:
         """``update_connector_output``: completions reported by the workers."""
@@ -457,7 +479,7 @@ class SchedulerSide:
         files = self.node.files if self.node is not None else None
         if files is not None:
             if cuts or drops:
-                files(drops, cuts)
+                files(drops, cuts, ())
             return
         self._file_cuts.extend(cuts)
         self._drops.extend(drops)
@@ -532,11 +554,17 @@ class SchedulerSide:
             # Aborted while its restore runs: the blocks are the restore's target until
             # the worker reports it. A restore still queued in FC-MAS runs all the same
             # (never cancelled); the worker's report of it frees the blocks.
-            return True, state.params(self.geometry.tokens_per_block)
+            return True, self._params(state)
         bs = self.geometry.tokens_per_block
         self.sessions.finish_turn(state.turn, req.num_output_tokens,
                                   req.num_prompt_tokens // bs)
-        return state.store is not None, state.params(self.geometry.tokens_per_block)
+        return state.store is not None, self._params(state)
+
+    def _params(self, state: RequestBooks) -> dict[str, Any]:
+        """The request's ``kv_transfer_params``, its session by its tenant's name."""
+        sid = state.turn.session_id
+        return state.params(self.geometry.tokens_per_block,
+                            sid if self.scope is None else self.scope.own(sid))
 
     # -- reporting -------------------------------------------------------------------
 

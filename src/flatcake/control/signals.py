@@ -188,11 +188,12 @@ class SessionTracker:
         return len(self._sessions)
 
     def resolve(self, explicit: object, num_hit_blocks: int,
-                owner: HitOwner | None) -> TurnInfo:
+                owner: HitOwner | None, prefix: str = "") -> TurnInfo:
         """The turn a new request is (see the module docstring for the rules).
 
         ``explicit``: ``kv_transfer_params.get("session_id")`` (``None`` when absent);
-        ``num_hit_blocks``: length of its stored prefix; ``owner``: who owns its end.
+        ``num_hit_blocks``: length of its stored prefix; ``owner``: who owns its end;
+        ``prefix``: of the sessions it starts (a node service's tenant's namespace).
         """
         if explicit is not None:
             sid = check_session_id(explicit, "kv_transfer_params.session_id")
@@ -205,15 +206,15 @@ class SessionTracker:
             if state is not None and hit_turn is not None and end is not None:
                 # The turn whose blocks the hit ends in is known here.
                 if num_hit_blocks < end.prompt_blocks:
-                    return self._branch(owner, num_hit_blocks)
+                    return self._branch(owner, num_hit_blocks, prefix)
                 if end.branch and self.turns_in_parts and \
                         num_hit_blocks == end.prompt_blocks:  # the branch's next part
-                    return self._branch(owner, num_hit_blocks, end.reply_tokens)
+                    return self._branch(owner, num_hit_blocks, prefix, end.reply_tokens)
                 if end.branch:  # a branch goes on: its conversation gets its own session
-                    return TurnInfo(self._new_session_id(), hit_turn + 1, end.reply_tokens,
-                                    True)
+                    return TurnInfo(prefix + self._new_session_id(), hit_turn + 1,
+                                    end.reply_tokens, True)
                 if hit_turn < max(state.turns):  # after an older turn: a branch
-                    return self._branch(owner, num_hit_blocks, end.reply_tokens)
+                    return self._branch(owner, num_hit_blocks, prefix, end.reply_tokens)
                 return self._turn(owner.session_id, owner.recovered_turns, True,
                                   end.reply_tokens)
             if state is not None:
@@ -222,10 +223,10 @@ class SessionTracker:
                 extends = owner.reaches_newest_segment
             if extends:
                 return self._turn(owner.session_id, owner.recovered_turns, inferred=True)
-            return self._branch(owner, num_hit_blocks)
-        return TurnInfo(self._new_session_id(), 0, None, True)
+            return self._branch(owner, num_hit_blocks, prefix)
+        return TurnInfo(prefix + self._new_session_id(), 0, None, True)
 
-    def _branch(self, owner: HitOwner, num_hit_blocks: int,
+    def _branch(self, owner: HitOwner, num_hit_blocks: int, prefix: str,
                 prev_reply_tokens: int | None = None) -> TurnInfo:
         """A branch of ``owner``'s session: the first session along its heirs whose
         branch tails are under the cap (a new heir when the last one is full)."""
@@ -233,7 +234,7 @@ class SessionTracker:
         while state is not None and (state.explicit
                                      or state.branch_blocks >= self.max_branch_blocks):
             if state.heir is None:
-                state.heir = self._new_session_id()
+                state.heir = prefix + self._new_session_id()
             sid, state = state.heir, self._sessions.get(state.heir)
         recovered = owner.recovered_turns if sid == owner.session_id else 0
         turn_index = recovered if state is None else max(state.num_turns, recovered)

@@ -57,7 +57,7 @@ from flatcake.control.address import Medium
 from flatcake.control.index import EMPTY_HIT, PrefixHit, trim_hit
 from flatcake.control.plane import ControlPlane
 from flatcake.control.queues import RestoreRequest
-from flatcake.control.types import FileCut, LoadPlan, ReclaimAction, StorePlan
+from flatcake.control.types import FileCut, LoadPlan, ReclaimAction, StorePlan, WindowRelease
 from flatcake.plan.remote import RemoteRun, trim_runs
 from flatcake.plan.stream import StreamPlanner
 from flatcake.plan.tasks import FileDrop, LoadDone, LoadTask, StoreTask
@@ -265,9 +265,10 @@ def store_task(request_id: str, plan: StorePlan, block_ids: Sequence[int]) -> St
         int(b) for b in block_ids[first:first + plan.segment.num_blocks]))
 
 
-# Who deletes and cuts the files the books dropped, where it is not the caller's data
-# plane (a node service's own): (drops, cuts).
-FileWork = Callable[[Sequence[FileDrop], Sequence[FileCut]], None]
+# Who deletes and cuts the files the books dropped and punches the window rows they
+# released, where it is not the caller's data plane (a node service's own): (drops,
+# cuts, releases).
+FileWork = Callable[[Sequence[FileDrop], Sequence[FileCut], Sequence[WindowRelease]], None]
 
 
 def reclaim_tasks(actions: Iterable[ReclaimAction]) -> tuple[list[FileCut], list[FileDrop]]:

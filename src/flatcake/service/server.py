@@ -28,20 +28,25 @@ another caller attached is refused, whatever id it sends.
 
 Tenants: each engine and store names its tenant (a digest of its key salt,
 ``control.keys.tenant_tag``; an engine's is its ``engine.tenant_salt``'s)
-when it attaches; the service records the tenant of each session written and scopes
-every session verb of an attached store, and every hit and store of an engine, to its
-tenant's sessions (``service.tenants``: a write into another tenant's session is
-refused by name; an engine's turn is then not stored, its hit a miss).
+when it attaches; the session ids it sends are its tenant's own (``service.tenants``
+prefixes them with its tenant for the books, and strips the prefix from answers), and
+every session verb of an attached store, and every hit of an engine, is scoped to its
+tenant's sessions (another tenant's is refused by name; an engine's hit of one is a
+miss).
 
 Leases: every call renews its engine's; an engine silent for ``store.node_lease_s`` is
 released: its restores' pins dropped, its unfinished writes rolled back (never
 published); those its processes may still write are fenced (``service.fences``: never
 published, their ranges held until its workers report them or its processes are gone);
 its FC-MAS queue gone. It re-attaches on its next call, as after a service restart.
+An engine whose client gave up on a step (its answer came past the timeout) is released
+as soon as that client's next call names the step: the step's stores, which no worker
+was handed, rolled back at once.
 
-Files: the service deletes and cuts the session files the books drop itself
-(``NodeParts.files``), whichever client's call made the reclaim; an attached store is
-told only of its own tenant's sessions dropped.
+Files: the service deletes and cuts the session files the books drop, and punches the
+window rows they release, itself (``NodeParts.files``), whichever client's call made
+the reclaim or the release; an attached store is told only of its own tenant's sessions
+dropped.
 
 An attached store's ``servable`` that must wait for a store in flight (``wait_s``) is
 held and answered once that store is durable, failed or rolled back, or its wait is up.
@@ -77,6 +82,7 @@ from flatcake.connectors.node_verbs import ATTACH, ENGINE
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.control import ControlPlane, FileCut
 from flatcake.control.keys import TENANT_TAG_BYTES, tenant_tag
+from flatcake.control.types import WindowRelease
 from flatcake.geometry import KVGeometry
 from flatcake.layout import describe_layers
 from flatcake.link import trust, verbs, wire
@@ -110,6 +116,9 @@ class _Engine:
     owner: Owner
     tenant: bytes
     started: int | None  # its process's start time (``fences.process_start``)
+    # The stores (segment ids) each of its last steps handed its workers, by call id:
+    # a step its client gave up on was never read, so no worker has its stores.
+    steps: dict[int, frozenset[int]] = dataclasses.field(default_factory=dict)
 
 
 socket_path = wire.socket_path
@@ -241,15 +250,19 @@ class NodeService(CallLoop):
                     describe_layers(geometry.layer_block_bytes), ranks)
         return self._parts
 
-    def _file_work(self, drops: Sequence[FileDrop], cuts: Sequence[FileCut]) -> None:
-        """Delete and cut the files the books dropped, in every part's directory: the
-        service's own work, never a client's (a reclaim one engine's or store's call
-        triggered may drop another tenant's sessions)."""
+    def _file_work(self, drops: Sequence[FileDrop], cuts: Sequence[FileCut],
+                   releases: Sequence[WindowRelease]) -> None:
+        """Delete and cut the files the books dropped and punch the window rows they
+        released, in every part's directory: the service's own work, never a client's
+        (a reclaim one engine's or store's call triggered may drop another tenant's
+        sessions; the rows a newer turn superseded may be another tenant's)."""
         for ex in self._rank_roots:
             for cut in cuts:
                 ex.cut(cut)
             for drop in drops:
                 ex.drop(drop.file_id, drop.quarantine)
+            for rel in releases:
+                ex.release_window(rel)
 
     def _unmake_books(self) -> None:
         """Undo a ``_make_books`` that failed: its parts closed, the root locked by the
@@ -313,6 +326,11 @@ class NodeService(CallLoop):
         side, values = engine.side, tuple(args.values())
         if method == "step":
             plan: StepPlan = side.build_step(*values)
+            if plan.stores:
+                engine.steps[call_id] = frozenset(t.plan.segment.segment_id
+                                                  for t in plan.stores)
+                if len(engine.steps) > wire.MAX_GAVE_UP:
+                    del engine.steps[next(iter(engine.steps))]
             return plan, side.has_work(), side.take_events()
         if method == "update":
             report, finished = values
@@ -340,11 +358,20 @@ class NodeService(CallLoop):
 
     def gave_up(self, engine_id: str, caller: Caller, call_ids: tuple[int, ...]) -> None:
         """``caller`` stopped waiting for ``call_ids`` of store ``engine_id``: what they
-        prepared is rolled back, and one not read yet is never run. (An engine that
-        gave up attaches anew; the old one's lease ends and rolls back what it held.)"""
+        prepared is rolled back, and one not read yet is never run. An engine that gave
+        up on a call attaches anew (the call naming them is its attach): the old one is
+        released now if they name one of its steps, whose stores no worker was handed
+        (rolled back; those of the steps it read fenced as at a lease's end), else when
+        its lease ends."""
         store = self._stores.get(engine_id)
         if store is not None and store.owner.admits(caller):
             abandon_calls(store, self._books(), call_ids)
+        for engine in list(self._engines.values()):
+            unread = frozenset().union(*(engine.steps.get(c, ()) for c in call_ids))
+            if unread and engine.owner.admits(caller):
+                self._release(engine, f"gave up on a step (its {len(unread)} stores "
+                              "never handed to its workers: rolled back)",
+                              lease_ended=True, unread=unread)
 
     def _attach(self, now: float, owner: Owner, name: str, pid: int,
                 geometry: KVGeometry, ranks: TensorRanks, config: FlatCakeConfig
@@ -394,15 +421,21 @@ class NodeService(CallLoop):
         logger.info("store %s attached (%s, pid %d)", client_id, name, pid)
         return Attached(client_id, self.config, parts.recovered_segments)
 
-    def _release(self, engine: _Engine, why: str, lease_ended: bool = False) -> None:
+    def _release(self, engine: _Engine, why: str, lease_ended: bool = False,
+                 unread: frozenset[int] = frozenset()) -> None:
         """Its restores unpinned, its unfinished writes rolled back; those its workers
         were handed fenced where its lease ended and its processes may still write them
         (``service.fences``: freed once its workers report them or its processes are
-        gone)."""
+        gone). ``unread``: stores (segment ids) of steps its client never read, which
+        no worker has (none reported them): rolled back."""
         del self._engines[engine.engine_id]
         busy = engine.side.has_work()
         writing = engine.side.abandon()
         control = self._books()
+        for plan, n in [(p, n) for p, n in writing
+                        if n == 0 and p.segment.segment_id in unread]:
+            control.complete_store(plan, False)
+            writing.remove((plan, n))
         fenced = None
         if lease_ended:
             fenced = fence(control, f"engine {engine.engine_id}", engine.pid,

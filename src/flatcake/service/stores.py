@@ -2,7 +2,8 @@
 their ``ControlPlane`` calls, run on the node's books on each store's own FC-MAS queue,
 and what each holds there (its loads and stores in flight), released when its lease ends
 or it detaches. Each call is scoped to the store: to its tenant's sessions and segments
-(``service.tenants``: another tenant's are left out of listings and refused by name)
+(``service.tenants``: the session ids it names are its tenant's own, translated to the
+books' names and back; another tenant's are left out of listings and refused by name)
 and to its own loads and stores in flight (another store's are not its to complete).
 A ``servable`` asked to wait for a store in flight is held (``ServableWait``) and
 answered by the service's loop once the store is durable.
@@ -25,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flatcake.control import ControlPlane, StorePlan
-from flatcake.control.types import ReclaimAction, WindowRelease
+from flatcake.control.types import ReclaimAction
 from flatcake.link import verbs, wire
 from flatcake.link.trust import NOBODY, Owner
 from flatcake.plan.requests import FileWork, Servable, begin_store, reclaim_tasks, servable
 from flatcake.plan.stream import StreamPlanner
 from flatcake.service.fences import Fenced, fence
-from flatcake.service.tenants import SessionTenants
+from flatcake.service.tenants import SessionTenants, inside, outside
 
 logger = logging.getLogger("flatcake.service")
 
@@ -47,9 +48,6 @@ class AttachedStore:
     started: int | None = None  # its process's start time (``process_start``)
     loads: set[Any] = dataclasses.field(default_factory=set)
     stores: dict[int, StorePlan] = dataclasses.field(default_factory=dict)
-    # The window releases of its last take, until its next call: it punches them
-    # before it calls again (``FlatCakeStore._release_windows``).
-    handed: tuple[WindowRelease, ...] = ()
     owner: Owner = NOBODY  # the caller that attached it: only it calls as this store
     tenant: bytes = b""  # its key salt's tag (``control.keys.tenant_tag``)
     # What each call in flight prepared (call id -> ("store", segment id) or ("load",
@@ -88,6 +86,8 @@ def _scope(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
     for a completion of what is not ``store``'s own (not run: another store's load or
     store in flight, or one its lease already ended)."""
     tenant = store.tenant
+    if "session_id" in args:  # the caller's name of it, the books' from here on
+        args["session_id"] = inside(tenant, args["session_id"], method)
     if method in _SESSION_VERBS:
         tenants.check(control, tenant, args["session_id"], method)
     elif method in _SEGMENT_VERBS:
@@ -147,35 +147,36 @@ def _made(store: AttachedStore, kind: str, key: Any) -> None:
         del store.made_by[call_id]
 
 
-def _reclaimed(store: AttachedStore, tenants: SessionTenants, files: FileWork | None,
+def _reclaimed(store: AttachedStore, tenants: SessionTenants, files: FileWork,
                actions: Sequence[ReclaimAction]) -> list[ReclaimAction]:
     """The books dropped ``actions`` in a call of ``store``: the service deletes and
     cuts their files itself (``files``); the store is told of its tenant's sessions
-    only (another tenant's dropped sessions are not its to know nor to act on)."""
-    if files is not None:
-        cuts, drops = reclaim_tasks(actions)
-        if cuts or drops:
-            files(drops, cuts)
-    mine = set(tenants.visible(store.tenant, {a.session_id for a in actions}))
-    return [a for a in actions if a.session_id in mine]
+    only, by its names (another tenant's dropped sessions are not its to know nor to
+    act on)."""
+    cuts, drops = reclaim_tasks(actions)
+    if cuts or drops:
+        files(drops, cuts, ())
+    mine = tenants.names(store.tenant, {a.session_id for a in actions})
+    return [dataclasses.replace(a, session_id=mine[a.session_id]) for a in actions
+            if a.session_id in mine]
 
 
 def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
                   call_id: int, method: str, args: dict[str, Any], *,
-                  files: FileWork | None = None) -> Any:
+                  files: FileWork) -> Any:
     """Call ``call_id`` of an attached store: one ``ControlPlane`` call (``args`` by
     parameter name, decoded as ``link.verbs.CONTROL[method]`` declares), on its own
     FC-MAS queue, scoped to its tenant and to what it holds (module docstring); its
     loads and stores in flight are kept for its lease, and by call until they complete
     (``abandon_calls``). ``servable`` with ``wait_s`` may answer a ``ServableWait`` for
-    the service to hold. The files of what the books drop are the service's
-    (``files``, ``_reclaimed``)."""
+    the service to hold. The files of what the books drop, and the window rows they
+    release, are the service's (``files``: ``_reclaimed``, and an attached store's
+    ``take_window_releases`` is answered with none, whoever's rows they were)."""
     if method not in verbs.CONTROL:
         raise wire.NodeRefused(f"unknown control call {method!r}")
     if call_id in store.abandoned:  # given up on before it was read
         del store.abandoned[call_id]
         raise wire.NodeRefused(f"{method} not run: {wire.GAVE_UP}")
-    store.handed = ()  # punched before this call
     if not _scope(store, control, tenants, method, args):
         return None
     if method == verbs.SERVABLE.name:
@@ -210,14 +211,18 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
     if method == "lookup":
         tenants.claim_hit(control, store.tenant, out)
     elif method == "session_ids":
-        return tenants.visible(store.tenant, out)
+        return list(tenants.names(store.tenant, out).values())
+    elif method == "session":  # its own (``_scope``), a copy by its name
+        name = outside(store.tenant, out.session_id)
+        assert name is not None  # its own: named in its namespace
+        return dataclasses.replace(out, session_id=name)
     elif method == "segments":
         segs = list(out)
-        mine = set(tenants.visible(store.tenant, {s.session_id for s in segs}))
+        mine = tenants.names(store.tenant, {s.session_id for s in segs})
         return [s for s in segs if s.session_id in mine]
     elif method == "ready_cuts":
-        mine = set(tenants.visible(store.tenant, {sid for sid, _ in out}))
-        return [(sid, seg) for sid, seg in out if sid in mine]
+        mine = tenants.names(store.tenant, {sid for sid, _ in out})
+        return [(mine[sid], seg) for sid, seg in out if sid in mine]
     elif method == "complete_load":
         store.loads.discard(args["request_id"])
         _made(store, "load", args["request_id"])
@@ -226,26 +231,25 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
     elif method == "complete_store":
         store.stores.pop(args["plan"].segment.segment_id, None)
         _made(store, "store", args["plan"].segment.segment_id)
-    elif method == "take_window_releases":
-        store.handed = tuple(out)
+    elif method == "take_window_releases":  # the service punches them, not the store
+        files((), (), out)
+        return []
     elif method in ("take_reclaim_actions", "settle_damage", "reclaim"):
         return _reclaimed(store, tenants, files, out)
     elif method == "drop_session":  # its own session (``_scope``)
-        _reclaimed(store, tenants, files, [out])
+        return _reclaimed(store, tenants, files, [out])[0]
     return out
 
 
 def release_store(store: AttachedStore, control: ControlPlane | None, why: str, *,
                   lease_ended: bool = False) -> Fenced | None:
     """Its lease ended (or it detached): its restores unpinned, its FC-MAS queue gone,
-    the window releases it may not have punched handed out again, its unfinished writes
-    rolled back (never published). A store whose lease ended and whose process may still
-    be there has its unfinished writes fenced (``service.fences``): returned, for
-    ``free_fenced`` once its process is gone."""
+    its unfinished writes rolled back (never published). A store whose lease ended and
+    whose process may still be there has its unfinished writes fenced
+    (``service.fences``): returned, for ``free_fenced`` once its process is gone."""
     busy = bool(store.loads or store.stores)
     fenced = None
     if control is not None:
-        control.give_back_window_releases(store.handed)
         for request_id in store.loads:
             control.complete_load(request_id)
         if lease_ended:

@@ -1,10 +1,27 @@
-"""Which tenant each session of the node's books belongs to, so that no session verb of
-one tenant's attached store lists, reads, loads, drops or writes another's.
+"""Each tenant's own session names over the node's books, and which tenant each session
+belongs to, so that no session verb of one tenant's attached store or engine lists,
+reads, loads, drops or writes another's, and two tenants naming the same session are
+both served, each its own.
+
+Names: a tenant names its sessions in its own namespace. The service translates, in
+this module only, every session id a client sends into the books' name and back in its
+answers (``inside``, ``outside``); the books stay tenant-blind::
+
+    the client names     the books hold (and the session file's header)
+    "chat", no salt      "chat"
+    "chat", tenant T     U+001F, T in 32 hex digits, U+001F, "chat"
+
+so two tenants' "chat" are two sessions, and a restart recovers each one's tenant from
+its name. Segments and store plans carry the books' name (the attached store writes it
+into the session file's header); every verb also takes a tenant's own books' name, and
+refuses another namespace's (an id that starts with U+001F and not the caller's prefix).
 
 A tenant is its key salt (``control.keys.tenant_tag``: a digest of ``tenant_salt``,
 empty for none), named by a store or an engine when it attaches. Block keys are salted,
-so nobody can name another tenant's blocks by key; sessions and segments are named by
-plain ids, so the service keeps the tenant of each session it saw written::
+so nobody can name another tenant's blocks by key. A session with a tenant's prefix is
+that tenant's; the plain names (the tenant without a salt, sessions written before the
+names had prefixes, an embedded store's) are the ones whose tenant the service records
+when it sees them written::
 
     a session is        who may name it
     not in the books    anyone (a store writing it first makes it its tenant's)
@@ -20,9 +37,11 @@ its session unrecorded, never another tenant's), rewritten with the live session
 once it holds many more lines than them. The books stay tenant-blind; only the
 service's verbs consult this. Owned by the service's loop thread (no lock).
 
-An attached engine's scheduler half is held to the same rules (``TenantScope``): a hit
-holding another tenant's session is looked up as a miss, a turn naming another
-tenant's session is not stored, and its block events leave out other tenants' blocks.
+An attached engine's scheduler half is held to the same rules (``TenantScope``): the
+sessions its requests name and those it starts are its tenant's (``name``, ``prefix``;
+named back by ``own``), a hit holding another tenant's session is looked up as a miss,
+a turn into another tenant's plain session is not stored, and its block events leave
+out other tenants' blocks.
 """
 
 from __future__ import annotations
@@ -36,12 +55,52 @@ from pathlib import Path
 
 from flatcake.control import ControlPlane
 from flatcake.control.index import PrefixHit
+from flatcake.control.sessions import check_session_id
 from flatcake.link import trust, wire
 
 logger = logging.getLogger("flatcake.service")
 
 RECORD_NAME = "tenants"
 _COMPACT_LINES = 4096  # rewritten past this many lines more than twice the live ones
+MARK = "\x1f"  # opens and closes a tenant's prefix in the books' names
+
+
+def prefix(tenant: bytes) -> str:
+    """The books' prefix of ``tenant``'s session names ("" for the tenant without a
+    salt)."""
+    return f"{MARK}{tenant.hex()}{MARK}" if tenant else ""
+
+
+def inside(tenant: bytes, session_id: object, verb: str) -> str:
+    """The books' name of ``tenant``'s session ``session_id`` (its own books' name is
+    kept); ``NodeRefused`` for an id that is not one (not a non-empty str, too long with
+    the prefix, or another tenant's namespace)."""
+    try:
+        check_session_id(session_id)
+    except ValueError as exc:
+        raise wire.NodeRefused(f"{verb}: {exc}") from None
+    assert isinstance(session_id, str)
+    own = prefix(tenant)
+    if session_id.startswith(MARK):
+        if own and session_id.startswith(own):
+            return session_id
+        raise wire.NodeRefused(f"{verb}: session {session_id[:80]!r} is in another "
+                               "tenant's namespace (an id that starts with U+001F is a "
+                               "tenant's name in the books): refused")
+    try:
+        return check_session_id(own + session_id)
+    except ValueError as exc:
+        raise wire.NodeRefused(f"{verb}: {exc} ({len(own)} bytes of it the tenant's "
+                               "prefix)") from None
+
+
+def outside(tenant: bytes, name: str) -> str | None:
+    """``tenant``'s name of the books' session ``name``; None where ``name`` is not in
+    its namespace."""
+    own = prefix(tenant)
+    if own:
+        return name[len(own):] if name.startswith(own) else None
+    return None if name.startswith(MARK) else name
 
 
 class SessionTenants:
@@ -93,8 +152,8 @@ class SessionTenants:
             self._fd = -1
 
     def _record(self, session_id: str, tenant: bytes) -> None:
-        if self._of.get(session_id) == tenant:
-            return
+        if session_id.startswith(MARK) or self._of.get(session_id) == tenant:
+            return  # a prefixed name is its prefix's tenant's
         self._of[session_id] = tenant
         if self._path is None:
             return
@@ -112,6 +171,9 @@ class SessionTenants:
     def owns(self, control: ControlPlane, tenant: bytes, session_id: str) -> bool:
         """Whether ``tenant`` may name ``session_id`` (yes when the books do not hold
         it: there is nothing of anyone's to see)."""
+        if session_id.startswith(MARK):
+            own = prefix(tenant)
+            return bool(own) and session_id.startswith(own)
         got = self._of.get(session_id)
         if got == tenant:
             return True
@@ -129,7 +191,8 @@ class SessionTenants:
         if self.owns(control, tenant, session_id):
             return
         whose = ("has no tenant on record (its record was lost): the first tenant "
-                 "whose lookup finds its blocks claims it" if session_id not in self._of
+                 "whose lookup finds its blocks claims it"
+                 if session_id not in self._of and not session_id.startswith(MARK)
                  else "is another tenant's")
         raise wire.NodeRefused(f"{verb}: session {session_id!r} {whose}: refused")
 
@@ -138,7 +201,7 @@ class SessionTenants:
         """Refuse ``tenant``'s write of ``keys`` into a session it does not own; an
         unrecorded one it continues (its keys hit the session's blocks) becomes its."""
         if isinstance(session_id, str) and session_id not in self._of \
-                and self._held(control, session_id) \
+                and not session_id.startswith(MARK) and self._held(control, session_id) \
                 and any(run.segment.session_id == session_id
                         for run in control.lookup(keys).runs):
             self._record(session_id, tenant)
@@ -168,9 +231,17 @@ class SessionTenants:
         for sid in {run.segment.session_id for run in hit.runs}:
             self.check(control, tenant, sid, verb)
 
-    def visible(self, tenant: bytes, session_ids: Iterable[str]) -> list[str]:
-        """The sessions of ``session_ids`` that are ``tenant``'s."""
-        return [s for s in session_ids if self._of.get(s) == tenant]
+    def names(self, tenant: bytes, session_ids: Iterable[str]) -> dict[str, str]:
+        """The books' sessions ``session_ids`` that ``tenant`` names: each one's name
+        for it, by its books' name (a plain session recorded for a tenant with a
+        prefix, written before names had one, is left out: it cannot name it)."""
+        out = {}
+        for sid in session_ids:
+            if sid.startswith(MARK) or self._of.get(sid) == tenant:
+                name = outside(tenant, sid)
+                if name is not None:
+                    out[sid] = name
+        return out
 
     def sweep(self, control: ControlPlane) -> None:
         """Forget the sessions the books no longer hold (reclaimed, dropped); rewrite
@@ -203,4 +274,22 @@ class TenantScope:
 
     def sees(self, session_id: str) -> bool:
         """Whether ``session_id`` is on record as this tenant's."""
-        return self.tenants.visible(self.tenant, (session_id,)) == [session_id]
+        return session_id in self.tenants.names(self.tenant, (session_id,))
+
+    def name(self, explicit: object) -> object:
+        """The books' name of the session a request names (``inside``); None (no
+        name) and what is not a str (refused by the session tracker) as they are."""
+        if not isinstance(explicit, str):
+            return explicit
+        return inside(self.tenant, explicit, "kv_transfer_params.session_id")
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of the sessions this engine starts without a name."""
+        return prefix(self.tenant)
+
+    def own(self, session_id: str) -> str:
+        """This tenant's name of the books' session ``session_id`` (a plain one it
+        cannot name, written before names had prefixes, as it is)."""
+        name = outside(self.tenant, session_id)
+        return session_id if name is None else name
