@@ -3,9 +3,8 @@ goes with its lookup (one call for the two hooks), and when another call comes f
 goes alone just before it, so the service sees every request enter before anything
 else the engine asks (its prompt tokens counted, its blocks in the shared-prefix
 refcount); the store a step plans goes with the step; a request without a load
-finishes without a call, and a workers' report without loads is sent with no call of
-its own, the service learning of each with the next call, before what that one asks.
-A new request is two calls: its lookup and the step computing its prompt."""
+finishes without a call, the service learning of it with the next one, before what
+that one asks. A new request is three calls: lookup, step, the workers' report."""
 
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ def test_a_call_before_the_lookup_sends_the_new_request_first(
     assert calls == ["new_request", "request_finished", "take_stats"]
 
 
-def test_a_new_request_is_two_calls(engine: tuple[Engine, list[str]]) -> None:
+def test_a_new_request_is_three_calls(engine: tuple[Engine, list[str]]) -> None:
     e, calls = engine
     v = view("r1", tokens([], 13, 100), computed=13)
     e.sched.new_request(v)
@@ -79,36 +78,15 @@ def test_a_new_request_is_two_calls(engine: tuple[Engine, list[str]]) -> None:
     store = plan.stores[0].plan
     e.sched.on_report(WorkerReport(stores=(StoreDone("r1", store.segment.segment_id, True),)))
     assert e.sched.take_released([]) == []
+    assert calls == ["num_matched_tokens", "step", "update"]
     delay, params = e.sched.request_finished(v)
-    assert calls == ["num_matched_tokens", "step"]  # the report and the finish wait
+    assert calls == ["num_matched_tokens", "step", "update"]  # answered by the engine
     assert delay and params is not None  # its blocks wait for the store's report
     assert params["flatcake"] == {
         "session_id": store.session_id, "turn_index": 0, "session_inferred": True,
         "hit_tokens": 0, "loaded_tokens_memory": 0, "loaded_tokens_ssd": 0,
         "load_error_blocks": 0, "stored_blocks": 3,
         "placement": f"{store.medium.name.lower()}:{store.placement.rule.value}"}
-    # The report goes with the next lookup, before it: the prompt again hits.
-    again = view("r2", tokens([], 13, 100))
-    e.sched.new_request(again)
-    assert e.sched.num_matched_tokens(again, 0) == (12, store.medium.name == "SSD")
-    assert calls == ["num_matched_tokens", "step", "num_matched_tokens"]
-
-
-def test_an_engine_steps_until_a_report_without_loads_is_sent(
-        engine: tuple[Engine, list[str]]) -> None:
-    e, calls = engine
-    v = view("r1", tokens([], 13, 100), computed=13)
-    e.sched.new_request(v)
-    e.sched.num_matched_tokens(v, 0)
-    store = e.sched.build_step((), [(v, [0, 1, 2])]).stores[0].plan
-    e.sched.on_report(WorkerReport(stores=(StoreDone("r1", store.segment.segment_id, True),)))
-    e.sched.take_released([])
-    assert e.sched.has_pending_stores()  # the engine keeps stepping: it is not sent yet
-    e.sched.build_step()
-    assert calls == ["num_matched_tokens", "step", "step"]
-    assert not e.sched.has_pending_stores()  # durable and published
-    e.sched.build_step()
-    assert calls == ["num_matched_tokens", "step", "step"]
 
 
 def test_a_finish_goes_with_the_next_call_before_what_it_asks(

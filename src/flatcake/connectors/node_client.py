@@ -6,10 +6,8 @@ out is answered here without one, a request's ``new_request`` goes with its look
 (or, when another call comes first, just before it), the stores a step plans go with
 the step, and ``request_finished`` of a request with no load is answered here (its
 ``kv_transfer_params`` are its lookup's, plus its store's) and goes with the next
-call (the next ``update``, ``step`` or lookup; alone before any other). So does a
-workers' report that holds no load (stores durable: the step after it, or a lookup
-before that, carries it; the engine keeps stepping while stores are unreported), so a
-new request's hooks are two calls: its lookup and the step computing its prompt.
+call (the next ``update``, ``step`` or lookup; alone before any other), so a new
+request's hooks are three calls: lookup, step, the workers' report.
 
 When the service does not answer within ``store.node_timeout_s`` (down, restarting)
 the engine keeps serving: lookups miss, stores are skipped, restores already running
@@ -86,8 +84,6 @@ class RemoteSchedulerSide:
         self._params: dict[str, dict[str, Any] | None] = {}
         self._loading: set[str] = set()
         self._stored: dict[str, StorePlan] = {}
-        # The workers' reports holding no load since the last call: with the next.
-        self._stored_report: WorkerReport | None = None
         self._attach()
 
     # -- attachment -----------------------------------------------------------------
@@ -131,8 +127,6 @@ class RemoteSchedulerSide:
             self._send_new()
         if self._done and method not in _DONE_WITH:
             self._send_done()
-        if self._stored_report is not None and method not in _DONE_WITH:
-            self._send_stored()
         return self._send(method, *args)
 
     def _send(self, method: str, *args: Any) -> Any:
@@ -182,14 +176,6 @@ class RemoteSchedulerSide:
             with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
                 self._send("request_finished", req)
 
-    def _send_stored(self) -> None:
-        with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
-            self._update(self._take_stored(), [])
-
-    def _take_stored(self) -> WorkerReport | None:
-        report, self._stored_report = self._stored_report, None
-        return report
-
     def _done_with(self) -> tuple[RequestView, ...]:
         """The finished requests that go with this call (sent once)."""
         done, self._done = tuple(self._done), []
@@ -204,7 +190,7 @@ class RemoteSchedulerSide:
         try:
             n, is_async, self._params[req.request_id] = self._call(
                 "num_matched_tokens", req, num_local_tokens, entered, others,
-                self._done_with(), self._take_stored())
+                self._done_with())
         except wire.NodeUnavailable:
             return 0, False
         if n:
@@ -248,14 +234,14 @@ class RemoteSchedulerSide:
                    computed: Sequence[tuple[RequestView, Sequence[int]]] = ()) -> StepPlan:
         failed, self._failed = tuple(self._failed), []
         if not (self._pending_stores or self._admitted or preempted or computed
-                or self._done or self._stored_report is not None) or not self.engine_id:
+                or self._done) or not self.engine_id:
             # Nothing of ours in flight: only file work another engine left could be
             # waiting, and the next step that has something collects it.
             return StepPlan(failed_loads=failed)
         try:
             plan, self._pending_stores, events = self._call(
                 "step", tuple(preempted), tuple((r, list(ids)) for r, ids in computed),
-                self._done_with(), self._take_stored())
+                self._done_with())
         except (wire.NodeUnavailable, wire.NodeRefused):
             return StepPlan(failed_loads=(*failed, *self._take_failed()))
         self._events.extend(events)
@@ -275,43 +261,27 @@ class RemoteSchedulerSide:
         return out
 
     def has_pending_stores(self) -> bool:
-        return self._pending_stores or self._stored_report is not None
+        return self._pending_stores
 
     def on_report(self, report: WorkerReport) -> None:
         self._report = report
 
     def take_released(self, reported: Iterable[str]) -> list[str]:
         """The report and the released restores in one call (``update``); requests the
-        service does not know (unplanned loads) pass through as the embedded half's. A
-        report without loads, and nothing restored, releases nothing: it goes with the
-        next call (``_stored_report``)."""
+        service does not know (unplanned loads) pass through as the embedded half's."""
         report, self._report = self._report, None
         reported = list(reported)
-        if report is not None and not report.loads and not reported:
-            if not report.is_empty():
-                self._stored_report = report if self._stored_report is None else \
-                    self._stored_report.merged(report)
-            report = None
-        if report is None and not reported and not self._done:
+        if (report is None or report.is_empty()) and not reported and not self._done:
             return []
         try:
-            released = self._update(report, reported)
+            released, self._pending_stores, events = self._call("update", report, reported,
+                                                                self._done_with())
         except (wire.NodeUnavailable, wire.NodeRefused):
             # Without the books, every restore the workers finished runs now.
             self._restoring.difference_update(reported)
             return reported
-        self._restoring.difference_update(released)
-        return released
-
-    def _update(self, report: WorkerReport | None, reported: list[str]) -> list[str]:
-        """``update``: the workers' report (and the earlier ones without loads) and the
-        restores they finished; the restores released."""
-        stored = self._take_stored()
-        if stored is not None:
-            report = stored if report is None else stored.merged(report)
-        released, self._pending_stores, events = self._call("update", report, reported,
-                                                            self._done_with())
         self._events.extend(events)
+        self._restoring.difference_update(released)
         return list(released)
 
     def request_finished(self, req: RequestView) -> tuple[bool, dict[str, Any] | None]:
@@ -351,7 +321,7 @@ class RemoteSchedulerSide:
         return stats
 
     def num_pending_stores(self) -> int:
-        return int(self.has_pending_stores())
+        return int(self._pending_stores)
 
     def close(self) -> None:
         if self.engine_id:

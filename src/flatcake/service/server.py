@@ -83,7 +83,7 @@ from flatcake.layout import describe_layers
 from flatcake.link import trust, verbs, wire
 from flatcake.link.trust import Caller, Owner
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
-from flatcake.plan.tasks import FileDrop, StepPlan, WorkerReport
+from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
 from flatcake.service.connections import ConnectionCap
@@ -313,9 +313,8 @@ class NodeService(CallLoop):
             raise wire.NodeRefused(f"unknown call {method!r} of an engine")
         side, values = engine.side, tuple(args.values())
         if method == "step":
-            preempted, computed, done, stored = values
+            preempted, computed, done = values
             _finished(side, done)
-            self._report(engine, stored)
             plan: StepPlan = side.build_step(preempted, computed)
             for task in plan.stores:  # the engine writes them
                 self._tenants.claim(self._books(), engine.tenant, task.plan.session_id)
@@ -323,16 +322,20 @@ class NodeService(CallLoop):
         if method == "update":
             report, finished, done = values
             _finished(side, done)
-            self._report(engine, report)
+            if report is not None and self._fenced:
+                # Its workers' reports of writes fenced when its last lease ended.
+                report = dataclasses.replace(report, stores=reported(
+                    self._fenced, self._books(), engine.pid, report.stores))
+            if report is not None:
+                side.on_report(report)
             return side.take_released(finished), side.has_work(), side.take_events()
         if method == "num_matched_tokens":
-            req, num_local_tokens, entered, new, done, stored = values
+            req, num_local_tokens, entered, new, done = values
             for other in new:
                 side.new_request(other)
             if entered:
                 side.new_request(req)
             _finished(side, done)
-            self._report(engine, stored)
             n, is_async = side.num_matched_tokens(req, num_local_tokens)
             return n, is_async, side.request_params(req.request_id)
         if method == "after_alloc":
@@ -342,16 +345,6 @@ class NodeService(CallLoop):
         if method == "prompt_computed" and out is not None:  # the engine writes it
             self._tenants.claim(self._books(), engine.tenant, out.session_id)
         return out
-
-    def _report(self, engine: _Engine, report: WorkerReport | None) -> None:
-        """``engine``'s workers' ``report``, to its half's books."""
-        if report is None:
-            return
-        if self._fenced:
-            # Its workers' reports of writes fenced when its last lease ended.
-            report = dataclasses.replace(report, stores=reported(
-                self._fenced, self._books(), engine.pid, report.stores))
-        engine.side.on_report(report)
 
     def gave_up(self, engine_id: str, caller: Caller, call_ids: tuple[int, ...]) -> None:
         """``caller`` stopped waiting for ``call_ids`` of store ``engine_id``: what they
