@@ -175,11 +175,25 @@ def test_engine_keys_forget_the_oldest_past_capacity() -> None:
     keys = EngineKeys(namespace_key("llama"), capacity=10)
     hashes = [bytes([i]) * 32 for i in range(25)]
     keys.keys(hashes)
-    assert len(keys) == 10 and keys.num_hashed == 25
+    assert 10 <= len(keys) <= 20 and keys.num_hashed == 25
     keys.keys(hashes[-10:])  # the newest are still remembered
     assert keys.num_hashed == 25
     keys.keys(hashes[:1])  # the oldest went: hashed again
     assert keys.num_hashed == 26
+
+
+def test_engine_keys_keep_what_is_asked_for_again() -> None:
+    from flatcake.control.keys import EngineKeys, engine_block_key
+
+    ns = namespace_key("llama")
+    keys = EngineKeys(ns, capacity=10)
+    held = [bytes([200 + i]) * 32 for i in range(4)]  # a prompt the engine keeps serving
+    keys.keys(held)
+    for n in range(12):  # new prompts in between; the held one asked for after each
+        keys.keys([bytes([n]) * 32, bytes([100 + n]) * 32])
+        assert keys.keys(held) == tuple(engine_block_key(ns, h) for h in held)
+    assert keys.num_hashed == 4 + 24  # the held prompt was never hashed again
+    assert len(keys) <= 20
 
 
 @pytest.mark.parametrize("bad", [b"", "hex", 7])

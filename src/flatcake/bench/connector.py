@@ -8,7 +8,8 @@ hashes (random 32-byte ones) turned into keys as the connector does
 
     new     a prompt nobody holds: lookup (keys, on_new_request,
             get_num_new_matched_tokens: a miss), store (the step computing the prompt
-            places and allocates it; the workers' report of it durable), finish
+            places and allocates it, ``build_step``'s ``computed``; the workers' report
+            of it durable), finish
     held    the same prompt again, every block in vLLM's own prefix cache: lookup
             (nothing to load), store (FlatCake holds it durably: none), finish
     hit     the prompt FlatCake holds, vLLM none of it: lookup, admission
@@ -122,30 +123,40 @@ class Driver:
         return RequestView(req.request_id, self.keys.keys(req), n, n)
 
     def request(self, hashes: list[bytes], local_blocks: int) -> None:
-        """One request of the prompt ``hashes``; the engine holds ``local_blocks``."""
+        """One request of the prompt ``hashes``; the engine holds ``local_blocks``. The
+        hooks vLLM calls back to back are timed together (one clock read each side of
+        them); the workers' made-up reports are built outside the clock."""
         self._n += 1
         req, side = Request(f"{self.prefix}{self._n}", hashes), self.side
         ids = list(range(len(hashes)))
-        self._timed("lookup", lambda: side.new_request(self._view(req)))
-        n, _ = self._timed("lookup", lambda: side.num_matched_tokens(
-            self._view(req), local_blocks * self.bs))
+
+        def lookup() -> tuple[int | None, bool]:
+            side.new_request(self._view(req))
+            out: tuple[int | None, bool] = side.num_matched_tokens(
+                self._view(req), local_blocks * self.bs)
+            return out
+
+        def admit() -> Any:
+            side.after_alloc(req.request_id, ids, n)
+            return side.build_step()
+
+        def reported(done: WorkerReport, released: list[str]) -> None:
+            side.on_report(done)
+            side.take_released(released)
+            side.take_events()  # vLLM takes them every step
+
+        n, _ = self._timed("lookup", lookup)
         if n:
-            self._timed("admission", side.after_alloc, req.request_id, ids, n)
-            step = self._timed("admission", side.build_step)
+            plan = self._timed("admission", admit)
             loaded = n // self.bs + local_blocks
             done = WorkerReport(loads=tuple(LoadDone(t.request_id, loaded, loaded)
-                                            for t in step.loads))
-            self._timed("admission", side.on_report, done)
-            self._timed("admission", side.take_released, [req.request_id])
-            self._timed("admission", side.take_events)
-        plan = self._timed("store", lambda: side.prompt_computed(self._view(req), ids))
-        if plan is not None:
-            step = self._timed("store", side.build_step)
+                                            for t in plan.loads))
+            self._timed("admission", reported, done, [req.request_id])
+        plan = self._timed("store", lambda: side.build_step((), [(self._view(req), ids)]))
+        if plan.stores:
             done = WorkerReport(stores=tuple(StoreDone(t.request_id, t.plan.segment.segment_id,
-                                                       True) for t in step.stores))
-            self._timed("store", side.on_report, done)
-            self._timed("store", side.take_released, [])
-            self._timed("store", side.take_events)  # vLLM takes them every step
+                                                       True) for t in plan.stores))
+            self._timed("store", reported, done, [])
         self._timed("finish", lambda: side.request_finished(self._view(req)))
         self.keys.forget(req.request_id)
 

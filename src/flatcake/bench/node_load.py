@@ -6,10 +6,11 @@ with open-loop Poisson arrivals at rising total rates::
 
     request   a prompt of PROMPT_TOKENS tokens: new (a miss, then stored) or, with
               probability REPEAT, one this client stored before (a hit: admitted, loaded)
-    rate      every client runs SECONDS at rate / CLIENTS; per call the wall latency of
-              the lookup (num_matched_tokens), the admission (after_alloc, the step, the
-              load's report) and the store (prompt_computed, the step, its report);
-              the service's CPU per request off /proc
+    rate      every client runs SECONDS at rate / CLIENTS; the wall latency of each
+              of the driver's timed hooks: the lookup (num_matched_tokens), the
+              admission (after_alloc and the step; the load's report) and the store
+              (the step planning it; its report); the service's CPU per request off
+              /proc
     books     after each rate, off ``flatcake serve --status``: no pin, store or load in
               flight, one session per prompt stored, the SSD bytes a whole number of
               prompts

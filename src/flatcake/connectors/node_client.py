@@ -2,13 +2,19 @@
 same methods as ``SchedulerSide``, answered by the service through ``link.client``).
 
 Each vLLM hook is at most one call; a step with nothing in flight and nothing to hand
-out is answered here without one, and a request's ``new_request`` goes with its lookup
-(or, when another call comes first, just before it). When the service does not answer within
-``store.node_timeout_s`` (down, restarting) the engine keeps serving: lookups miss, stores
-are skipped, restores already running finish and are released, hits admitted but never
-planned are handed to the workers as load errors (the engine recomputes them); one
-warning, then the half re-attaches on a later call, waiting ``engine.node_reattach_s``
-first, twice as long after each failed attempt, at most ``engine.node_reattach_max_s``.
+out is answered here without one, a request's ``new_request`` goes with its lookup
+(or, when another call comes first, just before it), the stores a step plans go with
+the step, and ``request_finished`` of a request with no load is answered here (its
+``kv_transfer_params`` are its lookup's, plus its store's) and goes with the next
+call (the next ``update``, ``step`` or lookup; alone before any other), so a new
+request's hooks are three calls: lookup, step, the workers' report.
+
+When the service does not answer within ``store.node_timeout_s`` (down, restarting)
+the engine keeps serving: lookups miss, stores are skipped, restores already running
+finish and are released, hits admitted but never planned are handed to the workers as
+load errors (the engine recomputes them); one warning, then the half re-attaches on a
+later call, waiting ``engine.node_reattach_s`` first, twice as long after each failed
+attempt, at most ``engine.node_reattach_max_s``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.node_verbs import ATTACH, ENGINE
-from flatcake.connectors.requests import BlockEvent, RequestView
+from flatcake.connectors.requests import BlockEvent, RequestView, store_params
 from flatcake.control import StorePlan
 from flatcake.geometry import KVGeometry
 from flatcake.link import verbs, wire
@@ -34,6 +40,7 @@ from flatcake.plan.tasks import FailedLoad, StepPlan, WorkerReport
 logger = logging.getLogger("flatcake.service")
 
 MAX_NEW = 64  # requests entered whose new_request waits for a lookup to go with
+_DONE_WITH = frozenset({"num_matched_tokens", "step", "update"})  # carry ``_done``
 
 
 class RemoteSchedulerSide:
@@ -68,6 +75,15 @@ class RemoteSchedulerSide:
         # next lookup, or alone, in order, before any other call (the service's books
         # see every request enter before anything else this engine asks).
         self._new: list[RequestView] = []
+        # Requests finished since the last call whose answer was this half's own: the
+        # service learns each with the next call (``_done_with``), in order.
+        self._done: list[RequestView] = []
+        # Requests looked up, each with its kv_transfer_params as the lookup answered
+        # them (None: the books hold none yet); those whose load reached the service;
+        # the stores planned, by request. Until they finish.
+        self._params: dict[str, dict[str, Any] | None] = {}
+        self._loading: set[str] = set()
+        self._stored: dict[str, StorePlan] = {}
         self._attach()
 
     # -- attachment -----------------------------------------------------------------
@@ -109,6 +125,12 @@ class RemoteSchedulerSide:
         engine the service forgot attaches again at once (``NodeClient.call_as``)."""
         if self._new and method != "num_matched_tokens":
             self._send_new()
+        if self._done and method not in _DONE_WITH:
+            self._send_done()
+        return self._send(method, *args)
+
+    def _send(self, method: str, *args: Any) -> Any:
+        """``_call`` without the requests that entered or finished before it."""
         if not self.engine_id and not self._attach():
             raise wire.NodeUnavailable("not attached")
         try:
@@ -132,6 +154,7 @@ class RemoteSchedulerSide:
             self._failed.append(FailedLoad(rid, blocks, is_async))
         self._admitted.clear()
         self._matched.clear()
+        self._params.clear()
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -145,7 +168,18 @@ class RemoteSchedulerSide:
         for req in new:
             # Its own hook has returned: a refusal must not fail another's.
             with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
-                self._call("new_request", req)
+                self._send("new_request", req)
+
+    def _send_done(self) -> None:
+        done, self._done = self._done, []
+        for req in done:
+            with contextlib.suppress(wire.NodeUnavailable, wire.NodeRefused):
+                self._send("request_finished", req)
+
+    def _done_with(self) -> tuple[RequestView, ...]:
+        """The finished requests that go with this call (sent once)."""
+        done, self._done = tuple(self._done), []
+        return done
 
     def num_matched_tokens(self, req: RequestView, num_local_tokens: int
                            ) -> tuple[int | None, bool]:
@@ -154,8 +188,9 @@ class RemoteSchedulerSide:
         others = tuple(r for r in new if r.request_id != req.request_id)
         entered = len(others) < len(new)
         try:
-            n, is_async = self._call("num_matched_tokens", req, num_local_tokens,
-                                     entered, others)
+            n, is_async, self._params[req.request_id] = self._call(
+                "num_matched_tokens", req, num_local_tokens, entered, others,
+                self._done_with())
         except wire.NodeUnavailable:
             return 0, False
         if n:
@@ -179,6 +214,7 @@ class RemoteSchedulerSide:
             self._failed.append(FailedLoad(request_id, mine, is_async))
             return
         self._admitted[request_id] = (mine, is_async)
+        self._loading.add(request_id)
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
         return self._sources.pop(request_id, (0, 0))
@@ -191,19 +227,26 @@ class RemoteSchedulerSide:
             return None
         if plan is not None:
             self._pending_stores = True
+            self._stored[req.request_id] = plan
         return plan
 
-    def build_step(self, preempted: Sequence[str] = ()) -> StepPlan:
+    def build_step(self, preempted: Sequence[str] = (),
+                   computed: Sequence[tuple[RequestView, Sequence[int]]] = ()) -> StepPlan:
         failed, self._failed = tuple(self._failed), []
-        if not (self._pending_stores or self._admitted or preempted) or not self.engine_id:
+        if not (self._pending_stores or self._admitted or preempted or computed
+                or self._done) or not self.engine_id:
             # Nothing of ours in flight: only file work another engine left could be
             # waiting, and the next step that has something collects it.
             return StepPlan(failed_loads=failed)
         try:
-            plan, self._pending_stores, events = self._call("step", tuple(preempted))
+            plan, self._pending_stores, events = self._call(
+                "step", tuple(preempted), tuple((r, list(ids)) for r, ids in computed),
+                self._done_with())
         except (wire.NodeUnavailable, wire.NodeRefused):
             return StepPlan(failed_loads=(*failed, *self._take_failed()))
         self._events.extend(events)
+        for store in plan.stores:
+            self._stored[store.request_id] = store.plan
         for task in plan.loads:
             _blocks, _is_async = self._admitted.pop(task.request_id, ((), False))
             if not task.sync:
@@ -228,10 +271,11 @@ class RemoteSchedulerSide:
         service does not know (unplanned loads) pass through as the embedded half's."""
         report, self._report = self._report, None
         reported = list(reported)
-        if (report is None or report.is_empty()) and not reported:
+        if (report is None or report.is_empty()) and not reported and not self._done:
             return []
         try:
-            released, self._pending_stores, events = self._call("update", report, reported)
+            released, self._pending_stores, events = self._call("update", report, reported,
+                                                                self._done_with())
         except (wire.NodeUnavailable, wire.NodeRefused):
             # Without the books, every restore the workers finished runs now.
             self._restoring.difference_update(reported)
@@ -241,7 +285,22 @@ class RemoteSchedulerSide:
         return list(released)
 
     def request_finished(self, req: RequestView) -> tuple[bool, dict[str, Any] | None]:
-        self._matched.pop(req.request_id, None)
+        rid = req.request_id
+        self._matched.pop(rid, None)
+        params = self._params.pop(rid, None)
+        stored = self._stored.pop(rid, None)
+        if rid not in self._loading and (params is not None or stored is None):
+            # No load: the books would answer what this half knows (its lookup's params,
+            # its store; none when they never looked it up: ``SchedulerSide.
+            # request_finished``); they learn of it with the next call.
+            self._done.append(replace(req, keys=()))
+            if params is None:
+                return False, None
+            mine = dict(params["flatcake"])
+            if stored is not None:
+                mine.update(store_params(stored))
+            return stored is not None, {"flatcake": mine}
+        self._loading.discard(rid)
         try:
             out: tuple[bool, dict[str, Any] | None] = self._call("request_finished", req)
         except (wire.NodeUnavailable, wire.NodeRefused):

@@ -2,7 +2,9 @@
 types (``link.verbs`` has the others and the ``Verb`` they are): each forwards to the
 engine's ``SchedulerSide`` in the service (``connectors.node_client`` calls them).
 ``step`` and ``update`` answer a hook's result with whether work is left and the block
-events since the last call, so a vLLM hook is one round trip."""
+events since the last call, so a vLLM hook is one round trip; a step carries the
+stores it plans, and the requests that entered or finished since the last call ride
+with the next."""
 
 from __future__ import annotations
 
@@ -19,19 +21,28 @@ from flatcake.plan.tasks import StepPlan, WorkerReport
 _REQ = ("req", RequestView)
 ATTACH = Verb("attach", Attached, ("name", str), ("pid", int), ("geometry", KVGeometry),
               ("ranks", TensorRanks), ("config", FlatCakeConfig))
+# ``new``: requests that entered the engine since its last call, each a ``new_request``
+# run first; ``done``: requests that finished since, each a ``request_finished`` run
+# next (their answers were the engine half's own: ``RemoteSchedulerSide``).
+_NEW = ("new", tuple[RequestView, ...], ())
+_DONE = ("done", tuple[RequestView, ...], ())
+# A lookup's answer: tokens, async, and the request's ``kv_transfer_params`` so far.
+LOOKUP = tuple[int | None, bool, dict[str, Any] | None]
 ENGINE = table(
     Verb("new_request", None, _REQ),
-    # ``new``: other requests that entered the engine since its last call, each a
-    # ``new_request`` run first; ``entered``: so did ``req`` (its keys sent once). One
-    # round trip for a new request's two hooks.
-    Verb("num_matched_tokens", tuple[int | None, bool], _REQ, ("num_local_tokens", int),
-         ("entered", bool, False), ("new", tuple[RequestView, ...], ())),
+    # ``entered``: so did ``req`` (its keys sent once). One round trip for a new
+    # request's two hooks.
+    Verb("num_matched_tokens", LOOKUP, _REQ, ("num_local_tokens", int),
+         ("entered", bool, False), _NEW, _DONE),
     Verb("after_alloc", tuple[int, int], ("request_id", str), ("block_ids", list[int]),
          ("num_external_tokens", int)),
     Verb("prompt_computed", StorePlan | None, _REQ, ("block_ids", list[int])),
-    Verb("step", tuple[StepPlan, bool, list[BlockEvent]], ("preempted", tuple[str, ...])),
+    # ``computed``: the requests whose prompt the step computes (``prompt_computed``
+    # each, then the step: its plan holds their stores).
+    Verb("step", tuple[StepPlan, bool, list[BlockEvent]], ("preempted", tuple[str, ...]),
+         ("computed", tuple[tuple[RequestView, list[int]], ...], ()), _DONE),
     Verb("update", tuple[list[str], bool, list[BlockEvent]],
-         ("report", WorkerReport | None), ("finished", list[str])),
+         ("report", WorkerReport | None), ("finished", list[str]), _DONE),
     Verb("request_finished", tuple[bool, dict[str, Any] | None], _REQ),
     Verb("take_stats", dict[str, int | float]),
 )

@@ -160,11 +160,15 @@ class RequestBooks:
         }
         if self.remote:  # in a cluster, when other nodes held part of the hit
             out["loaded_tokens_remote"] = self.loaded_remote_blocks * bs
-        plan = self.store
-        if plan is not None:
-            out["stored_blocks"] = plan.segment.num_blocks
-            out["placement"] = f"{plan.medium.name.lower()}:{plan.placement.rule.value}"
+        if self.store is not None:
+            out.update(store_params(self.store))
         return {"flatcake": out}
+
+
+def store_params(plan: StorePlan) -> dict[str, Any]:
+    """What ``RequestBooks.params`` says of the request's store ``plan``."""
+    return {"stored_blocks": plan.segment.num_blocks,
+            "placement": f"{plan.medium.name.lower()}:{plan.placement.rule.value}"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ the worker half runs them on the same executor. Engine-neutral: it sees requests
                          async load, local-only when Redis fails)
     after_alloc          prepare_load (sessions pinned); sync -> this step's plan;
                          SSD -> FC-MAS queue (priority 1 + wait / kv bytes)
-    prompt_computed      the step that computes the rest of the prompt is scheduled:
+    prompt_computed      the step that computes the rest of the prompt is scheduled
+                         (``build_step``'s ``computed``):
                          placement with the session signals (all known before the
                          turn runs), prepare_store (address allocated, published only
                          once every worker wrote it); the worker writes the prompt's
@@ -355,9 +356,14 @@ class SchedulerSide:
 
     # -- steps -----------------------------------------------------------------------
 
-    def build_step(self, preempted: Sequence[str] = ()) -> StepPlan:
+    def build_step(self, preempted: Sequence[str] = (),
+                   computed: Sequence[tuple[RequestView, Sequence[int]]] = ()) -> StepPlan:
         """``build_connector_meta``: this step's loads, stores and file drops;
-        ``preempted``: requests the engine preempted in this step."""
+        ``preempted``: requests the engine preempted in this step; ``computed``: the
+        requests whose prompt this step computes, with their block ids, each
+        ``prompt_computed`` first (their stores are the plan's, one call attached)."""
+        for req, block_ids in computed:
+            self.prompt_computed(req, block_ids)
         loads: list[LoadTask] = []
         if self._sync_loads:
             # Every sync load runs in this step, side by side: in FC-MAS's order (the
@@ -594,6 +600,12 @@ class SchedulerSide:
         holds a prefix when the first of them is written."""
         self._stats["prompt_tokens"] += req.num_prompt_tokens
         self.refcount.add(req.request_id, req.keys)
+
+    def request_params(self, request_id: str) -> dict[str, Any] | None:
+        """The ``kv_transfer_params`` a live request's ``request_finished`` would return
+        now; None for a request the books never looked up."""
+        state = self._reqs.get(request_id)
+        return None if state is None else state.params(self.geometry.tokens_per_block)
 
     def abandon(self) -> list[tuple[StorePlan, int]]:
         """The engine is gone (a node service ended its lease): its restores are

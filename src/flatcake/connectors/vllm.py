@@ -354,34 +354,39 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         sched = self._sched()
+        computed: dict[str, tuple[Request, RequestView, tuple[list[int], ...]]] = {}
         for rid, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self._awaiting_prompt.get(rid)
             if request is None or (request.num_computed_tokens + num_tokens
                                    < request.num_prompt_tokens):
                 continue
             # This step computes the rest of the prompt: its new full blocks are written
-            # after the forward pass.
+            # after the forward pass (planned with the step, in one call).
             del self._awaiting_prompt[rid]
-            view = self._view(request)
-            per_group = self._block_ids(rid)
-            plan = sched.prompt_computed(view, per_group[self._first_group])
-            if plan is not None and self.kv_groups is not None:
-                first = plan.first_block
-                self._store_slots[rid] = slots_of(per_group, self.kv_groups.stored, first,
-                                                  first + plan.segment.num_blocks,
-                                                  self.kv_groups.per_block)
-            if plan is not None and self._events is not None:
-                first, n = plan.first_block, plan.segment.num_blocks
+            computed[rid] = (request, self._view(request), self._block_ids(rid))
+        preempted = scheduler_output.preempted_req_ids or ()
+        for rid in preempted:  # computed again from scratch when resumed
+            self._awaiting_prompt.pop(rid, None)
+        first_group = self._first_group
+        step = sched.build_step(tuple(preempted), [(view, per_group[first_group])
+                                                   for _, view, per_group in computed.values()])
+        for task in step.stores:
+            plan, got = task.plan, computed.get(task.request_id)
+            if got is None:
+                continue
+            request, view, per_group = got
+            first, n = plan.first_block, plan.segment.num_blocks
+            if self.kv_groups is not None:
+                self._store_slots[task.request_id] = slots_of(
+                    per_group, self.kv_groups.stored, first, first + n,
+                    self.kv_groups.per_block)
+            if self._events is not None:
                 bs = self.block_size
                 self._events.planned(
                     view.keys[first:first + n],
                     [self._engine_hash(request, i) for i in range(first, first + n)],
                     self._engine_hash(request, first - 1) if first else None,
                     request.all_token_ids[first * bs:(first + n) * bs])
-        preempted = scheduler_output.preempted_req_ids or ()
-        for rid in preempted:  # computed again from scratch when resumed
-            self._awaiting_prompt.pop(rid, None)
-        step = sched.build_step(tuple(preempted))
         if self.kv_groups is None:
             return FlatCakeMetadata(step)
         slots = StepSlots({t.request_id: self._load_slots.pop(t.request_id)

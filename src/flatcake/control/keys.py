@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from flatcake.layout import KEY_BYTES
@@ -101,11 +100,16 @@ class EngineKeys:
     prefix cache serves; every step a request waits), and a remembered key costs a
     dict lookup where a digest costs a keyed BLAKE2b.
 
-    ``capacity``: engine hashes remembered; past it the oldest are forgotten first (an
-    engine's hashes name whole prefixes, so a forgotten one is only hashed again).
+    ``capacity``: the engine hashes last asked for that are surely remembered; older
+    ones are forgotten a generation at a time (an engine's hashes name whole prefixes,
+    so a forgotten one is only hashed again). Two plain dicts, the newest generation
+    and the one before, each of at most ``capacity`` hashes: a hash found in the older
+    moves to the newest, and when the newest is full the older goes whole. Between
+    ``capacity`` and twice as many are remembered; an insert is a plain dict's (an
+    ``OrderedDict``'s links cost a new prompt's keys a third more).
     ``num_hashed`` counts the digests computed. One thread (the engine's scheduler)."""
 
-    __slots__ = ("_base", "_capacity", "_memo", "namespace", "num_hashed")
+    __slots__ = ("_base", "_capacity", "_new", "_old", "namespace", "num_hashed")
 
     def __init__(self, namespace: bytes, capacity: int = 1 << 16) -> None:
         if not isinstance(namespace, bytes) or len(namespace) != KEY_BYTES:
@@ -116,18 +120,17 @@ class EngineKeys:
         # Keyed BLAKE2b's first compression is over the key: copy that state per digest.
         self._base = hashlib.blake2b(digest_size=KEY_BYTES, key=namespace)
         self._capacity = capacity
-        # Oldest first; an OrderedDict, as a dict whose front is deleted over and over
-        # scans its dead entries on every iteration from the front.
-        self._memo: OrderedDict[bytes, BlockKey] = OrderedDict()
+        self._new: dict[bytes, BlockKey] = {}
+        self._old: dict[bytes, BlockKey] = {}
         self.num_hashed = 0
 
     def __len__(self) -> int:
-        return len(self._memo)
+        """Engine hashes remembered."""
+        return len(self._new) + len(self._old)
 
     def keys(self, engine_hashes: Sequence[bytes]) -> tuple[BlockKey, ...]:
         """The keys of ``engine_hashes`` (each as ``engine_block_key`` gives it)."""
-        memo = self._memo
-        get = memo.get
+        get = self._new.get
         try:
             out = [get(h) for h in engine_hashes]
         except TypeError:  # bytearray or memoryview hashes: as bytes
@@ -139,24 +142,27 @@ class EngineKeys:
         except ValueError:
             return tuple(out)  # type: ignore[arg-type]
         # A chain misses from its first unseen block on: one tight loop over the rest.
-        copy = self._base.copy
+        copy, old_get, capacity = self._base.copy, self._old.get, self._capacity
+        new = self._new
         hashed = 0
         for i in range(first, len(out)):
             if out[i] is None:
                 h = engine_hashes[i]
-                if (h.__class__ is not bytes or not h) and \
-                        (not isinstance(h, bytes | bytearray | memoryview) or not h):
-                    raise ValueError(f"engine_hash must be non-empty bytes, got {h!r}")
-                d = copy()
-                d.update(h)
-                out[i] = memo[h] = d.digest()
-                hashed += 1
+                key = old_get(h)
+                if key is None:
+                    if (h.__class__ is not bytes or not h) and \
+                            (not isinstance(h, bytes | bytearray | memoryview) or not h):
+                        raise ValueError(f"engine_hash must be non-empty bytes, got {h!r}")
+                    d = copy()
+                    d.update(h)
+                    key = d.digest()
+                    hashed += 1
+                out[i] = new[h] = key
+                if len(new) >= capacity:  # the older generation goes whole
+                    self._old, new = new, {}
+                    self._new = new
+                    old_get = self._old.get
         self.num_hashed += hashed
-        over = len(memo) - self._capacity
-        if over > 0:
-            pop = memo.popitem
-            for _ in range(over):
-                pop(last=False)
         return tuple(out)  # type: ignore[arg-type]
 
 

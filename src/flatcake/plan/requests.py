@@ -251,7 +251,7 @@ def load_task(control: ControlPlane, request_id: Hashable, hit: PrefixHit,
                      int(piece.offset), piece.total_bytes)
                     for home, copy in plan.refills for piece, start in copy.starts())
     task = LoadTask(str(request_id), plan.read_plan, stream_request, tuple(planner.checks),
-                    check_files, tuple(int(b) for b in block_ids[:hit.num_blocks]),
+                    check_files, tuple(map(int, block_ids[:hit.num_blocks])),
                     hit.num_blocks, first_block, sync=not reads_ssd(hit, first_block),
                     refills=refills)
     return task, plan
@@ -262,7 +262,7 @@ def store_task(request_id: str, plan: StorePlan, block_ids: Sequence[int]) -> St
     request block; the segment's are taken from ``plan.first_block`` on)."""
     first = plan.first_block
     return StoreTask(request_id, plan, tuple(
-        int(b) for b in block_ids[first:first + plan.segment.num_blocks]))
+        map(int, block_ids[first:first + plan.segment.num_blocks])))
 
 
 # Who deletes and cuts the files the books dropped and punches the window rows they

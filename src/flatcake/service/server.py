@@ -79,6 +79,7 @@ from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.connectors.node_verbs import ATTACH, ENGINE
+from flatcake.connectors.requests import RequestView
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.control import ControlPlane, FileCut
 from flatcake.control.keys import TENANT_TAG_BYTES, tenant_tag
@@ -325,7 +326,11 @@ class NodeService(CallLoop):
             raise wire.NodeRefused(f"unknown call {method!r} of an engine")
         side, values = engine.side, tuple(args.values())
         if method == "step":
-            plan: StepPlan = side.build_step(*values)
+            preempted, computed, done = values
+            _finished(side, done)
+            plan: StepPlan = side.build_step(preempted, computed)
+            for task in plan.stores:  # the engine writes them
+                self._tenants.claim(self._books(), engine.tenant, task.plan.session_id)
             if plan.stores:
                 engine.steps[call_id] = frozenset(t.plan.segment.segment_id
                                                   for t in plan.stores)
@@ -333,7 +338,8 @@ class NodeService(CallLoop):
                     del engine.steps[next(iter(engine.steps))]
             return plan, side.has_work(), side.take_events()
         if method == "update":
-            report, finished = values
+            report, finished, done = values
+            _finished(side, done)
             if report is not None and self._fenced:
                 # Its workers' reports of writes fenced when its last lease ended.
                 report = dataclasses.replace(report, stores=reported(
@@ -342,12 +348,14 @@ class NodeService(CallLoop):
                 side.on_report(report)
             return side.take_released(finished), side.has_work(), side.take_events()
         if method == "num_matched_tokens":
-            req, num_local_tokens, entered, new = values
+            req, num_local_tokens, entered, new, done = values
             for other in new:
                 side.new_request(other)
             if entered:
                 side.new_request(req)
-            return side.num_matched_tokens(req, num_local_tokens)
+            _finished(side, done)
+            n, is_async = side.num_matched_tokens(req, num_local_tokens)
+            return n, is_async, side.request_params(req.request_id)
         if method == "after_alloc":
             side.after_alloc(*values)
             return side.hit_sources(args["request_id"])
@@ -512,3 +520,10 @@ class NodeService(CallLoop):
             ex.close()
         self._tenants.close()
         self._lock.close()
+
+
+def _finished(side: SchedulerSide, done: tuple[RequestView, ...]) -> None:
+    """The requests an engine's half answered finished itself (``done``): the books
+    learn each, in order, before anything else of the call."""
+    for req in done:
+        side.request_finished(req)
