@@ -95,9 +95,31 @@ def test_a_state_layers_arrays_are_read_as_one_view_of_its_pages() -> None:
     tensors = group_tensors(kv, caches)
     view = tensors[0]
     assert view.shape == (8, page) and view.data_ptr() == raw.data_ptr()
+    # Every layer as bytes, the attention layer's too: one dtype and shape per page size.
+    assert [(t.dtype, tuple(t.shape)) for t in tensors] == [(torch.uint8, (8, page))] * 4
     conv, ssm = caches[kv.layers[0]]
     assert bytes(view[5, :48].numpy()) == bytes(conv[5].contiguous().view(torch.uint8).numpy())
     assert bytes(view[5, 48:176].numpy()) == bytes(ssm[5].contiguous().view(torch.uint8).numpy())
     swapped = caches[kv.layers[0]][::-1]
     with pytest.raises(ValueError, match=r"model\.layers\.0\.linear_attn's state pages"):
         group_tensors(kv, caches | {kv.layers[0]: swapped})
+
+
+def test_the_connectors_byte_view_of_a_state_layer_is_read_as_its_pages() -> None:
+    """What vLLM 0.32 hands ``register_kv_caches`` for a state layer (seen on the CPU
+    with Qwen3-Next): one int8 view ``(num_blocks, 1, 1, content)`` of each page's
+    arrays, page-strided."""
+    from flatcake.connectors.vllm_glue import group_tensors
+
+    page = 16 * 512
+    raw = torch.randint(0, 256, (8 * page,), dtype=torch.uint8)
+    kv = KVGroups.of(_config(), states=True)
+    caches = {name: torch.as_strided(raw.view(torch.int8), (8, 1, 1, 176), (page, 176, 176, 1))
+              for name in kv.layers[:3]}
+    caches[kv.layers[3]] = raw.view(torch.bfloat16).view(8, 2, 16, 2, 64)
+    view = group_tensors(kv, caches)[1]
+    assert view.shape == (8, page) and view.data_ptr() == raw.data_ptr()
+    assert torch.equal(view[3, :176], raw[3 * page:3 * page + 176])
+    short = torch.as_strided(raw.view(torch.int8), (8, 1, 1, 170), (page, 170, 170, 1))
+    with pytest.raises(ValueError, match="hold 170 B of arrays \\(176 B expected\\)"):
+        group_tensors(kv, caches | {kv.layers[0]: short})

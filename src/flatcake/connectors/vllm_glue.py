@@ -216,13 +216,16 @@ def group_tensors(kv: KVGroups, kv_caches: Mapping[str, Any]) -> list[Any]:
     checked to hold its spec's page per block, blocks one after another (a state
     layer's arrays as one view of its pages: ``state_pages``); a layout
     FlatCake does not read is refused at start, naming the layer."""
+    import torch
+
     from flatcake.cio.paged import PagedKV
 
     out = []
     for name, pages in zip(kv.layers, kv.pages, strict=True):
         t = kv_caches[name]
-        if isinstance(t, (list, tuple)):
-            t = state_pages(name, t, pages.page_bytes)
+        if pages.content:
+            t = state_pages(name, t if isinstance(t, (list, tuple)) else [t],
+                            pages.page_bytes, pages.content)
         try:
             PagedKV([t], (pages.page_bytes,))
         except ValueError as exc:
@@ -233,14 +236,20 @@ def group_tensors(kv: KVGroups, kv_caches: Mapping[str, Any]) -> list[Any]:
                 f"({exc}; a block-outermost KV cache layout packs several layers' pages "
                 f"into each block, and DeepSeek-V4's backends ask for one)") from None
         out.append(t)
+    if any(pages.content for pages in kv.pages):
+        # Pages of a state and of attention alike, as bytes: one dtype and shape per size.
+        out = [t if t.dtype == torch.uint8 and t.dim() == 2 else
+               t.reshape(-1).view(torch.uint8).view(int(t.shape[0]), -1) for t in out]
     return out
 
 
-def state_pages(name: str, states: Sequence[Any], page: int) -> Any:
+def state_pages(name: str, states: Sequence[Any], page: int, content: int) -> Any:
     """A recurrent state layer's KV as one ``(num_blocks, page)`` uint8 view: vLLM views
-    the state's arrays (conv state, SSM state) into each ``page``-byte page one after
-    another from its first byte, padding after (``MambaSpec.page_size_padded``). Any
-    other layout is refused, naming the layer."""
+    the state's arrays (conv state, SSM state; ``content`` bytes in all) into each
+    ``page``-byte page one after another from its first byte, padding after
+    (``MambaSpec.page_size_padded``). vLLM 0.32 hands a connector one byte view of them
+    per layer (``(num_blocks, 1, 1, content)`` int8, page-strided); its model runner, one
+    view per array. Any other layout is refused, naming the layer."""
     import torch
 
     first, at = states[0], 0
@@ -255,9 +264,10 @@ def state_pages(name: str, states: Sequence[Any], page: int) -> Any:
         at += t[0].numel() * t.element_size()
     num_blocks = int(first.shape[0])
     offset = first.storage_offset() * first.element_size()
-    if at > page or offset + num_blocks * page > first.untyped_storage().nbytes():
+    if at != content or offset + num_blocks * page > first.untyped_storage().nbytes():
         raise ValueError(f"FlatCakeConnector: layer {name}'s {num_blocks} state pages of "
-                         f"{page} B ({at} B of arrays) overrun their buffer")
+                         f"{page} B hold {at} B of arrays ({content} B expected) or "
+                         f"overrun their buffer")
     raw = torch.empty(0, dtype=torch.uint8, device=first.device)
     return raw.set_(first.untyped_storage(), offset, (num_blocks, page), (page, 1))
 
