@@ -107,3 +107,11 @@ def test_a_segment_whose_end_state_was_not_offered_is_not_stored(tmp_path: Path)
     v1 = view("b", [*TURN0, *range(200, 208)], session="s")
     assert e.sched.num_matched_tokens(v1, 0) == (0, False)
     e.close()
+
+
+def test_a_checkpoint_whose_block_the_request_no_longer_holds_is_not_a_slot() -> None:
+    book = StateCheckpoints((1,), 4)
+    book.offered({"a": [(1, 39, 8), (1, 40, 12)]})
+    # vLLM nulled and freed block 39 (the state at token 8) since offering it.
+    assert book.slots("a", 0, 3, {1: {0, 40, 41}}) == ((0, 0, 40),)
+    assert book.slots("a", 0, 3, {1: set()}) == ((0, 0, 0),)

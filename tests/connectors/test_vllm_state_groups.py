@@ -1,8 +1,8 @@
 """A recurrent state group (vLLM's ``MambaSpec`` in ``align`` mode: Mamba-2, Gated
-DeltaNet) mapped to FlatCake's ``LayerGroup.state`` (``KVGroups.of(states=True)``): the
-state's arrays as one entry per FlatCake block, kept from the padded page's head at the
-block's end; never the group the scheduler half plans with. The connector itself still
-refuses such a model (``test_vllm_kinds``). Runs where vLLM is installed."""
+DeltaNet) mapped to FlatCake's ``LayerGroup.state`` (``KVGroups.of``): the state's
+arrays as one entry per FlatCake block, kept from the padded page's head at the block's
+end; never the group the scheduler half plans with; its pages read as vLLM hands them
+over. Runs where vLLM is installed."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _config(mode: str = "align", block: int = 16) -> KVCacheConfig:
 
 
 def test_a_state_group_is_a_state_layer_group_of_its_arrays() -> None:
-    kv = KVGroups.of(_config(), states=True)
+    kv = KVGroups.of(_config())
     state = LayerGroup.state(3, [list(s) for s in SHAPES], ["bfloat16", "float32"], 16)
     assert kv.layer_groups == (state, LayerGroup(1, 2 * 2 * 64 * 2, kind="full"))
     assert state.entry_bytes == 3 * 8 * 2 + 2 * 4 * 4 * 4 == 176
@@ -54,18 +54,19 @@ def test_a_state_group_is_a_state_layer_group_of_its_arrays() -> None:
 
 def test_a_state_checkpointed_every_engine_block_keeps_the_last_of_a_flatcake_block() -> None:
     config = _config(block=8)
-    kv = KVGroups.of(config, states=True)
+    kv = KVGroups.of(config)
     assert kv.tokens_per_block == 16 and kv.per_block == (2, 1)
     assert kv.pages[0] == EnginePages(8 * 512, 2, 1, 176)
     assert kv.pages[0].ids([1, 2, 3, 4, 5, 6, 7, 8], 0, 4) == [2, 4, 6, 8]
 
 
-def test_without_align_mode_or_states_the_group_is_refused() -> None:
-    with pytest.raises(ValueError, match="only mamba_cache_mode 'align'"):
-        KVGroups.of(_config("none"), states=True)
-    with pytest.raises(ValueError, match="not served yet"):
-        engine_geometry(type("V", (), {"model_config": type("M", (), {"model": "t"})})(),
+def test_without_align_mode_the_group_is_refused_naming_its_layer() -> None:
+    with pytest.raises(ValueError, match=r"group 0, 3 layers of MambaSpec .*"
+                       r"mamba_cache_mode none\), layer model\.layers\.0\.linear_attn"):
+        KVGroups.of(_config("none"))
+    g = engine_geometry(type("V", (), {"model_config": type("M", (), {"model": "t"})})(),
                         _config())
+    assert [grp.kind for grp in g.groups] == ["state", "full"]
 
 
 def _vllm_state_views(raw: torch.Tensor, page: int) -> list[torch.Tensor]:
@@ -88,7 +89,7 @@ def test_a_state_layers_arrays_are_read_as_one_view_of_its_pages() -> None:
 
     page = 16 * 512
     raw = torch.randint(0, 256, (8 * page,), dtype=torch.uint8)
-    kv = KVGroups.of(_config(), states=True)
+    kv = KVGroups.of(_config())
     attn = raw.view(torch.bfloat16).view(8, 2, 16, 2, 64)  # the same buffer
     caches = {name: _vllm_state_views(raw, page) for name in kv.layers[:3]}
     caches[kv.layers[3]] = attn
@@ -113,7 +114,7 @@ def test_the_connectors_byte_view_of_a_state_layer_is_read_as_its_pages() -> Non
 
     page = 16 * 512
     raw = torch.randint(0, 256, (8 * page,), dtype=torch.uint8)
-    kv = KVGroups.of(_config(), states=True)
+    kv = KVGroups.of(_config())
     caches = {name: torch.as_strided(raw.view(torch.int8), (8, 1, 1, 176), (page, 176, 176, 1))
               for name in kv.layers[:3]}
     caches[kv.layers[3]] = raw.view(torch.bfloat16).view(8, 2, 16, 2, 64)

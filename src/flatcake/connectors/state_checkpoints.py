@@ -10,9 +10,13 @@ states as it goes, so a state is never read positionally out of it. Instead each
 ``vllm/v1/core/single_type_kv_cache_manager.py``), valid until the end of the pass that
 offered it. ``StateCheckpoints`` keeps them per request and gives a segment's slots of
 each state group: FlatCake block ``i`` holds the checkpoint at its end, ``(i + 1) *
-block_tokens``, and the null block where none was offered (``GroupedKV.snapshot`` then
-stores no segment whose end state is missing). A checkpoint inside a FlatCake block (a
-shared-prefix junction, a partial tail) is kept but has no block slot.
+block_tokens``, and the null block where none was offered or the request no longer
+holds the block (vLLM freed it: the store, which reads the blocks when the step's
+forward pass ends, could read another request's state), so ``GroupedKV.snapshot``
+stores no segment whose end state is missing. The state at the end of a prompt is read
+from the block its last step's forward pass starts from, which the request holds. A
+checkpoint inside a FlatCake block (a shared-prefix junction, a partial tail) is kept
+but has no block slot.
 
 A restore needs no book: vLLM reads an external hit's state from the state group's block
 at the hit's last block (``MambaManager.allocate_new_blocks``: "the last block saves the
@@ -22,8 +26,9 @@ hit state"), a fresh block it allocates for the load, so a load's slots are posi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 Offloads = Mapping[str, Sequence[tuple[int, int, int]]]
 """vLLM's ``boundary_state_offloads``: per request, ``(group, block_id, boundary_tokens)``."""
@@ -64,21 +69,39 @@ class StateCheckpoints:
         common = set.intersection(*(set(by_group.get(g, {})) for g in self.groups))
         return tuple(sorted(common))
 
-    def slots(self, request_id: str, lo: int, hi: int) -> tuple[tuple[int, ...], ...]:
+    def slots(self, request_id: str, lo: int, hi: int,
+              holds: Mapping[int, Collection[int]] | None = None
+              ) -> tuple[tuple[int, ...], ...]:
         """Per state group (``groups`` order), the slot of FlatCake blocks ``[lo, hi)``:
-        the checkpoint at each block's end, else the null block."""
+        the checkpoint at each block's end, else the null block; with ``holds`` (per
+        group, the blocks the request holds in this step), a checkpoint whose block it
+        no longer holds is the null block too: vLLM freed it, another request may
+        write it before the store reads it."""
         by_group = self._held.get(request_id, {})
         out = []
         for g in self.groups:
             held = by_group.get(g, {})
-            out.append(tuple(held.get((i + 1) * self.block_tokens, self.null_id)
-                             for i in range(lo, hi)))
+            ids = [held.get((i + 1) * self.block_tokens, self.null_id) for i in range(lo, hi)]
+            if holds is not None:
+                ids = [b if b in holds.get(g, ()) else self.null_id for b in ids]
+            out.append(tuple(ids))
         return tuple(out)
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop finished or preempted requests' checkpoints."""
         for request_id in request_ids:
             self._held.pop(request_id, None)
+
+
+def state_checkpoints(kv_cache_config: Any, kv_groups: Any) -> StateCheckpoints | None:
+    """The book of an engine whose stored groups hold recurrent states (``KVGroups``
+    with a ``LayerGroup.state``), else None."""
+    if kv_groups is None:
+        return None
+    specs = kv_cache_config.kv_cache_groups
+    groups = tuple(g for g in kv_groups.stored
+                   if getattr(specs[g].kv_cache_spec, "shapes", None))
+    return StateCheckpoints(groups, kv_groups.tokens_per_block) if groups else None
 
 
 def with_states(ids: Sequence[Sequence[int]], stored: Sequence[int],

@@ -111,9 +111,10 @@ def _refusal(kv_cache_config: KVCacheConfig, problems: Sequence[str]) -> ValueEr
     tail = (f"; group {', '.join(left)} left to vLLM's bounded window replay"
             if left else "")
     state = any(getattr(g.kv_cache_spec, "shapes", None) for g in groups)
-    why = ("; a recurrent state (Mamba, Gated DeltaNet) is not served yet: the connector "
-           "does not hand vLLM's state checkpoints to and from the store, and restoring "
-           "the attention blocks without them would serve wrong KV" if state else "")
+    why = ("; a recurrent state (Mamba, Gated DeltaNet) is served beside attention "
+           "layers as vLLM's prefix cache checkpoints it (mamba_cache_mode 'align': turn "
+           "the prefix cache on), and restoring the attention blocks without it would "
+           "serve wrong KV" if state else "")
     return ValueError(f"FlatCakeConnector cannot store {'; '.join(problems)}: it serves "
                       f"{', '.join(SERVED_SPECS)} (also side by side in a "
                       f"UniformTypeKVCacheSpecs group){why}{tail}")
@@ -153,11 +154,9 @@ class KVGroups:
     plan_group: int = 0
 
     @classmethod
-    def of(cls, kv_cache_config: KVCacheConfig, states: bool = False) -> KVGroups:
-        """The engine's groups; ``states``: a recurrent state group (``MambaSpec`` in
-        ``align`` mode) is mapped to ``LayerGroup.state`` instead of refused
-        (``_state_layer``). The connector keeps the refusal until it hands vLLM's state
-        checkpoints to and from the store."""
+    def of(cls, kv_cache_config: KVCacheConfig) -> KVGroups:
+        """The engine's groups; a recurrent state group (``MambaSpec`` in ``align``
+        mode) is a ``LayerGroup.state`` (``_state_layer``)."""
         groups = kv_cache_config.kv_cache_groups
         transfer = getattr(kv_cache_config, "transfer_group_ids", range(len(groups)))
         cacheable = getattr(kv_cache_config, "prefix_cacheable_group_ids", transfer)
@@ -166,7 +165,9 @@ class KVGroups:
             spec = groups[g].kv_cache_spec
             if g not in cacheable and replayed_by_engine(spec):
                 continue
-            if states and g in cacheable and _state_group(groups[g]):
+            if g in cacheable and _state_group(groups[g]) and all(
+                    getattr(spec, "mamba_cache_mode", None) == "align"
+                    for spec in _layer_specs(groups[g]).values()):
                 continue
             if not _served(groups[g]) or g not in cacheable:
                 # Restoring the others without this group's state would serve wrong KV.
