@@ -2,9 +2,10 @@
 
     python engine_script.py model MODEL_DIR [KIND]
         build a tiny random model and its tokenizer (with a chat template) in MODEL_DIR
-        (nothing downloaded): KIND ``llama`` (the default) or ``mla`` (DeepSeek-V2-style
+        (nothing downloaded): KIND ``llama`` (the default), ``mla`` (DeepSeek-V2-style
         multi-head latent attention: one 576-wide latent per token and layer, the width
-        vLLM's CPU MLA kernel runs); nothing to do when MODEL_DIR exists
+        vLLM's CPU MLA kernel runs) or ``qwen3_next`` (Gated DeltaNet + attention);
+        nothing to do when MODEL_DIR exists
     python engine_script.py serve MODEL_DIR PLAN.json OUT.json [STORE_DIR | unix:SOCKET]
         start vLLM's offline ``LLM`` (FlatCake on when STORE_DIR or a node service's
         socket is given: its ``kv_transfer_config`` is the only FlatCake-specific
@@ -17,7 +18,8 @@ own prefix cache on or off; a run that checks FlatCake's hits wants it off, or v
 keeps the prefix itself and FlatCake rightly loads nothing),
 "in_process": bool (default false: vLLM's default, the engine core in a child
 process), "model_kind": KIND (default llama), "block_size": int (default 32; vLLM's CPU
-MLA kernel takes 16 only), "cpu_mla_prefix_caching": bool (default false: vLLM's CPU
+MLA kernel takes 16 only; null: vLLM's choice), "dtype": str (default float32),
+"cpu_mla_prefix_caching": bool (default false: vLLM's CPU
 platform switches its prefix cache off for MLA models; true switches it back on, so a
 baseline reuses cached latents through the same attention path a FlatCake hit
 takes), "tensor_parallel_size": int (default 1), "short_reply_threshold_tokens": int
@@ -70,8 +72,25 @@ def build_model(out: str, kind: str = "llama") -> None:
             tie_word_embeddings=False)
         DeepseekV2ForCausalLM(mla).save_pretrained(out)
         return
+    if kind == "qwen3_next":
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        # 3 Gated DeltaNet layers + 1 full attention, bf16 (vLLM's CPU GDN kernel takes
+        # bf16 and head dims of 64 only); lm_head untied: vLLM's Qwen3-Next does not tie
+        # it, and a tied checkpoint leaves it unloaded (NaN logits).
+        gdn = Qwen3NextConfig(
+            vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+            linear_value_head_dim=64, linear_conv_kernel_dim=4, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=64, full_attention_interval=4,
+            max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+            tie_word_embeddings=False)
+        Qwen3NextForCausalLM(gdn).to(torch.bfloat16).save_pretrained(out)
+        return
     if kind != "llama":
-        raise SystemExit(f"unknown model kind {kind!r} (llama, mla)")
+        raise SystemExit(f"unknown model kind {kind!r} (llama, mla, qwen3_next)")
     cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
@@ -140,8 +159,9 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
     t0 = time.monotonic()
     if not os.path.isdir(model):
         build_model(model, plan.get("model_kind", "llama"))
-    llm = LLM(model=model, dtype="float32", enforce_eager=True,
-              block_size=plan.get("block_size", 32),
+    if plan.get("block_size", 32):
+        kwargs["block_size"] = plan.get("block_size", 32)
+    llm = LLM(model=model, dtype=plan.get("dtype", "float32"), enforce_eager=True,
               enable_prefix_caching=plan["prefix_caching"], max_model_len=1024,
               max_num_seqs=8, seed=0, disable_log_stats=store is None,
               tensor_parallel_size=plan.get("tensor_parallel_size", 1), **kwargs)

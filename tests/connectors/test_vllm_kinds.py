@@ -1,6 +1,7 @@
 """The vLLM connector maps the engine's KV cache groups to FlatCake's layer groups and
 refuses at start a model kind it cannot serve, naming it: a spec whose pages are not one
-attention layer's blocks (Mamba state), alone or beside attention groups. Runs where
+attention layer's blocks, or a Mamba state vLLM does not checkpoint (mamba_cache_mode
+other than "align"). Runs where
 vLLM is installed (``.venv-engine``)."""
 
 from __future__ import annotations
@@ -71,19 +72,21 @@ def test_several_groups_are_one_layer_group_each_in_group_order() -> None:
                              "model.layers.2.attn")
 
 
-def test_a_mamba_group_beside_attention_is_refused_by_name() -> None:
+def test_a_mamba_group_without_checkpoints_is_refused_by_name() -> None:
     from vllm.v1.kv_cache_interface import MambaSpec
 
+    # mamba_cache_mode "none" (vLLM's prefix cache off): no state at block boundaries.
     mamba = MambaSpec(block_size=16, shapes=((3, 8), (2, 4, 4)),
-                      dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode="align")
+                      dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode="none")
     group = KVCacheGroupSpec(["model.layers.5.mixer", "model.layers.6.mixer"], mamba)
     with pytest.raises(ValueError) as err:
         engine_geometry(*_config(_full(2), group))
     # The layer and its spec are named: the state's arrays, dtypes and cache mode.
     assert ("cannot store group 1, 2 layers of MambaSpec (176 B pages, state 3x8 "
-            "bfloat16, 2x4x4 float32, mamba_cache_mode align), layer "
+            "bfloat16, 2x4x4 float32, mamba_cache_mode none), layer "
             "model.layers.5.mixer and 1 more") in str(err.value)
-    assert "a recurrent state (Mamba, Gated DeltaNet) is not served yet" in str(err.value)
+    assert "as vLLM's prefix cache checkpoints it (mamba_cache_mode 'align'" \
+        in str(err.value)
 
 
 def test_a_state_that_is_not_attention_blocks_is_refused_by_name() -> None:

@@ -196,26 +196,39 @@ class PagedKV:
                 raise ValueError(f"{name} repeats a slot id: {ids.tolist()}")
         return ids.to(self.device)
 
+    def _head(self, layer: int, head: int) -> int:
+        """``head`` checked: 0, or at most a block of ``layer`` in the ``blocks`` layout."""
+        if head and (self.kv_layout != "blocks" or not
+                     0 < head <= self.layer_block_bytes[layer]):
+            raise ValueError(f"the first {head} bytes of a {self.layer_block_bytes[layer]} B "
+                             f"block ({self.kv_layout!r} layout) cannot be moved alone")
+        return head
+
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be in [0, {self.num_layers}), got {layer}")
 
-    def _check_buffer(self, buf: torch.Tensor, layer: int, n: int, name: str) -> None:
-        want = n * self.layer_block_bytes[layer]
+    def _check_buffer(self, buf: torch.Tensor, layer: int, n: int, name: str,
+                      head: int = 0) -> None:
+        want = n * (head or self.layer_block_bytes[layer])
         if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != want:
             raise ValueError(f"{name} must be a 1-D uint8 tensor of {want} bytes, got "
                              f"dtype={buf.dtype} shape={tuple(buf.shape)}")
 
-    def gather(self, layer: int, ids: torch.Tensor, out: torch.Tensor) -> None:
+    def gather(self, layer: int, ids: torch.Tensor, out: torch.Tensor,
+               head: int = 0) -> None:
         """Copy blocks ``ids`` of ``layer`` into ``out`` (``len(ids) *
-        layer_block_bytes[layer]`` bytes, block-major), on any device."""
+        layer_block_bytes[layer]`` bytes, block-major), on any device; ``head``: only
+        each block's first ``head`` bytes (a padded page's content; 0: all)."""
         self._check_layer(layer)
         n = int(ids.numel())
-        self._check_buffer(out, layer, n, "gather output")
+        self._check_buffer(out, layer, n, "gather output", self._head(layer, head))
         if n == 0:
             return
         src = self._views[layer]
-        if self.kv_layout == "blocks":
+        if head:
+            out.view(n, head).copy_(src[:, :head].index_select(0, ids))
+        elif self.kv_layout == "blocks":
             wide_src, wide_out = _wide(src), _wide(out.view(n, -1))
             if wide_src.dtype == wide_out.dtype:
                 torch.index_select(wide_src, 0, ids, out=wide_out)  # (n, block_bytes)
@@ -227,18 +240,22 @@ class PagedKV:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
-    def scatter(self, layer: int, ids: torch.Tensor, src: torch.Tensor) -> None:
+    def scatter(self, layer: int, ids: torch.Tensor, src: torch.Tensor,
+                head: int = 0) -> None:
         """Copy ``src`` (block-major bytes of ``len(ids)`` blocks) into slots ``ids`` of
-        ``layer``. Returns after the bytes are in place (CUDA streams synchronised), so
-        the caller may reuse ``src``."""
+        ``layer``; ``head``: into each block's first ``head`` bytes only (the rest kept).
+        Returns after the bytes are in place (CUDA streams synchronised), so the caller
+        may reuse ``src``."""
         self._check_layer(layer)
         n = int(ids.numel())
-        self._check_buffer(src, layer, n, "scatter source")
+        self._check_buffer(src, layer, n, "scatter source", self._head(layer, head))
         if n == 0:
             return
         data = src.to(self.device, non_blocking=True)
         dst = self._views[layer]
-        if self.kv_layout == "blocks":
+        if head:
+            dst[:, :head].index_copy_(0, ids, data.view(n, head))
+        elif self.kv_layout == "blocks":
             wide_dst, wide_data = _wide(dst), _wide(data.view(n, -1))
             if wide_dst.dtype == wide_data.dtype:
                 wide_dst.index_copy_(0, ids, wide_data)

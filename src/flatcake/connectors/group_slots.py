@@ -28,7 +28,7 @@ of a FlatCake block that its window reaches, so its stored block is those pages 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,21 +44,30 @@ GroupIds = tuple[tuple[int, ...], ...]
 class EnginePages:
     """How one layer's FlatCake block lies in its group's engine blocks: ``per_block``
     engine blocks of ``page_bytes`` each make one FlatCake block, of which the store
-    keeps the last ``kept`` (all of them, or a sliding window's tail)."""
+    keeps the last ``kept`` (all of them, or a sliding window's tail); ``content``: the
+    bytes of each page the store keeps, its first (a recurrent state's arrays before
+    vLLM pads its page to the attention page; 0: the whole page)."""
 
     page_bytes: int
     per_block: int = 1
     kept: int = 1
+    content: int = 0
 
     def __post_init__(self) -> None:
-        if self.page_bytes <= 0 or not 0 < self.kept <= self.per_block:
-            raise ValueError(f"engine pages of {self.page_bytes} B, {self.kept} kept of "
-                             f"{self.per_block} per block")
+        if self.page_bytes <= 0 or not 0 < self.kept <= self.per_block or \
+                not 0 <= self.content <= self.page_bytes:
+            raise ValueError(f"engine pages of {self.page_bytes} B ({self.content} B "
+                             f"content), {self.kept} kept of {self.per_block} per block")
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of one engine page as stored."""
+        return self.content or self.page_bytes
 
     @property
     def block_bytes(self) -> int:
         """Bytes of one FlatCake block of the layer as stored."""
-        return self.page_bytes * self.kept
+        return self.stored_bytes * self.kept
 
     def ids(self, group: Sequence[int], lo: int, hi: int) -> list[int]:
         """The engine blocks kept of FlatCake blocks ``[lo, hi)`` out of a group's
@@ -150,7 +159,7 @@ class GroupedKV:
         for layer in range(self.paged.num_layers):
             table = self.paged.block_table(self._table(ids, layer, 0, num_blocks),
                                            unique=False)
-            self.paged.gather(layer, table, dest[layer])
+            self.paged.gather(layer, table, dest[layer], self.pages[layer].content)
         return out
 
     def scatter(self, scratch: PagedKV, ids: GroupIds, first: int, end: int) -> None:
@@ -161,21 +170,21 @@ class GroupedKV:
             return
         src = scratch.layer_bytes()
         # The layers of one group and window take the same blocks into the same slots.
-        moves: dict[tuple[int, int, EnginePages], _Move | None] = {}
+        moves: dict[tuple[int, int, int, int], _Move | None] = {}
         for layer in range(self.paged.num_layers):
             pages = self.pages[layer]
             skip = max(self._held_from(layer, end) - first, 0)
-            key = (self.layer_group[layer], skip, replace(pages, page_bytes=1))
+            key = (self.layer_group[layer], skip, pages.per_block, pages.kept)
             if key not in moves:
                 moves[key] = self._move(ids, layer, first, end, skip * pages.kept)
             move = moves[key]
             if move is None:
                 continue
-            size = pages.page_bytes
+            size = pages.stored_bytes
             rows = src[layer].view(-1, size)[first * pages.kept:end * pages.kept]
             picked = rows[move.rows] if isinstance(move.rows, slice) else \
                 rows.index_select(0, move.rows)
-            self.paged.scatter(layer, move.table, picked.reshape(-1))
+            self.paged.scatter(layer, move.table, picked.reshape(-1), pages.content)
 
     def _move(self, ids: GroupIds, layer: int, first: int, end: int,
               skip: int) -> _Move | None:

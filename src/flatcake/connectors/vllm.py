@@ -88,9 +88,18 @@ group is one ``LayerGroup`` of the geometry, its blocks taken from its own block
 (``connectors.group_slots``); every load is async, and a failed one is reported by
 request (vLLM takes no block ids of several groups), so the engine recomputes it.
 
-Limits: a state that is not attention blocks (Mamba's, Gated DeltaNet's) is refused at
-start, naming its group, first layer and spec (the store and the replay hold such states,
-``geometry.LayerGroup.state``, but the connector does not hand them over yet); no
+Models with recurrent state layers (Mamba-2, Gated DeltaNet: Qwen3-Next, Qwen3.5) with
+vLLM's prefix cache on (``mamba_cache_mode = "align"``): each state layer is a
+``geometry.LayerGroup.state`` of the state's arrays (``group_slots.EnginePages.content``:
+the head of vLLM's padded page). vLLM frees a request's interior states as it goes, so a
+state is stored from the block vLLM names for its checkpoint
+(``boundary_state_offloads``, ``connectors.state_checkpoints``), never by position; a
+segment whose end state it did not name (or freed) is not stored. A hit loads the
+attention blocks and the state at its end together, the state into the block vLLM reads
+an external hit's state from (the state group's block at the hit's last block).
+
+Limits: a state vLLM does not checkpoint (``mamba_cache_mode`` other than ``align``:
+its prefix cache off) is refused at start, naming its group, first layer and spec; no
 pipeline parallelism; several KV cache groups not with the node service; tensor
 parallelism in a cluster only attached to a node service (embedded, each rank's arena
 and files would need a node id of their own).
@@ -124,6 +133,7 @@ from flatcake.connectors.group_slots import GroupIds, StepSlots, slots_of
 from flatcake.connectors.requests import RequestKeys
 from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
 from flatcake.connectors.settings import IN_STEP_LINE, parse_extra_config
+from flatcake.connectors.state_checkpoints import state_checkpoints, with_states
 from flatcake.connectors.vllm_events import EventBook
 from flatcake.connectors.vllm_glue import (
     FlatCakeMetadata,
@@ -186,6 +196,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         # Several KV cache groups (the hybrid KV cache manager): each its own block list.
         self.kv_groups = (KVGroups.of(kv_cache_config)
                           if len(kv_cache_config.kv_cache_groups) > 1 else None)
+        self._states = state_checkpoints(kv_cache_config, self.kv_groups)
         self._load_slots: dict[str, GroupIds] = {}
         self._store_slots: dict[str, GroupIds] = {}
         if self.kv_groups is not None and self.config.store.node:
@@ -354,6 +365,10 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         sched = self._sched()
+        if self._states is not None:
+            block_state = scheduler_output.kv_connector_block_state
+            self._states.offered(block_state.boundary_state_offloads
+                                 if block_state is not None else None)
         computed: dict[str, tuple[Request, RequestView, tuple[list[int], ...]]] = {}
         for rid, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self._awaiting_prompt.get(rid)
@@ -367,6 +382,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         preempted = scheduler_output.preempted_req_ids or ()
         for rid in preempted:  # computed again from scratch when resumed
             self._awaiting_prompt.pop(rid, None)
+        if self._states is not None:
+            self._states.forget(preempted)
         first_group = self._first_group
         step = sched.build_step(tuple(preempted), [(view, per_group[first_group])
                                                    for _, view, per_group in computed.values()])
@@ -377,9 +394,15 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             request, view, per_group = got
             first, n = plan.first_block, plan.segment.num_blocks
             if self.kv_groups is not None:
-                self._store_slots[task.request_id] = slots_of(
-                    per_group, self.kv_groups.stored, first, first + n,
-                    self.kv_groups.per_block)
+                ids = slots_of(per_group, self.kv_groups.stored, first, first + n,
+                               self.kv_groups.per_block)
+                states = self._states
+                if states is not None:  # each state from the block vLLM named for it
+                    holds = {g: set(per_group[g]) for g in states.groups}
+                    ids = with_states(ids, self.kv_groups.stored, dict(zip(
+                        states.groups, states.slots(task.request_id, first, first + n, holds),
+                        strict=True)))
+                self._store_slots[task.request_id] = ids
             if self._events is not None:
                 bs = self.block_size
                 self._events.planned(
@@ -433,6 +456,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                          ) -> tuple[bool, dict[str, Any] | None]:
         view = self._view(request)
         self._keys.forget(request.request_id)
+        if self._states is not None:
+            self._states.forget([request.request_id])
         self._awaiting_prompt.pop(request.request_id, None)
         return self._sched().request_finished(view)
 
@@ -443,8 +468,9 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
     # -- worker side -----------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._start_before_forward = (
-            self._host_kv and next(iter(kv_caches.values())).device.type == "cpu")
+        first = next(iter(kv_caches.values()))
+        first = first[0] if isinstance(first, (list, tuple)) else first
+        self._start_before_forward = self._host_kv and first.device.type == "cpu"
         if self.kv_groups is not None:
             # Layers of different groups share one buffer (their blocks differ): one
             # tensor per layer of a stored group, in FlatCake's layer order.

@@ -111,9 +111,10 @@ def _refusal(kv_cache_config: KVCacheConfig, problems: Sequence[str]) -> ValueEr
     tail = (f"; group {', '.join(left)} left to vLLM's bounded window replay"
             if left else "")
     state = any(getattr(g.kv_cache_spec, "shapes", None) for g in groups)
-    why = ("; a recurrent state (Mamba, Gated DeltaNet) is not served yet: the connector "
-           "does not hand vLLM's state checkpoints to and from the store, and restoring "
-           "the attention blocks without them would serve wrong KV" if state else "")
+    why = ("; a recurrent state (Mamba, Gated DeltaNet) is served beside attention "
+           "layers as vLLM's prefix cache checkpoints it (mamba_cache_mode 'align': turn "
+           "the prefix cache on), and restoring the attention blocks without it would "
+           "serve wrong KV" if state else "")
     return ValueError(f"FlatCakeConnector cannot store {'; '.join(problems)}: it serves "
                       f"{', '.join(SERVED_SPECS)} (also side by side in a "
                       f"UniformTypeKVCacheSpecs group){why}{tail}")
@@ -154,6 +155,8 @@ class KVGroups:
 
     @classmethod
     def of(cls, kv_cache_config: KVCacheConfig) -> KVGroups:
+        """The engine's groups; a recurrent state group (``MambaSpec`` in ``align``
+        mode) is a ``LayerGroup.state`` (``_state_layer``)."""
         groups = kv_cache_config.kv_cache_groups
         transfer = getattr(kv_cache_config, "transfer_group_ids", range(len(groups)))
         cacheable = getattr(kv_cache_config, "prefix_cacheable_group_ids", transfer)
@@ -161,6 +164,10 @@ class KVGroups:
         for g in transfer:
             spec = groups[g].kv_cache_spec
             if g not in cacheable and replayed_by_engine(spec):
+                continue
+            if g in cacheable and _state_group(groups[g]) and all(
+                    getattr(spec, "mamba_cache_mode", None) == "align"
+                    for spec in _layer_specs(groups[g]).values()):
                 continue
             if not _served(groups[g]) or g not in cacheable:
                 # Restoring the others without this group's state would serve wrong KV.
@@ -189,7 +196,9 @@ class KVGroups:
             else:
                 merged.append(kind)
         per_block = tuple(tokens // int(groups[g].kv_cache_spec.block_size) for g in stored)
-        whole = [g for g, k in zip(stored, per_block, strict=True) if k == 1]
+        # A state group's block list is null but at its checkpoints: never planned with.
+        whole = [g for g, k in zip(stored, per_block, strict=True)
+                 if k == 1 and not _state_group(groups[g])]
         if not whole:
             raise _refusal(kv_cache_config, [
                 f"groups of {', '.join(str(groups[g].kv_cache_spec.block_size) for g in stored)}"
@@ -205,13 +214,19 @@ class KVGroups:
 
 def group_tensors(kv: KVGroups, kv_caches: Mapping[str, Any]) -> list[Any]:
     """The engine's KV tensors of the stored layers, in FlatCake's layer order, each
-    checked to hold its spec's page per block, blocks one after another; a layout
+    checked to hold its spec's page per block, blocks one after another (a state
+    layer's arrays as one view of its pages: ``state_pages``); a layout
     FlatCake does not read is refused at start, naming the layer."""
+    import torch
+
     from flatcake.cio.paged import PagedKV
 
     out = []
     for name, pages in zip(kv.layers, kv.pages, strict=True):
         t = kv_caches[name]
+        if pages.content:
+            t = state_pages(name, t if isinstance(t, (list, tuple)) else [t],
+                            pages.page_bytes, pages.content)
         try:
             PagedKV([t], (pages.page_bytes,))
         except ValueError as exc:
@@ -222,7 +237,61 @@ def group_tensors(kv: KVGroups, kv_caches: Mapping[str, Any]) -> list[Any]:
                 f"({exc}; a block-outermost KV cache layout packs several layers' pages "
                 f"into each block, and DeepSeek-V4's backends ask for one)") from None
         out.append(t)
+    if any(pages.content for pages in kv.pages):
+        # Pages of a state and of attention alike, as bytes: one dtype and shape per size.
+        out = [t if t.dtype == torch.uint8 and t.dim() == 2 else
+               t.reshape(-1).view(torch.uint8).view(int(t.shape[0]), -1) for t in out]
     return out
+
+
+def state_pages(name: str, states: Sequence[Any], page: int, content: int) -> Any:
+    """A recurrent state layer's KV as one ``(num_blocks, page)`` uint8 view: vLLM views
+    the state's arrays (conv state, SSM state; ``content`` bytes in all) into each
+    ``page``-byte page one after another from its first byte, padding after
+    (``MambaSpec.page_size_padded``). vLLM 0.32 hands a connector one byte view of them
+    per layer (``(num_blocks, 1, 1, content)`` int8, page-strided); its model runner, one
+    view per array. Any other layout is refused, naming the layer."""
+    import torch
+
+    first, at = states[0], 0
+    for i, t in enumerate(states):
+        if t.data_ptr() - first.data_ptr() != at or t.stride(0) * t.element_size() != page \
+                or not t[0].is_contiguous() or t.shape[0] != first.shape[0]:
+            raise ValueError(
+                f"FlatCakeConnector cannot read layer {name}'s state pages: array {i} is "
+                f"shape {tuple(t.shape)}, stride {tuple(t.stride())}, {t.dtype} at byte "
+                f"{t.data_ptr() - first.data_ptr()} of the page; FlatCake reads each "
+                f"block's arrays one after another from the start of its {page} B page")
+        at += t[0].numel() * t.element_size()
+    num_blocks = int(first.shape[0])
+    offset = first.storage_offset() * first.element_size()
+    if at != content or offset + num_blocks * page > first.untyped_storage().nbytes():
+        raise ValueError(f"FlatCakeConnector: layer {name}'s {num_blocks} state pages of "
+                         f"{page} B hold {at} B of arrays ({content} B expected) or "
+                         f"overrun their buffer")
+    raw = torch.empty(0, dtype=torch.uint8, device=first.device)
+    return raw.set_(first.untyped_storage(), offset, (num_blocks, page), (page, 1))
+
+
+def _state_group(group: Any) -> bool:
+    """A group of recurrent states (vLLM's ``MambaSpec``: Mamba-2, Gated DeltaNet)."""
+    return all(getattr(spec, "shapes", None) for spec in _layer_specs(group).values())
+
+
+def _state_layer(spec: Any, block: int, tokens: int) -> tuple[EnginePages, LayerGroup]:
+    """A recurrent state layer's pages and ``LayerGroup.state``: vLLM's ``align`` mode
+    checkpoints the state at the end of each of its blocks into that block's page (the
+    state's arrays first, padding to the attention page after); FlatCake keeps the
+    arrays of the page at each FlatCake block's end (the last of its engine blocks)."""
+    mode = getattr(spec, "mamba_cache_mode", None)
+    if mode != "align":
+        raise ValueError(f"FlatCakeConnector cannot store a recurrent state of "
+                         f"{_spec_kind(spec)}: only mamba_cache_mode 'align' keeps a "
+                         f"state at block boundaries (vLLM picks it with prefix caching)")
+    dtypes = [str(d).removeprefix("torch.") for d in spec.dtypes]
+    group = LayerGroup.state(1, spec.shapes, dtypes, tokens)
+    page = int(spec.page_size_bytes)
+    return EnginePages(page, tokens // block, 1, group.entry_bytes), group
 
 
 def _layer_kind(spec: Any, block: int, tokens: int) -> tuple[EnginePages, LayerGroup]:
@@ -232,6 +301,8 @@ def _layer_kind(spec: Any, block: int, tokens: int) -> tuple[EnginePages, LayerG
     those vLLM keeps (``SlidingWindowManager.remove_skipped_blocks``,
     ``vllm/v1/core/single_type_kv_cache_manager.py``: from ``sliding_window - 1 +
     extra_retained_tokens`` tokens back)."""
+    if getattr(spec, "shapes", None):
+        return _state_layer(spec, block, tokens)
     page = int(spec.page_size_bytes)
     per_block = tokens // block
     window = int(getattr(spec, "sliding_window", None) or 0)
