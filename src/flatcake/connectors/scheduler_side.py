@@ -605,7 +605,7 @@ class SchedulerSide:
         """The ``kv_transfer_params`` a live request's ``request_finished`` would return
         now; None for a request the books never looked up."""
         state = self._reqs.get(request_id)
-        return None if state is None else state.params(self.geometry.tokens_per_block)
+        return None if state is None else self._params(state)
 
     def abandon(self) -> list[tuple[StorePlan, int]]:
         """The engine is gone (a node service ended its lease): its restores are
