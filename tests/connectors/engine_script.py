@@ -23,7 +23,8 @@ MLA kernel takes 16 only; null: vLLM's choice), "dtype": str (default float32),
 platform switches its prefix cache off for MLA models; true switches it back on, so a
 baseline reuses cached latents through the same attention path a FlatCake hit
 takes), "tensor_parallel_size": int (default 1), "short_reply_threshold_tokens": int
-(default 512; FlatCake's embedded store: 0 puts every turn on SSD),
+(default 512; FlatCake's embedded store, whose shared-prefix rule is on: 0 puts every
+turn no other live request shares on SSD),
 "release_windows_at_once": bool (default false: superseded window rows stay until the
 SSD needs the space; true punches them as soon as a newer turn is durable), "window_rows":
 str (``store.window_rows``; default: the store's)}``; a request is
@@ -149,6 +150,7 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
                              if "window_rows" in plan else {})},
                 "placement": {"short_reply_threshold_tokens":
                               plan.get("short_reply_threshold_tokens", 512),
+                              "shared_refcount_threshold": 2,
                               "memory_copy_watermark": 0.0},
             },
         }

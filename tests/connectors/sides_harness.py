@@ -31,7 +31,7 @@ SLOTS = 64
 def settings(*overrides: str, infer: bool = True) -> FlatCakeConfig:
     base = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=67108864",
             "store.session_file_bytes=16777216", "placement.short_reply_threshold_tokens=512",
-            "placement.memory_copy_watermark=0"]
+            "placement.shared_refcount_threshold=2", "placement.memory_copy_watermark=0"]
     return load_config(env={}, overrides=[*base, f"engine.infer_sessions={infer}",
                                           *overrides])
 

@@ -51,13 +51,15 @@ GEOM = KVGeometry(num_layers=2, tokens_per_block=4, num_kv_heads=1, head_dim=8,
 
 def make(memory_pages: int = 64, ssd_pages: int = 1024, span_pages: int = 64,
          high: float = 0.9, low: float = 0.5, copy_watermark: float = 0.0,
-         not_yet: bool = False) -> tuple[ControlPlane, ManualClock]:
+         not_yet: bool = False, shared_refcount_threshold: int = 2
+         ) -> tuple[ControlPlane, ManualClock]:
     """A control plane with budgets in 4 KiB pages and reclaim watermarks ``high``/``low``
-    (``not_yet``: ``placement.not_yet``)."""
+    (``not_yet``, ``shared_refcount_threshold``: those ``placement`` keys)."""
     cfg = FlatCakeConfig(
-        # The short-reply rule on (512 tokens, its value before memory copies) so that
-        # these scenarios have memory-homed turns.
+        # The short-reply and shared-prefix rules on (512 tokens and any sharing, their
+        # values before memory copies) so that these scenarios have memory-homed turns.
         placement=PlacementConfig(short_reply_threshold_tokens=512,
+                                  shared_refcount_threshold=shared_refcount_threshold,
                                   memory_copy_watermark=copy_watermark, not_yet=not_yet),
         store=StoreConfig(memory_capacity_bytes=memory_pages * K,
                           ssd_capacity_bytes=ssd_pages * K,

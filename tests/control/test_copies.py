@@ -127,6 +127,40 @@ class TestCopies:
         assert cp.stats().memory_copies_dropped == 1
         cp.check_integrity()
 
+    @pytest.mark.parametrize("threshold", [0, 2])
+    def test_a_shared_turn_homed_on_ssd_stays_a_hit_when_memory_fills(
+            self, threshold: int) -> None:
+        # Five first turns, each shared by two live requests (duplicated prompts), in 4
+        # pages with copies up to 1.0. By default (the shared-prefix rule off) each is
+        # homed on SSD with a memory copy; the newest copies evict the oldest, whose
+        # turns stay hits from SSD. The paper's rule (any sharing) homes them in memory,
+        # and reclaim drops the oldest turns: later hits on them are lost.
+        cp, clock = make(memory_pages=4, copy_watermark=1.0,
+                         shared_refcount_threshold=threshold)
+        placed = []
+        for t, s in enumerate("abcde"):
+            clock.set(float(t))
+            p = cp.prepare_store(s, skeys(s, 2), turn_index=0, context_tokens=8,
+                                 shared_refcount=2)
+            assert p is not None
+            placed.append((p.medium, p.placement.rule.value, p.copy is not None))
+            cp.complete_store(p, True)
+        hits = [cp.lookup(skeys(s, 2)) for s in "abcde"]
+        st = cp.stats()
+        if threshold == 0:
+            # The fifth finds the arena full of copies (memory_full), and takes a's.
+            assert placed == [(Medium.SSD, "first_turn", True)] * 4 + \
+                [(Medium.SSD, "memory_full", True)]
+            assert [(h.num_blocks, h.num_memory_blocks) for h in hits] == \
+                [(2, 0), (2, 2), (2, 2), (2, 2), (2, 2)]
+            assert (st.sessions_reclaimed_memory, st.memory_copies_dropped) == (0, 1)
+        else:
+            assert placed == [(Medium.MEMORY, "shared_prefix", False)] * 5
+            assert [(h.num_blocks, h.num_memory_blocks) for h in hits] == \
+                [(0, 0), (0, 0), (2, 2), (2, 2), (2, 2)]
+            assert st.sessions_reclaimed_memory == 2
+        cp.check_integrity()
+
     def test_a_pinned_sessions_copy_stays(self) -> None:
         cp, clock = make(memory_pages=1, copy_watermark=1.0)
         agent_turn(cp, "a", 2, turn=0)  # its copy fills the arena

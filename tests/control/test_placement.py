@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 
@@ -18,29 +19,41 @@ from flatcake.control.placement import (
 )
 
 CFG = PlacementConfig(agent_context_threshold_tokens=1000, long_reply_threshold_tokens=300,
-                      short_reply_threshold_tokens=100)
+                      short_reply_threshold_tokens=100, shared_refcount_threshold=2)
 
-NOT_YET_CFG = PlacementConfig(agent_context_threshold_tokens=1000,
-                              long_reply_threshold_tokens=300,
-                              short_reply_threshold_tokens=100, not_yet=True)
+NOT_YET_CFG = dataclasses.replace(CFG, not_yet=True)
+# The shared-prefix rule at a higher threshold, and off (its default): a shared turn takes
+# the later rules, but is never deferred (NOT_YET).
+SHARED_CFGS = [dataclasses.replace(c, shared_refcount_threshold=t)
+               for c in (CFG, NOT_YET_CFG) for t in (3, 0)]
 
-# The DESIGN.md list, written as data: (rule, condition, medium), in order.
-DESIGN_ORDER: list[tuple[PlacementRule, Callable[[PlacementSignals], bool], Medium]] = [
-    (PlacementRule.MEMORY_FULL, lambda s: s.memory_full, Medium.SSD),
-    (PlacementRule.SHARED_PREFIX, lambda s: s.shared_refcount > 1, Medium.MEMORY),
-    (PlacementRule.NOT_YET, lambda s: s.turn_index == 0
-     and s.context_tokens <= CFG.agent_context_threshold_tokens, Medium.MEMORY),
-    (PlacementRule.FIRST_TURN, lambda s: s.turn_index == 0, Medium.SSD),
-    (PlacementRule.AGENT_CONTEXT,
-     lambda s: s.context_tokens > CFG.agent_context_threshold_tokens, Medium.SSD),
-    (PlacementRule.LONG_REPLY,
-     lambda s: s.prev_reply_tokens is not None
-     and s.prev_reply_tokens > CFG.long_reply_threshold_tokens, Medium.SSD),
-    (PlacementRule.SHORT_REPLY,
-     lambda s: s.prev_reply_tokens is not None
-     and s.prev_reply_tokens < CFG.short_reply_threshold_tokens, Medium.MEMORY),
-    (PlacementRule.DEFAULT, lambda s: True, Medium.SSD),
-]
+# The DESIGN.md list, written as data: (rule, condition, medium), in order, for ``cfg``
+# (its thresholds; the shared-prefix rule only when on, NOT_YET only with ``not_yet``).
+Rule = tuple[PlacementRule, Callable[[PlacementSignals], bool], Medium]
+
+
+def design_order(cfg: PlacementConfig) -> list[Rule]:
+    order: list[Rule] = [
+        (PlacementRule.MEMORY_FULL, lambda s: s.memory_full, Medium.SSD),
+        (PlacementRule.SHARED_PREFIX,
+         lambda s: s.shared_refcount >= cfg.shared_refcount_threshold, Medium.MEMORY),
+        (PlacementRule.NOT_YET, lambda s: s.turn_index == 0 and s.shared_refcount <= 1
+         and s.context_tokens <= cfg.agent_context_threshold_tokens, Medium.MEMORY),
+        (PlacementRule.FIRST_TURN, lambda s: s.turn_index == 0, Medium.SSD),
+        (PlacementRule.AGENT_CONTEXT,
+         lambda s: s.context_tokens > cfg.agent_context_threshold_tokens, Medium.SSD),
+        (PlacementRule.LONG_REPLY,
+         lambda s: s.prev_reply_tokens is not None
+         and s.prev_reply_tokens > cfg.long_reply_threshold_tokens, Medium.SSD),
+        (PlacementRule.SHORT_REPLY,
+         lambda s: s.prev_reply_tokens is not None
+         and s.prev_reply_tokens < cfg.short_reply_threshold_tokens, Medium.MEMORY),
+        (PlacementRule.DEFAULT, lambda s: True, Medium.SSD),
+    ]
+    return [r for r in order
+            if (r[0] != PlacementRule.SHARED_PREFIX or cfg.shared_refcount_threshold)
+            and (r[0] != PlacementRule.NOT_YET or cfg.not_yet)]
+
 
 GRID = list(itertools.product(
     [False, True],  # memory_full
@@ -54,13 +67,12 @@ GRID = list(itertools.product(
 class TestRuleTable:
     def test_every_grid_point_takes_the_first_matching_rule(self) -> None:
         fired: set[PlacementRule] = set()
-        for cfg in (CFG, NOT_YET_CFG):
-            order = [r for r in DESIGN_ORDER
-                     if cfg.not_yet or r[0] != PlacementRule.NOT_YET]
+        for cfg in (CFG, NOT_YET_CFG, *SHARED_CFGS):
+            order = design_order(cfg)
             for mf, ref, turn, ctx, reply in GRID:
                 s = PlacementSignals(mf, ref, turn, ctx, reply)
                 rule, _, medium = next(r for r in order if r[1](s))
-                assert decide_placement(s, cfg) == Placement(medium, rule), s
+                assert decide_placement(s, cfg) == Placement(medium, rule), (cfg, s)
                 fired.add(rule)
         assert fired == set(PlacementRule)  # the grid reaches every rule
 
@@ -92,6 +104,21 @@ class TestRuleTable:
     def test_hand_written_cases(self, signals: PlacementSignals, medium: Medium,
                                 rule: PlacementRule) -> None:
         assert decide_placement(signals, CFG) == Placement(medium, rule)
+
+    def test_the_shared_prefix_rule_is_off_by_default(self) -> None:
+        # A first turn nine live requests share: homed on SSD (its memory copy serves
+        # them), never deferred; the paper's rule (any sharing) homes it in memory.
+        s = PlacementSignals(False, 9, 0, 10, None)
+        default = PlacementConfig()
+        assert decide_placement(s, default) == Placement(Medium.SSD, PlacementRule.FIRST_TURN)
+        assert decide_placement(s, dataclasses.replace(default, not_yet=True)).rule == \
+            PlacementRule.FIRST_TURN
+        assert decide_placement(s, dataclasses.replace(default, shared_refcount_threshold=2)) \
+            == Placement(Medium.MEMORY, PlacementRule.SHARED_PREFIX)
+        assert decide_placement(s, dataclasses.replace(default, shared_refcount_threshold=10)) \
+            == Placement(Medium.SSD, PlacementRule.FIRST_TURN)
+        with pytest.raises(ValueError, match="shared_refcount_threshold"):
+            PlacementConfig(shared_refcount_threshold=1)
 
     def test_thresholds_come_from_config(self) -> None:
         s = PlacementSignals(False, 1, 2, 5000, 50)

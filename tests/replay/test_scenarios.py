@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from flatcake.config import PlacementConfig
 from flatcake.replay.simulate import replay_node, run_replay
 from flatcake.replay.workload.trace import from_requests, from_sessions
 from tests.replay.helpers import BLOCK_BYTES, GEOMETRY, ids, tiny_preset
@@ -173,6 +174,32 @@ def test_flatcake_places_turns_by_rule() -> None:
     assert m.placements["first_turn"] == 1
     assert m.placements["short_reply"] == 1
     assert m.placements["long_reply"] == 1
+
+
+def test_flatcake_keeps_a_duplicated_turn_when_memory_fills() -> None:
+    """Three prompts of 10 blocks, each sent twice at once (a retry): when the first of a
+    pair is stored, the second holds its blocks. Host memory holds 30 blocks, copies up to
+    0.9 of it (the default placement). A's prompt returns, extended, after the three pairs.
+    With the shared-prefix rule off (the default) each pair's turn is homed on SSD with a
+    memory copy: A is restored whole, as by tiered-direct (whose host tier demotes to its
+    SSD). The paper's rule homes the three turns in memory, 30 blocks over the 0.9 high
+    watermark: reclaim drops A's, and only what the GPU still caches (2 blocks) is hit."""
+    reqs = [r for k in range(3) for r in (_req(float(k), ids(100 * k, 100 * k + 10)),) * 2]
+    reqs.append(_req(10.0, ids(0, 12)))
+    wl = from_requests(reqs, BT)
+    base = tiny_preset(gpu_blocks=24, host_blocks=30)
+    got = {}
+    for threshold in (0, 2):
+        placement = PlacementConfig(shared_refcount_threshold=threshold)
+        preset = dataclasses.replace(base, flatcake=dataclasses.replace(
+            base.flatcake, placement=placement))
+        m, node = replay_node(wl, "flatcake", _own_rate(reqs), preset)
+        got[threshold] = (node.rec.hit_blocks.tolist(), m.placements["shared_prefix"],
+                          m.extra["sessions_reclaimed_memory"])
+    assert got[0] == ([0, 10, 0, 10, 0, 10, 10], 0, 0)
+    assert got[2] == ([0, 10, 0, 10, 0, 10, 2], 3, 1)
+    _, node = replay_node(wl, "tiered-direct", _own_rate(reqs), base)
+    assert node.rec.hit_blocks[-1] == 10
 
 
 def _sessions(seed: int) -> list[list[tuple[list[int], int, int, float]]]:

@@ -6,10 +6,11 @@ decides:
 
     rule             condition                                          medium
     MEMORY_FULL      host memory cannot take the segment                ssd
-    SHARED_PREFIX    shared_refcount > 1 (e.g. a system prompt)         memory
+    SHARED_PREFIX    shared_refcount >= shared_refcount_threshold        memory
+                     (e.g. a system prompt; a threshold of 0: never)
     NOT_YET          turn_index == 0, context_tokens <= agent threshold  memory, then
-                     (``placement.not_yet``: no sign of reuse yet)        ssd when its
-                                                                         session continues
+                     (``placement.not_yet``: no sign of reuse yet,        ssd when its
+                     shared_refcount <= 1)                               session continues
     FIRST_TURN       turn_index == 0                                    ssd
     AGENT_CONTEXT    context_tokens > agent_context_threshold_tokens    ssd
     LONG_REPLY       prev_reply_tokens > long_reply_threshold_tokens    ssd
@@ -17,7 +18,9 @@ decides:
     DEFAULT          otherwise                                          ssd
 
 The reply rules only apply when a previous reply exists (``prev_reply_tokens`` is not
-``None``); a later turn without one falls through to DEFAULT.
+``None``); a later turn without one falls through to DEFAULT. With the shared-prefix rule
+off (its default, ``PlacementConfig.shared_refcount_threshold``) a shared turn takes the
+rules after it, except NOT_YET: it is reused already, so it is no candidate for deferral.
 
 NOT_YET is the answer for a turn with no sign of reuse: a chat's first turn, shared by no
 live request, below the agent threshold. Most are never read again (a chat that does not
@@ -111,11 +114,14 @@ def placement_rule(signals: PlacementSignals, cfg: PlacementConfig) -> Placement
     """The first rule (in DESIGN.md order) that matches ``signals``."""
     if signals.memory_full:
         return PlacementRule.MEMORY_FULL
-    if signals.shared_refcount > 1:
+    # The threshold is 0 (off) or at least 2 (``PlacementConfig``).
+    if cfg.shared_refcount_threshold and \
+            signals.shared_refcount >= cfg.shared_refcount_threshold:
         return PlacementRule.SHARED_PREFIX
+    shared = signals.shared_refcount > 1
     agent = signals.context_tokens > cfg.agent_context_threshold_tokens
     if signals.turn_index == 0:
-        return PlacementRule.NOT_YET if cfg.not_yet and not agent else \
+        return PlacementRule.NOT_YET if cfg.not_yet and not agent and not shared else \
             PlacementRule.FIRST_TURN
     if agent:
         return PlacementRule.AGENT_CONTEXT
@@ -142,7 +148,10 @@ def explain(signals: PlacementSignals, cfg: PlacementConfig) -> str:
     s = signals
     why = {
         PlacementRule.MEMORY_FULL: "memory_full=True",
-        PlacementRule.SHARED_PREFIX: f"shared_refcount={s.shared_refcount} > 1",
+        PlacementRule.SHARED_PREFIX: (
+            f"shared_refcount={s.shared_refcount} >= shared_refcount_threshold="
+            f"{cfg.shared_refcount_threshold}"
+        ),
         PlacementRule.NOT_YET: (
             f"turn_index=0, context_tokens={s.context_tokens} <= "
             f"agent_context_threshold_tokens={cfg.agent_context_threshold_tokens} (no sign "
