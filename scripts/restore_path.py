@@ -3,11 +3,13 @@ functions are called, and the package boundaries the calls cross, from the sched
 half's ``num_matched_tokens`` (what ``get_num_new_matched_tokens`` calls) to the
 worker's report of the restored bytes.
 
-Usage: ``python scripts/restore_path.py`` (from the repository root, with the project's
-virtualenv). It drives the connector's two halves without an engine (the tests' sides
-harness): a first turn of 12 blocks is stored on SSD, then a second turn extends it and
-restores those 12 blocks through FC-MAS and the staging window. Every thread is traced
-(``sys.settrace`` and ``threading.settrace``) while the second turn's restore runs.
+Usage: ``python scripts/restore_path.py [--markdown]`` (from the repository root, with
+the project's virtualenv; ``--markdown``: the paragraph and file list the architecture
+page shows, written into it at docs build time by ``scripts/docs_hooks.py``). It drives
+the connector's two halves without an engine (the tests' sides harness): a first turn of
+12 blocks is stored on SSD, then a second turn extends it and restores those 12 blocks
+through FC-MAS and the staging window. Every thread is traced (``sys.settrace`` and
+``threading.settrace``) while the second turn's restore runs.
 Reported: files (distinct source files with a call), packages, and package hops
 (distinct caller -> callee file pairs whose packages differ). Module-level code and
 comprehensions count for their file; nothing outside ``src/flatcake`` is counted.
@@ -63,6 +65,10 @@ class _Trace:
 
 
 def main() -> int:
+    markdown = sys.argv[1:] == ["--markdown"]
+    if sys.argv[1:] and not markdown:
+        print(f"usage: {sys.argv[0]} [--markdown]", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp))
         first = list(range(100, 148))  # 12 blocks of 4 tokens
@@ -84,6 +90,16 @@ def main() -> int:
         h.close()
     files = sorted(str(Path(f).resolve().relative_to(SRC)) for f in trace.files)
     packages = sorted({_package(str(SRC / f)) for f in files})
+    if markdown:
+        print(f"Counted when this page was built (`python scripts/restore_path.py`: the "
+              f"connector's two halves without an engine, one 12-block SSD restore, every "
+              f"thread traced), the path touches **{len(files)} source files** in "
+              f"{len(packages)} packages ({', '.join(packages)}) and crosses "
+              f"**{len(trace.hops)} distinct caller -> callee file pairs** between "
+              f"packages.\n\n!!! note \"The {len(files)} files\"\n")
+        for f in files:
+            print(f"    - `{f}`")
+        return 0
     print(f"files: {len(files)}")
     for f in files:
         print(f"  {f}")
