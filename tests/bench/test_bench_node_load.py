@@ -35,6 +35,28 @@ def test_load_rows_count_every_call_and_leave_the_books_clean(
     assert not list(tmp_path.glob("flatcake-node-load-*"))  # cleaned up
 
 
+def test_docs_out_writes_the_rows_measured_under_the_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("zmq")
+    out = tmp_path / "generated" / "node-load.md"
+    assert main(["bench", "--node-load", "--quick", "--dir", str(tmp_path), "--json",
+                 "--p99-bound-ms", "1e9", "--docs-out", str(out)]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    text = out.read_text()
+    first = text.splitlines()[0]
+    # the command that reproduces the run, its rates and bound spelled out
+    assert first.startswith("<!-- written by: flatcake bench --node-load --dir ")
+    assert "--clients 2 --rates 20,40 --seconds 1 --p99-bound-ms 1e+09" in first
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(rows) == 3  # the head, one row per rate
+    for line, r in zip(table[1:], rows, strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == f"{r['offered']:g}" and cells[2] == str(r["requests"])
+        assert cells[-1] == "clean"
+    assert "p99 lookup at 1000 requests/s: not run" in text
+    assert "saturation rate:" in text
+
+
 def test_bad_load_options_are_refused(tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--node-load", "--rates", "10,x", "--dir", str(tmp_path)]) == 2

@@ -99,7 +99,13 @@ class TestOwnership:
         with pytest.raises(KeyError, match="segment_id 7"):
             idx.remove_segment(7)
         with pytest.raises(ValueError, match="same key twice"):
-            idx.publish(ssd_segment(3, [key(9), key(9)]))
+            idx.publish(ssd_segment(3, [key(9), key(8), key(9)]))
+        # refused whole: none of its keys indexed, its id still free
+        assert idx.lookup([key(8)]).num_blocks == idx.lookup([key(9)]).num_blocks == 0
+        assert idx.publish(ssd_segment(3, [key(8), key(9)])) == 2
+        with pytest.raises(ValueError, match="same key twice"):  # past an indexed key
+            idx.publish(ssd_segment(4, [key(0), key(7), key(7)]))
+        assert idx.lookup([key(7)]).num_blocks == 0
         with pytest.raises(KeyError, match="segment_id 8"):
             idx.segment(8)
 

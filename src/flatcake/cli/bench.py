@@ -258,7 +258,12 @@ def node_load(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from flatcake.bench.node_load import LoadOptions, format_load_table, run_node_load
+    from flatcake.bench.node_load import (
+        LoadOptions,
+        format_load_markdown,
+        format_load_table,
+        run_node_load,
+    )
 
     values: dict[str, object] = dict(LOAD_QUICK) if args.quick else {}
     if args.rates is not None:
@@ -271,8 +276,10 @@ def node_load(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     options = LoadOptions(directory=args.dir, **values)  # type: ignore[arg-type]
+    started = docsout.start()
     load0 = os.getloadavg()[0]
     rows, saturation = run_node_load(options)
+    load = (load0, os.getloadavg()[0])
     if args.json:
         print(json.dumps({"saturation_per_s": saturation, "rows": [
             {"offered": r.offered, "delivered": r.delivered, "requests": r.requests,
@@ -282,7 +289,15 @@ def node_load(args: argparse.Namespace) -> int:
              "service_cpu_us": r.service_cpu_us, "books": r.books,
              "books_clean": r.books_clean} for r in rows]}, indent=2))
     else:
-        print(format_load_table(rows, saturation, options, (load0, os.getloadavg()[0])))
+        print(format_load_table(rows, saturation, options, load))
+    if args.docs_out:
+        parts = ["flatcake", "bench", "--node-load", "--dir", options.directory, "--model",
+                 options.model, "--clients", str(options.clients), "--rates",
+                 ",".join(f"{r:g}" for r in options.rates), "--seconds",
+                 f"{options.seconds:g}", "--p99-bound-ms", f"{options.p99_bound_ms:g}",
+                 "--seed", str(options.seed), "--docs-out", args.docs_out]
+        docsout.write(args.docs_out, parts,
+                      format_load_markdown(rows, saturation, options, load), started)
     return 0 if all(r.books_clean for r in rows) else 1
 
 

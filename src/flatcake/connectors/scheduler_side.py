@@ -470,6 +470,8 @@ class SchedulerSide:
         self._apply(settle(self.control))
 
     def _apply(self, actions: Sequence[ReclaimAction]) -> None:
+        if not actions:  # the common case: every step and report settles nothing
+            return
         gone = []
         for action in actions:
             for seg in (*action.memory_segments, *action.ssd_segments):

@@ -169,25 +169,18 @@ def _plan_ssd_layer(spans: list[_Span], layer: _Layer, cfg: PlannerConfig
     bytes_read = 0
     gap_limit = cfg.gap_limit_bytes
     max_len = cfg.max_read_bytes
+    before, size = layer.before, layer.block_bytes
     cur_file = -1
     cur_lo = cur_hi = 0
     pieces: list[Piece] = []
-
-    def flush() -> None:
-        nonlocal bytes_read
-        length = cur_hi - cur_lo
-        bytes_read += length
-        if length <= max_len:
-            ops.append(ReadOp(cur_file, cur_lo, length, tuple(pieces)))
-        else:
-            for lo, n, sub in _split_pieces(pieces, cur_lo, length, max_len,
-                                            layer.block_bytes):
-                ops.append(ReadOp(cur_file, lo, n, sub))
-
     for s in spans:
-        want_lo, want_len, at = layer.held(s)
-        if not want_len:
-            continue
+        if s.windowed is None:  # ``layer.held(s)`` of a run every layer holds, inline
+            want_lo = s.data + s.num_blocks * before + s.start * size
+            want_len, at = s.blocks * size, s.prefix_start
+        else:
+            want_lo, want_len, at = layer.held(s)
+            if not want_len:
+                continue
         want_hi = want_lo + want_len
         lo = want_lo - want_lo % ALIGN
         hi = -(-want_hi // ALIGN) * ALIGN
@@ -197,12 +190,25 @@ def _plan_ssd_layer(spans: list[_Span], layer: _Layer, cfg: PlannerConfig
             cur_hi = max(cur_hi, hi)
         else:
             if pieces:
-                flush()
+                bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len, size)
             cur_file, cur_lo, cur_hi, pieces = s.file_id, lo, hi, []
         pieces.append(Piece(at, 0, want_lo - cur_lo, want_len))
     if pieces:
-        flush()
+        bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len, size)
     return ops, bytes_read
+
+
+def _flush(ops: list[ReadOp], file_id: int, lo: int, hi: int, pieces: list[Piece],
+           max_len: int, block_bytes: int) -> int:
+    """Append the merged read ``[lo, hi)`` of ``file_id`` to ``ops`` (in ``max_len``
+    chunks); returns its length."""
+    length = hi - lo
+    if length <= max_len:
+        ops.append(ReadOp(file_id, lo, length, tuple(pieces)))
+    else:
+        for at, n, sub in _split_pieces(pieces, lo, length, max_len, block_bytes):
+            ops.append(ReadOp(file_id, at, n, sub))
+    return length
 
 
 def _plan_memory_layer(spans: list[_Span], layer: _Layer) -> list[CopyOp]:
