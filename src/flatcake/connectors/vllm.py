@@ -199,10 +199,6 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         self._states = state_checkpoints(kv_cache_config, self.kv_groups)
         self._load_slots: dict[str, GroupIds] = {}
         self._store_slots: dict[str, GroupIds] = {}
-        if self.kv_groups is not None and self.config.store.node:
-            raise ValueError("FlatCakeConnector: a model of several KV cache groups with "
-                             "store.node is not supported yet; leave store.node empty or "
-                             "start vLLM with --disable-hybrid-kv-cache-manager")
         self.block_size = self.geometry.tokens_per_block
         hash_block = getattr(kv_cache_config, "hash_block_size", None) or self.block_size
         if self.block_size % hash_block:
@@ -250,7 +246,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             dp = parallel.data_parallel_rank
             self.scheduler_side = RemoteSchedulerSide(
                 self.geometry, self.config, ranks=self._tensor_ranks(vllm_config),
-                name=f"vllm {vllm_config.model_config.served_model_name} dp{dp}")
+                name=f"vllm {vllm_config.model_config.served_model_name} dp{dp}",
+                async_loads=self.kv_groups is not None)
             logger.info("FlatCake scheduler side: attached to the node service %s as %r",
                         node, self.scheduler_side.engine_id or "(not yet)")
         elif role == KVConnectorRole.SCHEDULER:
