@@ -7,11 +7,13 @@ the service's books plan their loads and stores as the embedded store's do.
 0. baseline: no connector (in process): vLLM's own prefix cache serves turn 1 of
    session H, session R (H's first 512 tokens as its system prompt) and turn 1 of C up
    to the last checkpoint; fixes the expected tokens and logprobs;
-1. attached: H's and C's turn 0 stored (on SSD, through the service);
+1. attached: H's and C's turn 0 stored on SSD through the service, H's also copied into
+   the service's arena (room for one copy: 0.7 of 1 MiB, a turn's two blocks 457 KiB);
 2. a fresh engine process, same service, after C's first state row rotted on disk: H's
-   turn 1 and R's first turn, sent together, restore the 512 checkpointed tokens
-   through the service, no load error; C's turn 1 gets nothing (the rotted row fails its
-   crc) and is recomputed.
+   turn 1 and R's first turn, sent together, restore the 512 checkpointed tokens from
+   the arena's copy (an all-memory hit: async, in the step it is admitted), no load
+   error; C's turn 1 reads SSD, its rotted row fails its crc: nothing of it served,
+   recomputed.
 
 Every output equals the baseline's token for token and logprob for logprob.
 """
@@ -33,10 +35,9 @@ from tests.service.helpers import Service
 
 pytestmark = pytest.mark.engine
 
-SERVICE = ["store.memory_capacity_bytes=67108864", "store.ssd_capacity_bytes=1073741824",
-           "store.session_file_bytes=67108864", "store.node_lease_s=10",
-           "placement.short_reply_threshold_tokens=0",
-           "placement.shared_refcount_threshold=2"]
+SERVICE = ["store.ssd_capacity_bytes=1073741824", "store.session_file_bytes=67108864",
+           "store.node_lease_s=10", "placement.short_reply_threshold_tokens=0",
+           "placement.shared_refcount_threshold=2", "placement.memory_copy_watermark=0.7"]
 
 
 @pytest.mark.timeout(1500)  # three engine processes
@@ -64,7 +65,7 @@ def test_state_layers_restore_through_the_node_service(tmp_path: Path) -> None:
         assert svc.stop() == 0, svc.stderr()
     for name in ("H1", "R0"):
         assert got[name]["num_cached_tokens"] >= 2 * STATE_BLOCK, name
-        assert fc[name]["loaded_tokens_ssd"] == 2 * STATE_BLOCK, name
-        assert fc[name]["load_error_blocks"] == 0, name
+        assert fc[name]["loaded_tokens_memory"] == 2 * STATE_BLOCK, name
+        assert fc[name]["loaded_tokens_ssd"] == fc[name]["load_error_blocks"] == 0, name
     assert fc["C1"]["hit_tokens"] == 2 * STATE_BLOCK and fc["C1"]["load_error_blocks"] == 2
     assert fc["C1"]["loaded_tokens_ssd"] == 0 and got["C1"]["num_cached_tokens"] == 0

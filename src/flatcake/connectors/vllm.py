@@ -98,11 +98,17 @@ segment whose end state it did not name (or freed) is not stored. A hit loads th
 attention blocks and the state at its end together, the state into the block vLLM reads
 an external hit's state from (the state group's block at the hit's last block).
 
+Both kinds of models of several KV cache groups are served embedded and attached to a
+node service alike: attached, the engine's geometry (every group's ``LayerGroup``) is
+the one the service serves, checked at attach (another is refused naming both), and
+the service's half plans every load async (``async_loads`` of the attach), as embedded.
+
 Limits: a state vLLM does not checkpoint (``mamba_cache_mode`` other than ``align``:
 its prefix cache off) is refused at start, naming its group, first layer and spec; no
-pipeline parallelism; several KV cache groups not with the node service; tensor
-parallelism in a cluster only attached to a node service (embedded, each rank's arena
-and files would need a node id of their own).
+pipeline parallelism; tensor parallelism in a cluster only attached to a node service
+(embedded, each rank's arena and files would need a node id of their own); a node
+service in a cluster refuses a geometry with windows or states (sliding-window,
+recurrent state layers: remote reads do not serve them yet, ``service.cluster``).
 """
 
 from __future__ import annotations
