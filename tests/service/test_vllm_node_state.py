@@ -7,8 +7,9 @@ the service's books plan their loads and stores as the embedded store's do.
 0. baseline: no connector (in process): vLLM's own prefix cache serves turn 1 of
    session H, session R (H's first 512 tokens as its system prompt) and turn 1 of C up
    to the last checkpoint; fixes the expected tokens and logprobs;
-1. attached: H's and C's turn 0 stored on SSD through the service, H's also copied into
-   the service's arena (room for one copy: 0.7 of 1 MiB, a turn's two blocks 457 KiB);
+1. attached: C's then H's turn 0 stored on SSD through the service, each copied into
+   the service's arena, which has room for one copy (0.7 of 1 MiB; a turn's two blocks
+   are 457 KiB): H's, the later, stays;
 2. a fresh engine process, same service, after C's first state row rotted on disk: H's
    turn 1 and R's first turn, sent together, restore the 512 checkpointed tokens from
    the arena's copy (an all-memory hit: async, in the step it is admitted), no load
@@ -52,7 +53,7 @@ def test_state_layers_restore_through_the_node_service(tmp_path: Path) -> None:
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock", *SERVICE).start()
     node = Path(f"unix:{svc.sock}")
     try:
-        _, _, fc = run_as_served(model, plan_of(turns, ("H0",), ("C0",),
+        _, _, fc = run_as_served(model, plan_of(turns, ("C0",), ("H0",),
                                                 prefix_caching=True, **OPTIONS),
                                  want, tmp_path / "run1.json", node)
         assert [fc[n]["stored_blocks"] for n in ("H0", "C0")] == [2, 2]
