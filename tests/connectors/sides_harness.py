@@ -173,6 +173,7 @@ def grouped_step(worker: WorkerSide, sched: SchedulerSide, slots: StepSlots,
     while True:
         _s, r, _i, report = worker.poll()
         sched.on_report(report)
+        sched.take_released(r)  # as vLLM does (``update_connector_output``)
         recving |= r
         if not worker.pending() or time.monotonic() > deadline:
             break

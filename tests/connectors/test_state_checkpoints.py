@@ -50,8 +50,8 @@ class Engine:
     """Scheduler half, worker half and a random paged KV of one attention layer (group
     0) and one state layer (group 1) whose pages are padded."""
 
-    def __init__(self, root: Path) -> None:
-        s = settings()
+    def __init__(self, root: Path, *overrides: str) -> None:
+        s = settings(*overrides)
         self.worker = WorkerSide(G, s, root)
         self.sched = SchedulerSide(G, s, root, async_loads=True)
         gen = torch.Generator().manual_seed(11)
@@ -96,6 +96,26 @@ def test_the_state_offered_at_a_segments_end_is_restored_into_the_hits_last_bloc
     changed = (e.kv[1] != before).any(dim=1).nonzero().flatten().tolist()
     assert changed == [50]  # the padding, the null block and later blocks untouched
     assert torch.equal(e.kv[1][50][STATE:], before[50][STATE:])
+    e.close()
+
+
+def test_an_all_memory_hit_loads_async_in_the_step_it_is_admitted(tmp_path: Path) -> None:
+    # Spare memory: turn 0's SSD segment gets a memory copy, the hit reads only it. No
+    # FC-MAS slot to wait for: its load is in the next step's plan, async (vLLM learns a
+    # failed load of several groups only by request).
+    e = Engine(tmp_path, "placement.memory_copy_watermark=0.9")
+    e.store_turn0([(1, 40, 12)])
+    state = e.kv[1][40][:STATE].clone()
+    v1 = view("b", [*TURN0, *range(200, 208)], session="s")
+    assert e.sched.num_matched_tokens(v1, 0) == (12, True)
+    e.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    assert e.sched.hit_sources("b") == (12, 0)
+    recving, failed = grouped_step(e.worker, e.sched, StepSlots(
+        loads={"b": ((20, 21, 22, 23, 24), (0, 0, 50, 51, 52))}))
+    assert recving == {"b"} and failed == set()
+    assert torch.equal(e.kv[1][50][:STATE], state)
+    totals = e.sched.totals()
+    assert totals["loaded_tokens_memory"] == 12 and totals.get("restores_started", 0) == 0
     e.close()
 
 

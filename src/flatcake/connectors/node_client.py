@@ -47,8 +47,10 @@ class RemoteSchedulerSide:
     """``SchedulerSide``'s methods, answered by the node service (module docstring)."""
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
-                 ranks: TensorRanks | None = None, name: str = "engine") -> None:
+                 ranks: TensorRanks | None = None, name: str = "engine",
+                 async_loads: bool = False) -> None:
         self.geometry = geometry
+        self.async_loads = async_loads  # as ``SchedulerSide``'s, sent at each attach
         self.config = config
         self.ranks = ranks or TensorRanks()
         self.name = name
@@ -99,7 +101,8 @@ class RemoteSchedulerSide:
             return False
         try:
             got: Attached = self.client.call(ATTACH, "", self.name, os.getpid(),
-                                             self.geometry, self.ranks, self.config)
+                                             self.geometry, self.ranks, self.config,
+                                             self.async_loads)
         except (wire.NodeUnavailable, wire.NodeRefused) as exc:
             self._lost(exc)
             return False

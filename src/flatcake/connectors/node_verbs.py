@@ -19,8 +19,10 @@ from flatcake.link.wire import Attached, TensorRanks
 from flatcake.plan.tasks import StepPlan, WorkerReport
 
 _REQ = ("req", RequestView)
+# ``async_loads``: every load of the engine is async (``SchedulerSide.async_loads``: an
+# engine of several KV cache groups learns a failed load only by request).
 ATTACH = Verb("attach", Attached, ("name", str), ("pid", int), ("geometry", KVGeometry),
-              ("ranks", TensorRanks), ("config", FlatCakeConfig))
+              ("ranks", TensorRanks), ("config", FlatCakeConfig), ("async_loads", bool, False))
 # ``new``: requests that entered the engine since its last call, each a ``new_request``
 # run first; ``done``: requests that finished since, each a ``request_finished`` run
 # next (their answers were the engine half's own: ``RemoteSchedulerSide``).

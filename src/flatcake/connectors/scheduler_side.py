@@ -228,9 +228,11 @@ class SchedulerSide:
         self._reqs: dict[str, RequestBooks] = {}
         self._unreleased: set[str] = set()  # restored, not out of FC-MAS's ready queue
         self._released: list[str] = []  # out of the ready queue, in its order
-        # This step's sync loads (all run in it), as FC-MAS sees them: its order.
+        # This step's loads that read no SSD (all run in it; sync, or async where every
+        # load is), and SSD loads in the step, as FC-MAS sees them: its order.
         self._sync_loads: dict[str, tuple[LoadTask, RestoreRequest]] = {}
         self._queued_loads: dict[str, LoadTask] = {}  # SSD loads waiting in FC-MAS
+        self._mas_loads: set[str] = set()  # async loads FC-MAS started, until reported
         self._loads: dict[str, LoadTask] = {}  # every load planned and not yet reported
         self.stores = StoreBooks(world_size)
         self._load_reports: dict[str, list[LoadDone]] = {}
@@ -339,19 +341,20 @@ class SchedulerSide:
                              f"{num_blocks} hit blocks")
         first = state.local_blocks
         task, plan = load(self.control, request_id, hit, block_ids, first, state.remote)
-        if self.async_loads:
-            task = replace(task, sync=False)
-        elif self.ssd_in_step and not task.remote:
-            task = replace(task, sync=True)
+        # An all-memory load takes no FC-MAS slot: it runs in this step, async where
+        # every load is (its request waits a step for it).
+        in_step = task.sync or (self.ssd_in_step and not task.remote)
+        task = replace(task, sync=in_step and not self.async_loads)
         state.load, state.loading = task, True
         self._loads[request_id] = task
         self._stats["hit_tokens"] += (num_blocks - first) * bs
         state.hit_blocks += num_blocks - first
-        if task.sync:
+        if in_step:
             self._sync_loads[request_id] = (task, self.control.restore_request(
                 request_id, self.control.clock.now(), plan))
         else:
             self._queued_loads[request_id] = task
+            self._mas_loads.add(request_id)
             self.control.submit_restore(plan, remote_blocks(task), self.queue)
 
     # -- steps -----------------------------------------------------------------------
@@ -444,7 +447,8 @@ class SchedulerSide:
         finished = finish_load(self.control, request_id, reports)
         task = self._loads.pop(request_id)
         state = self._reqs.get(request_id)
-        if not task.sync:
+        if request_id in self._mas_loads:
+            self._mas_loads.discard(request_id)
             self.control.restore_done(request_id, self.queue)
             self._unreleased.add(request_id)
             while (ready := self.control.pop_ready_restore(self.queue)) is not None:
@@ -627,6 +631,7 @@ class SchedulerSide:
         self._reqs.clear()
         self._loads.clear()
         self._queued_loads.clear()
+        self._mas_loads.clear()
         self._sync_loads.clear()
         self._load_reports.clear()
         # Released rows its workers may not have punched: the next engine's punch them.

@@ -52,6 +52,12 @@ Key space: a page key is ``engine_block_key(ns, hash)`` with ``ns`` over the mod
 tenant salt, and the pool's memory layout, dtype, page size, TP/PP ranks (SGLang's keys
 carry none of them), so two layouts or two tenants never read each other's pages.
 
+Hybrid models (Mamba or Gated DeltaNet states, sliding-window or indexer pools beside
+the KV pool): SGLang's hybrid cache controller registers each of their host pools at
+start (``register_mem_host_pool_v2``) and moves them with its v2 calls, which this
+backend does not implement: any pool but the KV pool is refused there, by name, and the
+server does not start (``sglang_pool.extra_pool_refusal``).
+
 Threads: SGLang's backup and prefetch threads call in at once; the store is
 thread-safe, and this class's own books sit under one lock.
 """
@@ -72,6 +78,7 @@ from flatcake.config import FlatCakeConfig
 from flatcake.connectors.sglang_pool import (
     BounceBuffers,
     HostPoolView,
+    extra_pool_refusal,
     parse_sglang_config,
 )
 from flatcake.control.keys import engine_block_key, namespace_key
@@ -155,6 +162,19 @@ class FlatCakeHiCacheStorage(HiCacheStorage):
         self._sessions = self._tracker(geometry)
         self.store = FlatCakeStore.open(root, geometry, config,
                                         tenant_salt=config.engine.tenant_salt)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """SGLang's hybrid cache controller registers each host pool of a hybrid model
+        here at start, the KV pool among them: any other (a Mamba or Gated DeltaNet
+        state, sliding-window or indexer pool) is refused by name
+        (``sglang_pool.extra_pool_refusal``), so the server does not start rather than
+        fail at its first prefetch."""
+        why = extra_pool_refusal(host_pool, host_pool_name)
+        if why:
+            raise ValueError(why)
+        base = getattr(super(), "register_mem_host_pool_v2", None)
+        if base is not None:
+            base(host_pool, host_pool_name)
 
     def _tracker(self, geometry: KVGeometry) -> SessionTracker:
         return SessionTracker(max_sessions=self.config.engine.max_sessions,

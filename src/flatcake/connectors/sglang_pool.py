@@ -1,4 +1,5 @@
-"""SGLang's MHA and MLA host pools as FlatCake blocks, and the backend's extra config.
+"""SGLang's MHA and MLA host pools as FlatCake blocks, the hybrid pools it refuses
+(``extra_pool_refusal``), and the backend's extra config.
 
 No SGLang import here: ``HostPoolView`` reads only the host pool's public attributes
 (``layout``, ``page_size``, ``layer_num``, ``head_num``, ``head_dim`` or
@@ -63,7 +64,8 @@ class HostPoolView:
         kv = getattr(pool, "kv_buffer", None)
         if not isinstance(kv, torch.Tensor):
             raise ValueError(f"FlatCake needs a host pool with one kv_buffer tensor, got "
-                             f"{type(pool).__name__} (hybrid pools are not supported)")
+                             f"{type(pool).__name__} (a hybrid model's state, window or "
+                             "indexer pools are not served: extra_pool_refusal)")
         if not self.mla and getattr(pool, "v_head_dim", pool.head_dim) != pool.head_dim:
             raise ValueError(f"FlatCake needs head_dim == v_head_dim, got {pool.head_dim} "
                              f"and {pool.v_head_dim}")
@@ -226,6 +228,32 @@ class BounceBuffers:
             self._free.append(buf)
             self._free.sort(key=lambda b: -b.numel())
             del self._free[self.KEEP:]
+
+
+KV_POOL = "kv"  # SGLang's ``PoolName.KV``: the pool ``register_mem_pool_host`` hands over
+
+
+def extra_pool_refusal(pool: Any, name: Any) -> str:
+    """Why the backend cannot take a host pool SGLang's hybrid cache controller
+    registers beside the KV pool (``register_mem_host_pool_v2``: each entry of a hybrid
+    model's ``HostPoolGroup``, the KV pool among them); "" for the KV pool. A Mamba or
+    Gated DeltaNet state, sliding-window or indexer pool is moved by SGLang's v2 storage
+    calls (``batch_exists_v2`` with the pool's hit policy, ``batch_get_v2`` and
+    ``batch_set_v2`` per pool), which this backend does not implement: storing the KV
+    pages without them would serve a prefix whose state or window is missing."""
+    label = str(getattr(name, "value", name))
+    if label == KV_POOL:
+        return ""
+    layers = getattr(pool, "layer_num", None)
+    what = type(pool).__name__ + (f", {layers} layers" if isinstance(layers, int) else "")
+    return (f"FlatCake's SGLang backend cannot serve the hybrid host pool {label!r} "
+            f"({what}): it stores the KV pool through HiCache's v1 calls only "
+            "(batch_exists, batch_get_v1, batch_set_v1); a model with a Mamba or Gated "
+            "DeltaNet state, sliding-window or indexer pool needs the v2 calls per pool "
+            "(batch_exists_v2 with the pool's hit policy, batch_get_v2, batch_set_v2), "
+            "which it does not implement. Serve this model with FlatCake's vLLM "
+            "connector (it stores recurrent states and sliding windows), or without "
+            "--hicache-storage-backend")
 
 
 def parse_sglang_config(extra: Mapping[str, Any] | None,

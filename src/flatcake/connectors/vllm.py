@@ -98,11 +98,17 @@ segment whose end state it did not name (or freed) is not stored. A hit loads th
 attention blocks and the state at its end together, the state into the block vLLM reads
 an external hit's state from (the state group's block at the hit's last block).
 
+Both kinds of models of several KV cache groups are served embedded and attached to a
+node service alike: attached, the engine's geometry (every group's ``LayerGroup``) is
+the one the service serves, checked at attach (another is refused naming both), and
+the service's half plans every load async (``async_loads`` of the attach), as embedded.
+
 Limits: a state vLLM does not checkpoint (``mamba_cache_mode`` other than ``align``:
 its prefix cache off) is refused at start, naming its group, first layer and spec; no
-pipeline parallelism; several KV cache groups not with the node service; tensor
-parallelism in a cluster only attached to a node service (embedded, each rank's arena
-and files would need a node id of their own).
+pipeline parallelism; tensor parallelism in a cluster only attached to a node service
+(embedded, each rank's arena and files would need a node id of their own); a node
+service in a cluster refuses a geometry with windows or states (sliding-window,
+recurrent state layers: remote reads do not serve them yet, ``service.cluster``).
 """
 
 from __future__ import annotations
@@ -199,10 +205,6 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         self._states = state_checkpoints(kv_cache_config, self.kv_groups)
         self._load_slots: dict[str, GroupIds] = {}
         self._store_slots: dict[str, GroupIds] = {}
-        if self.kv_groups is not None and self.config.store.node:
-            raise ValueError("FlatCakeConnector: a model of several KV cache groups with "
-                             "store.node is not supported yet; leave store.node empty or "
-                             "start vLLM with --disable-hybrid-kv-cache-manager")
         self.block_size = self.geometry.tokens_per_block
         hash_block = getattr(kv_cache_config, "hash_block_size", None) or self.block_size
         if self.block_size % hash_block:
@@ -250,7 +252,8 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             dp = parallel.data_parallel_rank
             self.scheduler_side = RemoteSchedulerSide(
                 self.geometry, self.config, ranks=self._tensor_ranks(vllm_config),
-                name=f"vllm {vllm_config.model_config.served_model_name} dp{dp}")
+                name=f"vllm {vllm_config.model_config.served_model_name} dp{dp}",
+                async_loads=self.kv_groups is not None)
             logger.info("FlatCake scheduler side: attached to the node service %s as %r",
                         node, self.scheduler_side.engine_id or "(not yet)")
         elif role == KVConnectorRole.SCHEDULER:

@@ -48,7 +48,7 @@ import msgspec
 from flatcake.config import FlatCakeConfig
 
 # Bumped whenever a frame or a verb's types change; a mismatch is refused by name.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4  # 4: attach carries the engine's async_loads
 
 # The service's answer to a call of an engine it does not know (lease ended, restart).
 UNKNOWN_ENGINE = "unknown engine"

@@ -200,9 +200,9 @@ class NodeService(CallLoop):
         if self._parts is not None:
             if geometry != self._geometry or ranks != self._ranks:
                 raise wire.NodeRefused(
-                    f"this node service serves {self._geometry} at {self._ranks}; an "
-                    f"engine of {geometry} at {ranks} cannot share it: run one service "
-                    "per model")
+                    f"this node service serves {_words(self._geometry)} at {self._ranks}; "
+                    f"an engine of {_words(geometry)} at {ranks} cannot share it: run one "
+                    "service per model")
             return self._parts
         try:
             return self._make_books(geometry, ranks)
@@ -382,8 +382,8 @@ class NodeService(CallLoop):
                               lease_ended=True, unread=unread)
 
     def _attach(self, now: float, owner: Owner, name: str, pid: int,
-                geometry: KVGeometry, ranks: TensorRanks, config: FlatCakeConfig
-                ) -> Attached:
+                geometry: KVGeometry, ranks: TensorRanks, config: FlatCakeConfig,
+                async_loads: bool = False) -> Attached:
         same_cluster(config, self.config)
         parts = self._ensure_books(geometry, ranks)
         engine_id = f"e{self._next_engine}"
@@ -393,6 +393,7 @@ class NodeService(CallLoop):
         tenant = tenant_tag(config.engine.tenant_salt)
         side = SchedulerSide(geometry, mine, rank_dir(self.root, 0, ranks.parts),
                              world_size=ranks.world_size, node=parts, queue=engine_id,
+                             async_loads=async_loads,
                              scope=TenantScope(self._tenants, parts.control, tenant))
         pid = owner.credentials[0] if owner.credentials else pid  # the peer's, if known
         self._engines[engine_id] = _Engine(engine_id, name, pid, side, now, owner, tenant,
@@ -520,6 +521,17 @@ class NodeService(CallLoop):
             ex.close()
         self._tenants.close()
         self._lock.close()
+
+
+def _words(g: KVGeometry | None) -> str:
+    """A geometry for a refusal: its name, layer kinds and block bytes, then the whole
+    value (two geometries alike in those still differ somewhere)."""
+    if g is None:
+        return "no geometry"
+    kinds = " + ".join(f"{grp.num_layers} {grp.kind}" for grp in g.layer_groups)
+    return (f"geometry {g.name!r} ({kinds} layers; "
+            f"{describe_layers(g.layer_block_bytes, g.layer_window_blocks)} blocks of "
+            f"{g.tokens_per_block} tokens: {g})")
 
 
 def _finished(side: SchedulerSide, done: tuple[RequestView, ...]) -> None:
