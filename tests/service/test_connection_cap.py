@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from flatcake.link import wire
+from flatcake.service.connections import GRACE_S, ConnectionCap
 from flatcake.service.endpoint import ask_status
 from tests.service.helpers import Service, an_engine_stores
 
@@ -54,3 +55,35 @@ def test_a_uids_idle_connections_past_the_cap_are_closed(tmp_path: Path) -> None
             d.close(0)
         ctx.term()
         assert svc.stop() == 0, svc.stderr()
+
+
+def test_a_fresh_connection_is_not_shut_before_its_first_call(tmp_path: Path) -> None:
+    """Connections over the cap are shut only once idle for ``GRACE_S``: ZeroMQ connects
+    in the background, so a real client's connection can be accepted among a flood's
+    before its first call is read; shut then, its call would be lost."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(wire.endpoint(tmp_path / "s.sock"))
+    cap = ConnectionCap(router, 2)
+    dealers = []
+    try:
+        for _ in range(5):
+            d = ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.setsockopt(zmq.RECONNECT_IVL, -1)
+            d.connect(wire.endpoint(tmp_path / "s.sock"))
+            dealers.append(d)
+        deadline = time.monotonic() + 10
+        while cap.connections + cap.closed < 5 and time.monotonic() < deadline:
+            cap.drain()
+            time.sleep(0.01)
+        assert (cap.connections, cap.closed) == (5, 0)  # all fresh: none shut yet
+        cap.drain(time.monotonic() + GRACE_S)  # their grace over: the 3 over the cap
+        assert (cap.connections, cap.closed) == (2, 3)
+    finally:
+        cap.close()
+        for d in dealers:
+            d.close(0)
+        router.close(0)
+        ctx.term()

@@ -4,7 +4,10 @@ real client. The service watches its socket's accepted and closed connections
 one's uid (``SO_PEERCRED``) and the time of its last call; once one uid holds more than
 ``store.node_max_connections_per_uid``, its connection idle the longest is shut down
 (the client's ZeroMQ reconnects it when it calls again), so the newest connection, a
-real client attaching, is answered. 0 turns the cap off.
+real client attaching, is answered. A connection is never shut within ``GRACE_S`` of
+its accept or its last call: ZeroMQ connects in the background, so a real client's
+connection may be accepted among a flood's, before its first call is read, and shutting
+it then would lose that call. 0 turns the cap off.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from flatcake.link.trust import peer_credentials
 logger = logging.getLogger("flatcake.service")
 
 EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+GRACE_S = 1.0  # a connection this fresh (accepted or called) is never shut by the cap
 
 
 class ConnectionCap:
@@ -36,14 +40,21 @@ class ConnectionCap:
         self._per_uid: Counter[int] = Counter()
         self.closed = 0  # connections shut down by the cap
 
+    @property
+    def connections(self) -> int:
+        """The live connections counted (those whose uid was read)."""
+        return len(self._uid)
+
     def touch(self, fd: int) -> None:
         """Connection ``fd`` made a call."""
         if fd in self._last:
             self._last[fd] = time.monotonic()
 
-    def drain(self) -> None:
+    def drain(self, now: float | None = None) -> None:
         """Take the monitor's events (count new connections, forget closed ones),
-        then shut down the longest-idle connections of each uid over the cap."""
+        then shut down the longest-idle connections of each uid over the cap, those
+        idle for at least ``GRACE_S`` (the service's loop calls this on every event and
+        on its tick, so a flood's connections are shut once their grace ends)."""
         if self.monitor is None:
             return
         while True:
@@ -56,10 +67,13 @@ class ConnectionCap:
                 self._accepted(fd)
             else:
                 self._forget(fd)
+        now = time.monotonic() if now is None else now
         for uid in [u for u, n in self._per_uid.items() if n > self.cap]:
             mine = sorted((f for f, u in self._uid.items() if u == uid),
                           key=self._last.__getitem__)
             for fd in mine[:len(mine) - self.cap]:
+                if now - self._last[fd] < GRACE_S:
+                    break  # sorted: every later one is fresher still
                 self._shut(fd, uid)
 
     def _accepted(self, fd: int) -> None:

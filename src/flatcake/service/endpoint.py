@@ -137,6 +137,7 @@ class CallLoop:
                     else:  # a call is one frame (a DEALER's send_multipart is not one)
                         self._refuse(who, f"{len(frames)} frames, a call is one")
             if time.monotonic() >= next_expiry:
+                self._conns.drain()  # connections over the cap whose grace ended
                 self.expire()
                 next_expiry = time.monotonic() + tick
             if self._waits:
