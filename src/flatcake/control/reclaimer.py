@@ -10,7 +10,9 @@ their memory-homed segments, and nothing else: their SSD segments stay published
 counted, files untouched, so the SSD turns of a session's other branches (or of a
 conversation the session shares only a first block with) are still served. Either way
 sessions go oldest last access first, never a pinned one, until use is at or under the
-low watermark; nothing is ever written back or moved. A damaged SSD segment *cuts* its
+low watermark; nothing is written back or moved, but for one option: with
+``placement.not_yet_write_back`` the not-yet homes go first, written to the SSD
+(``reclaim_not_yet``). A damaged SSD segment *cuts* its
 session (``truncate_session``): that segment and every later one on both media go and
 its file is cut there (SSD files are cut only when SSD segments go); ``drop_session``
 forgets a whole session on the engine's word.
