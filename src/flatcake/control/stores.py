@@ -9,6 +9,9 @@ publish them once durable or give the allocation back (no I/O)::
     complete_copy(plan) ─────────────► the copy serves lookups early (``control.early``)
     complete(plan, ok) ──────────────► published (ok) or freed; session unpinned;
                                        not-yet homes it covers freed
+    write_back(home, first) ─────────► memory reclaim's SSD store of a not-yet home
+                                       (``placement.not_yet_write_back``), handed to
+                                       the host by ``take_write_backs``
     fence(plan) ─────────────────────► its writer is no longer trusted: never published,
                                        its keys no longer in flight, its ranges held
                                        (still pending) until ``complete`` frees them
