@@ -114,6 +114,17 @@ class PlacementConfig:
     """A first turn below the agent threshold that no live request shares is homed in host
     memory and written to the SSD only when its session continues (NOT_YET), so a chat that
     ends after one turn costs no SSD wear; false sends it to the SSD at once."""
+    not_yet_write_back: bool = False
+    """With ``not_yet``: memory reclaim takes the not-yet homes before anything else in
+    host memory (memory copies of SSD turns included), oldest session first, and writes
+    each one whose session may still continue to the SSD from host memory (its home freed
+    once durable) instead of dropping it. Applies where the host writes them (the
+    replay; the store, connector and node service have reclaim drop them as without
+    it)."""
+    not_yet_idle_s: float = 0.0
+    """With ``not_yet_write_back``: a not-yet home whose session has been idle longer
+    than this many seconds is dropped unwritten at reclaim (its chat taken as over); 0
+    writes every one."""
 
     def __post_init__(self) -> None:
         _check_types(self, "placement")
@@ -129,6 +140,9 @@ class PlacementConfig:
         _check(self.shared_refcount_threshold != 1, "placement.shared_refcount_threshold",
                self.shared_refcount_threshold,
                "must be 0 (off) or at least 2 (every turn is held by its own request)")
+        i = self.not_yet_idle_s
+        _check(isinstance(i, (int, float)) and not isinstance(i, bool) and i >= 0,
+               "placement.not_yet_idle_s", i, "must be a number >= 0")
         w = self.memory_copy_watermark
         _check(isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 <= w <= 1.0,
                "placement.memory_copy_watermark", w, "must be a number in [0, 1]")

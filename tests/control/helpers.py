@@ -51,23 +51,27 @@ GEOM = KVGeometry(num_layers=2, tokens_per_block=4, num_kv_heads=1, head_dim=8,
 
 def make(memory_pages: int = 64, ssd_pages: int = 1024, span_pages: int = 64,
          high: float = 0.9, low: float = 0.5, copy_watermark: float = 0.0,
-         not_yet: bool = False, shared_refcount_threshold: int = 2
+         not_yet: bool = False, shared_refcount_threshold: int = 2,
+         write_back: bool = False, idle_s: float = 0.0
          ) -> tuple[ControlPlane, ManualClock]:
     """A control plane with budgets in 4 KiB pages and reclaim watermarks ``high``/``low``
-    (``not_yet``, ``shared_refcount_threshold``: those ``placement`` keys)."""
+    (``not_yet``, ``shared_refcount_threshold``: those ``placement`` keys;
+    ``write_back``, ``idle_s``: ``not_yet_write_back``, ``not_yet_idle_s``, on a host
+    that writes not-yet homes back)."""
     cfg = FlatCakeConfig(
         # The short-reply and shared-prefix rules on (512 tokens and any sharing, their
         # values before memory copies) so that these scenarios have memory-homed turns.
         placement=PlacementConfig(short_reply_threshold_tokens=512,
                                   shared_refcount_threshold=shared_refcount_threshold,
-                                  memory_copy_watermark=copy_watermark, not_yet=not_yet),
+                                  memory_copy_watermark=copy_watermark, not_yet=not_yet,
+                                  not_yet_write_back=write_back, not_yet_idle_s=idle_s),
         store=StoreConfig(memory_capacity_bytes=memory_pages * K,
                           ssd_capacity_bytes=ssd_pages * K,
                           session_file_bytes=span_pages * K),
         reclaim=ReclaimConfig(ssd_high=high, ssd_low=low, memory_high=high, memory_low=low),
     )
     clock = ManualClock()
-    return ControlPlane(GEOM, cfg, clock, planner=plan_reads), clock
+    return ControlPlane(GEOM, cfg, clock, planner=plan_reads, write_backs=write_back), clock
 
 
 def skeys(session: str, n: int) -> list[bytes]:

@@ -4,11 +4,12 @@ continues; nothing is served from a home that is gone."""
 
 from __future__ import annotations
 
+from flatcake.clock import ManualClock
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.placement import PlacementRule
 from flatcake.control.wear import WearCounts
-from tests.control.helpers import make, skeys
+from tests.control.helpers import K, make, skeys
 
 
 def _turn0(cp: ControlPlane, session: str, n: int) -> StorePlan:
@@ -98,3 +99,73 @@ def test_an_agent_sized_or_shared_first_turn_is_not_deferred() -> None:
                               shared_refcount=2)
     assert agent is not None and agent.placement.rule == PlacementRule.FIRST_TURN
     assert shared is not None and shared.placement.rule == PlacementRule.SHARED_PREFIX
+
+
+# -- written back at reclaim (``placement.not_yet_write_back``) -------------------------
+
+
+def _homes(cp: ControlPlane, clock: ManualClock, sessions: str, n: int = 8) -> None:
+    """A not-yet first turn of ``n`` blocks (one 4 KiB page) per session, a second apart."""
+    for s in sessions:
+        assert _turn0(cp, s, n).placement.rule == PlacementRule.NOT_YET
+        clock.advance(1.0)
+
+
+def test_reclaim_writes_a_live_not_yet_home_to_the_ssd_rather_than_drop_it() -> None:
+    # 8 pages of memory, reclaim from 0.9 down to 0.5: the 8th home crosses the high
+    # watermark and the 4 oldest homes go to the SSD (4 pages left).
+    cp, clock = make(memory_pages=8, not_yet=True, write_back=True)
+    _homes(cp, clock, "abcdefg")
+    _homes(cp, clock, "h")
+    backs = cp.take_write_backs()
+    assert [(p.session_id, p.medium, p.first_block, p.segment.num_blocks) for p in backs] \
+        == [(s, Medium.SSD, 0, 8) for s in "abcd"]
+    # Until a write-back is durable its home serves.
+    assert cp.lookup(skeys("a", 8)).num_memory_blocks == 8
+    assert cp.ssd_wear().written_bytes == 0
+    for p in backs:
+        cp.complete_store(p, True)
+    for s in "abcd":
+        hit = cp.lookup(skeys(s, 8))
+        assert (hit.num_blocks, hit.num_ssd_blocks) == (8, 8)
+    for s in "efgh":
+        assert cp.lookup(skeys(s, 8)).num_memory_blocks == 8
+    assert cp.memory_used_bytes == 4 * K
+    assert cp.stats().sessions_reclaimed_memory == 0
+    assert cp.ssd_wear().written_bytes == sum(p.segment.total_bytes for p in backs)
+    # The next turn of a written-back session stores only its new blocks.
+    plan = _turn1(cp, "a", 10)
+    assert plan is not None and (plan.first_block, plan.segment.num_blocks) == (8, 2)
+    cp.check_integrity()
+
+
+def test_a_home_idle_past_the_bound_is_dropped_unwritten() -> None:
+    cp, clock = make(memory_pages=8, not_yet=True, write_back=True, idle_s=10.0)
+    _homes(cp, clock, "ab")
+    clock.advance(100.0)
+    _homes(cp, clock, "cdefg")
+    _homes(cp, clock, "h")
+    # a and b idle for over 100 s: dropped; c and d written back.
+    backs = cp.take_write_backs()
+    assert [p.session_id for p in backs] == ["c", "d"]
+    assert cp.lookup(skeys("a", 8)).num_blocks == 0
+    assert cp.lookup(skeys("b", 8)).num_blocks == 0
+    assert cp.memory_used_bytes == 6 * K  # c and d until their writes are durable
+    for p in backs:
+        cp.complete_store(p, True)
+    assert cp.memory_used_bytes == 4 * K
+    assert cp.ssd_wear().written_bytes == sum(p.segment.total_bytes for p in backs)
+    cp.check_integrity()
+
+
+def test_an_agent_turns_memory_copy_outlives_the_not_yet_homes() -> None:
+    cp, clock = make(memory_pages=8, copy_watermark=0.9, not_yet=True, write_back=True)
+    agent = cp.prepare_store("x", skeys("x", 8), turn_index=0, context_tokens=10**6)
+    assert agent is not None and agent.copy is not None
+    cp.complete_store(agent, True)
+    clock.advance(1.0)
+    _homes(cp, clock, "abcdefg")  # the 7th crosses the high watermark
+    assert [p.session_id for p in cp.take_write_backs()] == ["a", "b", "c", "d"]
+    hit = cp.lookup(skeys("x", 8))
+    assert (hit.num_blocks, hit.num_memory_blocks) == (8, 8)  # served from its copy
+    assert cp.stats().memory_copies_dropped == 0

@@ -108,13 +108,17 @@ class ControlPlane(Books):
     ``release_windows``: the host punches released window rows out of its files
     (``take_window_releases``), so the books release them (with
     ``store.release_old_windows``); a host that does not keeps every window.
+    ``write_backs``: the host writes not-yet homes reclaim hands it to the SSD
+    (``take_write_backs``), so ``placement.not_yet_write_back`` applies; a host that
+    does not has reclaim drop them.
     ``index``, ``arena``, ``ssd``, ``copies``, ``scheduler``: the parts, for the control
     plane's own modules and white-box tests; hosts use the query methods.
     """
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig | None = None,
                  clock: Clock | None = None, *, planner: ReadPlanner | None = None,
-                 file_header_bytes: int = ALIGN, release_windows: bool = False) -> None:
+                 file_header_bytes: int = ALIGN, release_windows: bool = False,
+                 write_backs: bool = False) -> None:
         if not isinstance(geometry, KVGeometry):
             raise ValueError(f"geometry must be a KVGeometry, got {type(geometry).__name__}")
         cfg = self._config = config if config is not None else FlatCakeConfig()
@@ -150,10 +154,14 @@ class ControlPlane(Books):
             store.release_windows_at_once) \
             if release_windows and store.release_old_windows and \
             geometry.layer_window_blocks else None
-        self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions, ids,
-                              spare, early, reclaimer, pending, releases,
-                              lambda keys: self.lookup(keys).num_blocks, wear,
-                              NotYet(index, arena, sessions))
+        not_yet = NotYet(index, arena, sessions)
+        stores = self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions,
+                                       ids, spare, early, reclaimer, pending, releases,
+                                       lambda keys: self.lookup(keys).num_blocks, wear,
+                                       not_yet)
+        if write_backs and cfg.placement.not_yet and cfg.placement.not_yet_write_back:
+            reclaimer.not_yet, reclaimer.write_back = not_yet, stores.write_back
+            reclaimer.now = clk.now
         self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
                             early, self.lookup, loads, wear)
         self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)
@@ -294,6 +302,13 @@ class ControlPlane(Books):
     def take_reclaim_actions(self) -> list[ReclaimAction]:
         """Drain the reclaim actions done so far (the data plane deletes the files)."""
         return self._reclaimer.take_reclaim_actions()
+
+    def take_write_backs(self) -> list[StorePlan]:
+        """Drain the not-yet homes memory reclaim chose to write to the SSD rather than
+        drop (``placement.not_yet_write_back`` on a host built with ``write_backs``):
+        each an SSD ``StorePlan`` whose blocks the host copies from the home's arena
+        range, then completes with ``complete_store`` (the home is freed once durable)."""
+        return self._stores.take_write_backs()
 
     def drop_session(self, session_id: str) -> ReclaimAction:
         """Forget a whole session now (e.g. the engine says it ended). Refuses a pinned

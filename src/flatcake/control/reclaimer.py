@@ -10,7 +10,9 @@ their memory-homed segments, and nothing else: their SSD segments stay published
 counted, files untouched, so the SSD turns of a session's other branches (or of a
 conversation the session shares only a first block with) are still served. Either way
 sessions go oldest last access first, never a pinned one, until use is at or under the
-low watermark; nothing is ever written back or moved. A damaged SSD segment *cuts* its
+low watermark; nothing is written back or moved, but for one option: with
+``placement.not_yet_write_back`` the not-yet homes go first, written to the SSD
+(``reclaim_not_yet``). A damaged SSD segment *cuts* its
 session (``truncate_session``): that segment and every later one on both media go and
 its file is cut there (SSD files are cut only when SSD segments go); ``drop_session``
 forgets a whole session on the engine's word.
@@ -22,7 +24,7 @@ the files the data plane deletes or cuts and the arena ranges it may reuse.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium
@@ -30,6 +32,7 @@ from flatcake.control.alloc import HostArena
 from flatcake.control.copies import MemoryCopies
 from flatcake.control.damage import Damage
 from flatcake.control.index import BlockIndex, Segment
+from flatcake.control.notyet import NotYet
 from flatcake.control.reclaim import SessionUsage, choose_victims
 from flatcake.control.sessions import SessionRecord, SessionTable
 from flatcake.control.spare import Spare
@@ -71,6 +74,11 @@ class Reclaimer:
         self._wear = wear if wear is not None else Wear()
         self._reclaimed = {Medium.MEMORY: 0, Medium.SSD: 0}
         self._truncated = 0
+        # Not-yet homes written back at memory reclaim (``placement.not_yet_write_back``
+        # on a host that writes them): the homes, and the verb that writes one.
+        self.not_yet: NotYet | None = None
+        self.write_back: Callable[[Segment, int], bool] | None = None
+        self.now: Callable[[], float] = lambda: 0.0  # the clock's, for the idle bound
 
     def num_reclaimed(self, medium: Medium) -> int:
         """Sessions reclaimed (dropped, or cut for memory) on ``medium`` so far."""
@@ -123,7 +131,9 @@ class Reclaimer:
         """Memory use would be ``used_bytes`` (a write of ``need_bytes`` included): drop
         memory copies, then the memory-homed segments of whole sessions (their SSD
         segments stay), then the copies still in the way of ``need_bytes`` (the freed
-        segments may have opened a run)."""
+        segments may have opened a run). Not-yet homes go first when they are written
+        back (``reclaim_not_yet``)."""
+        used_bytes -= self.reclaim_not_yet(used_bytes)
         used_bytes -= self._spare.drop_copies(
             used_bytes, need_bytes, self._config.reclaim.memory_low * self._arena.capacity_bytes)
         victims = self._victims(Medium.MEMORY, used_bytes)
@@ -134,6 +144,34 @@ class Reclaimer:
                                                gone))
         if victims and need_bytes:
             self._spare.drop_copies(used_bytes, need_bytes, float(self._arena.capacity_bytes))
+
+    def reclaim_not_yet(self, used_bytes: int) -> int:
+        """With write-backs on: the not-yet homes, oldest session last access first,
+        until memory use less the homes freed or being written back is at or under the
+        low watermark. A home whose session has been idle longer than
+        ``placement.not_yet_idle_s`` (when set) is dropped unwritten; any other is
+        written to the SSD (freed once durable). Sessions a restore or write pins keep
+        theirs. Returns the bytes freed or being written back."""
+        ny, write = self.not_yet, self.write_back
+        if ny is None or write is None:
+            return 0
+        target = self._config.reclaim.memory_low * self._arena.capacity_bytes
+        idle = self._config.placement.not_yet_idle_s
+        now = self.now()
+        freed = ny.writing_back_bytes()
+        for seg, first in ny.homes_lru():
+            if used_bytes - freed <= target:
+                break
+            rec = self._sessions[seg.session_id]
+            if rec.num_pins:
+                continue
+            if idle and now - rec.last_access > idle:
+                freed += ny.drop(seg)
+                self._actions.append(ReclaimAction(rec.session_id, Medium.MEMORY, (seg,), (),
+                                                   (), self._sessions.forget_if_empty(rec)))
+            elif write(seg, first):
+                freed += seg.total_bytes
+        return freed
 
     # -- drops and cuts --------------------------------------------------------------
 

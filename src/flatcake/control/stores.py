@@ -9,6 +9,9 @@ publish them once durable or give the allocation back (no I/O)::
     complete_copy(plan) ─────────────► the copy serves lookups early (``control.early``)
     complete(plan, ok) ──────────────► published (ok) or freed; session unpinned;
                                        not-yet homes it covers freed
+    write_back(home, first) ─────────► memory reclaim's SSD store of a not-yet home
+                                       (``placement.not_yet_write_back``), handed to
+                                       the host by ``take_write_backs``
     fence(plan) ─────────────────────► its writer is no longer trusted: never published,
                                        its keys no longer in flight, its ranges held
                                        (still pending) until ``complete`` frees them
@@ -30,7 +33,12 @@ from flatcake.control.early import EarlyCopies
 from flatcake.control.index import BlockIndex, HitRun, Segment, head_runs
 from flatcake.control.keys import check_keys
 from flatcake.control.notyet import NotYet
-from flatcake.control.placement import PlacementRule, PlacementSignals, decide_placement
+from flatcake.control.placement import (
+    Placement,
+    PlacementRule,
+    PlacementSignals,
+    decide_placement,
+)
 from flatcake.control.reclaimer import Reclaimer
 from flatcake.control.releases import Releases
 from flatcake.control.sessions import SegmentIds, SessionRecord, SessionTable, check_session_id
@@ -43,6 +51,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.layout import SegmentLayout, merge_ends
 
 logger = logging.getLogger(__name__)
+_WRITE_BACK = Placement(Medium.SSD, PlacementRule.NOT_YET)  # a not-yet home written back
 MAX_LAYOUTS = 4096  # segment layouts remembered
 
 
@@ -96,6 +105,10 @@ class Stores:
         self._fenced: set[int] = set()
         self._rules: Counter[PlacementRule] = Counter()
         self._rejected = 0
+        # Write-backs of not-yet homes (``write_back``): in flight by segment id, and
+        # those the host has not taken yet (``take_write_backs``).
+        self._backs: set[int] = set()
+        self._backs_out: list[StorePlan] = []
 
     @property
     def pending(self) -> Mapping[int, StorePlan]:
@@ -186,7 +199,7 @@ class Stores:
         self._pending[plan.segment.segment_id] = plan
         if self._not_yet is not None:
             if plan.placement.rule == PlacementRule.NOT_YET:
-                self._not_yet.placed(plan.segment)
+                self._not_yet.placed(plan.segment, first)
             elif plan.medium == Medium.SSD and first < hit.num_blocks:
                 self._not_yet.cover(plan.segment.segment_id,
                                     [r for r in hit.runs if r.prefix_start >= first])
@@ -249,7 +262,7 @@ class Stores:
                             first_block: int, turn_index: int,
                             signals: PlacementSignals,
                             ends: tuple[tuple[int, int], ...]) -> StorePlan:
-        arena, ssd = self._arena, self._ssd
+        arena = self._arena
         n = len(new_keys)
         mem_layout = self._layout(False, n, ends)
         rc = self._config.reclaim
@@ -273,12 +286,23 @@ class Stores:
                               mem_layout, new_keys, turn_index)
             rec.memory_bytes += mem_layout.total_bytes
             return StorePlan(rec.session_id, segment, placement, first_block)
+        return self._allocate_ssd(rec, new_keys, first_block, turn_index, placement, ends,
+                                  copy=True)
+
+    def _allocate_ssd(self, rec: SessionRecord, keys: tuple[bytes, ...], first_block: int,
+                      turn_index: int, placement: Placement,
+                      ends: tuple[tuple[int, int], ...], copy: bool) -> StorePlan:
+        """An SSD segment for ``keys`` (SSD reclaim first when it would cross the high
+        watermark), with a memory copy when ``copy`` and spare memory allow."""
+        ssd = self._ssd
+        n = len(keys)
+        rc = self._config.reclaim
         ssd_layout = self._layout(True, n, ends)
         if ends and ssd_layout.total_bytes > ssd.span_bytes - ssd.file_header_bytes:
             # The rows at hit ends inside the turn are an option: a turn they would push
             # past one session file's span is written with its end's window only.
             ends = ()
-            ssd_layout, mem_layout = self._layout(True, n, ends), self._layout(False, n, ends)
+            ssd_layout = self._layout(True, n, ends)
         size = ssd_layout.total_bytes
         projected = ssd.used_bytes + size + ssd.file_header_bytes
         if projected > rc.ssd_high * ssd.capacity_bytes:
@@ -299,11 +323,42 @@ class Stores:
             )
         segment = Segment(self._ids.take(), rec.session_id, Medium.SSD,
                           encode_address(Medium.SSD, self._node_id, ext.offset),
-                          ssd_layout, new_keys, turn_index, ext.file_id, ext.file_offset)
+                          ssd_layout, keys, turn_index, ext.file_id, ext.file_offset)
         rec.ssd_bytes += size + (ssd.file_header_bytes if ext.new_file else 0)
+        spare = self._spare.allocate(rec, segment, self._layout(False, n, ends)) \
+            if copy else None
         return StorePlan(rec.session_id, segment, placement, first_block,
-                         ext.base_offset, ssd.span_bytes, ext.new_file,
-                         self._spare.allocate(rec, segment, mem_layout))
+                         ext.base_offset, ssd.span_bytes, ext.new_file, spare)
+
+    def write_back(self, seg: Segment, first_block: int) -> bool:
+        """Write the not-yet home ``seg`` (request blocks from ``first_block``) to the
+        SSD from host memory: an SSD store of its blocks, pinning its session, that
+        frees the home once durable (``NotYet.settle``). False when the SSD has no room
+        (nothing changed)."""
+        if self._not_yet is None:
+            raise ValueError("write_back needs placement.not_yet")
+        rec = self._sessions[seg.session_id]
+        rec.num_pins += 1
+        try:
+            plan = self._allocate_ssd(rec, seg.keys, first_block, seg.turn_index,
+                                      _WRITE_BACK, seg.layout.ends, copy=False)
+        except CapacityError:
+            rec.num_pins -= 1
+            return False
+        sid = plan.segment.segment_id
+        self._pending[sid] = plan
+        self._not_yet.cover_home(sid, seg)
+        self._writing.update(plan.segment.keys)
+        self._backs.add(sid)
+        self._backs_out.append(plan)
+        return True
+
+    def take_write_backs(self) -> list[StorePlan]:
+        """``ControlPlane.take_write_backs``: the write-backs prepared since the last
+        call (the host writes each segment from its home's arena range, then completes
+        it as a store)."""
+        out, self._backs_out = self._backs_out, []
+        return out
 
     def complete_copy(self, plan: StorePlan) -> None:
         """``ControlPlane.complete_copy``."""
@@ -351,6 +406,8 @@ class Stores:
         if self._pending.get(seg.segment_id) != plan:
             raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
         del self._pending[seg.segment_id]
+        back = seg.segment_id in self._backs
+        self._backs.discard(seg.segment_id)
         prefix = self._prefix.pop(seg.segment_id, ())
         if self._fenced and seg.segment_id in self._fenced:
             self._fenced.discard(seg.segment_id)  # its keys left ``_writing`` then
@@ -363,7 +420,8 @@ class Stores:
             self._index.publish(seg)
             self._wear.wrote(seg)
             rec.segment_ids_on(seg.medium).append(seg.segment_id)
-            rec.last_access = self._clock.now()
+            if not back:
+                rec.last_access = self._clock.now()  # a write-back is no access
             if plan.copy is not None:
                 self._spare.publish(rec, seg, plan.copy)
             if prefix and self._releases is not None:

@@ -120,7 +120,8 @@ class FlatCakeSystem(System):
         self.geometry = geometry
         # As the store: once a newer turn is durable, the older turns' window rows no
         # next turn reads are released (the replay punches nothing; it counts them).
-        self.cp = ControlPlane(geometry, self.config, clock, release_windows=True)
+        self.cp = ControlPlane(geometry, self.config, clock, release_windows=True,
+                               write_backs=True)
         self.books = LayerBooks(node.geometry, stored)
         self.scheds = [MasScheduler(self.config.scheduler, clock) for _ in node.workers]
         if len(self.keys) != node.wl.num_ids:  # a cluster's nodes share one key list
@@ -366,11 +367,13 @@ class FlatCakeSystem(System):
                                     shared_refcount=shared)
         except CapacityError:
             self.num_store_rejected += 1
+            self._write_backs(req)
             return
         finally:
             refcount.remove(req.idx)
             st.keys = ()
         self.num_reclaim_actions += len(cp.take_reclaim_actions())
+        self._write_backs(req)
         if plan is None:
             return
         if plan.medium == Medium.MEMORY:
@@ -383,6 +386,19 @@ class FlatCakeSystem(System):
         end = write_segment(node, node.workers[req.worker], plan.segment.total_bytes,
                             self.config.planner.max_read_bytes)
         node.loop.at(end, self._store_done, plan)
+
+    def _write_backs(self, req: Request) -> None:
+        """Not-yet homes reclaim hands to the SSD (``placement.not_yet_write_back``):
+        written from host memory on the request's worker, as a store is."""
+        node, cp = self.node, self.cp
+        if node is None or cp is None:
+            raise not_attached(self.name)
+        for plan in cp.take_write_backs():
+            if self.books is not None:
+                self.books.wrote(plan.segment.layout)
+            end = write_segment(node, node.workers[req.worker], plan.segment.total_bytes,
+                                self.config.planner.max_read_bytes)
+            node.loop.at(end, self._store_done, plan)
 
     def _store_done(self, plan: StorePlan) -> None:
         if self.cp is None:
