@@ -118,9 +118,8 @@ class PlacementConfig:
     """With ``not_yet``: memory reclaim takes the not-yet homes before anything else in
     host memory (memory copies of SSD turns included), oldest session first, and writes
     each one whose session may still continue to the SSD from host memory (its home freed
-    once durable) instead of dropping it. Applies where the host writes them (the
-    replay; the store, connector and node service have reclaim drop them as without
-    it)."""
+    once durable) instead of dropping it. The replay only: the store, the vLLM connector
+    and the node service do not write from host memory to the SSD, and refuse it."""
     not_yet_idle_s: float = 0.0
     """With ``not_yet_write_back``: a not-yet home whose session has been idle longer
     than this many seconds is dropped unwritten at reclaim (its chat taken as over); 0

@@ -169,3 +169,17 @@ def test_an_agent_turns_memory_copy_outlives_the_not_yet_homes() -> None:
     hit = cp.lookup(skeys("x", 8))
     assert (hit.num_blocks, hit.num_memory_blocks) == (8, 8)  # served from its copy
     assert cp.stats().memory_copies_dropped == 0
+
+
+def test_a_host_that_does_not_write_back_refuses_the_key() -> None:
+    """``placement.not_yet_write_back`` on a host built without ``write_backs`` (the
+    store, the vLLM connector, the node service) is refused by name, never ignored."""
+    import pytest
+
+    from flatcake.config import FlatCakeConfig, PlacementConfig
+    from tests.control.helpers import GEOM
+
+    cfg = FlatCakeConfig(placement=PlacementConfig(not_yet=True, not_yet_write_back=True))
+    with pytest.raises(ValueError, match=r"placement\.not_yet_write_back"):
+        ControlPlane(GEOM, cfg, ManualClock())
+    ControlPlane(GEOM, cfg, ManualClock(), write_backs=True)  # the replay's

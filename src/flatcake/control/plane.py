@@ -159,6 +159,12 @@ class ControlPlane(Books):
                                        ids, spare, early, reclaimer, pending, releases,
                                        lambda keys: self.lookup(keys).num_blocks, wear,
                                        not_yet)
+        if cfg.placement.not_yet_write_back and not write_backs:
+            raise ValueError(
+                "invalid config placement.not_yet_write_back=True: only the replay writes "
+                "not-yet homes from host memory to the SSD; the store, the vLLM "
+                "connector and the node service do not, so they refuse it (leave it "
+                "false there)")
         if write_backs and cfg.placement.not_yet and cfg.placement.not_yet_write_back:
             reclaimer.not_yet, reclaimer.write_back = not_yet, stores.write_back
             reclaimer.now = clk.now
