@@ -12,19 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from flatcake.connectors.group_slots import EnginePages, StepSlots
+from flatcake.connectors.group_slots import StepSlots
 from flatcake.connectors.scheduler_side import SchedulerSide
 from flatcake.connectors.state_checkpoints import StateCheckpoints, with_states
 from flatcake.connectors.worker_side import WorkerSide
-from flatcake.geometry import KVGeometry, LayerGroup
 from tests.connectors.sides_harness import grouped_step, settings, view
-
-STATE = 200  # bytes of the state's arrays in each 512 B page
-G = KVGeometry(2, 4, dtype="uint8", name="tiny-state",
-               groups=(LayerGroup(1, 128), LayerGroup.state(1, [[2, 25]], ["float32"], 4)))
-PAGES = (EnginePages(512), EnginePages(512, 1, 1, STATE))
-SLOTS = 64
-TURN0 = list(range(100, 113))  # 3 full blocks + 1 token
+from tests.connectors.state_helpers import PAGES, SLOTS, STATE, TURN0, G
 
 
 def test_offers_become_the_slots_at_each_blocks_end() -> None:

@@ -24,31 +24,16 @@ from pathlib import Path
 import pytest
 
 from tests.connectors.engine_helpers import (
+    OPTIONS,
+    STATE_BLOCK,
     corrupt_session_file,
     plan_of,
-    random_ids,
     run_as_served,
     run_engine,
+    state_turns,
 )
 
 pytestmark = pytest.mark.engine
-
-STATE_BLOCK = 256  # vLLM's attention block for this model: a page holds one state
-OPTIONS = {"model_kind": "qwen3_next", "dtype": "bfloat16", "block_size": None,
-           "short_reply_threshold_tokens": 0}
-
-
-def state_turns() -> dict[str, dict]:
-    """Sessions H (two turns), R (one: H's first 512 tokens as its system prompt) and C
-    (two turns), each turn ending past its last 256-token state checkpoint."""
-    ids = random_ids(5)
-    system = ids(2 * STATE_BLOCK)
-    return {"H0": {"prompt": system + ids(88), "session_id": "H", "max_tokens": 8},
-            "H1": {"extend": ["H0", ids(100)], "session_id": "H", "max_tokens": 8},
-            "R0": {"prompt": system + ids(60), "session_id": "R", "max_tokens": 8},
-            "C0": {"prompt": ids(600), "session_id": "C", "max_tokens": 8},
-            "C1": {"extend": ["C0", ids(50)], "session_id": "C", "max_tokens": 8}}
-
 
 @pytest.mark.timeout(1500)  # three engine processes
 def test_state_layers_restore_with_their_checkpoint(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from flatcake.link.client import worker_root
 from flatcake.link.wire import NodeRefused, TensorRanks
 from flatcake.plan.tasks import StepPlan
 from tests.connectors.sides_harness import grouped_step, view
-from tests.connectors.test_state_checkpoints import PAGES, SLOTS, STATE, TURN0, G
+from tests.connectors.state_helpers import PAGES, SLOTS, STATE, TURN0, G
 from tests.service.helpers import Service, node_settings
 from tests.store.helpers import rot_last_segment
 

@@ -26,12 +26,14 @@ from pathlib import Path
 import pytest
 
 from tests.connectors.engine_helpers import (
+    OPTIONS,
+    STATE_BLOCK,
     corrupt_session_file,
     plan_of,
     run_as_served,
     run_engine,
+    state_turns,
 )
-from tests.connectors.test_vllm_state import OPTIONS, STATE_BLOCK, state_turns
 from tests.service.helpers import Service
 
 pytestmark = pytest.mark.engine
