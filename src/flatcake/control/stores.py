@@ -276,10 +276,12 @@ class Stores:
             if projected > rc.memory_high * arena.capacity_bytes or \
                     not arena.can_fit(mem_layout.total_bytes):
                 self._reclaimer.reclaim_memory(projected, mem_layout.total_bytes)
-        fits = arena.can_fit(mem_layout.total_bytes)
-        signals = PlacementSignals(not fits, signals.shared_refcount, signals.turn_index,
-                                   signals.context_tokens, signals.prev_reply_tokens)
-        placement = decide_placement(signals, self._config.placement)
+        if arena.can_fit(mem_layout.total_bytes):
+            placement = tentative  # the same signals: the same decision
+        else:
+            signals = PlacementSignals(True, signals.shared_refcount, signals.turn_index,
+                                       signals.context_tokens, signals.prev_reply_tokens)
+            placement = decide_placement(signals, self._config.placement)
         if placement.medium == Medium.MEMORY:
             offset = arena.alloc(mem_layout.total_bytes)
             segment = Segment(self._ids.take(), rec.session_id, Medium.MEMORY,
