@@ -140,11 +140,11 @@ class EngineKeys:
         """The keys of ``engine_hashes`` (each as ``engine_block_key`` gives it)."""
         get = self._new.get
         try:
-            out = [get(h) for h in engine_hashes]
+            out = list(map(get, engine_hashes))
         except TypeError:  # bytearray or memoryview hashes: as bytes
             engine_hashes = [bytes(h) if isinstance(h, bytearray | memoryview) else h
                              for h in engine_hashes]
-            out = [get(h) for h in engine_hashes]
+            out = list(map(get, engine_hashes))
         try:
             first = out.index(None)
         except ValueError:
