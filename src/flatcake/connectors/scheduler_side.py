@@ -386,7 +386,8 @@ class SchedulerSide:
         self._settle_damage()
         drops, self._drops = self._drops, []
         cuts, self._file_cuts = self._file_cuts, []
-        writing = self.stores.writing()
+        # Of the preempted requests, those with a store in flight (most steps: none).
+        kept = tuple(r for r in preempted if r in self.stores.writing()) if preempted else ()
         unpublish, self._unpublish = self._unpublish, []
         releases = tuple(self.control.take_window_releases())
         files = self.node.files if self.node is not None else None
@@ -400,7 +401,7 @@ class SchedulerSide:
             if self.scope is None or self.scope.sees(seg.session_id):
                 self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
         return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
-                        tuple(r for r in preempted if r in writing), tuple(unpublish),
+                        kept, tuple(unpublish),
                         releases=handed)
 
     def on_report(self, report: WorkerReport) -> None:

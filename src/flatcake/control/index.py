@@ -19,10 +19,10 @@ serialises calls.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import repeat
 from typing import NamedTuple, cast
 
 from flatcake.control.address import MAX_OFFSET, Medium, address_medium
@@ -222,6 +222,10 @@ def _common_run(a: tuple[bytes, ...], ai: int, b: tuple[bytes, ...], bi: int) ->
     return lo
 
 
+POSITION_BITS = 32  # a key's owner in the index: segment id << 32 | position
+_POSITION_MASK = (1 << POSITION_BITS) - 1
+
+
 class BlockIndex:
     """``key -> BlockLocation`` plus the live segments by id.
 
@@ -231,9 +235,11 @@ class BlockIndex:
     """
 
     def __init__(self) -> None:
-        # Plain (segment, position) tuples: built in bulk at C speed on publish;
-        # ``get`` wraps one in a ``BlockLocation``.
-        self._loc: dict[bytes, tuple[Segment, int]] = {}
+        # key -> its owner as one int, ``segment_id << POSITION_BITS | position``: a
+        # publish builds them in bulk at C speed (one ``range``), with no tuple per
+        # block for the garbage collector to track; ``get`` decodes one into a
+        # ``BlockLocation``.
+        self._loc: dict[bytes, int] = {}
         self._segments: dict[int, Segment] = {}
         # key -> other live locations holding the same key, oldest first (rare).
         self._shadows: dict[bytes, list[tuple[Segment, int]]] = {}
@@ -247,9 +253,12 @@ class BlockIndex:
     def __contains__(self, key: object) -> bool:
         return key in self._loc
 
+    def _location(self, code: int) -> tuple[Segment, int]:
+        return self._segments[code >> POSITION_BITS], code & _POSITION_MASK
+
     def get(self, key: bytes) -> BlockLocation | None:
-        loc = self._loc.get(key)
-        return None if loc is None else BlockLocation(*loc)
+        code = self._loc.get(key)
+        return None if code is None else BlockLocation(*self._location(code))
 
     @property
     def num_segments(self) -> int:
@@ -274,26 +283,27 @@ class BlockIndex:
     def holders(self, key: bytes) -> list[tuple[Segment, int]]:
         """Every live ``(segment, position)`` holding ``key``: its owner first, then its
         shadows, oldest first."""
-        loc = self._loc.get(key)
-        if loc is None:
+        code = self._loc.get(key)
+        if code is None:
             return []
-        return [loc, *self._shadows.get(key, ())]
+        return [self._location(code), *self._shadows.get(key, ())]
 
     def lookup(self, keys: Sequence[bytes]) -> PrefixHit:
         """The longest prefix of ``keys`` all present, as runs (O(runs) work)."""
         req = keys if isinstance(keys, tuple) else tuple(keys)
         n = len(req)
         loc_get = self._loc.get
+        segments = self._segments
         runs: list[HitRun] = []
         mem = ssd = 0
         i = 0
         ssd_medium = Medium.SSD
         new_run = new_hit_run
         while i < n:
-            loc = loc_get(req[i])
-            if loc is None:
+            code = loc_get(req[i])
+            if code is None:
                 break
-            seg, j = loc
+            seg, j = segments[code >> POSITION_BITS], code & _POSITION_MASK
             skeys = seg.keys
             count = len(skeys) - j
             # Common case first: the rest of the segment is the next stretch of the
@@ -323,11 +333,15 @@ class BlockIndex:
             raise ValueError(f"segment_id {sid!r} is already published")
         loc = self._loc
         keys = segment.keys
+        if len(keys) > _POSITION_MASK:
+            raise ValueError(f"segment {sid!r} has {len(keys)} blocks, more than the "
+                             f"index's {_POSITION_MASK}")
+        base = sid << POSITION_BITS
         if loc.keys().isdisjoint(keys):
             # Every key new (a new turn's): a key held twice shows as the index growing
             # by fewer entries than the segment has keys (no set of them built).
             before = len(loc)
-            loc.update(zip(keys, zip(repeat(segment), range(len(keys))), strict=False))
+            loc.update(zip(keys, range(base, base + len(keys)), strict=False))
             if len(loc) - before == len(keys):
                 self._segments[sid] = segment
                 return len(keys)
@@ -339,11 +353,10 @@ class BlockIndex:
         self._segments[sid] = segment
         owned = 0
         for j, key in enumerate(keys):
-            here = (segment, j)
             if key in loc:
-                self._shadows.setdefault(key, []).append(here)
+                self._shadows.setdefault(key, []).append((segment, j))
             else:
-                loc[key] = here
+                loc[key] = base + j
                 owned += 1
         return owned
 
@@ -355,12 +368,11 @@ class BlockIndex:
         if (old.keys, old.base_address) != (segment.keys, segment.base_address):
             raise ValueError(f"segment {sid!r}: a replacement must keep its keys and "
                              f"address")
-        self._segments[sid] = segment
+        self._segments[sid] = segment  # the keys it owns name it by its id
+        owner = sid << POSITION_BITS
         loc = self._loc
         for j, key in enumerate(segment.keys):
-            if loc[key][0] is old:
-                loc[key] = (segment, j)
-            else:
+            if loc[key] != owner + j:
                 alts = self._shadows[key]
                 alts[:] = [(segment, j) if a[0] is old else a for a in alts]
         return old
@@ -376,15 +388,15 @@ class BlockIndex:
         if not shadows:
             # Every key of a live segment is owned by it or shadows another copy; with
             # no shadows at all, it owns all of them.
-            for key in segment.keys:
-                del loc[key]
+            deque(map(loc.__delitem__, segment.keys), 0)
             return segment
         for key in segment.keys:
             owner = loc.get(key)
-            if owner is not None and owner[0] is segment:
+            if owner is not None and owner >> POSITION_BITS == segment_id:
                 alts = shadows.get(key)
                 if alts:
-                    loc[key] = alts.pop(0)
+                    heir, j = alts.pop(0)
+                    loc[key] = (heir.segment_id << POSITION_BITS) + j
                     if not alts:
                         del shadows[key]
                 else:
@@ -399,33 +411,35 @@ class BlockIndex:
 
     def check_integrity(self) -> None:
         """Raise ``IntegrityError`` if the books disagree with each other."""
-        for key, (seg, j) in self._loc.items():
-            if self._segments.get(seg.segment_id) is not seg:
-                raise IntegrityError(f"key {key.hex()[:16]} points at dead segment "
-                                     f"{seg.segment_id}")
-            if not 0 <= j < seg.num_blocks or seg.keys[j] != key:
+        for key, code in self._loc.items():
+            sid, j = code >> POSITION_BITS, code & _POSITION_MASK
+            owner = self._segments.get(sid)
+            if owner is None:
+                raise IntegrityError(f"key {key.hex()[:16]} points at dead segment {sid}")
+            if not 0 <= j < owner.num_blocks or owner.keys[j] != key:
                 raise IntegrityError(f"key {key.hex()[:16]} points at position {j} of "
-                                     f"segment {seg.segment_id}, which holds another key")
+                                     f"segment {sid}, which holds another key")
         for key, alts in self._shadows.items():
             if not alts:
                 raise IntegrityError(f"empty shadow list for key {key.hex()[:16]}")
-            owner = self._loc.get(key)
-            if owner is None:
+            owned = self._loc.get(key)
+            if owned is None:
                 raise IntegrityError(f"shadowed key {key.hex()[:16]} has no owner")
             for seg, j in alts:
                 if self._segments.get(seg.segment_id) is not seg or seg.keys[j] != key:
                     raise IntegrityError(f"bad shadow of key {key.hex()[:16]} in segment "
                                          f"{seg.segment_id}")
-                if seg is owner[0] and j == owner[1]:
+                if owned == (seg.segment_id << POSITION_BITS) + j:
                     raise IntegrityError(f"key {key.hex()[:16]} shadows itself")
         held = 0
         for seg in self._segments.values():
+            base = seg.segment_id << POSITION_BITS
             for j, key in enumerate(seg.keys):
-                owner = self._loc.get(key)
-                if owner is None:
+                held_by = self._loc.get(key)
+                if held_by is None:
                     raise IntegrityError(f"key {key.hex()[:16]} of live segment "
                                          f"{seg.segment_id} is not indexed")
-                if not (owner[0] is seg and owner[1] == j):
+                if held_by != base + j:
                     alts = self._shadows.get(key, [])
                     if not any(a[0] is seg and a[1] == j for a in alts):
                         raise IntegrityError(f"key {key.hex()[:16]} at {seg.segment_id}:{j} "

@@ -94,6 +94,14 @@ def engine_block_key(namespace: bytes, engine_hash: bytes) -> BlockKey:
 
 
 
+def _nonempty_bytes(hashes: Sequence[bytes]) -> bool:
+    """Every one of ``hashes`` is non-empty ``bytes`` (checked at C speed)."""
+    try:
+        return min(map(bytes.__len__, hashes), default=1) > 0
+    except TypeError:  # not bytes: the per-hash loop converts or refuses it
+        return False
+
+
 class EngineKeys:
     """``engine_block_key`` of one namespace, remembering the keys of recent engine
     hashes: an engine asks for the same prefix again and again (every request its
@@ -132,11 +140,11 @@ class EngineKeys:
         """The keys of ``engine_hashes`` (each as ``engine_block_key`` gives it)."""
         get = self._new.get
         try:
-            out = [get(h) for h in engine_hashes]
+            out = list(map(get, engine_hashes))
         except TypeError:  # bytearray or memoryview hashes: as bytes
             engine_hashes = [bytes(h) if isinstance(h, bytearray | memoryview) else h
                              for h in engine_hashes]
-            out = [get(h) for h in engine_hashes]
+            out = list(map(get, engine_hashes))
         try:
             first = out.index(None)
         except ValueError:
@@ -144,6 +152,20 @@ class EngineKeys:
         # A chain misses from its first unseen block on: one tight loop over the rest.
         copy, old_get, capacity = self._base.copy, self._old.get, self._capacity
         new = self._new
+        tail = engine_hashes[first:]
+        if out.count(None) == len(tail) and len(new) + len(tail) < capacity and \
+                not any(map(old_get, tail)) and _nonempty_bytes(tail):
+            # The common case, a prompt new from ``first`` on: every hash in neither
+            # generation, none filling the newest. Digests only, then one bulk insert.
+            keys = []
+            for h in tail:
+                d = copy()
+                d.update(h)
+                keys.append(d.digest())
+            new.update(zip(tail, keys, strict=True))
+            out[first:] = keys
+            self.num_hashed += len(keys)
+            return tuple(out)  # type: ignore[arg-type]
         hashed = 0
         for i in range(first, len(out)):
             if out[i] is None:
