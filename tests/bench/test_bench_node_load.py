@@ -28,6 +28,8 @@ def test_load_rows_count_every_call_and_leave_the_books_clean(
         assert calls["store"] > 0 and calls["admission"] > 0
         assert calls["store"] + calls["admission"] == r["requests"]
         assert all(r["p50_ms"][c] > 0 for c in calls)
+        # what a request costs the machine: the service's CPU and the clients' own
+        assert r["service_cpu_us"] >= 0 and r["clients_cpu_us"] > 0
         assert r["books_clean"] and r["books"]["pinned_sessions"] == 0
         assert r["books"]["stores_in_flight"] == 0 and r["books"]["loads_in_flight"] == 0
     assert rows[1]["books"]["sessions"] == sum(r["calls"]["store"] for r in rows)

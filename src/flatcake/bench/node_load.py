@@ -10,7 +10,9 @@ with open-loop Poisson arrivals at rising total rates::
               of the driver's timed hooks: the lookup (num_matched_tokens), the
               admission (after_alloc and the step; the load's report) and the store
               (the step planning it; its report); the service's CPU per request off
-              /proc
+              /proc, and the clients' own (``time.process_time``, their ZeroMQ
+              threads included) beside it: on a machine the clients share with the
+              service, their sum is what a request costs the machine
     books     after each rate, off ``flatcake serve --status``: no pin, store or load in
               flight, one session per prompt stored, the SSD bytes a whole number of
               prompts
@@ -72,6 +74,7 @@ class RateResult:
     requests: int
     latencies_ms: dict[str, list[float]] = field(repr=False)
     service_cpu_us: float
+    clients_cpu_us: float  # the clients' CPU per request, summed over clients
     books: dict[str, Any]
     books_clean: bool
 
@@ -114,7 +117,7 @@ def _client(sock: str, model: str, index: int, seed: int, prompt_blocks: int,
             rate, seconds = job
             lat: dict[str, list[float]] = {c: [] for c in CALLS}
             new = 0
-            start = time.perf_counter()
+            cpu0, start = time.process_time(), time.perf_counter()
             due = start + rng.expovariate(rate)
             while due < start + seconds:
                 time.sleep(max(0.0, due - time.perf_counter()))
@@ -134,7 +137,8 @@ def _client(sock: str, model: str, index: int, seed: int, prompt_blocks: int,
                         lat[call].append(sum(spent) * 1e3)
                 due += rng.expovariate(rate)
             conn.send({"latencies": lat, "requests": len(lat["lookup"]), "new": new,
-                       "elapsed": time.perf_counter() - start})
+                       "elapsed": time.perf_counter() - start,
+                       "cpu_s": time.process_time() - cpu0})
     except Exception as exc:  # the parent reports it and ends the run
         conn.send({"error": f"client {index}: {type(exc).__name__}: {exc}"})
     finally:
@@ -200,8 +204,10 @@ def run_node_load(options: LoadOptions) -> tuple[list[RateResult], float]:
                 lat = {call: [x for g in got for x in g["latencies"][call]] for call in CALLS}
                 books, clean = _books(sock, stored)
                 window = max([options.seconds, *[g["elapsed"] for g in got]])
+                mine = sum(g["cpu_s"] for g in got)
                 row = RateResult(rate, n / window, n, lat,
-                                 cpu / n * 1e6 if n else 0.0, books, clean)
+                                 cpu / n * 1e6 if n else 0.0,
+                                 mine / n * 1e6 if n else 0.0, books, clean)
                 rows.append(row)
                 if (row.pct("lookup", 0.99) > options.p99_bound_ms
                         or window > LATE * options.seconds):
@@ -231,10 +237,11 @@ def _recv(conn: Any, timeout_s: float) -> Any:
 
 def _cells(rows: list[RateResult]) -> tuple[list[str], list[list[str]]]:
     head = ["offered/s", "delivered/s", "requests", *[f"{c} p50/p99 ms" for c in CALLS],
-            "service CPU us/req", "books"]
+            "service CPU us/req", "clients CPU us/req", "books"]
     body = [[f"{r.offered:g}", f"{r.delivered:.0f}", str(r.requests),
              *[f"{r.pct(c, 0.5):.2f}/{r.pct(c, 0.99):.2f}" for c in CALLS],
-             f"{r.service_cpu_us:.0f}", "clean" if r.books_clean else f"NOT CLEAN {r.books}"]
+             f"{r.service_cpu_us:.0f}", f"{r.clients_cpu_us:.0f}",
+             "clean" if r.books_clean else f"NOT CLEAN {r.books}"]
             for r in rows]
     return head, body
 

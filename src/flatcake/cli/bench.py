@@ -286,7 +286,8 @@ def node_load(args: argparse.Namespace) -> int:
              "calls": {c: len(r.latencies_ms[c]) for c in r.latencies_ms},
              "p50_ms": {c: r.pct(c, 0.5) for c in r.latencies_ms},
              "p99_ms": {c: r.pct(c, 0.99) for c in r.latencies_ms},
-             "service_cpu_us": r.service_cpu_us, "books": r.books,
+             "service_cpu_us": r.service_cpu_us, "clients_cpu_us": r.clients_cpu_us,
+             "books": r.books,
              "books_clean": r.books_clean} for r in rows]}, indent=2))
     else:
         print(format_load_table(rows, saturation, options, load))

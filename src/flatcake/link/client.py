@@ -67,14 +67,20 @@ class NodeClient:
         deadline = time.monotonic() + wait
         while True:
             left = int((deadline - time.monotonic()) * 1000)
-            if left <= 0 or not sock.poll(left):
+            try:
+                if left <= 0:
+                    raise zmq.Again
+                # A receive bounded by RCVTIMEO, no poller built per call.
+                sock.setsockopt(zmq.RCVTIMEO, left)
+                frame = sock.recv()
+            except zmq.Again:
                 self._gave_up = [*self._gave_up, call_id][-wire.MAX_GAVE_UP:]
                 self.reset()
                 raise wire.NodeUnavailable(
                     f"the node service at {self.path} did not answer {verb.name} within "
-                    f"{self.timeout_ms + int(wait_s * 1000)} ms")
+                    f"{self.timeout_ms + int(wait_s * 1000)} ms") from None
             try:
-                reply = wire.decode_reply(sock.recv())
+                reply = wire.decode_reply(frame)
             except wire.FrameError:
                 continue  # not an answer (the service never sends one): not ours
             if reply.call_id != call_id and not (

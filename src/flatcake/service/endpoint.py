@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -124,18 +124,11 @@ class CallLoop:
             if self._waits:
                 first = min(w.deadline for _, _, w in self._waits)
                 wait_ms = max(0, min(wait_ms, int((first - time.monotonic()) * 1000) + 1))
-            if poller.poll(wait_ms):
-                self._conns.drain()
-                while True:
-                    try:
-                        got = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    who, frames = got[0].bytes, got[1:]
-                    if len(frames) == 1:
-                        self._answer(who, frames[0].bytes, frames[0].get(zmq.SRCFD))
-                    else:  # a call is one frame (a DEALER's send_multipart is not one)
-                        self._refuse(who, f"{len(frames)} frames, a call is one")
+            ready = poller.poll(wait_ms)
+            if ready:
+                if len(ready) > 1 or ready[0][0] is not self._sock:
+                    self._conns.drain()  # the monitor's events (accepted, closed)
+                self._take_calls()
             if time.monotonic() >= next_expiry:
                 self._conns.drain()  # connections over the cap whose grace ended
                 self.expire()
@@ -143,10 +136,26 @@ class CallLoop:
             if self._waits:
                 self._answer_waits(time.monotonic())
 
+    def _take_calls(self) -> None:
+        """Answer every call the socket holds. Read while ZeroMQ says one is there
+        (``EVENTS``), so an empty socket costs no raised ``zmq.Again`` per wakeup."""
+        sock = self._sock
+        while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            try:
+                got = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            who, frames = got[0].bytes, got[1:]
+            if len(frames) == 1:
+                self._answer(who, frames[0].bytes, frames[0].get(zmq.SRCFD))
+            else:  # a call is one frame (a DEALER's send_multipart is not one)
+                self._refuse(who, f"{len(frames)} frames, a call is one")
+
     def _send(self, who: bytes, frame: bytes) -> None:
         """Send ``frame`` to connection ``who`` (a ROUTER drops what it cannot deliver,
         so this never blocks the loop)."""
-        self._sock.send_multipart([who, frame])
+        self._sock.send(who, zmq.SNDMORE)
+        self._sock.send(frame)
 
     def _refuse(self, who: bytes, why: str, call_id: int | None = None) -> None:
         """Answer a message that is not a call (or not one we can read)."""
