@@ -13,7 +13,6 @@ import dataclasses
 import inspect
 from typing import Any
 
-from flatcake import config
 from flatcake.config import SECTIONS, FlatCakeConfig
 
 
@@ -41,9 +40,14 @@ class Key:
 
 
 def docs() -> dict[str, dict[str, str]]:
-    """Class name -> field -> the string literal under the field in ``flatcake.config``."""
+    """Class name -> field -> the string literal under the field, read from the modules
+    of ``flatcake.config`` that define the sections."""
     out: dict[str, dict[str, str]] = {}
-    for node in ast.parse(inspect.getsource(config)).body:
+    modules = dict.fromkeys(inspect.getmodule(cls) for cls in (FlatCakeConfig,
+                                                               *SECTIONS.values()))
+    body = [node for module in modules
+            for node in ast.parse(inspect.getsource(module)).body]  # type: ignore[arg-type]
+    for node in body:
         if not isinstance(node, ast.ClassDef):
             continue
         fields = out.setdefault(node.name, {})

@@ -7,6 +7,7 @@ open the served root embedded; the service gone, a store call fails with a clear
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
@@ -99,9 +100,9 @@ def test_a_session_alternating_between_two_stores_stays_in_one_file(tmp_path: Pa
         assert len(files) == 1, files
         for store in (a, b):
             got = empty_kv(SMALL, SLOTS)
-            res = store.load(keys, got, slots)
-            assert (res.num_blocks, res.num_ssd_blocks) == (len(keys), len(keys))
-            assert 0 < res.commands <= SMALL.num_layers * turns, res
+            loaded = store.load(keys, got, slots)
+            assert (loaded.num_blocks, loaded.num_ssd_blocks) == (len(keys), len(keys))
+            assert 0 < loaded.commands <= SMALL.num_layers * turns, loaded
             for layer in range(SMALL.num_layers):
                 for s in slots:
                     assert block_bytes(got, layer, s, "kv_blocks") == \
@@ -113,21 +114,49 @@ def test_a_session_alternating_between_two_stores_stays_in_one_file(tmp_path: Pa
 
 
 def test_an_attached_store_turn_is_two_calls(tmp_path: Path) -> None:
-    """Begin (settle, prepare, reclaim: ``plan.requests.begin_store``) and complete,
-    whichever medium the turn goes to; the turn is then served."""
+    """Begin (settle, prepare, reclaim: ``plan.requests.begin_store``) and end (the
+    memory copy told, complete, window rows released: ``end_store``), whichever medium
+    the turn goes to, with a memory copy or not, and when its write fails; the turns
+    written are then served, from their copy where they have one."""
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock",
                   "store.memory_capacity_bytes=4194304",
-                  "store.ssd_capacity_bytes=268435456").start()
+                  "store.ssd_capacity_bytes=268435456",
+                  "placement.memory_copy_watermark=0.9").start()
     a = attached(svc)
+
+    def calls() -> int:
+        return int(ask_status(svc.sock, 5.0)["calls"])
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     try:
         kv = random_kv(SMALL, SLOTS, seed=5)
-        keys = session_keys(3, 6)
-        for n, signals in ((3, TO_SSD), (6, TO_MEMORY)):
-            before = int(ask_status(svc.sock, 5.0)["calls"])
-            assert a.store_turn("s", keys[:n], kv, list(range(n)), signals).num_blocks == 3
-            # The calls since, this status call excluded.
-            assert int(ask_status(svc.sock, 5.0)["calls"]) - before - 1 == 2
-        assert a.lookup(keys).num_blocks == 6
+        keys = session_keys(3, 9)
+        for n, signals in ((3, TO_SSD), (6, TO_MEMORY), (9, TO_SSD)):
+            before = calls()
+            res = a.store_turn("s", keys[:n], kv, list(range(n)), signals)
+            assert (res.num_blocks, res.error) == (3, "")
+            assert calls() - before - 1 == 2  # the calls since, this status call excluded
+        assert a.control.stats().num_memory_copies == 2  # both SSD turns have a copy
+        got = empty_kv(SMALL, SLOTS)
+        loaded = a.load(keys, got, list(range(9)))
+        assert (loaded.num_blocks, loaded.num_memory_blocks, loaded.bytes_read) == (9, 9, 0)
+        assert all(block_bytes(got, layer, s, "kv_blocks") == block_bytes(kv, layer, s,
+                                                                          "kv_blocks")
+                   for layer in range(SMALL.num_layers) for s in range(9))
+        # An SSD write that fails after its copy: the same two calls; its new file is
+        # given back (deleted), its blocks are homed in the copy, nothing on SSD.
+        other = session_keys(4, 3)
+        a._exec.writer.write_ssd = no_space  # type: ignore[method-assign,assignment]
+        before = calls()
+        res = a.store_turn("t", other, kv, list(range(3)), TO_SSD)
+        assert res.num_blocks == 0 and "No space" in res.error
+        assert calls() - before - 1 == 2
+        hit = a.lookup(other)
+        assert (hit.num_blocks, hit.num_memory_blocks, hit.num_ssd_blocks) == (3, 3, 0)
+        assert a.control.stats().stores_in_flight == 0
+        assert len(list((svc.root / "sessions").iterdir())) == 1
     finally:
         a.close()
         assert svc.stop() == 0, svc.stderr()

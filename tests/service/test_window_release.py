@@ -17,6 +17,7 @@ import torch
 from flatcake.cio.filescan import scan_session_file
 from flatcake.layout import ALIGN, align_up
 from flatcake.link.wire import TensorRanks
+from flatcake.service.endpoint import ask_status
 from flatcake.store import FlatCakeStore, TurnSignals
 from tests.connectors.window_turns import GW, PER_TURN, ROW, SLOTS, WINDOW, run_turn
 from tests.service.helpers import Service, TensorEngine
@@ -81,8 +82,11 @@ def test_the_service_punches_what_its_books_release_of_an_attached_stores_turns(
         store = attached()
         for t in range(turns):
             n = (t + 1) * per_turn
+            called = int(ask_status(svc.sock, 5.0)["calls"])
             res = store.store_turn("s", keys[:n], src, range(n), TurnSignals(t, 0))
             assert res.medium is not None and res.medium.name == "SSD"
+            # Two calls (begin, end: its releases punched there), this status excluded.
+            assert int(ask_status(svc.sock, 5.0)["calls"]) - called - 1 == 2
             path = embedded.the_file(svc.root)
             assert embedded.sliding_pages_allocated(store, path) <= embedded.WINDOW * 2 * row
         stats = store.control.stats()
@@ -102,8 +106,8 @@ def test_the_service_punches_what_its_books_release_of_an_attached_stores_turns(
                        for s in store.control.segments())
         assert after == before
         dst = paged(g, total)
-        res = store.load(keys, dst, slots)
-        assert (res.num_blocks, res.damaged_segments) == (total, 0)
+        loaded = store.load(keys, dst, slots)
+        assert (loaded.num_blocks, loaded.damaged_segments) == (total, 0)
         embedded.assert_restored(dst, src, slots, total)
         assert torch.equal(dst[0][slots], src[0][:total])
         store.close()

@@ -202,3 +202,16 @@ class ControlStats:
     ssd_dropped_unread_bytes: int = 0
     ssd_unread_bytes: int = 0
 
+    def status(self) -> dict[str, int]:
+        """The figures ``flatcake serve --status`` shows of the books, by its names."""
+        return {name: getattr(self, field) for name, field in _STATUS}
+
+
+# (``ControlStats.status`` name, field), in the order shown.
+_STATUS = (("memory_used_bytes", "memory_used_bytes"), ("ssd_used_bytes", "ssd_used_bytes"),
+           ("sessions", "num_sessions"), ("pinned_sessions", "num_pinned_sessions"),
+           ("stores_in_flight", "stores_in_flight"), ("loads_in_flight", "loads_in_flight"),
+           ("ssd_written_bytes", "ssd_written_bytes"), ("ssd_read_bytes", "ssd_read_bytes"),
+           ("ssd_dropped_unread_bytes", "ssd_dropped_unread_bytes"),
+           ("ssd_unread_bytes", "ssd_unread_bytes"))
+

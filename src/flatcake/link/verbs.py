@@ -5,8 +5,9 @@ client decodes an answer into its verb's reply type (``link.wire`` has the frame
 
 Three families: the service's own (attach a store, a worker's files, status, detach);
 an attached store's calls of the books (``CONTROL``: ``ControlPlane``'s verbs and
-queries, and ``servable``, the request protocol's step in one call); an engine's
-scheduler half (``connectors.node_verbs``: they name the connectors' types).
+queries, and ``servable``, ``begin_store`` and ``end_store``, the request protocol's
+steps in one call each); an engine's scheduler half (``connectors.node_verbs``: they
+name the connectors' types).
 
 No object with behaviour crosses: ``prepare_load``'s stream planner is built by the
 service from ``stream`` (``plan.stream.StreamPlanner`` without block crcs) and what it
@@ -25,7 +26,7 @@ from flatcake.control.types import ControlStats, LoadPlan, ReclaimAction, Window
 from flatcake.geometry import KVGeometry
 from flatcake.link import wire
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
-from flatcake.plan.requests import Servable, StoreBegun
+from flatcake.plan.requests import Servable, StoreBegun, StoreEnded
 from flatcake.plan.stream import StreamCheck
 
 
@@ -95,6 +96,10 @@ CONTROL = table(
     # ``plan.requests.begin_store``: settle, prepare_store, take_reclaim_actions in one.
     Verb("begin_store", StoreBegun, *_STORE),
     Verb("complete_store", None, ("plan", StorePlan), ("ok", bool)),
+    # ``plan.requests.end_store``: the copy told, complete_store, the window rows
+    # released punched by the service, in one; None for a store no longer the caller's.
+    Verb("end_store", StoreEnded | None, ("plan", StorePlan), ("ok", bool),
+         ("copied", bool, False)),
     Verb("complete_copy", None, ("plan", StorePlan)),
     Verb("take_reclaim_actions", list[ReclaimAction]),
     Verb("files_of", list[int], _SESSION),

@@ -29,6 +29,10 @@ them::
                     then (unless the session is being cut: wait, begin again) the
                     store's plan and the reclaim actions that made room, in one step
                     (one call for a store attached to the node service)
+               end_store(control, plan, ok, copied) -> StoreEnded: the memory copy
+                    (when written and not told yet), the store completed (published
+                    only when ``ok``: durable), the window rows it released, a failed
+                    SSD store's file end: the second and last call of an attached store
 
 The verbs turned into executor tasks, the same for every host that has an executor
 (``FlatCakeStore`` in one process, the vLLM scheduler half sending them to its
@@ -64,9 +68,9 @@ from flatcake.plan.tasks import FileDrop, LoadDone, LoadTask, StoreTask
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FileWork", "Finished", "Servable", "StoreBegun", "begin_store", "by_medium",
-           "finish_load", "load", "load_task", "reclaim_tasks", "remote_blocks",
-           "restore_request", "servable", "settle", "store_task"]
+__all__ = ["FileWork", "Finished", "Servable", "StoreBegun", "StoreEnded", "begin_store",
+           "by_medium", "end_store", "finish_load", "load", "load_task", "reclaim_tasks",
+           "remote_blocks", "restore_request", "servable", "settle", "store_task"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +214,40 @@ def begin_store(control: ControlPlane, session_id: str, keys: Sequence[bytes], *
                                  prev_reply_tokens=prev_reply_tokens,
                                  shared_refcount=shared_refcount)
     return StoreBegun(settled, False, plan, tuple(control.take_reclaim_actions()))
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEnded:
+    """What ``end_store`` did, for the host to apply.
+
+    Attributes:
+        releases: window rows the books released (the host punches them out of their
+            files before it lets go of the books).
+        file_end_bytes: a failed SSD store: the books' append pointer of its file (the
+            host shrinks the file back to it); None when the books released the file
+            (the host deletes it), or the store did not fail on SSD.
+    """
+
+    releases: tuple[WindowRelease, ...] = ()
+    file_end_bytes: int | None = None
+
+
+def end_store(control: ControlPlane, plan: StorePlan, ok: bool,
+              copied: bool = False) -> StoreEnded:
+    """The data plane finished writing ``plan``: its memory copy is told first when
+    ``copied`` (written, not yet told: ``complete_copy``), then the store completes
+    (published only when ``ok``, its bytes durable; else its allocation given back), and
+    the window rows a durable store released are taken (module docstring)."""
+    if copied:
+        control.complete_copy(plan)
+    control.complete_store(plan, ok)
+    if ok:
+        return StoreEnded(tuple(control.take_window_releases()))
+    if plan.medium != Medium.SSD:
+        return StoreEnded()
+    file_id = int(plan.file_id or 0)
+    kept = file_id in control.files_of(plan.session_id)
+    return StoreEnded((), control.file_end_bytes(file_id) if kept else None)
 
 
 # -- the verbs as executor tasks ---------------------------------------------------

@@ -492,16 +492,7 @@ class NodeService(CallLoop):
                                "arena_pages": self.arena_pages.note,
                                "arena_huge_pages": self.arena_pages.huge}
         if self._parts is not None:
-            st = self._parts.control.stats()
-            out.update(memory_used_bytes=st.memory_used_bytes,
-                       ssd_used_bytes=st.ssd_used_bytes, sessions=st.num_sessions,
-                       pinned_sessions=st.num_pinned_sessions,
-                       stores_in_flight=st.stores_in_flight,
-                       loads_in_flight=st.loads_in_flight,
-                       ssd_written_bytes=st.ssd_written_bytes,
-                       ssd_read_bytes=st.ssd_read_bytes,
-                       ssd_dropped_unread_bytes=st.ssd_dropped_unread_bytes,
-                       ssd_unread_bytes=st.ssd_unread_bytes,
+            out.update(self._parts.control.stats().status(),
                        world_size=self._ranks.world_size,
                        replicated_kv=self._ranks.replicated)
         return out

@@ -29,7 +29,15 @@ from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.types import ReclaimAction
 from flatcake.link import verbs, wire
 from flatcake.link.trust import NOBODY, Owner
-from flatcake.plan.requests import FileWork, Servable, begin_store, reclaim_tasks, servable
+from flatcake.plan.requests import (
+    FileWork,
+    Servable,
+    StoreEnded,
+    begin_store,
+    end_store,
+    reclaim_tasks,
+    servable,
+)
 from flatcake.plan.stream import StreamPlanner
 from flatcake.service.fences import Fenced, fence
 from flatcake.service.tenants import SessionTenants, inside, outside
@@ -102,7 +110,7 @@ def _scope(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
         tenants.check_hit(control, tenant, args["keys_or_hit"], method)
     elif method == "complete_load":
         return args["request_id"] in store.loads
-    elif method in ("complete_store", "complete_copy"):
+    elif method in ("complete_store", "complete_copy", "end_store"):
         plan = args["plan"]
         return store.stores.get(plan.segment.segment_id) == plan
     elif method == "submit_restore":
@@ -161,6 +169,20 @@ def _reclaimed(store: AttachedStore, tenants: SessionTenants, files: FileWork,
             if a.session_id in mine]
 
 
+def _end_store(store: AttachedStore, control: ControlPlane, files: FileWork,
+               plan: StorePlan, ok: bool, copied: bool) -> StoreEnded:
+    """``plan.requests.end_store`` of ``store``'s own store in flight (``_scope``): its
+    memory copy told when ``copied``, published only when ``ok``. The window rows the
+    books released are punched by the service (``files``), so the store is handed none,
+    as for ``take_window_releases``."""
+    ended = end_store(control, plan, ok, copied)
+    store.stores.pop(plan.segment.segment_id, None)
+    _made(store, "store", plan.segment.segment_id)
+    if ended.releases:
+        files((), (), ended.releases)
+    return dataclasses.replace(ended, releases=())
+
+
 def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
                   call_id: int, method: str, args: dict[str, Any], *,
                   files: FileWork) -> Any:
@@ -200,6 +222,8 @@ def attached_call(store: AttachedStore, control: ControlPlane, tenants: SessionT
         store.made_by[call_id] = ("load", args["request_id"])
         return verbs.LoadPlanned(plan, planner.stream_request if planner else [],
                                  planner.checks if planner else [])
+    if method == "end_store":
+        return _end_store(store, control, files, **args)
     if method == "begin_store":
         begun = begin_store(control, **args)
         if begun.plan is not None:

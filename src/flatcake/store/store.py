@@ -2,8 +2,8 @@
 executor (``cio.executor``) in one process, over the same tasks (``plan.tasks``) as the
 vLLM connector's two halves, driving the same request protocol (``plan.requests``)::
 
-    store_turn:  prepare_store -> StoreTask -> executor: gather + write (+ fdatasync)
-                 -> complete_store
+    store_turn:  begin_store -> StoreTask -> executor: gather + write (+ fdatasync)
+                 -> end_store (attached: two calls to the node service)
     load:        servable (waits for a store in flight of the next blocks) -> load
                  (reads only the hit's blocks) -> LoadTask -> FC-MAS queues
                  (``store.restores``) -> executor: staging window: read, verify crc32,
@@ -78,6 +78,7 @@ from flatcake.plan.requests import (
     StoreBegun,
     begin_store,
     by_medium,
+    end_store,
     finish_load,
     load,
     reclaim_tasks,
@@ -331,20 +332,20 @@ class FlatCakeStore:
             return self._failed_result(plan, prepared, t0)
         seq, target = prepared
         ok = False
+        # Attached, the memory copy is told with the completion (one call less); its
+        # blocks are read from memory once the turn is durable.
+        copied = threading.Event()
         try:
             out = self._exec.write(store_task(session_id, plan, table), paged, seq, target,
-                                   on_copy=lambda: self._copy_done(plan))
+                                   on_copy=copied.set if self.attached
+                                   else lambda: self._copy_done(plan))
             ok = out.done.ok
             crcs = self._cluster.segment_crcs(plan.segment) if ok and self._cluster else None
         finally:
             with self._lock:
-                if ok:
-                    self.control.complete_store(plan, True)
-                    if self._cluster is not None:  # durable and in the books: publish
-                        self._cluster.publish([(plan.segment, crcs)])
-                    self._release_windows()
-                else:
-                    self._store_failed(plan)
+                self._end_store(plan, ok, copied.is_set())
+                if ok and self._cluster is not None:  # durable and in the books: publish
+                    self._cluster.publish([(plan.segment, crcs)])
                 self._unpinned.notify_all()
         if not ok:
             return self._failed_result(plan, out.error, t0)
@@ -366,6 +367,23 @@ class FlatCakeStore:
                      prev_reply_tokens=signals.prev_reply_tokens,
                      shared_refcount=signals.shared_refcount)
 
+    def _end_store(self, plan: StorePlan, ok: bool, copied: bool = False) -> None:
+        """(Under the lock.) ``plan.requests.end_store``, attached one call (the service
+        punches the window rows), then its file work: the released window rows punched
+        out, or a failed write's allocation given back on disk (its file shrinks back
+        to the books' append pointer, or goes when the books released it: a new file
+        whose first write failed)."""
+        if self._remote is not None:
+            ended = self._remote.end_store(plan, ok, copied)
+            if ended is None:  # no longer this store's (its lease ended): not touched
+                return
+        else:
+            ended = end_store(self.control, plan, ok, copied)
+        for rel in ended.releases:
+            self._exec.files.release(rel.file_id, rel.pages)
+        if not ok and plan.medium == Medium.SSD:
+            self._exec.release(int(plan.file_id or 0), ended.file_end_bytes)
+
     def _prepare_file(self, plan: StorePlan, lock: AbstractContextManager[Any]
                       ) -> tuple[int, OpenFile | None] | str:
         """``Executor.prepare_file``; ENOSPC, EIO or a file not created in time fails
@@ -375,7 +393,7 @@ class FlatCakeStore:
             return self._exec.prepare_file(plan)
         except BaseException as exc:
             with lock:
-                self._store_failed(plan)
+                self._end_store(plan, False)
             if isinstance(exc, OSError):
                 return str(exc) or type(exc).__name__
             raise
@@ -383,17 +401,6 @@ class FlatCakeStore:
     def _copy_done(self, plan: StorePlan) -> None:
         with self._lock:
             self.control.complete_copy(plan)
-
-    def _store_failed(self, plan: StorePlan) -> None:
-        """Give a failed write's allocation back (under ``self._lock``): the books
-        forget it, and on disk its file shrinks back to the books' append pointer, or
-        goes when the books released it (a new file whose first write failed)."""
-        self.control.complete_store(plan, False)
-        if plan.medium != Medium.SSD:
-            return
-        file_id = int(plan.file_id or 0)
-        kept = file_id in self.control.files_of(plan.session_id)
-        self._exec.release(file_id, self.control.file_end_bytes(file_id) if kept else None)
 
     @staticmethod
     def _failed_result(plan: StorePlan, error: str, t0: float) -> StoreResult:
