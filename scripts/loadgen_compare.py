@@ -5,7 +5,8 @@ server configuration, started with identical flags, alternating over repeats.
 
 Configurations (``--configs``): ``none`` (vLLM alone, its own prefix cache),
 ``flatcake`` (the FlatCake connector with ``--flatcake-memory-mib`` of host memory and
-``--flatcake-ssd-mib`` of SSD under a fresh store root) and ``lmcache`` (LMCache's
+``--flatcake-ssd-mib`` of SSD under a fresh store root), ``flatcake-not-yet`` (the same
+with ``placement.not_yet`` on: its SSD wear beside today's rule) and ``lmcache`` (LMCache's
 multi-process mode: an ``lmcache server`` with the same host memory as its L1 and its
 ``fs_native`` L2 adapter under a fresh folder, vLLM's ``LMCacheMPConnector``, the CPU
 transfer path ``LMCACHE_MP_TRANSFER_MODE=engine_driven NO_GPU_EXT=1``). LMCache is not a
@@ -63,13 +64,14 @@ from flatcake.loadgen.procstat import WORKER, cpu_seconds, group_procs, loadavg,
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_PY = REPO / ".venv-engine" / "bin" / "python"
 STOP_WAIT_S = 90
+START_WAIT_S = 900  # a loaded 2-core machine takes minutes to start an engine
 # Between interleaved runs: vLLM's engine core spins for a second after its last message
 # (``MessageQueue.acquire_read``), which would fall on the next server's run.
 SETTLE_S = 2.0
 SEED_STRIDE = 1000  # an interleaved repeat's seeds: working set k + 1 + 1000 * repeat
 RESERVED_CPUS = 1  # vLLM's own default on x86 for one rank without a KV connector
 BLOCK = 32
-CONFIGS = ("none", "flatcake", "lmcache")
+CONFIGS = ("none", "flatcake", "flatcake-not-yet", "lmcache")
 TRACE_KINDS = ("agent", "chat", "mixed")
 # What the server log says when a stop was not clean.
 STOP_EVENTS = {
@@ -176,13 +178,14 @@ class Server:
             template = log.parent / "chat-template.jinja"
             template.write_text(CHAT_TEMPLATE)
             cmd += ["--chat-template", str(template)]
-        if config == "flatcake":
+        if config.startswith("flatcake"):
             cmd += ["--kv-transfer-config", json.dumps({
                 "kv_connector": "FlatCakeConnector", "kv_role": "kv_both",
                 "kv_connector_module_path": "flatcake.connectors.vllm",
                 "kv_connector_extra_config": {"store": {
                     "root": str(store), "memory_capacity_bytes": args.flatcake_memory_mib << 20,
-                    "ssd_capacity_bytes": args.flatcake_ssd_mib << 20}}})]
+                    "ssd_capacity_bytes": args.flatcake_ssd_mib << 20},
+                    "placement": {"not_yet": config == "flatcake-not-yet"}}})]
         if self.lmcache is not None:
             cmd += ["--kv-transfer-config", json.dumps({
                 "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
@@ -193,7 +196,7 @@ class Server:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env(
                 args.lmcache_path if self.lmcache else None), stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + START_WAIT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 if self.lmcache is not None:
@@ -208,7 +211,7 @@ class Server:
                 pass
             time.sleep(2)
         self.stop("group")
-        raise SystemExit(f"server not healthy in 300 s; see {log}")
+        raise SystemExit(f"server not healthy in {START_WAIT_S} s; see {log}")
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds its processes used so far by role (``procstat.cpu_seconds``),
@@ -426,7 +429,8 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("loadgen-compare"))
     p.add_argument("--model", type=Path, default=Path("/tmp/flatcake-loadgen-model"))
-    p.add_argument("--working-sets", default="4,32", help="prompts per working set")
+    p.add_argument("--working-sets", default="4,32",
+                   help="prompts per working set ('': none, e.g. a --trace run alone)")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=1024)
@@ -498,7 +502,7 @@ def main() -> int:
     started = docsout.start()
     if not ENGINE_PY.is_file():
         raise SystemExit(f"{ENGINE_PY} is missing: run scripts/engine_venv.sh first")
-    working_sets = [int(x) for x in args.working_sets.split(",")]
+    working_sets = [int(x) for x in args.working_sets.split(",") if x]
     configs = args.configs
     args.out.mkdir(parents=True, exist_ok=True)
     build_model(args.model)

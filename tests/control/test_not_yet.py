@@ -7,7 +7,10 @@ from __future__ import annotations
 from flatcake.clock import ManualClock
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
+from flatcake.control.index import Segment
+from flatcake.control.notyet import NotYet
 from flatcake.control.placement import PlacementRule
+from flatcake.control.sessions import SessionTable
 from flatcake.control.wear import WearCounts
 from tests.control.helpers import K, make, skeys
 
@@ -183,3 +186,56 @@ def test_a_host_that_does_not_write_back_refuses_the_key() -> None:
     with pytest.raises(ValueError, match=r"placement\.not_yet_write_back"):
         ControlPlane(GEOM, cfg, ManualClock())
     ControlPlane(GEOM, cfg, ManualClock(), write_backs=True)  # the replay's
+
+
+def test_not_yet_knows_which_stores_write_a_home_back() -> None:
+    """One book of the write-backs in flight: ``NotYet`` says which stores they are
+    (``Stores`` asks it when one completes), until the store settles."""
+    cp, clock = make(memory_pages=8, not_yet=True, write_back=True)
+    _homes(cp, clock, "abcdefgh")
+    backs = cp.take_write_backs()
+    ny = NotYet(cp.index, cp.arena, SessionTable(cp.ssd))
+    seg = cp.index.segment(cp.session("e").memory_segment_ids[0])
+    ny.cover_home(backs[0].segment.segment_id, seg)
+    assert ny.writes_back(backs[0].segment.segment_id)
+    assert not ny.writes_back(backs[1].segment.segment_id)
+    ny.settle(backs[0].segment.segment_id, False)
+    assert not ny.writes_back(backs[0].segment.segment_id)
+    # A write-back's completion is no access of its session (so reclaim's order holds).
+    before = cp.session("a").last_access
+    clock.advance(50.0)
+    cp.complete_store(backs[0], True)
+    assert cp.session("a").last_access == before
+
+
+def test_reclaim_writes_back_through_the_verb_and_clock_it_is_built_with() -> None:
+    """``Reclaimer`` takes the not-yet homes, the write-back verb and the clock when it is
+    made: homes idle past ``placement.not_yet_idle_s`` by that clock are dropped, the
+    others handed to that verb."""
+    from flatcake.config import FlatCakeConfig, PlacementConfig, ReclaimConfig, StoreConfig
+    from flatcake.control.reclaimer import Reclaimer
+
+    cp, clock = make(memory_pages=8, not_yet=True)
+    _homes(cp, clock, "ab")  # last access at 0 s and 1 s
+    cfg = FlatCakeConfig(
+        placement=PlacementConfig(not_yet=True, not_yet_idle_s=10.0),
+        store=StoreConfig(memory_capacity_bytes=8 * K),
+        reclaim=ReclaimConfig(memory_high=0.9, memory_low=0.5))
+    for now, written, dropped in ((5.0, ["a", "b"], 0), (100.0, [], 2)):
+        ny = NotYet(cp.index, cp.arena, cp._sessions)  # the plane's homes, booked anew
+        for s in "ab":
+            ny.placed(cp.index.segment(cp.session(s).memory_segment_ids[0]), 0)
+        calls: list[str] = []
+
+        def write(seg: Segment, first: int, calls: list[str] = calls) -> bool:
+            calls.append(seg.session_id)
+            return True
+
+        def clock_now(now: float = now) -> float:
+            return now
+
+        r = Reclaimer(cfg, cp.index, cp.arena, cp.ssd, cp.copies, cp._sessions, cp._spare,
+                      cp._damage, [], {}, {}, not_yet=ny, write_back=write, now=clock_now)
+        # Memory use of 8 pages; the low watermark is 4: both homes go.
+        r.reclaim_not_yet(8 * K)
+        assert (calls, ny.num_dropped) == (written, dropped)

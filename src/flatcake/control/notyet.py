@@ -98,6 +98,10 @@ class NotYet:
         self._covering[store_id] = (seg,)
         self._backs.add(store_id)
 
+    def writes_back(self, store_id: int) -> bool:
+        """Whether the SSD store ``store_id`` in flight writes a home back (reclaim)."""
+        return store_id in self._backs
+
     def cover(self, store_id: int, runs: Sequence[HitRun]) -> None:
         """The SSD store ``store_id`` writes the blocks of ``runs`` again."""
         homes = tuple(r.segment for r in runs if r.segment.segment_id in self._homes

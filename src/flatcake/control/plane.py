@@ -147,27 +147,28 @@ class ControlPlane(Books):
         early = EarlyCopies()
         spare = self._spare = Spare(cfg, geometry, node, index, arena, copies, sessions, ids,
                                     actions)
-        reclaimer = self._reclaimer = Reclaimer(cfg, index, arena, ssd, copies, sessions,
-                                                spare, damage, actions, pending, loads, wear)
-        releases = self._releases = Releases(
-            index, ssd, sessions, geometry.layer_window_blocks,
-            store.release_windows_at_once) \
-            if release_windows and store.release_old_windows and \
-            geometry.layer_window_blocks else None
-        not_yet = NotYet(index, arena, sessions)
-        stores = self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions,
-                                       ids, spare, early, reclaimer, pending, releases,
-                                       lambda keys: self.lookup(keys).num_blocks, wear,
-                                       not_yet)
         if cfg.placement.not_yet_write_back and not write_backs:
             raise ValueError(
                 "invalid config placement.not_yet_write_back=True: only the replay writes "
                 "not-yet homes from host memory to the SSD; the store, the vLLM "
                 "connector and the node service do not, so they refuse it (leave it "
                 "false there)")
-        if write_backs and cfg.placement.not_yet and cfg.placement.not_yet_write_back:
-            reclaimer.not_yet, reclaimer.write_back = not_yet, stores.write_back
-            reclaimer.now = clk.now
+        not_yet = NotYet(index, arena, sessions)
+        # Reclaim writes not-yet homes back through the stores made below.
+        backs = write_backs and cfg.placement.not_yet and cfg.placement.not_yet_write_back
+        reclaimer = self._reclaimer = Reclaimer(
+            cfg, index, arena, ssd, copies, sessions, spare, damage, actions, pending, loads,
+            wear, not_yet if backs else None,
+            (lambda seg, first: stores.write_back(seg, first)) if backs else None, clk.now)
+        releases = self._releases = Releases(
+            index, ssd, sessions, geometry.layer_window_blocks,
+            store.release_windows_at_once) \
+            if release_windows and store.release_old_windows and \
+            geometry.layer_window_blocks else None
+        stores = self._stores = Stores(cfg, geometry, clk, node, index, arena, ssd, sessions,
+                                       ids, spare, early, reclaimer, pending, releases,
+                                       lambda keys: self.lookup(keys).num_blocks, wear,
+                                       not_yet)
         self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
                             early, self.lookup, loads, wear)
         self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)

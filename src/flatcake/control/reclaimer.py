@@ -59,7 +59,9 @@ class Reclaimer:
                  ssd: SsdSpace, copies: MemoryCopies, sessions: SessionTable,
                  spare: Spare, damage: Damage, actions: list[ReclaimAction],
                  stores: Mapping[int, StorePlan], loads: Mapping[Hashable, LoadPlan],
-                 wear: Wear | None = None) -> None:
+                 wear: Wear | None = None, not_yet: NotYet | None = None,
+                 write_back: Callable[[Segment, int], bool] | None = None,
+                 now: Callable[[], float] | None = None) -> None:
         self._config = config
         self._index = index
         self._arena = arena
@@ -75,10 +77,11 @@ class Reclaimer:
         self._reclaimed = {Medium.MEMORY: 0, Medium.SSD: 0}
         self._truncated = 0
         # Not-yet homes written back at memory reclaim (``placement.not_yet_write_back``
-        # on a host that writes them): the homes, and the verb that writes one.
-        self.not_yet: NotYet | None = None
-        self.write_back: Callable[[Segment, int], bool] | None = None
-        self.now: Callable[[], float] = lambda: 0.0  # the clock's, for the idle bound
+        # on a host that writes them): the homes, the verb that writes one, and the
+        # clock's time for the idle bound. Either None: nothing is written back.
+        self._not_yet = not_yet
+        self._write_back = write_back
+        self._now = now if now is not None else (lambda: 0.0)
 
     def num_reclaimed(self, medium: Medium) -> int:
         """Sessions reclaimed (dropped, or cut for memory) on ``medium`` so far."""
@@ -152,12 +155,12 @@ class Reclaimer:
         ``placement.not_yet_idle_s`` (when set) is dropped unwritten; any other is
         written to the SSD (freed once durable). Sessions a restore or write pins keep
         theirs. Returns the bytes freed or being written back."""
-        ny, write = self.not_yet, self.write_back
+        ny, write = self._not_yet, self._write_back
         if ny is None or write is None:
             return 0
         target = self._config.reclaim.memory_low * self._arena.capacity_bytes
         idle = self._config.placement.not_yet_idle_s
-        now = self.now()
+        now = self._now()
         freed = ny.writing_back_bytes()
         for seg, first in ny.homes_lru():
             if used_bytes - freed <= target:

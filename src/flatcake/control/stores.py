@@ -106,9 +106,8 @@ class Stores:
         self._fenced: set[int] = set()
         self._rules: Counter[PlacementRule] = Counter()
         self._rejected = 0
-        # Write-backs of not-yet homes (``write_back``): in flight by segment id, and
-        # those the host has not taken yet (``take_write_backs``).
-        self._backs: set[int] = set()
+        # Write-backs of not-yet homes (``write_back``) the host has not taken yet
+        # (``take_write_backs``); those in flight are ``NotYet``'s.
         self._backs_out: list[StorePlan] = []
 
     @property
@@ -352,7 +351,6 @@ class Stores:
         self._pending[sid] = plan
         self._not_yet.cover_home(sid, seg)
         self._writing.update(plan.segment.keys)
-        self._backs.add(sid)
         self._backs_out.append(plan)
         return True
 
@@ -408,8 +406,8 @@ class Stores:
         if self._pending.get(seg.segment_id) != plan:
             raise KeyError(f"no store in flight for segment_id {seg.segment_id!r}")
         del self._pending[seg.segment_id]
-        back = seg.segment_id in self._backs
-        self._backs.discard(seg.segment_id)
+        # Asked before ``NotYet.settle`` forgets it (``complete``).
+        back = self._not_yet is not None and self._not_yet.writes_back(seg.segment_id)
         prefix = self._prefix.pop(seg.segment_id, ())
         if self._fenced and seg.segment_id in self._fenced:
             self._fenced.discard(seg.segment_id)  # its keys left ``_writing`` then
