@@ -117,3 +117,12 @@ def test_a_non_scalar_value_is_refused_by_name() -> None:
 
 def test_the_defaults_are_the_schema_defaults() -> None:
     assert load_config(env={}) == parse_extra_config({}, env={}) == FlatCakeConfig()
+
+
+def test_a_session_file_span_must_leave_the_ssd_space_two_spans() -> None:
+    assert load_config(env={}, overrides=[f"store.session_file_bytes={1 << 47}"])
+    with pytest.raises(ValueError) as err:
+        load_config(env={}, overrides=[f"store.session_file_bytes={1 << 48}"])
+    assert str(err.value) == (f"invalid config store.session_file_bytes={1 << 48}: must be a "
+                              "multiple of 4096 in [4096, 2**47] (the SSD space is 2**48 "
+                              "bytes)")

@@ -197,6 +197,37 @@ class TestReclaim:
         assert "b" not in cp.session_ids()  # the failed attempt left nothing behind
         cp.check_integrity()
 
+    def test_spans_run_out_before_bytes_reclaim_the_oldest_sessions(self) -> None:
+        # The SSD space maps 2**48 / session_file_bytes files: 8 spans of 2**45 bytes
+        # here, however much budget is left. Past 0.9 of them (the 8th file) sessions
+        # go oldest first down to 0.5 of the spans, like bytes.
+        cp, clock = make(ssd_pages=1 << 20, span_pages=(1 << 45) // K, high=0.9, low=0.5)
+        for t in range(20):
+            clock.set(float(t))
+            first_turn(cp, f"s{t:02d}", 2)
+            assert cp.stats().num_files <= 7
+            cp.check_integrity()
+        stats = cp.stats()
+        assert stats.stores_rejected == 0 and stats.sessions_reclaimed_ssd > 0
+        assert stats.num_sessions + stats.sessions_reclaimed_ssd == 20
+        assert stats.ssd_used_bytes < 0.01 * stats.ssd_capacity_bytes
+        live = set(cp.session_ids())
+        assert "s19" in live and "s00" not in live
+        assert all(cp.lookup(skeys(s, 2)).num_blocks == 2 for s in live)
+        assert all(a.session_dropped and a.file_ids for a in cp.take_reclaim_actions())
+
+    def test_spans_all_pinned_is_a_clear_error(self) -> None:
+        cp, clock = make(ssd_pages=1 << 20, span_pages=(1 << 46) // K, memory_pages=0)
+        for t in range(4):
+            clock.set(float(t))
+            first_turn(cp, f"s{t}", 2)
+            cp.prepare_load(f"r{t}", skeys(f"s{t}", 2))
+        with pytest.raises(CapacityError, match="session file spans"):
+            cp.prepare_store("new", skeys("new", 2), turn_index=0, context_tokens=8)
+        assert cp.stats().stores_rejected == 1
+        assert "new" not in cp.session_ids()
+        cp.check_integrity()
+
     def test_explicit_reclaim_returns_pending_actions(self) -> None:
         cp, clock = make(memory_pages=4)
         for t, s in enumerate("abcd"):

@@ -146,21 +146,28 @@ def _client(sock: str, model: str, index: int, seed: int, prompt_blocks: int,
 
 
 def _books(sock: Path, stored: int) -> tuple[dict[str, Any], bool]:
-    """The service's books once nothing is in flight (waits up to 5 s for it)."""
+    """The service's books once nothing is in flight (waits up to 5 s for it), and
+    whether they are clean: nothing pinned or in flight, no store refused, every live
+    session whole (the same bytes each) and every new prompt stored once: as a live
+    session, or as one reclaimed (a repeat of a reclaimed prompt is stored again)."""
     from flatcake.service.endpoint import ask_status
 
     deadline = time.monotonic() + 5.0
     while True:
         st = ask_status(sock, 10.0)
         books = {k: st.get(k) for k in ("pinned_sessions", "stores_in_flight",
-                                         "loads_in_flight", "sessions", "ssd_used_bytes")}
+                                         "loads_in_flight", "sessions", "ssd_used_bytes",
+                                         "sessions_reclaimed_ssd", "stores_rejected")}
         idle = not (books["pinned_sessions"] or books["stores_in_flight"]
                     or books["loads_in_flight"])
         if idle or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     sessions, used = books["sessions"] or 0, books["ssd_used_bytes"] or 0
-    whole = sessions == stored and (stored == 0 or (used > 0 and used % stored == 0))
+    gone = books["sessions_reclaimed_ssd"] or 0
+    whole = (sessions == stored if not gone else sessions + gone >= stored) and \
+        not books["stores_rejected"] and \
+        (sessions == 0 or (used > 0 and used % sessions == 0))
     return books, idle and whole
 
 

@@ -54,7 +54,11 @@ class StoreConfig:
     """SSD budget, a hard limit enforced at allocation (headers and segments)."""
     session_file_bytes: int = 64 * GIB
     """The virtual span reserved for each session file in the node's SSD address space
-    (files grow inside it; a session that outgrows it continues in a fresh span)."""
+    (files grow inside it; a session that outgrows it continues in a fresh span). The
+    space (2**48 bytes) maps 2**48 / this many files at once, 4,096 at the default:
+    past ``reclaim.ssd_high`` of them a new file reclaims the least recently used
+    sessions down to ``reclaim.ssd_low``, as bytes do. Many short sessions on a large
+    drive want a smaller span."""
     io_mode: str = "auto"
     """``direct`` requires O_DIRECT and fails with a clear error where the filesystem
     refuses it; ``buffered`` uses the page cache and says so in the log; ``auto`` tries
@@ -157,9 +161,10 @@ class StoreConfig:
                self.memory_capacity_bytes, "must be >= 0")
         check(self.ssd_capacity_bytes >= 0, "store.ssd_capacity_bytes",
                self.ssd_capacity_bytes, "must be >= 0")
-        check(self.session_file_bytes >= 4 * KIB and self.session_file_bytes % (4 * KIB) == 0,
-               "store.session_file_bytes", self.session_file_bytes,
-               "must be a positive multiple of 4096")
+        check(4 * KIB <= self.session_file_bytes <= 1 << 47 and
+              self.session_file_bytes % (4 * KIB) == 0,
+              "store.session_file_bytes", self.session_file_bytes,
+              "must be a multiple of 4096 in [4096, 2**47] (the SSD space is 2**48 bytes)")
         check(self.io_mode in ("auto", "direct", "buffered"), "store.io_mode", self.io_mode,
                "must be one of auto, direct, buffered")
         check(self.read_threads >= 1, "store.read_threads", self.read_threads, "must be >= 1")

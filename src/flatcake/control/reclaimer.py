@@ -4,9 +4,10 @@ A segment's blocks follow the blocks that were indexed when it was prepared, all
 segments with smaller ids. A lookup reaches a block only through every key before it,
 so a segment whose prefix is gone is never hit (and never serves wrong KV: a key names
 its whole prefix); it becomes reachable again when a later store writes that prefix.
-SSD above its high watermark: whole sessions go (the cut at the first segment, files
-deleted). Memory above its high watermark: first memory copies, then sessions lose
-their memory-homed segments, and nothing else: their SSD segments stay published and
+SSD above its high watermark, in bytes or in the session files its address space maps
+(``reclaim_spans``): whole sessions go (the cut at the first segment, files deleted).
+Memory above its high watermark: first memory copies, then sessions lose their
+memory-homed segments, and nothing else: their SSD segments stay published and
 counted, files untouched, so the SSD turns of a session's other branches (or of a
 conversation the session shares only a first block with) are still served. Either way
 sessions go oldest last access first, never a pinned one, until use is at or under the
@@ -129,6 +130,23 @@ class Reclaimer:
         starts in its SSD files) down to the low watermark."""
         for rec in self._victims(Medium.SSD, used_bytes):
             self._actions.append(self._drop(rec, Medium.SSD))
+
+    def reclaim_spans(self) -> None:
+        """A new session file would take the SSD space's spans past the high watermark
+        (it maps ``num_spans`` files at most, however few bytes they hold, so many
+        short sessions run out of spans before bytes): drop whole sessions, oldest last
+        access first, until the spans in use are at or under the low watermark."""
+        rc, ssd = self._config.reclaim, self._ssd
+        usage = [SessionUsage(r.session_id, r.last_access, r.num_pins > 0,
+                              len(ssd.files_of(r.session_id)))
+                 for r in self._sessions.values()]
+        in_use = ssd.num_spans - ssd.free_spans + 1
+        victims = choose_victims(usage, in_use, ssd.num_spans, rc.ssd_high, rc.ssd_low)
+        self._reclaimed[Medium.SSD] += len(victims)
+        if victims:
+            logger.debug("reclaiming %d sessions for SSD file spans", len(victims))
+        for sid in victims:
+            self._actions.append(self._drop(self._sessions[sid], Medium.SSD))
 
     def reclaim_memory(self, used_bytes: int, need_bytes: int) -> None:
         """Memory use would be ``used_bytes`` (a write of ``need_bytes`` included): drop

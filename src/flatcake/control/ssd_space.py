@@ -151,6 +151,20 @@ class SsdSpace:
         extra = self.file_header_bytes if new_file else 0
         return self._used + align_up(size_bytes) + extra <= self.capacity_bytes
 
+    @property
+    def free_spans(self) -> int:
+        """Spans a new session file may still take (freed ones plus never used)."""
+        return len(self._free_spans) + self.num_spans - self._next_span
+
+    def opens_file(self, session_id: str, size_bytes: int) -> bool:
+        """Whether ``try_allocate(session_id, size_bytes)`` would open a new file (and
+        so take a span)."""
+        ids = self._by_session.get(session_id)
+        if not ids:
+            return True
+        f = self._files[ids[-1]]
+        return f.sealed or f.end_bytes + align_up(size_bytes) > f.span_bytes
+
     def resolve(self, offset: int) -> tuple[int, int]:
         """``(file_id, file_offset)`` of a virtual SSD offset (bisect over live bases)."""
         i = bisect.bisect_right(self._bases, offset) - 1
@@ -186,9 +200,10 @@ class SsdSpace:
 
     def try_allocate(self, session_id: str, size_bytes: int) -> SsdExtent | None:
         """Append ``size_bytes`` to the session's current file, or open a new file when
-        it does not fit there. ``None`` when the SSD budget cannot take it; raises
-        ``CapacityError`` when one segment is larger than a whole span (a config error)
-        or the virtual space has no free span."""
+        it does not fit there. ``None`` when the SSD budget cannot take it or a new file
+        finds no free span (``free_spans``: the caller reclaims sessions first); raises
+        ``CapacityError`` when one segment is larger than a whole span (a config
+        error)."""
         if not isinstance(size_bytes, int) or size_bytes <= 0:
             raise ValueError(f"SsdSpace.try_allocate size_bytes must be an int > 0, got "
                              f"{size_bytes!r}")
@@ -206,7 +221,8 @@ class SsdSpace:
                 return None
             f, new_file = current, False
         else:
-            if self._used + size + self.file_header_bytes > self.capacity_bytes:
+            if self._used + size + self.file_header_bytes > self.capacity_bytes or \
+                    not self.free_spans:
                 return None
             f = self._map_file(session_id, self._next_file_id, self._take_span())
             new_file = True

@@ -315,9 +315,18 @@ class Stores:
                     int(projected - rc.ssd_low * ssd.capacity_bytes))
             if projected > rc.ssd_high * ssd.capacity_bytes:
                 self._reclaimer.reclaim_ssd(projected)
+        new_file = ssd.opens_file(rec.session_id, size)
+        if new_file and ssd.num_spans - ssd.free_spans + 1 > rc.ssd_high * ssd.num_spans:
+            self._reclaimer.reclaim_spans()
         ext = ssd.try_allocate(rec.session_id, size)
         if ext is None:
             self._rejected += 1
+            if new_file and not ssd.free_spans:
+                raise CapacityError(
+                    f"cannot store {n} blocks of session {rec.session_id!r}: every one "
+                    f"of the SSD space's {ssd.num_spans} session file spans (2**48 / "
+                    f"store.session_file_bytes={ssd.span_bytes}) belongs to a session "
+                    f"pinned by a restore or write in flight")
             raise CapacityError(
                 f"cannot store {n} blocks ({size} bytes) of session {rec.session_id!r}: "
                 f"SSD used {ssd.used_bytes} of store.ssd_capacity_bytes="

@@ -213,5 +213,8 @@ _STATUS = (("memory_used_bytes", "memory_used_bytes"), ("ssd_used_bytes", "ssd_u
            ("stores_in_flight", "stores_in_flight"), ("loads_in_flight", "loads_in_flight"),
            ("ssd_written_bytes", "ssd_written_bytes"), ("ssd_read_bytes", "ssd_read_bytes"),
            ("ssd_dropped_unread_bytes", "ssd_dropped_unread_bytes"),
-           ("ssd_unread_bytes", "ssd_unread_bytes"))
+           ("ssd_unread_bytes", "ssd_unread_bytes"),
+           ("sessions_reclaimed_ssd", "sessions_reclaimed_ssd"),
+           ("sessions_reclaimed_memory", "sessions_reclaimed_memory"),
+           ("stores_rejected", "stores_rejected"))
 
