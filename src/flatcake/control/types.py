@@ -204,17 +204,13 @@ class ControlStats:
 
     def status(self) -> dict[str, int]:
         """The figures ``flatcake serve --status`` shows of the books, by its names."""
-        return {name: getattr(self, field) for name, field in _STATUS}
+        return {_STATUS_NAMES.get(f, f): getattr(self, f) for f in _STATUS}
 
 
-# (``ControlStats.status`` name, field), in the order shown.
-_STATUS = (("memory_used_bytes", "memory_used_bytes"), ("ssd_used_bytes", "ssd_used_bytes"),
-           ("sessions", "num_sessions"), ("pinned_sessions", "num_pinned_sessions"),
-           ("stores_in_flight", "stores_in_flight"), ("loads_in_flight", "loads_in_flight"),
-           ("ssd_written_bytes", "ssd_written_bytes"), ("ssd_read_bytes", "ssd_read_bytes"),
-           ("ssd_dropped_unread_bytes", "ssd_dropped_unread_bytes"),
-           ("ssd_unread_bytes", "ssd_unread_bytes"),
-           ("sessions_reclaimed_ssd", "sessions_reclaimed_ssd"),
-           ("sessions_reclaimed_memory", "sessions_reclaimed_memory"),
-           ("stores_rejected", "stores_rejected"))
+# The fields ``ControlStats.status`` shows, in order, and the two it renames.
+_STATUS = ("memory_used_bytes", "ssd_used_bytes", "num_sessions", "num_pinned_sessions",
+           "stores_in_flight", "loads_in_flight", "ssd_written_bytes", "ssd_read_bytes",
+           "ssd_dropped_unread_bytes", "ssd_unread_bytes", "sessions_reclaimed_ssd",
+           "sessions_reclaimed_memory", "stores_rejected")
+_STATUS_NAMES = {"num_sessions": "sessions", "num_pinned_sessions": "pinned_sessions"}
 
