@@ -65,3 +65,19 @@ def test_bad_load_options_are_refused(tmp_path: Path,
     assert "--rates must be numbers" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--clients must be an int >= 1"):
         LoadOptions(str(tmp_path), clients=0)
+
+
+def test_the_books_count_reclaimed_sessions_and_refused_stores() -> None:
+    from flatcake.bench.node_load import books_whole
+
+    def books(sessions: int, used: int, gone: int = 0, rejected: int = 0) -> dict[str, int]:
+        return {"sessions": sessions, "ssd_used_bytes": used,
+                "sessions_reclaimed_ssd": gone, "stores_rejected": rejected}
+
+    assert books_whole(books(4, 4 * 8192), 4)
+    assert not books_whole(books(3, 3 * 8192), 4)  # a session lost, none reclaimed
+    assert not books_whole(books(3, 3 * 8192 + 4096), 3)  # a session not whole
+    # Past the SSD space's spans the oldest sessions are reclaimed: stored once each.
+    assert books_whole(books(3686, 3686 * 8192, gone=410), 4096)
+    assert not books_whole(books(3000, 3000 * 8192, gone=410), 4096)
+    assert not books_whole(books(4, 4 * 8192, rejected=1), 4)

@@ -163,12 +163,16 @@ def _books(sock: Path, stored: int) -> tuple[dict[str, Any], bool]:
         if idle or time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    return books, idle and books_whole(books, stored)
+
+
+def books_whole(books: dict[str, Any], stored: int) -> bool:
+    """``_books``'s test of the figures, once nothing is in flight."""
     sessions, used = books["sessions"] or 0, books["ssd_used_bytes"] or 0
     gone = books["sessions_reclaimed_ssd"] or 0
-    whole = (sessions == stored if not gone else sessions + gone >= stored) and \
+    return (sessions == stored if not gone else sessions + gone >= stored) and \
         not books["stores_rejected"] and \
         (sessions == 0 or (used > 0 and used % sessions == 0))
-    return books, idle and whole
 
 
 def run_node_load(options: LoadOptions) -> tuple[list[RateResult], float]:
