@@ -37,10 +37,16 @@ from flatcake.control.placement import (
     explain,
 )
 from flatcake.control.plane import ControlPlane
-from flatcake.control.queues import PRIORITY_UNIT_BYTES, ReadyQueue, RestoreRequest, priority
 from flatcake.control.reclaim import SessionUsage, choose_victims
 from flatcake.control.recovery import FileFate, FileVerdict, Recovery, ScannedFile
-from flatcake.control.scheduler import MasScheduler, SchedulerStats
+from flatcake.control.scheduler import (
+    PRIORITY_UNIT_BYTES,
+    MasScheduler,
+    ReadyQueue,
+    RestoreRequest,
+    SchedulerStats,
+    priority,
+)
 from flatcake.control.sessions import SessionRecord
 from flatcake.control.signals import HitOwner, PrefixRefcount, SessionTracker, TurnInfo, hit_owner
 from flatcake.control.ssd_space import SessionFile, SsdExtent, SsdSpace

@@ -56,8 +56,7 @@ from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit, trim_hit
-from flatcake.control.queues import RestoreRequest
-from flatcake.control.scheduler import MasScheduler
+from flatcake.control.scheduler import MasScheduler, RestoreRequest
 from flatcake.control.signals import (
     PrefixRefcount,
     SessionTracker,

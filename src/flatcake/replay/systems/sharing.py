@@ -37,7 +37,7 @@ import numpy as np
 
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun, PrefixHit, trim_hit
-from flatcake.control.queues import RestoreRequest
+from flatcake.control.scheduler import RestoreRequest
 from flatcake.control.windows import delivered_bytes, restore_view
 from flatcake.plan.bulk import stream_totals
 from flatcake.readplan import ReadPlan
