@@ -16,8 +16,7 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 
 from flatcake.clock import Clock
 from flatcake.config import FlatCakeConfig
-from flatcake.control.copies import MemoryCopies
-from flatcake.control.early import EarlyCopies
+from flatcake.control.copies import EarlyCopies, MemoryCopies
 from flatcake.control.index import BlockIndex, PrefixHit, Segment
 from flatcake.control.sessions import SessionTable
 from flatcake.control.spare import Spare

@@ -6,7 +6,7 @@ publish them once durable or give the allocation back (no I/O)::
                                        an address, maybe a memory copy; session pinned;
                                        from a not-yet turn the prompt continues, when
                                        SSD-bound (``control.notyet``)
-    complete_copy(plan) ─────────────► the copy serves lookups early (``control.early``)
+    complete_copy(plan) ─────────────► the copy serves lookups early (``EarlyCopies``)
     complete(plan, ok) ──────────────► published (ok) or freed; session unpinned;
                                        not-yet homes it covers freed
     write_back(home, first) ─────────► memory reclaim's SSD store of a not-yet home
@@ -30,7 +30,7 @@ from flatcake.clock import Clock
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.alloc import HostArena
-from flatcake.control.early import EarlyCopies
+from flatcake.control.copies import EarlyCopies
 from flatcake.control.index import BlockIndex, HitRun, Segment, head_runs
 from flatcake.control.keys import check_keys
 from flatcake.control.notyet import NotYet
