@@ -116,4 +116,4 @@ class Loads:
             rec.num_pins -= 1
             rec.last_access = now
         self._spare.end_reads(plan.hit)
-        self._wear.read(plan.hit, plan.ssd_bytes)
+        self._wear.read(plan.hit, plan.read_plan.bytes_read)
