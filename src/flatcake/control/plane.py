@@ -168,8 +168,8 @@ class ControlPlane(Books):
                                        ids, spare, early, reclaimer, pending, releases,
                                        lambda keys: self.lookup(keys).num_blocks, wear,
                                        not_yet)
-        self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
-                            early, self.lookup, loads, wear)
+        self._loads = Loads(cfg, geometry, clk, planner, index, copies, sessions, spare, early,
+                            self.lookup, loads, wear)
         self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)
         # The lookup path runs on every request: its steps bound once.
         self._index_lookup = index.lookup

@@ -228,7 +228,6 @@ class FlatCakeSystem(System):
         if plan is None or g != st.gpu_prefix:
             # The GPU prefix changed while the request waited: plan what is missing now.
             plan = stream_totals(restore_view(runs), (self.geometry or node.geometry).num_layers,
-                                 None,
                                  self.config.planner, segment_cache=self.segment_cache)
         # Useful: the SSD bytes the request needs, its history blocks and the windows
         # its next step attends to (the plan also reads the rest of their segments, for
