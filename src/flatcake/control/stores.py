@@ -65,7 +65,7 @@ class Stores:
     it); the placements made per rule and the stores rejected. Writes the parts it is
     given: allocations in the arena and the SSD space, the index (publish), session
     records (pins, bytes, segment ids) and the table (new sessions), segment ids; memory
-    copies through ``spare`` and ``early``; reclaim through ``reclaimer``.
+    copies through ``spare`` and ``EarlyCopies``; reclaim through ``reclaimer``.
     """
 
     def __init__(self, config: FlatCakeConfig, geometry: KVGeometry, clock: Clock,
