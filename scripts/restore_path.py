@@ -7,9 +7,19 @@ Usage: ``python scripts/restore_path.py [--markdown]`` (from the repository root
 the project's virtualenv; ``--markdown``: the paragraph and file list the architecture
 page shows, written into it at docs build time by ``scripts/docs_hooks.py``). It drives
 the connector's two halves without an engine (the tests' sides harness): a first turn of
-12 blocks is stored on SSD, then a second turn extends it and restores those 12 blocks
-through FC-MAS and the staging window. Every thread is traced (``sys.settrace`` and
-``threading.settrace``) while the second turn's restore runs.
+12 blocks is stored on SSD, then a second turn (its prompt: those 12 blocks and 2 new
+ones) restores them through FC-MAS and the staging window. Every thread is traced
+(``sys.settrace`` and ``threading.settrace``) from that turn's lookup until the
+scheduler half releases it to the engine.
+
+What the window holds is a restore and nothing else: the second turn's lookup (which
+asks whether a store in flight writes its next block, as every extending turn's does),
+its load, the steps that carry it and the reports that finish it. Its prompt is not
+computed and it does not finish in the window, so nothing is placed, allocated or
+written (checked: the control plane prepares no store meanwhile). The steps' own
+per-step calls run too (``build_step`` asks for new stores and window releases even
+when it carries only a restore), and so do the reader threads' start (their CPU pin)
+and the staging buffers' allocation, both once per process, on its first restore.
 Reported: files (distinct source files with a call), packages, and package hops
 (distinct caller -> callee file pairs whose packages differ). Module-level code and
 comprehensions count for their file; nothing outside ``src/flatcake`` is counted.
@@ -64,38 +74,55 @@ class _Trace:
         return None
 
 
-def main() -> int:
-    markdown = sys.argv[1:] == ["--markdown"]
-    if sys.argv[1:] and not markdown:
-        print(f"usage: {sys.argv[0]} [--markdown]", file=sys.stderr)
-        return 2
+def count() -> tuple[list[str], set[tuple[str, str]]]:
+    """The restore's files (relative to ``src/flatcake``, sorted) and package hops."""
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp))
         first = list(range(100, 148))  # 12 blocks of 4 tokens
         finish(h, "a", first, list(range(12)), out=3, session="s")
         h.step()  # the first turn is written (first turn of a session: SSD)
         v = view("b", tokens(first, 8, 300), session="s")
+        stores_before = _stores_prepared(h)
         trace = _Trace()
         threading.settrace(trace)
         sys.settrace(trace)
         try:
             n, is_async = h.sched.num_matched_tokens(v, 0)
-            assert n == 12 * 4 and is_async, (n, is_async)
             h.sched.after_alloc("b", list(range(20, 40)), n)
             while "b" not in h.released:
                 h.step()
         finally:
             sys.settrace(None)
             threading.settrace(None)  # type: ignore[arg-type]
+        stores_after = _stores_prepared(h)
         h.close()
-    files = sorted(str(Path(f).resolve().relative_to(SRC)) for f in trace.files)
+    if (n, is_async) != (12 * 4, True):
+        raise RuntimeError(f"expected an async restore of 48 tokens, got {n}, {is_async}")
+    if stores_after != stores_before:
+        raise RuntimeError(f"the traced window prepared stores: {stores_before} -> "
+                           f"{stores_after}; it must count a restore only")
+    return sorted(str(Path(f).resolve().relative_to(SRC)) for f in trace.files), trace.hops
+
+
+def _stores_prepared(h: Harness) -> tuple[int, int]:
+    """(stores placed so far, stores in flight): unchanged while nothing is stored."""
+    stats = h.sched.control.stats()
+    return sum(stats.placements_by_rule.values()), stats.stores_in_flight
+
+
+def main() -> int:
+    markdown = sys.argv[1:] == ["--markdown"]
+    if sys.argv[1:] and not markdown:
+        print(f"usage: {sys.argv[0]} [--markdown]", file=sys.stderr)
+        return 2
+    files, hops = count()
     packages = sorted({_package(str(SRC / f)) for f in files})
     if markdown:
         print(f"Counted when this page was built (`python scripts/restore_path.py`: the "
               f"connector's two halves without an engine, one 12-block SSD restore, every "
               f"thread traced), the path touches **{len(files)} source files** in "
               f"{len(packages)} packages ({', '.join(packages)}) and crosses "
-              f"**{len(trace.hops)} distinct caller -> callee file pairs** between "
+              f"**{len(hops)} distinct caller -> callee file pairs** between "
               f"packages.\n\n!!! note \"The {len(files)} files\"\n")
         for f in files:
             print(f"    - `{f}`")
@@ -105,7 +132,7 @@ def main() -> int:
         print(f"  {f}")
     print(f"packages: {len(packages)} ({', '.join(packages)})")
     print(f"package hops (distinct caller -> callee files across packages): "
-          f"{len(trace.hops)}")
+          f"{len(hops)}")
     return 0
 
 

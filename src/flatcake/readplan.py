@@ -108,8 +108,9 @@ class ReadPlan:
 
 
 ReadPlanner = Callable[..., ReadPlan]
-"""What plans a restore's reads: called as ``planner(runs, num_layers, resolve, cfg)`` by
-the books' ``prepare_load`` with the hit's runs, the layer count, ``SsdSpace.resolve``
-and ``config.planner``. The plans give them: ``plan.reads.plan_reads``,
-``plan.stream.StreamPlanner`` (one per restore: it also records the checksums to
-verify), the replay's totals-only ``plan.bulk.plan_totals``."""
+"""What plans a restore's reads: called as ``planner(runs, num_layers, cfg)`` by the
+books' ``prepare_load`` with the hit's runs, the layer count and ``config.planner`` (an
+SSD run's file and offset are its segment's own ``file_id`` and ``file_offset``). The
+plans give them: ``plan.reads.plan_reads``, ``plan.stream.StreamPlanner`` (one per
+restore: it also records the checksums to verify), the replay's totals-only
+``plan.bulk.plan_totals``."""

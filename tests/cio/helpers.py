@@ -85,7 +85,7 @@ def restore_job(h: History, dst: list[torch.Tensor], cfg: PlannerConfig | None =
         runs.append(HitRun(seg, 0, seg.num_blocks, start))
         checks.append(StreamCheck(start, seg.num_blocks, crcs, start, seg.segment_id))
         start += seg.num_blocks
-    plan = plan_reads(runs, len(h.src), None, cfg)
+    plan = plan_reads(runs, len(h.src), cfg)
     slots = slots if slots is not None else list(range(h.num_blocks))
     return RestoreJob(plan, PagedKV(dst, h.bbpl), torch.tensor(slots), list(range(start)),
                       tuple(checks), {0: OpenFile(h.path, h.fd)}, None, start)

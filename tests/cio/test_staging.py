@@ -248,7 +248,7 @@ def test_checksums_run_on_the_reader_threads(history: History,
                                              monkeypatch: pytest.MonkeyPatch,
                                              max_read_bytes: int | None, flip: bool,
                                              fail_once: bool) -> None:
-    import flatcake.cio.readcrc as readcrc
+    import flatcake.cio.crc as crc
     import flatcake.cio.staging as staging
 
     calls: list[tuple[str, int]] = []  # (thread name, bytes) of every data crc
@@ -259,7 +259,7 @@ def test_checksums_run_on_the_reader_threads(history: History,
         return real(data, value)
 
     monkeypatch.setattr(staging, "crc32", recording_crc32)  # checks left to this thread
-    monkeypatch.setattr(readcrc, "crc32", recording_crc32)  # checks on the reader threads
+    monkeypatch.setattr(crc, "crc32", recording_crc32)  # checks on the reader threads
     if flip:
         seg = history.segments[2]  # request blocks [6, 15)
         at = seg.file_offset + seg.layout.block_offset(1, 4)  # type: ignore[operator]

@@ -66,7 +66,7 @@ def test_a_branch_keeps_the_window_before_it_and_serves_hits_ending_there() -> N
     assert load.hit.num_blocks == 11
     assert load.read_plan.useful_bytes == (11 + 2 * 2) * BLOCK
     view = restore_view(load.hit.runs)
-    assert plan_totals(view, 3, None).useful_bytes == load.read_plan.useful_bytes
+    assert plan_totals(view, 3).useful_bytes == load.read_plan.useful_bytes
     cp.complete_load("r")
     cp.check_integrity()
 
@@ -128,7 +128,7 @@ def test_a_stride_keeps_windows_at_its_multiples_of_request_blocks() -> None:
     assert load.hit.num_blocks == 8
     assert load.read_plan.useful_bytes == (8 + 2 * 2) * BLOCK
     view = restore_view(load.hit.runs)
-    assert plan_totals(view, 3, None).useful_bytes == load.read_plan.useful_bytes
+    assert plan_totals(view, 3).useful_bytes == load.read_plan.useful_bytes
     cp.complete_load("r")
     # Stride points whose window the engine no longer holds are left out.
     cp2 = plane("turn-ends", stride=64)

@@ -14,17 +14,17 @@ def test_written_read_back_and_dropped_unread_are_exact() -> None:
     wa, wb = a.segment.total_bytes, b.segment.total_bytes
     assert cp.ssd_wear() == WearCounts(wa + wb, 0, 0, wa + wb)
     lp = cp.prepare_load("r", skeys("a", 3))
-    assert lp.ssd_bytes > 0
+    assert lp.read_plan.bytes_read > 0
     assert cp.ssd_wear().read_bytes == 0  # counted once the restore ends
     cp.complete_load("r")
-    assert cp.ssd_wear() == WearCounts(wa + wb, lp.ssd_bytes, 0, wb)
+    assert cp.ssd_wear() == WearCounts(wa + wb, lp.read_plan.bytes_read, 0, wb)
     cp.drop_session("b")  # never read: wear for nothing
-    assert cp.ssd_wear() == WearCounts(wa + wb, lp.ssd_bytes, wb, 0)
+    assert cp.ssd_wear() == WearCounts(wa + wb, lp.read_plan.bytes_read, wb, 0)
     cp.drop_session("a")  # read back once: not counted as unread
-    assert cp.ssd_wear() == WearCounts(wa + wb, lp.ssd_bytes, wb, 0)
+    assert cp.ssd_wear() == WearCounts(wa + wb, lp.read_plan.bytes_read, wb, 0)
     st = cp.stats()
     assert (st.ssd_written_bytes, st.ssd_read_bytes, st.ssd_dropped_unread_bytes,
-            st.ssd_unread_bytes) == (wa + wb, lp.ssd_bytes, wb, 0)
+            st.ssd_unread_bytes) == (wa + wb, lp.read_plan.bytes_read, wb, 0)
 
 
 def test_a_restore_served_by_the_memory_copy_reads_no_ssd() -> None:

@@ -88,8 +88,8 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], int, PlannerConfig]:
 @given(hits())
 def test_totals_equal_plan_reads(case: tuple[list[HitRun], int, PlannerConfig]) -> None:
     runs, num_layers, cfg = case
-    want = plan_reads(runs, num_layers, None, cfg)
-    got = plan_totals(runs, num_layers, None, cfg)
+    want = plan_reads(runs, num_layers, cfg)
+    got = plan_totals(runs, num_layers, cfg)
     assert got.layers == ()
     _assert_same_totals(got, want)
 
@@ -99,8 +99,8 @@ def test_totals_equal_plan_reads(case: tuple[list[HitRun], int, PlannerConfig]) 
 def test_stream_totals_equal_the_stream_planner(
         case: tuple[list[HitRun], int, PlannerConfig]) -> None:
     runs, num_layers, cfg = case
-    want = StreamPlanner({})(runs, num_layers, None, cfg)
-    got = stream_totals(runs, num_layers, None, cfg, segment_cache={})
+    want = StreamPlanner({})(runs, num_layers, cfg)
+    got = stream_totals(runs, num_layers, cfg, segment_cache={})
     _assert_same_totals(got, want)
     # The same commands as the plan the store executes, op by op.
     assert want.num_commands == sum(len(lp.ssd_ops) for lp in want.layers)

@@ -44,7 +44,7 @@ def hits(draw: st.DrawFn) -> tuple[list[HitRun], tuple[int, ...]]:
 @given(hits())
 def test_inline_range_is_held(case: tuple[list[HitRun], tuple[int, ...]]) -> None:
     runs, sizes = case
-    ssd, _, _ = _spans(runs, None)
+    ssd, _, _ = _spans(runs)
     assert all(s.windowed is None for s in ssd)
     for index, (before, size) in enumerate(zip(
             itertools.accumulate(sizes, initial=0), sizes, strict=False)):

@@ -173,18 +173,16 @@ class TestScenarios:
         for layer in range(2):
             assert w.execute(plan, layer, 9) == w.expected(runs, layer)
 
-    def test_resolve_maps_virtual_offsets(self) -> None:
+    def test_ssd_runs_read_their_segments_file(self) -> None:
+        # The file and offset come from the segment itself, wherever its virtual
+        # address lies: a restore asks the SSD space nothing.
         w = World(num_layers=1, bbpl=K)
         seg = w.add_ssd(5, 2, base=1 << 40)
-        seen: list[int] = []
-
-        def resolve(off: int) -> tuple[int, int]:
-            seen.append(off)
-            return 5, off - (1 << 40)
-
-        plan = plan_reads(as_runs([(seg, 0, 2)]), 1, resolve)
-        assert seen == [(1 << 40) + K]  # once per run, not per layer or block
-        assert plan.layers[0].ssd_ops[0].file_id == 5
+        plan = plan_reads(as_runs([(seg, 0, 2)]), 1)
+        op = plan.layers[0].ssd_ops[0]
+        start = seg.file_offset + seg.layout.data_offset  # type: ignore[operator]
+        assert op.file_id == 5 and op.file_offset <= start < op.file_offset + op.length
+        assert w.execute(plan, 0, 2) == w.expected(as_runs([(seg, 0, 2)]), 0)
 
     def test_empty_hit(self) -> None:
         plan = plan_reads([], 4)

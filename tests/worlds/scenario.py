@@ -30,8 +30,7 @@ import dataclasses
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from flatcake.control.queues import RestoreRequest
-from flatcake.control.scheduler import MasScheduler
+from flatcake.control.scheduler import MasScheduler, RestoreRequest
 from flatcake.geometry import KVGeometry
 from flatcake.replay.workload.trace import Workload, from_requests
 from tests.replay.helpers import GEOMETRY, ids

@@ -52,8 +52,7 @@ from flatcake.cio.direct import ensure_dir, resolve_io_mode, scrub_page
 from flatcake.cio.dispatch import LOCAL_NODE, ReaderDispatch, local_reader
 from flatcake.cio.files import SessionFiles
 from flatcake.cio.format import FileHeader
-from flatcake.cio.inflight import InFlight
-from flatcake.cio.loads import ExecutorLoads, LoadOutcome
+from flatcake.cio.loads import ExecutorLoads, InFlight, LoadOutcome
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import GdsReader, Reader
 from flatcake.cio.restore import OpenFile

@@ -13,9 +13,11 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,7 +27,6 @@ from flatcake.cio.dispatch import ReaderDispatch
 from flatcake.cio.files import SessionFiles
 from flatcake.cio.filescan import segment_at
 from flatcake.cio.format import FormatError
-from flatcake.cio.inflight import InFlight
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.refill import LayerRefills
 from flatcake.cio.remote_load import remote_part
@@ -60,6 +61,39 @@ def _into(result: Future[LoadOutcome], fn: Callable[..., LoadOutcome], *args: ob
         result.set_result(fn(*args))
     except BaseException as exc:
         result.set_exception(exc)
+
+
+class InFlight:
+    """Loads in flight on the executor's pools (futures submitted and not yet settled),
+    so that closing waits for them within a deadline instead of without one
+    (``Executor.close``). A load counts from its submission until its last future
+    settles: its result, its exception, or its cancellation (a pool shut down before it
+    started)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+
+    def track(self, fut: Future[Any]) -> Future[Any]:
+        """Count ``fut`` until it settles; returns it."""
+        with self._cond:
+            self._count += 1
+        fut.add_done_callback(self._settled)
+        return fut
+
+    def _settled(self, _fut: Future[Any]) -> None:
+        with self._cond:
+            self._count -= 1
+            self._cond.notify_all()
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for every tracked future; returns how many are
+        still unsettled (0: all settled)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._cond.wait_for(lambda: self._count == 0,
+                                max(deadline - time.monotonic(), 0.0))
+            return self._count
 
 
 class ExecutorLoads:

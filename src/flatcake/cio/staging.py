@@ -61,9 +61,8 @@ from functools import partial
 
 import torch
 
-from flatcake.cio.crc import crc32, crc32_combine, crc32_shift_operator
+from flatcake.cio.crc import OpGate, crc32, crc32_combine, crc32_shift_operator, crc_pieces
 from flatcake.cio.direct import aligned_buffer, writable_view
-from flatcake.cio.readcrc import OpGate, crc_pieces
 from flatcake.cio.readers import Reader, ReadQueue, ReadRequest
 from flatcake.cio.restore import LayerReady, LoadAbandoned, RestoreJob, RestoreOutcome
 from flatcake.cio.zerocopy import SlotViews, op_commands, zero_copy_refusal

@@ -66,7 +66,7 @@ from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit
-from flatcake.control.queues import RestoreRequest
+from flatcake.control.scheduler import RestoreRequest
 from flatcake.control.signals import (
     PrefixRefcount,
     SessionTracker,

@@ -5,7 +5,7 @@ arena in ``alloc``, SSD space in ``ssd_space``), reclaim, memory copies, session
 placement signals (``signals``), FC-MAS restore scheduling, and the ``ControlPlane``
 facade with its paired lifecycle verbs (``plane``), composed of objects that own their
 state: the query methods in ``books``, the store and load verbs in ``stores`` and
-``loads``, memory copies in ``spare`` and ``early``, reclaim and cuts in ``reclaimer``,
+``loads``, memory copies in ``spare`` and ``copies``, reclaim and cuts in ``reclaimer``,
 damage in ``damage``, restart in ``restart`` (its value types in ``recovery``), the
 cross-check in ``integrity``, the plans and actions it returns in ``types``. Every host
 (the store, the vLLM connector, the replay) keeps its books with these classes.
@@ -37,10 +37,16 @@ from flatcake.control.placement import (
     explain,
 )
 from flatcake.control.plane import ControlPlane
-from flatcake.control.queues import PRIORITY_UNIT_BYTES, ReadyQueue, RestoreRequest, priority
 from flatcake.control.reclaim import SessionUsage, choose_victims
 from flatcake.control.recovery import FileFate, FileVerdict, Recovery, ScannedFile
-from flatcake.control.scheduler import MasScheduler, SchedulerStats
+from flatcake.control.scheduler import (
+    PRIORITY_UNIT_BYTES,
+    MasScheduler,
+    ReadyQueue,
+    RestoreRequest,
+    SchedulerStats,
+    priority,
+)
 from flatcake.control.sessions import SessionRecord
 from flatcake.control.signals import HitOwner, PrefixRefcount, SessionTracker, TurnInfo, hit_owner
 from flatcake.control.ssd_space import SessionFile, SsdExtent, SsdSpace

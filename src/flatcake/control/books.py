@@ -23,10 +23,9 @@ from flatcake.control.damage import Damage
 from flatcake.control.index import BlockIndex, BlockLocation, Segment
 from flatcake.control.loads import Loads
 from flatcake.control.placement import PlacementRule
-from flatcake.control.queues import RestoreRequest
 from flatcake.control.reclaimer import Reclaimer
 from flatcake.control.releases import Releases
-from flatcake.control.scheduler import MasScheduler, SchedulerStats
+from flatcake.control.scheduler import MasScheduler, RestoreRequest, SchedulerStats
 from flatcake.control.sessions import SessionRecord, SessionTable
 from flatcake.control.spare import Spare
 from flatcake.control.ssd_space import SsdSpace

@@ -16,12 +16,10 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 
 from flatcake.clock import Clock
 from flatcake.config import FlatCakeConfig
-from flatcake.control.copies import MemoryCopies
-from flatcake.control.early import EarlyCopies
+from flatcake.control.copies import EarlyCopies, MemoryCopies
 from flatcake.control.index import BlockIndex, PrefixHit, Segment
 from flatcake.control.sessions import SessionTable
 from flatcake.control.spare import Spare
-from flatcake.control.ssd_space import SsdSpace
 from flatcake.control.types import LoadPlan
 from flatcake.control.wear import Wear
 from flatcake.control.windows import restore_view
@@ -38,21 +36,20 @@ class Loads:
     Owns (written only here): ``loads``, the loads in flight by request id (the
     ``Reclaimer`` reads it: nothing a load reads may be cut). Writes the pins and last
     access of session records, and the reads and refills of memory copies through
-    ``spare``. Reads the index, the SSD space (to resolve addresses), the memory copies
-    and the early copies.
+    ``spare``. Reads the index, the memory copies and the early copies (an SSD run's
+    file and offset are its segment's own: a restore asks the SSD space nothing).
     """
 
     def __init__(self, config: FlatCakeConfig, geometry: KVGeometry, clock: Clock,
-                 planner: ReadPlanner | None, index: BlockIndex, ssd: SsdSpace,
-                 copies: MemoryCopies, sessions: SessionTable, spare: Spare,
-                 early: EarlyCopies, lookup: Callable[[Sequence[bytes]], PrefixHit],
+                 planner: ReadPlanner | None, index: BlockIndex, copies: MemoryCopies,
+                 sessions: SessionTable, spare: Spare, early: EarlyCopies,
+                 lookup: Callable[[Sequence[bytes]], PrefixHit],
                  loads: dict[Hashable, LoadPlan], wear: Wear | None = None) -> None:
         self._config = config
         self._geometry = geometry
         self._clock = clock
         self._planner = planner
         self._index = index
-        self._ssd = ssd
         self._copies = copies
         self._sessions = sessions
         self._spare = spare
@@ -94,7 +91,7 @@ class Loads:
             hit = self._lookup(keys_or_hit)
         # The window rows a hit runs past are held for hits ending there, not read.
         read_plan = planner(restore_view(hit.runs), self._geometry.num_layers,
-                            self._ssd.resolve, self._config.planner)
+                            self._config.planner)
         sessions = hit.session_ids
         for sid in sessions:
             self._sessions[sid].num_pins += 1
@@ -117,4 +114,4 @@ class Loads:
             rec.num_pins -= 1
             rec.last_access = now
         self._spare.end_reads(plan.hit)
-        self._wear.read(plan.hit, plan.ssd_bytes)
+        self._wear.read(plan.hit, plan.read_plan.bytes_read)

@@ -37,7 +37,7 @@ of the shared parts it writes, and who calls it)::
       ├─ Stores        (stores)     prepare/complete_store, complete_copy; keys in flight
       ├─ Loads         (loads)      prepare/complete_load; the loads in flight
       ├─ Spare         (spare)      memory copies: watermark, refills, copy reads, drops
-      ├─ EarlyCopies   (early)      copies written ahead of their segments
+      ├─ EarlyCopies   (copies)     copies written ahead of their segments
       ├─ Reclaimer     (reclaimer)  reclaim, drop_session, truncate_session
       ├─ Releases      (releases)   window rows superseded by a newer turn
       ├─ Damage        (damage)     damaged segments, pending cuts, bad file headers
@@ -73,9 +73,8 @@ from flatcake.clock import Clock, WallClock
 from flatcake.config import FlatCakeConfig
 from flatcake.control.alloc import HostArena
 from flatcake.control.books import Books
-from flatcake.control.copies import MemoryCopies
+from flatcake.control.copies import EarlyCopies, MemoryCopies
 from flatcake.control.damage import Damage
-from flatcake.control.early import EarlyCopies
 from flatcake.control.index import BlockIndex, PrefixHit, Segment
 from flatcake.control.integrity import check_books
 from flatcake.control.loads import Loads
@@ -169,8 +168,8 @@ class ControlPlane(Books):
                                        ids, spare, early, reclaimer, pending, releases,
                                        lambda keys: self.lookup(keys).num_blocks, wear,
                                        not_yet)
-        self._loads = Loads(cfg, geometry, clk, planner, index, ssd, copies, sessions, spare,
-                            early, self.lookup, loads, wear)
+        self._loads = Loads(cfg, geometry, clk, planner, index, copies, sessions, spare, early,
+                            self.lookup, loads, wear)
         self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)
         # The lookup path runs on every request: its steps bound once.
         self._index_lookup = index.lookup

@@ -13,8 +13,8 @@ makes, publishes, reads and drops them:
 * ``drop_copies``: least recently used first, or the cheapest run of copies that opens
   an extent (the reclaimer's first step, and room for a copy that needs one extent).
 
-Copies written ahead of their segment are ``control.early``'s. Single-threaded like every
-verb.
+Copies written ahead of their segment are ``control.copies.EarlyCopies``'. Single-threaded
+like every verb.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ publish them once durable or give the allocation back (no I/O)::
                                        an address, maybe a memory copy; session pinned;
                                        from a not-yet turn the prompt continues, when
                                        SSD-bound (``control.notyet``)
-    complete_copy(plan) ─────────────► the copy serves lookups early (``control.early``)
+    complete_copy(plan) ─────────────► the copy serves lookups early (``EarlyCopies``)
     complete(plan, ok) ──────────────► published (ok) or freed; session unpinned;
                                        not-yet homes it covers freed
     write_back(home, first) ─────────► memory reclaim's SSD store of a not-yet home
@@ -30,7 +30,7 @@ from flatcake.clock import Clock
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium, encode_address
 from flatcake.control.alloc import HostArena
-from flatcake.control.early import EarlyCopies
+from flatcake.control.copies import EarlyCopies
 from flatcake.control.index import BlockIndex, HitRun, Segment, head_runs
 from flatcake.control.keys import check_keys
 from flatcake.control.notyet import NotYet
@@ -65,7 +65,7 @@ class Stores:
     it); the placements made per rule and the stores rejected. Writes the parts it is
     given: allocations in the arena and the SSD space, the index (publish), session
     records (pins, bytes, segment ids) and the table (new sessions), segment ids; memory
-    copies through ``spare`` and ``early``; reclaim through ``reclaimer``.
+    copies through ``spare`` and ``EarlyCopies``; reclaim through ``reclaimer``.
     """
 
     def __init__(self, config: FlatCakeConfig, geometry: KVGeometry, clock: Clock,

@@ -88,11 +88,6 @@ class LoadPlan:
     session_ids: frozenset[str]
     refills: tuple[tuple[Segment, ArenaCopy], ...] = ()
 
-    @property
-    def ssd_bytes(self) -> int:
-        """Bytes the restore reads from SSD (gaps and alignment included)."""
-        return self.read_plan.bytes_read
-
 
 @dataclass(frozen=True, slots=True)
 class FileCut:

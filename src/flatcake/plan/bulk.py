@@ -35,7 +35,6 @@ from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
 from flatcake.layout import ALIGN, SegmentLayout, describe_layers
-from flatcake.plan.reads import Resolve
 from flatcake.readplan import ReadPlan
 
 SegmentCache = dict[int, tuple[bool, int, int, int, int, tuple[int, ...], tuple[int, ...],
@@ -45,16 +44,16 @@ layer_window_blocks, released layers, the layout when it keeps rows at hit ends 
 it (``ends``), read_end); the released layers and the
 view's read_end are checked on every use (a newer turn may release a segment's window
 rows while it lives; ``control.windows.restore_view`` makes a view per restore);
-``base`` is the file offset (SSD, after ``resolve``) or arena offset. A live
+``base`` is the file offset (SSD: the segment's own) or arena offset. A live
 segment's address never changes and segment ids are never reused, so entries stay true
 for as long as the segment lives."""
 
 
-def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None = None,
-                cfg: PlannerConfig | None = None, *,
+def plan_totals(runs: Sequence[HitRun], num_layers: int, cfg: PlannerConfig | None = None,
+                *,
                 segment_cache: SegmentCache | None = None,
                 whole_ssd_segments: bool = False) -> ReadPlan:
-    """The totals of ``plan_reads(runs, num_layers, resolve, cfg)`` as a ``ReadPlan``
+    """The totals of ``plan_reads(runs, num_layers, cfg)`` as a ``ReadPlan``
     whose ``layers`` is empty (every count and byte total is filled in).
 
     ``segment_cache`` (optional) remembers each segment's static geometry between calls.
@@ -92,10 +91,7 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
         if info is None or info[7] != lay.released or info[9] != lay.read_end:
             on_ssd = seg.medium is ssd_medium
             if on_ssd:
-                if resolve is None:
-                    fid, base = int(seg.file_id or 0), int(seg.file_offset or 0)
-                else:
-                    fid, base = resolve(seg.offset)
+                fid, base = int(seg.file_id or 0), int(seg.file_offset or 0)
             else:
                 fid, base = -1, seg.offset
             info = (on_ssd, fid, base, lay.header_bytes, lay.num_blocks,
@@ -183,13 +179,13 @@ def plan_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None
     )
 
 
-def stream_totals(runs: Sequence[HitRun], num_layers: int, resolve: Resolve | None = None,
-                  cfg: PlannerConfig | None = None, *,
+def stream_totals(runs: Sequence[HitRun], num_layers: int, cfg: PlannerConfig | None = None,
+                  *,
                   segment_cache: SegmentCache | None = None) -> ReadPlan:
     """The totals of ``StreamPlanner``'s plan for ``runs`` (each SSD segment read over
     its wanted blocks' span, or whole without block crcs): the same commands and bytes
     the data path reads."""
-    return plan_totals(runs, num_layers, resolve, cfg, segment_cache=segment_cache,
+    return plan_totals(runs, num_layers, cfg, segment_cache=segment_cache,
                        whole_ssd_segments=True)
 
 

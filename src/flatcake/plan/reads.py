@@ -33,7 +33,7 @@ The plan's value types and where their bytes go: ``flatcake.readplan``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from flatcake.config import PlannerConfig
@@ -41,9 +41,6 @@ from flatcake.control.address import Medium
 from flatcake.control.index import HitRun
 from flatcake.layout import ALIGN, SegmentLayout, describe_layers
 from flatcake.readplan import CopyOp, LayerPlan, Piece, ReadOp, ReadPlan
-
-Resolve = Callable[[int], tuple[int, int]]
-"""Maps an SSD virtual offset to ``(file_id, file_offset)`` (``SsdSpace.resolve``)."""
 
 
 class _Span(NamedTuple):
@@ -87,8 +84,7 @@ class _Layer(NamedTuple):
                 count * self.block_bytes, s.prefix_start + first - s.start)
 
 
-def _spans(runs: Sequence[HitRun], resolve: Resolve | None
-           ) -> tuple[list[_Span], list[_Span], tuple[int, ...]]:
+def _spans(runs: Sequence[HitRun]) -> tuple[list[_Span], list[_Span], tuple[int, ...]]:
     ssd: list[_Span] = []
     mem: list[_Span] = []
     sizes: tuple[int, ...] = ()
@@ -105,11 +101,8 @@ def _spans(runs: Sequence[HitRun], resolve: Resolve | None
             raise ValueError(f"run start_pos={start} count={count} is outside segment "
                              f"{seg.segment_id} of {lay.num_blocks} blocks")
         if seg.medium == Medium.SSD:
-            if resolve is None:
-                # Segment.__post_init__ guarantees both are set on SSD.
-                file_id, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
-            else:
-                file_id, file_offset = resolve(seg.offset)
+            # Segment.__post_init__ guarantees both are set on SSD.
+            file_id, file_offset = int(seg.file_id or 0), int(seg.file_offset or 0)
             ssd.append(_Span(file_id, file_offset + lay.data_offset, lay.num_blocks, start,
                              count, prefix_start, lay if lay.is_windowed else None))
         else:
@@ -235,7 +228,6 @@ def _plan_memory_layer(spans: list[_Span], layer: _Layer) -> list[CopyOp]:
 def plan_reads(
     runs: Sequence[HitRun],
     num_layers: int,
-    resolve: Resolve | None = None,
     cfg: PlannerConfig | None = None,
 ) -> ReadPlan:
     """Plan the reads of a prefix hit (``PrefixHit.runs``), layer by layer.
@@ -243,14 +235,12 @@ def plan_reads(
     Args:
         runs: the hit's runs (any order; each is one contiguous range per layer).
         num_layers: layers to plan; must equal the segments' ``layout.num_layers``.
-        resolve: SSD virtual offset -> ``(file_id, file_offset)``; ``None`` uses the
-            file fields each SSD segment carries.
         cfg: gap limit and maximum read size (defaults: 64 KiB, 64 MiB).
     """
     cfg = cfg if cfg is not None else PlannerConfig()
     if not isinstance(num_layers, int) or num_layers <= 0:
         raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
-    ssd, mem, sizes = _spans(runs, resolve)
+    ssd, mem, sizes = _spans(runs)
     if runs and len(sizes) != num_layers:
         raise ValueError(f"num_layers={num_layers} but the segments hold {len(sizes)} layers")
     num_blocks = sum(r.num_blocks for r in runs)

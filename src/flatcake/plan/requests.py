@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from flatcake.control.address import Medium
 from flatcake.control.index import EMPTY_HIT, PrefixHit, trim_hit
 from flatcake.control.plane import ControlPlane
-from flatcake.control.queues import RestoreRequest
+from flatcake.control.scheduler import RestoreRequest
 from flatcake.control.types import FileCut, LoadPlan, ReclaimAction, StorePlan, WindowRelease
 from flatcake.plan.remote import RemoteRun, trim_runs
 from flatcake.plan.stream import StreamPlanner

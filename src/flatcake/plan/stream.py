@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from flatcake.config import PlannerConfig
 from flatcake.control.address import Medium
@@ -82,7 +81,7 @@ class StreamPlanner:
         """The block crcs it was given, by segment id (read-only)."""
         return dict(self._crcs)
 
-    def __call__(self, runs: Sequence[HitRun], num_layers: int, resolve: Any,
+    def __call__(self, runs: Sequence[HitRun], num_layers: int,
                  cfg: PlannerConfig) -> ReadPlan:
         widened: list[HitRun] = []
         request: list[int] = []
@@ -124,4 +123,4 @@ class StreamPlanner:
                                            seg.segment_id, lo, whole,
                                            held, rows if rows != held else ()))
         self.stream_request = request
-        return plan_reads(widened, num_layers, resolve, cfg)
+        return plan_reads(widened, num_layers, cfg)

@@ -56,8 +56,7 @@ from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit, trim_hit
-from flatcake.control.queues import RestoreRequest
-from flatcake.control.scheduler import MasScheduler
+from flatcake.control.scheduler import MasScheduler, RestoreRequest
 from flatcake.control.signals import (
     PrefixRefcount,
     SessionTracker,
@@ -229,7 +228,6 @@ class FlatCakeSystem(System):
         if plan is None or g != st.gpu_prefix:
             # The GPU prefix changed while the request waited: plan what is missing now.
             plan = stream_totals(restore_view(runs), (self.geometry or node.geometry).num_layers,
-                                 None,
                                  self.config.planner, segment_cache=self.segment_cache)
         # Useful: the SSD bytes the request needs, its history blocks and the windows
         # its next step attends to (the plan also reads the rest of their segments, for

@@ -37,7 +37,7 @@ import numpy as np
 
 from flatcake.control.address import Medium
 from flatcake.control.index import HitRun, PrefixHit, trim_hit
-from flatcake.control.queues import RestoreRequest
+from flatcake.control.scheduler import RestoreRequest
 from flatcake.control.windows import delivered_bytes, restore_view
 from flatcake.plan.bulk import stream_totals
 from flatcake.readplan import ReadPlan
@@ -207,7 +207,7 @@ class FlatCakeReads(_Member):
         if st.local is not None:
             runs = trim_hit(st.local, g)
             plan = st.local_plan if g == st.gpu_prefix and st.local_plan is not None \
-                else stream_totals(restore_view(runs), num_layers, None, fc.config.planner,
+                else stream_totals(restore_view(runs), num_layers, fc.config.planner,
                                    segment_cache=fc.segment_cache)
             end = fc.charge(w, plan, st.refill_bytes)
             useful += self._account(plan, runs, st.hit.num_blocks)
@@ -217,7 +217,7 @@ class FlatCakeReads(_Member):
             if not runs:
                 continue
             plan = plan0 if g == st.gpu_prefix else stream_totals(
-                restore_view(runs), num_layers, None, peer.config.planner,
+                restore_view(runs), num_layers, peer.config.planner,
                 segment_cache=peer.segment_cache)
             cmds = plan.num_commands * node.spec.gpus_per_worker if plan.bytes_read else 0
             # The owner reads with its padding and gaps; whole segment layers cross the

@@ -1,0 +1,52 @@
+"""The path of one vLLM restore (``scripts/restore_path.py``): what it counts is a
+restore and nothing else, it stays within its bound, and the architecture page shows
+the count made when the site is built, never one typed by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "design" / "architecture.md"
+MAX_FILES = 36  # the count after the merges along the path; it may only go down
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_restore_reads_ssd_stores_nothing_and_stays_within_its_bound() -> None:
+    files, hops = _script("restore_path").count()  # raises if a store was prepared
+    assert len(files) <= MAX_FILES, files
+    # It read the SSD through the staging window, and planned no store: neither
+    # placement nor allocation ran.
+    assert {"cio/staging.py", "cio/readers.py", "plan/reads.py"} <= set(files)
+    assert not {"control/placement.py", "control/alloc.py", "cio/writer.py"} & set(files)
+    # A restore asks the SSD space nothing: its segments carry their file and offset.
+    assert "control/ssd_space.py" not in files
+    assert all(a != b for a, b in hops)
+
+
+def test_the_architecture_page_types_no_count_of_the_path() -> None:
+    text = PAGE.read_text()
+    assert "<!-- restore-path -->" in text
+    typed = re.findall(r"\b\d+ (?:source )?files\b|\b\d+ (?:package )?hops\b|\b\d+ / \d+\b",
+                       text)
+    assert typed == []
+
+
+def test_the_built_page_shows_the_count() -> None:
+    hooks = _script("docs_hooks")
+    page = SimpleNamespace(file=SimpleNamespace(abs_src_path=str(PAGE)))
+    built = str(hooks.on_page_markdown(PAGE.read_text(), page, None, None))
+    assert "<!-- restore-path -->" not in built
+    files, _ = _script("restore_path").count()
+    assert f"**{len(files)} source files**" in built
+    assert all(f"- `{f}`" in built for f in files)
