@@ -1,8 +1,9 @@
 """The node service's wire: where it listens, how a call and its answer travel, and
 what an attach answers.
 
-Transport is ZeroMQ over a unix socket (``ipc://``): a ROUTER in the service, one DEALER
-per client socket. A call is one frame, its answer one frame, each a msgpack array
+Transport is a unix stream socket (``link.frames``: each frame its length, then its
+bytes; one connection per client socket). A call is one frame, its answer one frame,
+each a msgpack array
 decoded into declared types only (msgspec): nothing a peer sends is unpickled, on
 either side, so a peer's bytes can make a value of a declared type or an error, never
 run code. The verbs, with their arguments' and answers' types, are ``link.verbs``::
@@ -37,7 +38,6 @@ where it names one (another protocol version), else nil.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,7 +217,8 @@ class NodeRefused(ValueError):
 
 
 def socket_path(node: str) -> Path:
-    """The socket file of ``store.node`` (``unix:PATH``, ``ipc://PATH`` or ``PATH``)."""
+    """The socket file of ``store.node`` (``unix:PATH``, ``ipc://PATH`` or ``PATH``;
+    ``ipc://``, ZeroMQ's, as older configurations name it)."""
     for prefix in ("unix://", "unix:", "ipc://"):
         if node.startswith(prefix):
             node = node[len(prefix):]
@@ -226,12 +227,6 @@ def socket_path(node: str) -> Path:
         raise ValueError("store.node is empty: name the node service's socket "
                          "(unix:/run/flatcake/node.sock)")
     return Path(node)
-
-
-def endpoint(path: Path) -> str:
-    return f"ipc://{os.path.abspath(path)}"
-
-
 
 
 @dataclass(frozen=True, slots=True)
