@@ -82,6 +82,8 @@ class NodeClient:
             sock = self._send(frame)
         except FrameTooLarge as exc:
             raise wire.NodeRefused(f"{verb.name}: {exc}") from None
+        except wire.NodeUnavailable:  # none listens, or one we do not trust
+            raise
         except OSError as exc:
             raise wire.NodeUnavailable(f"the node service at {self.path} did not take "
                                        f"{verb.name}: {exc}") from None
