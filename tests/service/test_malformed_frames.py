@@ -116,12 +116,17 @@ def test_malformed_messages_are_answered_and_the_service_keeps_serving(tmp_path:
         assert svc.stop() == 0, svc.stderr()
 
 
-def test_a_call_over_the_frame_bound_is_refused_by_the_client(tmp_path: Path) -> None:
+def test_a_call_over_the_frame_bound_or_of_a_verb_gone_is_refused(tmp_path: Path) -> None:
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
     client = NodeClient(str(svc.sock), 5.0)
     try:
         with pytest.raises(wire.NodeRefused, match=f"over the {MAX_FRAME_BYTES}"):
             client.call(verbs.SERVABLE, "s0", (b"\0" * (MAX_FRAME_BYTES + 1),))
+        # complete_copy: an attached store tells its copy with end_store (never alone).
+        # The verb is refused by name before its arguments are read.
+        gone = verbs.Verb("complete_copy", None, ("plan", int))
+        with pytest.raises(wire.NodeRefused, match="unknown call 'complete_copy'"):
+            client.call(gone, "s0", 0)
         assert client.call(verbs.STATUS)["root"] == str(svc.root)
     finally:
         client.close()
