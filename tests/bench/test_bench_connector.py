@@ -36,7 +36,6 @@ def test_the_driver_stores_a_new_prompt_once_and_a_held_one_never(tmp_path: Path
 
 def test_connector_rows_run_and_report(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("zmq")
     md = tmp_path / "connector.md"
     assert main(["bench", "--connector", "--quick", "--dir", str(tmp_path), "--json",
                  "--docs-out", str(md)]) == 0

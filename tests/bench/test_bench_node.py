@@ -1,4 +1,4 @@
-"""``flatcake bench --node --quick`` end to end (needs pyzmq): the node service's rows run
+"""``flatcake bench --node --quick`` end to end: the node service's rows run
 and report; every restored byte is compared; both halves' call costs are there. Timings
 are printed by the bench, never asserted."""
 
@@ -12,8 +12,6 @@ import pytest
 from flatcake.bench.node import NodeBenchOptions
 from flatcake.cli import main
 from flatcake.geometry import preset
-
-pytest.importorskip("zmq")
 
 
 def test_node_rows_run_and_report(direct_dir: Path, tmp_path_factory: pytest.TempPathFactory,

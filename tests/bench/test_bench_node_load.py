@@ -15,7 +15,6 @@ from flatcake.cli import main
 
 def test_load_rows_count_every_call_and_leave_the_books_clean(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("zmq")
     assert main(["bench", "--node-load", "--quick", "--dir", str(tmp_path), "--json",
                  "--p99-bound-ms", "1e9"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -39,7 +38,6 @@ def test_load_rows_count_every_call_and_leave_the_books_clean(
 
 def test_docs_out_writes_the_rows_measured_under_the_command(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("zmq")
     out = tmp_path / "generated" / "node-load.md"
     assert main(["bench", "--node-load", "--quick", "--dir", str(tmp_path), "--json",
                  "--p99-bound-ms", "1e9", "--docs-out", str(out)]) == 0

@@ -23,8 +23,6 @@ from tests.connectors.sides_harness import G
 from tests.service.helpers import Service
 from tests.store.helpers import SMALL, small_config
 
-pytest.importorskip("zmq")
-
 PEER = Path(__file__).with_name("service_peer.py")
 
 

@@ -14,13 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from flatcake.cluster import RedisServer
 from tests.cluster.helpers import ask, child_env, next_line, paused, process
 from tests.service.helpers import Service
-
-pytest.importorskip("zmq")
 
 PEER = Path(__file__).with_name("requeue_peer.py")
 

@@ -28,7 +28,6 @@ from tests.connectors.sglang_helpers import (
 from tests.service.helpers import Service
 
 pytestmark = pytest.mark.sglang
-pytest.importorskip("zmq")
 
 # After the helpers: they skip this module where SGLang is absent and install the stand-ins.
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402

@@ -28,20 +28,24 @@ BASE = ["store.memory_capacity_bytes=1048576", "store.ssd_capacity_bytes=6710886
         "placement.memory_copy_watermark=0", "store.node_lease_s=2"]
 
 
-# Runs the rest of its arguments with the open-file soft limit lowered to its first.
-LIMITED = ("import os, resource, sys; hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
-           "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard)); "
-           "os.execv(sys.argv[2], sys.argv[2:])")
+# Runs the rest of its arguments with the open-file soft limit lowered to its first (and
+# the hard limit too where its second is "hard").
+LIMITED = ("import os, resource, sys; n = int(sys.argv[1]); "
+           "hard = n if sys.argv[2] == 'hard' else resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
+           "resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard)); "
+           "os.execv(sys.argv[3], sys.argv[3:])")
 
 
 class Service:
     """``flatcake serve`` on ``root`` in a child process (``open_files``: started with
-    that open-file soft limit, as systemd's 1,024)."""
+    that open-file soft limit, as systemd's 1,024; the hard limit too with
+    ``hard_open_files``)."""
 
     def __init__(self, root: Path, sock: Path, *extra: str,
-                 env: dict[str, str] | None = None, open_files: int | None = None) -> None:
+                 env: dict[str, str] | None = None, open_files: int | None = None,
+                 hard_open_files: bool = False) -> None:
         self.root, self.sock, self.extra = root, sock, extra
-        self.open_files = open_files
+        self.open_files, self.hard_open_files = open_files, hard_open_files
         self.env = dict(os.environ) if env is None else env
         self.proc: subprocess.Popen[str] | None = None
         self.arena_dir = root.parent / "shm"
@@ -55,7 +59,8 @@ class Service:
                *[x for kv in [*BASE, f"store.node_arena_dir={self.arena_dir}", *self.extra]
                  for x in ("--set", kv)]]
         if self.open_files is not None:
-            cmd = [sys.executable, "-c", LIMITED, str(self.open_files), *cmd]
+            cmd = [sys.executable, "-c", LIMITED, str(self.open_files),
+                   "hard" if self.hard_open_files else "soft", *cmd]
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                          env=dict(self.env, PYTHONUNBUFFERED="1"))

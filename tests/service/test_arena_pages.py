@@ -19,8 +19,6 @@ from flatcake.config import load_config
 from flatcake.service import server
 from tests.service.helpers import Service
 
-pytest.importorskip("zmq")
-
 
 def test_status_says_how_the_arena_is_backed(tmp_path: Path) -> None:
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()

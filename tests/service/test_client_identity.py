@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from flatcake.service.endpoint import ask_status
 from flatcake.store import FlatCakeStore
 from tests.connectors.sides_harness import G, finish
@@ -25,35 +23,31 @@ from tests.store.helpers import (
     small_config,
 )
 
-pytest.importorskip("zmq")
-
 # Another process: sends each call of argv[2] (JSON: [engine_id, verb, args]; {"hex": h}
 # is bytes) over its own connection to the socket argv[1]; prints each answer's (ok,
 # its error) as JSON.
 INTRUDER = """
-import json, sys, zmq
+import json, sys, time
 from flatcake.link import wire
+from flatcake.link.frames import Connection
 def arg(x):
     if isinstance(x, list):
         return [arg(v) for v in x]
     if isinstance(x, dict):
         return bytes.fromhex(x["hex"]) if "hex" in x else {}
     return x
-ctx = zmq.Context()
-sock = ctx.socket(zmq.DEALER)
-sock.setsockopt(zmq.LINGER, 0)
-sock.connect(wire.endpoint(sys.argv[1]))
+sock = Connection(sys.argv[1], 5.0)
 out = []
 for i, (engine_id, method, args) in enumerate(json.loads(sys.argv[2])):
     sock.send(wire.call_frame(i, engine_id, method, arg(args)))
-    if not sock.poll(5000):
+    try:
+        reply = wire.decode_reply(sock.recv(time.monotonic() + 5.0))
+    except TimeoutError:
         out.append([None, "no answer"])
         continue
-    reply = wire.decode_reply(sock.recv())
     out.append([reply.ok, reply.error])
 print(json.dumps(out))
-sock.close(0)
-ctx.term()
+sock.close()
 """
 
 

@@ -1,7 +1,7 @@
 """One uid's connections are capped (``store.node_max_connections_per_uid``): past the
-cap, its longest-idle connection is closed, so a flood of ZeroMQ connections that
-completed the handshake (not closed by ``HANDSHAKE_S``) leaves the service holding about
-the cap, and a real client of the same uid, the newest, is answered and attaches."""
+cap, its longest-idle connection is closed, so a flood of connections that each made a
+call (not closed by ``HANDSHAKE_S``) leaves the service holding about the cap, and a
+real client of the same uid, the newest, is answered and attaches."""
 
 from __future__ import annotations
 
@@ -9,14 +9,11 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
-from flatcake.link import wire
+from flatcake.link import verbs, wire
+from flatcake.link.frames import Connection
 from flatcake.service.connections import GRACE_S, ConnectionCap
 from flatcake.service.endpoint import ask_status
 from tests.service.helpers import Service, an_engine_stores
-
-zmq = pytest.importorskip("zmq")
 
 CAP = 16
 FLOOD = 60  # well under the listen backlog (100): none refused before accepted
@@ -31,15 +28,13 @@ def test_a_uids_idle_connections_past_the_cap_are_closed(tmp_path: Path) -> None
                   f"store.node_max_connections_per_uid={CAP}").start()
     assert svc.proc is not None
     base = open_fds(svc.proc.pid)
-    ctx = zmq.Context()
-    dealers = []
+    flood = []
     try:
-        for _ in range(FLOOD):
-            d = ctx.socket(zmq.DEALER)
-            d.setsockopt(zmq.LINGER, 0)
-            d.setsockopt(zmq.RECONNECT_IVL, -1)  # a flood that does not come back
-            d.connect(wire.endpoint(svc.sock))
-            dealers.append(d)
+        for i in range(FLOOD):  # each asks once, then idles (and never comes back)
+            conn = Connection(str(svc.sock), 5.0)
+            conn.send(wire.call_frame(i, "", verbs.STATUS.name, []))
+            assert wire.decode_reply(conn.recv(time.monotonic() + 10)).ok
+            flood.append(conn)
         # A real client of the same uid (accepted after the flood) is answered, and an
         # engine attaches and stores.
         assert ask_status(svc.sock, 2.0)["engines"] == {}
@@ -51,39 +46,24 @@ def test_a_uids_idle_connections_past_the_cap_are_closed(tmp_path: Path) -> None
         assert open_fds(svc.proc.pid) <= base + CAP, svc.stderr()
         assert svc.proc.poll() is None, svc.stderr()
     finally:
-        for d in dealers:
-            d.close(0)
-        ctx.term()
+        for conn in flood:
+            conn.close()
         assert svc.stop() == 0, svc.stderr()
 
 
-def test_a_fresh_connection_is_not_shut_before_its_first_call(tmp_path: Path) -> None:
-    """Connections over the cap are shut only once idle for ``GRACE_S``: ZeroMQ connects
-    in the background, so a real client's connection can be accepted among a flood's
-    before its first call is read; shut then, its call would be lost."""
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(wire.endpoint(tmp_path / "s.sock"))
-    cap = ConnectionCap(router, 2)
-    dealers = []
-    try:
-        for _ in range(5):
-            d = ctx.socket(zmq.DEALER)
-            d.setsockopt(zmq.LINGER, 0)
-            d.setsockopt(zmq.RECONNECT_IVL, -1)
-            d.connect(wire.endpoint(tmp_path / "s.sock"))
-            dealers.append(d)
-        deadline = time.monotonic() + 10
-        while cap.connections + cap.closed < 5 and time.monotonic() < deadline:
-            cap.drain()
-            time.sleep(0.01)
-        assert (cap.connections, cap.closed) == (5, 0)  # all fresh: none shut yet
-        cap.drain(time.monotonic() + GRACE_S)  # their grace over: the 3 over the cap
-        assert (cap.connections, cap.closed) == (2, 3)
-    finally:
-        cap.close()
-        for d in dealers:
-            d.close(0)
-        router.close(0)
-        ctx.term()
+def test_a_fresh_connection_is_not_shut_before_its_first_call() -> None:
+    """Connections over the cap are shut only once idle for ``GRACE_S``: a real
+    client's connection can be accepted among a flood's before its first call is read;
+    shut then, its call would be lost."""
+    cap = ConnectionCap(2)
+    t0 = time.monotonic()
+    for fd in range(10, 15):
+        cap.accepted(fd, uid=1000, now=t0 + fd / 1000)
+    cap.accepted(20, uid=0, now=t0)  # another uid's: not counted against 1000's cap
+    assert (cap.connections, cap.over(t0 + 0.1), cap.closed) == (6, [], 0)  # all fresh
+    cap.touch(10, t0 + GRACE_S)  # the oldest called since: now the freshest
+    # Their grace over: the 3 longest idle of uid 1000 are closed.
+    assert cap.over(t0 + GRACE_S + 0.1) == [11, 12, 13]
+    assert (cap.connections, cap.closed) == (3, 3)
+    cap.forget(14)
+    assert cap.over(t0 + 10 * GRACE_S) == [] and cap.connections == 2

@@ -19,8 +19,6 @@ from flatcake.plan.tasks import StoreDone, WorkerReport
 from tests.connectors.sides_harness import tokens, view
 from tests.service.helpers import Engine, Service
 
-pytest.importorskip("zmq")
-
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[tuple[Engine, list[str]]]:

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from flatcake.connectors.scheduler_side import RequestView
 from flatcake.control.keys import chain_block_keys
 from tests.connectors.sides_harness import G, end
 from tests.service.helpers import Engine, Service
-
-pytest.importorskip("zmq")
 
 
 def request(rid: str, toks: list[int], computed: int = 0) -> RequestView:

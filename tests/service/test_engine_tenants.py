@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from flatcake.config import load_config
 from flatcake.connectors.scheduler_side import RequestView
 from flatcake.control.keys import chain_block_keys, tenant_tag
@@ -18,8 +16,6 @@ from flatcake.store import FlatCakeStore
 from tests.connectors.sides_harness import G, end
 from tests.service.helpers import BASE, Engine, Service
 from tests.store.helpers import TO_SSD, random_kv
-
-pytest.importorskip("zmq")
 
 
 def salted(rid: str, toks: list[int], salt: str, session: str | None, computed: int = 0

@@ -29,8 +29,6 @@ from tests.store.helpers import (
     small_config,
 )
 
-pytest.importorskip("zmq")
-
 LEASE_S = 1.0
 
 # The paused writer: an attached store that prepares a turn in memory (as ``store_turn``

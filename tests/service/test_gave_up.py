@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 
 from flatcake.link import verbs, wire
+from flatcake.link.frames import Connection
 from flatcake.store import FlatCakeStore
 from tests.service.helpers import Service, pause
 from tests.store.helpers import SMALL, TO_SSD, random_kv, session_keys, small_config
-
-zmq = pytest.importorskip("zmq")
 
 
 def start(tmp_path: Path) -> tuple[Service, FlatCakeStore]:
@@ -61,10 +60,7 @@ def test_a_call_run_in_time_whose_answer_was_never_seen_is_undone(tmp_path: Path
     # A raw connection of the store's own process stands for its client: it sends calls
     # as the store, with a deadline and the calls it gave up on, and reads the answers.
     svc, store = start(tmp_path)
-    ctx = zmq.Context()
-    peer = ctx.socket(zmq.DEALER)
-    peer.setsockopt(zmq.LINGER, 0)
-    peer.connect(wire.endpoint(svc.sock))
+    peer = Connection(str(svc.sock), 5.0)
     sid = store.control._id  # type: ignore[attr-defined]
     keys = session_keys(5, 4)
     prepare = ("prepare_store", ["s", keys, 0, 0])
@@ -73,8 +69,7 @@ def test_a_call_run_in_time_whose_answer_was_never_seen_is_undone(tmp_path: Path
             gave_up: tuple[int, ...] = ()) -> tuple[bool, Any]:
         deadline = time.time() + (-1.0 if late else 5.0)
         peer.send(wire.call_frame(call_id, sid, method, args, deadline, gave_up))
-        assert peer.poll(5000), svc.stderr()
-        reply = wire.decode_reply(peer.recv())
+        reply = wire.decode_reply(peer.recv(time.monotonic() + 5.0))
         assert reply.call_id == call_id
         if not reply.ok:
             return False, reply.error
@@ -102,7 +97,6 @@ def test_a_call_run_in_time_whose_answer_was_never_seen_is_undone(tmp_path: Path
         assert store.store_turn("s", keys, kv, list(range(4)), TO_SSD).num_blocks == 4
         assert store.drop_session("s").sessions == ("s",)
     finally:
-        peer.close(0)
-        ctx.term()
+        peer.close()
         store.close()
         assert svc.stop() == 0, svc.stderr()

@@ -21,7 +21,6 @@ from tests.store.helpers import (
     small_config,
 )
 
-pytest.importorskip("zmq")
 SLOTS = 8
 
 

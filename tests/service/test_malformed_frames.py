@@ -1,16 +1,19 @@
-"""One peer's malformed messages never stop the node service, nor run code in it: a
-DEALER's two-frame ``send_multipart`` (it killed the service: "too many values to
-unpack"), empty, random, truncated, wrongly typed, 100 MB frames, a pickle that would run
-code (it is never unpickled: the file it would make stays absent), and a call of another
-protocol version (refused by name) are each answered with an error, and a real client
-is answered after each; a store's held ``servable`` whose wait has no end is refused."""
+"""One peer's malformed messages never stop the node service, nor run code in it: empty,
+random, truncated, wrongly typed frames, a frame longer than the bound (100 MB: refused
+by its length, the connection closed), a pickle that would run code (it is never
+unpickled: the file it would make stays absent), a call of another protocol version
+(refused by name), and raw bytes that are no frame at all are each answered with an
+error (or the connection closed), and a real client is answered after each; a store's
+held ``servable`` whose wait has no end is refused."""
 
 from __future__ import annotations
 
 import os
 import pickle
 import random
+import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +23,13 @@ import pytest
 from flatcake.connectors.node_verbs import ATTACH
 from flatcake.link import verbs, wire
 from flatcake.link.client import NodeClient
+from flatcake.link.frames import HEADER, MAX_FRAME_BYTES, Connection, Framer, framed
 from flatcake.link.wire import TensorRanks
 from flatcake.service.endpoint import ask_status
 from flatcake.store import FlatCakeStore
 from tests.connectors.sides_harness import G, finish, settings
 from tests.service.helpers import Engine, Service
 from tests.store.helpers import SMALL, TO_SSD, random_kv, session_keys, small_config
-
-zmq = pytest.importorskip("zmq")
 
 CALL = wire.call_frame(0, "", verbs.STATUS.name, [])
 
@@ -42,8 +44,8 @@ class RunsCode:
         return (os.system, (f"touch {self.path}",))
 
 
-def malformed(evidence: Path) -> list[tuple[str, list[bytes]]]:
-    """(what, frames) of each malformed message."""
+def malformed(evidence: Path) -> list[tuple[str, bytes]]:
+    """(what, its frame) of each malformed call."""
     rng = random.Random(40)
     code = pickle.dumps(RunsCode(evidence))
     other_version = msgspec.msgpack.encode([0, *msgspec.msgpack.decode(CALL)[1:]])
@@ -51,21 +53,18 @@ def malformed(evidence: Path) -> list[tuple[str, list[bytes]]]:
                          [wire.PROTOCOL_VERSION, "id", "", "status", b"\x90"],
                          [wire.PROTOCOL_VERSION, 1, {}, "lookup", b"\x90"], None, "x" * 1000,
                          [wire.PROTOCOL_VERSION, 1, "", 7, b"\x90"], {"verb": "status"}]
-    messages = [("two frames", [b"a", b"b"]),  # a DEALER's send_multipart: killed it once
-                ("two calls", [CALL, CALL]), ("three empty", [b"", b"", b""]),
-                ("empty", [b""]), ("truncated", [CALL[:7]]),
-                ("a pickle that runs code", [code]),
-                ("an old pickled call", [pickle.dumps((0, "", "status", ()))]),
-                ("a pickle as a call's arguments", [wire.encode(wire.Call(
-                    wire.PROTOCOL_VERSION, 1, "", "attach", msgspec.Raw(code)))]),
-                ("another protocol version", [other_version]),
-                ("100 MB of random bytes", [rng.randbytes(100 << 20)]),
-                ("a call with 100 MB of arguments", [wire.call_frame(
-                    1, "", "status", [b"\0" * (100 << 20)])]),
-                *[(f"shaped {x!r:.40}", [msgspec.msgpack.encode(x)]) for x in shaped]]
-    for i in range(40):  # random bytes, 1 to 5 frames
-        messages.append((f"random {i}", [rng.randbytes(rng.randrange(0, 300))
-                                         for _ in range(rng.randrange(1, 6))]))
+    messages = [("empty", b""), ("truncated", CALL[:7]),
+                ("a pickle that runs code", code),
+                ("an old pickled call", pickle.dumps((0, "", "status", ()))),
+                ("a pickle as a call's arguments", wire.encode(wire.Call(
+                    wire.PROTOCOL_VERSION, 1, "", "attach", msgspec.Raw(code)))),
+                ("another protocol version", other_version),
+                ("100 MB of random bytes", rng.randbytes(100 << 20)),
+                ("a call with 100 MB of arguments", wire.call_frame(
+                    1, "", "status", [b"\0" * (100 << 20)])),
+                *[(f"shaped {x!r:.40}", msgspec.msgpack.encode(x)) for x in shaped]]
+    for i in range(40):
+        messages.append((f"random {i}", rng.randbytes(rng.randrange(0, 300))))
     return messages
 
 
@@ -73,24 +72,36 @@ def test_malformed_messages_are_answered_and_the_service_keeps_serving(tmp_path:
                                                                        ) -> None:
     evidence = tmp_path / "code-ran"
     svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
-    ctx = zmq.Context()
-    peer = ctx.socket(zmq.DEALER)
-    peer.setsockopt(zmq.LINGER, 0)
-    peer.connect(wire.endpoint(svc.sock))
+    peer = Connection(str(svc.sock), 5.0)
     try:
-        for what, frames in malformed(evidence):
-            peer.send_multipart(frames)
-            assert peer.poll(20000), (what, svc.stderr())
-            reply = wire.decode_reply(peer.recv())
+        for what, frame in malformed(evidence):
+            over = len(frame) > MAX_FRAME_BYTES
+            # Over the bound: its length is enough to refuse it (the rest never read).
+            peer.sock.sendall(HEADER.pack(len(frame)) + frame[:1 << 16])
+            reply = wire.decode_reply(peer.recv(time.monotonic() + 20))
             # Answered as an error, and the service still answers a real client.
             assert reply.ok is False and reply.error, what
             assert svc.proc is not None and svc.proc.poll() is None, (what, svc.stderr())
             assert ask_status(svc.sock, 5.0)["root"] == str(svc.root), what
-            if what == "two frames":
-                assert "malformed call: 2 frames, a call is one" in reply.error
+            if over:  # refused by its length; the stream cannot be framed past it
+                assert f"a frame of {len(frame)} bytes, over the {MAX_FRAME_BYTES}" \
+                    in reply.error, what
+                with pytest.raises(ConnectionResetError):
+                    peer.recv(time.monotonic() + 20)
+                peer.close()
+                peer = Connection(str(svc.sock), 5.0)
             if what == "another protocol version":
                 assert (f"{wire.OTHER_VERSION} 0 of the client; this node service speaks "
                         f"{wire.OTHER_VERSION} {wire.PROTOCOL_VERSION}") in reply.error
+        # Raw bytes that are no frame (a length, then not as many bytes; random
+        # lengths), each on a connection of its own, closed by the peer or the service.
+        rng = random.Random(41)
+        for raw in [HEADER.pack(100) + b"x" * 10, *[rng.randbytes(rng.randrange(1, 300))
+                                                   for _ in range(20)]]:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(str(svc.sock))
+                s.sendall(raw)
+            assert ask_status(svc.sock, 5.0)["root"] == str(svc.root)
         assert not evidence.exists()  # no pickle was loaded
         # A real engine attaches, stores a turn and finds it.
         e = Engine(svc.sock, seed=1)
@@ -101,8 +112,24 @@ def test_malformed_messages_are_answered_and_the_service_keeps_serving(tmp_path:
         finally:
             e.close()
     finally:
-        peer.close(0)
-        ctx.term()
+        peer.close()
+        assert svc.stop() == 0, svc.stderr()
+
+
+def test_a_call_over_the_frame_bound_or_of_a_verb_gone_is_refused(tmp_path: Path) -> None:
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    client = NodeClient(str(svc.sock), 5.0)
+    try:
+        with pytest.raises(wire.NodeRefused, match=f"over the {MAX_FRAME_BYTES}"):
+            client.call(verbs.SERVABLE, "s0", (b"\0" * (MAX_FRAME_BYTES + 1),))
+        # complete_copy: an attached store tells its copy with end_store (never alone).
+        # The verb is refused by name before its arguments are read.
+        gone = verbs.Verb("complete_copy", None, ("plan", int))
+        with pytest.raises(wire.NodeRefused, match="unknown call 'complete_copy'"):
+            client.call(gone, "s0", 0)
+        assert client.call(verbs.STATUS)["root"] == str(svc.root)
+    finally:
+        client.close()
         assert svc.stop() == 0, svc.stderr()
 
 
@@ -161,18 +188,24 @@ def test_a_client_runs_no_code_from_a_listeners_reply(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir(mode=0o700)
     sock = run / "node.sock"
-    ctx = zmq.Context()
-    listener = ctx.socket(zmq.ROUTER)
-    listener.setsockopt(zmq.LINGER, 0)
-    listener.bind(wire.endpoint(sock))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen()
+    listener.settimeout(5.0)
     client = NodeClient(f"unix:{sock}", 1.0)
 
     def answer(as_value: bool) -> None:
-        assert listener.poll(5000)
-        who, frame = listener.recv_multipart()
-        call_id = wire.decode_call(frame).call_id
-        listener.send_multipart([who, wire.answer_frame(call_id, code) if as_value
-                                 else code])
+        conn, _ = listener.accept()  # the client's probe (its listener's uid) ...
+        conn.close()
+        conn, _ = listener.accept()  # ... then its connection
+        framer = Framer()
+        frames: list[bytes] = []
+        while not frames:
+            frames = framer.feed(conn.recv(1 << 16))
+        call_id = wire.decode_call(frames[0]).call_id
+        conn.sendall(framed(wire.answer_frame(call_id, code) if as_value else code))
+        time.sleep(1.5)  # the client times out (a frame that is not an answer) or reads
+        conn.close()
 
     try:
         for as_value, error in ((False, wire.NodeUnavailable), (True, wire.NodeRefused)):
@@ -184,5 +217,4 @@ def test_a_client_runs_no_code_from_a_listeners_reply(tmp_path: Path) -> None:
         assert not evidence.exists()
     finally:
         client.close()
-        listener.close(0)
-        ctx.term()
+        listener.close()

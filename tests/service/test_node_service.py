@@ -16,8 +16,6 @@ from flatcake.service.endpoint import ask_status
 from tests.connectors.sides_harness import end, finish, tokens, view
 from tests.service.helpers import Engine, Service
 
-pytest.importorskip("zmq")
-
 
 @pytest.fixture
 def node(tmp_path: Path):  # type: ignore[no-untyped-def]

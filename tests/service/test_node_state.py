@@ -27,7 +27,6 @@ from tests.connectors.state_helpers import PAGES, SLOTS, STATE, TURN0, G
 from tests.service.helpers import Service, node_settings
 from tests.store.helpers import rot_last_segment
 
-pytest.importorskip("zmq")
 TURN1 = [*TURN0, *range(200, 208)]
 LOAD = StepSlots(loads={"b": ((20, 21, 22, 23, 24), (0, 0, 50, 51, 52))})
 

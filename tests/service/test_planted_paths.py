@@ -24,8 +24,6 @@ from flatcake.link.client import NodeClient
 from flatcake.service.arena import arena_path
 from flatcake.service.server import NodeService
 
-pytest.importorskip("zmq")
-
 OTHER_UID = 12345  # no such user here
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 

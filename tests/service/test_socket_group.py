@@ -24,8 +24,6 @@ from flatcake.link.client import NodeClient
 from tests.service.helpers import Service
 from tests.store.helpers import SMALL
 
-pytest.importorskip("zmq")
-
 MEMBER_UID, OTHER_UID, GID = 12345, 12346, 23456
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's process needs root")
 

@@ -24,7 +24,6 @@ from tests.store.helpers import (
     small_config,
 )
 
-pytest.importorskip("zmq")
 SLOTS = 8
 
 

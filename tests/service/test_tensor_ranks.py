@@ -24,8 +24,6 @@ from flatcake.service.endpoint import ask_status
 from tests.connectors.sides_harness import G, end, finish, tokens, view
 from tests.service.helpers import Service, TensorEngine
 
-pytest.importorskip("zmq")
-
 LAYER_BLOCK = G.layer_block_bytes[0]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 import torch
 
 from flatcake.cio.filescan import scan_session_file
@@ -23,8 +22,6 @@ from tests.connectors.window_turns import GW, PER_TURN, ROW, SLOTS, WINDOW, run_
 from tests.service.helpers import Service, TensorEngine
 from tests.store import window_helpers as embedded
 from tests.store.helpers import paged, session_keys, small_config
-
-pytest.importorskip("zmq")
 
 
 def test_every_part_is_punched_and_the_newest_turn_restores(tmp_path: Path) -> None:

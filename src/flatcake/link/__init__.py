@@ -2,5 +2,5 @@
 bounded call and a worker's files (``client``), the books seen through it
 (``control.RemoteControl``), and which socket, listener and files both sides trust
 (``trust``). Every host attached to the service uses these; the service
-itself lives in ``flatcake.service``. Import the modules directly (they need pyzmq).
+itself lives in ``flatcake.service``.
 """

@@ -11,10 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
 from flatcake.geometry import KVGeometry
 from flatcake.link import trust, verbs, wire
+from flatcake.link.frames import Connection, FrameTooLarge
 from flatcake.link.verbs import Verb
 from flatcake.link.wire import TensorRanks, WorkerRoot
 
@@ -29,58 +28,79 @@ class NodeClient:
         self.timeout_ms = max(1, int(timeout_s * 1000))
         self.group = group
         self._gid = trust.socket_group(group)
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._sock: zmq.Socket[bytes] | None = None
+        self._sock: Connection | None = None
         # Call ids unique to this client (another client of the process may call as the
         # same store): the calls it gives up on are named to the service by id.
         self._ids = itertools.count(secrets.randbits(48) << 12)
         self._gave_up: list[int] = []  # named in the next call, until it is answered
 
-    def _socket(self) -> zmq.Socket[bytes]:
+    def _socket(self) -> Connection:
         if self._sock is None:
             # Before a byte goes out or a reply is read: the socket and the process
-            # listening on it are ours or root's (its directory no one else can write,
-            # so ZeroMQ's reconnects reach the same service).
-            trust.check_service(self.path, self.timeout_ms / 1000, self._gid)
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(wire.endpoint(self.path))
-            self._sock = sock
+            # listening on it are ours or root's (its directory no one else can write).
+            timeout_s = self.timeout_ms / 1000
+            trust.check_service(self.path, timeout_s, self._gid)
+            try:
+                self._sock = Connection(str(self.path), timeout_s)
+            except OSError as exc:
+                raise wire.NodeUnavailable(f"no node service listens on {self.path} "
+                                           f"({exc})") from None
         return self._sock
+
+    def _send(self, frame: bytes) -> Connection:
+        """Send ``frame`` on this client's connection; once more on a new one when the
+        service closed the old (it restarted: nothing of the frame was read)."""
+        for again in (False, True):
+            sock = self._socket()
+            try:
+                sock.send(frame)
+                return sock
+            except OSError:
+                self.reset()
+                if again:
+                    raise
+        raise AssertionError("unreachable")
 
     def call(self, verb: Verb, client_id: str = "", *args: Any, wait_s: float = 0.0,
              **kwargs: Any) -> Any:
         """The service's answer to ``verb`` (its arguments ``args``, ``kwargs``) as
         ``client_id``, decoded into the verb's reply type; ``NodeUnavailable`` past the
-        timeout (plus ``wait_s`` for a call the service may hold that long; the socket
-        is then renewed, so a late answer never meets a later call), ``NodeRefused``
-        for an error it answered (or an answer that is not the verb's). The call
-        carries its deadline (the service does not run it once that has passed) and the
-        calls this client gave up on since its last answer (the service undoes what
-        they prepared: their answers were never seen)."""
+        timeout (plus ``wait_s`` for a call the service may hold that long; the
+        connection is then renewed, so a late answer never meets a later call) or when
+        the service closed the connection, ``NodeRefused`` for an error it answered (or
+        an answer that is not the verb's). The call carries its deadline (the service
+        does not run it once that has passed) and the calls this client gave up on
+        since its last answer (the service undoes what they prepared: their answers
+        were never seen)."""
         body = verb.encode_args(*args, **kwargs)
-        sock = self._socket()
         call_id = next(self._ids)
         wait = self.timeout_ms / 1000 + wait_s
-        sock.send(wire.call_frame(call_id, client_id, verb.name, body, time.time() + wait,
-                                  tuple(self._gave_up)))
+        frame = wire.call_frame(call_id, client_id, verb.name, body, time.time() + wait,
+                                tuple(self._gave_up))
         deadline = time.monotonic() + wait
+        try:
+            sock = self._send(frame)
+        except FrameTooLarge as exc:
+            raise wire.NodeRefused(f"{verb.name}: {exc}") from None
+        except wire.NodeUnavailable:  # none listens, or one we do not trust
+            raise
+        except OSError as exc:
+            raise wire.NodeUnavailable(f"the node service at {self.path} did not take "
+                                       f"{verb.name}: {exc}") from None
         while True:
-            left = int((deadline - time.monotonic()) * 1000)
             try:
-                if left <= 0:
-                    raise zmq.Again
-                # A receive bounded by RCVTIMEO, no poller built per call.
-                sock.setsockopt(zmq.RCVTIMEO, left)
-                frame = sock.recv()
-            except zmq.Again:
+                got = sock.recv(deadline)
+            except OSError as exc:  # TimeoutError among them
                 self._gave_up = [*self._gave_up, call_id][-wire.MAX_GAVE_UP:]
                 self.reset()
-                raise wire.NodeUnavailable(
-                    f"the node service at {self.path} did not answer {verb.name} within "
-                    f"{self.timeout_ms + int(wait_s * 1000)} ms") from None
+                why = (f"did not answer {verb.name} within "
+                       f"{self.timeout_ms + int(wait_s * 1000)} ms"
+                       if isinstance(exc, TimeoutError) else
+                       f"closed the connection before it answered {verb.name} ({exc})")
+                raise wire.NodeUnavailable(f"the node service at {self.path} {why}"
+                                           ) from None
             try:
-                reply = wire.decode_reply(frame)
+                reply = wire.decode_reply(got)
             except wire.FrameError:
                 continue  # not an answer (the service never sends one): not ours
             if reply.call_id != call_id and not (
@@ -117,7 +137,7 @@ class NodeClient:
 
     def reset(self) -> None:
         if self._sock is not None:
-            self._sock.close(0)
+            self._sock.close()
             self._sock = None
 
     def close(self) -> None:

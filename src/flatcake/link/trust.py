@@ -21,9 +21,10 @@ where root is named), and no one else may write it::
     arena file         made ``O_CREAT | O_EXCL | O_NOFOLLOW``; an existing one is opened
                        ``O_NOFOLLOW`` and kept only when it is a regular file of ours
                        that no group or other may read or write
-    a client (service) who it is comes from its connection: ZeroMQ's routing id and,
-                       where the platform says, the peer's pid and uid
-                       (``peer_credentials``), never from a field it sends
+    a client (service) who it is comes from its connection: the service's number of
+                       it and, where the platform says, the peer's pid and uid
+                       (``peer_credentials``, read at accept), never from a field
+                       it sends
 
 A refusal names the path and what is wrong with it: ``UntrustedPath`` (a ``ValueError``:
 the service refuses to start) in the service, ``NodeUntrusted`` (a ``NodeUnavailable``:
@@ -212,54 +213,46 @@ def check_service(path: Path, timeout_s: float, gid: int | None = None) -> None:
                             f"as {who}: not used")
 
 
-def peer_credentials(fd: int) -> tuple[int, int] | None:
+def peer_credentials(sock: socket.socket) -> tuple[int, int] | None:
     """The (pid, uid) of the process at the other end of the connected unix socket
-    ``fd`` (``SO_PEERCRED``; None where the platform does not say). ``fd`` stays open."""
+    ``sock`` (``SO_PEERCRED``; None where the platform does not say)."""
     peercred = getattr(socket, "SO_PEERCRED", None)
-    if peercred is None or fd < 0:
+    if peercred is None:
         return None
-    conn = socket.socket(fileno=fd)
     try:
-        creds = conn.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
+        creds = sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
     except OSError:
         return None
-    finally:
-        conn.detach()  # the descriptor is ZeroMQ's
     pid, uid, _gid = struct.unpack("3i", creds)
     return int(pid), int(uid)
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who made a call: its connection's ZeroMQ routing id (unique among the live
-    connections: ZeroMQ refuses a second connection claiming a live one's) and its
-    descriptor, whose peer process (pid, uid) ``credentials`` reads when asked."""
+    """Who made a call: its connection (numbered by the service from 1, never reused
+    while it serves) and the (pid, uid) of its peer process, read at accept."""
 
-    routing_id: bytes
-    fd: int = -1  # the connection's descriptor (ZeroMQ's, ``zmq.SRCFD``)
-
-    def credentials(self) -> tuple[int, int] | None:
-        """(pid, uid) of the peer process, or None."""
-        return peer_credentials(self.fd)
+    connection: int
+    credentials: tuple[int, int] | None = None
 
     def owner(self) -> Owner:
         """This caller as the owner of what it attaches now."""
-        return Owner(self.routing_id, self.credentials())
+        return Owner(self.connection, self.credentials)
 
 
 @dataclass(frozen=True, slots=True)
 class Owner:
     """The caller that attached an engine or a store: only it may call as that one."""
 
-    routing_id: bytes
+    connection: int
     credentials: tuple[int, int] | None  # (pid, uid), where the platform says
 
     def admits(self, caller: Caller) -> bool:
         """Whether ``caller`` is this owner: its connection, or another connection of
         the same process (a socket renewed after a timeout, a waiting thread's own)."""
-        if caller.routing_id == self.routing_id:
+        if caller.connection == self.connection:
             return True
-        return self.credentials is not None and caller.credentials() == self.credentials
+        return self.credentials is not None and caller.credentials == self.credentials
 
     def refuse(self, what: str) -> NodeRefused:
         """The answer to a caller this owner does not admit (``what``: whom it named)."""
@@ -269,8 +262,8 @@ class Owner:
                            "attached itself")
 
 
-# Owns what was made in this process, not attached (no connection's routing id is empty).
-NOBODY = Owner(b"", None)
+# Owns what was made in this process, not attached (no connection is numbered 0).
+NOBODY = Owner(0, None)
 
 
 def _listener_uid(path: Path, timeout_s: float) -> int | None:

@@ -100,7 +100,6 @@ CONTROL = table(
     # released punched by the service, in one; None for a store no longer the caller's.
     Verb("end_store", StoreEnded | None, ("plan", StorePlan), ("ok", bool),
          ("copied", bool, False)),
-    Verb("complete_copy", None, ("plan", StorePlan)),
     Verb("take_reclaim_actions", list[ReclaimAction]),
     Verb("files_of", list[int], _SESSION),
     Verb("file_end_bytes", int, ("file_id", int)),

@@ -1,8 +1,9 @@
 """The node service's wire: where it listens, how a call and its answer travel, and
 what an attach answers.
 
-Transport is ZeroMQ over a unix socket (``ipc://``): a ROUTER in the service, one DEALER
-per client socket. A call is one frame, its answer one frame, each a msgpack array
+Transport is a unix stream socket (``link.frames``: each frame its length, then its
+bytes; one connection per client socket). A call is one frame, its answer one frame,
+each a msgpack array
 decoded into declared types only (msgspec): nothing a peer sends is unpickled, on
 either side, so a peer's bytes can make a value of a declared type or an error, never
 run code. The verbs, with their arguments' and answers' types, are ``link.verbs``::
@@ -37,7 +38,6 @@ where it names one (another protocol version), else nil.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +48,7 @@ import msgspec
 from flatcake.config import FlatCakeConfig
 
 # Bumped whenever a frame or a verb's types change; a mismatch is refused by name.
-PROTOCOL_VERSION = 4  # 4: attach carries the engine's async_loads
+PROTOCOL_VERSION = 5  # 5: frames on a unix stream socket (link.frames); no complete_copy
 
 # The service's answer to a call of an engine it does not know (lease ended, restart).
 UNKNOWN_ENGINE = "unknown engine"
@@ -73,19 +73,6 @@ class Call(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=T
     gave_up: Annotated[tuple[int, ...], msgspec.Meta(max_length=MAX_GAVE_UP)] = ()
 
 
-class _CallOut(msgspec.Struct, array_like=True, frozen=True):
-    """``Call`` as it is sent: ``args`` the verb's Struct, encoded in the same pass (the
-    same bytes as ``Call`` with ``args`` encoded apart, without the second encoding)."""
-
-    version: int
-    call_id: int
-    client_id: str
-    verb: str
-    args: Any
-    deadline: float | None
-    gave_up: tuple[int, ...]
-
-
 class _Head(msgspec.Struct, array_like=True):
     """A frame's first two items, whatever follows (skipped, never built)."""
 
@@ -100,15 +87,6 @@ class Reply(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=
     ok: bool
     value: msgspec.Raw = msgspec.Raw(b"\xc0")  # nil
     error: str = ""
-
-
-class _ReplyOut(msgspec.Struct, array_like=True, frozen=True):
-    """``Reply`` as it is sent: ``value`` encoded in the same pass (``_CallOut``)."""
-
-    call_id: int | None
-    ok: bool
-    value: Any
-    error: str
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -189,18 +167,18 @@ def _other_version(frame: bytes) -> tuple[str, int | None]:
 def call_frame(call_id: int, client_id: str, verb: str, args: Any,
                deadline: float | None = None, gave_up: tuple[int, ...] = ()) -> bytes:
     """A call of ``verb`` with ``args`` (its verb's ``Args``) as its frame."""
-    return _ENCODER.encode(_CallOut(PROTOCOL_VERSION, call_id, client_id, verb, args,
-                                    deadline, gave_up))
+    return _ENCODER.encode(Call(PROTOCOL_VERSION, call_id, client_id, verb,
+                                msgspec.Raw(_ENCODER.encode(args)), deadline, gave_up))
 
 
 def answer_frame(call_id: int | None, value: Any) -> bytes:
     """The answer ``value`` (its verb's reply type) to call ``call_id`` as its frame."""
-    return _ENCODER.encode(_ReplyOut(call_id, True, value, ""))
+    return _ENCODER.encode(Reply(call_id, True, msgspec.Raw(_ENCODER.encode(value))))
 
 
 def refusal_frame(call_id: int | None, error: str) -> bytes:
     """The refusal of call ``call_id`` (``error`` says why) as its frame."""
-    return _ENCODER.encode(_ReplyOut(call_id, False, None, error))
+    return _ENCODER.encode(Reply(call_id, False, error=error))
 
 
 def decode_reply(frame: bytes) -> Reply:
@@ -217,7 +195,8 @@ class NodeRefused(ValueError):
 
 
 def socket_path(node: str) -> Path:
-    """The socket file of ``store.node`` (``unix:PATH``, ``ipc://PATH`` or ``PATH``)."""
+    """The socket file of ``store.node`` (``unix:PATH``, ``ipc://PATH`` or ``PATH``;
+    ``ipc://``, ZeroMQ's, as older configurations name it)."""
     for prefix in ("unix://", "unix:", "ipc://"):
         if node.startswith(prefix):
             node = node[len(prefix):]
@@ -226,12 +205,6 @@ def socket_path(node: str) -> Path:
         raise ValueError("store.node is empty: name the node service's socket "
                          "(unix:/run/flatcake/node.sock)")
     return Path(node)
-
-
-def endpoint(path: Path) -> str:
-    return f"ipc://{os.path.abspath(path)}"
-
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@
 
     engine A (vLLM DP rank / instance)      engine B               flatcake serve
     scheduler half ── RemoteSchedulerSide ──┐                     ┌─ NodeService ───────────┐
-                                            ├─ ZeroMQ (unix) ────►│ books: one ControlPlane │
+                                            ├─ unix socket ─────►│ books: one ControlPlane │
     scheduler half ── RemoteSchedulerSide ──┘  one call per hook  │ per engine: its half    │
                                                                   │ (SchedulerSide) and its │
     worker (TP rank r) ─┐  StepPlan (as embedded)                 │ FC-MAS queue; leases    │
@@ -19,5 +19,5 @@ socket and loop; ``arena``: each part's files); the wire and the clients' side a
 ``flatcake.link`` (the vLLM scheduler half attached: ``connectors.node_client``).
 The service hosts the connectors' engine-neutral scheduler
 halves, one per engine, and the books of attached ``FlatCakeStore``s (the SGLang backend
-among them). Import ``flatcake.service.server`` directly (it needs pyzmq).
+among them).
 """

@@ -1,15 +1,18 @@
 """The node service's endpoint: its unix socket and the loop that answers calls.
 
-Single-threaded: one loop receives, answers and expires; the books need no lock.
+Single-threaded: one loop (``selectors``) accepts connections, reads frames
+(``link.frames``), answers and expires; the books need no lock, and there is no I/O
+thread: a call costs the service one read and one write of its socket.
 
-Connections: each holds one of the service's file descriptors, and ZeroMQ (4.3) aborts
-the process when accepting one finds none left (EMFILE), so a flood of idle connections
-would stop every engine's service. ``serve`` raises its open-file soft limit to the hard
-limit at start (``raise_open_files``: systemd's default soft limit is 1,024, its hard
-limit 524,288), and a connection that has not completed ZeroMQ's handshake within
-``HANDSHAKE_S`` (a raw socket held open) is closed. One uid holds at most
+Connections: each holds one of the service's file descriptors. ``serve`` raises its
+open-file soft limit to the hard limit at start (``raise_open_files``: systemd's default
+soft limit is 1,024, its hard limit 524,288); when accepting finds none left (EMFILE)
+the loop closes the connections that never called, the oldest first, and accepts
+again on its next turn. A connection that has made no call within ``HANDSHAKE_S`` of
+its accept (a raw socket held open) is closed. One uid holds at most
 ``store.node_max_connections_per_uid`` connections: past it, its longest-idle one is
-closed (``service.connections``).
+closed (``service.connections``). A peer that does not read its answers (more than
+``MAX_UNSENT_BYTES`` waiting to be sent) is closed.
 
 Deadlines: a call carries the wall-clock time its client stops waiting; one read after
 it is not run (its client gave up: what it would prepare would be no one's), and a
@@ -18,30 +21,33 @@ client names the calls it gave up on in its next call, whose effects are then un
 
 Frames: a call is decoded into the wire's ``Call`` and its arguments into its verb's
 declared types (``link.wire``, ``link.verbs``); nothing is unpickled. A frame that does
-not decode (random bytes, truncated, oversized, another protocol version, a pickle, the
-wrong number of frames) is answered with an error naming why, and the loop goes on.
+not decode (random bytes, truncated, another protocol version, a pickle) is answered
+with an error naming why, and the loop goes on; a frame longer than
+``link.frames.MAX_FRAME_BYTES`` is refused by name and its connection closed.
 
-Callers: who makes a call is its connection (``link.trust.Caller``: ZeroMQ's routing id,
-and the peer's pid and uid from ``SO_PEERCRED`` where the platform says), never the id a
-call names; the service binds each attached engine or store to the caller that attached
-it (``link.trust.Owner``).
+Callers: who makes a call is its connection (``link.trust.Caller``: the loop's number
+of it, and the peer's pid and uid from ``SO_PEERCRED`` where the platform says), never
+the id a call names; the service binds each attached engine or store to the caller that
+attached it (``link.trust.Owner``).
 """
 
 from __future__ import annotations
 
+import errno
+import itertools
 import logging
 import resource
+import selectors
 import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, cast
-
-import zmq
+from typing import Any
 
 from flatcake.control import ControlPlane
 from flatcake.link import wire
-from flatcake.link.trust import Caller
+from flatcake.link.frames import RECV_BYTES, Framer, FrameTooLarge, framed
+from flatcake.link.trust import Caller, peer_credentials
 from flatcake.link.verbs import STATUS, Verb
 from flatcake.service.connections import ConnectionCap
 from flatcake.service.stores import AttachedStore, ServableWait
@@ -51,6 +57,8 @@ logger = logging.getLogger("flatcake.service")
 HANDSHAKE_S = 5.0  # a connection silent this long after it was accepted is closed
 FEW_OPEN_FILES = 16384  # below this, warn: a client leaking connections could stop us
 _UNLIMITED_OPEN_FILES = 1 << 20  # what an unlimited hard limit is taken as (nr_open)
+MAX_UNSENT_BYTES = 256 << 20  # answers a peer left unread past which it is closed
+BACKLOG = 1024  # connections the kernel queues before the loop accepts them
 
 
 def raise_open_files() -> int:
@@ -88,14 +96,27 @@ def listening(path: Path) -> bool:
     return True
 
 
+class _Peer:
+    """One connection: its socket, what it sent so far, what waits to be sent."""
+
+    __slots__ = ("accepted", "called", "caller", "framer", "sock", "unsent")
+
+    def __init__(self, sock: socket.socket, caller: Caller, now: float) -> None:
+        self.sock, self.caller = sock, caller
+        self.framer = Framer()
+        self.unsent = bytearray()
+        self.accepted, self.called = now, False
+
+
 class CallLoop:
-    """The serving loop of ``server.NodeService`` (which answers each call)."""
+    """The serving loop of ``server.NodeService`` (which answers each call). Owned by
+    the thread that runs ``serve``."""
 
     lease_s: float
     verb_table: dict[str, Verb]  # every verb it answers, by name
-    _sock: zmq.Socket[bytes]
+    _listener: socket.socket
     _conns: ConnectionCap
-    _waits: list[tuple[bytes, int, ServableWait]]
+    _waits: list[tuple[int, int, ServableWait]]
     _stores: dict[str, AttachedStore]
 
     def handle(self, method: str, engine_id: str, args: dict[str, Any],
@@ -111,60 +132,166 @@ class CallLoop:
     def _books(self) -> ControlPlane:
         raise NotImplementedError
 
+    def _listen(self, path: Path) -> None:
+        """Listen on ``path`` (the caller set the umask and checked the directory)."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(path))
+            listener.listen(BACKLOG)
+        except OSError:
+            listener.close()
+            raise
+        listener.setblocking(False)
+        self._listener = listener
+        self._peers: dict[int, _Peer] = {}  # by connection number
+        self._numbers = itertools.count(1)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._accepting = True
+
     def serve(self, stop: threading.Event) -> None:
         """Answer calls until ``stop`` is set."""
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        if self._conns.monitor is not None:
-            poller.register(self._conns.monitor, zmq.POLLIN)
         tick = min(1.0, self.lease_s / 4)
         next_expiry = time.monotonic() + tick
+        select = self._selector.select
         while not stop.is_set():
-            wait_ms = 100
+            wait_s = 0.1
             if self._waits:
                 first = min(w.deadline for _, _, w in self._waits)
-                wait_ms = max(0, min(wait_ms, int((first - time.monotonic()) * 1000) + 1))
-            ready = poller.poll(wait_ms)
-            if ready:
-                if len(ready) > 1 or ready[0][0] is not self._sock:
-                    self._conns.drain()  # the monitor's events (accepted, closed)
-                self._take_calls()
-            if time.monotonic() >= next_expiry:
-                self._conns.drain()  # connections over the cap whose grace ended
+                wait_s = max(0.0, min(wait_s, first - time.monotonic() + 0.001))
+            for key, events in select(wait_s):
+                if key.data is None:
+                    self._accept()
+                elif events & selectors.EVENT_READ:
+                    self._read(key.data)
+                else:
+                    self._flush(key.data)
+            now = time.monotonic()
+            if now >= next_expiry:
+                self._sweep(now)
                 self.expire()
                 next_expiry = time.monotonic() + tick
             if self._waits:
                 self._answer_waits(time.monotonic())
 
-    def _take_calls(self) -> None:
-        """Answer every call the socket holds. Read while ZeroMQ says one is there
-        (``EVENTS``), so an empty socket costs no raised ``zmq.Again`` per wakeup."""
-        sock = self._sock
-        while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+    def _accept(self) -> None:
+        while True:
             try:
-                got = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:
                 return
-            who, frames = got[0].bytes, got[1:]
-            if len(frames) == 1:
-                self._answer(who, frames[0].bytes, frames[0].get(zmq.SRCFD))
-            else:  # a call is one frame (a DEALER's send_multipart is not one)
-                self._refuse(who, f"{len(frames)} frames, a call is one")
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                self._out_of_files()
+                return
+            sock.setblocking(False)
+            creds = peer_credentials(sock)
+            peer = _Peer(sock, Caller(next(self._numbers), creds), time.monotonic())
+            self._peers[peer.caller.connection] = peer
+            self._conns.accepted(sock.fileno(), creds[1] if creds else None, peer.accepted)
+            self._selector.register(sock, selectors.EVENT_READ, peer)
 
-    def _send(self, who: bytes, frame: bytes) -> None:
-        """Send ``frame`` to connection ``who`` (a ROUTER drops what it cannot deliver,
-        so this never blocks the loop)."""
-        self._sock.send(who, zmq.SNDMORE)
-        self._sock.send(frame)
+    def _out_of_files(self) -> None:
+        """No descriptor left to accept with: close the connections that never called
+        (oldest first, half of them), else stop accepting until the next tick."""
+        silent = sorted((p for p in self._peers.values() if not p.called),
+                        key=lambda p: p.accepted)
+        logger.warning("out of open files with %d connections (%d never called): the "
+                       "oldest silent ones are closed", len(self._peers), len(silent))
+        for peer in silent[:max(1, len(silent) // 2)]:
+            self._close(peer)
+        if not silent and self._accepting:
+            self._selector.unregister(self._listener)
+            self._accepting = False
 
-    def _refuse(self, who: bytes, why: str, call_id: int | None = None) -> None:
+    def _sweep(self, now: float) -> None:
+        """The tick's connection work: accept again, close the silent and those over
+        their uid's cap."""
+        if not self._accepting:
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
+            self._accepting = True
+        for peer in [p for p in self._peers.values()
+                     if not p.called and now - p.accepted > HANDSHAKE_S]:
+            self._close(peer)
+        over = set(self._conns.over(now))
+        for peer in [p for p in self._peers.values() if p.sock.fileno() in over]:
+            self._close(peer)
+
+    def _close(self, peer: _Peer) -> None:
+        if self._peers.pop(peer.caller.connection, None) is None:
+            return
+        self._conns.forget(peer.sock.fileno())
+        self._selector.unregister(peer.sock)
+        peer.sock.close()
+
+    def _read(self, peer: _Peer) -> None:
+        """Answer every call ``peer`` sent that is whole; a frame that is not one is
+        refused, never raised out of the loop (one peer's bytes must not stop every
+        engine's service)."""
+        try:
+            data = peer.sock.recv(RECV_BYTES)
+        except OSError:
+            data = b""
+        if not data:
+            self._close(peer)
+            return
+        try:
+            frames = peer.framer.feed(data)
+        except FrameTooLarge as exc:
+            self._send(peer.caller.connection, wire.refusal_frame(
+                None, f"malformed call: {exc}; the connection is closed"))
+            self._close(peer)
+            return
+        for frame in frames:
+            peer.called = True
+            self._answer(peer, frame)
+
+    def _send(self, who: int, frame: bytes) -> None:
+        """Send ``frame`` to connection ``who`` (gone: dropped). What the socket does not
+        take now is sent as it drains, so this never blocks the loop."""
+        peer = self._peers.get(who)
+        if peer is None:
+            return
+        data = framed(frame)
+        if not peer.unsent:
+            try:
+                sent = peer.sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._close(peer)
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+            self._selector.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE,
+                                  peer)
+        peer.unsent += data
+        if len(peer.unsent) > MAX_UNSENT_BYTES:
+            logger.warning("connection %d leaves its answers unread: closed",
+                           peer.caller.connection)
+            self._close(peer)
+
+    def _flush(self, peer: _Peer) -> None:
+        try:
+            sent = peer.sock.send(peer.unsent)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._close(peer)
+            return
+        del peer.unsent[:sent]
+        if not peer.unsent:
+            self._selector.modify(peer.sock, selectors.EVENT_READ, peer)
+
+    def _refuse(self, who: int, why: str, call_id: int | None = None) -> None:
         """Answer a message that is not a call (or not one we can read)."""
         self._send(who, wire.refusal_frame(call_id, f"malformed call: {why}"))
 
-    def _answer(self, who: bytes, frame: bytes, fd: int = -1) -> None:
-        """Answer one call of connection ``who`` (descriptor ``fd``); a frame that is
-        not one is refused, never raised out of the loop (one peer's bytes must not stop
-        every engine's service)."""
+    def _answer(self, peer: _Peer, frame: bytes) -> None:
+        """Answer one call of ``peer`` (see ``_read``)."""
+        who = peer.caller.connection
         try:
             call = wire.decode_call(frame)
         except wire.BadFrame as exc:
@@ -180,8 +307,8 @@ class CallLoop:
         except Exception as exc:  # wire.FrameError, or a value's own check refusing it
             self._refuse(who, f"the arguments of {method}: {exc}", call_id)
             return
-        caller = Caller(who, fd)
-        self._conns.touch(fd)
+        caller = peer.caller
+        self._conns.touch(peer.sock.fileno(), time.monotonic())
         try:
             if call.gave_up:  # first: one of them may be a call still queued
                 self.gave_up(engine_id, caller, call.gave_up)
@@ -214,6 +341,15 @@ class CallLoop:
             else:
                 self._send(who, wire.answer_frame(call_id, found))
         self._waits = held
+
+    def _stop_listening(self) -> None:
+        """Close every connection and the listener."""
+        for peer in list(getattr(self, "_peers", {}).values()):
+            self._close(peer)
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.close()
+            self._selector.close()
 
 
 def ask_status(sock: Path, timeout_s: float, group: str = "") -> dict[str, Any]:

@@ -69,8 +69,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from flatcake.cio.direct import ensure_private_dir
 from flatcake.cio.executor import Executor
 from flatcake.cio.files import SessionFiles
@@ -93,7 +91,7 @@ from flatcake.plan.tasks import FileDrop, StepPlan
 from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
 from flatcake.service.connections import ConnectionCap
-from flatcake.service.endpoint import HANDSHAKE_S, CallLoop, listening
+from flatcake.service.endpoint import CallLoop, listening
 from flatcake.service.fences import Fenced, fence, free_fenced, process_start, reported
 from flatcake.service.stores import (
     AttachedStore,
@@ -150,14 +148,10 @@ class NodeService(CallLoop):
         self._fenced: list[Fenced] = []
         self._tenants = SessionTenants(self.root)
         # Stores' ``servable`` calls held for a store in flight: (their socket, call id).
-        self._waits: list[tuple[bytes, int, ServableWait]] = []
+        self._waits: list[tuple[int, int, ServableWait]] = []
         self._next_engine = 0
         self._bound = False  # the socket file is ours to remove at close
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
-        self._conns = ConnectionCap(self._sock, config.store.node_max_connections_per_uid)
+        self._conns = ConnectionCap(config.store.node_max_connections_per_uid)
         try:
             self._bind()
         except (OSError, ValueError):
@@ -188,7 +182,7 @@ class NodeService(CallLoop):
             self.socket.unlink()
         old = os.umask(0o177)
         try:
-            self._sock.bind(wire.endpoint(self.socket))
+            self._listen(self.socket)
         finally:
             os.umask(old)
         self._bound = True
@@ -500,9 +494,7 @@ class NodeService(CallLoop):
     def close(self) -> None:
         """Stop answering and release every root lock. The arena files stay (engines
         still attached map them; ``rm`` them once every engine has stopped)."""
-        self._conns.close()
-        self._sock.close(0)
-        self._ctx.term()
+        self._stop_listening()
         if self._bound:
             self.socket.unlink(missing_ok=True)
         if self._member is not None:  # leave the index before the files go

@@ -110,7 +110,7 @@ def _scope(store: AttachedStore, control: ControlPlane, tenants: SessionTenants,
         tenants.check_hit(control, tenant, args["keys_or_hit"], method)
     elif method == "complete_load":
         return args["request_id"] in store.loads
-    elif method in ("complete_store", "complete_copy", "end_store"):
+    elif method in ("complete_store", "end_store"):
         plan = args["plan"]
         return store.stores.get(plan.segment.segment_id) == plan
     elif method == "submit_restore":
