@@ -218,3 +218,21 @@ def test_a_client_runs_no_code_from_a_listeners_reply(tmp_path: Path) -> None:
     finally:
         client.close()
         listener.close()
+
+
+def test_an_engine_speaking_zeromq_is_named_once_and_closed(tmp_path: Path) -> None:
+    """An engine with a FlatCake older than the framed socket sends ZeroMQ's greeting:
+    the service says so in its log (once per process: ZeroMQ reconnects on its own)
+    and closes it at once, not after the silent connections' 5 s."""
+    svc = Service(tmp_path / "root", tmp_path / "run" / "node.sock").start()
+    try:
+        for _ in range(2):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as old:
+                old.settimeout(3.0)
+                old.connect(str(svc.sock))
+                old.sendall(b"\xff" + bytes(8) + b"\x7f\x03")  # ZMTP 3 signature, major
+                assert old.recv(1) == b""  # closed before the handshake bound
+        assert ask_status(svc.sock, 5.0)["root"] == str(svc.root)
+    finally:
+        assert svc.stop() == 0, svc.stderr()
+    assert svc.stderr().count("speaks ZeroMQ") == 1

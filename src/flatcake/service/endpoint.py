@@ -59,6 +59,8 @@ FEW_OPEN_FILES = 16384  # below this, warn: a client leaking connections could s
 _UNLIMITED_OPEN_FILES = 1 << 20  # what an unlimited hard limit is taken as (nr_open)
 MAX_UNSENT_BYTES = 256 << 20  # answers a peer left unread past which it is closed
 BACKLOG = 1024  # connections the kernel queues before the loop accepts them
+# A ZeroMQ peer's first bytes (ZMTP 3 signature: 0xFF, 8 padding bytes, 0x7F).
+ZMTP_SIGNATURE = b"\xff" + bytes(8) + b"\x7f"
 
 
 def raise_open_files() -> int:
@@ -144,6 +146,7 @@ class CallLoop:
         listener.setblocking(False)
         self._listener = listener
         self._peers: dict[int, _Peer] = {}  # by connection number
+        self._old_pids: set[int | None] = set()  # ZeroMQ engines told to upgrade
         self._numbers = itertools.count(1)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
@@ -236,6 +239,10 @@ class CallLoop:
         if not data:
             self._close(peer)
             return
+        if not peer.called and data[:1] == ZMTP_SIGNATURE[:1] and len(data) >= 10 and \
+                data[9] == ZMTP_SIGNATURE[9]:
+            self._old_engine(peer)
+            return
         try:
             frames = peer.framer.feed(data)
         except FrameTooLarge as exc:
@@ -246,6 +253,18 @@ class CallLoop:
         for frame in frames:
             peer.called = True
             self._answer(peer, frame)
+
+    def _old_engine(self, peer: _Peer) -> None:
+        """A ZeroMQ greeting: an engine whose FlatCake speaks the wire before protocol
+        5 (ZeroMQ). Said once per process (ZeroMQ reconnects on its own), then closed."""
+        pid = peer.caller.credentials[0] if peer.caller.credentials else None
+        if pid not in self._old_pids:
+            self._old_pids.add(pid)
+            logger.error("connection %d (pid %s) speaks ZeroMQ: an engine with a FlatCake "
+                         "older than wire protocol %d; upgrade FlatCake there (it serves "
+                         "without the node service until then)", peer.caller.connection,
+                         pid, wire.PROTOCOL_VERSION)
+        self._close(peer)
 
     def _send(self, who: int, frame: bytes) -> None:
         """Send ``frame`` to connection ``who`` (gone: dropped). What the socket does not
