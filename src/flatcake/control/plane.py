@@ -155,7 +155,7 @@ class ControlPlane(Books):
                 "workers do the I/O), so it refuses the key; the embedded store, the "
                 "embedded vLLM connector and the replay write them (leave it false for "
                 "a node service)")
-        not_yet = NotYet(index, arena, sessions)
+        not_yet = NotYet(index, arena, sessions, pending)
         # Reclaim writes not-yet homes back through the stores made below.
         backs = write_backs and cfg.placement.not_yet and cfg.placement.not_yet_write_back
         reclaimer = self._reclaimer = Reclaimer(
