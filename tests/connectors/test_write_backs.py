@@ -35,6 +35,17 @@ def first_turns(h: Harness) -> list[list[int]]:
     return out
 
 
+def restore_first(h: Harness, turn: list[int], from_ssd: bool) -> None:
+    """Session 0's second turn restores its first turn (slots 0, 1) into slots 40, 41
+    (async when it reads the SSD): the same bytes."""
+    v = view("b", tokens(turn, 8, 200), session="s0")
+    assert h.sched.num_matched_tokens(v, 0) == (8, from_ssd)
+    h.sched.after_alloc("b", [40, 41, 42, 43], 8)
+    h.step()
+    assert all(h.block(layer, 40 + j) == h.block(layer, j)
+               for layer in range(len(h.kv)) for j in range(2))
+
+
 def test_the_workers_write_a_home_back_and_a_later_turn_restores_it(tmp_path: Path) -> None:
     h = Harness(tmp_path, write_back_settings())
     turns = first_turns(h)
@@ -49,13 +60,8 @@ def test_the_workers_write_a_home_back_and_a_later_turn_restores_it(tmp_path: Pa
     assert stats["write_backs"] == 4
     assert stats["ssd_written_bytes"] == sum(s.total_bytes for s in segs) > 0
     assert ctl.memory_used_bytes == 4 * 4096
-    # Session 0's next turn restores its first turn from the SSD into slots 40, 41.
-    v = view("b", tokens(turns[0], 8, 200), session="s0")
-    assert h.sched.num_matched_tokens(v, 0) == (8, True)
-    h.sched.after_alloc("b", [40, 41, 42, 43], 8)
-    h.step()
-    assert all(h.block(layer, 40 + j) == h.block(layer, j)
-               for layer in range(len(h.kv)) for j in range(2))
+    # Session 0's next turn restores its first turn from the SSD.
+    restore_first(h, turns[0], from_ssd=True)
     ctl.check_integrity()
     h.close()
 
@@ -74,12 +80,7 @@ def test_a_write_back_the_workers_fail_leaves_the_home_served(tmp_path: Path) ->
         hit = ctl.lookup(view("x", toks).keys)
         assert (hit.num_blocks, hit.num_memory_blocks) == (2, 2)
     assert ctl.ssd_wear().written_bytes == 0
-    # Session 0's next turn restores its first turn from its memory home, byte-exact.
-    v = view("b", tokens(turns[0], 8, 200), session="s0")
-    assert h.sched.num_matched_tokens(v, 0) == (8, False)
-    h.sched.after_alloc("b", [40, 41, 42, 43], 8)
-    h.step()
-    assert all(h.block(layer, 40 + j) == h.block(layer, j)
-               for layer in range(len(h.kv)) for j in range(2))
+    # Session 0's next turn restores its first turn from its memory home.
+    restore_first(h, turns[0], from_ssd=False)
     ctl.check_integrity()
     h.close()
