@@ -176,13 +176,13 @@ class SegmentWriter:
         ``layout``, a ``SegmentLayout.for_memory``) as one SSD segment of the same
         blocks at ``file_offset`` and fdatasync, as ``write_ssd`` does from the paged
         KV. ``home`` must stay as it is until this returns."""
-        if layout.header_bytes or home.numel() < layout.data_bytes:
-            raise ValueError(f"a memory segment of {layout.data_bytes} bytes without a "
-                             f"header is written back, got {home.numel()} bytes, header "
-                             f"{layout.header_bytes}")
+        if layout.header_bytes:
+            raise ValueError(f"a memory segment (no header) is written back, got a layout "
+                             f"with a {layout.header_bytes}-byte header")
+        blocks = _MemoryBlocks(home, layout)
         ssd = SegmentLayout.for_ssd(layout.num_blocks, layout.layer_block_bytes,
                                     layout.layer_window_blocks, ends=layout.ends)
-        return self._write(fd, file_offset, ssd, _MemoryBlocks(home, layout), keys,
+        return self._write(fd, file_offset, ssd, blocks, keys,
                            file_id=file_id, seq=seq, turn_index=turn_index,
                            first_block=first_block)
 
@@ -391,14 +391,24 @@ class _PagedBlocks:
 
 class _MemoryBlocks:
     """A segment's blocks in a host-memory segment (``home``, laid out as ``layout``,
-    a ``SegmentLayout.for_memory``): a layer's blocks are one range of it."""
+    a ``SegmentLayout.for_memory``): a layer's blocks are one range of it, copied with
+    one ``memmove`` (no torch kernel: see ``_HostGather``)."""
 
     def __init__(self, home: torch.Tensor, layout: SegmentLayout) -> None:
+        if home.device.type != "cpu" or not home.is_contiguous() or \
+                home.numel() < layout.data_bytes:
+            raise ValueError(f"a memory segment is a contiguous host tensor of at least "
+                             f"{layout.data_bytes} bytes, got {home.numel()} on "
+                             f"{home.device}")
         self._home, self._layout = home, layout
 
     def copy(self, layer: int, first: int, count: int, dest: torch.Tensor) -> None:
+        size = count * self._layout.layer_block_bytes[layer]
+        if dest.device.type != "cpu" or not dest.is_contiguous() or dest.numel() != size:
+            raise ValueError(f"gather destination must be a contiguous host tensor of "
+                             f"{size} bytes, got {dest.numel()} bytes on {dest.device}")
         at = self._layout.block_offset(layer, first)
-        dest.copy_(self._home[at:at + count * self._layout.layer_block_bytes[layer]])
+        memmove(dest.data_ptr(), self._home.data_ptr() + at, size)
 
 
 class _HostGather:
