@@ -6,7 +6,9 @@ server configuration, started with identical flags, alternating over repeats.
 Configurations (``--configs``): ``none`` (vLLM alone, its own prefix cache),
 ``flatcake`` (the FlatCake connector with ``--flatcake-memory-mib`` of host memory and
 ``--flatcake-ssd-mib`` of SSD under a fresh store root), ``flatcake-not-yet`` (the same
-with ``placement.not_yet`` on: its SSD wear beside today's rule) and ``lmcache`` (LMCache's
+with ``placement.not_yet`` on: its SSD wear beside today's rule),
+``flatcake-write-back`` (``not_yet`` with ``placement.not_yet_write_back``: memory
+reclaim writes a not-yet home to the SSD rather than drop it) and ``lmcache`` (LMCache's
 multi-process mode: an ``lmcache server`` with the same host memory as its L1 and its
 ``fs_native`` L2 adapter under a fresh folder, vLLM's ``LMCacheMPConnector``, the CPU
 transfer path ``LMCACHE_MP_TRANSFER_MODE=engine_driven NO_GPU_EXT=1``). LMCache is not a
@@ -71,7 +73,10 @@ SETTLE_S = 2.0
 SEED_STRIDE = 1000  # an interleaved repeat's seeds: working set k + 1 + 1000 * repeat
 RESERVED_CPUS = 1  # vLLM's own default on x86 for one rank without a KV connector
 BLOCK = 32
-CONFIGS = ("none", "flatcake", "flatcake-not-yet", "lmcache")
+CONFIGS = ("none", "flatcake", "flatcake-not-yet", "flatcake-write-back", "lmcache")
+# The ``placement`` keys of each FlatCake configuration beside today's rule.
+PLACEMENT = {"flatcake-not-yet": {"not_yet": True},
+             "flatcake-write-back": {"not_yet": True, "not_yet_write_back": True}}
 TRACE_KINDS = ("agent", "chat", "mixed")
 # What the server log says when a stop was not clean.
 STOP_EVENTS = {
@@ -185,7 +190,7 @@ class Server:
                 "kv_connector_extra_config": {"store": {
                     "root": str(store), "memory_capacity_bytes": args.flatcake_memory_mib << 20,
                     "ssd_capacity_bytes": args.flatcake_ssd_mib << 20},
-                    "placement": {"not_yet": config == "flatcake-not-yet"}}})]
+                    "placement": PLACEMENT.get(config, {})}})]
         if self.lmcache is not None:
             cmd += ["--kv-transfer-config", json.dumps({
                 "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",

@@ -18,6 +18,7 @@ from flatcake.cio.filescan import scan_session_file
 from flatcake.cio.format import FILE_HEADER_BYTES, FileHeader, session_file_name
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.writer import SegmentWriter, write_file_header, zero_copy_write_refusal
+from flatcake.layout import SegmentLayout
 
 NUM_LAYERS, SLOTS = 3, 24
 TURNS = [[3, 4, 5, 9], [0, 1, 2, 17, 18, 19, 20, 6], [23]]
@@ -212,3 +213,49 @@ def test_layers_of_different_sizes_are_written_layer_after_layer(
     file, paths = _write(tmp_path, kv, sizes, SegmentWriter(chunk_bytes, in_flight=2))
     assert paths == [path] * len(TURNS)
     _assert_on_disk(file, kv, sizes, False)
+
+
+@pytest.mark.parametrize(("windows", "ends"), [((), ()), ((0, 2, 3), ((3, 3),))])
+@pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
+def test_a_memory_segment_written_back_is_the_segment_the_paged_kv_gives(
+        tmp_path: Path, windows: tuple[int, ...], ends: tuple[tuple[int, int], ...],
+        chunk_bytes: int) -> None:
+    """``write_ssd_from_memory`` (a not-yet home written back from the arena) writes the
+    bytes, header and crcs ``write_ssd`` writes from the slots it was gathered from,
+    windowed layers and their extra ends included, on either write path."""
+    bbpl = 4096
+    kv = _kv(bbpl, False, aligned=True)
+    paged = PagedKV(kv, _sizes(bbpl), "blocks")
+    ids = paged.block_table([3, 9, 4, 12, 5, 6], unique=False)
+    keys = [bytes([i]) * 32 for i in range(6)]
+    home = torch.zeros(NUM_LAYERS * 6 * bbpl, dtype=torch.uint8)
+    SegmentWriter.write_memory(home, paged, ids, windows, ends)
+    layout = SegmentLayout.for_memory(6, _sizes(bbpl), windows, ends)
+    path = tmp_path / session_file_name(7)
+    fd = open_file(path, resolve_io_mode(tmp_path, "auto"), create=True)
+    writer = SegmentWriter(chunk_bytes)
+    try:
+        write_file_header(fd, FileHeader("s", 7, 0, 0, 1 << 24, _sizes(bbpl), windows))
+        where = dict(file_id=7, seq=0, turn_index=0, first_block=0)
+        a = writer.write_ssd(fd, FILE_HEADER_BYTES, paged, ids, keys,
+                             layer_window_blocks=windows, ends=ends, **where)
+        b = writer.write_ssd_from_memory(fd, FILE_HEADER_BYTES + a.total_bytes, home,
+                                         layout, keys, **where)
+    finally:
+        os.close(fd)
+        writer.close()
+    assert b.header == a.header and b.total_bytes == a.total_bytes
+    assert b.write_path == "gather"
+    raw = path.read_bytes()
+    first = raw[FILE_HEADER_BYTES:FILE_HEADER_BYTES + a.total_bytes]
+    assert raw[FILE_HEADER_BYTES + a.total_bytes:FILE_HEADER_BYTES + 2 * a.total_bytes] \
+        == first
+
+
+def test_a_write_back_needs_a_memory_segment(tmp_path: Path) -> None:
+    layout = SegmentLayout.for_ssd(2, (4096,) * NUM_LAYERS)
+    with pytest.raises(ValueError, match="memory segment"):
+        SegmentWriter().write_ssd_from_memory(0, 0, torch.zeros(2 * 3 * 4096,
+                                                                dtype=torch.uint8),
+                                              layout, [bytes(32)] * 2, file_id=0, seq=0,
+                                              turn_index=0, first_block=0)

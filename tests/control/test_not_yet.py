@@ -239,3 +239,22 @@ def test_reclaim_writes_back_through_the_verb_and_clock_it_is_built_with() -> No
         # Memory use of 8 pages; the low watermark is 4: both homes go.
         r.reclaim_not_yet(8 * K)
         assert (calls, ny.num_dropped) == (written, dropped)
+
+
+def test_a_home_still_being_written_at_reclaim_is_written_back_later() -> None:
+    """A host that writes a memory home after ``prepare_store`` (the vLLM connector's
+    workers, a step later): a reclaim while it is in flight skips it (its session is
+    pinned) and keeps it a not-yet home, so a later reclaim writes it back."""
+    cp, clock = make(memory_pages=8, not_yet=True, write_back=True)
+    a = cp.prepare_store("a", skeys("a", 8), turn_index=0, context_tokens=32)
+    assert a is not None and a.placement.rule == PlacementRule.NOT_YET
+    clock.advance(1.0)
+    _homes(cp, clock, "bcdefgh")  # the 8th page crosses the high watermark
+    backs = cp.take_write_backs()
+    assert [p.session_id for p in backs] == ["b", "c", "d", "e"]  # "a" is pinned
+    cp.complete_store(a, True)
+    for p in backs:
+        cp.complete_store(p, True)
+    _homes(cp, clock, "ijkl")  # f, g, h, a (written last), i, j, k, l: 8 pages again
+    assert [p.session_id for p in cp.take_write_backs()] == ["f", "g", "h", "a"]
+    cp.check_integrity()

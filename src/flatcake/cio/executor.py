@@ -12,7 +12,8 @@
                   -> LoadDone (the verified prefix, the failed segments)
     StoreTask  -> prepare_file (create / grow the session file, take the segment's
                   sequence number) -> write: gather + O_DIRECT write + fdatasync (or
-                  a copy into the host arena) -> StoreDone
+                  a copy into the host arena; a write-back, ``StorePlan.home``:
+                  from that home's arena range) -> StoreDone
     FileCut    -> truncate a file after its last good segment
     FileDrop   -> delete (or quarantine) a session file
     restart    -> settle: act on the books' verdicts (``control.restart``) on disk
@@ -38,6 +39,7 @@ the other way round (the executor calls back without it).
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -58,7 +60,7 @@ from flatcake.cio.readers import GdsReader, Reader
 from flatcake.cio.restore import OpenFile
 from flatcake.cio.scan import DiskScan
 from flatcake.cio.staging import StagingWindow
-from flatcake.cio.writer import SegmentWriter
+from flatcake.cio.writer import SegmentWriter, WrittenSegment
 from flatcake.config import FlatCakeConfig
 from flatcake.control.address import Medium
 from flatcake.control.plane import ControlPlane
@@ -206,36 +208,53 @@ class Executor(ExecutorLoads):
             self.files.ensure_allocated(file_id, offset + plan.segment.total_bytes)
             return offset // ALIGN, self.files.open_file(file_id)
 
-    def write(self, task: StoreTask, paged: PagedKV, seq: int, target: OpenFile | None,
-              on_copy: Callable[[], None] | None = None) -> StoreOutcome:
+    def write(self, task: StoreTask, paged: PagedKV | None, seq: int,
+              target: OpenFile | None, on_copy: Callable[[], None] | None = None
+              ) -> StoreOutcome:
         """Gather the segment's blocks and write them: into the arena (memory), or
         (SSD) a clean memory copy first when the plan has one (``on_copy`` runs after
-        it), then the segment to ``target`` and fdatasync. An ``OSError`` is a failed
-        store (the first 4 KiB of an SSD segment are scrubbed), never a crash."""
+        it), then the segment to ``target`` and fdatasync. A write-back
+        (``StorePlan.home``) takes its blocks from the home's arena range, not from
+        ``paged`` (which may be ``None`` then). An ``OSError`` is a failed store (the
+        first 4 KiB of an SSD segment are scrubbed), never a crash."""
         plan, seg = task.plan, task.plan.segment
-        ids = paged.block_table(task.block_ids, unique=False)
-        windows = self.geometry.layer_window_blocks
+        write: Callable[..., WrittenSegment]
         try:
+            if plan.home is not None:  # a not-yet home written back: from the arena
+                home = plan.home
+                write = functools.partial(
+                    self.writer.write_ssd_from_memory,
+                    home=self.arena.view(home.offset, home.total_bytes), layout=home.layout)
+            elif paged is None:
+                raise ValueError(f"the store of segment {seg.segment_id} needs the paged KV")
+            else:
+                ids = paged.block_table(task.block_ids, unique=False)
+                windows = self.geometry.layer_window_blocks
+                if target is None:
+                    self.writer.write_memory(self.arena.view(seg.offset, seg.total_bytes),
+                                             paged, ids, windows, seg.layout.ends)
+                    return StoreOutcome(StoreDone(task.request_id, seg.segment_id, True,
+                                                  seg.layout.data_bytes))
+                if plan.copy is not None:  # spare memory: a clean copy, readable at once
+                    # Piece by piece: each holds a run of the segment's blocks in its
+                    # own arena extent (the memory layout of that run).
+                    for piece, start in plan.copy.starts():
+                        self.writer.write_memory(
+                            self.arena.view(piece.offset, piece.total_bytes), paged,
+                            ids[start:start + piece.num_blocks], windows, piece.layout.ends)
+                    if on_copy is not None:
+                        on_copy()
+                write = functools.partial(self.writer.write_ssd, paged=paged, ids=ids,
+                                          layer_window_blocks=windows,
+                                          ends=seg.layout.ends)
             if target is None:
-                self.writer.write_memory(self.arena.view(seg.offset, seg.total_bytes),
-                                         paged, ids, windows, seg.layout.ends)
-                return StoreOutcome(StoreDone(task.request_id, seg.segment_id, True,
-                                              seg.layout.data_bytes))
-            if plan.copy is not None:  # spare memory: a clean copy, readable at once
-                # Piece by piece: each holds a run of the segment's blocks in its own
-                # arena extent (the memory layout of that run).
-                for piece, start in plan.copy.starts():
-                    self.writer.write_memory(
-                        self.arena.view(piece.offset, piece.total_bytes), paged,
-                        ids[start:start + piece.num_blocks], windows, piece.layout.ends)
-                if on_copy is not None:
-                    on_copy()
+                raise ValueError(f"segment {seg.segment_id} is written back to the SSD, "
+                                 f"not to memory")
             file_id, offset = int(seg.file_id or 0), int(seg.file_offset or 0)
             try:
-                written = self.writer.write_ssd(
-                    target.fd, offset, paged, ids, seg.keys, file_id=file_id, seq=seq,
-                    turn_index=seg.turn_index, first_block=plan.first_block,
-                    layer_window_blocks=windows, ends=seg.layout.ends)
+                written = write(fd=target.fd, file_offset=offset, keys=seg.keys,
+                                file_id=file_id, seq=seq, turn_index=seg.turn_index,
+                                first_block=plan.first_block)
             except BaseException:
                 scrub_page(target.fd, offset)
                 raise
@@ -247,7 +266,7 @@ class Executor(ExecutorLoads):
             return StoreOutcome(StoreDone(task.request_id, seg.segment_id, False), 0,
                                 str(exc) or type(exc).__name__)
 
-    def run_store(self, task: StoreTask, paged: PagedKV) -> StoreOutcome:
+    def run_store(self, task: StoreTask, paged: PagedKV | None) -> StoreOutcome:
         """``prepare_file`` + ``write`` (one writer thread: allocation order holds)."""
         try:
             seq, target = self.prepare_file(task.plan)

@@ -11,17 +11,21 @@ Order of an SSD segment write (the store publishes addresses only after it retur
                                        its header is there; the layer crcs still
     fdatasync                          catch a torn data write (once per turn)
 
-The data goes out one of two ways, chosen per write and reported in
-``WrittenSegment.write_path``:
+The blocks come from the engine's paged KV (``write_ssd``), or, for a not-yet home
+memory reclaim writes back (``placement.not_yet_write_back``), from that home's
+host-memory segment (``write_ssd_from_memory``: the same data layout without a header,
+``layout``): one write path either way, only the source of the blocks differs
+(``_PagedBlocks``, ``_MemoryBlocks``). The data goes out one of two ways, chosen per
+write and reported in ``WrittenSegment.write_path``:
 
 - ``"zero-copy"``: when the paged KV is in host memory, page-aligned, and each block
   part (a whole block, or its K and V halves for ``(2, slots, ...)`` tensors) is a
   multiple of 4 KiB, each command is a ``pwritev`` whose iovecs are the slots
   themselves (consecutive slots of a ``blocks`` layout merged), no copy;
 - ``"gather"``: otherwise (a GPU paged KV, torch's 64-byte-aligned tensors, small
-  blocks) blocks are gathered into a ring of huge-page aligned buffers and each full
-  buffer is written while the next one is gathered (host blocks by ``memmove``, see
-  ``_HostGather``).
+  blocks, a memory segment written back) blocks are gathered into a ring of huge-page
+  aligned buffers and each full buffer is written while the next one is gathered
+  (host blocks by ``memmove``, see ``_HostGather``).
 
 A segment that fits in one chunk on the gather path is written with a single pwrite of
 header + data. The slots must stay as they are until ``write_ssd`` returns (the same
@@ -38,6 +42,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from ctypes import memmove
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -157,11 +162,38 @@ class SegmentWriter:
         only, and before each of ``ends``: ``layout.SegmentLayout``). ``file_offset``
         must be 4 KiB aligned and the file's allocation must already cover the
         segment."""
-        if file_offset % ALIGN:
-            raise ValueError(f"segment file_offset must be 4096-aligned, got {file_offset}")
         n = int(ids.numel())
         layout = SegmentLayout.for_ssd(n, paged.layer_block_bytes, layer_window_blocks,
                                        ends=ends)
+        return self._write(fd, file_offset, layout, _PagedBlocks(paged, ids), keys,
+                           file_id=file_id, seq=seq, turn_index=turn_index,
+                           first_block=first_block)
+
+    def write_ssd_from_memory(self, fd: int, file_offset: int, home: torch.Tensor,
+                              layout: SegmentLayout, keys: Sequence[bytes], *, file_id: int,
+                              seq: int, turn_index: int, first_block: int) -> WrittenSegment:
+        """Write a host-memory segment (``home``: its arena range, laid out as
+        ``layout``, a ``SegmentLayout.for_memory``) as one SSD segment of the same
+        blocks at ``file_offset`` and fdatasync, as ``write_ssd`` does from the paged
+        KV. ``home`` must stay as it is until this returns."""
+        if layout.header_bytes:
+            raise ValueError(f"a memory segment (no header) is written back, got a layout "
+                             f"with a {layout.header_bytes}-byte header")
+        blocks = _MemoryBlocks(home, layout)
+        ssd = SegmentLayout.for_ssd(layout.num_blocks, layout.layer_block_bytes,
+                                    layout.layer_window_blocks, ends=layout.ends)
+        return self._write(fd, file_offset, ssd, blocks, keys,
+                           file_id=file_id, seq=seq, turn_index=turn_index,
+                           first_block=first_block)
+
+    def _write(self, fd: int, file_offset: int, layout: SegmentLayout, blocks: _Blocks,
+               keys: Sequence[bytes], *, file_id: int, seq: int, turn_index: int,
+               first_block: int) -> WrittenSegment:
+        """Write ``blocks`` as the SSD segment ``layout`` at ``file_offset`` (module
+        docstring: data, then header, then fdatasync)."""
+        if file_offset % ALIGN:
+            raise ValueError(f"segment file_offset must be 4096-aligned, got {file_offset}")
+        n = layout.num_blocks
 
         def header_of(crcs: list[BlockCrcs]) -> SegmentHeader:
             return SegmentHeader(file_id, seq, turn_index, first_block, n,
@@ -171,11 +203,12 @@ class SegmentWriter:
 
         with self.lock:
             # Zero-copy sends every slot of every layer: not for a windowed segment.
-            zero_copy = self.zero_copy and n > 0 and not layout.is_windowed and \
-                not zero_copy_write_refusal(paged)
+            slots = blocks if isinstance(blocks, _PagedBlocks) else None
+            zero_copy = self.zero_copy and slots is not None and n > 0 and \
+                not layout.is_windowed and not zero_copy_write_refusal(slots.paged)
             if not zero_copy and layout.total_bytes <= self.chunk_bytes:
                 buf = self._buffers(layout.total_bytes, 1)[0]
-                crcs = self._gather_all(paged, ids, layout, buf)
+                crcs = self._gather_all(blocks, layout, buf)
                 header = header_of(crcs)
                 raw = encode_segment_header(header)
                 buf[:len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
@@ -183,10 +216,11 @@ class SegmentWriter:
             else:
                 flight = self._flight()
                 try:
-                    if zero_copy:
-                        crcs = self._send_slots(flight, fd, file_offset, paged, ids, layout)
+                    if zero_copy and slots is not None:
+                        crcs = self._send_slots(flight, fd, file_offset, slots.paged,
+                                                slots.ids, layout)
                     else:
-                        crcs = self._stream_data(flight, fd, file_offset, paged, ids, layout)
+                        crcs = self._stream_data(flight, fd, file_offset, blocks, layout)
                 finally:
                     flight.drain()
                 header = header_of(crcs)
@@ -197,10 +231,9 @@ class SegmentWriter:
                               "zero-copy" if zero_copy else "gather")
 
     @staticmethod
-    def _gather_all(paged: PagedKV, ids: torch.Tensor, layout: SegmentLayout,
-                    buf: torch.Tensor) -> list[BlockCrcs]:
+    def _gather_all(blocks: _Blocks, layout: SegmentLayout, buf: torch.Tensor
+                    ) -> list[BlockCrcs]:
         view = writable_view(buf)
-        host = _HostGather(paged, ids)
         crcs = _block_crcs(layout)
         for layer in range(layout.num_layers):
             start = layout.layer_offset(layer)
@@ -208,7 +241,7 @@ class SegmentWriter:
             at = start
             for a, b in layout.layer_runs(layer):
                 nxt = at + (b - a) * layout.layer_block_bytes[layer]
-                _gather(paged, host, layer, ids, a, b - a, buf[at:nxt])
+                blocks.copy(layer, a, b - a, buf[at:nxt])
                 at = nxt
             crcs[layer].feed(view[start:end])
         end = layout.header_bytes + layout.data_bytes
@@ -259,8 +292,8 @@ class SegmentWriter:
             send()
         return crcs
 
-    def _stream_data(self, flight: _InFlight, fd: int, file_offset: int, paged: PagedKV,
-                     ids: torch.Tensor, layout: SegmentLayout) -> list[BlockCrcs]:
+    def _stream_data(self, flight: _InFlight, fd: int, file_offset: int, blocks: _Blocks,
+                     layout: SegmentLayout) -> list[BlockCrcs]:
         """Gather the data region into the ring's buffers, each written as soon as it
         holds ``chunk_bytes`` while the next is gathered. Blocks are gathered in batches
         that fit a buffer; the unaligned tail of a full buffer moves to the front of the
@@ -270,7 +303,6 @@ class SegmentWriter:
         bufs = self._buffers(chunk + max(layout.layer_block_bytes) + ALIGN, depth)
         views = [writable_view(b) for b in bufs]
         pending: list[Future[int] | None] = [None] * depth
-        host = _HostGather(paged, ids)
         cur, fill, pos = 0, 0, file_offset + layout.data_offset
         crcs = _block_crcs(layout)
         for layer in range(layout.num_layers):
@@ -280,7 +312,7 @@ class SegmentWriter:
                     room = max(1, (chunk + bbpl - fill) // bbpl)
                     count = min(room, stop - block)
                     nbytes = count * bbpl
-                    _gather(paged, host, layer, ids, block, count, bufs[cur][fill:fill + nbytes])
+                    blocks.copy(layer, block, count, bufs[cur][fill:fill + nbytes])
                     crcs[layer].feed(views[cur][fill:fill + nbytes])
                     fill += nbytes
                     block += count
@@ -323,16 +355,60 @@ class MemoryCopy:
         if dest.numel() < self.layout.data_bytes:
             raise ValueError(f"memory segment needs {self.layout.data_bytes} bytes, "
                              f"destination has {dest.numel()}")
-        self._dest, self._paged, self._ids = dest, paged, ids
-        self._host = _HostGather(paged, ids)
+        self._dest = dest
+        self._blocks = _PagedBlocks(paged, ids)
 
     def layer(self, layer: int) -> None:
         at = self.layout.layer_offset(layer)
         size = self.layout.layer_block_bytes[layer]
         for a, b in self.layout.layer_runs(layer):
-            _gather(self._paged, self._host, layer, self._ids, a, b - a,
-                    self._dest[at:at + (b - a) * size])
+            self._blocks.copy(layer, a, b - a, self._dest[at:at + (b - a) * size])
             at += (b - a) * size
+
+
+class _Blocks(Protocol):
+    """Where a segment write takes its blocks from: ``copy`` puts blocks ``[first, first
+    + count)`` of the segment, of ``layer`` (blocks the layer holds), into ``dest`` (a
+    contiguous host ``uint8`` tensor of those blocks). Zero-copy sends only a paged
+    KV's slots (``_PagedBlocks``)."""
+
+    def copy(self, layer: int, first: int, count: int, dest: torch.Tensor) -> None: ...
+
+
+class _PagedBlocks:
+    """A segment's blocks in the engine's paged KV: slots ``ids``, in segment order."""
+
+    def __init__(self, paged: PagedKV, ids: torch.Tensor) -> None:
+        self.paged, self.ids = paged, ids
+        self._host = _HostGather(paged, ids)
+
+    def copy(self, layer: int, first: int, count: int, dest: torch.Tensor) -> None:
+        if self._host.use[layer]:
+            self._host.copy(layer, first, count, dest)
+        else:
+            self.paged.gather(layer, self.ids[first:first + count], dest)
+
+
+class _MemoryBlocks:
+    """A segment's blocks in a host-memory segment (``home``, laid out as ``layout``,
+    a ``SegmentLayout.for_memory``): a layer's blocks are one range of it, copied with
+    one ``memmove`` (no torch kernel: see ``_HostGather``)."""
+
+    def __init__(self, home: torch.Tensor, layout: SegmentLayout) -> None:
+        if home.device.type != "cpu" or not home.is_contiguous() or \
+                home.numel() < layout.data_bytes:
+            raise ValueError(f"a memory segment is a contiguous host tensor of at least "
+                             f"{layout.data_bytes} bytes, got {home.numel()} on "
+                             f"{home.device}")
+        self._home, self._layout = home, layout
+
+    def copy(self, layer: int, first: int, count: int, dest: torch.Tensor) -> None:
+        size = count * self._layout.layer_block_bytes[layer]
+        if dest.device.type != "cpu" or not dest.is_contiguous() or dest.numel() != size:
+            raise ValueError(f"gather destination must be a contiguous host tensor of "
+                             f"{size} bytes, got {dest.numel()} bytes on {dest.device}")
+        at = self._layout.block_offset(layer, first)
+        memmove(dest.data_ptr(), self._home.data_ptr() + at, size)
 
 
 class _HostGather:
@@ -383,14 +459,6 @@ class _HostGather:
                 k += 1
             memmove(out + i * part, base + sl[i] * part, (k - i) * part)
             i = k
-
-
-def _gather(paged: PagedKV, host: _HostGather, layer: int, ids: torch.Tensor, first: int,
-            count: int, dest: torch.Tensor) -> None:
-    if host.use[layer]:
-        host.copy(layer, first, count, dest)
-    else:
-        paged.gather(layer, ids[first:first + count], dest)
 
 
 def _runs(slots: list[int], part: int) -> list[tuple[int, int]]:

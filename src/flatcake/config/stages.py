@@ -63,8 +63,9 @@ class PlacementConfig:
     """With ``not_yet``: memory reclaim takes the not-yet homes before anything else in
     host memory (memory copies of SSD turns included), oldest session first, and writes
     each one whose session may still continue to the SSD from host memory (its home freed
-    once durable) instead of dropping it. The replay only: the store, the vLLM connector
-    and the node service do not write from host memory to the SSD, and refuse it."""
+    once durable) instead of dropping it. The replay, the embedded store and the embedded
+    vLLM connector (its workers, from their arenas) write them; the node service does not
+    move KV bytes and refuses it."""
     not_yet_idle_s: float = 0.0
     """With ``not_yet_write_back``: a not-yet home whose session has been idle longer
     than this many seconds is dropped unwritten at reclaim (its chat taken as over); 0

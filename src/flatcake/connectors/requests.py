@@ -207,6 +207,7 @@ COUNTER_KEYS = (  # counters the connector reports, per stats interval
     "stores_ok",
     "stores_failed",
     "stores_rejected",          # no medium could take the turn (CapacityError)
+    "write_backs",              # not-yet homes reclaim handed to the SSD (stores too)
     "stored_blocks_memory",
     "stored_blocks_ssd",
     "lookup_waits",             # lookups deferred behind a store of the same prefix

@@ -20,7 +20,9 @@ the worker half runs them on the same executor. Engine-neutral: it sees requests
                          placement with the session signals (all known before the
                          turn runs), prepare_store (address allocated, published only
                          once every worker wrote it); the worker writes the prompt's
-                         new full blocks after that step's forward pass
+                         new full blocks after that step's forward pass; the not-yet
+                         homes the reclaim it ran hands over are stores too, which the
+                         workers write from their arenas (``StorePlan.home``)
     build_step           sync loads (all run in this step: in FC-MAS's order, the
                          all-memory ones first, then the SSD ones by priority)
                          + async SSD restores FC-MAS starts now (at most
@@ -96,6 +98,7 @@ from flatcake.plan.tasks import (
     LoadTask,
     StepPlan,
     StoreDone,
+    StoreTask,
     WorkerReport,
 )
 
@@ -104,6 +107,8 @@ logger = logging.getLogger(__name__)
 # vLLM builds at most one step ahead of the one its workers run; four leave margin
 # (a range punched twice is harmless, ``control.releases``).
 HANDED_STEPS = 4
+# The request id of a write-back's store task (``_write_backs``): no engine request.
+WRITE_BACK = "flatcake-write-back-"
 
 __all__ = ["COUNTER_KEYS", "BlockEvent", "RequestView", "SchedulerSide"]
 
@@ -153,17 +158,20 @@ class NodeParts:
 
     @classmethod
     def embedded(cls, geometry: KVGeometry, cfg: FlatCakeConfig, store_dir: Path,
-                 clock: Clock) -> NodeParts:
+                 clock: Clock, write_backs: bool = False) -> NodeParts:
         """Fresh books over ``store_dir``, re-indexed from its segments (headers only:
         data crcs are checked on every load; the worker half or the service settles
         the files themselves). The books release superseded window rows where the
         workers can punch them out (``cio.holes.releases_windows``): each step hands
         them over (``StepPlan.releases``), and a restart releases again what a crash
-        left unpunched."""
+        left unpunched. ``write_backs``: the workers write the not-yet homes memory
+        reclaim hands over from their arenas (``ControlPlane(write_backs=...)``): an
+        engine's own books, not a node service's (whose workers are other engines')."""
         release = releases_windows(bool(cfg.store.release_old_windows
                                         and geometry.layer_window_blocks),
                                    store_dir / SESSIONS_DIR)
-        control = ControlPlane(geometry, cfg, clock, release_windows=release)
+        control = ControlPlane(geometry, cfg, clock, release_windows=release,
+                               write_backs=write_backs)
         recovered = recover_files(control, store_dir / SESSIONS_DIR)[1].num_segments
         sessions = SessionTracker(cfg.engine.infer_sessions, cfg.engine.max_sessions,
                                   max_branch_blocks=max_branch_blocks(cfg.placement, geometry))
@@ -219,7 +227,8 @@ class SchedulerSide:
         self.scope = scope
         if node is None:
             node = NodeParts.embedded(geometry, config, self.store_dir,
-                                      clock if clock is not None else WallClock())
+                                      clock if clock is not None else WallClock(),
+                                      write_backs=True)
         self.control = node.control
         self._wear = self.control.ssd_wear()  # take_stats reports the growth since
         self.sessions = node.sessions
@@ -541,6 +550,7 @@ class SchedulerSide:
             logger.warning("FlatCake cannot store request %s: %s", req.request_id, exc)
             plan = None
         self._apply(self.control.take_reclaim_actions())
+        self._write_backs()
         if plan is None:
             return None
         task = store_task(req.request_id, plan, block_ids)
@@ -548,6 +558,15 @@ class SchedulerSide:
         self.stores.add(task)
         self.counters.placements[plan.placement.rule.value] += 1
         return plan
+
+    def _write_backs(self) -> None:
+        """The not-yet homes memory reclaim hands over (``placement.not_yet_write_back``):
+        each an SSD store the workers write from their arenas with the next step
+        (``StorePlan.home``), completed as any store once every worker reported it."""
+        for plan in self.control.take_write_backs():
+            self.stores.add(StoreTask(f"{WRITE_BACK}{plan.segment.segment_id}", plan,
+                                      tuple(range(plan.segment.num_blocks))))
+            self._stats["write_backs"] += 1
 
     def request_finished(self, req: RequestView) -> tuple[bool, dict[str, Any] | None]:
         """``request_finished``: the session learns the turn's reply length.

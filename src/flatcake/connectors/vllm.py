@@ -418,7 +418,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         slots = StepSlots({t.request_id: self._load_slots.pop(t.request_id)
                            for t in step.loads},
                           {t.request_id: self._store_slots.pop(t.request_id)
-                           for t in step.stores})
+                           for t in step.stores if t.plan.home is None})
         return FlatCakeMetadata(step, slots)
 
     @property

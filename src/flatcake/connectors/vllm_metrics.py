@@ -93,6 +93,9 @@ class FlatCakePromMetrics(KVConnectorPromMetrics):
         "stores_failed": ("vllm:flatcake_stores_failed", "Turn segments whose write failed."),
         "stores_rejected": ("vllm:flatcake_stores_rejected",
                             "Turns no medium could take (capacity)."),
+        "write_backs": ("vllm:flatcake_write_backs",
+                        "Not-yet homes memory reclaim wrote to the SSD from host memory "
+                        "rather than drop (placement.not_yet_write_back): stores too."),
         "ssd_written_bytes": ("vllm:flatcake_ssd_written_bytes",
                               "SSD bytes written (published segments), the node's."),
         "ssd_read_bytes": ("vllm:flatcake_ssd_read_back_bytes",

@@ -242,7 +242,9 @@ class WorkerIO:
         ok, written_bytes, crcs = False, 0, None
         paged = self._scratch.pop((task.request_id, task.plan.segment.segment_id), None)
         try:
-            out = self.executor.run_store(task, paged or self._paged_kv())
+            # A write-back (``StorePlan.home``) is written from the arena, not the KV.
+            out = self.executor.run_store(task, None if task.plan.home is not None
+                                          else paged or self._paged_kv())
             ok, written_bytes = out.done.ok, out.done.bytes_written
             if ok and self.cluster is not None:  # durable: the books publish it too
                 seg = task.plan.segment

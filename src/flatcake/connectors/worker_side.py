@@ -27,9 +27,11 @@ windows); this class adds the engine's step rhythm and a view of its paged KV::
                          (``WorkerReport.late_ended``)
     end_step()         joins this step's sync loads (within the same deadline);
                        hands the step's stores (the
-                       prompt blocks this forward pass computed) to the writer
-                       thread (gather + write + sync) through a bounded queue; a
-                       store the queue cannot take is reported failed at once
+                       prompt blocks this forward pass computed, and the not-yet
+                       homes memory reclaim writes back from the arena:
+                       ``StorePlan.home``) to the writer thread (gather + write +
+                       sync) through a bounded queue; a store the queue cannot take
+                       is reported failed at once
     poll(finished)     finished stores / SSD loads, block ids that failed to load;
                        a finished request whose stores are all done is released
     close()            drain the writer within ``drain_timeout_s`` (also at
@@ -214,7 +216,7 @@ class WorkerSide(WorkerIO):
         decision says (``cio.scan``, on scratch books of this worker's geometry): the
         scheduler half indexes the same segments, so both halves serve the same ones;
         damaged tails are cut so appends continue after the last valid segment."""
-        scratch = ControlPlane(self.geometry, self.config, WallClock())
+        scratch = ControlPlane(self.geometry, self.config, WallClock(), write_backs=True)
         scan, recovery = recover_files(scratch, self.executor.files.sessions_dir)
         self.executor.settle(scan, recovery, scratch)
         return scratch
@@ -245,7 +247,8 @@ class WorkerSide(WorkerIO):
             self.cluster.service.remove(list(plan.unpublish))
         with self._lock:
             for store in plan.stores:
-                self._stores_left[store.request_id] += 1
+                if store.plan.home is None:  # a write-back holds no request's blocks
+                    self._stores_left[store.request_id] += 1
                 self._writing[store.request_id] += 1
         self._stores_to_start.extend(plan.stores)
         for failed in plan.failed_loads:  # admitted, never planned: recomputed
@@ -332,7 +335,7 @@ class WorkerSide(WorkerIO):
             self._count_load(done)
         self._sync = []
         for store in self._stores_to_start:
-            if self.grouped is not None and self.writes:
+            if self.grouped is not None and self.writes and store.plan.home is None:
                 snap = self._snapshot(self.grouped, store)
                 if snap is None:
                     self._finish_store(store, False, 0)
@@ -369,7 +372,8 @@ class WorkerSide(WorkerIO):
         for item in done:
             if item.store is not None:
                 stores.append(item.store)
-                self._stores_left[item.store.request_id] -= 1
+                if isinstance(item.task, StoreTask) and item.task.plan.home is None:
+                    self._stores_left[item.store.request_id] -= 1
             elif item.load is not None and isinstance(item.task, LoadTask):
                 loads.append(item.load)
                 self._loads_in_flight -= 1

@@ -21,7 +21,8 @@ been idle longer than ``placement.not_yet_idle_s``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from flatcake.control.alloc import HostArena
 from flatcake.control.index import BlockIndex, HitRun, Segment
@@ -31,10 +32,14 @@ from flatcake.control.sessions import SessionTable
 class NotYet:
     """The not-yet memory homes and the SSD stores that will replace them."""
 
-    def __init__(self, index: BlockIndex, arena: HostArena, sessions: SessionTable) -> None:
+    def __init__(self, index: BlockIndex, arena: HostArena, sessions: SessionTable,
+                 pending: Mapping[int, object] = MappingProxyType({})) -> None:
         self._index = index
         self._arena = arena
         self._sessions = sessions
+        # The stores in flight by segment id (``Stores``'): a home still being written
+        # is not indexed yet, and not gone.
+        self._pending = pending
         # Memory segment ids placed not yet -> their first request block, in placement
         # order.
         self._homes: dict[int, int] = {}
@@ -56,6 +61,8 @@ class NotYet:
         covered.update(s.segment_id for s in self._to_free)
         out: list[tuple[float, int, Segment]] = []
         for seg_id in list(self._homes):
+            if seg_id in self._pending:
+                continue  # its store is in flight (a host that writes later)
             seg = self._index.segment_or_none(seg_id)
             rec = self._sessions.get(seg.session_id) if seg is not None else None
             if seg is None or rec is None or seg.segment_id != seg_id:

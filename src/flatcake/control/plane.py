@@ -108,8 +108,9 @@ class ControlPlane(Books):
     (``take_window_releases``), so the books release them (with
     ``store.release_old_windows``); a host that does not keeps every window.
     ``write_backs``: the host writes not-yet homes reclaim hands it to the SSD
-    (``take_write_backs``), so ``placement.not_yet_write_back`` applies; a host that
-    does not has reclaim drop them.
+    (``take_write_backs``: the embedded store, the embedded vLLM connector, the
+    replay), so ``placement.not_yet_write_back`` applies; a host built without it (the
+    node service) refuses the key.
     ``index``, ``arena``, ``ssd``, ``copies``, ``scheduler``: the parts, for the control
     plane's own modules and white-box tests; hosts use the query methods.
     """
@@ -148,11 +149,12 @@ class ControlPlane(Books):
                                     actions)
         if cfg.placement.not_yet_write_back and not write_backs:
             raise ValueError(
-                "invalid config placement.not_yet_write_back=True: only the replay writes "
-                "not-yet homes from host memory to the SSD; the store, the vLLM "
-                "connector and the node service do not, so they refuse it (leave it "
-                "false there)")
-        not_yet = NotYet(index, arena, sessions)
+                "invalid config placement.not_yet_write_back=True: the node service "
+                "does not write not-yet homes from host memory to the SSD (its engines' "
+                "workers do the I/O), so it refuses the key; the embedded store, the "
+                "embedded vLLM connector and the replay write them (leave it false for "
+                "a node service)")
+        not_yet = NotYet(index, arena, sessions, pending)
         # Reclaim writes not-yet homes back through the stores made below.
         backs = write_backs and cfg.placement.not_yet and cfg.placement.not_yet_write_back
         reclaimer = self._reclaimer = Reclaimer(

@@ -21,6 +21,7 @@ Single-threaded, like every verb.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -356,6 +357,7 @@ class Stores:
         except CapacityError:
             rec.num_pins -= 1
             return False
+        plan = dataclasses.replace(plan, home=seg)
         sid = plan.segment.segment_id
         self._pending[sid] = plan
         self._not_yet.cover_home(sid, seg)

@@ -33,6 +33,10 @@ class StorePlan:
         copy: SSD only: a memory copy to write too (same blocks in the memory layout,
             in one or more arena extents: each of ``copy.pieces`` holds a run of the
             segment's blocks at its ``offset``), or ``None``.
+        home: SSD only: a write-back (``ControlPlane.take_write_backs``): the not-yet
+            memory home whose arena bytes (its memory layout, the same blocks) are
+            written, not the engine's KV; ``None`` for a turn's store. The home stays
+            allocated until this store completes.
     """
 
     session_id: str
@@ -43,6 +47,7 @@ class StorePlan:
     span_bytes: int | None = None
     new_file: bool = False
     copy: ArenaCopy | None = None
+    home: Segment | None = None
 
     @property
     def medium(self) -> Medium:

@@ -3,12 +3,15 @@ executor (``cio.executor``) in one process, over the same tasks (``plan.tasks``)
 vLLM connector's two halves, driving the same request protocol (``plan.requests``)::
 
     store_turn:  begin_store -> StoreTask -> executor: gather + write (+ fdatasync)
-                 -> end_store (attached: two calls to the node service)
+                 -> end_store (attached: two calls to the node service); then the
+                 not-yet homes the reclaim handed over (``take_write_backs``):
+                 each written from its arena range as an SSD store, the same way
     load:        servable (waits for a store in flight of the next blocks) -> load
                  (reads only the hit's blocks) -> LoadTask -> FC-MAS queues
                  (``store.restores``) -> executor: staging window: read, verify crc32,
                  scatter per layer -> finish_load
-    reclaim:     control.reclaim -> delete the files it names
+    reclaim:     control.reclaim -> delete the files it names; write the not-yet
+                 homes it hands over (``placement.not_yet_write_back``)
     damage:      a segment fails its crc32 -> it and the rest of the load are a miss ->
                  settle: cut the file before it, delete later files (quarantine them
                  when the file header is damaged too)
@@ -53,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flatcake.cio.arena import ArenaBuffer
-from flatcake.cio.executor import CLOSE_WAIT_S, Executor, LoadOutcome
+from flatcake.cio.executor import CLOSE_WAIT_S, Executor, LoadOutcome, StoreOutcome
 from flatcake.cio.holes import releases_windows
 from flatcake.cio.paged import BlockIds, PagedKV
 from flatcake.cio.readers import Reader
@@ -87,6 +90,7 @@ from flatcake.plan.requests import (
     ssd_held_bytes,
     store_task,
 )
+from flatcake.plan.tasks import StoreTask
 from flatcake.store.cluster import StoreCluster
 from flatcake.store.inspect import FsckReport, fsck_root
 from flatcake.store.record import write_record
@@ -129,7 +133,8 @@ class FlatCakeStore:
         else:
             self._exec = Executor(root, geometry, config)
             self.control = ControlPlane(geometry, config, clock,
-                                        release_windows=self._can_release(config))
+                                        release_windows=self._can_release(config),
+                                        write_backs=True)
         self.io_mode = self._exec.io_mode
         self._lock = threading.Lock()
         self._unpinned = threading.Condition(self._lock)
@@ -306,6 +311,17 @@ class FlatCakeStore:
             raise ValueError(f"signals must be a TurnSignals, got {type(signals).__name__}")
         keys = self._check_keys(keys)
         paged, table = self._paged(kv_caches, block_ids, len(keys), unique=False)
+        backs: list[StorePlan] = []
+        try:
+            return self._store_turn(session_id, keys, paged, table, signals, backs)
+        finally:
+            self._write_backs(backs)
+
+    def _store_turn(self, session_id: str, keys: tuple[bytes, ...], paged: PagedKV,
+                    table: list[int], signals: TurnSignals, backs: list[StorePlan]
+                    ) -> StoreResult:
+        """``store_turn``; the write-backs the reclaim that made room for it handed
+        over go to ``backs`` (written after it)."""
         t0 = time.perf_counter()
         with self._lock:
             while True:
@@ -319,6 +335,7 @@ class FlatCakeStore:
                 self._wait()
             plan = begun.plan
             self._apply(begun.reclaimed)
+            backs.extend(self._take_write_backs())
             if plan is None:
                 return StoreResult(session_id, 0, len(keys), None, "", None, 0, 0, 0.0)
             # A new file is created in allocation order, before any append to it;
@@ -330,13 +347,28 @@ class FlatCakeStore:
             prepared = self._prepare_file(plan, self._lock)
         if isinstance(prepared, str):
             return self._failed_result(plan, prepared, t0)
-        seq, target = prepared
+        out = self._write(store_task(session_id, plan, table), paged, *prepared)
+        if not out.done.ok:
+            return self._failed_result(plan, out.error, t0)
+        elapsed = time.perf_counter() - t0
+        seg = plan.segment
+        logger.debug("stored %d blocks of %r on %s (%s)", seg.num_blocks, session_id,
+                     plan.medium.name, plan.placement.rule.value)
+        return StoreResult(session_id, seg.num_blocks, plan.first_block, plan.medium,
+                           plan.placement.rule.value, seg.base_address, seg.total_bytes,
+                           out.write_calls, elapsed)
+
+    def _write(self, task: StoreTask, paged: PagedKV | None, seq: int,
+               target: OpenFile | None) -> StoreOutcome:
+        """Write ``task``'s segment (``Executor.write``), then end its store in the
+        books, whatever happened (and, in a cluster, publish it once durable)."""
+        plan = task.plan
         ok = False
         # Attached, the memory copy is told with the completion (one call less); its
         # blocks are read from memory once the turn is durable.
         copied = threading.Event()
         try:
-            out = self._exec.write(store_task(session_id, plan, table), paged, seq, target,
+            out = self._exec.write(task, paged, seq, target,
                                    on_copy=copied.set if self.attached
                                    else lambda: self._copy_done(plan))
             ok = out.done.ok
@@ -347,15 +379,31 @@ class FlatCakeStore:
                 if ok and self._cluster is not None:  # durable and in the books: publish
                     self._cluster.publish([(plan.segment, crcs)])
                 self._unpinned.notify_all()
-        if not ok:
-            return self._failed_result(plan, out.error, t0)
-        elapsed = time.perf_counter() - t0
-        seg = plan.segment
-        logger.debug("stored %d blocks of %r on %s (%s)", seg.num_blocks, session_id,
-                     plan.medium.name, plan.placement.rule.value)
-        return StoreResult(session_id, seg.num_blocks, plan.first_block, plan.medium,
-                           plan.placement.rule.value, seg.base_address, seg.total_bytes,
-                           out.write_calls, elapsed)
+        return out
+
+    def _take_write_backs(self) -> list[StorePlan]:
+        """(Under the lock.) The not-yet homes memory reclaim handed over to be written
+        to the SSD (``placement.not_yet_write_back``); attached, none (the node
+        service's books do not hand any)."""
+        return [] if self.attached else self.control.take_write_backs()
+
+    def _write_backs(self, plans: Sequence[StorePlan]) -> None:
+        """Write each not-yet home of ``plans`` from its arena range to the SSD and end
+        its store: once durable its home is freed (its keys pass to the SSD segment);
+        a write that fails leaves the home as it was, served from memory."""
+        for plan in plans:
+            with self._lock:
+                prepared = self._prepare_file(plan, nullcontext())
+            if isinstance(prepared, str):
+                logger.warning("not-yet home of session %r not written back: %s",
+                               plan.session_id, prepared)
+                continue
+            task = StoreTask(f"write-back-{plan.segment.segment_id}", plan,
+                             tuple(range(plan.segment.num_blocks)))
+            out = self._write(task, None, *prepared)
+            if not out.done.ok:
+                logger.warning("not-yet home of session %r not written back: %s",
+                               plan.session_id, out.error)
 
     def _begin_store(self, session_id: str, keys: Sequence[bytes], signals: TurnSignals
                      ) -> StoreBegun:
@@ -522,7 +570,10 @@ class FlatCakeStore:
         self._check_open()
         with self._lock:
             self._settle_damage()
-            return self._apply(self.control.reclaim())
+            result = self._apply(self.control.reclaim())
+            backs = self._take_write_backs()
+        self._write_backs(backs)
+        return result
 
     def drop_session(self, session_id: str) -> ReclaimResult:
         """Forget a session now (it ended); refuses one a restore or write is using."""
