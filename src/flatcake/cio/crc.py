@@ -216,10 +216,12 @@ def crc_pieces(spans: tuple[tuple[tuple[int, int], tuple[memoryview, ...]], ...]
 
 
 def crc_views(views: Sequence[memoryview]) -> int:
-    crc = 0
+    """crc32 of the views' bytes, concatenated (one fast-crc call per view: a restore
+    checks one view per block, 16,384 per GiB of 64 KiB blocks)."""
+    crc, f = 0, _CRC32
     for v in views:
-        crc = crc32(v, crc)
-    return crc
+        crc = f(v, crc)
+    return crc & 0xFFFFFFFF
 
 
 class OpGate:
