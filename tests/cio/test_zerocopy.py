@@ -3,6 +3,7 @@ checked on the reader threads; anything unaligned takes the staging window."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -227,7 +228,7 @@ def test_op_commands_cover_the_op_in_file_order(kv_blocks: bool,
     assert all(len(iov.views) <= 4 for _, iov, _ in cmds)
     offsets = [(req.file_offset, req.length) for req, _, _ in cmds]
     assert offsets[0][0] == 0 and sum(n for _, n in offsets) == 7 * BBPL
-    assert all(a + n == b for (a, n), (b, _) in zip(offsets, offsets[1:]))
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(offsets))
     # Each piece's iovecs, gathered from the commands' (piece, first, end) spans, are
     # exactly its bytes in order.
     per_piece: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
