@@ -3,6 +3,7 @@ checked on the reader threads; anything unaligned takes the staging window."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -11,9 +12,12 @@ import torch
 
 import flatcake.cio.zerocopy as zerocopy
 from flatcake.cio.direct import aligned_buffer
+from flatcake.cio.paged import PagedKV
 from flatcake.cio.readers import DirectReader
 from flatcake.cio.restore import LayerReady, RestoreOutcome
 from flatcake.cio.staging import MAX_LAYERS_AHEAD, StagingWindow
+from flatcake.layout import ALIGN
+from flatcake.readplan import Piece, ReadOp
 from tests.cio.helpers import History, RecordingReader, flip_byte, restore_job, write_history
 
 BBPL = 8192
@@ -184,3 +188,53 @@ def test_zero_copy_reads_further_ahead_than_two_layers(tmp_path: Path) -> None:
     for layer, t in enumerate(dst):
         for b, slot in enumerate(slots):
             assert torch.equal(_block(t, slot, True), h.src[layer][b])
+
+
+@pytest.mark.parametrize("kv_blocks", [False, True])
+def test_op_commands_cover_the_op_in_file_order(kv_blocks: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # One op: a gap, a piece of three blocks (the middle one read for its crc only),
+    # a gap, a piece of two blocks, a tail; split into commands of at most 4 iovecs.
+    monkeypatch.setattr(zerocopy, "IOV_MAX", 4)
+    dst = [aligned_buffer(6 * BBPL, pin=False)]
+    dst = [dst[0].view(2, 6, BBPL // 2) if kv_blocks else dst[0].view(6, BBPL)]
+    paged = PagedKV(dst, BBPL)
+    views = zerocopy.SlotViews(paged)
+    staging = memoryview(bytearray(16 * BBPL))
+    pieces = (Piece(0, 0, ALIGN, 3 * BBPL), Piece(3, 0, 4 * BBPL, 2 * BBPL))
+    op = ReadOp(0, 0, 7 * BBPL, pieces)
+    slots = [4, -1, 0, 5, 2]
+    cmds = list(zerocopy.op_commands(op, 0, BBPL, slots, views, staging, BBPL, "f", 7))
+    base = paged.layer_bytes()[0].data_ptr()
+    half = BBPL // 2 if kv_blocks else BBPL
+
+    def addr(v: memoryview) -> int:
+        return torch.frombuffer(v, dtype=torch.uint8).data_ptr()
+
+    def block(slot: int) -> list[tuple[int, int]]:
+        if not kv_blocks:
+            return [(base + slot * BBPL, BBPL)]
+        return [(base + slot * half, half), (base + 6 * half + slot * half, half)]
+
+    sbase = addr(staging)
+    want_first = [(sbase + BBPL, ALIGN), *block(4), (sbase + BBPL + ALIGN + BBPL, BBPL),
+                  *block(0)]
+    want_second = [*block(5), *block(2)]
+    gap = (sbase + BBPL + ALIGN + 3 * BBPL, BBPL - ALIGN)
+    tail = (sbase + BBPL + 6 * BBPL, BBPL)
+    want = [*want_first, gap, *want_second, tail]
+    got = [(addr(v), len(v)) for _, iov, _ in cmds for v in iov.views]
+    assert got == want
+    assert all(len(iov.views) <= 4 for _, iov, _ in cmds)
+    offsets = [(req.file_offset, req.length) for req, _, _ in cmds]
+    assert offsets[0][0] == 0 and sum(n for _, n in offsets) == 7 * BBPL
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(offsets))
+    # Each piece's iovecs, gathered from the commands' (piece, first, end) spans, are
+    # exactly its bytes in order.
+    per_piece: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    for _, iov, spans in cmds:
+        for k, lo, hi in spans:
+            per_piece[k] += [(addr(v), len(v)) for v in iov.views[lo:hi]]
+    n0 = len(want_first) - 1
+    assert per_piece[0] == want[1:1 + n0]
+    assert per_piece[1] == want_second

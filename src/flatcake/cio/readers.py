@@ -144,7 +144,7 @@ def _check_dest(request: ReadRequest, dest: torch.Tensor, device_type: str) -> N
 
 
 def _check_iovec(request: ReadRequest, dest: IoVec) -> None:
-    if request.dest_offset or sum(len(v) for v in dest.views) != request.length:
+    if request.dest_offset or sum(map(len, dest.views)) != request.length:
         raise ValueError(f"a vectored read needs dest_offset 0 and views summing to "
                          f"{request.length} bytes")
     if len(dest.views) > IOV_MAX:
@@ -188,6 +188,8 @@ class DirectReader:
                         f"wanted up to {request.file_offset + request.length}",
                     )
                 done += n
+                if done == request.length:  # the usual case: one call read it all
+                    break
                 while n and views:  # drop what the call filled, go on from there
                     if n >= len(views[0]):
                         n -= len(views.pop(0))
