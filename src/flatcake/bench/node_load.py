@@ -10,8 +10,8 @@ with open-loop Poisson arrivals at rising total rates::
               of the driver's timed hooks: the lookup (num_matched_tokens), the
               admission (after_alloc and the step; the load's report) and the store
               (the step planning it; its report); the service's CPU per request off
-              /proc, and the clients' own (``time.process_time``, their ZeroMQ
-              threads included) beside it: on a machine the clients share with the
+              /proc, and the clients' own (``time.process_time``, every thread
+              included) beside it: on a machine the clients share with the
               service, their sum is what a request costs the machine
     books     after each rate, off ``flatcake serve --status``: no pin, store or load in
               flight, one session per prompt stored, the SSD bytes a whole number of
