@@ -15,7 +15,8 @@ downloaded), whose KV is one 576-wide latent per token and layer (``MLAAttention
    prompt's full blocks written to SSD;
 2. between the runs, B's segment rots on disk;
 3. a fresh process: turn 1 of A gets every full block of turn 0 back from SSD (cached
-   tokens), turn 1 of B reads its damaged segment, catches it (crc32) and recomputes.
+   tokens), turn 1 of B reads its damaged segment, catches it (crc32) and recomputes;
+   a first turn of C follows, the step that carries the cut of B's file to the workers.
 
 Every output equals the baseline's token for token and logprob for logprob (1e-5).
 Runs under ./.venv-engine; skipped where vLLM is not installed.
@@ -48,9 +49,9 @@ MLA = {"model_kind": "mla", "block_size": BLOCK, "in_process": True}
 def test_mla_turns_come_back_from_ssd_in_a_fresh_process(tmp_path: Path) -> None:
     ids = random_ids(1)
     turns = session_turns(ids, "A", 100, 30, max_tokens=6) | session_turns(
-        ids, "B", 70, 20, max_tokens=6)
+        ids, "B", 70, 20, max_tokens=6) | session_turns(ids, "C", 40, 8, max_tokens=6)
     model, store = tmp_path / "model", tmp_path / "store"
-    baseline = plan_of(turns, ("A0",), ("A1",), ("B0",), ("B1",), **MLA,
+    baseline = plan_of(turns, ("A0",), ("A1",), ("B0",), ("B1",), ("C0",), **MLA,
                        prefix_caching=True, cpu_mla_prefix_caching=True)
     baseline["phases"][3][0]["cache_salt"] = "from-scratch"
     base = run_engine(model, baseline, tmp_path / "baseline.json")
@@ -72,7 +73,10 @@ def test_mla_turns_come_back_from_ssd_in_a_fresh_process(tmp_path: Path) -> None
     assert header.layer_block_bytes == (LATENT_BLOCK_BYTES, LATENT_BLOCK_BYTES)
 
     damaged = corrupt_session_file(store, "B")
-    _, got2, fc2 = run_as_served(model, plan_of(turns, ("A1",), ("B1",), **MLA,
+    # C0 after B1: the cut of B's file may be decided only once B1's own store (planned
+    # before its load failed) is durable, and a cut reaches the workers with the next
+    # engine step; C0 is that step.
+    _, got2, fc2 = run_as_served(model, plan_of(turns, ("A1",), ("B1",), ("C0",), **MLA,
                                                     prefix_caching=True), want,
                                  tmp_path / "run2.json", store)
     # Every full block of turn 0 comes back in the fresh process, from SSD.
