@@ -140,7 +140,7 @@ class Reclaimer:
         usage = [SessionUsage(r.session_id, r.last_access, r.num_pins > 0,
                               len(ssd.files_of(r.session_id)))
                  for r in self._sessions.values()]
-        in_use = ssd.num_spans - ssd.free_spans + 1
+        in_use = ssd.spans_in_use + 1
         victims = choose_victims(usage, in_use, ssd.num_spans, rc.ssd_high, rc.ssd_low)
         self._reclaimed[Medium.SSD] += len(victims)
         if victims:

@@ -156,6 +156,11 @@ class SsdSpace:
         """Spans a new session file may still take (freed ones plus never used)."""
         return len(self._free_spans) + self.num_spans - self._next_span
 
+    @property
+    def spans_in_use(self) -> int:
+        """Spans mapped to live session files (one each)."""
+        return self.num_spans - self.free_spans
+
     def opens_file(self, session_id: str, size_bytes: int) -> bool:
         """Whether ``try_allocate(session_id, size_bytes)`` would open a new file (and
         so take a span)."""
@@ -213,13 +218,10 @@ class SsdSpace:
                 f"a segment of {size} bytes does not fit in one session file span "
                 f"(store.session_file_bytes={self.span_bytes})"
             )
-        ids = self._by_session.get(session_id)
-        current = self._files[ids[-1]] if ids else None
-        if current is not None and not current.sealed and \
-                current.end_bytes + size <= current.span_bytes:
+        if not self.opens_file(session_id, size):
             if self._used + size > self.capacity_bytes:
                 return None
-            f, new_file = current, False
+            f, new_file = self._files[self._by_session[session_id][-1]], False
         else:
             if self._used + size + self.file_header_bytes > self.capacity_bytes or \
                     not self.free_spans:

@@ -317,7 +317,7 @@ class Stores:
             if projected > rc.ssd_high * ssd.capacity_bytes:
                 self._reclaimer.reclaim_ssd(projected)
         new_file = ssd.opens_file(rec.session_id, size)
-        if new_file and ssd.num_spans - ssd.free_spans + 1 > rc.ssd_high * ssd.num_spans:
+        if new_file and ssd.spans_in_use + 1 > rc.ssd_high * ssd.num_spans:
             self._reclaimer.reclaim_spans()
         ext = ssd.try_allocate(rec.session_id, size)
         if ext is None:
