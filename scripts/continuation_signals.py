@@ -12,16 +12,19 @@ Per rate, on FlatCake in the replay (``flatcake replay TRACE --preset P --rate R
    (the session continued, or its prefix was asked for again).
 2. **Oracle**: written only what is read back. ``arithmetic`` is today's bytes written
    less those never read; ``replayed`` runs the trace again with every store that was
-   never read placed *not yet* (a memory home, written to the SSD only if a store of
-   its continuing session goes there), so its hit rate is what deferring exactly those
-   turns keeps.
+   never read placed in host memory and never written (memory reclaim drops it; a
+   later store of its session writes the blocks it dropped, as today), so its hit rate
+   is what keeping exactly those turns off the SSD keeps.
 3. **Signals**: for each, the ROC AUC of "read back" among today's SSD stores, and at a
    few thresholds the rule "write now when the signal passes, else not yet": the share
    of stores and bytes written now, precision (written now and read back / written now)
-   and recall (written now and read back / read back).
-4. **Rules replayed**: the ``--runs`` signals with the best AUC, at the threshold that
-   writes about half the bytes now, replayed as in 2 (deferred turns placed not yet,
-   dropped unwritten by memory reclaim unless their session continued first).
+   and recall (written now and read back / read back); and the AUC of all signals at
+   once (a logistic fit on the first half of the stores, scored on the second).
+4. **Rules replayed**: every first turn deferred (``placement.not_yet`` without its
+   exceptions for agent contexts and shared prefixes), then
+   the ``--runs`` signals with the AUC furthest from 0.5, each at its median (about
+   half the stores written now), the deferred turns placed not yet: written to the SSD
+   with their session's next SSD store, or dropped unwritten by memory reclaim first.
 
 The placement a rule forces is a measurement override (``decide_placement`` is wrapped
 for the run, nothing else changes): a deferred store gets the not-yet answer unless
@@ -66,7 +69,14 @@ MOONCAKE = "../shared/traces/mooncake-fast25/conversation_trace.jsonl"
 GB = 1e9
 SIGNALS = ("turn_index", "context_tokens", "reply_tokens", "prev_reply_tokens",
            "session_age_s", "gap_s", "new_share", "prefix_seen", "class_share", "shared")
-"""Signals a store has when it is placed (``Row``)."""
+"""Signals a store has when it is placed (``Row``): the session's turn (inferred on a
+trace without sessions), the prompt's tokens, the reply's just generated, the previous
+reply's (NaN on a first turn), seconds since the session's first arrival, seconds from
+its previous turn's end to this turn's arrival (NaN on a first turn; negative when the
+turns overlapped), the share of the prompt's blocks not stored yet, requests seen so far
+whose first block is this prompt's, the share of earlier stores of similar prompts
+(same turn 0 / 1 / 2 / 3+, same power-of-two length) continued so far (NaN for the
+first), and the live requests holding the first block not stored yet."""
 THRESHOLD_QUANTILES = (0.25, 0.5, 0.75)
 _NOT_YET = Placement(Medium.MEMORY, PlacementRule.NOT_YET)
 Rule = Callable[[int, dict[str, float]], bool]
@@ -263,6 +273,29 @@ def threshold_rule(signal: str, thr: float, above: bool) -> Rule:
     return rule
 
 
+def combined_auc(rows: list[Row]) -> float:
+    """All signals at once: a logistic fit of "read back" on the SSD stores of the first
+    half of the run (each signal standardised, an unknown one 0 with a flag), its AUC
+    on the second half."""
+    ssd = [r for r in rows if r.medium == "ssd"]
+    if len(ssd) < 4:
+        return math.nan
+    raw = np.array([[r.signals[n] for n in SIGNALS] for r in ssd], dtype=np.float64)
+    unknown = np.isnan(raw)
+    x = np.where(unknown, 0.0, raw)
+    half = len(ssd) // 2
+    mu, sd = x[:half].mean(axis=0), x[:half].std(axis=0)
+    x = np.hstack([(x - mu) / np.where(sd > 0, sd, 1.0), unknown, np.ones((len(x), 1))])
+    y = np.array([r.read for r in ssd], dtype=np.float64)
+    w = np.zeros(x.shape[1])
+    for _ in range(50):  # Newton steps, a small ridge keeps them defined
+        p = 1 / (1 + np.exp(-x[:half] @ w))
+        grad = x[:half].T @ (p - y[:half]) + 1e-3 * w
+        hess = (x[:half].T * (p * (1 - p))) @ x[:half] + 1e-3 * np.eye(len(w))
+        w -= np.linalg.solve(hess, grad)
+    return auc(x[half:] @ w, y[half:].astype(bool))
+
+
 def signal_table(rows: list[Row]) -> tuple[list[dict[str, Any]], list[tuple[str, float, bool]]]:
     """Per signal: AUC of "read back" and of "continued" among SSD stores, and precision
     / recall of "read back" at quantile thresholds (in the direction its AUC says);
@@ -316,6 +349,7 @@ def run_rate(wl: Workload, preset: ReplayPreset, rate: float, runs: int) -> dict
     result["oracle_replayed"] = summary(oracle)
     table, cands = signal_table(rows)
     result["signals"] = table
+    result["combined_auc"] = combined_auc(rows)
     result["rules"] = []
     # today's ``not_yet`` (every first turn deferred), then the best signals
     for name, thr, above in [("turn_index", 1.0, True), *cands[:runs]]:
@@ -347,7 +381,9 @@ def markdown(res: dict[str, Any]) -> str:
     st = res["stores"]
     lines += ["", f"SSD stores today: {st['ssd']}, read back {st['read_back']}, "
               f"continued {st['continued']}; first turns {st['first_turns']}, read back "
-              f"{st['first_turns_read']}, continued {st['first_turns_continued']}.", "",
+              f"{st['first_turns_read']}, continued {st['first_turns_continued']}. All "
+              f"signals combined (logistic, fit on the first half of the stores): AUC "
+              f"read back {res['combined_auc']:.3f} on the second half.", "",
               "| signal | AUC read back | AUC continued | write now if | stores now | "
               "bytes now | precision | recall |", "|---|---|---|---|---|---|---|---|"]
     for s in res["signals"]:
