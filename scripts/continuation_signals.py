@@ -23,8 +23,9 @@ Per rate, on FlatCake in the replay (``flatcake replay TRACE --preset P --rate R
 4. **Rules replayed**: every first turn deferred (``placement.not_yet`` without its
    exceptions for agent contexts and shared prefixes), then
    the ``--runs`` signals with the AUC furthest from 0.5, each at its median (about
-   half the stores written now), the deferred turns placed not yet: written to the SSD
-   with their session's next SSD store, or dropped unwritten by memory reclaim first.
+   half the stores written now), and the combined fit at its median; the deferred turns
+   placed not yet: written to the SSD with their session's next SSD store, or dropped
+   unwritten by memory reclaim first.
 
 The placement a rule forces is a measurement override (``decide_placement`` is wrapped
 for the run, nothing else changes): a deferred store gets the not-yet answer unless
@@ -273,19 +274,24 @@ def threshold_rule(signal: str, thr: float, above: bool) -> Rule:
     return rule
 
 
-def combined_auc(rows: list[Row]) -> float:
+def _features(signals: list[dict[str, float]]) -> np.ndarray:
+    """Each signal, an unknown one 0 with a flag, and a constant."""
+    raw = np.array([[s[n] for n in SIGNALS] for s in signals], dtype=np.float64)
+    unknown = np.isnan(raw)
+    return np.hstack([np.where(unknown, 0.0, raw), unknown, np.ones((len(raw), 1))])
+
+
+def fit_combined(rows: list[Row]) -> tuple[float, Callable[[dict[str, float]], float] | None]:
     """All signals at once: a logistic fit of "read back" on the SSD stores of the first
-    half of the run (each signal standardised, an unknown one 0 with a flag), its AUC
-    on the second half."""
+    half of the run (signals standardised); its AUC on the second half, and its score."""
     ssd = [r for r in rows if r.medium == "ssd"]
     if len(ssd) < 4:
-        return math.nan
-    raw = np.array([[r.signals[n] for n in SIGNALS] for r in ssd], dtype=np.float64)
-    unknown = np.isnan(raw)
-    x = np.where(unknown, 0.0, raw)
+        return math.nan, None
+    x = _features([r.signals for r in ssd])
     half = len(ssd) // 2
     mu, sd = x[:half].mean(axis=0), x[:half].std(axis=0)
-    x = np.hstack([(x - mu) / np.where(sd > 0, sd, 1.0), unknown, np.ones((len(x), 1))])
+    mu[-1], sd = 0.0, np.where(sd > 0, sd, 1.0)
+    x = (x - mu) / sd
     y = np.array([r.read for r in ssd], dtype=np.float64)
     w = np.zeros(x.shape[1])
     for _ in range(50):  # Newton steps, a small ridge keeps them defined
@@ -293,7 +299,11 @@ def combined_auc(rows: list[Row]) -> float:
         grad = x[:half].T @ (p - y[:half]) + 1e-3 * w
         hess = (x[:half].T * (p * (1 - p))) @ x[:half] + 1e-3 * np.eye(len(w))
         w -= np.linalg.solve(hess, grad)
-    return auc(x[half:] @ w, y[half:].astype(bool))
+
+    def score(signals: dict[str, float]) -> float:
+        return float(((_features([signals])[0] - mu) / sd) @ w)
+
+    return auc(x[half:] @ w, y[half:].astype(bool)), score
 
 
 def signal_table(rows: list[Row]) -> tuple[list[dict[str, Any]], list[tuple[str, float, bool]]]:
@@ -349,13 +359,18 @@ def run_rate(wl: Workload, preset: ReplayPreset, rate: float, runs: int) -> dict
     result["oracle_replayed"] = summary(oracle)
     table, cands = signal_table(rows)
     result["signals"] = table
-    result["combined_auc"] = combined_auc(rows)
+    result["combined_auc"], score = fit_combined(rows)
     result["rules"] = []
     # today's ``not_yet`` (every first turn deferred), then the best signals
     for name, thr, above in [("turn_index", 1.0, True), *cands[:runs]]:
         d, _ = replay(wl, preset, rate, threshold_rule(name, thr, above))
         result["rules"].append({"rule": f"write now if {name} {'>=' if above else '<='} "
                                 f"{thr:g}", **summary(d)})
+    if score is not None and runs:
+        median = float(np.median([score(r.signals) for r in ssd]))
+        d, _ = replay(wl, preset, rate, lambda _i, s: score(s) >= median)
+        result["rules"].append({"rule": "write now if all signals combined >= their median",
+                                **summary(d)})
     return result
 
 

@@ -96,5 +96,8 @@ def test_all_signals_combined_score_the_second_half_with_the_first_halfs_fit() -
     rows = [cs.Row(i, {**dict.fromkeys(cs.SIGNALS, 1.0), "gap_s": math.nan,
                        "reply_tokens": float(100 + 400 * (i % 2) + i)},
                    medium="ssd", read=bool(i % 2)) for i in range(40)]
-    assert cs.combined_auc(rows) == 1.0
-    assert math.isnan(cs.combined_auc(rows[:3]))
+    got, score = cs.fit_combined(rows)
+    assert got == 1.0 and score is not None
+    assert score(rows[1].signals) > score(rows[0].signals)
+    few, none = cs.fit_combined(rows[:3])
+    assert math.isnan(few) and none is None
