@@ -1,7 +1,7 @@
 """Which signal, known when a turn is written, says the turn will be read back from the SSD?
 
     PYTHONPATH=src python scripts/continuation_signals.py [TRACE] [--rates 1,8]
-        [--preset paper] [--runs 3] [--json OUT]
+        [--preset paper] [--host-gib G] [--runs 3] [--json OUT]
 
 Issue 44 (write what will be read). TRACE defaults to the Mooncake conversation trace.
 Per rate, on FlatCake in the replay (``flatcake replay TRACE --preset P --rate R``):
@@ -416,10 +416,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="paper")
     ap.add_argument("--runs", type=int, default=3,
                     help="signals (best AUC first) whose rule is replayed")
+    ap.add_argument("--host-gib", type=float,
+                    help="host memory of the node in GiB (default: the preset's)")
     ap.add_argument("--json", help="write the raw results here")
     args = ap.parse_args(argv)
     try:
         preset = get_preset(args.preset)
+        if args.host_gib is not None:
+            if not args.host_gib > 0:
+                raise ValueError(f"--host-gib must be > 0, got {args.host_gib}")
+            preset = preset.with_node(host_memory_bytes=int(args.host_gib * 2**30))
         rates = [float(r) for r in args.rates.split(",") if r]
         wl = load_workload(Path(args.trace))[0]
     except (ValueError, FileNotFoundError) as exc:
