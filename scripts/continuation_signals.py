@@ -58,7 +58,7 @@ from flatcake.control.placement import (
     decide_placement,
 )
 from flatcake.control.types import StorePlan
-from flatcake.replay.node.node import Node, Request
+from flatcake.replay.node.node import Node, Request, not_attached
 from flatcake.replay.presets import ReplayPreset, get_preset
 from flatcake.replay.simulate import replay_blocks, timed_run
 from flatcake.replay.systems.flatcake import FlatCakeSystem
@@ -122,7 +122,8 @@ class Probe(FlatCakeSystem):
     def attach(self, node: Node) -> None:
         super().attach(node)
         cp = self.cp
-        assert cp is not None
+        if cp is None:
+            raise not_attached(self.name)
         prepare, wear = cp.prepare_store, cp._wear
         read = wear.read
 
@@ -183,7 +184,7 @@ class Probe(FlatCakeSystem):
             "prev_reply_tokens": math.nan if prev is None else float(prev),
             "session_age_s": req.arrival_s - self._first_s.get(sid, req.arrival_s),
             "gap_s": math.nan if last is None else req.arrival_s - last,
-            "new_share": 1.0 - hit / len(keys),
+            "new_share": max(0.0, 1.0 - hit / len(keys)),
             "prefix_seen": float(self._seen_at.get(req.idx, 0)),
             "class_share": self._class_cont[cls] / rows if rows else math.nan,
             # live requests holding the first block not stored yet
