@@ -113,14 +113,13 @@ class RequestKeys:
 
 @dataclass(slots=True)
 class RequestBooks:
-    """Books of one live request (mutable, scheduler thread)."""
+    """Books of one live request (mutable, scheduler thread); its load's phase is the
+    request driver's (``plan.driver.Tracked``)."""
 
     turn: TurnInfo
     hit: PrefixHit = EMPTY_HIT
     local_blocks: int = 0
     remote: tuple[RemoteRun, ...] = ()  # runs other nodes hold after the local hit
-    load: LoadTask | None = None
-    loading: bool = False
     hit_blocks: int = 0
     loaded_memory_blocks: int = 0
     loaded_ssd_blocks: int = 0
@@ -133,7 +132,6 @@ class RequestBooks:
     def count_load(self, task: LoadTask, loaded: int, stats: Counter[str], bs: int) -> None:
         """The request's load ``task`` ended with request blocks ``[0, loaded)`` in place
         (local ones by medium, then remote ones); the rest of it are load errors."""
-        self.loading = False
         mem, ssd = by_medium(self.hit, task.first_block, loaded)
         far = max(0, loaded - task.num_blocks)
         errors = task.remote_end - max(loaded, task.first_block)
