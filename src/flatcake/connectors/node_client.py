@@ -44,7 +44,10 @@ _DONE_WITH = frozenset({"num_matched_tokens", "step", "update"})  # carry ``_don
 
 
 class RemoteSchedulerSide:
-    """``SchedulerSide``'s methods, answered by the node service (module docstring)."""
+    """``SchedulerSide``'s methods, answered by the node service (module docstring):
+    a ``connectors.base.SchedulerHalf``."""
+
+    ssd_in_step = False  # an attached engine's loads are async
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
                  ranks: TensorRanks | None = None, name: str = "engine",

@@ -145,6 +145,9 @@ class RequestDriver(Generic[B]):
         self.control = control
         self.world_size = world_size
         self.queue = queue
+        # The FC-MAS verbs name a queue only when it is not the node's own: the books
+        # may be a node service's, answering the store's verbs (``link.control``).
+        self._q: tuple[Hashable, ...] = () if queue is None else (queue,)
         self._reqs: dict[str, Tracked[B]] = {}
         self._count: Counter[Phase] = Counter()
         # Loads that run in the next step, with their FC-MAS request (for its order).
@@ -193,11 +196,11 @@ class RequestDriver(Generic[B]):
             self._step[req.request_id] = (req, self.control.restore_request(
                 req.request_id, self.control.clock.now(), plan))
         else:
-            self.control.submit_restore(plan, remote_blocks(task), self.queue)
+            self.control.submit_restore(plan, remote_blocks(task), *self._q)
 
     @property
     def fcmas(self) -> MasScheduler:
-        """The FC-MAS queue the requests wait in."""
+        """The FC-MAS queue the requests wait in (books in this process only)."""
         return self.control.restore_queue(self.queue)
 
     def take_step(self) -> list[Tracked[B]]:
@@ -214,7 +217,8 @@ class RequestDriver(Generic[B]):
 
     def start_restores(self) -> list[Tracked[B]]:
         """The SSD restores FC-MAS starts now, each holding a slot until reported."""
-        out = [self._reqs[str(rr.request_id)] for rr in self.fcmas.next_restores()]
+        out = [self._reqs[str(rr.request_id)]
+               for rr in self.control.next_restores(*self._q)]
         for req in out:
             self._transit(req, Event.START)
             req.slot = True
@@ -235,7 +239,7 @@ class RequestDriver(Generic[B]):
         in the ready queue; any other is released."""
         self._transit(req, Event.REPORT)
         if req.slot:
-            self.fcmas.restore_done(req.request_id)
+            self.control.restore_done(req.request_id, *self._q)
         else:
             self._transit(req, Event.RELEASE)
 
@@ -243,8 +247,7 @@ class RequestDriver(Generic[B]):
         """The requests FC-MAS's ready queue lets go now, in its order: reported ones
         released, queued ones (all in memory) started."""
         out = []
-        fcmas = self.fcmas
-        while (rr := fcmas.pop_ready()) is not None:
+        while (rr := self.control.pop_ready_restore(*self._q)) is not None:
             req = self._reqs[str(rr.request_id)]
             self._transit(req, Event.RELEASE if req.phase is Phase.REPORTED
                           else Event.START)
