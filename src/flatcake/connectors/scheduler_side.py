@@ -63,8 +63,8 @@ from flatcake.connectors.requests import (
     Counters,
     RequestBooks,
     RequestView,
+    StoreBooks,
 )
-from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit
