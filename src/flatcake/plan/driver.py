@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -44,7 +44,7 @@ from flatcake.plan.requests import remote_blocks
 from flatcake.plan.tasks import LoadDone, LoadTask
 
 __all__ = ["TRANSITIONS", "Event", "IllegalTransition", "Phase", "RequestDriver",
-           "Tracked"]
+           "RequestTable", "Tracked"]
 
 B = TypeVar("B")
 
@@ -134,30 +134,18 @@ class Tracked(Generic[B]):
         return self.phase is Phase.QUEUED or self.phase is Phase.STARTED
 
 
-class RequestDriver(Generic[B]):
-    """The requests of one host, over the books ``control`` and the FC-MAS queue
-    ``queue`` (module docstring); ``world_size`` workers report every load."""
+class RequestTable(Generic[B]):
+    """The requests of one host and their phases, moved only through ``TRANSITIONS``
+    (no books: a host that mirrors another's driver, the node service's engine client,
+    keeps its requests here)."""
 
-    def __init__(self, control: ControlPlane, *, world_size: int = 1,
-                 queue: Hashable = None) -> None:
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
-        self.control = control
-        self.world_size = world_size
-        self.queue = queue
-        # The FC-MAS verbs name a queue only when it is not the node's own: the books
-        # may be a node service's, answering the store's verbs (``link.control``).
-        self._q: tuple[Hashable, ...] = () if queue is None else (queue,)
+    def __init__(self) -> None:
         self._reqs: dict[str, Tracked[B]] = {}
         self._count: Counter[Phase] = Counter()
-        # Loads that run in the next step, with their FC-MAS request (for its order).
-        self._step: dict[str, tuple[Tracked[B], RestoreRequest]] = {}
-        self._released: list[str] = []  # out of the ready queue, for ``take_released``
-        self._late: Counter[str] = Counter()
 
-    # -- the table ----------------------------------------------------------------
-
-    def _transit(self, req: Tracked[B], event: Event) -> None:
+    def move(self, req: Tracked[B], event: Event) -> None:
+        """Move ``req`` by ``event`` (``IllegalTransition`` where the table has no
+        step); a finished request released is forgotten."""
         to = TRANSITIONS.get((req.phase, event))
         if to is None:
             raise IllegalTransition(req.request_id, req.phase, event)
@@ -171,25 +159,95 @@ class RequestDriver(Generic[B]):
         else:
             self._count[to] += 1
 
-    # -- phases -------------------------------------------------------------------
-
     def get(self, request_id: str) -> Tracked[B] | None:
         """The live request ``request_id`` (None once the engine finished it)."""
         req = self._reqs.get(request_id)
         return None if req is None or req.finished else req
 
+    def held(self, request_id: str) -> Tracked[B] | None:
+        """``request_id`` while held, finished or not."""
+        return self._reqs.get(request_id)
+
     def admit(self, request_id: str, books: B) -> Tracked[B]:
         """A request looked up: held from now on, with the host's ``books``."""
         req = self._reqs.get(request_id) or Tracked(request_id, books, Phase.FINISHED)
-        self._transit(req, Event.ADMIT)
+        self.move(req, Event.ADMIT)
         self._reqs[request_id] = req
         return req
+
+    def finish(self, request_id: str) -> Tracked[B] | None:
+        """The engine finished the request: the request as it was (None when it is
+        not held live)."""
+        req = self.get(request_id)
+        if req is not None:
+            self.move(req, Event.FINISH)
+            req.finished = True
+        return req
+
+    def drop(self, request_id: str) -> Tracked[B] | None:
+        """Forget one request from any phase (its restore failed, its host forgot it)."""
+        req = self._reqs.get(request_id)
+        if req is not None:
+            self.move(req, Event.ABANDON)
+        return req
+
+    def abandon(self) -> list[Tracked[B]]:
+        """Forget every request (the host is gone or closing); returns them."""
+        out = list(self._reqs.values())
+        for req in out:
+            self.move(req, Event.ABANDON)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._reqs
+
+    def __iter__(self) -> Iterator[Tracked[B]]:
+        return iter(list(self._reqs.values()))
+
+    def num(self, phase: Phase) -> int:
+        """Requests in ``phase``."""
+        return self._count[phase]
+
+    @property
+    def num_loading(self) -> int:
+        """Loads planned and not yet reported by every worker."""
+        return self._count[Phase.QUEUED] + self._count[Phase.STARTED]
+
+    def loading(self) -> list[Tracked[B]]:
+        """The requests whose load is planned and not yet reported."""
+        return [r for r in self._reqs.values() if r.loading]
+
+
+class RequestDriver(RequestTable[B]):
+    """The requests of one host, over the books ``control`` and the FC-MAS queue
+    ``queue`` (module docstring); ``world_size`` workers report every load."""
+
+    def __init__(self, control: ControlPlane, *, world_size: int = 1,
+                 queue: Hashable = None) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        super().__init__()
+        self.control = control
+        self.world_size = world_size
+        self.queue = queue
+        # The FC-MAS verbs name a queue only when it is not the node's own: the books
+        # may be a node service's, answering the store's verbs (``link.control``).
+        self._q: tuple[Hashable, ...] = () if queue is None else (queue,)
+        # Loads that run in the next step, with their FC-MAS request (for its order).
+        self._step: dict[str, tuple[Tracked[B], RestoreRequest]] = {}
+        self._released: list[str] = []  # out of the ready queue, for ``take_released``
+        self._late: Counter[str] = Counter()
+
+    # -- phases ------------------------------------------------------------------
 
     def plan(self, req: Tracked[B], task: LoadTask, plan: LoadPlan, *,
              in_step: bool) -> None:
         """Its load is planned: it runs in the next step (``in_step``) or waits in
         FC-MAS, queued now."""
-        self._transit(req, Event.PLAN)
+        self.move(req, Event.PLAN)
         req.task, req.plan, req.in_step, req.slot = task, plan, in_step, False
         req.reports = []
         if in_step:
@@ -212,7 +270,7 @@ class RequestDriver(Generic[B]):
         out = [self._step[str(rr.request_id)][0] for rr in order]
         self._step = {}
         for req in out:
-            self._transit(req, Event.START)
+            self.move(req, Event.START)
         return out
 
     def start_restores(self) -> list[Tracked[B]]:
@@ -220,7 +278,7 @@ class RequestDriver(Generic[B]):
         out = [self._reqs[str(rr.request_id)]
                for rr in self.control.next_restores(*self._q)]
         for req in out:
-            self._transit(req, Event.START)
+            self.move(req, Event.START)
             req.slot = True
         return out
 
@@ -237,11 +295,11 @@ class RequestDriver(Generic[B]):
     def reported(self, req: Tracked[B]) -> None:
         """Every worker reported its load: a slot holder gives its slot back and waits
         in the ready queue; any other is released."""
-        self._transit(req, Event.REPORT)
+        self.move(req, Event.REPORT)
         if req.slot:
             self.control.restore_done(req.request_id, *self._q)
         else:
-            self._transit(req, Event.RELEASE)
+            self.move(req, Event.RELEASE)
 
     def pop_ready(self) -> list[Tracked[B]]:
         """The requests FC-MAS's ready queue lets go now, in its order: reported ones
@@ -249,7 +307,7 @@ class RequestDriver(Generic[B]):
         out = []
         while (rr := self.control.pop_ready_restore(*self._q)) is not None:
             req = self._reqs[str(rr.request_id)]
-            self._transit(req, Event.RELEASE if req.phase is Phase.REPORTED
+            self.move(req, Event.RELEASE if req.phase is Phase.REPORTED
                           else Event.START)
             out.append(req)
         return out
@@ -267,31 +325,19 @@ class RequestDriver(Generic[B]):
         return released + [r for r in reported if r not in done and not (
             (req := self._reqs.get(r)) is not None and req.phase is Phase.REPORTED)]
 
-    def finish(self, request_id: str) -> Tracked[B] | None:
-        """The engine finished the request: the request as it was (None when the
-        driver does not hold it live)."""
-        req = self.get(request_id)
-        if req is not None:
-            self._transit(req, Event.FINISH)
-            req.finished = True
-        return req
-
     def drop(self, request_id: str) -> Tracked[B] | None:
-        """Forget one request from any phase (its restore failed)."""
-        req = self._reqs.get(request_id)
-        if req is not None:
-            self._step.pop(request_id, None)
-            self._transit(req, Event.ABANDON)
-        return req
+        self._step.pop(request_id, None)
+        return super().drop(request_id)
 
     def abandon(self) -> list[Tracked[B]]:
-        """Forget every request (the host is gone or closing); returns them."""
-        out = list(self._reqs.values())
-        for req in out:
-            self._transit(req, Event.ABANDON)
         self._step.clear()
         self._released.clear()
-        return out
+        return super().abandon()
+
+    @property
+    def num_waiting(self) -> int:
+        """Loads queued in FC-MAS, not yet started."""
+        return self._count[Phase.QUEUED] - len(self._step)
 
     # -- late reads ---------------------------------------------------------------
 
@@ -306,29 +352,3 @@ class RequestDriver(Generic[B]):
     def disk_late(self) -> bool:
         """A load given up at its deadline is still reading on some worker."""
         return any(n > 0 for n in self._late.values())
-
-    # -- counts -------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return len(self._reqs)
-
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._reqs
-
-    def num(self, phase: Phase) -> int:
-        """Requests in ``phase``."""
-        return self._count[phase]
-
-    @property
-    def num_loading(self) -> int:
-        """Loads planned and not yet reported by every worker."""
-        return self._count[Phase.QUEUED] + self._count[Phase.STARTED]
-
-    @property
-    def num_waiting(self) -> int:
-        """Loads queued in FC-MAS, not yet started."""
-        return self._count[Phase.QUEUED] - len(self._step)
-
-    def loading(self) -> list[Tracked[B]]:
-        """The requests whose load is planned and not yet reported."""
-        return [r for r in self._reqs.values() if r.loading]
