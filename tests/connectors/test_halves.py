@@ -1,16 +1,21 @@
 """Both scheduler halves keep the one contract the engine connectors call
 (``connectors.base.SchedulerHalf``): every call it names, with the same parameters, in
-the embedded half and in the node service's twin."""
+the embedded half and in the node service's twin; and the embedded half refuses by name
+what its request driver does not allow (a report of no load, a load never looked up)."""
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
 from flatcake.connectors.base import SchedulerHalf
 from flatcake.connectors.node_client import RemoteSchedulerSide
 from flatcake.connectors.scheduler_side import SchedulerSide
+from flatcake.plan.driver import IllegalTransition
+from flatcake.plan.tasks import LoadDone, WorkerReport
+from tests.connectors.sides_harness import Harness, finish, tokens, view
 
 MEMBERS = sorted(name for name in vars(SchedulerHalf)
                  if not name.startswith("_") and name not in {"recovered_segments",
@@ -33,3 +38,23 @@ def test_each_half_answers_each_call_with_the_contracts_parameters(half: type,
 
 def test_an_attached_engine_loads_every_ssd_hit_async() -> None:
     assert RemoteSchedulerSide.ssd_in_step is False
+
+
+def test_a_report_of_no_load_or_a_load_never_looked_up_is_refused_by_name(
+        tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    turn0 = list(range(100, 113))
+    finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
+    h.step()
+    v = view("b", tokens(turn0, 8, 200), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (12, True)
+    h.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    with pytest.raises(IllegalTransition, match="'ghost' cannot report while finished"):
+        h.sched.on_report(WorkerReport(loads=(LoadDone("ghost", 1, 1),)))
+    with pytest.raises(ValueError, match="'never': .* never looked up"):
+        h.sched.after_alloc("never", [1, 2, 3], 8)
+    # The load planned stands: its restore runs and lands as planned.
+    plan, _, recving, invalid = h.step()
+    assert [t.request_id for t in plan.loads] == ["b"] and recving == {"b"}
+    assert plan.loads[0].block_ids[:3] == (20, 21, 22) and invalid == set()
+    h.close()
