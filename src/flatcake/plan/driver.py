@@ -1,8 +1,10 @@
 """The request driver: one request's restore through the books, with one transition table.
 
 Every host (the store's restores, the vLLM scheduler half, and through it the node
-service's engines) drives a request the same way; the host adds only its locks, its
-engine steps and its data plane::
+service's engines) drives a request the same way (``RequestDriver``); the host adds only
+its lock, its engine steps and its data plane. A host that keeps no books mirrors the
+phases another's driver reports in the same table (``RequestTable``: the node service's
+engine client, ``connectors.node_client``)::
 
        admit         plan          start          report           release
     ───────► ADMITTED ────► QUEUED ────► STARTED ────► REPORTED ────► RELEASED
