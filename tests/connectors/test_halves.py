@@ -15,7 +15,7 @@ from flatcake.connectors.node_client import RemoteSchedulerSide
 from flatcake.connectors.scheduler_side import SchedulerSide
 from flatcake.plan.driver import IllegalTransition
 from flatcake.plan.tasks import LoadDone, WorkerReport
-from tests.connectors.sides_harness import Harness, finish, tokens, view
+from tests.connectors.sides_harness import Harness, ssd_hit_admitted
 
 MEMBERS = sorted(name for name in vars(SchedulerHalf)
                  if not name.startswith("_") and name not in {"recovered_segments",
@@ -43,15 +43,10 @@ def test_an_attached_engine_loads_every_ssd_hit_async() -> None:
 def test_a_report_of_no_load_or_a_load_never_looked_up_is_refused_by_name(
         tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    turn0 = list(range(100, 113))
-    finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
-    h.step()
-    v = view("b", tokens(turn0, 8, 200), session="s")
-    assert h.sched.num_matched_tokens(v, 0) == (12, True)
-    h.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    ssd_hit_admitted(h)
     with pytest.raises(IllegalTransition, match="'ghost' cannot report while finished"):
         h.sched.on_report(WorkerReport(loads=(LoadDone("ghost", 1, 1),)))
-    with pytest.raises(ValueError, match="'never': .* never looked up"):
+    with pytest.raises(ValueError, match=r"'never': .* never looked up"):
         h.sched.after_alloc("never", [1, 2, 3], 8)
     # The load planned stands: its restore runs and lands as planned.
     plan, _, recving, invalid = h.step()
