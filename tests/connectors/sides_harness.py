@@ -127,6 +127,19 @@ def stored_turn(h: Harness) -> list[int]:
     return turn0
 
 
+def ssd_hit_admitted(h: Harness) -> RequestView:
+    """Session ``s``'s first turn, 3 full blocks + 1 token in slots 5-8, durable on SSD
+    (first-turn placement); then its second turn ``b`` looked up (an async SSD hit of
+    12 tokens) and admitted into slots 20-24. Returns ``b``."""
+    turn0 = list(range(100, 113))
+    finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
+    h.step()
+    v = view("b", tokens(turn0, 8, 200), session="s")
+    assert h.sched.num_matched_tokens(v, 0) == (12, True)
+    h.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    return v
+
+
 def tokens(prefix: list[int], n: int, start: int) -> list[int]:
     return prefix + list(range(start, start + n))
 

@@ -16,7 +16,16 @@ import pytest
 import flatcake
 from flatcake.clock import ManualClock
 from flatcake.connectors.scheduler_side import RequestView
-from tests.connectors.sides_harness import G4K, Harness, end, finish, settings, tokens, view
+from tests.connectors.sides_harness import (
+    G4K,
+    Harness,
+    end,
+    finish,
+    settings,
+    ssd_hit_admitted,
+    tokens,
+    view,
+)
 
 
 @pytest.mark.parametrize("aligned", [False, True])
@@ -407,12 +416,7 @@ def test_a_step_handed_over_twice_starts_its_load_once(tmp_path: Path) -> None:
     # the same plan over again after it: the SSD restore runs once, and its report
     # comes at the end of the step it started in.
     h = Harness(tmp_path)
-    turn0 = list(range(100, 113))
-    finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
-    h.step()
-    v = view("b", tokens(turn0, 8, 200), session="s")
-    assert h.sched.num_matched_tokens(v, 0) == (12, True)
-    h.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    ssd_hit_admitted(h)
     submitted: list[Future] = []
     submit = h.worker.executor.submit_load
 

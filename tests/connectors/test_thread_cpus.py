@@ -14,7 +14,7 @@ import pytest
 
 from flatcake.cio.affinity import ThreadCpus
 from flatcake.config import load_config
-from tests.connectors.sides_harness import Harness, finish, settings, tokens, view
+from tests.connectors.sides_harness import Harness, settings, ssd_hit_admitted
 
 CPUS = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs this process may use")
@@ -32,12 +32,7 @@ def _run_bound_to(engine_cpu: int, tmp_path: Path, setting: str) -> dict[str, fr
         try:
             os.sched_setaffinity(0, {engine_cpu})
             h = Harness(tmp_path, settings(f"store.thread_cpus={setting}"))
-            turn0 = list(range(100, 113))  # 3 full blocks + 1: SSD, first turn
-            finish(h, "a", turn0, [5, 6, 7, 8], out=3, session="s")
-            h.step()
-            v = view("b", tokens(turn0, 8, 200), session="s")
-            assert h.sched.num_matched_tokens(v, 0) == (12, True)
-            h.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+            ssd_hit_admitted(h)
             plan, _, recving, _ = h.step()
             assert len(plan.loads) == 1 and recving == {"b"}
             for t in threading.enumerate():

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flatcake.config import FlatCakeConfig
@@ -35,6 +35,7 @@ from flatcake.geometry import KVGeometry
 from flatcake.link import verbs, wire
 from flatcake.link.client import NodeClient
 from flatcake.link.wire import Attached, TensorRanks
+from flatcake.plan.driver import Event, Phase, RequestTable, Tracked
 from flatcake.plan.tasks import FailedLoad, StepPlan, WorkerReport
 
 logger = logging.getLogger("flatcake.service")
@@ -43,8 +44,39 @@ MAX_NEW = 64  # requests entered whose new_request waits for a lookup to go with
 _DONE_WITH = frozenset({"num_matched_tokens", "step", "update"})  # carry ``_done``
 
 
+@dataclass(slots=True)
+class _Mirror:
+    """What this half knows of one request whose books the service keeps.
+
+    Attributes:
+        params: its ``kv_transfer_params`` as the lookup answered them (None: the books
+            hold none yet, or the service forgot this engine).
+        matched: (local blocks, async) of a lookup with a hit, until ``after_alloc``.
+        blocks: the slots of its admitted hit (a load error if the service forgets it
+            before a step plans it).
+        is_async: its load is async.
+        restoring: an async load in a step's plan (its blocks are the restore's target
+            until released).
+        planned: its load reached the service (``request_finished`` asks it).
+        sources: the admitted hit's tokens in memory and on SSD, until asked.
+        store: its store, planned.
+    """
+
+    params: dict[str, Any] | None = None
+    matched: tuple[int, bool] | None = None
+    blocks: tuple[int, ...] = ()
+    is_async: bool = False
+    restoring: bool = False
+    planned: bool = False
+    sources: tuple[int, int] = (0, 0)
+    store: StorePlan | None = None
+
+
 class RemoteSchedulerSide:
-    """``SchedulerSide``'s methods, answered by the node service (module docstring)."""
+    """``SchedulerSide``'s methods, answered by the node service (module docstring):
+    a ``connectors.base.SchedulerHalf``."""
+
+    ssd_in_step = False  # an attached engine's loads are async
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
                  ranks: TensorRanks | None = None, name: str = "engine",
@@ -66,12 +98,11 @@ class RemoteSchedulerSide:
         self._warned = False
         self._pending_stores = False
         self._events: list[BlockEvent] = []
-        # Hits the engine admitted, by request: (block ids to load, async), until their
-        # load is in a step's plan; async loads in a plan, until released.
-        self._admitted: dict[str, tuple[tuple[int, ...], bool]] = {}
-        self._matched: dict[str, tuple[int, bool]] = {}  # request -> (local blocks, async)
-        self._restoring: set[str] = set()
-        self._sources: dict[str, tuple[int, int]] = {}
+        # The requests the service's driver holds for this engine, mirrored in the same
+        # table (``plan.driver``): admitted at the lookup, queued once the service
+        # planned the load, started with the step that hands it out, released when the
+        # service releases it (a load in the step: with that step).
+        self._requests: RequestTable[_Mirror] = RequestTable()
         self._failed: list[FailedLoad] = []
         # Requests that entered since the last call: their ``new_request`` goes with the
         # next lookup, or alone, in order, before any other call (the service's books
@@ -80,12 +111,6 @@ class RemoteSchedulerSide:
         # Requests finished since the last call whose answer was this half's own: the
         # service learns each with the next call (``_done_with``), in order.
         self._done: list[RequestView] = []
-        # Requests looked up, each with its kv_transfer_params as the lookup answered
-        # them (None: the books hold none yet); those whose load reached the service;
-        # the stores planned, by request. Until they finish.
-        self._params: dict[str, dict[str, Any] | None] = {}
-        self._loading: set[str] = set()
-        self._stored: dict[str, StorePlan] = {}
         self._attach()
 
     # -- attachment -----------------------------------------------------------------
@@ -153,11 +178,12 @@ class RemoteSchedulerSide:
         """The service no longer knows this engine: what it had planned for it is void
         (admitted hits become load errors), without a warning (an idle lease ends)."""
         self.engine_id = ""
-        for rid, (blocks, is_async) in self._admitted.items():
-            self._failed.append(FailedLoad(rid, blocks, is_async))
-        self._admitted.clear()
-        self._matched.clear()
-        self._params.clear()
+        for req in self._requests:
+            mine = req.books
+            mine.params = mine.matched = None
+            if req.phase is Phase.QUEUED:  # never handed out: a load error, released
+                self._failed.append(FailedLoad(req.request_id, mine.blocks, mine.is_async))
+                self._release(req)
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -191,36 +217,61 @@ class RemoteSchedulerSide:
         others = tuple(r for r in new if r.request_id != req.request_id)
         entered = len(others) < len(new)
         try:
-            n, is_async, self._params[req.request_id] = self._call(
+            n, is_async, params = self._call(
                 "num_matched_tokens", req, num_local_tokens, entered, others,
                 self._done_with())
         except wire.NodeUnavailable:
             return 0, False
+        mine = self._mirror(req.request_id).books
+        mine.params = params
         if n:
             bs = self.geometry.tokens_per_block
-            self._matched[req.request_id] = (num_local_tokens // bs, is_async)
+            mine.matched = (num_local_tokens // bs, is_async)
         return n, is_async
+
+    def _mirror(self, request_id: str) -> Tracked[_Mirror]:
+        """The request's mirror, admitted on first use."""
+        return (self._requests.held(request_id)
+                or self._requests.admit(request_id, _Mirror()))
+
+    def _release(self, req: Tracked[_Mirror]) -> None:
+        """The request's load ended (a load error where it never started): the engine
+        may run it."""
+        if req.phase is Phase.QUEUED:
+            self._requests.move(req, Event.START)
+        req.books.restoring = False
+        self._requests.move(req, Event.REPORT)
+        self._requests.move(req, Event.RELEASE)
 
     def after_alloc(self, request_id: str, block_ids: Sequence[int],
                     num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
-        local, is_async = self._matched.pop(request_id, (0, False))
+        mirror = self._mirror(request_id)
+        local, is_async = mirror.books.matched or (0, False)
+        mirror.books.matched = None
         bs = self.geometry.tokens_per_block
         mine = tuple(block_ids[local:local + num_external_tokens // bs])
         try:
-            self._sources[request_id] = self._call("after_alloc", request_id,
-                                                   list(block_ids), num_external_tokens)
+            sources = self._call("after_alloc", request_id, list(block_ids),
+                                 num_external_tokens)
         except (wire.NodeUnavailable, wire.NodeRefused) as exc:
             logger.warning("FlatCake: the load of request %s was not planned (%s): its "
                            "%d blocks are recomputed", request_id, exc, len(mine))
             self._failed.append(FailedLoad(request_id, mine, is_async))
             return
-        self._admitted[request_id] = (mine, is_async)
-        self._loading.add(request_id)
+        if mirror.phase is Phase.QUEUED:  # planned before, never handed out
+            self._release(mirror)
+        self._requests.move(mirror, Event.PLAN)
+        mirror.books.sources, mirror.books.blocks = sources, mine
+        mirror.books.is_async, mirror.books.planned = is_async, True
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
-        return self._sources.pop(request_id, (0, 0))
+        mirror = self._requests.held(request_id)
+        if mirror is None:
+            return 0, 0
+        out, mirror.books.sources = mirror.books.sources, (0, 0)
+        return out
 
     def prompt_computed(self, req: RequestView, block_ids: Sequence[int]
                         ) -> StorePlan | None:
@@ -230,13 +281,14 @@ class RemoteSchedulerSide:
             return None
         if plan is not None:
             self._pending_stores = True
-            self._stored[req.request_id] = plan
+            self._mirror(req.request_id).books.store = plan
         return plan
 
     def build_step(self, preempted: Sequence[str] = (),
                    computed: Sequence[tuple[RequestView, Sequence[int]]] = ()) -> StepPlan:
         failed, self._failed = tuple(self._failed), []
-        if not (self._pending_stores or self._admitted or preempted or computed
+        if not (self._pending_stores or self._requests.num(Phase.QUEUED) or preempted
+                or computed
                 or self._done) or not self.engine_id:
             # Nothing of ours in flight: only file work another engine left could be
             # waiting, and the next step that has something collects it.
@@ -249,11 +301,16 @@ class RemoteSchedulerSide:
             return StepPlan(failed_loads=(*failed, *self._take_failed()))
         self._events.extend(events)
         for store in plan.stores:
-            self._stored[store.request_id] = store.plan
+            self._mirror(store.request_id).books.store = store.plan
         for task in plan.loads:
-            _blocks, _is_async = self._admitted.pop(task.request_id, ((), False))
-            if not task.sync:
-                self._restoring.add(task.request_id)
+            mirror = self._requests.held(task.request_id)
+            if mirror is None or mirror.phase is not Phase.QUEUED:
+                continue
+            self._requests.move(mirror, Event.START)
+            if task.sync:  # it runs in this step
+                self._release(mirror)
+            else:  # its blocks are the restore's target until the service releases it
+                mirror.books.restoring = True
         failed = (*failed, *self._take_failed())  # and those of a re-attach just now
         if failed:
             plan = replace(plan, failed_loads=failed)
@@ -281,18 +338,27 @@ class RemoteSchedulerSide:
                                                                 self._done_with())
         except (wire.NodeUnavailable, wire.NodeRefused):
             # Without the books, every restore the workers finished runs now.
-            self._restoring.difference_update(reported)
+            self._released(reported)
             return reported
         self._events.extend(events)
-        self._restoring.difference_update(released)
+        self._released(released)
         return list(released)
+
+    def _released(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            mirror = self._requests.held(rid)
+            if mirror is not None and mirror.phase is Phase.STARTED:
+                self._release(mirror)
 
     def request_finished(self, req: RequestView) -> tuple[bool, dict[str, Any] | None]:
         rid = req.request_id
-        self._matched.pop(rid, None)
-        params = self._params.pop(rid, None)
-        stored = self._stored.pop(rid, None)
-        if rid not in self._loading and (params is not None or stored is None):
+        mirror = self._requests.held(rid)
+        books = mirror.books if mirror is not None else _Mirror()
+        params, stored, planned = books.params, books.store, books.planned
+        books.params = books.matched = books.store = None
+        books.planned = False
+        self._requests.finish(rid)
+        if not planned and (params is not None or stored is None):
             # No load: the books would answer what this half knows (its lookup's params,
             # its store; none when they never looked it up: ``SchedulerSide.
             # request_finished``); they learn of it with the next call.
@@ -303,11 +369,10 @@ class RemoteSchedulerSide:
             if stored is not None:
                 mine.update(store_params(stored))
             return stored is not None, {"flatcake": mine}
-        self._loading.discard(rid)
         try:
             out: tuple[bool, dict[str, Any] | None] = self._call("request_finished", req)
         except (wire.NodeUnavailable, wire.NodeRefused):
-            return req.request_id in self._restoring, None
+            return books.restoring, None
         return out
 
     def take_events(self) -> list[BlockEvent]:

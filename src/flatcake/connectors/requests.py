@@ -1,8 +1,14 @@
-"""The scheduler half's per-request books, the keys of an engine's requests, block
-events and counters (engine-neutral, no torch)."""
+"""The scheduler half's per-request books, its books of the turn stores in flight, the
+keys of an engine's requests, block events and counters (engine-neutral, no torch).
+
+A store is in flight from ``StoreBooks.add`` (its address allocated) until every
+worker reported it (``done``), when the host completes it in the books. Which keys are
+being written is the books' own (``ControlPlane.store_in_flight``, read by
+``plan.requests.servable``)."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,7 +21,9 @@ from flatcake.control.keys import EngineKeys, namespace_key
 from flatcake.control.signals import TurnInfo
 from flatcake.plan.remote import RemoteRun
 from flatcake.plan.requests import by_medium
-from flatcake.plan.tasks import LoadTask
+from flatcake.plan.tasks import LoadTask, StoreDone, StoreTask
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +121,13 @@ class RequestKeys:
 
 @dataclass(slots=True)
 class RequestBooks:
-    """Books of one live request (mutable, scheduler thread)."""
+    """Books of one live request (mutable, scheduler thread); its load's phase is the
+    request driver's (``plan.driver.Tracked``)."""
 
     turn: TurnInfo
     hit: PrefixHit = EMPTY_HIT
     local_blocks: int = 0
     remote: tuple[RemoteRun, ...] = ()  # runs other nodes hold after the local hit
-    load: LoadTask | None = None
-    loading: bool = False
     hit_blocks: int = 0
     loaded_memory_blocks: int = 0
     loaded_ssd_blocks: int = 0
@@ -133,7 +140,6 @@ class RequestBooks:
     def count_load(self, task: LoadTask, loaded: int, stats: Counter[str], bs: int) -> None:
         """The request's load ``task`` ended with request blocks ``[0, loaded)`` in place
         (local ones by medium, then remote ones); the rest of it are load errors."""
-        self.loading = False
         mem, ssd = by_medium(self.hit, task.first_block, loaded)
         far = max(0, loaded - task.num_blocks)
         errors = task.remote_end - max(loaded, task.first_block)
@@ -169,6 +175,63 @@ def store_params(plan: StorePlan) -> dict[str, Any]:
     """What ``RequestBooks.params`` says of the request's store ``plan``."""
     return {"stored_blocks": plan.segment.num_blocks,
             "placement": f"{plan.medium.name.lower()}:{plan.placement.rule.value}"}
+
+
+class StoreBooks:
+    """Stores in flight for ``world_size`` workers that each report every store."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._new: list[StoreTask] = []  # planned, not yet in a step
+        # seg id -> the task and its workers' reports so far
+        self._stores: dict[int, tuple[StoreTask, list[StoreDone]]] = {}
+
+    def add(self, task: StoreTask) -> None:
+        """A store planned: it goes to the workers with the next step."""
+        self._new.append(task)
+        self._stores[task.plan.segment.segment_id] = (task, [])
+
+    def take_new(self) -> list[StoreTask]:
+        """The stores planned since the last call (this step's)."""
+        out, self._new = self._new, []
+        return out
+
+    def writing(self) -> set[str]:
+        """Requests with a store in flight."""
+        return {task.request_id for task, _reports in self._stores.values()}
+
+    def done(self, report: StoreDone) -> tuple[StoreTask, bool, list[StoreDone]] | None:
+        """One worker's report of a store. Once every worker reported it: the task,
+        whether all of them wrote it, and their reports; None before."""
+        entry = self._stores.get(report.segment_id)
+        if entry is None:
+            logger.warning("report for unknown store of segment %d", report.segment_id)
+            return None
+        task, reports = entry
+        reports.append(report)
+        if len(reports) < self.world_size:
+            return None
+        del self._stores[report.segment_id]
+        return task, all(r.ok for r in reports), reports
+
+    def abandon(self) -> tuple[list[tuple[StoreTask, int]], list[StoreTask]]:
+        """Every store in flight, forgotten (its engine is gone): those handed to the
+        workers (they may still write them), each with its workers' reports so far, and
+        those not yet in a step."""
+        new = {task.plan.segment.segment_id for task in self._new}
+        handed = [(task, len(reports)) for seg_id, (task, reports) in self._stores.items()
+                  if seg_id not in new]
+        out = handed, self._new
+        self._stores.clear()
+        self._new = []
+        return out
+
+    def __len__(self) -> int:
+        """Stores planned and not yet reported by every worker."""
+        return len(self._stores)
+
+    def has_pending(self) -> bool:
+        return bool(self._stores) or bool(self._new)
 
 
 @dataclass(frozen=True, slots=True)

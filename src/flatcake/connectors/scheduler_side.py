@@ -45,7 +45,7 @@ Single-threaded: the engine's scheduler thread calls everything.
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,12 +63,11 @@ from flatcake.connectors.requests import (
     Counters,
     RequestBooks,
     RequestView,
+    StoreBooks,
 )
-from flatcake.connectors.store_books import StoreBooks
 from flatcake.control import ControlPlane, FileCut, ReclaimAction, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit
-from flatcake.control.scheduler import RestoreRequest
 from flatcake.control.signals import (
     PrefixRefcount,
     SessionTracker,
@@ -79,6 +78,7 @@ from flatcake.control.types import WindowRelease
 from flatcake.control.wear import wear_increments
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
+from flatcake.plan.driver import RequestDriver, Tracked
 from flatcake.plan.requests import (
     FileWork,
     Servable,
@@ -87,15 +87,12 @@ from flatcake.plan.requests import (
     load,
     reads_ssd,
     reclaim_tasks,
-    remote_blocks,
     servable,
     settle,
     store_task,
 )
 from flatcake.plan.tasks import (
     FileDrop,
-    LoadDone,
-    LoadTask,
     StepPlan,
     StoreDone,
     StoreTask,
@@ -234,19 +231,11 @@ class SchedulerSide:
         self.sessions = node.sessions
         self.refcount = node.refcount
         self.recovered_segments = node.recovered_segments
-        self._reqs: dict[str, RequestBooks] = {}
-        self._unreleased: set[str] = set()  # restored, not out of FC-MAS's ready queue
-        self._released: list[str] = []  # out of the ready queue, in its order
-        # This step's loads that read no SSD (all run in it; sync, or async where every
-        # load is), and SSD loads in the step, as FC-MAS sees them: its order.
-        self._sync_loads: dict[str, tuple[LoadTask, RestoreRequest]] = {}
-        self._queued_loads: dict[str, LoadTask] = {}  # SSD loads waiting in FC-MAS
-        self._mas_loads: set[str] = set()  # async loads FC-MAS started, until reported
-        self._loads: dict[str, LoadTask] = {}  # every load planned and not yet reported
+        # Each request's life (``plan.driver``): its books, its load's phase, the
+        # workers' reports, FC-MAS's release order, the given-up reads still running.
+        self.requests: RequestDriver[RequestBooks] = RequestDriver(
+            self.control, world_size=world_size, queue=queue)
         self.stores = StoreBooks(world_size)
-        self._load_reports: dict[str, list[LoadDone]] = {}
-        # Given-up loads (per worker) whose reads have not ended: the disk hangs.
-        self._late_reads: Counter[str] = Counter()
         self._drops: list[FileDrop] = []
         self._file_cuts: list[FileCut] = []
         self.counters = Counters()
@@ -291,8 +280,8 @@ class SchedulerSide:
         remote = () if self.cluster is None else self.cluster.runs(
             req.request_id, keys, max(hit.num_blocks, local_blocks))
         end = remote[-1].end if remote else hit.num_blocks
-        state = self._reqs.get(req.request_id)
-        if state is None:
+        tracked = self.requests.get(req.request_id)
+        if tracked is None:
             # The turn continues the conversation owning the end of the local hit; its
             # history is everything the cluster holds of the prompt.
             owner = hit_owner(self.control, hit)
@@ -300,9 +289,10 @@ class SchedulerSide:
             if self.scope is not None:  # the tenant's own names
                 explicit, prefix = self.scope.name(explicit), self.scope.prefix
             turn = self.sessions.resolve(explicit, end, owner, prefix)
-            state = self._reqs[req.request_id] = RequestBooks(turn)
+            tracked = self.requests.admit(req.request_id, RequestBooks(turn))
             if not self.refcount.holds(req.request_id):
                 self.refcount.add(req.request_id, req.keys)
+        state = tracked.books
         state.hit, state.local_blocks, state.remote = hit, local_blocks, remote
         num_blocks = end - local_blocks
         if num_blocks < self.config.engine.min_hit_blocks:
@@ -320,13 +310,14 @@ class SchedulerSide:
 
     def disk_late(self) -> bool:
         """A load given up at its deadline is still reading on some worker."""
-        return any(n > 0 for n in self._late_reads.values())
+        return self.requests.disk_late()
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
         """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD."""
-        state = self._reqs.get(request_id)
-        if state is None or state.load is None:
+        tracked = self.requests.get(request_id)
+        if tracked is None or tracked.task is None:
             return 0, 0
+        state = tracked.books
         mem, ssd = by_medium(state.hit, state.local_blocks, state.hit.num_blocks)
         bs = self.geometry.tokens_per_block
         return mem * bs, ssd * bs
@@ -336,7 +327,11 @@ class SchedulerSide:
         """``update_state_after_alloc``: plan the load of an admitted hit."""
         if num_external_tokens <= 0:
             return
-        state = self._reqs[request_id]
+        tracked = self.requests.get(request_id)
+        if tracked is None:
+            raise ValueError(f"request {request_id!r}: the engine admitted external "
+                             "tokens the books never looked up")
+        state = tracked.books
         bs = self.geometry.tokens_per_block
         hit = state.hit
         num_blocks = state.local_blocks + num_external_tokens // bs
@@ -354,17 +349,9 @@ class SchedulerSide:
         # every load is (its request waits a step for it).
         in_step = task.sync or (self.ssd_in_step and not task.remote)
         task = replace(task, sync=in_step and not self.async_loads)
-        state.load, state.loading = task, True
-        self._loads[request_id] = task
+        self.requests.plan(tracked, task, plan, in_step=in_step)
         self._stats["hit_tokens"] += (num_blocks - first) * bs
         state.hit_blocks += num_blocks - first
-        if in_step:
-            self._sync_loads[request_id] = (task, self.control.restore_request(
-                request_id, self.control.clock.now(), plan))
-        else:
-            self._queued_loads[request_id] = task
-            self._mas_loads.add(request_id)
-            self.control.submit_restore(plan, remote_blocks(task), self.queue)
 
     # -- steps -----------------------------------------------------------------------
 
@@ -376,21 +363,15 @@ class SchedulerSide:
         ``prompt_computed`` first (their stores are the plan's, one call attached)."""
         for req, block_ids in computed:
             self.prompt_computed(req, block_ids)
-        loads: list[LoadTask] = []
-        if self._sync_loads:
-            # Every sync load runs in this step, side by side: in FC-MAS's order (the
-            # all-memory ones first, then small SSD restores before large ones).
-            order = self.control.restore_queue(self.queue).order(
-                [req for _, req in self._sync_loads.values()])
-            loads = [self._sync_loads[str(r.request_id)][0] for r in order]
-            self._sync_loads = {}
-        if self._queued_loads:  # else this side's FC-MAS queue has nothing to start
-            queue = self.control.restore_queue(self.queue)
-            before = queue.stats.num_slot_waits
-            started = queue.next_restores()
-            self._stats["staging_slot_waits"] += queue.stats.num_slot_waits - before
+        # Every load in the step runs in it, side by side, in FC-MAS's order.
+        loads = self.requests.take_step()
+        if self.requests.num_waiting:  # else this side's FC-MAS queue has nothing to start
+            fcmas = self.requests.fcmas
+            before = fcmas.stats.num_slot_waits
+            started = self.requests.start_restores()
+            self._stats["staging_slot_waits"] += fcmas.stats.num_slot_waits - before
             self._stats["restores_started"] += len(started)
-            loads += [self._queued_loads.pop(str(r.request_id)) for r in started]
+            loads += started
         stores = self.stores.take_new()
         self._settle_damage()
         drops, self._drops = self._drops, []
@@ -409,9 +390,8 @@ class SchedulerSide:
             seg = self.control.segment(rel.segment_id)
             if self.scope is None or self.scope.sees(seg.session_id):
                 self._events.append(BlockEvent(False, seg.keys, seg.medium, rel.layers))
-        return StepPlan(tuple(loads), tuple(stores), tuple(drops), tuple(cuts),
-                        kept, tuple(unpublish),
-                        releases=handed)
+        return StepPlan(tuple(t.task for t in loads if t.task is not None), tuple(stores),
+                        tuple(drops), tuple(cuts), kept, tuple(unpublish), releases=handed)
 
     def on_report(self, report: WorkerReport) -> None:
         """``update_connector_output``: completions reported by the workers."""
@@ -419,22 +399,13 @@ class SchedulerSide:
             self._store_done(stored)
         for done in report.loads:
             if done.late:
-                self._count_late(done.request_id, 1)
-            reports = self._load_reports.setdefault(done.request_id, [])
-            reports.append(done)
-            if len(reports) == self.world_size:
-                del self._load_reports[done.request_id]
-                self._load_done(reports)
+                self.requests.count_late(done.request_id, 1)
+            tracked = self.requests.gather(done)
+            if tracked is not None:
+                self._load_done(tracked)
         for rid in report.late_ended:  # may come before its late report: a count
-            self._count_late(rid, -1)
+            self.requests.count_late(rid, -1)
         self._settle_damage()
-
-    def _count_late(self, request_id: str, n: int) -> None:
-        left = self._late_reads[request_id] + n
-        if left:
-            self._late_reads[request_id] = left
-        else:
-            del self._late_reads[request_id]
 
     def _store_done(self, done: StoreDone) -> None:
         finished = self.stores.done(done)
@@ -452,21 +423,15 @@ class SchedulerSide:
             self._stats[f"stored_blocks_{medium}"] += plan.segment.num_blocks
             self._events.append(BlockEvent(True, plan.segment.keys, plan.medium))
 
-    def _load_done(self, reports: list[LoadDone]) -> None:
-        request_id = reports[0].request_id
-        finished = finish_load(self.control, request_id, reports)
-        task = self._loads.pop(request_id)
-        state = self._reqs.get(request_id)
-        if request_id in self._mas_loads:
-            self._mas_loads.discard(request_id)
-            self.control.restore_done(request_id, self.queue)
-            self._unreleased.add(request_id)
-            while (ready := self.control.pop_ready_restore(self.queue)) is not None:
-                self._unreleased.discard(str(ready.request_id))
-                self._released.append(str(ready.request_id))
-        if state is not None:
-            state.count_load(task, finished.num_blocks_loaded, self._stats,
-                             self.geometry.tokens_per_block)
+    def _load_done(self, tracked: Tracked[RequestBooks]) -> None:
+        reports, task = tracked.reports, tracked.task
+        finished = finish_load(self.control, tracked.request_id, reports)
+        self.requests.reported(tracked)
+        if tracked.slot:
+            self.requests.release_ready()
+        if not tracked.finished and task is not None:
+            tracked.books.count_load(task, finished.num_blocks_loaded, self._stats,
+                                     self.geometry.tokens_per_block)
             self._stats["damaged_segments"] += len(finished.failed_segments)
             self._stats["loads_staged"] += any(r.staged for r in reports)
             self._stats["loads_late"] += any(r.late for r in reports)
@@ -476,9 +441,7 @@ class SchedulerSide:
         the ones FC-MAS's ready queue released, in its order: the requests the engine
         may schedule now (in single-queue mode a restored request waits behind an
         earlier one still restoring)."""
-        released, self._released = self._released, []
-        done = set(released)
-        return released + [r for r in reported if r not in done and r not in self._unreleased]
+        return self.requests.take_released(reported)
 
     def _settle_damage(self) -> None:
         self._apply(settle(self.control))
@@ -513,9 +476,10 @@ class SchedulerSide:
         and allocate the prompt's full blocks FlatCake does not hold (one segment per
         turn). The worker writes them after this step's forward pass; a reply's blocks
         are stored as part of the next turn's prompt. At most once per request."""
-        state = self._reqs.get(req.request_id)
-        if state is None or state.store_planned:
+        tracked = self.requests.get(req.request_id)
+        if tracked is None or tracked.books.store_planned:
             return None
+        state = tracked.books
         state.store_planned = True
         bs = self.geometry.tokens_per_block
         n = min(len(req.keys), req.num_prompt_tokens // bs, len(block_ids))
@@ -576,13 +540,14 @@ class SchedulerSide:
         always waits for that report, even when the store is already durable, so both
         halves agree without asking each other) or, for a request that finished while
         its restore was in flight, the restore."""
-        state = self._reqs.pop(req.request_id, None)
+        tracked = self.requests.finish(req.request_id)
         self.refcount.remove(req.request_id)
         if self.cluster is not None:
             self.cluster.forget(req.request_id)
-        if state is None:
+        if tracked is None:
             return False, None
-        if state.loading:
+        state = tracked.books
+        if tracked.loading:
             # Aborted while its restore runs: the blocks are the restore's target until
             # the worker reports it. A restore still queued in FC-MAS runs all the same
             # (never cancelled); the worker's report of it frees the blocks.
@@ -611,7 +576,8 @@ class SchedulerSide:
     def has_work(self) -> bool:
         """Anything the next ``build_step`` would hand out or wait on: stores in flight,
         loads planned or queued, file drops, cuts or unpublishing."""
-        return (self.stores.has_pending() or bool(self._loads) or bool(self._drops)
+        return (self.stores.has_pending() or self.requests.num_loading > 0
+                or bool(self._drops)
                 or bool(self._file_cuts) or bool(self._unpublish))
 
     def take_events(self) -> list[BlockEvent]:
@@ -630,8 +596,8 @@ class SchedulerSide:
     def request_params(self, request_id: str) -> dict[str, Any] | None:
         """The ``kv_transfer_params`` a live request's ``request_finished`` would return
         now; None for a request the books never looked up."""
-        state = self._reqs.get(request_id)
-        return None if state is None else self._params(state)
+        tracked = self.requests.get(request_id)
+        return None if tracked is None else self._params(tracked.books)
 
     def abandon(self) -> list[tuple[StorePlan, int]]:
         """The engine is gone (a node service ended its lease): its restores are
@@ -641,19 +607,14 @@ class SchedulerSide:
         with its workers' reports of it so far (the host rolls them back or fences them:
         ``service.fences``). Its file drops
         and cuts are the node service's (``NodeParts.files``), never queued here."""
-        for request_id in list(self._loads):
-            self.control.complete_load(request_id)
+        for tracked in self.requests.loading():
+            self.control.complete_load(tracked.request_id)
         handed, new = self.stores.abandon()
         for task in new:
             self.control.complete_store(task.plan, False)
-        for request_id in list(self._reqs):
-            self.refcount.remove(request_id)
-        self._reqs.clear()
-        self._loads.clear()
-        self._queued_loads.clear()
-        self._mas_loads.clear()
-        self._sync_loads.clear()
-        self._load_reports.clear()
+        for tracked in self.requests.abandon():
+            if not tracked.finished:
+                self.refcount.remove(tracked.request_id)
         # Released rows its workers may not have punched: the next engine's punch them.
         self.control.give_back_window_releases(r for step in self._handed for r in step)
         self._handed.clear()
@@ -673,7 +634,7 @@ class SchedulerSide:
         wear, self._wear = self._wear, self.control.ssd_wear()  # the node's, whole
         self.counters.stats.update(wear_increments(wear, self._wear))
         return self.counters.take({"restores_in_flight": in_flight,
-                                   "restores_waiting": len(self._queued_loads),
+                                   "restores_waiting": self.requests.num_waiting,
                                    "ssd_unread_bytes": self._wear.unread_bytes})
 
     def totals(self) -> dict[str, int]:

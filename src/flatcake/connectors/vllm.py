@@ -135,6 +135,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from flatcake.config import FlatCakeConfig
+from flatcake.connectors.base import SchedulerHalf
 from flatcake.connectors.group_slots import GroupIds, StepSlots, slots_of
 from flatcake.connectors.requests import RequestKeys
 from flatcake.connectors.scheduler_side import COUNTER_KEYS, RequestView, SchedulerSide
@@ -168,7 +169,6 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-    from flatcake.connectors.node_client import RemoteSchedulerSide
     from flatcake.link.wire import TensorRanks
 
 # Under vLLM's logger, so these lines land in the engine's log with its format.
@@ -222,7 +222,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
                 "store.cluster_url), run tensor_parallel_size=1, or leave "
                 "store.cluster_url empty")
         root = Path(self.config.store.root).absolute()
-        self.scheduler_side: SchedulerSide | RemoteSchedulerSide | None = None
+        self.scheduler_side: SchedulerHalf | None = None
         self.worker_side: WorkerSide | None = None
         # Keys of twice the blocks the engine's cache holds are remembered (at most 128 Ki,
         # about 25 MiB): a prompt it serves from its prefix cache hashes nothing.
@@ -250,12 +250,13 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
             from flatcake.connectors.node_client import RemoteSchedulerSide
 
             dp = parallel.data_parallel_rank
-            self.scheduler_side = RemoteSchedulerSide(
+            remote = RemoteSchedulerSide(
                 self.geometry, self.config, ranks=self._tensor_ranks(vllm_config),
                 name=f"vllm {vllm_config.model_config.served_model_name} dp{dp}",
                 async_loads=self.kv_groups is not None)
+            self.scheduler_side = remote
             logger.info("FlatCake scheduler side: attached to the node service %s as %r",
-                        node, self.scheduler_side.engine_id or "(not yet)")
+                        node, remote.engine_id or "(not yet)")
         elif role == KVConnectorRole.SCHEDULER:
             self.scheduler_side = SchedulerSide(self.geometry, self.config,
                                                 self._rank_dir(root, 0),
@@ -298,7 +299,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
         """One line at start: whether an SSD hit loads in the step that schedules it
         (``SchedulerSide.ssd_in_step``), and why."""
         side = self.scheduler_side
-        in_step = isinstance(side, SchedulerSide) and side.ssd_in_step
+        in_step = side is not None and side.ssd_in_step
         why = ("attached to a node service: its loads are async" if attached
                else "the KV cache is not in host memory" if not self._host_kv
                else "ssd_loads_in_step is false" if not self.config.engine.ssd_loads_in_step
@@ -315,7 +316,7 @@ class FlatCakeConnector(KVConnectorBase_V1, SupportsHMA):
     def _rank_dir(self, root: Path, rank: int) -> Path:
         return root if self._world_size == 1 else root / f"tp{rank}"
 
-    def _sched(self) -> SchedulerSide | RemoteSchedulerSide:
+    def _sched(self) -> SchedulerHalf:
         if self.scheduler_side is None:
             raise RuntimeError("scheduler-side method called on a worker-side connector")
         return self.scheduler_side

@@ -13,6 +13,10 @@ priority first; nothing is ever cancelled. ``LoadHandle.wait`` returns once the 
 left the ready queue with its bytes in the paged KV; its layers are signalled as they
 land (``wait_for_layer``), whatever the queue order.
 
+Each restore's phase (queued, started, reported, released) is the request driver's
+(``plan.driver``), the same table the vLLM scheduler half drives; this module adds the
+lock, the executor and the caller's future.
+
 Every method runs under the store's lock (``cond``); the executor's threads call back
 into ``_finished``, which takes it. ``LoadHandle`` is the caller's side of one restore.
 A store that closes waits for its restores within a deadline; those left then are
@@ -34,7 +38,7 @@ from flatcake.cio.executor import Executor, LoadOutcome
 from flatcake.cio.paged import PagedKV
 from flatcake.cio.restore import Fence, LayerReady
 from flatcake.control import ControlPlane, LoadPlan
-from flatcake.plan.requests import remote_blocks
+from flatcake.plan.driver import Phase, RequestDriver, Tracked
 from flatcake.plan.tasks import LoadTask
 from flatcake.store.results import LoadResult
 
@@ -43,15 +47,16 @@ __all__ = ["LoadHandle", "Restores"]
 
 @dataclass(slots=True)
 class _Load:
-    task: LoadTask
-    plan: LoadPlan
+    """The store's side of one restore: where its bytes go and who waits for them."""
+
     paged: PagedKV
     ready: LayerReady
     future: Future[LoadResult] = field(default_factory=Future)
     fence: Fence = field(default_factory=lambda: Fence(direct_ok=True))
-    started: bool = False
-    popped: bool = False
     result: LoadResult | None = None
+
+
+_Restore = Tracked[_Load]
 
 
 class Restores:
@@ -66,74 +71,75 @@ class Restores:
         self._control = control
         self._executor = executor
         self._finish = finished
-        self._loads: dict[str, _Load] = {}
+        self._requests: RequestDriver[_Load] = RequestDriver(control)
 
     def __len__(self) -> int:
-        return len(self._loads)
+        return len(self._requests)
 
     def submit(self, task: LoadTask, plan: LoadPlan, paged: PagedKV,
                ready: LayerReady) -> Future[LoadResult]:
         """Queue a planned restore (under the lock); its future resolves on delivery."""
-        load = _Load(task, plan, paged, ready)
-        self._loads[task.request_id] = load
-        self._control.submit_restore(plan, remote_blocks(task))
+        req = self._requests.admit(task.request_id, _Load(paged, ready))
+        self._requests.plan(req, task, plan, in_step=False)
         self._pump()
-        return load.future
+        return req.books.future
 
     def _pump(self) -> None:
-        for started in self._control.next_restores():
-            self._start(self._loads[str(started.request_id)])
-        while (ready := self._control.pop_ready_restore()) is not None:
-            load = self._loads[str(ready.request_id)]
-            load.popped = True
-            if load.result is not None:
-                self._deliver(load)
-            elif not load.started:
-                self._start(load)  # all in memory: runs now
+        for req in self._requests.start_restores():
+            self._start(req)
+        for req in self._requests.pop_ready():
+            if req.phase is Phase.STARTED:
+                self._start(req)  # all in memory: runs now
+            else:
+                self._deliver(req)
 
-    def _start(self, load: _Load) -> None:
-        load.started = True
-        rid = load.task.request_id
-        self._executor.submit_load(load.task, load.paged, load.ready,
+    def _start(self, req: _Restore) -> None:
+        load, rid, task = req.books, req.request_id, req.task
+        if task is None:
+            raise ValueError(f"restore {rid!r} started before it was planned")
+        self._executor.submit_load(task, load.paged, load.ready,
                                    lambda outcome: self._finished(rid, outcome), load.fence)
 
     def _finished(self, request_id: str, outcome: LoadOutcome) -> None:
         with self._cond:
-            load = self._loads.get(request_id)
-            if load is None:  # abandoned when the store closed: already a miss
+            req = self._requests.get(request_id)
+            if req is None or req.plan is None:  # abandoned when the store closed: a miss
                 return
             try:
-                load.result = self._finish(outcome, load.plan)
-                if not load.task.sync:
-                    self._control.restore_done(request_id)
+                req.books.result = self._finish(outcome, req.plan)
+                # An SSD restore gives its slot back and waits in the ready queue; one
+                # all in memory left it when it started: released now.
+                self._requests.reported(req)
                 self._pump()
-                if load.popped and load.result is not None and not load.future.done():
-                    self._deliver(load)
+                if req.phase is Phase.RELEASED:
+                    self._deliver(req)
             except BaseException as exc:
-                del self._loads[request_id]
-                load.future.set_exception(exc)
+                self._requests.drop(request_id)
+                req.books.future.set_exception(exc)
                 if isinstance(exc, ConnectionError):
                     # The node service is gone: the restores queued behind this one
                     # would never be started by its FC-MAS queue; they fail too (misses).
-                    for rid in [r for r, q in self._loads.items() if not q.started]:
-                        self._loads.pop(rid).future.set_exception(exc)
+                    for queued in [r for r in self._requests.loading()
+                                   if r.phase is Phase.QUEUED]:
+                        self._requests.drop(queued.request_id)
+                        queued.books.future.set_exception(exc)
                 self._cond.notify_all()
                 raise
 
-    def _deliver(self, load: _Load) -> None:
-        del self._loads[load.task.request_id]
-        result = load.result
+    def _deliver(self, req: _Restore) -> None:
+        self._requests.finish(req.request_id)
+        result = req.books.result
         if result is None:
-            raise ValueError(f"restore {load.task.request_id!r} delivered before it ran")
-        load.future.set_result(result)
+            raise ValueError(f"restore {req.request_id!r} delivered before it ran")
+        req.books.future.set_result(result)
         self._cond.notify_all()
 
     def wait_idle(self, timeout_s: float | None = None) -> int:
         """Block (holding the lock between checks) until no restore is queued or runs,
         at most ``timeout_s`` (None: no limit); returns how many are left."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._loads, timeout_s)
-            return len(self._loads)
+            self._cond.wait_for(lambda: not self._requests, timeout_s)
+            return len(self._requests)
 
     def abandon(self) -> int:
         """End every restore not delivered yet as a miss (the store is closing): its
@@ -141,16 +147,18 @@ class Restores:
         Its fence is closed first, outside the lock (a copy running finishes; none
         starts after). Returns how many."""
         with self._cond:
-            loads, self._loads = self._loads, {}
-        for load in loads.values():
-            load.fence.close()
+            gone = self._requests.abandon()
+        for req in gone:
+            req.books.fence.close()
         with self._cond:
-            for load in loads.values():
+            for req in gone:
+                load = req.books
                 load.ready.fail(RuntimeError("the store closed before this restore ended"))
                 if not load.future.done():
-                    load.future.set_result(LoadResult.miss(load.plan.hit.num_blocks))
+                    hit = req.plan.hit.num_blocks if req.plan is not None else 0
+                    load.future.set_result(LoadResult.miss(hit))
             self._cond.notify_all()
-            return len(loads)
+            return len(gone)
 
 
 class LoadHandle:
