@@ -131,6 +131,14 @@ class StoreConfig:
     many tokens; one window of rows per stride (``block tokens / stride`` of
     ``every-block``'s window bytes). A turn keeping rows inside it keeps them when a newer
     turn is durable (other prompts end their hits there)."""
+    window_row_stride_grows: bool = False
+    """With a stride, space a turn's rows by their distance from its end: the stride
+    points less than four strides before the end are all kept, and further back only
+    those at multiples of the largest power-of-two multiple of the stride not past a
+    quarter of their distance (about two rows per doubling of the distance), so a long
+    turn (a tool's output of many thousand tokens) keeps a few rows where a hit may end
+    far inside it rather than one every stride, and a short turn keeps them all. The
+    rows stay at multiples of the stride counted from the request's first block."""
 
     def __post_init__(self) -> None:
         check_types(self, "store")

@@ -236,8 +236,11 @@ class Stores:
         parts: list[tuple[tuple[int, int], ...]] = \
             [((branch, branch),)] if 0 < branch < n else []
         if stride and lo < first + n:
-            parts.append(tuple((e - first, e - first)
-                               for e in range(-(-lo // stride) * stride, first + n, stride)))
+            end = first + n
+            points: Sequence[int] = range(-(-lo // stride) * stride, end, stride)
+            if self._config.store.window_row_stride_grows:
+                points = [e for e in points if e % row_spacing(end - e, stride) == 0]
+            parts.append(tuple((e - first, e - first) for e in points))
         return merge_ends(*parts) if parts else ()
 
     def _window_missing(self, req: tuple[bytes, ...]) -> bool:
@@ -461,3 +464,15 @@ class Stores:
         self._sessions.forget_if_empty(rec)
         logger.debug("store of segment %d (session %r) failed; allocation freed",
                      seg.segment_id, plan.session_id)
+
+
+def row_spacing(distance: int, stride: int) -> int:
+    """``store.window_row_stride_grows``: the spacing of stride rows ``distance`` blocks
+    before a turn's end, ``stride`` blocks the stride: the largest power-of-two multiple
+    of the stride not past a quarter of the distance (the stride itself less than four
+    strides before the end), so a turn keeps about two rows per doubling of the
+    distance."""
+    step = stride
+    while 4 * step <= distance:
+        step *= 2
+    return step
