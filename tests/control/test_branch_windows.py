@@ -26,13 +26,13 @@ G = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="branch",
 BLOCK = 8192
 
 
-def plane(rows: str = "branches", stride: int = 0, grows: bool = False) -> ControlPlane:
+def plane(rows: str = "branches", stride: int = 0, dense: int = 0) -> ControlPlane:
     cfg = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
                          store=StoreConfig(memory_capacity_bytes=1 << 20,
                                            ssd_capacity_bytes=1 << 26,
                                            session_file_bytes=1 << 24, window_rows=rows,
                                            window_row_stride_tokens=stride,
-                                           window_row_stride_grows=grows))
+                                           window_row_stride_dense_tokens=dense))
     return ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
 
 
@@ -143,15 +143,15 @@ def test_a_stride_keeps_windows_at_its_multiples_of_request_blocks() -> None:
 
 
 def test_a_growing_stride_keeps_rows_near_the_end_and_few_far_from_it() -> None:
-    """``window_row_stride_grows``: the stride points less than four strides before the
-    turn's end are all kept, further back one every power-of-two multiple of the stride
-    not past a quarter of the distance (still multiples of the stride counted from the
+    """``window_row_stride_dense_tokens``: the stride points less than that many tokens
+    before the turn's end are all kept, further back the spacing doubles there and at
+    each doubling of the distance (still multiples of the stride counted from the
     request's first block); a hit ending at a dropped point is cut back to the kept one
     before it."""
     a = skeys("a", 40)
     assert stored(plane("turn-ends", stride=64), "e", a)[2] == tuple(
         (e, e) for e in range(4, 40, 4))
-    cp = plane("turn-ends", stride=64, grows=True)
+    cp = plane("turn-ends", stride=64, dense=256)  # 16 blocks
     # Distances from the end 4, 8, 12 (stride 4), 16 and 24 (spacing 8), 32 and 36
     # (spacing 16: blocks 8 and 4 are no multiples of 16; block 0 is no hit end).
     assert stored(cp, "a", a) == (0, 40, ((16, 16), (24, 24), (28, 28), (32, 32),

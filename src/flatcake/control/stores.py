@@ -238,8 +238,10 @@ class Stores:
         if stride and lo < first + n:
             end = first + n
             points: Sequence[int] = range(-(-lo // stride) * stride, end, stride)
-            if self._config.store.window_row_stride_grows:
-                points = [e for e in points if e % row_spacing(end - e, stride) == 0]
+            dense = self._config.store.window_row_stride_dense_tokens
+            if dense:
+                dense = max(stride, round(dense / self._geometry.tokens_per_block))
+                points = [e for e in points if e % row_spacing(end - e, stride, dense) == 0]
             parts.append(tuple((e - first, e - first) for e in points))
         return merge_ends(*parts) if parts else ()
 
@@ -466,13 +468,12 @@ class Stores:
                      seg.segment_id, plan.session_id)
 
 
-def row_spacing(distance: int, stride: int) -> int:
-    """``store.window_row_stride_grows``: the spacing of stride rows ``distance`` blocks
-    before a turn's end, ``stride`` blocks the stride: the largest power-of-two multiple
-    of the stride not past a quarter of the distance (the stride itself less than four
-    strides before the end), so a turn keeps about two rows per doubling of the
-    distance."""
+def row_spacing(distance: int, stride: int, dense: int) -> int:
+    """``store.window_row_stride_dense_tokens``: the spacing of stride rows ``distance``
+    blocks before a turn's end (``stride`` and ``dense`` in blocks): the stride less
+    than ``dense`` before the end, doubled there and at each doubling of the distance
+    after."""
     step = stride
-    while 4 * step <= distance:
+    while step * dense <= stride * distance:
         step *= 2
     return step
