@@ -108,6 +108,13 @@ def test_a_bad_value_gets_one_error_naming_the_key_from_every_source(
     assert str(err.value) == f"{VLLM}: {text}"
 
 
+def test_a_negative_dense_span_of_window_rows_is_refused_by_name() -> None:
+    with pytest.raises(ValueError) as err:
+        load_config(env={}, overrides=["store.window_row_stride_dense_tokens=-1"])
+    assert str(err.value) == ("invalid config store.window_row_stride_dense_tokens=-1: "
+                              "must be >= 0 (0 = the stride everywhere)")
+
+
 def test_a_non_scalar_value_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=rf"{VLLM}.store must be an object"):
         parse_extra_config({"store": 5}, env={})

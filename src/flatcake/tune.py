@@ -124,7 +124,7 @@ def with_config(preset: ReplayPreset, config: FlatCakeConfig) -> ReplayPreset:
 REPLAY_SECTIONS = ("placement", "reclaim", "planner", "scheduler")
 """Config sections whose every key the replay's FlatCake honours."""
 REPLAY_STORE_KEYS = ("release_old_windows", "release_windows_at_once", "window_rows",
-                     "window_row_stride_tokens")
+                     "window_row_stride_tokens", "window_row_stride_dense_tokens")
 """The ``[store]`` keys it honours (the budgets are the preset's node)."""
 
 

@@ -26,12 +26,13 @@ G = KVGeometry(num_layers=3, tokens_per_block=16, dtype="uint8", name="branch",
 BLOCK = 8192
 
 
-def plane(rows: str = "branches", stride: int = 0) -> ControlPlane:
+def plane(rows: str = "branches", stride: int = 0, dense: int = 0) -> ControlPlane:
     cfg = FlatCakeConfig(placement=PlacementConfig(memory_copy_watermark=0.0),
                          store=StoreConfig(memory_capacity_bytes=1 << 20,
                                            ssd_capacity_bytes=1 << 26,
                                            session_file_bytes=1 << 24, window_rows=rows,
-                                           window_row_stride_tokens=stride))
+                                           window_row_stride_tokens=stride,
+                                           window_row_stride_dense_tokens=dense))
     return ControlPlane(G, cfg, ManualClock(), planner=plan_reads, release_windows=True)
 
 
@@ -137,6 +138,31 @@ def test_a_stride_keeps_windows_at_its_multiples_of_request_blocks() -> None:
     plan = cp.prepare_store("a", a + skeys("a2", 6), turn_index=1, context_tokens=0)
     assert plan is not None and plan.first_block == 11
     assert plan.segment.layout.ends == ((1, 1), (5, 5))  # request blocks 12 and 16
+    cp.complete_store(plan, True)
+    cp.check_integrity()
+
+
+def test_a_growing_stride_keeps_rows_near_the_end_and_few_far_from_it() -> None:
+    """``window_row_stride_dense_tokens``: the stride points less than that many tokens
+    before the turn's end are all kept, further back the spacing doubles there and at
+    each doubling of the distance (still multiples of the stride counted from the
+    request's first block); a hit ending at a dropped point is cut back to the kept one
+    before it."""
+    a = skeys("a", 40)
+    assert stored(plane("turn-ends", stride=64), "e", a)[2] == tuple(
+        (e, e) for e in range(4, 40, 4))
+    cp = plane("turn-ends", stride=64, dense=256)  # 16 blocks
+    # Distances from the end 4, 8, 12 (stride 4), 16 and 24 (spacing 8), 32 and 36
+    # (spacing 16: blocks 8 and 4 are no multiples of 16; block 0 is no hit end).
+    assert stored(cp, "a", a) == (0, 40, ((16, 16), (24, 24), (28, 28), (32, 32),
+                                          (36, 36)))
+    for end, served in ((8, 0), (15, 0), (16, 16), (20, 16), (24, 24), (37, 36),
+                        (40, 40)):
+        assert cp.lookup(a[:end] + skeys("x", 2)).num_blocks == served, end
+    # A second turn counts its distances from its own end, its points from block 0.
+    plan = cp.prepare_store("a", a + skeys("a2", 10), turn_index=1, context_tokens=0)
+    assert plan is not None and plan.first_block == 40
+    assert plan.segment.layout.ends == ((4, 4), (8, 8))  # request blocks 44 and 48
     cp.complete_store(plan, True)
     cp.check_integrity()
 

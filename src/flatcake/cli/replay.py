@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="FlatCake TOML config: every key it sets of [placement], "
                         "[reclaim], [planner], [scheduler] and the [store] window keys "
                         "(release_old_windows, release_windows_at_once, window_rows, "
-                        "window_row_stride_tokens) replaces the preset's (e.g. the "
+                        "window_row_stride_tokens, window_row_stride_dense_tokens) "
+                        "replaces the preset's (e.g. the "
                         "snippet 'flatcake tune' prints); "
                         "budgets stay the preset's (other keys are listed and ignored)")
     p.add_argument("--explain", action="store_true",

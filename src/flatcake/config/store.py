@@ -131,11 +131,22 @@ class StoreConfig:
     many tokens; one window of rows per stride (``block tokens / stride`` of
     ``every-block``'s window bytes). A turn keeping rows inside it keeps them when a newer
     turn is durable (other prompts end their hits there)."""
+    window_row_stride_dense_tokens: int = 0
+    """With a stride, space a turn's rows by their distance from its end: the stride
+    points less than this many prompt tokens before the end are all kept; further back
+    the spacing doubles at this distance and at each doubling of the distance after
+    (about ``this / (2 x stride)`` rows per doubling), so a long turn (a tool's output
+    of many thousand tokens) keeps a few rows where a hit may end far inside it rather
+    than one every stride. 0: the stride everywhere. The rows stay at multiples of the
+    stride counted from the request's first block."""
 
     def __post_init__(self) -> None:
         check_types(self, "store")
         check(self.window_row_stride_tokens >= 0, "store.window_row_stride_tokens",
                self.window_row_stride_tokens, "must be >= 0 (0 = no stride)")
+        check(self.window_row_stride_dense_tokens >= 0,
+               "store.window_row_stride_dense_tokens", self.window_row_stride_dense_tokens,
+               "must be >= 0 (0 = the stride everywhere)")
         check(self.window_rows in WINDOW_ROWS, "store.window_rows", self.window_rows,
                f"must be one of {', '.join(WINDOW_ROWS)}")
         check(self.node_timeout_s > 0, "store.node_timeout_s", self.node_timeout_s,

@@ -236,8 +236,13 @@ class Stores:
         parts: list[tuple[tuple[int, int], ...]] = \
             [((branch, branch),)] if 0 < branch < n else []
         if stride and lo < first + n:
-            parts.append(tuple((e - first, e - first)
-                               for e in range(-(-lo // stride) * stride, first + n, stride)))
+            end = first + n
+            points: Sequence[int] = range(-(-lo // stride) * stride, end, stride)
+            dense = self._config.store.window_row_stride_dense_tokens
+            if dense:
+                dense = max(stride, round(dense / self._geometry.tokens_per_block))
+                points = [e for e in points if e % row_spacing(end - e, stride, dense) == 0]
+            parts.append(tuple((e - first, e - first) for e in points))
         return merge_ends(*parts) if parts else ()
 
     def _window_missing(self, req: tuple[bytes, ...]) -> bool:
@@ -461,3 +466,14 @@ class Stores:
         self._sessions.forget_if_empty(rec)
         logger.debug("store of segment %d (session %r) failed; allocation freed",
                      seg.segment_id, plan.session_id)
+
+
+def row_spacing(distance: int, stride: int, dense: int) -> int:
+    """``store.window_row_stride_dense_tokens``: the spacing of stride rows ``distance``
+    blocks before a turn's end (``stride`` and ``dense`` in blocks): the stride less
+    than ``dense`` before the end, doubled there and at each doubling of the distance
+    after."""
+    step = stride
+    while step * dense <= stride * distance:
+        step *= 2
+    return step
