@@ -55,8 +55,6 @@ class _Mirror:
         blocks: the slots of its admitted hit (a load error if the service forgets it
             before a step plans it).
         is_async: its load is async.
-        restoring: an async load in a step's plan (its blocks are the restore's target
-            until released).
         planned: its load reached the service (``request_finished`` asks it).
         sources: the admitted hit's tokens in memory and on SSD, until asked.
         store: its store, planned.
@@ -66,7 +64,6 @@ class _Mirror:
     matched: tuple[int, bool] | None = None
     blocks: tuple[int, ...] = ()
     is_async: bool = False
-    restoring: bool = False
     planned: bool = False
     sources: tuple[int, int] = (0, 0)
     store: StorePlan | None = None
@@ -239,7 +236,6 @@ class RemoteSchedulerSide:
         may run it."""
         if req.phase is Phase.QUEUED:
             self._requests.move(req, Event.START)
-        req.books.restoring = False
         self._requests.move(req, Event.REPORT)
         self._requests.move(req, Event.RELEASE)
 
@@ -309,8 +305,7 @@ class RemoteSchedulerSide:
             self._requests.move(mirror, Event.START)
             if task.sync:  # it runs in this step
                 self._release(mirror)
-            else:  # its blocks are the restore's target until the service releases it
-                mirror.books.restoring = True
+            # else: started, its blocks the restore's target until the service releases it
         failed = (*failed, *self._take_failed())  # and those of a re-attach just now
         if failed:
             plan = replace(plan, failed_loads=failed)
@@ -372,7 +367,8 @@ class RemoteSchedulerSide:
         try:
             out: tuple[bool, dict[str, Any] | None] = self._call("request_finished", req)
         except (wire.NodeUnavailable, wire.NodeRefused):
-            return books.restoring, None
+            # A restore running keeps its blocks (started: async, not yet released).
+            return mirror is not None and mirror.phase is Phase.STARTED, None
         return out
 
     def take_events(self) -> list[BlockEvent]:
