@@ -5,7 +5,9 @@ server configuration, started with identical flags, alternating over repeats.
 
 Configurations (``--configs``): ``none`` (vLLM alone, its own prefix cache),
 ``flatcake`` (the FlatCake connector with ``--flatcake-memory-mib`` of host memory and
-``--flatcake-ssd-mib`` of SSD under a fresh store root), ``flatcake-not-yet`` (the same
+``--flatcake-ssd-mib`` of SSD under a fresh store root), ``null-connector`` (vLLM with
+a connector that does nothing, ``scripts/null_connector.py``: what the engine's
+connector hooks cost on their own), ``flatcake-not-yet`` (the same
 with ``placement.not_yet`` on: its SSD wear beside today's rule),
 ``flatcake-write-back`` (``not_yet`` with ``placement.not_yet_write_back``: memory
 reclaim writes a not-yet home to the SSD rather than drop it) and ``lmcache`` (LMCache's
@@ -73,7 +75,8 @@ SETTLE_S = 2.0
 SEED_STRIDE = 1000  # an interleaved repeat's seeds: working set k + 1 + 1000 * repeat
 RESERVED_CPUS = 1  # vLLM's own default on x86 for one rank without a KV connector
 BLOCK = 32
-CONFIGS = ("none", "flatcake", "flatcake-not-yet", "flatcake-write-back", "lmcache")
+CONFIGS = ("none", "null-connector", "flatcake", "flatcake-not-yet", "flatcake-write-back",
+           "lmcache")
 # The ``placement`` keys of each FlatCake configuration beside today's rule.
 PLACEMENT = {"flatcake-not-yet": {"not_yet": True},
              "flatcake-write-back": {"not_yet": True, "not_yet_write_back": True}}
@@ -116,7 +119,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def env(lmcache: Path | None = None) -> dict[str, str]:
+def env(lmcache: Path | None = None, scripts: bool = False) -> dict[str, str]:
     e = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
              VLLM_CPU_KVCACHE_SPACE="1")
     # The same cores for every configuration: vLLM's CPU platform reserves one more core
@@ -124,6 +127,7 @@ def env(lmcache: Path | None = None) -> dict[str, str]:
     # compute threads onto the cores the engine core and API server run on.
     e.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(RESERVED_CPUS))
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), str(lmcache or ""),
+                                                   str(REPO / "scripts") if scripts else "",
                                                    os.environ.get("PYTHONPATH", "")) if p)
     if lmcache is not None:
         e.update(NO_GPU_EXT="1", LMCACHE_MP_TRANSFER_MODE="engine_driven",
@@ -191,6 +195,10 @@ class Server:
                     "root": str(store), "memory_capacity_bytes": args.flatcake_memory_mib << 20,
                     "ssd_capacity_bytes": args.flatcake_ssd_mib << 20},
                     "placement": PLACEMENT.get(config, {})}})]
+        if config == "null-connector":
+            cmd += ["--kv-transfer-config", json.dumps({
+                "kv_connector": "NullConnector", "kv_role": "kv_both",
+                "kv_connector_module_path": "null_connector"})]
         if self.lmcache is not None:
             cmd += ["--kv-transfer-config", json.dumps({
                 "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
@@ -199,7 +207,8 @@ class Server:
         self.started = time.monotonic()
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env(
-                args.lmcache_path if self.lmcache else None), stdout=out,
+                args.lmcache_path if self.lmcache else None,
+                scripts=config == "null-connector"), stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_WAIT_S
         while time.monotonic() < deadline:

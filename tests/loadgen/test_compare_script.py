@@ -205,3 +205,18 @@ def test_loadgen_sends_chat_at_poisson_arrivals_when_asked(compare, monkeypatch,
     monkeypatch.setattr(sys, "argv", ["loadgen_compare.py"])
     compare.loadgen(compare.parse(), "http://x", 4, 7, tmp_path)
     assert "--rate" not in sent[1] and sent[1][sent[1].index("--api") + 1] == "completions"
+
+
+def test_the_null_connector_server_finds_its_module(compare, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    path = compare.env(scripts=True)["PYTHONPATH"].split(os.pathsep)
+    assert str(SCRIPT.parent) in path and str(SCRIPT.parent) not in compare.env()["PYTHONPATH"]
+    assert "null-connector" in compare.CONFIGS
+    assert (SCRIPT.parent / "null_connector.py").is_file()
+
+
+def test_the_null_connector_implements_every_hook(monkeypatch):
+    pytest.importorskip("vllm", reason="vLLM is not installed here (see scripts/engine_venv.sh)")
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    module = importlib.import_module("null_connector")
+    assert module.NullConnector.__abstractmethods__ == frozenset()
