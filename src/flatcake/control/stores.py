@@ -64,10 +64,11 @@ class Stores:
     Owns (written only here): ``pending``, the stores in flight by segment id (the
     ``Reclaimer`` reads it: nothing in flight may be cut); ``_writing``, their keys ->
     how many write each (``keys_in_flight`` is its read-only view: a lookup that stops
-    at one waits for it rather than recompute it); the placements made per rule and the stores rejected. Writes the parts it is
-    given: allocations in the arena and the SSD space, the index (publish), session
-    records (pins, bytes, segment ids) and the table (new sessions), segment ids; memory
-    copies through ``spare`` and ``EarlyCopies``; reclaim through ``reclaimer``.
+    at one waits for it rather than recompute it); the placements made per rule and the
+    stores rejected. Writes the parts it is given: allocations in the arena and the SSD
+    space, the index (publish), session records (pins, bytes, segment ids) and the table
+    (new sessions), segment ids; memory copies through ``spare`` and ``EarlyCopies``;
+    reclaim through ``reclaimer``.
     """
 
     def __init__(self, config: FlatCakeConfig, geometry: KVGeometry, clock: Clock,
