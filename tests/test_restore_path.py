@@ -5,7 +5,10 @@ the count made when the site is built, never one typed by hand."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -48,6 +51,17 @@ def test_the_architecture_page_types_no_count_of_the_path() -> None:
     typed = re.findall(r"\b\d+ (?:source )?files\b|\b\d+ (?:package )?hops\b|\b\d+ / \d+\b",
                        text)
     assert typed == []
+
+
+def test_the_script_counts_this_checkout_whatever_is_installed() -> None:
+    # As the docs build runs it: a child process, no PYTHONPATH (the virtualenv's
+    # flatcake may be another checkout's).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "restore_path.py")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                         check=True)
+    files, _ = _script("restore_path").count()
+    assert run.stdout.splitlines()[1:len(files) + 1] == [f"  {f}" for f in files]
 
 
 def test_the_built_page_shows_the_count() -> None:
