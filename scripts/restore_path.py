@@ -36,7 +36,9 @@ from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# This checkout's flatcake (and its tests' harness), whatever the virtualenv installed:
+# the docs build runs this script in a child process with no PYTHONPATH.
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.connectors.sides_harness import Harness, finish, tokens, view  # noqa: E402
 

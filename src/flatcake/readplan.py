@@ -6,10 +6,10 @@ imports nothing of FlatCake.
 Where the bytes go: the *destination stream* of layer ``l`` is the request's blocks in
 request order, block ``b`` at bytes ``[b * B, (b + 1) * B)`` with ``B`` the layer's block
 size (``ReadPlan.layer_block_bytes[l]``). A ``Piece`` copies ``length`` bytes from
-``offset_in_op`` of its op to ``dest_offset = block_index * B + block_offset`` of that
-stream;
-it may span several consecutive blocks, and ``block_offset`` is non-zero only where a
-``max_read_bytes`` split fell inside a block.
+``offset_in_op`` of its op to ``dest_offset`` of that stream, as the planner worked it
+out (the executor computes no offset of its own); it may span several consecutive
+blocks, and ``dest_offset`` is a multiple of ``B`` except where a ``max_read_bytes``
+split fell inside a block.
 """
 
 from __future__ import annotations
@@ -21,16 +21,11 @@ from typing import NamedTuple
 
 class Piece(NamedTuple):
     """Bytes ``[offset_in_op, offset_in_op + length)`` of an op are the request's layer
-    stream bytes starting at block ``block_index``, byte ``block_offset`` of it."""
+    stream bytes ``[dest_offset, dest_offset + length)``."""
 
-    block_index: int
-    block_offset: int
+    dest_offset: int
     offset_in_op: int
     length: int
-
-    def dest_offset(self, block_bytes_per_layer: int) -> int:
-        """Start of the piece in the layer's destination stream."""
-        return self.block_index * block_bytes_per_layer + self.block_offset
 
 
 @dataclass(frozen=True, slots=True)

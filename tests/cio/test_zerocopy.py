@@ -201,7 +201,7 @@ def test_op_commands_cover_the_op_in_file_order(kv_blocks: bool,
     paged = PagedKV(dst, BBPL)
     views = zerocopy.SlotViews(paged)
     staging = memoryview(bytearray(16 * BBPL))
-    pieces = (Piece(0, 0, ALIGN, 3 * BBPL), Piece(3, 0, 4 * BBPL, 2 * BBPL))
+    pieces = (Piece(0, ALIGN, 3 * BBPL), Piece(3 * BBPL, 4 * BBPL, 2 * BBPL))
     op = ReadOp(0, 0, 7 * BBPL, pieces)
     slots = [4, -1, 0, 5, 2]
     cmds = list(zerocopy.op_commands(op, 0, BBPL, slots, views, staging, BBPL, "f", 7))

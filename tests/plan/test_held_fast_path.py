@@ -50,8 +50,8 @@ def test_inline_range_is_held(case: tuple[list[HitRun], tuple[int, ...]]) -> Non
             itertools.accumulate(sizes, initial=0), sizes, strict=False)):
         layer = _Layer(before, size, index)
         ops, _ = _plan_ssd_layer(ssd, layer, PlannerConfig())
-        got = sorted((p.block_index, op.file_id, op.file_offset + p.offset_in_op, p.length)
+        got = sorted((p.dest_offset, op.file_id, op.file_offset + p.offset_in_op, p.length)
                      for op in ops for p in op.pieces)
-        want = sorted((at, s.file_id, lo, length)
+        want = sorted((at * size, s.file_id, lo, length)
                       for s in ssd for lo, length, at in [layer.held(s)])
         assert got == want

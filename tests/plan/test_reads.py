@@ -87,7 +87,7 @@ class World:
                         cop))
         for data, anyop in ops:
             for p in anyop.pieces:
-                at = p.dest_offset(self.bbpl)
+                at = p.dest_offset
                 dest[at:at + p.length] = data[p.offset_in_op:p.offset_in_op + p.length]
                 written.append((at, at + p.length))
         pos = 0
@@ -158,7 +158,7 @@ class TestScenarios:
         plan = plan_reads(runs, 2, cfg=PlannerConfig(max_read_bytes=2 * K))
         for lp in plan.layers:
             assert all(op.length <= 2 * K for op in lp.ssd_ops)
-        assert any(p.block_offset for lp in plan.layers for op in lp.ssd_ops
+        assert any(p.dest_offset % w.bbpl for lp in plan.layers for op in lp.ssd_ops
                    for p in op.pieces)
         for layer in range(2):
             assert w.execute(plan, layer, 9) == w.expected(runs, layer)

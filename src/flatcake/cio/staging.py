@@ -162,7 +162,7 @@ class StagingWindow:
         fence = job.fence
         refusal = FENCED if fence is not None and not fence.direct_ok else zero_copy_refusal(
             self.reader, job.paged,
-            all(p.dest_offset(sizes[lp.layer]) % sizes[lp.layer] == 0
+            all(p.dest_offset % sizes[lp.layer] == 0
                 and p.length % sizes[lp.layer] == 0
                 for lp in plan.layers for op in lp.ssd_ops for p in op.pieces))
         direct = None if refusal else _Direct(SlotViews(job.paged), job.stream_slots.tolist())
@@ -246,14 +246,13 @@ class StagingWindow:
                     partial(crc_pieces, spans, checked))
             state.futures.append((checked, op.pieces, req))
             for p in op.pieces:
-                state.placements.append(_Placement(
-                    p.dest_offset(bbpl), pos + p.offset_in_op,
-                    p.length, False))
+                state.placements.append(_Placement(p.dest_offset, pos + p.offset_in_op,
+                                                   p.length, False))
             pos += op.length
         for cop in lp.memory_ops:
             for p in cop.pieces:
                 state.placements.append(_Placement(
-                    p.dest_offset(bbpl), cop.arena_offset + p.offset_in_op, p.length, True))
+                    p.dest_offset, cop.arena_offset + p.offset_in_op, p.length, True))
         state.placements.sort(key=lambda pl: pl.stream_offset)
         return state
 
@@ -261,8 +260,8 @@ class StagingWindow:
         """Smallest request block that ``pieces`` would have delivered."""
         low = job.num_request_blocks
         for p in pieces:
-            first = p.dest_offset(bbpl) // bbpl
-            last = (p.dest_offset(bbpl) + p.length - 1) // bbpl
+            first = p.dest_offset // bbpl
+            last = (p.dest_offset + p.length - 1) // bbpl
             for b in range(first, last + 1):
                 r = job.stream_request[b]
                 if r >= 0:

@@ -86,7 +86,7 @@ def op_commands(op: ReadOp, layer: int, stream_pos: int, slots: list[int],
     for k, p in enumerate(op.pieces):
         if p.offset_in_op > cur:  # gap bytes: into the staging slot
             iov.append(staging[stream_pos + cur:stream_pos + p.offset_in_op])
-        first = p.dest_offset(bbpl) // bbpl
+        first = p.dest_offset // bbpl
         run = slots[first:first + p.length // bbpl]
         start = len(iov)
         if -1 not in run:

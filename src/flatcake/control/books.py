@@ -174,7 +174,7 @@ class Books:
 
     def store_in_flight(self, key: bytes) -> bool:
         """Whether a store planned and not completed yet writes ``key``."""
-        return self._stores.writes(key)
+        return key in self._stores.keys_in_flight
 
     # -- damage ----------------------------------------------------------------------
 
@@ -207,8 +207,8 @@ class Books:
         other nodes send (``remote_blocks`` whole blocks, all layers, whatever their
         medium there: they cross the network either way); it waits in the SSD queue
         when the local plan reads SSD or anything comes from another node."""
-        g = self._geometry
-        far = remote_blocks * g.block_bytes
+        # Most restores are local: the geometry's block size is not even asked.
+        far = remote_blocks * self._geometry.block_bytes if remote_blocks else 0
         local = plan.read_plan.useful_bytes if plan is not None else 0
         ssd = remote_blocks > 0 or (plan is not None and plan.hit.needs_ssd)
         return RestoreRequest(request_id, arrival_time, local + far, ssd)

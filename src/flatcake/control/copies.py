@@ -41,9 +41,10 @@ is never reclaimed. Single-threaded, like every verb.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import repeat
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from flatcake.control.address import Medium
@@ -126,6 +127,8 @@ class MemoryCopies:
 
     def __init__(self) -> None:
         self._by_home: dict[int, ArenaCopy] = {}
+        # Read-only view: a lookup asks nothing of the copies while none is held.
+        self.by_home: Mapping[int, ArenaCopy] = MappingProxyType(self._by_home)
         self._home_of: dict[int, int] = {}  # piece segment id -> home segment id
         self._bytes = 0
 
@@ -268,6 +271,8 @@ class EarlyCopies:
 
     def __init__(self) -> None:
         self._early: dict[bytes, tuple[StorePlan, int]] = {}
+        # Read-only view: a lookup asks nothing here while no copy is written early.
+        self.by_key: Mapping[bytes, tuple[StorePlan, int]] = MappingProxyType(self._early)
         self._ids: dict[int, bool] = {}
         self._pieces: set[int] = set()
 

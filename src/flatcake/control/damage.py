@@ -52,9 +52,10 @@ class Cuts(Protocol):
 class Damage:
     """SSD segments that failed a checksum and the cuts they wait for.
 
-    Owns (written only by its methods): ``_damaged``, the damaged segment ids still in
-    the books; ``_cut_at``, per session its earliest damaged segment on disk, where the
-    session is to be cut (in the order the sessions were first marked); and
+    Owns (written only by its methods; the facade reads the first two, so a lookup or a
+    step with no damage asks nothing here): ``damaged``, the damaged segment ids still
+    in the books; ``cut_at``, per session its earliest damaged segment on disk, where
+    the session is to be cut (in the order the sessions were first marked); and
     ``_bad_headers``, the session files whose own header a restore found damaged (a cut
     at one of their segments drops the session and quarantines its files). Reads the
     index and the session table it is given (never writes them).
@@ -63,8 +64,8 @@ class Damage:
     def __init__(self, index: BlockIndex, sessions: SessionTable) -> None:
         self._index = index
         self._sessions = sessions
-        self._damaged: set[int] = set()
-        self._cut_at: dict[str, int] = {}
+        self.damaged: set[int] = set()
+        self.cut_at: dict[str, int] = {}
         self._bad_headers: set[int] = set()
 
     def mark(self, segment_id: int, header_damaged: bool = False) -> bool:
@@ -76,33 +77,33 @@ class Damage:
             return False
         if seg.medium != Medium.SSD:
             return False
-        self._damaged.add(segment_id)
+        self.damaged.add(segment_id)
         if header_damaged:
             self._bad_headers.add(int(seg.file_id or 0))
         sid = seg.session_id
-        first = self._cut_at.get(sid)
+        first = self.cut_at.get(sid)
         if first is None or _disk_order(seg) < _disk_order(self._index.segment(first)):
-            self._cut_at[sid] = segment_id
+            self.cut_at[sid] = segment_id
         return True
 
     def is_damaged(self, segment_id: int) -> bool:
-        return segment_id in self._damaged
+        return segment_id in self.damaged
 
     @property
     def num_damaged(self) -> int:
         """Damaged segments still in the books (their sessions not cut yet)."""
-        return len(self._damaged)
+        return len(self.damaged)
 
     def cut_pending(self, session_id: str) -> bool:
-        return session_id in self._cut_at
+        return session_id in self.cut_at
 
     def servable(self, hit: PrefixHit) -> PrefixHit:
         """``hit`` stopped before its first run in a damaged segment."""
-        if not self._damaged:
+        if not self.damaged:
             return hit
         runs = []
         for run in hit.runs:
-            if run.segment.segment_id in self._damaged:
+            if run.segment.segment_id in self.damaged:
                 break
             runs.append(run)
         if len(runs) == len(hit.runs):
@@ -114,13 +115,13 @@ class Damage:
     def forget(self, session_id: str, removed: Iterable[int]) -> None:
         """Segments of ``session_id`` left the books: they are damaged no more, and a
         pending cut at one of them is done."""
-        self._damaged.difference_update(removed)
-        if self._cut_at.get(session_id, -1) not in self._damaged:
-            self._cut_at.pop(session_id, None)
+        self.damaged.difference_update(removed)
+        if self.cut_at.get(session_id, -1) not in self.damaged:
+            self.cut_at.pop(session_id, None)
 
     def ready_cuts(self, cuts: Cuts) -> list[tuple[str, Segment]]:
         """``ControlPlane.ready_cuts``: the pending cuts ``cuts`` can make now."""
-        return [(sid, self._index.segment(seg_id)) for sid, seg_id in self._cut_at.items()
+        return [(sid, self._index.segment(seg_id)) for sid, seg_id in self.cut_at.items()
                 if not cuts.tail_in_use(sid, seg_id)]
 
     def settle(self, cuts: Cuts) -> list[ReclaimAction]:
@@ -145,12 +146,12 @@ class Damage:
         session's earliest damaged segment on disk."""
         sessions = self._sessions
         ssd_live = {i for r in sessions.values() for i in r.ssd_segment_ids}
-        if not self._damaged <= ssd_live:
-            raise IntegrityError(f"damaged segments {sorted(self._damaged - ssd_live)} are "
+        if not self.damaged <= ssd_live:
+            raise IntegrityError(f"damaged segments {sorted(self.damaged - ssd_live)} are "
                                  f"not live SSD segments")
-        for sid, seg_id in self._cut_at.items():
+        for sid, seg_id in self.cut_at.items():
             owner = sessions.get(sid)
-            mine = self._damaged & set(owner.ssd_segment_ids) if owner is not None else set()
+            mine = self.damaged & set(owner.ssd_segment_ids) if owner is not None else set()
             on_disk = {i: (self._index.segment(i).file_id, self._index.segment(i).file_offset)
                        for i in mine}
             if seg_id not in mine or on_disk[seg_id] != min(on_disk.values()):

@@ -57,6 +57,9 @@ class Loads:
         self._lookup = lookup  # the facade's: the servable prefix
         self._loads = loads
         self._wear = wear if wear is not None else Wear()
+        # Asked of every restore: a geometry without sliding windows plans the hit's
+        # runs as they are (``restore_view`` changes nothing there).
+        self._windowed = bool(geometry.layer_window_blocks)
 
     @property
     def loads(self) -> Mapping[Hashable, LoadPlan]:
@@ -90,12 +93,13 @@ class Loads:
         else:
             hit = self._lookup(keys_or_hit)
         # The window rows a hit runs past are held for hits ending there, not read.
-        read_plan = planner(restore_view(hit.runs), self._geometry.num_layers,
-                            self._config.planner)
+        runs = restore_view(hit.runs) if self._windowed else hit.runs
+        read_plan = planner(runs, self._geometry.num_layers, self._config.planner)
         sessions = hit.session_ids
         for sid in sessions:
             self._sessions[sid].num_pins += 1
-        self._spare.start_reads(hit)
+        if hit.num_memory_blocks:  # an SSD restore reads no memory segment
+            self._spare.start_reads(hit)
         refills = self._spare.refills(hit) if refill and self._config.placement.copy_on_restore \
             and hit.num_ssd_blocks else ()
         plan = LoadPlan(request_id, hit, read_plan, sessions, refills)
@@ -107,11 +111,13 @@ class Loads:
         plan = self._loads.pop(request_id, None)
         if plan is None:
             raise KeyError(f"request_id {request_id!r} has no load in flight")
-        self._spare.finish_refills(plan.refills, refilled)
+        if plan.refills:
+            self._spare.finish_refills(plan.refills, refilled)
         now = self._clock.now()
         for sid in plan.session_ids:
             rec = self._sessions[sid]
             rec.num_pins -= 1
             rec.last_access = now
-        self._spare.end_reads(plan.hit)
+        if plan.hit.num_memory_blocks:
+            self._spare.end_reads(plan.hit)
         self._wear.read(plan.hit, plan.read_plan.bytes_read)

@@ -173,11 +173,15 @@ class ControlPlane(Books):
         self._loads = Loads(cfg, geometry, clk, planner, index, copies, sessions, spare, early,
                             self.lookup, loads, wear)
         self._restart = Restart(geometry, clk, node, index, ssd, sessions, ids)
-        # The lookup path runs on every request: its steps bound once.
+        # The lookup path runs on every request: its steps bound once, and the parts a
+        # lookup or a step may skip (most hold nothing) read through their views, so an
+        # empty one is never called: copies, early copies, damage, reclaim actions.
         self._index_lookup = index.lookup
         self._extend_early = early.extend
         self._servable = damage.servable
         self._windows = geometry.layer_window_blocks
+        self._copy_homes, self._early_keys = copies.by_home, early.by_key
+        self._damaged, self._cut_at, self._actions = damage.damaged, damage.cut_at, actions
 
     # -- lookup ----------------------------------------------------------------------
 
@@ -189,11 +193,14 @@ class ControlPlane(Books):
         lookup matched)."""
         req = keys if isinstance(keys, tuple) else tuple(keys)
         hit = self._index_lookup(req)
-        copies = self.copies
-        if len(copies) and hit.num_ssd_blocks:
+        if self._copy_homes and hit.num_ssd_blocks:
+            copies = self.copies
             copies.touch_hit(hit)
             hit = copies.substitute(hit)
-        hit = self._servable(self._extend_early(req, hit))
+        if self._early_keys:
+            hit = self._extend_early(req, hit)
+        if self._damaged:
+            hit = self._servable(hit)
         if not self._windows or not hit.runs:
             return hit
         got = windowed_hit(hit, self._windows)
@@ -371,6 +378,8 @@ class ControlPlane(Books):
         and return the actions for the data plane, followed by any reclaim actions
         queued meanwhile. A cut whose file header is damaged waits until the whole
         session is unpinned (it drops the session)."""
+        if not self._cut_at and not self._actions:  # every step asks; most: nothing
+            return []
         return self._damage.settle(self._reclaimer)
 
     # -- restart (``restart``) ---------------------------------------------------------

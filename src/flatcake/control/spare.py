@@ -231,23 +231,23 @@ class Spare:
     # -- reads by loads in flight ----------------------------------------------------
 
     def start_reads(self, hit: PrefixHit) -> None:
-        """A load of ``hit`` is planned: its memory segments are read (copies among
-        them become the most recently used)."""
-        if hit.num_memory_blocks:
-            for run in hit.runs:
-                if run.segment.medium is Medium.MEMORY:
-                    self._copies.touch(run.segment)
-                    self._reads[run.segment.segment_id] += 1
+        """A load of ``hit`` (with memory blocks: the caller asks only then) is
+        planned: its memory segments are read (copies among them become the most
+        recently used)."""
+        for run in hit.runs:
+            if run.segment.medium is Medium.MEMORY:
+                self._copies.touch(run.segment)
+                self._reads[run.segment.segment_id] += 1
 
     def end_reads(self, hit: PrefixHit) -> None:
-        """The load of ``hit`` is done: its memory segments are no longer read by it."""
-        if hit.num_memory_blocks:
-            reads = self._reads
-            for run in hit.runs:
-                if run.segment.medium is Medium.MEMORY:
-                    reads[run.segment.segment_id] -= 1
-                    if not reads[run.segment.segment_id]:
-                        del reads[run.segment.segment_id]
+        """The load of ``hit`` (with memory blocks) is done: its memory segments are no
+        longer read by it."""
+        reads = self._reads
+        for run in hit.runs:
+            if run.segment.medium is Medium.MEMORY:
+                reads[run.segment.segment_id] -= 1
+                if not reads[run.segment.segment_id]:
+                    del reads[run.segment.segment_id]
 
     # -- dropping copies -------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
+from types import MappingProxyType
 
 from flatcake.clock import Clock
 from flatcake.config import FlatCakeConfig
@@ -62,11 +63,12 @@ class Stores:
 
     Owns (written only here): ``pending``, the stores in flight by segment id (the
     ``Reclaimer`` reads it: nothing in flight may be cut); ``_writing``, their keys ->
-    how many write each (a lookup that stops at one waits for it rather than recompute
-    it); the placements made per rule and the stores rejected. Writes the parts it is
-    given: allocations in the arena and the SSD space, the index (publish), session
-    records (pins, bytes, segment ids) and the table (new sessions), segment ids; memory
-    copies through ``spare`` and ``EarlyCopies``; reclaim through ``reclaimer``.
+    how many write each (``keys_in_flight`` is its read-only view: a lookup that stops
+    at one waits for it rather than recompute it); the placements made per rule and the
+    stores rejected. Writes the parts it is given: allocations in the arena and the SSD
+    space, the index (publish), session records (pins, bytes, segment ids) and the table
+    (new sessions), segment ids; memory copies through ``spare`` and ``EarlyCopies``;
+    reclaim through ``reclaimer``.
     """
 
     def __init__(self, config: FlatCakeConfig, geometry: KVGeometry, clock: Clock,
@@ -102,6 +104,9 @@ class Stores:
         # SSD stores in flight -> the runs before them (what they release once durable).
         self._prefix: dict[int, tuple[HitRun, ...]] = {}
         self._writing: Counter[bytes] = Counter()
+        # Whether a store in flight writes a key: every lookup asks it of the key after
+        # its hit, so it is the counter's own test, no wrapper (read-only view).
+        self.keys_in_flight: Mapping[bytes, int] = MappingProxyType(self._writing)
         # Pending stores whose writer may still write but is no longer trusted
         # (``fence``): their keys left ``_writing``; never published.
         self._fenced: set[int] = set()
@@ -115,10 +120,6 @@ class Stores:
     def pending(self) -> Mapping[int, StorePlan]:
         """The stores in flight by segment id (read-only)."""
         return self._pending
-
-    def writes(self, key: bytes) -> bool:
-        """Whether a store in flight writes ``key``."""
-        return key in self._writing
 
     def num_placed(self, rule: PlacementRule) -> int:
         """Stores placed by ``rule`` so far."""

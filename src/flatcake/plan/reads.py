@@ -138,8 +138,8 @@ def _overlap(a: _Span, b: _Span, size0: int) -> bool:
     return a.data + end > b.data
 
 
-def _split_pieces(pieces: list[Piece], op_start: int, op_len: int, max_len: int,
-                  bbpl: int) -> list[tuple[int, int, tuple[Piece, ...]]]:
+def _split_pieces(pieces: list[Piece], op_start: int, op_len: int, max_len: int
+                  ) -> list[tuple[int, int, tuple[Piece, ...]]]:
     """Cut one merged read ``[op_start, op_start + op_len)`` into ``max_len`` chunks."""
     out: list[tuple[int, int, tuple[Piece, ...]]] = []
     for chunk_lo in range(0, op_len, max_len):
@@ -150,8 +150,7 @@ def _split_pieces(pieces: list[Piece], op_start: int, op_len: int, max_len: int,
             hi = min(p.offset_in_op + p.length, chunk_hi)
             if lo >= hi:
                 continue
-            dest = p.block_index * bbpl + p.block_offset + (lo - p.offset_in_op)
-            sub.append(Piece(dest // bbpl, dest % bbpl, lo - chunk_lo, hi - lo))
+            sub.append(Piece(p.dest_offset + lo - p.offset_in_op, lo - chunk_lo, hi - lo))
         out.append((op_start + chunk_lo, chunk_hi - chunk_lo, tuple(sub)))
     return out
 
@@ -183,23 +182,23 @@ def _plan_ssd_layer(spans: list[_Span], layer: _Layer, cfg: PlannerConfig
             cur_hi = max(cur_hi, hi)
         else:
             if pieces:
-                bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len, size)
+                bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len)
             cur_file, cur_lo, cur_hi, pieces = s.file_id, lo, hi, []
-        pieces.append(Piece(at, 0, want_lo - cur_lo, want_len))
+        pieces.append(Piece(at * size, want_lo - cur_lo, want_len))
     if pieces:
-        bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len, size)
+        bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len)
     return ops, bytes_read
 
 
 def _flush(ops: list[ReadOp], file_id: int, lo: int, hi: int, pieces: list[Piece],
-           max_len: int, block_bytes: int) -> int:
+           max_len: int) -> int:
     """Append the merged read ``[lo, hi)`` of ``file_id`` to ``ops`` (in ``max_len``
     chunks); returns its length."""
     length = hi - lo
     if length <= max_len:
         ops.append(ReadOp(file_id, lo, length, tuple(pieces)))
     else:
-        for at, n, sub in _split_pieces(pieces, lo, length, max_len, block_bytes):
+        for at, n, sub in _split_pieces(pieces, lo, length, max_len):
             ops.append(ReadOp(file_id, at, n, sub))
     return length
 
@@ -213,13 +212,13 @@ def _plan_memory_layer(spans: list[_Span], layer: _Layer) -> list[CopyOp]:
         if not length:
             continue
         if pieces and lo == cur_hi:
-            pieces.append(Piece(at, 0, lo - cur_lo, length))
+            pieces.append(Piece(at * layer.block_bytes, lo - cur_lo, length))
             cur_hi += length
             continue
         if pieces:
             ops.append(CopyOp(cur_lo, cur_hi - cur_lo, tuple(pieces)))
         cur_lo, cur_hi = lo, lo + length
-        pieces = [Piece(at, 0, 0, length)]
+        pieces = [Piece(at * layer.block_bytes, 0, length)]
     if pieces:
         ops.append(CopyOp(cur_lo, cur_hi - cur_lo, tuple(pieces)))
     return ops
