@@ -4,7 +4,11 @@ goes alone just before it, so the service sees every request enter before anythi
 else the engine asks (its prompt tokens counted, its blocks in the shared-prefix
 refcount); the store a step plans goes with the step; a request without a load
 finishes without a call, the service learning of it with the next one, before what
-that one asks. A new request is three calls: lookup, step, the workers' report."""
+that one asks. A new request is three calls: lookup, step, the workers' report. An
+admitted hit goes with the next lookup or step (its sources are its lookup's), and a
+request whose load ended finishes without a call (the update ending it answered its
+params): a loaded hit is four calls, lookup, step, the load's report, the step computing
+the rest of its prompt."""
 
 from __future__ import annotations
 
@@ -15,8 +19,8 @@ from typing import Any
 import pytest
 
 from flatcake.connectors.node_client import RemoteSchedulerSide
-from flatcake.plan.tasks import StoreDone, WorkerReport
-from tests.connectors.sides_harness import tokens, view
+from flatcake.plan.tasks import FailedLoad, StoreDone, WorkerReport
+from tests.connectors.sides_harness import finish, tokens, view
 from tests.service.helpers import Engine, Service
 
 
@@ -104,3 +108,74 @@ def test_a_finish_goes_with_the_next_call_before_what_it_asks(
     e.sched.build_step()  # the finish goes with the next step when nothing else calls
     assert calls == ["num_matched_tokens"] * 2 + ["step"]
     assert e.sched.take_stats()["prompt_tokens"] == 5 + 9
+
+
+def _stored(e: Engine) -> list[int]:
+    """Session ``s``'s first turn (3 full blocks + 1 token, slots 5-8) durable on SSD."""
+    turn0 = list(range(100, 113))
+    finish(e, "a", turn0, [5, 6, 7, 8], out=3, session="s")
+    e.step()
+    return turn0
+
+
+def test_a_loaded_hit_is_four_calls_and_finishes_without_one(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    turn1 = tokens(_stored(e), 8, 200)
+    calls.clear()
+    v = view("b", turn1, session="s")
+    e.sched.new_request(v)
+    assert e.sched.num_matched_tokens(v, 0) == (12, True)
+    e.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    assert e.sched.hit_sources("b") == (0, 12)  # all on SSD: as its lookup found it
+    assert calls == ["num_matched_tokens"]  # the admission waits for the step
+    plan, _, recving, invalid = e.step()
+    assert [t.request_id for t in plan.loads] == ["b"] and recving == {"b"} and not invalid
+    assert calls == ["num_matched_tokens", "step", "update"]
+    for layer in range(3):
+        for j, slot in enumerate([5, 6, 7]):
+            assert e.block(layer, 20 + j) == e.block(layer, slot)
+    ran = view("b", turn1, out=3, computed=len(turn1), session="s")
+    plan = e.sched.build_step((), [(ran, [20, 21, 22, 23, 24])])  # the rest computed
+    assert calls == ["num_matched_tokens", "step", "update", "step"]
+    delay, params = e.sched.request_finished(ran)
+    assert calls == ["num_matched_tokens", "step", "update", "step"]  # its own answer
+    assert delay == bool(plan.stores) and params is not None
+    mine = params["flatcake"]
+    assert (mine["hit_tokens"], mine["loaded_tokens_ssd"], mine["loaded_tokens_memory"],
+            mine["load_error_blocks"], mine["turn_index"]) == (12, 12, 0, 0, 1)
+    assert ("stored_blocks" in mine) == bool(plan.stores)
+    stats = e.sched.take_stats()  # the books learned the finish with this call, first
+    assert stats["hit_tokens"] == 12 and stats["loaded_tokens_ssd"] == 12
+
+
+def test_an_admission_goes_with_the_next_lookup(engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    turn1 = tokens(_stored(e), 8, 200)
+    calls.clear()
+    v, other = view("b", turn1, session="s"), view("c", tokens([], 9, 700))
+    assert e.sched.num_matched_tokens(v, 0) == (12, True)
+    e.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    assert e.sched.num_matched_tokens(other, 0) == (0, False)
+    assert calls == ["num_matched_tokens"] * 2  # b's admission went with c's lookup
+    plan = e.sched.build_step()
+    assert [t.request_id for t in plan.loads] == ["b"] and not plan.failed_loads
+    assert calls == ["num_matched_tokens"] * 2 + ["step"]
+
+
+def test_an_admission_refused_is_a_load_error_of_the_step_carrying_it(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    turn1 = tokens(_stored(e), 8, 200)
+    calls.clear()
+    v = view("b", turn1, session="s")
+    assert e.sched.num_matched_tokens(v, 0) == (12, True)
+    e.sched.after_alloc("b", [20, 21, 22, 23, 24], 8)  # not the hit the books found
+    plan = e.sched.build_step()
+    assert calls == ["num_matched_tokens", "step"]
+    assert not plan.loads and plan.failed_loads == (FailedLoad("b", (20, 21), True),)
+    assert e.sched.build_step().failed_loads == ()  # once
+    delay, params = e.sched.request_finished(v)  # nothing loaded: answered here
+    assert calls == ["num_matched_tokens", "step"]
+    assert not delay and params is not None and params["flatcake"]["hit_tokens"] == 0
+    assert e.sched.take_stats().get("hit_tokens", 0) == 0
