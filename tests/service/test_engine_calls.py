@@ -179,3 +179,57 @@ def test_an_admission_refused_is_a_load_error_of_the_step_carrying_it(
     assert calls == ["num_matched_tokens", "step"]
     assert not delay and params is not None and params["flatcake"]["hit_tokens"] == 0
     assert e.sched.take_stats().get("hit_tokens", 0) == 0
+
+
+def test_a_step_while_a_store_is_written_sends_nothing(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    v = view("r1", tokens([], 13, 100), computed=13)
+    e.sched.num_matched_tokens(v, 0)
+    plan = e.sched.build_step((), [(v, [0, 1, 2])])
+    store = plan.stores[0].plan
+    for _ in range(3):  # the engine keeps stepping while the workers write it
+        assert e.sched.has_pending_stores()
+        assert e.sched.build_step() == type(plan)()
+    assert calls == ["num_matched_tokens", "step"]
+    e.sched.on_report(WorkerReport(stores=(StoreDone("r1", store.segment.segment_id, True),)))
+    assert e.sched.take_released([]) == []
+    assert calls == ["num_matched_tokens", "step", "update"]
+    assert not e.sched.has_pending_stores()
+    other = view("r2", tokens([], 13, 100))  # the same prompt: published
+    assert e.sched.num_matched_tokens(other, 0)[0] == 12
+
+
+def test_stats_are_asked_at_most_every_interval_and_none_lost(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    sched = e.sched
+    assert isinstance(sched, RemoteSchedulerSide)
+    sched.stats_every_s = 3600.0  # vLLM asks after every step
+    first, second = view("r1", tokens([], 13, 100)), view("r2", tokens([], 9, 300))
+    sched.new_request(first)
+    sched.num_matched_tokens(first, 0)
+    assert sched.take_stats()["prompt_tokens"] == 13
+    sched.new_request(second)
+    sched.num_matched_tokens(second, 0)
+    for _ in range(5):
+        assert sched.take_stats() == {}
+    assert calls == ["num_matched_tokens", "take_stats", "num_matched_tokens"]
+    sched.stats_every_s = 0.0
+    sched._stats_due = 0.0  # the interval is up
+    assert sched.take_stats()["prompt_tokens"] == 9  # counted while not asked
+
+
+def test_a_step_with_work_in_flight_still_renews_the_lease(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    sched = e.sched
+    assert isinstance(sched, RemoteSchedulerSide)
+    v = view("r1", tokens([], 13, 100), computed=13)
+    sched.num_matched_tokens(v, 0)
+    sched.build_step((), [(v, [0, 1, 2])])  # its store is written from now on
+    sched.build_step()
+    assert calls == ["num_matched_tokens", "step"]
+    sched._last_call -= sched._keepalive_s + 1  # a quarter of the lease without a call
+    sched.build_step()
+    assert calls == ["num_matched_tokens", "step", "step"]

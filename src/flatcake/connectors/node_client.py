@@ -1,21 +1,29 @@
 """The vLLM scheduler half attached to the node service (``RemoteSchedulerSide``, the
 same methods as ``SchedulerSide``, answered by the service through ``link.client``).
 
-Each vLLM hook is at most one call; a step with nothing in flight and nothing to hand
-out is answered here without one, a request's ``new_request`` goes with its lookup
-(or, when another call comes first, just before it), the stores a step plans go with
-the step, an admitted hit's ``after_alloc`` goes with the next lookup or step (vLLM
-builds the step right after it admits; alone before any other call), its sources
-answered from its lookup, and ``request_finished`` of a request with no load in
-flight is answered here (its ``kv_transfer_params`` are its lookup's, or those the
-update ending its load answered, plus its store's) and goes with the next call (the
-next ``update``, ``step`` or lookup; alone before any other). Round trips per request::
+Each vLLM hook is at most one call, and most ride with another:
+
+* a step with nothing to hand out sends nothing: a store or restore in flight ends
+  with the workers' report (the update), so only file work another engine left could
+  be waiting, and the next step that has something collects it;
+* a request's ``new_request`` goes with its lookup (or, when another call comes first,
+  just before it); the stores a step plans go with the step;
+* an admitted hit's ``after_alloc`` goes with the next lookup or step (vLLM builds the
+  step right after it admits; alone before any other call), its sources answered from
+  its lookup; a refusal is a load error of the step carrying it;
+* ``request_finished`` of a request with no load in flight is answered here (its
+  ``kv_transfer_params`` are its lookup's, or those the update ending its load
+  answered, plus its store's) and goes with the next call (the next ``update``,
+  ``step`` or lookup; alone before any other).
+
+Round trips per request::
 
     new (a miss, stored)    lookup, the step computing it, the workers' report
     held (vLLM holds it)    lookup, the step computing it (it stores nothing)
     hit (loaded)            lookup, the step admitting it, the workers' report of the
                             load, the step computing the rest of it
-    idle step               none
+    idle step               none (nor a step while stores are written; vLLM's ask
+                            for stats after each step: one call a second)
 
 When the service does not answer within ``store.node_timeout_s`` (down, restarting)
 the engine keeps serving: lookups miss, stores are skipped, restores already running
@@ -85,6 +93,10 @@ class RemoteSchedulerSide:
     a ``connectors.base.SchedulerHalf``."""
 
     ssd_in_step = False  # an attached engine's loads are async
+    # vLLM asks for the stats after every step; the service keeps counting between two
+    # asks (counters are increments since the last, gauges are read when asked), so
+    # asking at most this often loses no count and costs one call a second, not a step.
+    stats_every_s = 1.0
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
                  ranks: TensorRanks | None = None, name: str = "engine",
@@ -105,6 +117,12 @@ class RemoteSchedulerSide:
         self._report: WorkerReport | None = None
         self._warned = False
         self._pending_stores = False
+        self._stats_due = 0.0  # when ``take_stats`` asks the service again
+        # A step with work in flight but nothing to hand out sends nothing; one still
+        # goes when the service has not heard from this engine for a quarter of its
+        # lease (set at attach), so a long write or restore never outlives the lease.
+        self._last_call = 0.0
+        self._keepalive_s = config.store.node_lease_s / 4
         self._events: list[BlockEvent] = []
         # The requests the service's driver holds for this engine, mirrored in the same
         # table (``plan.driver``): admitted at the lookup, queued once the service
@@ -143,6 +161,7 @@ class RemoteSchedulerSide:
             self._lost(exc)
             return False
         self.engine_id, self.recovered_segments = got.engine_id, got.recovered_segments
+        self._keepalive_s = got.config.store.node_lease_s / 4  # the service's lease
         self._backoff = self.config.engine.node_reattach_s
         if self._warned:
             logger.warning("FlatCake: attached to the node service again as %s",
@@ -174,6 +193,7 @@ class RemoteSchedulerSide:
         """``_call`` without the requests that entered or finished before it."""
         if not self.engine_id and not self._attach():
             raise wire.NodeUnavailable("not attached")
+        self._last_call = time.monotonic()
         try:
             return self.client.call_as(self.engine_id, self._attach_again, ENGINE[method],
                                        *args)
@@ -327,9 +347,10 @@ class RemoteSchedulerSide:
     def build_step(self, preempted: Sequence[str] = (),
                    computed: Sequence[tuple[RequestView, Sequence[int]]] = ()) -> StepPlan:
         failed, self._failed = tuple(self._failed), []
-        if not (self._pending_stores or self._requests.num(Phase.QUEUED) or preempted
-                or computed or self._done) or not self.engine_id:
-            # Nothing of ours in flight: only file work another engine left could be
+        if not (self._requests.num(Phase.QUEUED) or preempted or computed or self._done
+                or self._keepalive()) or not self.engine_id:
+            # Nothing to hand out (a store or restore in flight ends with the workers'
+            # report, the update): only file work another engine left could be
             # waiting, and the next step that has something collects it.
             return StepPlan(failed_loads=failed)
         try:
@@ -354,6 +375,11 @@ class RemoteSchedulerSide:
         if failed:
             plan = replace(plan, failed_loads=failed)
         return plan
+
+    def _keepalive(self) -> bool:
+        """Work in flight, and the service has not heard from us for a while."""
+        return bool(self._pending_stores or self._requests.num(Phase.STARTED)) and \
+            time.monotonic() - self._last_call > self._keepalive_s
 
     def _take_failed(self) -> list[FailedLoad]:
         out, self._failed = self._failed, []
@@ -425,8 +451,12 @@ class RemoteSchedulerSide:
         return out
 
     def take_stats(self) -> dict[str, int | float]:
-        if not self.engine_id:
+        """The service's counters since the last ask and its gauges (at most every
+        ``stats_every_s``: {} between)."""
+        now = time.monotonic()
+        if not self.engine_id or now < self._stats_due:
             return {}
+        self._stats_due = now + self.stats_every_s
         try:
             stats: dict[str, int | float] = self._call("take_stats")
         except (wire.NodeUnavailable, wire.NodeRefused):

@@ -312,11 +312,18 @@ class SchedulerSide:
         """A load given up at its deadline is still reading on some worker."""
         return self.requests.disk_late()
 
-    def hit_sources(self, request_id: str, admitted: bool = True) -> tuple[int, int]:
-        """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD
-        (not ``admitted``: of the hit as last looked up)."""
+    def hit_sources(self, request_id: str) -> tuple[int, int]:
+        """Tokens of the admitted hit (beyond the local prefix) in memory and on SSD."""
         tracked = self.requests.get(request_id)
-        if tracked is None or (admitted and tracked.task is None):
+        if tracked is None or tracked.task is None:
+            return 0, 0
+        return self.looked_up_sources(request_id)
+
+    def looked_up_sources(self, request_id: str) -> tuple[int, int]:
+        """``hit_sources`` of the hit as last looked up, admitted or not (the node
+        service answers it with the lookup)."""
+        tracked = self.requests.get(request_id)
+        if tracked is None:
             return 0, 0
         state = tracked.books
         mem, ssd = by_medium(state.hit, state.local_blocks, state.hit.num_blocks)
