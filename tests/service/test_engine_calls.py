@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from flatcake.connectors.node_client import RemoteSchedulerSide
+from flatcake.connectors.requests import RequestView
 from flatcake.plan.tasks import FailedLoad, StoreDone, WorkerReport
 from tests.connectors.sides_harness import finish, tokens, view
 from tests.service.helpers import Engine, Service
@@ -110,23 +111,27 @@ def test_a_finish_goes_with_the_next_call_before_what_it_asks(
     assert e.sched.take_stats()["prompt_tokens"] == 5 + 9
 
 
-def _stored(e: Engine) -> list[int]:
-    """Session ``s``'s first turn (3 full blocks + 1 token, slots 5-8) durable on SSD."""
+def _admitted(e: Engine, calls: list[str], external_tokens: int = 12
+              ) -> tuple[RequestView, list[int]]:
+    """Session ``s``'s first turn (3 full blocks + 1 token, slots 5-8) durable on SSD,
+    then (the calls counted from here) its second turn ``b`` entered, looked up (an SSD
+    hit of 12 tokens) and admitted with ``external_tokens`` into slots 20-24."""
     turn0 = list(range(100, 113))
     finish(e, "a", turn0, [5, 6, 7, 8], out=3, session="s")
     e.step()
-    return turn0
+    calls.clear()
+    turn1 = tokens(turn0, 8, 200)
+    v = view("b", turn1, session="s")
+    e.sched.new_request(v)
+    assert e.sched.num_matched_tokens(v, 0) == (12, True)
+    e.sched.after_alloc("b", [20, 21, 22, 23, 24], external_tokens)
+    return v, turn1
 
 
 def test_a_loaded_hit_is_four_calls_and_finishes_without_one(
         engine: tuple[Engine, list[str]]) -> None:
     e, calls = engine
-    turn1 = tokens(_stored(e), 8, 200)
-    calls.clear()
-    v = view("b", turn1, session="s")
-    e.sched.new_request(v)
-    assert e.sched.num_matched_tokens(v, 0) == (12, True)
-    e.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
+    _, turn1 = _admitted(e, calls)
     assert e.sched.hit_sources("b") == (0, 12)  # all on SSD: as its lookup found it
     assert calls == ["num_matched_tokens"]  # the admission waits for the step
     plan, _, recving, invalid = e.step()
@@ -151,12 +156,8 @@ def test_a_loaded_hit_is_four_calls_and_finishes_without_one(
 
 def test_an_admission_goes_with_the_next_lookup(engine: tuple[Engine, list[str]]) -> None:
     e, calls = engine
-    turn1 = tokens(_stored(e), 8, 200)
-    calls.clear()
-    v, other = view("b", turn1, session="s"), view("c", tokens([], 9, 700))
-    assert e.sched.num_matched_tokens(v, 0) == (12, True)
-    e.sched.after_alloc("b", [20, 21, 22, 23, 24], 12)
-    assert e.sched.num_matched_tokens(other, 0) == (0, False)
+    _admitted(e, calls)
+    assert e.sched.num_matched_tokens(view("c", tokens([], 9, 700)), 0) == (0, False)
     assert calls == ["num_matched_tokens"] * 2  # b's admission went with c's lookup
     plan = e.sched.build_step()
     assert [t.request_id for t in plan.loads] == ["b"] and not plan.failed_loads
@@ -166,11 +167,7 @@ def test_an_admission_goes_with_the_next_lookup(engine: tuple[Engine, list[str]]
 def test_an_admission_refused_is_a_load_error_of_the_step_carrying_it(
         engine: tuple[Engine, list[str]]) -> None:
     e, calls = engine
-    turn1 = tokens(_stored(e), 8, 200)
-    calls.clear()
-    v = view("b", turn1, session="s")
-    assert e.sched.num_matched_tokens(v, 0) == (12, True)
-    e.sched.after_alloc("b", [20, 21, 22, 23, 24], 8)  # not the hit the books found
+    v, _ = _admitted(e, calls, 8)  # not the hit the books found
     plan = e.sched.build_step()
     assert calls == ["num_matched_tokens", "step"]
     assert not plan.loads and plan.failed_loads == (FailedLoad("b", (20, 21), True),)
