@@ -230,3 +230,14 @@ def test_a_step_with_work_in_flight_still_renews_the_lease(
     sched._last_call -= sched._keepalive_s + 1  # a quarter of the lease without a call
     sched.build_step()
     assert calls == ["num_matched_tokens", "step", "step"]
+
+
+def test_an_admission_refused_with_a_lookup_is_a_load_error_of_the_next_step(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    _admitted(e, calls, 8)  # not the hit the books found
+    assert e.sched.num_matched_tokens(view("c", tokens([], 9, 700)), 0) == (0, False)
+    assert calls == ["num_matched_tokens"] * 2
+    plan = e.sched.build_step()  # nothing else to hand out: no call
+    assert calls == ["num_matched_tokens"] * 2
+    assert not plan.loads and plan.failed_loads == (FailedLoad("b", (20, 21), True),)
