@@ -190,7 +190,8 @@ class RemoteSchedulerSide:
         return self._send(method, *args)
 
     def _send(self, method: str, *args: Any) -> Any:
-        """``_call`` without the requests that entered or finished before it."""
+        """``_call`` without the requests that entered, finished or were admitted
+        before it."""
         if not self.engine_id and not self._attach():
             raise wire.NodeUnavailable("not attached")
         self._last_call = time.monotonic()
