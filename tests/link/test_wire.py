@@ -108,8 +108,9 @@ def test_every_verb_names_the_parameters_of_what_it_calls() -> None:
         called = getattr(ControlPlane, name, None) or getattr(requests, name)
         params = set(inspect.signature(called).parameters)
         assert set(verb.fields) - set(service_only.get(name, ())) <= params, name
-    # new_request of each entered first, request_finished of each done
-    engine_service_only = {"num_matched_tokens": ("entered", "new", "done")}
+    # new_request of each entered first, request_finished of each done, after_alloc of
+    # each admitted
+    engine_service_only = {"num_matched_tokens": ("entered", "new", "done", "admitted")}
     for name, verb in ENGINE.items():
         if name not in ("step", "update"):
             params = set(inspect.signature(getattr(SchedulerSide, name)).parameters)

@@ -111,7 +111,9 @@ class Engine(Harness):
         where = worker_root(str(sock), 1.0, 0, G, TensorRanks(), wait_s=10)
         self.worker = WorkerSide(G, where.config, where.store_dir,
                                  arena_path=where.arena_path)
-        self.sched = RemoteSchedulerSide(G, self.s, name=name)  # type: ignore[assignment]
+        sched = RemoteSchedulerSide(G, self.s, name=name)
+        sched.stats_every_s = 0.0  # the tests read the service's counters at once
+        self.sched = sched  # type: ignore[assignment]
         self.kv = random_kv(seed)
         self.worker.register(self.kv)
         self.reports = []
@@ -128,8 +130,9 @@ class TensorEngine(Harness):
                  g: KVGeometry = G) -> None:
         self.s = node_settings(sock)
         self.g = g
-        self.sched = RemoteSchedulerSide(g, self.s, ranks=ranks,  # type: ignore[assignment]
-                                         name="tp")
+        sched = RemoteSchedulerSide(g, self.s, ranks=ranks, name="tp")
+        sched.stats_every_s = 0.0  # the tests read the service's counters at once
+        self.sched = sched  # type: ignore[assignment]
         self.workers, self.kvs = [], []
         for rank in range(ranks.world_size):
             where = worker_root(str(sock), 1.0, rank, g, ranks, wait_s=10)

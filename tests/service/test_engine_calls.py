@@ -4,7 +4,11 @@ goes alone just before it, so the service sees every request enter before anythi
 else the engine asks (its prompt tokens counted, its blocks in the shared-prefix
 refcount); the store a step plans goes with the step; a request without a load
 finishes without a call, the service learning of it with the next one, before what
-that one asks. A new request is three calls: lookup, step, the workers' report."""
+that one asks. A new request is three calls: lookup, step, the workers' report. An
+admitted hit goes with the next lookup or step (its sources are its lookup's), and a
+request whose load ended finishes without a call (the update ending it answered its
+params): a loaded hit is four calls, lookup, step, the load's report, the step computing
+the rest of its prompt."""
 
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from typing import Any
 import pytest
 
 from flatcake.connectors.node_client import RemoteSchedulerSide
-from flatcake.plan.tasks import StoreDone, WorkerReport
-from tests.connectors.sides_harness import tokens, view
+from flatcake.connectors.requests import RequestView
+from flatcake.plan.tasks import FailedLoad, StoreDone, WorkerReport
+from tests.connectors.sides_harness import finish, tokens, view
 from tests.service.helpers import Engine, Service
 
 
@@ -104,3 +109,135 @@ def test_a_finish_goes_with_the_next_call_before_what_it_asks(
     e.sched.build_step()  # the finish goes with the next step when nothing else calls
     assert calls == ["num_matched_tokens"] * 2 + ["step"]
     assert e.sched.take_stats()["prompt_tokens"] == 5 + 9
+
+
+def _admitted(e: Engine, calls: list[str], external_tokens: int = 12
+              ) -> tuple[RequestView, list[int]]:
+    """Session ``s``'s first turn (3 full blocks + 1 token, slots 5-8) durable on SSD,
+    then (the calls counted from here) its second turn ``b`` entered, looked up (an SSD
+    hit of 12 tokens) and admitted with ``external_tokens`` into slots 20-24."""
+    turn0 = list(range(100, 113))
+    finish(e, "a", turn0, [5, 6, 7, 8], out=3, session="s")
+    e.step()
+    calls.clear()
+    turn1 = tokens(turn0, 8, 200)
+    v = view("b", turn1, session="s")
+    e.sched.new_request(v)
+    assert e.sched.num_matched_tokens(v, 0) == (12, True)
+    e.sched.after_alloc("b", [20, 21, 22, 23, 24], external_tokens)
+    return v, turn1
+
+
+def test_a_loaded_hit_is_four_calls_and_finishes_without_one(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    _, turn1 = _admitted(e, calls)
+    assert e.sched.hit_sources("b") == (0, 12)  # all on SSD: as its lookup found it
+    assert calls == ["num_matched_tokens"]  # the admission waits for the step
+    plan, _, recving, invalid = e.step()
+    assert [t.request_id for t in plan.loads] == ["b"] and recving == {"b"} and not invalid
+    assert calls == ["num_matched_tokens", "step", "update"]
+    for layer in range(3):
+        for j, slot in enumerate([5, 6, 7]):
+            assert e.block(layer, 20 + j) == e.block(layer, slot)
+    ran = view("b", turn1, out=3, computed=len(turn1), session="s")
+    plan = e.sched.build_step((), [(ran, [20, 21, 22, 23, 24])])  # the rest computed
+    assert calls == ["num_matched_tokens", "step", "update", "step"]
+    delay, params = e.sched.request_finished(ran)
+    assert calls == ["num_matched_tokens", "step", "update", "step"]  # its own answer
+    assert delay == bool(plan.stores) and params is not None
+    mine = params["flatcake"]
+    assert (mine["hit_tokens"], mine["loaded_tokens_ssd"], mine["loaded_tokens_memory"],
+            mine["load_error_blocks"], mine["turn_index"]) == (12, 12, 0, 0, 1)
+    assert ("stored_blocks" in mine) == bool(plan.stores)
+    stats = e.sched.take_stats()  # the books learned the finish with this call, first
+    assert stats["hit_tokens"] == 12 and stats["loaded_tokens_ssd"] == 12
+
+
+def test_an_admission_goes_with_the_next_lookup(engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    _admitted(e, calls)
+    assert e.sched.num_matched_tokens(view("c", tokens([], 9, 700)), 0) == (0, False)
+    assert calls == ["num_matched_tokens"] * 2  # b's admission went with c's lookup
+    plan = e.sched.build_step()
+    assert [t.request_id for t in plan.loads] == ["b"] and not plan.failed_loads
+    assert calls == ["num_matched_tokens"] * 2 + ["step"]
+
+
+def test_an_admission_refused_is_a_load_error_of_the_step_carrying_it(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    v, _ = _admitted(e, calls, 8)  # not the hit the books found
+    plan = e.sched.build_step()
+    assert calls == ["num_matched_tokens", "step"]
+    assert not plan.loads and plan.failed_loads == (FailedLoad("b", (20, 21), True),)
+    assert e.sched.build_step().failed_loads == ()  # once
+    delay, params = e.sched.request_finished(v)  # nothing loaded: answered here
+    assert calls == ["num_matched_tokens", "step"]
+    assert not delay and params is not None and params["flatcake"]["hit_tokens"] == 0
+    assert e.sched.take_stats().get("hit_tokens", 0) == 0
+
+
+def test_a_step_while_a_store_is_written_sends_nothing(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    v = view("r1", tokens([], 13, 100), computed=13)
+    e.sched.num_matched_tokens(v, 0)
+    plan = e.sched.build_step((), [(v, [0, 1, 2])])
+    store = plan.stores[0].plan
+    for _ in range(3):  # the engine keeps stepping while the workers write it
+        assert e.sched.has_pending_stores()
+        assert e.sched.build_step() == type(plan)()
+    assert calls == ["num_matched_tokens", "step"]
+    e.sched.on_report(WorkerReport(stores=(StoreDone("r1", store.segment.segment_id, True),)))
+    assert e.sched.take_released([]) == []
+    assert calls == ["num_matched_tokens", "step", "update"]
+    assert not e.sched.has_pending_stores()
+    other = view("r2", tokens([], 13, 100))  # the same prompt: published
+    assert e.sched.num_matched_tokens(other, 0)[0] == 12
+
+
+def test_stats_are_asked_at_most_every_interval_and_none_lost(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    sched = e.sched
+    assert isinstance(sched, RemoteSchedulerSide)
+    sched.stats_every_s = 3600.0  # vLLM asks after every step
+    first, second = view("r1", tokens([], 13, 100)), view("r2", tokens([], 9, 300))
+    sched.new_request(first)
+    sched.num_matched_tokens(first, 0)
+    assert sched.take_stats()["prompt_tokens"] == 13
+    sched.new_request(second)
+    sched.num_matched_tokens(second, 0)
+    for _ in range(5):
+        assert sched.take_stats() == {}
+    assert calls == ["num_matched_tokens", "take_stats", "num_matched_tokens"]
+    sched.stats_every_s = 0.0
+    sched._stats_due = 0.0  # the interval is up
+    assert sched.take_stats()["prompt_tokens"] == 9  # counted while not asked
+
+
+def test_a_step_with_work_in_flight_still_renews_the_lease(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    sched = e.sched
+    assert isinstance(sched, RemoteSchedulerSide)
+    v = view("r1", tokens([], 13, 100), computed=13)
+    sched.num_matched_tokens(v, 0)
+    sched.build_step((), [(v, [0, 1, 2])])  # its store is written from now on
+    sched.build_step()
+    assert calls == ["num_matched_tokens", "step"]
+    sched._last_call -= sched._keepalive_s + 1  # a quarter of the lease without a call
+    sched.build_step()
+    assert calls == ["num_matched_tokens", "step", "step"]
+
+
+def test_an_admission_refused_with_a_lookup_is_a_load_error_of_the_next_step(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    _admitted(e, calls, 8)  # not the hit the books found
+    assert e.sched.num_matched_tokens(view("c", tokens([], 9, 700)), 0) == (0, False)
+    assert calls == ["num_matched_tokens"] * 2
+    plan = e.sched.build_step()  # nothing else to hand out: no call
+    assert calls == ["num_matched_tokens"] * 2
+    assert not plan.loads and plan.failed_loads == (FailedLoad("b", (20, 21), True),)

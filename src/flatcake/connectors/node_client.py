@@ -1,13 +1,29 @@
 """The vLLM scheduler half attached to the node service (``RemoteSchedulerSide``, the
 same methods as ``SchedulerSide``, answered by the service through ``link.client``).
 
-Each vLLM hook is at most one call; a step with nothing in flight and nothing to hand
-out is answered here without one, a request's ``new_request`` goes with its lookup
-(or, when another call comes first, just before it), the stores a step plans go with
-the step, and ``request_finished`` of a request with no load is answered here (its
-``kv_transfer_params`` are its lookup's, plus its store's) and goes with the next
-call (the next ``update``, ``step`` or lookup; alone before any other), so a new
-request's hooks are three calls: lookup, step, the workers' report.
+Each vLLM hook is at most one call, and most ride with another:
+
+* a step with nothing to hand out sends nothing: a store or restore in flight ends
+  with the workers' report (the update), so only file work another engine left could
+  be waiting, and the next step that has something collects it;
+* a request's ``new_request`` goes with its lookup (or, when another call comes first,
+  just before it); the stores a step plans go with the step;
+* an admitted hit's ``after_alloc`` goes with the next lookup or step (vLLM builds the
+  step right after it admits; alone before any other call), its sources answered from
+  its lookup; a refusal is a load error of the step carrying it;
+* ``request_finished`` of a request with no load in flight is answered here (its
+  ``kv_transfer_params`` are its lookup's, or those the update ending its load
+  answered, plus its store's) and goes with the next call (the next ``update``,
+  ``step`` or lookup; alone before any other).
+
+Round trips per request::
+
+    new (a miss, stored)    lookup, the step computing it, the workers' report
+    held (vLLM holds it)    lookup, the step computing it (it stores nothing)
+    hit (loaded)            lookup, the step admitting it, the workers' report of the
+                            load, the step computing the rest of it
+    idle step               none (nor a step while stores are written; vLLM's ask
+                            for stats after each step: one call a second)
 
 When the service does not answer within ``store.node_timeout_s`` (down, restarting)
 the engine keeps serving: lookups miss, stores are skipped, restores already running
@@ -28,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flatcake.config import FlatCakeConfig
-from flatcake.connectors.node_verbs import ATTACH, ENGINE
+from flatcake.connectors.node_verbs import ADMISSION, ATTACH, ENGINE
 from flatcake.connectors.requests import BlockEvent, RequestView, store_params
 from flatcake.control import StorePlan
 from flatcake.geometry import KVGeometry
@@ -42,6 +58,7 @@ logger = logging.getLogger("flatcake.service")
 
 MAX_NEW = 64  # requests entered whose new_request waits for a lookup to go with
 _DONE_WITH = frozenset({"num_matched_tokens", "step", "update"})  # carry ``_done``
+_ADMITTED_WITH = frozenset({"num_matched_tokens", "step"})  # carry ``_admitted``
 
 
 @dataclass(slots=True)
@@ -53,10 +70,12 @@ class _Mirror:
             hold none yet, or the service forgot this engine).
         matched: (local blocks, async) of a lookup with a hit, until ``after_alloc``.
         blocks: the slots of its admitted hit (a load error if the service forgets it
-            before a step plans it).
+            before a step plans it, or refuses it).
         is_async: its load is async.
-        planned: its load reached the service (``request_finished`` asks it).
-        sources: the admitted hit's tokens in memory and on SSD, until asked.
+        planned: its load is admitted and has not ended (``request_finished`` asks the
+            service).
+        sources: the hit's tokens in memory and on SSD as looked up; the admitted
+            hit's until asked.
         store: its store, planned.
     """
 
@@ -74,6 +93,10 @@ class RemoteSchedulerSide:
     a ``connectors.base.SchedulerHalf``."""
 
     ssd_in_step = False  # an attached engine's loads are async
+    # vLLM asks for the stats after every step; the service keeps counting between two
+    # asks (counters are increments since the last, gauges are read when asked), so
+    # asking at most this often loses no count and costs one call a second, not a step.
+    stats_every_s = 1.0
 
     def __init__(self, geometry: KVGeometry, config: FlatCakeConfig, *,
                  ranks: TensorRanks | None = None, name: str = "engine",
@@ -94,6 +117,12 @@ class RemoteSchedulerSide:
         self._report: WorkerReport | None = None
         self._warned = False
         self._pending_stores = False
+        self._stats_due = 0.0  # when ``take_stats`` asks the service again
+        # A step with work in flight but nothing to hand out sends nothing; one still
+        # goes when the service has not heard from this engine for a quarter of its
+        # lease (set at attach), so a long write or restore never outlives the lease.
+        self._last_call = 0.0
+        self._keepalive_s = config.store.node_lease_s / 4
         self._events: list[BlockEvent] = []
         # The requests the service's driver holds for this engine, mirrored in the same
         # table (``plan.driver``): admitted at the lookup, queued once the service
@@ -108,6 +137,9 @@ class RemoteSchedulerSide:
         # Requests finished since the last call whose answer was this half's own: the
         # service learns each with the next call (``_done_with``), in order.
         self._done: list[RequestView] = []
+        # Hits admitted since the last call (``after_alloc``): planned by the service
+        # with the next lookup or step, or alone before any other call, in order.
+        self._admitted: list[ADMISSION] = []
         self._attach()
 
     # -- attachment -----------------------------------------------------------------
@@ -129,6 +161,7 @@ class RemoteSchedulerSide:
             self._lost(exc)
             return False
         self.engine_id, self.recovered_segments = got.engine_id, got.recovered_segments
+        self._keepalive_s = got.config.store.node_lease_s / 4  # the service's lease
         self._backoff = self.config.engine.node_reattach_s
         if self._warned:
             logger.warning("FlatCake: attached to the node service again as %s",
@@ -152,12 +185,16 @@ class RemoteSchedulerSide:
             self._send_new()
         if self._done and method not in _DONE_WITH:
             self._send_done()
+        if self._admitted and method not in _ADMITTED_WITH:
+            self._send_admitted()
         return self._send(method, *args)
 
     def _send(self, method: str, *args: Any) -> Any:
-        """``_call`` without the requests that entered or finished before it."""
+        """``_call`` without the requests that entered, finished or were admitted
+        before it."""
         if not self.engine_id and not self._attach():
             raise wire.NodeUnavailable("not attached")
+        self._last_call = time.monotonic()
         try:
             return self.client.call_as(self.engine_id, self._attach_again, ENGINE[method],
                                        *args)
@@ -175,6 +212,7 @@ class RemoteSchedulerSide:
         """The service no longer knows this engine: what it had planned for it is void
         (admitted hits become load errors), without a warning (an idle lease ends)."""
         self.engine_id = ""
+        self._admitted = []  # their mirrors are queued: load errors below
         for req in self._requests:
             mine = req.books
             mine.params = mine.matched = None
@@ -207,6 +245,35 @@ class RemoteSchedulerSide:
         done, self._done = tuple(self._done), []
         return done
 
+    def _send_admitted(self) -> None:
+        admitted, self._admitted = self._admitted, []
+        for request_id, block_ids, n in admitted:
+            try:
+                self._send("after_alloc", request_id, block_ids, n)
+            except wire.NodeRefused as exc:
+                self._refused([request_id], exc)
+            except wire.NodeUnavailable:
+                return  # forgotten: every admitted hit is a load error
+
+    def _admitted_with(self) -> tuple[ADMISSION, ...]:
+        """The admitted hits that go with this call (sent once)."""
+        admitted, self._admitted = tuple(self._admitted), []
+        return admitted
+
+    def _refused(self, request_ids: Iterable[str], why: object) -> None:
+        """The service did not plan the loads of ``request_ids``: load errors (the
+        engine recomputes their blocks), released."""
+        for rid in request_ids:
+            mirror = self._requests.held(rid)
+            if mirror is None or mirror.phase is not Phase.QUEUED:
+                continue
+            mine = mirror.books
+            logger.warning("FlatCake: the load of request %s was not planned (%s): its "
+                           "%d blocks are recomputed", rid, why, len(mine.blocks))
+            self._failed.append(FailedLoad(rid, mine.blocks, mine.is_async))
+            mine.planned = False
+            self._release(mirror)
+
     def num_matched_tokens(self, req: RequestView, num_local_tokens: int
                            ) -> tuple[int | None, bool]:
         new, self._new = self._new, []
@@ -214,13 +281,14 @@ class RemoteSchedulerSide:
         others = tuple(r for r in new if r.request_id != req.request_id)
         entered = len(others) < len(new)
         try:
-            n, is_async, params = self._call(
+            n, is_async, params, sources, refused = self._call(
                 "num_matched_tokens", req, num_local_tokens, entered, others,
-                self._done_with())
+                self._done_with(), self._admitted_with())
         except wire.NodeUnavailable:
             return 0, False
+        self._refused(refused, "the node service refused it")
         mine = self._mirror(req.request_id).books
-        mine.params = params
+        mine.params, mine.sources = params, sources
         if n:
             bs = self.geometry.tokens_per_block
             mine.matched = (num_local_tokens // bs, is_async)
@@ -248,19 +316,16 @@ class RemoteSchedulerSide:
         mirror.books.matched = None
         bs = self.geometry.tokens_per_block
         mine = tuple(block_ids[local:local + num_external_tokens // bs])
-        try:
-            sources = self._call("after_alloc", request_id, list(block_ids),
-                                 num_external_tokens)
-        except (wire.NodeUnavailable, wire.NodeRefused) as exc:
-            logger.warning("FlatCake: the load of request %s was not planned (%s): its "
-                           "%d blocks are recomputed", request_id, exc, len(mine))
+        if not self.engine_id:  # the service was lost since the lookup
             self._failed.append(FailedLoad(request_id, mine, is_async))
             return
         if mirror.phase is Phase.QUEUED:  # planned before, never handed out
             self._release(mirror)
         self._requests.move(mirror, Event.PLAN)
-        mirror.books.sources, mirror.books.blocks = sources, mine
+        mirror.books.blocks = mine
         mirror.books.is_async, mirror.books.planned = is_async, True
+        # Planned by the service with the next call: a refusal is a load error then.
+        self._admitted.append((request_id, list(block_ids), num_external_tokens))
 
     def hit_sources(self, request_id: str) -> tuple[int, int]:
         mirror = self._requests.held(request_id)
@@ -283,18 +348,19 @@ class RemoteSchedulerSide:
     def build_step(self, preempted: Sequence[str] = (),
                    computed: Sequence[tuple[RequestView, Sequence[int]]] = ()) -> StepPlan:
         failed, self._failed = tuple(self._failed), []
-        if not (self._pending_stores or self._requests.num(Phase.QUEUED) or preempted
-                or computed
-                or self._done) or not self.engine_id:
-            # Nothing of ours in flight: only file work another engine left could be
+        if not (self._requests.num(Phase.QUEUED) or preempted or computed or self._done
+                or self._keepalive()) or not self.engine_id:
+            # Nothing to hand out (a store or restore in flight ends with the workers'
+            # report, the update): only file work another engine left could be
             # waiting, and the next step that has something collects it.
             return StepPlan(failed_loads=failed)
         try:
-            plan, self._pending_stores, events = self._call(
+            plan, self._pending_stores, events, refused = self._call(
                 "step", tuple(preempted), tuple((r, list(ids)) for r, ids in computed),
-                self._done_with())
+                self._done_with(), self._admitted_with())
         except (wire.NodeUnavailable, wire.NodeRefused):
             return StepPlan(failed_loads=(*failed, *self._take_failed()))
+        self._refused(refused, "the node service refused it")
         self._events.extend(events)
         for store in plan.stores:
             self._mirror(store.request_id).books.store = store.plan
@@ -310,6 +376,11 @@ class RemoteSchedulerSide:
         if failed:
             plan = replace(plan, failed_loads=failed)
         return plan
+
+    def _keepalive(self) -> bool:
+        """Work in flight, and the service has not heard from us for a while."""
+        return bool(self._pending_stores or self._requests.num(Phase.STARTED)) and \
+            time.monotonic() - self._last_call > self._keepalive_s
 
     def _take_failed(self) -> list[FailedLoad]:
         out, self._failed = self._failed, []
@@ -329,13 +400,17 @@ class RemoteSchedulerSide:
         if (report is None or report.is_empty()) and not reported and not self._done:
             return []
         try:
-            released, self._pending_stores, events = self._call("update", report, reported,
-                                                                self._done_with())
+            released, self._pending_stores, events, loaded = self._call(
+                "update", report, reported, self._done_with())
         except (wire.NodeUnavailable, wire.NodeRefused):
             # Without the books, every restore the workers finished runs now.
             self._released(reported)
             return reported
         self._events.extend(events)
+        for rid, params in loaded.items():  # their loads ended: answered here from now
+            mirror = self._requests.get(rid)
+            if mirror is not None:
+                mirror.books.params, mirror.books.planned = params, False
         self._released(released)
         return list(released)
 
@@ -354,9 +429,10 @@ class RemoteSchedulerSide:
         books.planned = False
         self._requests.finish(rid)
         if not planned and (params is not None or stored is None):
-            # No load: the books would answer what this half knows (its lookup's params,
-            # its store; none when they never looked it up: ``SchedulerSide.
-            # request_finished``); they learn of it with the next call.
+            # No load in flight: the books would answer what this half knows (its
+            # lookup's params or its ended load's, its store; none when they never
+            # looked it up: ``SchedulerSide.request_finished``); they learn of it with
+            # the next call.
             self._done.append(replace(req, keys=()))
             if params is None:
                 return False, None
@@ -376,8 +452,12 @@ class RemoteSchedulerSide:
         return out
 
     def take_stats(self) -> dict[str, int | float]:
-        if not self.engine_id:
+        """The service's counters since the last ask and its gauges (at most every
+        ``stats_every_s``: {} between)."""
+        now = time.monotonic()
+        if not self.engine_id or now < self._stats_due:
             return {}
+        self._stats_due = now + self.stats_every_s
         try:
             stats: dict[str, int | float] = self._call("take_stats")
         except (wire.NodeUnavailable, wire.NodeRefused):

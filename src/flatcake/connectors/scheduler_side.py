@@ -317,6 +317,14 @@ class SchedulerSide:
         tracked = self.requests.get(request_id)
         if tracked is None or tracked.task is None:
             return 0, 0
+        return self.looked_up_sources(request_id)
+
+    def looked_up_sources(self, request_id: str) -> tuple[int, int]:
+        """``hit_sources`` of the hit as last looked up, admitted or not (the node
+        service answers it with the lookup)."""
+        tracked = self.requests.get(request_id)
+        if tracked is None:
+            return 0, 0
         state = tracked.books
         mem, ssd = by_medium(state.hit, state.local_blocks, state.hit.num_blocks)
         bs = self.geometry.tokens_per_block

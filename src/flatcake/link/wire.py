@@ -48,7 +48,10 @@ import msgspec
 from flatcake.config import FlatCakeConfig
 
 # Bumped whenever a frame or a verb's types change; a mismatch is refused by name.
-PROTOCOL_VERSION = 5  # 5: frames on a unix stream socket (link.frames); no complete_copy
+# 5: frames on a unix stream socket (link.frames); no complete_copy. 6: an engine's
+# admissions ride with its next lookup or step; an update answers the params of the
+# loads it ended (``connectors.node_verbs``).
+PROTOCOL_VERSION = 6
 
 # The service's answer to a call of an engine it does not know (lease ended, restart).
 UNKNOWN_ENGINE = "unknown engine"

@@ -76,7 +76,7 @@ from flatcake.cio.hugepages import shared_arena_pages
 from flatcake.cio.scan import recover_files
 from flatcake.clock import WallClock
 from flatcake.config import FlatCakeConfig
-from flatcake.connectors.node_verbs import ATTACH, ENGINE
+from flatcake.connectors.node_verbs import ADMISSION, ATTACH, ENGINE
 from flatcake.connectors.requests import RequestView
 from flatcake.connectors.scheduler_side import NodeParts, SchedulerSide
 from flatcake.control import ControlPlane, FileCut
@@ -87,7 +87,7 @@ from flatcake.layout import describe_layers
 from flatcake.link import trust, verbs, wire
 from flatcake.link.trust import Caller, Owner
 from flatcake.link.wire import Attached, TensorRanks, WorkerRoot
-from flatcake.plan.tasks import FileDrop, StepPlan
+from flatcake.plan.tasks import FileDrop, StepPlan, WorkerReport
 from flatcake.service.arena import make_arena, rank_dir
 from flatcake.service.cluster import STORES_IN_CLUSTER, NodeCluster, join_cluster, same_cluster
 from flatcake.service.connections import ConnectionCap
@@ -320,8 +320,9 @@ class NodeService(CallLoop):
             raise wire.NodeRefused(f"unknown call {method!r} of an engine")
         side, values = engine.side, tuple(args.values())
         if method == "step":
-            preempted, computed, done = values
+            preempted, computed, done, admitted = values
             _finished(side, done)
+            refused = _admit(side, admitted)
             plan: StepPlan = side.build_step(preempted, computed)
             for task in plan.stores:  # the engine writes them
                 self._tenants.claim(self._books(), engine.tenant, task.plan.session_id)
@@ -330,7 +331,7 @@ class NodeService(CallLoop):
                                                   for t in plan.stores)
                 if len(engine.steps) > wire.MAX_GAVE_UP:
                     del engine.steps[next(iter(engine.steps))]
-            return plan, side.has_work(), side.take_events()
+            return plan, side.has_work(), side.take_events(), refused
         if method == "update":
             report, finished, done = values
             _finished(side, done)
@@ -340,16 +341,20 @@ class NodeService(CallLoop):
                     self._fenced, self._books(), engine.pid, report.stores))
             if report is not None:
                 side.on_report(report)
-            return side.take_released(finished), side.has_work(), side.take_events()
+            return (side.take_released(finished), side.has_work(), side.take_events(),
+                    _loaded(side, report))
         if method == "num_matched_tokens":
-            req, num_local_tokens, entered, new, done = values
+            req, num_local_tokens, entered, new, done, admitted = values
             for other in new:
                 side.new_request(other)
             if entered:
                 side.new_request(req)
             _finished(side, done)
+            refused = _admit(side, admitted)
+            rid = req.request_id
             n, is_async = side.num_matched_tokens(req, num_local_tokens)
-            return n, is_async, side.request_params(req.request_id)
+            return (n, is_async, side.request_params(rid),
+                    side.looked_up_sources(rid) if n else (0, 0), refused)
         if method == "after_alloc":
             side.after_alloc(*values)
             return side.hit_sources(args["request_id"])
@@ -515,6 +520,32 @@ def _words(g: KVGeometry | None) -> str:
     return (f"geometry {g.name!r} ({kinds} layers; "
             f"{describe_layers(g.layer_block_bytes, g.layer_window_blocks)} blocks of "
             f"{g.tokens_per_block} tokens: {g})")
+
+
+def _admit(side: SchedulerSide, admitted: tuple[ADMISSION, ...]) -> list[str]:
+    """The hits an engine admitted since its last call, each ``after_alloc`` in order;
+    the requests whose load could not be planned (a hit no longer servable: the engine
+    recomputes them). One refusal never fails the call carrying the others."""
+    refused = []
+    for request_id, block_ids, num_external_tokens in admitted:
+        try:
+            side.after_alloc(request_id, block_ids, num_external_tokens)
+        except Exception as exc:  # its own call would have been refused
+            logger.info("the load of request %s was not planned: %s", request_id, exc)
+            refused.append(request_id)
+    return refused
+
+
+def _loaded(side: SchedulerSide, report: WorkerReport | None) -> dict[str, dict[str, Any]]:
+    """The ``kv_transfer_params`` of the live requests whose load ``report`` ended (every
+    worker reported it): what their ``request_finished`` answers from now on, bar the
+    store (the engine half answers it; ``connectors.node_client``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for done in report.loads if report is not None else ():
+        tracked = side.requests.get(done.request_id)
+        if tracked is not None and not tracked.loading:
+            out[done.request_id] = side.request_params(done.request_id) or {}
+    return out
 
 
 def _finished(side: SchedulerSide, done: tuple[RequestView, ...]) -> None:
