@@ -131,8 +131,7 @@ class FlatCakeSystem(System):
         self.cp = ControlPlane(geometry, self.config, clock, release_windows=True,
                                write_backs=True)
         self.books = LayerBooks(node.geometry, stored)
-        cp = self.cp
-        self.drivers = [RequestDriver(cp, queue=w.idx) for w in node.workers]
+        self.drivers = [RequestDriver(self.cp, queue=w.idx) for w in node.workers]
         if len(self.keys) != node.wl.num_ids:  # a cluster's nodes share one key list
             self.keys = make_keys(node.wl.num_ids)
         # Every session has a request, so nothing is evicted; ids count up (runs repeat).
