@@ -5,9 +5,8 @@ service's engines, and the replay's FlatCake system) drives a request the same w
 (``RequestDriver``); the host adds only its lock, its engine steps and its data plane
 (the replay: its simulated clock, engine and devices, one driver per worker, each over
 that worker's FC-MAS queue, its requests named by their trace index). A host that keeps
-no books mirrors the
-phases another's driver reports in the same table (``RequestTable``: the node service's
-engine client, ``connectors.node_client``)::
+no books mirrors the phases another's driver reports in the same table
+(``RequestTable``: the node service's engine client, ``connectors.node_client``)::
 
        admit         plan          start          report           release
     ───────► ADMITTED ────► QUEUED ────► STARTED ────► REPORTED ────► RELEASED
@@ -121,11 +120,12 @@ class Tracked(Generic[B, K]):
     """One request the driver holds.
 
     Attributes:
-        request_id: the host's id of the request.
+        request_id: the host's id of the request (an engine's string; the replay's trace
+            index).
         books: the host's own books of it (the connector's ``RequestBooks``, the
             store's restore), carried along.
         phase: where its restore is.
-        task: its load, from ``plan`` on.
+        task: its load, from ``plan`` on (None from ``submit``: the host has no tasks).
         plan: the books' plan of that load.
         in_step: the load runs in the step (not queued in FC-MAS).
         slot: FC-MAS gave it an SSD restore slot (given back at its report).
