@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from flatcake.control.plane import ControlPlane
+from flatcake.control.scheduler import RestoreRequest
 from flatcake.plan.driver import (
     TRANSITIONS,
     Event,
@@ -106,6 +107,31 @@ def test_the_ready_queue_releases_restores_in_arrival_order() -> None:
     assert driver.take_released(["r2"]) == []  # both wait in the ready queue
     driver.release_ready()
     assert driver.take_released(["r2", "r1", "other"]) == ["r1", "r2", "other"]
+
+
+def test_a_host_that_weighs_its_own_requests_submits_them_under_its_own_ids() -> None:
+    cp, _ = make()
+    first_turn(cp, "s", 3)
+    driver: RequestDriver[str, int] = RequestDriver(cp, queue=0)  # the replay's worker 0
+    plan = cp.prepare_load(7, cp.lookup(skeys("s", 3)))
+    restore = driver.admit(7, "an SSD restore")
+    driver.submit(restore, cp.restore_request(7, 5.0, plan), plan)
+    new = driver.admit(8, "a new prompt")
+    with pytest.raises(ValueError, match="request 8 submitted to FC-MAS as 9"):
+        driver.submit(new, RestoreRequest(9, 6.0, 0, False))
+    driver.submit(new, RestoreRequest(8, 6.0, 0, False))  # nothing to load: ready now
+    assert driver.fcmas is cp.restore_queue(0) and cp.restores_in_flight == 0
+    (started,) = driver.start_restores()
+    assert started is restore and restore.slot and driver.fcmas.num_in_flight == 1
+    driver.reported(restore)
+    # One at a time, by arrival: the restore (arrived at 5 s) before the new prompt.
+    assert driver.pop_next() is restore and restore.phase is Phase.RELEASED
+    assert driver.pop_next() is new and new.phase is Phase.STARTED
+    assert driver.pop_next() is None
+    driver.reported(new)  # no slot: released at once
+    assert new.phase is Phase.RELEASED
+    assert driver.finish(7) is restore and driver.finish(8) is new and len(driver) == 0
+    cp.complete_load(7)
 
 
 def test_late_reads_outlive_the_request_until_every_worker_ended_them() -> None:

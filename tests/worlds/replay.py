@@ -78,7 +78,7 @@ class Recorded(FlatCakeSystem):
         super().attach(node)
         cp = self.cp
         assert cp is not None
-        tap_fc_mas(self.scheds[0], self.rec,
+        tap_fc_mas(self.drivers[0].fcmas, self.rec,
                    lambda rid: rid if isinstance(rid, int) else None)
         prepare_store = cp.prepare_store
 

@@ -2,10 +2,11 @@
 
 Everything that decides is FlatCake's own code, unchanged: ``ControlPlane`` (block
 index lookups by runs, write-time placement with ``decide_placement``, host-arena and
-session-file allocation, per-session reclaim with ``choose_victims``) and one
-``MasScheduler`` per worker (ready queue + SSD-preparing queue with ``1 + wait/kv``
-priority and a bounded number of restores in flight that wait, never cancel; or the
-one-FIFO ablation). Only the devices are models:
+session-file allocation, per-session reclaim with ``choose_victims``) and, per worker,
+the request driver the store and the vLLM connector run on (``plan.driver``: a
+request's phases, one transition table) over that worker's FC-MAS queue (ready queue +
+SSD-preparing queue with ``1 + wait/kv`` priority and a bounded number of restores in
+flight that wait, never cancel; or the one-FIFO ablation). Only the devices are models:
 
 * a restore reads its SSD part with the commands of the plan the store and the vLLM
   connector execute (``plan.bulk.stream_totals``, the bulk twin of
@@ -28,6 +29,12 @@ one-FIFO ablation). Only the devices are models:
   recomputing blocks that are about to be durable; FC-MAS weighs a restore by
   ``ControlPlane.restore_request``.
 
+Every request goes through its worker's driver: admitted and submitted to FC-MAS as it
+looks up (at its arrival time; a request with nothing to load, or whose SSD part loads
+with its prefill, waits in the ready queue), started when FC-MAS gives its SSD restore a
+slot or lets it out of the ready queue, reported when its restore or its prefill's load
+ends, released (a restore: when it leaves the ready queue) and finished with its turn.
+
 Keys: dense block ids map to 32-byte keys (the id, little endian, in the first 8
 bytes); a session is ``str(session index)``. The placement signals come from the
 classes the vLLM connector uses (``control.signals``): ``SessionTracker`` gives the
@@ -49,14 +56,14 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
 from flatcake.config import FlatCakeConfig
 from flatcake.control import ControlPlane, StorePlan
 from flatcake.control.address import Medium
 from flatcake.control.index import PrefixHit, trim_hit
-from flatcake.control.scheduler import MasScheduler, RestoreRequest
+from flatcake.control.scheduler import RestoreRequest
 from flatcake.control.signals import (
     PrefixRefcount,
     SessionTracker,
@@ -64,10 +71,12 @@ from flatcake.control.signals import (
     hit_owner,
     max_branch_blocks,
 )
+from flatcake.control.types import LoadPlan
 from flatcake.control.windows import delivered_bytes, restore_view
 from flatcake.errors import CapacityError
 from flatcake.geometry import KVGeometry
 from flatcake.plan.bulk import SegmentCache, stream_totals
+from flatcake.plan.driver import RequestDriver, Tracked
 from flatcake.plan.requests import servable, settle
 from flatcake.readplan import ReadPlan
 from flatcake.replay.node.node import Node, Request, System, Worker, not_attached
@@ -91,8 +100,8 @@ class FlatCakeSystem(System):
         self.config = config
         self.sharing = sharing(self) if sharing is not None else None
         self.cp: ControlPlane | None = None
-        self.scheds: list[MasScheduler] = []
-        self.reqs: dict[Hashable, Request] = {}
+        # Per worker: its requests, through their phases over its FC-MAS queue.
+        self.drivers: list[RequestDriver[Request, int]] = []
         self.keys: list[bytes] = []
         self.sessions = SessionTracker()
         self.refcount = PrefixRefcount()
@@ -122,7 +131,7 @@ class FlatCakeSystem(System):
         self.cp = ControlPlane(geometry, self.config, clock, release_windows=True,
                                write_backs=True)
         self.books = LayerBooks(node.geometry, stored)
-        self.scheds = [MasScheduler(self.config.scheduler, clock) for _ in node.workers]
+        self.drivers = [RequestDriver(self.cp, queue=w.idx) for w in node.workers]
         if len(self.keys) != node.wl.num_ids:  # a cluster's nodes share one key list
             self.keys = make_keys(node.wl.num_ids)
         # Every session has a request, so nothing is evicted; ids count up (runs repeat).
@@ -139,8 +148,6 @@ class FlatCakeSystem(System):
         if node is None or cp is None:
             raise not_attached(self.name)
         w = node.workers[req.worker]
-        sched = self.scheds[req.worker]
-        self.reqs[req.idx] = req
         keys = keys_of(self.keys, req.runs)
         g = w.gpu.prefix_hits(req.runs)
         found = servable(cp, keys, g)
@@ -155,7 +162,7 @@ class FlatCakeSystem(System):
         st = FcState(hit, keys, self.turn(req, hit.num_blocks, hit))
         req.sys = st
         if hit.num_blocks <= g:
-            sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
+            self.submit(req, RestoreRequest(req.idx, req.arrival_s, 0, False))
             node.make_ready(req)
             return
         if g == 0:
@@ -175,17 +182,32 @@ class FlatCakeSystem(System):
         st.gpu_prefix = g
         st.plan = lp.read_plan
         if not needs_ssd:
-            sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
+            self.submit(req, RestoreRequest(req.idx, req.arrival_s, 0, False), lp)
             node.make_ready(req)
             return
         st.needs_ssd = True
         if node.spec.ssd_loads_in_step:  # the engine schedules it; it loads with the prefill
             st.in_step = True
-            sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
+            self.submit(req, RestoreRequest(req.idx, req.arrival_s, 0, False), lp)
             node.make_ready(req)
             return
-        sched.submit(cp.restore_request(req.idx, req.arrival_s, lp))
+        self.submit(req, cp.restore_request(req.idx, req.arrival_s, lp), lp)
         self.pump(req.worker)
+
+    def submit(self, req: Request, request: RestoreRequest, plan: LoadPlan | None = None
+               ) -> None:
+        """Admit ``req`` to its worker's driver and queue it in FC-MAS as ``request``
+        (weighed here: at its arrival time; see the module docstring)."""
+        driver = self.drivers[req.worker]
+        driver.submit(driver.admit(req.idx, req), request, plan)
+
+    def tracked(self, req: Request) -> Tracked[Request, int]:
+        """``req`` as its worker's driver holds it."""
+        t = self.drivers[req.worker].get(req.idx)
+        if t is None:
+            raise ValueError(f"request {req.idx} is not held by worker {req.worker}'s "
+                             "request driver")
+        return t
 
     def turn(self, req: Request, num_blocks: int, hit: PrefixHit) -> TurnInfo:
         """The request's turn in its session, given ``num_blocks`` hit (``hit``: this
@@ -200,8 +222,8 @@ class FlatCakeSystem(System):
         node = self.node
         if node is None:
             raise not_attached(self.name)
-        for rr in self.scheds[worker].next_restores():
-            req = self.reqs[rr.request_id]
+        for t in self.drivers[worker].start_restores():
+            req = t.books
             req.restore_start_s = node.now
             node.admit_or_wait(req, self._start_restore)
 
@@ -260,7 +282,7 @@ class FlatCakeSystem(System):
         req.restore_end_s = node.now
         node.rec.prefetch_s.append(node.now - req.arrival_s)
         node.rec.ssd_useful_bytes += useful
-        self.scheds[req.worker].restore_done(req.idx)
+        self.drivers[req.worker].reported(self.tracked(req))  # gives its slot back
         self._release(req)
         self.pump(req.worker)
         node.make_ready(req)
@@ -286,14 +308,17 @@ class FlatCakeSystem(System):
 
     # ---- ready / prefill ----------------------------------------------------------
     def pop_ready(self, worker: Worker) -> Request | None:
-        rr = self.scheds[worker.idx].pop_ready()
-        return None if rr is None else self.reqs[rr.request_id]
+        t = self.drivers[worker.idx].pop_next()
+        return None if t is None else t.books
 
     def prefill_load(self, req: Request, worker: Worker) -> tuple[int, float]:
         node, cp = self.node, self.cp
         if node is None or cp is None:
             raise not_attached(self.name)
         st: FcState = req.sys
+        # It left the ready queue (started); its load, if any, runs with its prefill:
+        # reported (and released) now.
+        self.drivers[worker.idx].reported(self.tracked(req))
         if not st.load_pinned:
             return 0, 0.0
         if st.in_step:
@@ -331,7 +356,7 @@ class FlatCakeSystem(System):
         node, cp = self.node, self.cp
         if node is None or cp is None:
             raise not_attached(self.name)
-        self.reqs.pop(req.idx, None)
+        self.drivers[req.worker].finish(req.idx)
         st: FcState = req.sys
         turn = st.turn
         # The prompt's full blocks, as the connector counts them: a trace's partial last

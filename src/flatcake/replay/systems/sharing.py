@@ -149,9 +149,8 @@ class FlatCakeReads(_Member):
         st = _SharedState(PrefixHit(total, mem, total - mem, tuple(merged)), keys,
                           fc.turn(req, total, hit))
         req.sys = st
-        sched = fc.scheds[req.worker]
         if total <= g:
-            sched.submit(RestoreRequest(req.idx, req.arrival_s, 0, False))
+            fc.submit(req, RestoreRequest(req.idx, req.arrival_s, 0, False))
             node.make_ready(req)
             return True
         st.gpu_prefix = g
@@ -181,7 +180,7 @@ class FlatCakeReads(_Member):
         # FC-MAS weighs it as the store and the connector do: the local SSD bytes plus
         # every block the owners send.
         rr = cp.restore_request(req.idx, req.arrival_s, local_plan, far_blocks)
-        sched.submit(rr)
+        fc.submit(req, rr, local_plan)
         if not rr.needs_ssd:
             # What the owners hold is on the GPU already, the rest is in local memory:
             # it runs at once, as a one-node all-memory hit does (its memory copy
