@@ -217,6 +217,15 @@ def _env(work: Path) -> dict[str, str]:
     return {**os.environ, "PATH": path, "PYTHONPATH": pythonpath}
 
 
+def _foreground_signals() -> None:
+    """In the child, before ``bash``: Ctrl-C and Ctrl-\\ do what they do to a terminal's
+    foreground job. A test run started in the background (``cmd &`` in a script, as a CI
+    runner may) inherits them ignored, and then the Ctrl-C that ends a command at its
+    budget would stop only the children that set their own handler (``flatcake serve``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def _run(command: str, work: Path, budget_s: float | None, where: str,
          stdin: str | None = None) -> None:
     """Run ``command`` in ``work``; with a budget, a command still running then passes."""
@@ -224,7 +233,8 @@ def _run(command: str, work: Path, budget_s: float | None, where: str,
         command = command.replace(old, new.format(tmp=work))
     proc = subprocess.Popen(["bash", "-c", command], cwd=work, env=_env(work),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_foreground_signals)
     limit = budget_s if budget_s else RUN_TIMEOUT_S
     try:
         out, err = proc.communicate(stdin, timeout=limit)
