@@ -9,8 +9,9 @@ page shows, written into it at docs build time by ``scripts/docs_hooks.py``). It
 the connector's two halves without an engine (the tests' sides harness): a first turn of
 12 blocks is stored on SSD, then a second turn (its prompt: those 12 blocks and 2 new
 ones) restores them through FC-MAS and the staging window. Every thread is traced
-(``sys.settrace`` and ``threading.settrace``) from that turn's lookup until the
-scheduler half releases it to the engine.
+(``sys.settrace`` and ``threading.settrace``, installed before the two halves are
+built, so the threads they start at set-up are traced too) from that turn's lookup
+until the scheduler half releases it to the engine.
 
 What the window holds is a restore and nothing else: the second turn's lookup (which
 asks whether a store in flight writes its next block, as every extending turn's does),
@@ -18,8 +19,10 @@ its load, the steps that carry it and the reports that finish it. Its prompt is 
 computed and it does not finish in the window, so nothing is placed, allocated or
 written (checked: the control plane prepares no store meanwhile). The steps' own
 per-step calls run too (``build_step`` asks for new stores and window releases even
-when it carries only a restore), and so do the reader threads' start (their CPU pin)
-and the staging buffers' allocation, both once per process, on its first restore.
+when it carries only a restore), and so does the staging buffers' allocation (each
+window's, on the first restore that uses it). The load and read threads are not started
+in the window: the worker half starts them (and pins them) when it registers the KV,
+before the window opens; what they run in the window is traced like the rest.
 Reported: files (distinct source files with a call), packages, and package hops
 (distinct caller -> callee file pairs whose packages differ). Module-level code and
 comprehensions count for their file; nothing outside ``src/flatcake`` is counted.
@@ -57,9 +60,12 @@ class _Trace:
         self.files: set[str] = set()
         self.hops: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        # Installed in every thread from the start (a thread started before
+        # ``threading.settrace`` is never traced), counting only while active.
+        self.active = False
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
-        if event != "call":
+        if event != "call" or not self.active:
             return None
         callee = frame.f_code.co_filename
         if not callee.startswith(str(SRC)):
@@ -78,26 +84,30 @@ class _Trace:
 
 def count() -> tuple[list[str], set[tuple[str, str]]]:
     """The restore's files (relative to ``src/flatcake``, sorted) and package hops."""
-    with tempfile.TemporaryDirectory() as tmp:
-        h = Harness(Path(tmp))
-        first = list(range(100, 148))  # 12 blocks of 4 tokens
-        finish(h, "a", first, list(range(12)), out=3, session="s")
-        h.step()  # the first turn is written (first turn of a session: SSD)
-        v = view("b", tokens(first, 8, 300), session="s")
-        stores_before = _stores_prepared(h)
-        trace = _Trace()
-        threading.settrace(trace)
-        sys.settrace(trace)
-        try:
-            n, is_async = h.sched.num_matched_tokens(v, 0)
-            h.sched.after_alloc("b", list(range(20, 40)), n)
-            while "b" not in h.released:
-                h.step()
-        finally:
-            sys.settrace(None)
-            threading.settrace(None)  # type: ignore[arg-type]
-        stores_after = _stores_prepared(h)
-        h.close()
+    trace = _Trace()
+    threading.settrace(trace)
+    sys.settrace(trace)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            h = Harness(Path(tmp))
+            first = list(range(100, 148))  # 12 blocks of 4 tokens
+            finish(h, "a", first, list(range(12)), out=3, session="s")
+            h.step()  # the first turn is written (first turn of a session: SSD)
+            v = view("b", tokens(first, 8, 300), session="s")
+            stores_before = _stores_prepared(h)
+            trace.active = True
+            try:
+                n, is_async = h.sched.num_matched_tokens(v, 0)
+                h.sched.after_alloc("b", list(range(20, 40)), n)
+                while "b" not in h.released:
+                    h.step()
+            finally:
+                trace.active = False
+            stores_after = _stores_prepared(h)
+            h.close()
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
     if (n, is_async) != (12 * 4, True):
         raise RuntimeError(f"expected an async restore of 48 tokens, got {n}, {is_async}")
     if stores_after != stores_before:

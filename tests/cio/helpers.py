@@ -1,7 +1,7 @@
 """Builders shared by the restore tests of ``cio`` (staging window, zero-copy): a real
 session file written with ``SegmentWriter``, a restore job planned for all of it, a
-byte flip, a reader that logs the layer of every read, a hung disk, and a count of the
-reads that run at once."""
+byte flip, a reader that logs the layer of every read, a hung disk, restores held
+before they start, and a count of the reads that run at once."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -154,6 +155,29 @@ class HungDisk:
             return n
 
         monkeypatch.setattr(DirectReader, "_read", hung)
+
+    def release(self) -> None:
+        self._gate.set()
+
+
+class HeldRestores:
+    """Every restore thread waits, before it takes a staging window and reads, until
+    ``release`` (a loaded machine that runs it late); ``started`` is set once one
+    waits. Release it in the test's teardown (``finally``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from flatcake.cio.loads import ExecutorLoads
+
+        self.started = threading.Event()
+        self._gate = threading.Event()
+        real = ExecutorLoads._run_local
+
+        def held(executor: ExecutorLoads, *args: Any) -> Any:
+            self.started.set()
+            self._gate.wait(60)
+            return real(executor, *args)
+
+        monkeypatch.setattr(ExecutorLoads, "_run_local", held)
 
     def release(self) -> None:
         self._gate.set()

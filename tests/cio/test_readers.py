@@ -252,3 +252,22 @@ def test_abandon_fails_waiting_reads_and_waits_for_started_ones() -> None:
     assert done.wait(5)
     quitter.join(5)
     assert reader.order == [0, 1] and [f.result() for f in futures[:2]] == [4096, 4096]
+
+
+def test_read_queue_with_room_hands_back_the_readers_own_future() -> None:
+    # One future per command, not two: with room and nothing waiting, the caller gets
+    # the reader's future; the queue still counts it and hands waiting reads over.
+    reader = HeldReader()
+    queue = ReadQueue(reader, 1)
+    dest = aligned_buffer(4096)
+    first = queue.submit(ReadRequest("x", 0, 0, 4096, 0), dest)
+    second = queue.submit(ReadRequest("x", 0, 4096, 4096, 0), dest)
+    assert first is reader.held[0]
+    assert second is not reader.held[0] and len(reader.held) == 1  # waits for room
+    reader.held[0].set_result(4096)
+    assert reader.order == [0, 1] and first.result() == 4096
+    reader.held[1].set_exception(OSError(5, "Input/output error"))
+    with pytest.raises(OSError, match="Input/output"):
+        second.result()
+    third = queue.submit(ReadRequest("x", 0, 8192, 4096, 0), dest)
+    assert third is reader.held[2] and queue.peak_in_flight == 1

@@ -258,8 +258,14 @@ def test_checksums_run_on_the_reader_threads(history: History,
         calls.append((threading.current_thread().name, len(data)))
         return real(data, value)
 
+    real_views = crc.crc_views
+
+    def recording_crc_views(views: list[memoryview]) -> int:
+        calls.extend((threading.current_thread().name, len(v)) for v in views)
+        return real_views(views)
+
     monkeypatch.setattr(staging, "crc32", recording_crc32)  # checks left to this thread
-    monkeypatch.setattr(crc, "crc32", recording_crc32)  # checks on the reader threads
+    monkeypatch.setattr(crc, "crc_views", recording_crc_views)  # on the reader threads
     if flip:
         seg = history.segments[2]  # request blocks [6, 15)
         at = seg.file_offset + seg.layout.block_offset(1, 4)  # type: ignore[operator]
@@ -290,3 +296,32 @@ def test_checksums_run_on_the_reader_threads(history: History,
     assert checked == history.num_blocks * history.bbpl * len(dst)
     if fail_once:
         assert here
+
+
+def test_a_window_makes_each_slots_byte_view_once(history: History,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The staging slots outlive restores: their byte views are made once, not per layer.
+    import flatcake.cio.staging as staging
+
+    made: list[int] = []
+    real = staging.writable_view
+
+    def counting_view(buf: torch.Tensor) -> memoryview:
+        made.append(buf.data_ptr())
+        return real(buf)
+
+    monkeypatch.setattr(staging, "writable_view", counting_view)
+    reader = DirectReader(2)
+    window = StagingWindow(reader)
+    try:
+        for _ in range(2):
+            dst = [torch.zeros(history.num_blocks, history.bbpl, dtype=torch.uint8)
+                   for _ in history.src]
+            outcome = window.run(restore_job(history, dst), LayerReady(len(dst)))
+            assert outcome.num_blocks_loaded == history.num_blocks
+            for layer in range(len(dst)):
+                assert torch.equal(dst[layer], history.src[layer])
+    finally:
+        window.close()
+        reader.close()
+    assert len(history.src) > 2 and 1 <= len(made) <= 2 and len(set(made)) == len(made)

@@ -5,6 +5,7 @@ real bytes, and a paged KV of torch tensors with random bytes."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -65,12 +66,17 @@ class Harness:
         self.finished: set[str] = set()  # requests finished since the last step
         self.released: list[str] = []  # restores released to the engine, in order
 
-    def step(self) -> tuple[StepPlan, set[str], set[str], set[int]]:
+    def step(self, before_forward: Callable[[], object] | None = None
+             ) -> tuple[StepPlan, set[str], set[str], set[int]]:
         """One engine step: plan, execute (sync loads per layer), wait for background
-        I/O, report back."""
+        I/O, report back. ``before_forward``: what the engine thread does between
+        starting the step's loads and its forward pass (no wait for a layer, no poll,
+        so no deadline is acted on before it returns)."""
         finished, self.finished = self.finished, set()
         plan = self.sched.build_step()
         self.worker.start_step(plan)
+        if before_forward is not None:
+            before_forward()
         for layer in range(len(self.kv)):
             self.worker.wait_for_layer(layer)
         self.worker.end_step()

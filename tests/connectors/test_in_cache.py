@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from pathlib import Path
 
+from flatcake.clock import ManualClock
 from flatcake.control.scheduler import MasScheduler
-from tests.connectors.sides_harness import Harness, stored_turn, view
+from tests.connectors.sides_harness import Harness, stored_turn, tokens, view
 
 
 def count_queue_calls(h: Harness) -> list[Hashable]:
@@ -56,4 +57,27 @@ def test_a_step_with_nothing_queued_asks_fc_mas_nothing(tmp_path: Path) -> None:
     calls.clear()
     plan = h.sched.build_step()
     assert [t.request_id for t in plan.loads] == ["b"] and calls
+    h.close()
+
+
+def test_a_lookup_says_whether_the_whole_prompt_is_held_and_touches_its_session(
+        tmp_path: Path) -> None:
+    clock = ManualClock()
+    h = Harness(tmp_path, clock=clock)
+    turn0 = stored_turn(h)  # 4 full blocks + 1 token, session s
+    touched = h.sched.control.session("s").last_access
+    clock.advance(5.0)
+    again = view("again", turn0, session="s")
+    assert h.sched.num_matched_tokens(again, 16) == (0, False)
+    assert h.sched.held_whole("again")  # its step would store nothing
+    # ... so the lookup touches the session, as that store of nothing would.
+    assert h.sched.control.session("s").last_access == touched + 5.0
+    # A prompt of whole blocks: the lookup leaves its last token, so its last block,
+    # to compute; that block is held too.
+    exact = view("exact", turn0[:16], session="s")
+    assert h.sched.num_matched_tokens(exact, 0) == (12, True)
+    assert h.sched.held_whole("exact")
+    longer = view("longer", tokens(turn0, 8, 200), session="s")
+    assert h.sched.num_matched_tokens(longer, 0) == (16, True)
+    assert not h.sched.held_whole("longer") and not h.sched.held_whole("nobody")
     h.close()

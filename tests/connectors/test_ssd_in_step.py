@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,13 @@ from tests.connectors.sides_harness import (
     tokens,
     view,
 )
+
+
+def _once_hung(disk: HungDisk) -> Callable[[], object]:
+    """The step's forward pass starts once its load's read hangs with the disk: the
+    deadline (from the step's start) then gives up a load that is reading, however
+    late a loaded machine ran its restore thread."""
+    return lambda: disk.entered.wait(20)
 
 
 def test_an_ssd_hit_loads_in_the_step_that_schedules_it(tmp_path: Path) -> None:
@@ -97,7 +105,7 @@ def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
     slots = list(range(20, 27))
     h.sched.after_alloc("b", slots, 16)
     out: list[tuple[object, set[str], set[str], set[int]]] = []
-    stepper = threading.Thread(target=lambda: out.append(h.step()))
+    stepper = threading.Thread(target=lambda: out.append(h.step(_once_hung(disk))))
     try:
         with caplog.at_level(logging.WARNING, "flatcake.connectors.worker_side"):
             stepper.start()
@@ -117,7 +125,7 @@ def test_a_hung_in_step_load_is_given_up_at_its_deadline_and_fenced_off(
     h.step()  # its poll tells the books the late reads ended
     # The disk answers again: the next step's hit loads, through the window the late
     # restore gave back once its reads ended.
-    h.worker.load_timeout_s = 10.0
+    h.worker.load_timeout_s = 60.0
     v = view("e", tokens(turn0[:16], 8, 700), session="s")
     assert h.sched.num_matched_tokens(v, 0) == (16, False)
     h.sched.after_alloc("e", list(range(40, 47)), 16)
@@ -195,7 +203,7 @@ def test_while_a_given_up_load_still_reads_no_step_loads_ssd_in_the_step(
         v = view("b", tokens(turn0[:16], 8, 300), session="s")
         assert h.sched.num_matched_tokens(v, 0) == (16, False)
         h.sched.after_alloc("b", list(range(20, 27)), 16)
-        stepper = threading.Thread(target=lambda: out.append(h.step()))
+        stepper = threading.Thread(target=lambda: out.append(h.step(_once_hung(disk))))
         stepper.start()
         stepper.join(20)
         assert not stepper.is_alive() and disk.entered.is_set()
@@ -211,6 +219,7 @@ def test_while_a_given_up_load_still_reads_no_step_loads_ssd_in_the_step(
     h.wait_late_reads()
     assert h.worker.late_reads() == 0
     h.step()  # its poll reports the late reads ended
+    h.worker.load_timeout_s = 60.0  # the disk answers again: nothing given up
     v = view("e", tokens(turn0[:16], 8, 700), session="s")
     assert h.sched.num_matched_tokens(v, 0) == (16, False)
     h.sched.after_alloc("e", list(range(40, 47)), 16)

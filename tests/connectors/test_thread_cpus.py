@@ -85,3 +85,27 @@ def test_auto_moves_only_where_the_starting_thread_is_bound() -> None:
 def test_a_bad_setting_names_the_field(bad: str) -> None:
     with pytest.raises(ValueError, match=r"store\.thread_cpus"):
         load_config(env={}, overrides=[f"store.thread_cpus={bad}"])
+
+
+def _flatcake_threads(before: set[int | None]) -> dict[int | None, str]:
+    return {t.native_id: t.name.rstrip("_0123456789") for t in threading.enumerate()
+            if t.name.startswith("flatcake-") and t.native_id not in before}
+
+
+def test_registering_starts_the_load_threads_and_a_first_restore_starts_none(
+        tmp_path: Path) -> None:
+    before = {t.native_id for t in threading.enumerate()}
+    h = Harness(tmp_path, settings("store.read_threads=3",
+                                   "scheduler.max_restores_in_flight=2"))
+    try:
+        names = sorted(_flatcake_threads(before).values())
+        assert names.count("flatcake-restore") == 2, names
+        assert names.count("flatcake-read") == 3, names
+        assert names.count("flatcake-sync-load") == 1, names
+        ssd_hit_admitted(h)  # a turn stored on SSD, the next one's restore planned
+        stored = _flatcake_threads(before)
+        plan, _, recving, _ = h.step()  # the process's first restore
+        assert len(plan.loads) == 1 and recving == {"b"}
+        assert _flatcake_threads(before) == stored
+    finally:
+        h.close()

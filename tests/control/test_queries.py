@@ -4,9 +4,13 @@ scenario stores turns, then asks, and checks the answer against the verbs' resul
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from flatcake.control import ControlPlane
 from flatcake.control.address import Medium
+from flatcake.control.index import BlockIndex
 from tests.control.helpers import K, chat_turn, first_turn, make, skeys
 
 
@@ -98,3 +102,76 @@ class TestRestoreOrder:
         cp.complete_load("big")
         cp.complete_load("small")
         cp.check_integrity()
+
+
+def scanned_newest_turn(cp: ControlPlane, session_id: str) -> int:
+    """The session's newest turn the slow way: a scan of its live segments."""
+    rec = cp.session(session_id)
+    return max((cp.segment(i).turn_index
+                for i in (*rec.memory_segment_ids, *rec.ssd_segment_ids)), default=-1)
+
+
+class TestNewestTurn:
+    def test_kept_through_publish_cut_and_reclaim_of_a_long_session(self) -> None:
+        """An agent session of hundreds of turns: turns on both media, stores
+        completed out of order, failed stores, memory reclaim, cuts at a damaged
+        segment (the turns after it stored again), the session dropped. After every
+        step the books' newest turn is the scan's."""
+        cp, _ = make(memory_pages=16, ssd_pages=8192, span_pages=256)
+        rng = random.Random(7)
+        seen = []
+
+        def check() -> None:
+            seen.append(cp.newest_turn_index("a"))
+            assert seen[-1] == scanned_newest_turn(cp, "a")
+            cp.check_integrity()
+
+        turn, in_flight = 0, []
+        for step in range(1, 601):
+            reply = 50 if rng.random() < 0.5 else 5000  # memory or SSD
+            plan = cp.prepare_store("a", skeys("a", 2 * (turn + 1)), turn_index=turn,
+                                    context_tokens=8 * (turn + 1), prev_reply_tokens=reply)
+            turn += 1
+            if plan is not None:
+                in_flight.append(plan)
+            if len(in_flight) > 2 or rng.random() < 0.5:  # the newest may finish first
+                rng.shuffle(in_flight)
+                cp.complete_store(in_flight.pop(), ok=rng.random() > 0.1)
+                cp.take_reclaim_actions()
+                check()
+            if step % 30:
+                continue
+            for plan in in_flight:  # nothing in flight: memory reclaim drops its
+                cp.complete_store(plan, True)  # memory turns, a cut may go anywhere
+            in_flight = []
+            check()
+            if step % 60:
+                cp.reclaim()
+                cp.take_reclaim_actions()
+            else:
+                ssd = cp.session("a").ssd_segment_ids
+                damaged = ssd[len(ssd) * 3 // 4]
+                assert cp.mark_damaged(damaged)
+                cp.truncate_session("a", damaged)
+                turn = cp.newest_turn_index("a") + 1  # its later turns stored again
+            check()
+        stats = cp.stats()
+        assert stats.sessions_reclaimed_memory >= 5 and stats.sessions_truncated == 10
+        assert len(set(seen)) > 150 and max(seen) > 200
+        cp.drop_session("a")
+        assert "a" not in cp.session_ids()
+
+    def test_asked_without_reading_a_segment(self, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+        """A lookup asks it every time: O(1), however many turns the session holds."""
+        cp, _ = make(ssd_pages=8192, span_pages=256)
+        for turn in range(300):
+            plan = cp.prepare_store("a", skeys("a", turn + 1), turn_index=turn,
+                                    context_tokens=4 * (turn + 1), prev_reply_tokens=5000)
+            assert plan is not None
+            cp.complete_store(plan, True)
+        read = []
+        real = BlockIndex.segment
+        monkeypatch.setattr(BlockIndex, "segment",
+                            lambda self, i: read.append(i) or real(self, i))
+        assert cp.newest_turn_index("a") == 299 and read == []

@@ -74,3 +74,44 @@ def test_a_connection_reads_its_frames_in_order_within_a_deadline(tmp_path: Path
     finally:
         c.close()
         listener.close()
+
+
+def test_a_connection_blocks_and_the_kernel_keeps_each_deadline(tmp_path: Path) -> None:
+    """No Python timeout (each would cost a send and a receive a ``poll`` first): the
+    socket blocks, with the kernel's send and receive deadlines, set again for a wait
+    longer or shorter than the last."""
+    path = tmp_path / "s.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for delay in (0.4, 0.0):  # past the connection's timeout, then at once
+                conn.recv(100)
+                time.sleep(delay)
+                conn.sendall(framed(b"late"))
+            conn.recv(100)  # a last call, never answered
+            done.wait(10)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    c = Connection(str(path), 0.1)
+    try:
+        assert c.sock.gettimeout() is None
+        c.send(b"wait")  # a call that may wait past the timeout (``wait_s``)
+        assert c.recv(time.monotonic() + 5) == b"late"
+        c.send(b"now")
+        assert c.recv(time.monotonic() + 0.1) == b"late"
+        c.send(b"never")
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            c.recv(start + 0.2)
+        assert 0.2 <= time.monotonic() - start < 2.0
+    finally:
+        done.set()
+        c.close()
+        listener.close()
+        t.join(5)

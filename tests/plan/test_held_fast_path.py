@@ -49,7 +49,9 @@ def test_inline_range_is_held(case: tuple[list[HitRun], tuple[int, ...]]) -> Non
     for index, (before, size) in enumerate(zip(
             itertools.accumulate(sizes, initial=0), sizes, strict=False)):
         layer = _Layer(before, size, index)
-        ops, _ = _plan_ssd_layer(ssd, layer, PlannerConfig())
+        cfg = PlannerConfig()
+        ops, _ = _plan_ssd_layer(ssd, before, size, index, cfg.gap_limit_bytes,
+                                 cfg.max_read_bytes)
         got = sorted((p.dest_offset, op.file_id, op.file_offset + p.offset_in_op, p.length)
                      for op in ops for p in op.pieces)
         want = sorted((at * size, s.file_id, lo, length)

@@ -8,7 +8,10 @@ that one asks. A new request is three calls: lookup, step, the workers' report. 
 admitted hit goes with the next lookup or step (its sources are its lookup's), and a
 request whose load ended finishes without a call (the update ending it answered its
 params): a loaded hit is four calls, lookup, step, the load's report, the step computing
-the rest of its prompt."""
+the rest of its prompt. A request whose lookup found its whole prompt held is left out
+of the step computing it (nothing to store): held in vLLM's cache it is one call, its
+lookup; loaded, three; loaded with fewer blocks than its hit, four again (the step
+computing them may store them)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import pytest
 
 from flatcake.connectors.node_client import RemoteSchedulerSide
 from flatcake.connectors.requests import RequestView
-from flatcake.plan.tasks import FailedLoad, StoreDone, WorkerReport
+from flatcake.plan.tasks import FailedLoad, LoadDone, StoreDone, WorkerReport
 from tests.connectors.sides_harness import finish, tokens, view
 from tests.service.helpers import Engine, Service
 
@@ -241,3 +244,64 @@ def test_an_admission_refused_with_a_lookup_is_a_load_error_of_the_next_step(
     plan = e.sched.build_step()  # nothing else to hand out: no call
     assert calls == ["num_matched_tokens"] * 2
     assert not plan.loads and plan.failed_loads == (FailedLoad("b", (20, 21), True),)
+
+
+def _held(e: Engine, calls: list[str]) -> list[int]:
+    """Session ``s``'s first turn (3 full blocks + 1 token, slots 5-8) durable on SSD;
+    its prompt, the calls counted from here."""
+    turn0 = list(range(100, 113))
+    finish(e, "a", turn0, [5, 6, 7, 8], out=3, session="s")
+    e.step()
+    calls.clear()
+    return turn0
+
+
+def test_a_request_held_in_the_engines_cache_is_one_call(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    v = view("b", _held(e, calls), computed=13, session="s")  # vLLM holds its 3 blocks
+    e.sched.new_request(v)
+    assert e.sched.num_matched_tokens(v, 12) == (0, False)
+    plan = e.sched.build_step((), [(v, [5, 6, 7, 8])])  # the step computing its last token
+    assert not plan.stores and e.sched.prompt_computed(v, [5, 6, 7, 8]) is None
+    delay, params = e.sched.request_finished(v)
+    assert not delay and params is not None and "stored_blocks" not in params["flatcake"]
+    assert calls == ["num_matched_tokens"]
+
+
+def _whole_hit(e: Engine, calls: list[str]) -> list[int]:
+    """``_held``, then its prompt again as ``b``: looked up (an SSD hit of all its 3
+    full blocks) and admitted into slots 20-23."""
+    turn0 = _held(e, calls)
+    v = view("b", turn0, session="s")
+    e.sched.new_request(v)
+    assert e.sched.num_matched_tokens(v, 0) == (12, True)
+    e.sched.after_alloc("b", [20, 21, 22, 23], 12)
+    return turn0
+
+
+def test_a_loaded_whole_hit_is_three_calls(engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    turn0 = _whole_hit(e, calls)
+    _, _, recving, invalid = e.step()
+    assert recving == {"b"} and not invalid
+    ran = view("b", turn0, out=3, computed=13, session="s")
+    assert not e.sched.build_step((), [(ran, [20, 21, 22, 23])]).stores
+    delay, params = e.sched.request_finished(ran)
+    assert calls == ["num_matched_tokens", "step", "update"]
+    assert not delay and params is not None
+    assert (params["flatcake"]["hit_tokens"], params["flatcake"]["loaded_tokens_ssd"]) == (12, 12)
+
+
+def test_a_whole_hit_loaded_short_is_computed_with_a_call(
+        engine: tuple[Engine, list[str]]) -> None:
+    e, calls = engine
+    turn0 = _whole_hit(e, calls)
+    assert [t.request_id for t in e.sched.build_step().loads] == ["b"]
+    # Its workers delivered one block of three (the others failed): the engine computes
+    # them, and the step computing them asks the books whether to store them.
+    e.sched.on_report(WorkerReport(loads=(LoadDone("b", 1, 3),)))
+    assert e.sched.take_released(["b"]) == ["b"]
+    ran = view("b", turn0, out=3, computed=13, session="s")
+    e.sched.build_step((), [(ran, [20, 21, 22, 23])])
+    assert calls == ["num_matched_tokens", "step", "update", "step"]

@@ -175,3 +175,34 @@ def test_tenants_survive_a_restart_and_a_lost_record_is_claimed_by_keys(tmp_path
             for store in (a, b, c):
                 store.close()
             assert svc.stop() == 0, svc.stderr()
+
+
+def test_the_record_takes_a_ticks_sessions_in_one_write(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """Each session first written is a line of the record, appended with the service's
+    next tick (all of that tick's in one write) or at close; a restart reads them."""
+    from flatcake.clock import WallClock
+    from flatcake.control import ControlPlane
+    from flatcake.service import tenants as module
+
+    writes: list[bytes] = []
+    write = module.os.write
+
+    def counted(fd: int, data: bytes) -> int:
+        writes.append(bytes(data))
+        return write(fd, data)
+
+    control = ControlPlane(SMALL, small_config(), WallClock())
+    record = module.SessionTenants(tmp_path)
+    monkeypatch.setattr(module.os, "write", counted)
+    for n in range(5):
+        record.claim(control, b"", f"chat-{n}")
+    assert writes == []  # not one write a session
+    record.sweep(control)  # the tick (the books hold none of them: forgotten there)
+    assert len(writes) == 1 and writes[0].count(b"\n") == 5
+    record.claim(control, b"", "late")
+    record.close()
+    assert len(writes) == 2 and b"late" in writes[1]
+    lines = (tmp_path / RECORD_NAME).read_text().splitlines()
+    assert lines == [f'["", "chat-{n}"]' for n in range(5)] + ['["", "late"]']

@@ -20,6 +20,11 @@ Threads a pinned thread starts (the reader's ``preadv`` threads, crc threads, th
 writer's chunk threads) inherit its CPUs. With several engine ranks bound on one
 machine, ``auto`` may move one rank's threads onto another rank's cores: name the
 reserved cores instead.
+
+A pool starts its threads one per task, on its first tasks, unless ``start_threads``
+starts them all at once: the engine's worker half does so when it registers its KV
+(``Executor.start_threads``), from the engine's thread, so a first restore starts
+(and pins) none.
 """
 
 from __future__ import annotations
@@ -98,6 +103,24 @@ class ThreadCpus:
                 return
             self._logged = True
         logger.log(level, msg, *args)
+
+
+def start_threads(pool: ThreadPoolExecutor, num_threads: int,
+                  timeout_s: float = 30.0) -> None:
+    """Start ``num_threads`` threads of ``pool`` (at most its ``max_workers``) now, each
+    running the pool's initializer (``ThreadCpus.pin``) as it starts. Each of them takes
+    one task that waits until all of them run it, so no task lands on a thread another
+    one started: the pool starts every thread it lacks. Threads it already has count. A
+    thread that does not start within ``timeout_s`` is logged; the pool then starts it
+    with a later task, as it would have."""
+    barrier = threading.Barrier(num_threads + 1)
+    for _ in range(num_threads):
+        pool.submit(barrier.wait, timeout_s)
+    try:
+        barrier.wait(timeout_s)
+    except threading.BrokenBarrierError:
+        logger.warning("FlatCake started fewer than %d threads of a pool within %.0f s; "
+                       "the rest start with its first tasks", num_threads, timeout_s)
 
 
 def _text(cpus: frozenset[int]) -> str:

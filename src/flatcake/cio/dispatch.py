@@ -64,7 +64,7 @@ class ReaderDispatch:
             remote.close()
 
 
-def local_reader(config: FlatCakeConfig, io_mode: str) -> Reader:
+def local_reader(config: FlatCakeConfig, io_mode: str) -> DirectReader | GdsReader:
     """GDS when CUDA + kvikio are usable on a direct-I/O root, else O_DIRECT preadv."""
     if io_mode == "direct" and kvikio_available():
         return GdsReader(config.store.read_threads)

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flatcake.cio.affinity import ThreadCpus
+from flatcake.cio.affinity import ThreadCpus, start_threads
 from flatcake.cio.arena import ArenaBuffer
 from flatcake.cio.crc import SegmentCrcs
 from flatcake.cio.direct import ensure_dir, resolve_io_mode, scrub_page
@@ -116,7 +116,8 @@ class Executor(ExecutorLoads):
         try:
             self.arena = ArenaBuffer(config.store.memory_capacity_bytes, arena_path)
             self.writer = SegmentWriter()
-            self.readers.register(Medium.SSD, LOCAL_NODE, local_reader(config, self.io_mode))
+            self._local = local_reader(config, self.io_mode)
+            self.readers.register(Medium.SSD, LOCAL_NODE, self._local)
             num = config.scheduler.max_restores_in_flight
             for _ in range(num):
                 self._windows.put(self._window())
@@ -133,6 +134,21 @@ class Executor(ExecutorLoads):
         self._remote_pool = self.thread_cpus.pool(config.store.remote_windows,
                                                   "flatcake-remote")
         self._in_flight = InFlight()
+
+    def start_threads(self) -> None:
+        """Start the SSD restore threads and the all-memory load thread now, each moving
+        off the calling thread's CPUs as ``store.thread_cpus`` says, and from one of
+        them this machine's reader threads (which inherit its CPUs, as when a first
+        restore starts them): a first load then starts and pins none. Call it from the
+        thread that submits the loads (an engine's, whose CPUs ``auto`` moves off). The
+        remote threads, which only a cluster uses, start with their first remote runs.
+        Costs a millisecond or two of CPU and ``read_threads + max_restores_in_flight
+        + 1`` idle threads (about 130 KiB resident at the defaults); the staging slots
+        are still allocated by the first restore through each window, which knows
+        their size."""
+        start_threads(self._restores, self.config.scheduler.max_restores_in_flight)
+        start_threads(self._sync_pool, 1)
+        self._restores.submit(self._local.start_threads).result()
 
     def _window(self) -> StagingWindow:
         """A staging window with the store's read settings: every restore's, the SSD

@@ -134,13 +134,12 @@ class ExecutorLoads:
                     cut_tags.append(check.tag)
                     crcs = (0,) * self.geometry.num_layers
                 checks.append(dataclasses.replace(check, layer_crcs=crcs))
-            for lp in task.read_plan.layers:
-                for op in lp.ssd_ops:
-                    if op.file_id in self.files or (self.attached
-                                                    and self.files.attach(op.file_id)):
-                        files[op.file_id] = self.files.open_file(op.file_id)
-                    else:
-                        cut = task.first_block  # a file of the plan is gone: load nothing
+            # Each file once (a history's L layers x T turns of reads name a few files).
+            for fid in {op.file_id for lp in task.read_plan.layers for op in lp.ssd_ops}:
+                if fid in self.files or (self.attached and self.files.attach(fid)):
+                    files[fid] = self.files.open_file(fid)
+                else:
+                    cut = task.first_block  # a file of the plan is gone: load nothing
         req = torch.tensor(task.stream_request, dtype=torch.int64)
         slots = torch.full_like(req, -1)
         wanted = req >= 0

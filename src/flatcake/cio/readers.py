@@ -28,7 +28,9 @@ from typing import Any, Protocol
 
 import torch
 
+from flatcake.cio.affinity import start_threads
 from flatcake.cio.direct import is_aligned, writable_view
+from flatcake.layout import ALIGN
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +51,14 @@ class ReadRequest:
     dest_offset: int
 
     def __post_init__(self) -> None:
-        for name in ("file_offset", "length", "dest_offset"):
-            value = getattr(self, name)
-            if value < 0 or not is_aligned(value):
-                raise ValueError(f"ReadRequest.{name} must be a multiple of 4096, got {value}")
+        # One test for the usual case (a restore makes one request per 8 MiB command).
+        if (self.file_offset | self.length | self.dest_offset) % ALIGN or min(
+                self.file_offset, self.length, self.dest_offset) < 0:
+            for name in ("file_offset", "length", "dest_offset"):
+                value = getattr(self, name)
+                if value < 0 or not is_aligned(value):
+                    raise ValueError(
+                        f"ReadRequest.{name} must be a multiple of 4096, got {value}")
         if self.length == 0:
             raise ValueError("ReadRequest.length must be > 0, got 0")
 
@@ -163,9 +169,15 @@ class DirectReader:
     def __init__(self, num_threads: int) -> None:
         if num_threads < 1:
             raise ValueError(f"store.read_threads must be >= 1, got {num_threads}")
+        self._num_threads = num_threads
         self._pool = ThreadPoolExecutor(max_workers=num_threads,
                                         thread_name_prefix="flatcake-read")
         self._counters = _Counters()
+
+    def start_threads(self) -> None:
+        """Start every read thread now (they inherit the calling thread's CPUs), not
+        one per command on the first commands."""
+        start_threads(self._pool, self._num_threads)
 
     def submit(self, request: ReadRequest, dest: torch.Tensor | IoVec) -> Future[int]:
         if isinstance(dest, IoVec):
@@ -243,11 +255,35 @@ class ReadQueue:
             _check_iovec(request, dest)
         else:
             _check_dest(request, dest, self.reader.device_type)
-        out: Future[int] = Future()
         with self._lock:
-            self._waiting.append((request, dest, out))
+            # Room, and nothing queued or being handed over (order holds): the reader's
+            # own future is the answer (no second future per command).
+            now = not self._waiting and not self._pumping and self._in_flight < self._limit
+            if now:
+                self._in_flight += 1
+                self._peak = max(self._peak, self._in_flight)
+            else:
+                out: Future[int] = Future()
+                self._waiting.append((request, dest, out))
+        if now:
+            return self._hand_over(request, dest)
         self._pump()
         return out
+
+    def _hand_over(self, request: ReadRequest, dest: torch.Tensor | IoVec) -> Future[int]:
+        """Give one counted-in-flight request to the reader; its future, whose first
+        callback makes room (so a waiter woken by it sees the room) and pumps."""
+        try:
+            inner = self.reader.submit(request, dest)
+        except BaseException as exc:  # a bad request fails its own future only
+            inner = Future()
+            inner.set_exception(exc)
+        inner.add_done_callback(self._finished)
+        return inner
+
+    def _finished(self, _inner: Future[int]) -> None:
+        self._done()
+        self._pump()
 
     def _pump(self) -> None:
         """Hand waiting requests to the reader while there is room. One thread pumps at
@@ -330,9 +366,14 @@ class GdsReader:
         self._kvikio: Any = kvikio
         self._files: dict[str, Any] = {}
         self._files_lock = threading.Lock()  # guards _files; any submitting thread
-        self._pool = ThreadPoolExecutor(max_workers=max(1, num_threads),
+        self._num_threads = max(1, num_threads)
+        self._pool = ThreadPoolExecutor(max_workers=self._num_threads,
                                         thread_name_prefix="flatcake-gds")
         self._counters = _Counters()
+
+    def start_threads(self) -> None:
+        """Start every waiting thread now, not one per read on the first reads."""
+        start_threads(self._pool, self._num_threads)
 
     def _file(self, path: str) -> Any:
         with self._files_lock:

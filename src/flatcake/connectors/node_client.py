@@ -14,14 +14,17 @@ Each vLLM hook is at most one call, and most ride with another:
 * ``request_finished`` of a request with no load in flight is answered here (its
   ``kv_transfer_params`` are its lookup's, or those the update ending its load
   answered, plus its store's) and goes with the next call (the next ``update``,
-  ``step`` or lookup; alone before any other).
+  ``step`` or lookup; alone before any other);
+* a request whose lookup found its whole prompt held is left out of the step computing
+  it (it would store nothing), unless its load delivered less than its hit.
 
 Round trips per request::
 
     new (a miss, stored)    lookup, the step computing it, the workers' report
-    held (vLLM holds it)    lookup, the step computing it (it stores nothing)
-    hit (loaded)            lookup, the step admitting it, the workers' report of the
-                            load, the step computing the rest of it
+    held (vLLM holds it)    lookup
+    hit (loaded, whole)     lookup, the step admitting it, the workers' report of the
+                            load
+    hit (part of it)        as a whole hit, then the step computing the rest (its store)
     idle step               none (nor a step while stores are written; vLLM's ask
                             for stats after each step: one call a second)
 
@@ -77,6 +80,9 @@ class _Mirror:
         sources: the hit's tokens in memory and on SSD as looked up; the admitted
             hit's until asked.
         store: its store, planned.
+        held_whole: its lookup found its whole prompt held: the step computing it
+            leaves it out (it would store nothing), unless its load then delivers
+            less than its hit (those blocks are computed, and may need storing).
     """
 
     params: dict[str, Any] | None = None
@@ -86,6 +92,7 @@ class _Mirror:
     planned: bool = False
     sources: tuple[int, int] = (0, 0)
     store: StorePlan | None = None
+    held_whole: bool = False
 
 
 class RemoteSchedulerSide:
@@ -216,6 +223,7 @@ class RemoteSchedulerSide:
         for req in self._requests:
             mine = req.books
             mine.params = mine.matched = None
+            mine.held_whole = False
             if req.phase is Phase.QUEUED:  # never handed out: a load error, released
                 self._failed.append(FailedLoad(req.request_id, mine.blocks, mine.is_async))
                 self._release(req)
@@ -271,7 +279,7 @@ class RemoteSchedulerSide:
             logger.warning("FlatCake: the load of request %s was not planned (%s): its "
                            "%d blocks are recomputed", rid, why, len(mine.blocks))
             self._failed.append(FailedLoad(rid, mine.blocks, mine.is_async))
-            mine.planned = False
+            mine.planned = mine.held_whole = False
             self._release(mirror)
 
     def num_matched_tokens(self, req: RequestView, num_local_tokens: int
@@ -281,14 +289,14 @@ class RemoteSchedulerSide:
         others = tuple(r for r in new if r.request_id != req.request_id)
         entered = len(others) < len(new)
         try:
-            n, is_async, params, sources, refused = self._call(
+            n, is_async, params, sources, refused, whole = self._call(
                 "num_matched_tokens", req, num_local_tokens, entered, others,
                 self._done_with(), self._admitted_with())
         except wire.NodeUnavailable:
             return 0, False
         self._refused(refused, "the node service refused it")
         mine = self._mirror(req.request_id).books
-        mine.params, mine.sources = params, sources
+        mine.params, mine.sources, mine.held_whole = params, sources, whole
         if n:
             bs = self.geometry.tokens_per_block
             mine.matched = (num_local_tokens // bs, is_async)
@@ -318,6 +326,7 @@ class RemoteSchedulerSide:
         mine = tuple(block_ids[local:local + num_external_tokens // bs])
         if not self.engine_id:  # the service was lost since the lookup
             self._failed.append(FailedLoad(request_id, mine, is_async))
+            mirror.books.held_whole = False
             return
         if mirror.phase is Phase.QUEUED:  # planned before, never handed out
             self._release(mirror)
@@ -336,6 +345,8 @@ class RemoteSchedulerSide:
 
     def prompt_computed(self, req: RequestView, block_ids: Sequence[int]
                         ) -> StorePlan | None:
+        if self._held_whole(req.request_id):
+            return None
         try:
             plan: StorePlan | None = self._call("prompt_computed", req, list(block_ids))
         except (wire.NodeUnavailable, wire.NodeRefused):
@@ -348,6 +359,7 @@ class RemoteSchedulerSide:
     def build_step(self, preempted: Sequence[str] = (),
                    computed: Sequence[tuple[RequestView, Sequence[int]]] = ()) -> StepPlan:
         failed, self._failed = tuple(self._failed), []
+        computed = [c for c in computed if not self._held_whole(c[0].request_id)]
         if not (self._requests.num(Phase.QUEUED) or preempted or computed or self._done
                 or self._keepalive()) or not self.engine_id:
             # Nothing to hand out (a store or restore in flight ends with the workers'
@@ -377,6 +389,11 @@ class RemoteSchedulerSide:
             plan = replace(plan, failed_loads=failed)
         return plan
 
+    def _held_whole(self, request_id: str) -> bool:
+        """Its lookup found its whole prompt held: computing it stores nothing."""
+        mirror = self._requests.held(request_id)
+        return mirror is not None and mirror.books.held_whole
+
     def _keepalive(self) -> bool:
         """Work in flight, and the service has not heard from us for a while."""
         return bool(self._pending_stores or self._requests.num(Phase.STARTED)) and \
@@ -399,6 +416,12 @@ class RemoteSchedulerSide:
         reported = list(reported)
         if (report is None or report.is_empty()) and not reported and not self._done:
             return []
+        for done in report.loads if report is not None else ():
+            if done.late or done.num_blocks_loaded < done.num_blocks:
+                # Blocks of its hit are computed: its step may store them again.
+                mirror = self._requests.held(done.request_id)
+                if mirror is not None:
+                    mirror.books.held_whole = False
         try:
             released, self._pending_stores, events, loaded = self._call(
                 "update", report, reported, self._done_with())

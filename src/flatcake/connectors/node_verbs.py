@@ -40,8 +40,9 @@ _ADMITTED = ("admitted", tuple[ADMISSION, ...], ())
 PARAMS = dict[str, Any]
 # A lookup's answer: tokens, async, the request's ``kv_transfer_params`` so far, its
 # hit's tokens in memory and on SSD (``hit_sources`` once admitted), the admissions
-# refused.
-LOOKUP = tuple[int | None, bool, PARAMS | None, tuple[int, int], list[str]]
+# refused, and whether the books hold its whole prompt (``SchedulerSide.held_whole``:
+# the step computing it leaves it out).
+LOOKUP = tuple[int | None, bool, PARAMS | None, tuple[int, int], list[str], bool]
 ENGINE = table(
     Verb("new_request", None, _REQ),
     # ``entered``: so did ``req`` (its keys sent once). One round trip for a new

@@ -135,6 +135,7 @@ class RequestBooks:
     load_error_blocks: int = 0
     store_planned: bool = False
     backed_off: bool = False  # an SSD hit recomputed while the disk hung (counted once)
+    held_whole: bool = False  # its last lookup found every full prompt block held
     store: StorePlan | None = None
 
     def count_load(self, task: LoadTask, loaded: int, stats: Counter[str], bs: int) -> None:

@@ -44,6 +44,7 @@ Single-threaded: the engine's scheduler thread calls everything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
@@ -212,6 +213,8 @@ class SchedulerSide:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.geometry = geometry
+        # Fixed for the process; asked on every lookup (``_held_whole``).
+        self._windows = bool(geometry.layer_window_blocks)
         self.config = config
         self.world_size = world_size
         self.async_loads = async_loads
@@ -294,6 +297,10 @@ class SchedulerSide:
                 self.refcount.add(req.request_id, req.keys)
         state = tracked.books
         state.hit, state.local_blocks, state.remote = hit, local_blocks, remote
+        state.held_whole = self._held_whole(req, hit)
+        if state.held_whole:  # its session touched now, as a store of nothing touches it
+            with contextlib.suppress(KeyError):
+                self.control.touch(state.turn.session_id)
         num_blocks = end - local_blocks
         if num_blocks < self.config.engine.min_hit_blocks:
             return 0, False
@@ -307,6 +314,28 @@ class SchedulerSide:
         # Async when the part past the engine's own blocks reads SSD (the load's rule).
         return num_blocks * bs, (self.async_loads or bool(state.remote) or (
             ssd and not self.ssd_in_step))
+
+    def _held_whole(self, req: RequestView, hit: PrefixHit) -> bool:
+        """Whether the books hold every full block of ``req``'s prompt (``hit``: its
+        lookup's, from block 0): the step computing it stores nothing (``prepare_store``
+        finds nothing new), so an attached engine leaves it out of that step
+        (``held_whole``). Never with sliding windows (a prompt held whole may still
+        store the window at its end)."""
+        if self._windows:
+            return False
+        n = min(len(req.keys), req.num_prompt_tokens // self.geometry.tokens_per_block)
+        if hit.num_blocks >= n:
+            return True
+        # The lookup leaves the prompt's last token to compute: a prompt of whole
+        # blocks has its last block past the hit.
+        locate = self.control.locate
+        return hit.num_blocks >= n - 1 and all(map(locate, req.keys[hit.num_blocks:n]))
+
+    def held_whole(self, request_id: str) -> bool:
+        """Whether the last lookup of the live request found every full block of its
+        prompt held (``_held_whole``)."""
+        tracked = self.requests.get(request_id)
+        return tracked is not None and tracked.books.held_whole
 
     def disk_late(self) -> bool:
         """A load given up at its deadline is still reading on some worker."""
@@ -356,7 +385,9 @@ class SchedulerSide:
         # An all-memory load takes no FC-MAS slot: it runs in this step, async where
         # every load is (its request waits a step for it).
         in_step = task.sync or (self.ssd_in_step and not task.remote)
-        task = replace(task, sync=in_step and not self.async_loads)
+        sync = in_step and not self.async_loads
+        if sync != task.sync:  # most loads keep the books' choice: no second copy
+            task = replace(task, sync=sync)
         self.requests.plan(tracked, task, plan, in_step=in_step)
         self._stats["hit_tokens"] += (num_blocks - first) * bs
         state.hit_blocks += num_blocks - first

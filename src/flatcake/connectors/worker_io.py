@@ -101,7 +101,10 @@ class WorkerIO:
         """Learn the paged KV: one tensor per layer, in the layer order of the segments
         (``register_kv_caches``); ``layer_group``: the block table (stored KV cache
         group) of each layer, for an engine of several, whose null block is
-        ``null_id``; ``pages``: each layer's engine blocks in one FlatCake block."""
+        ``null_id``; ``pages``: each layer's engine blocks in one FlatCake block.
+        Called from the engine's thread, it also starts the executor's load threads
+        (``Executor.start_threads``: off that thread's CPUs), so the first restore
+        starts none."""
         paged = PagedKV(kv_caches, tuple(p.page_bytes for p in pages) if pages
                         else self.geometry.layer_block_bytes)
         if paged.num_layers != self.geometry.num_layers:
@@ -112,6 +115,7 @@ class WorkerIO:
                                         or any(p.per_block > 1 for p in pages)):
             self.grouped = GroupedKV(paged, layer_group, null_id,
                                      self.geometry.layer_window_blocks, pages)
+        self.executor.start_threads()
 
     def _paged_kv(self) -> PagedKV:
         if self.paged is None:

@@ -108,9 +108,7 @@ class Books:
     def newest_turn_index(self, session_id: str) -> int:
         """The largest turn index among the session's live segments (either medium),
         ``-1`` when it has none; ``KeyError`` when the session is unknown."""
-        rec = self.session(session_id)
-        return max((self.index.segment(i).turn_index
-                    for i in (*rec.memory_segment_ids, *rec.ssd_segment_ids)), default=-1)
+        return self.session(session_id).newest_turn  # kept by the record: O(1)
 
     # -- segments and blocks ---------------------------------------------------------
 

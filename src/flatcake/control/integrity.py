@@ -53,16 +53,21 @@ def check_books(*, index: BlockIndex, arena: HostArena, ssd: SsdSpace,
             raise IntegrityError(f"session {sid!r} has {rec.num_pins} pins, books say "
                                  f"{pins[sid]}")
         mem = ssd_bytes = 0
+        turns: Counter[int] = Counter()
         for medium in (Medium.MEMORY, Medium.SSD):
             for seg_id in rec.segment_ids_on(medium):
                 seg = index.segment(seg_id)
                 if seg.session_id != sid or seg.medium != medium:
                     raise IntegrityError(f"segment {seg_id} misfiled under {sid!r}")
                 owned.add(seg_id)
+                turns[seg.turn_index] += 1
                 if medium == Medium.MEMORY:
                     mem += seg.total_bytes
                 else:  # released window rows are not on disk any more
                     ssd_bytes += seg.total_bytes - released_bytes(seg.layout)
+        if turns != rec.turns or rec.newest_turn != max(turns, default=-1):
+            raise IntegrityError(f"session {sid!r} keeps turns {rec.turns} (newest "
+                                 f"{rec.newest_turn}), its segments hold {dict(turns)}")
         copy = 0
         for seg_id in rec.copy_ids:
             c = copies.get(seg_id)

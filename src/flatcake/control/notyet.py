@@ -84,7 +84,7 @@ class NotYet:
         self._index.remove_segment(seg.segment_id)
         freed = self._arena.free(seg.offset)
         rec.memory_bytes -= freed
-        rec.memory_segment_ids.remove(seg.segment_id)
+        rec.remove_segments((seg,))
         del self._homes[seg.segment_id]
         self.num_dropped += 1
         return freed
@@ -138,7 +138,7 @@ class NotYet:
                 continue
             self._index.remove_segment(seg.segment_id)
             rec.memory_bytes -= self._arena.free(seg.offset)
-            rec.memory_segment_ids.remove(seg.segment_id)
+            rec.remove_segments((seg,))
             self._homes.pop(seg.segment_id, None)
             self._sessions.forget_if_empty(rec)
             self.num_written += 1

@@ -229,7 +229,7 @@ class Reclaimer:
         ssd = tuple(index.remove_segment(i) for i in ssd_ids)
         self._wear.dropped(ssd)
         self._damage.forget(rec.session_id, ssd_ids)
-        rec.ssd_segment_ids = [i for i in rec.ssd_segment_ids if i < first_id]
+        rec.remove_segments(ssd)
         deleted: list[int] = []
         cuts: tuple[FileCut, ...] = ()
         if ssd:
@@ -255,11 +255,10 @@ class Reclaimer:
         """Unpublish the memory-homed segments ``seg_ids`` of ``rec`` and free their
         arena ranges; keys they owned pass to a shadow (another session's copy of the
         same blocks) or disappear."""
-        gone = set(seg_ids)
         memory = tuple(self._index.remove_segment(i) for i in seg_ids)
         for seg in memory:
             rec.memory_bytes -= self._arena.free(seg.offset)
-        rec.memory_segment_ids = [i for i in rec.memory_segment_ids if i not in gone]
+        rec.remove_segments(memory)
         return memory
 
     # -- cuts at damage --------------------------------------------------------------

@@ -108,7 +108,7 @@ class Restart:
         if rec is None:
             rec = self._sessions.create(session_id, when)
         rec.last_access = max(rec.last_access, when)
-        rec.ssd_segment_ids.append(segment.segment_id)
+        rec.add_segment(segment)
         rec.ssd_bytes += ext.size_bytes - punched + (0 if known_file
                                                      else self._ssd.file_header_bytes)
         return segment

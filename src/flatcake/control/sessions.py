@@ -9,10 +9,11 @@ writes is still in flight); see ``control.ControlPlane`` for the units it drops.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator
+from collections.abc import ItemsView, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from flatcake.control.address import Medium
+from flatcake.control.index import Segment
 from flatcake.control.ssd_space import SsdSpace
 
 MAX_SESSION_ID_BYTES = 2048  # UTF-8 bytes; the session file header holds the id
@@ -52,6 +53,13 @@ class SessionRecord:
         copy_ids: SSD segments (ids) that also have a published memory copy.
         copy_bytes: arena bytes held by memory copies (published and in-flight writes);
             not in ``memory_bytes``, which counts segments whose home is memory.
+        turns: live (published) segments by turn index, both media.
+        newest_turn: the largest key of ``turns``, -1 when it is empty: asked on every
+            lookup that hits the session (``control.signals.hit_owner``), so kept here
+            rather than found by a scan of a long agent session's segments.
+
+    The segment lists, ``turns`` and ``newest_turn`` change together, through
+    ``add_segment`` and ``remove_segments`` only.
     """
 
     session_id: str
@@ -63,6 +71,8 @@ class SessionRecord:
     ssd_bytes: int = 0
     copy_ids: list[int] = field(default_factory=list)
     copy_bytes: int = 0
+    turns: dict[int, int] = field(default_factory=dict)
+    newest_turn: int = -1
 
     def bytes_on(self, medium: Medium) -> int:
         return self.memory_bytes if medium == Medium.MEMORY else self.ssd_bytes
@@ -73,6 +83,33 @@ class SessionRecord:
     @property
     def num_segments(self) -> int:
         return len(self.memory_segment_ids) + len(self.ssd_segment_ids)
+
+    def add_segment(self, seg: Segment) -> None:
+        """``seg``, one of this session's, is published (the newest of its medium)."""
+        self.segment_ids_on(seg.medium).append(seg.segment_id)
+        turn = seg.turn_index
+        self.turns[turn] = self.turns.get(turn, 0) + 1
+        if turn > self.newest_turn:
+            self.newest_turn = turn
+
+    def remove_segments(self, segs: Sequence[Segment]) -> None:
+        """``segs``, published segments of this session, are no longer."""
+        if not segs:
+            return
+        gone = {s.segment_id for s in segs}
+        if any(s.medium is Medium.MEMORY for s in segs):
+            self.memory_segment_ids = [i for i in self.memory_segment_ids if i not in gone]
+        if any(s.medium is not Medium.MEMORY for s in segs):
+            self.ssd_segment_ids = [i for i in self.ssd_segment_ids if i not in gone]
+        turns = self.turns
+        for seg in segs:
+            left = turns[seg.turn_index] - 1
+            if left:
+                turns[seg.turn_index] = left
+            else:
+                del turns[seg.turn_index]
+        if self.newest_turn not in turns:  # its last segment went (a cut, a reclaim)
+            self.newest_turn = max(turns, default=-1)
 
 
 class SessionTable:

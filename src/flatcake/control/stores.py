@@ -436,7 +436,7 @@ class Stores:
         if ok:
             self._index.publish(seg)
             self._wear.wrote(seg)
-            rec.segment_ids_on(seg.medium).append(seg.segment_id)
+            rec.add_segment(seg)
             if not back:
                 rec.last_access = self._clock.now()  # a write-back is no access
             if plan.copy is not None:
@@ -449,7 +449,7 @@ class Stores:
             # homes.
             for piece in plan.copy.pieces:
                 self._index.publish(piece)
-                rec.memory_segment_ids.append(piece.segment_id)
+                rec.add_segment(piece)
             rec.memory_bytes += plan.copy.total_bytes
             rec.copy_bytes -= plan.copy.total_bytes
         elif plan.copy is not None:

@@ -21,6 +21,7 @@ import struct
 import time
 
 HEADER = struct.Struct("<I")
+_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 MAX_FRAME_BYTES = 64 << 20  # a call or answer of more is refused (a lookup of 2K blocks: ~80 KB)
 RECV_BYTES = 1 << 16  # one read of a socket
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # EPIPE raised, never SIGPIPE
@@ -77,24 +78,45 @@ class Framer:
 class Connection:
     """A client's connection to the socket ``path`` (blocking; see the module). Raises
     ``OSError`` when it cannot connect or the service closed it, ``TimeoutError`` when
-    no frame arrives in time."""
+    no frame arrives in time.
+
+    The socket blocks and the kernel keeps its deadlines (``SO_SNDTIMEO``,
+    ``SO_RCVTIMEO``), set again only when a wait differs from the last by more than
+    ``SLACK_S``: a call is one ``send`` and one ``recv`` (a Python timeout costs each a
+    ``poll`` first, and each receive an ``ioctl``)."""
+
+    SLACK_S = 0.001  # a receive may wait this much past its deadline
 
     def __init__(self, path: str, timeout_s: float) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.sock.settimeout(timeout_s)
             self.sock.connect(path)
+            self.sock.settimeout(None)
+            self._wait_s = 0.0
+            self._set_wait(socket.SO_SNDTIMEO, timeout_s)
+            self._set_wait(socket.SO_RCVTIMEO, timeout_s)
         except OSError:
             self.sock.close()
             raise
         self._framer = Framer()
         self._ready: list[bytes] = []
 
+    def _set_wait(self, option: int, wait_s: float) -> None:
+        usec = max(1, int(wait_s * 1e6))  # 0 would wait forever
+        self.sock.setsockopt(socket.SOL_SOCKET, option,
+                             _TIMEVAL.pack(usec // 1_000_000, usec % 1_000_000))
+        if option == socket.SO_RCVTIMEO:
+            self._wait_s = wait_s
+
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def send(self, body: bytes) -> None:
-        self.sock.sendall(framed(body), _SEND_FLAGS)
+        try:
+            self.sock.sendall(framed(body), _SEND_FLAGS)
+        except BlockingIOError:  # SO_SNDTIMEO passed: the service reads nothing
+            raise TimeoutError("the node service took no frame in time") from None
 
     def recv(self, deadline: float) -> bytes:
         """The next frame, waiting until ``deadline`` (``time.monotonic()``)."""
@@ -102,8 +124,12 @@ class Connection:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("no frame in time")
-            self.sock.settimeout(left)
-            data = self.sock.recv(RECV_BYTES)
+            if abs(left - self._wait_s) > self.SLACK_S:
+                self._set_wait(socket.SO_RCVTIMEO, left)
+            try:
+                data = self.sock.recv(RECV_BYTES)
+            except BlockingIOError:  # SO_RCVTIMEO passed
+                raise TimeoutError("no frame in time") from None
             if not data:
                 raise ConnectionResetError("the node service closed the connection")
             self._ready.extend(self._framer.feed(data))

@@ -50,8 +50,9 @@ from flatcake.config import FlatCakeConfig
 # Bumped whenever a frame or a verb's types change; a mismatch is refused by name.
 # 5: frames on a unix stream socket (link.frames); no complete_copy. 6: an engine's
 # admissions ride with its next lookup or step; an update answers the params of the
-# loads it ended (``connectors.node_verbs``).
-PROTOCOL_VERSION = 6
+# loads it ended (``connectors.node_verbs``). 7: a lookup answers whether the books hold
+# the whole prompt (the step computing it then leaves it out).
+PROTOCOL_VERSION = 7
 
 # The service's answer to a call of an engine it does not know (lease ended, restart).
 UNKNOWN_ENGINE = "unknown engine"

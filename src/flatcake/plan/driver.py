@@ -73,6 +73,10 @@ class Phase(enum.Enum):
     RELEASED = "released"
     FINISHED = "finished"  # forgotten: never held by the driver
 
+    # Members are singletons: hashed by identity, in C (``Enum``'s hashes the name in
+    # Python, and every step of the table hashes a phase and an event).
+    __hash__ = object.__hash__
+
 
 class Event(enum.Enum):
     """What moves a request from one phase to the next."""
@@ -84,6 +88,8 @@ class Event(enum.Enum):
     RELEASE = "release"
     FINISH = "finish"
     ABANDON = "abandon"
+
+    __hash__ = object.__hash__  # as ``Phase``'s
 
 
 P, E = Phase, Event

@@ -155,39 +155,50 @@ def _split_pieces(pieces: list[Piece], op_start: int, op_len: int, max_len: int
     return out
 
 
-def _plan_ssd_layer(spans: list[_Span], layer: _Layer, cfg: PlannerConfig
-                    ) -> tuple[list[ReadOp], int]:
+def _plan_ssd_layer(spans: list[_Span], before: int, size: int, number: int,
+                    gap_limit: int, max_len: int) -> tuple[tuple[ReadOp, ...], int]:
+    """Layer ``number``'s reads (its data ``before`` bytes per block into a segment,
+    ``size`` bytes a block) and the bytes they read."""
     ops: list[ReadOp] = []
     bytes_read = 0
-    gap_limit = cfg.gap_limit_bytes
-    max_len = cfg.max_read_bytes
-    before, size = layer.before, layer.block_bytes
     cur_file = -1
     cur_lo = cur_hi = 0
     pieces: list[Piece] = []
+    layer: _Layer | None = None  # made once, at the layer's first windowed run
     for s in spans:
-        if s.windowed is None:  # ``layer.held(s)`` of a run every layer holds, inline
-            want_lo = s.data + s.num_blocks * before + s.start * size
-            want_len, at = s.blocks * size, s.prefix_start
+        file_id, data, num_blocks, start, blocks, at, windowed = s  # unpacked at C speed
+        if windowed is None:  # ``_Layer.held`` of a run every layer holds, inline
+            want_lo = data + num_blocks * before + start * size
+            want_len = blocks * size
         else:
+            if layer is None:
+                layer = _Layer(before, size, number)
             want_lo, want_len, at = layer.held(s)
             if not want_len:
                 continue
-        want_hi = want_lo + want_len
         lo = want_lo - want_lo % ALIGN
-        hi = -(-want_hi // ALIGN) * ALIGN
+        hi = -(-(want_lo + want_len) // ALIGN) * ALIGN
         # Overlapping or touching ranges always merge; a hole merges when it is
         # smaller than the gap limit.
-        if pieces and s.file_id == cur_file and (lo <= cur_hi or lo - cur_hi < gap_limit):
-            cur_hi = max(cur_hi, hi)
+        if pieces and file_id == cur_file and (lo <= cur_hi or lo - cur_hi < gap_limit):
+            if hi > cur_hi:
+                cur_hi = hi
         else:
             if pieces:
                 bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len)
-            cur_file, cur_lo, cur_hi, pieces = s.file_id, lo, hi, []
-        pieces.append(Piece(at * size, want_lo - cur_lo, want_len))
-    if pieces:
-        bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len)
-    return ops, bytes_read
+            cur_file, cur_lo, cur_hi, pieces = file_id, lo, hi, []
+        pieces.append(_piece(Piece, (at * size, want_lo - cur_lo, want_len)))
+    if not pieces:
+        return (), 0
+    if not ops and cur_hi - cur_lo <= max_len:  # one read (most layers): no list
+        return (ReadOp(cur_file, cur_lo, cur_hi - cur_lo, tuple(pieces)),), cur_hi - cur_lo
+    bytes_read += _flush(ops, cur_file, cur_lo, cur_hi, pieces, max_len)
+    return tuple(ops), bytes_read
+
+
+# A ``Piece`` built in C (a NamedTuple's own ``__new__`` is Python): the planner makes
+# one per run and layer, so a long hit's plan makes thousands.
+_piece = tuple.__new__
 
 
 def _flush(ops: list[ReadOp], file_id: int, lo: int, hi: int, pieces: list[Piece],
@@ -252,15 +263,20 @@ def plan_reads(
     windowed = any(s.windowed is not None for s in (*ssd, *mem))
     if windowed:
         useful = memory_bytes = 0
+    gap_limit, max_len = cfg.gap_limit_bytes, cfg.max_read_bytes
+    ssd_ops: tuple[ReadOp, ...] = ()
+    mem_ops: tuple[CopyOp, ...] = ()
     for index, (before, size) in enumerate(zip(
             itertools.accumulate(sizes, initial=0), sizes, strict=False)):
-        layer = _Layer(before, size, index)
-        ssd_ops, layer_read = _plan_ssd_layer(ssd, layer, cfg) if ssd else ([], 0)
-        mem_ops = _plan_memory_layer(mem, layer) if mem else []
-        layers.append(LayerPlan(index, tuple(ssd_ops), tuple(mem_ops)))
-        num_commands += len(ssd_ops)
-        num_copies += len(mem_ops)
-        bytes_read += layer_read
+        if ssd:
+            ssd_ops, layer_read = _plan_ssd_layer(ssd, before, size, index, gap_limit,
+                                                  max_len)
+            num_commands += len(ssd_ops)
+            bytes_read += layer_read
+        if mem:
+            mem_ops = tuple(_plan_memory_layer(mem, _Layer(before, size, index)))
+            num_copies += len(mem_ops)
+        layers.append(LayerPlan(index, ssd_ops, mem_ops))
         if windowed:
             useful += sum(p.length for op in ssd_ops for p in op.pieces)
             memory_bytes += sum(op.length for op in mem_ops)

@@ -279,7 +279,8 @@ def load_task(control: ControlPlane, request_id: Hashable, hit: PrefixHit,
         read = PrefixHit(hit.num_blocks, hit.num_blocks - first_block - ssd, ssd, runs)
     planner = StreamPlanner({})
     plan = control.prepare_load(request_id, read, planner=planner, refill=True)
-    stream_request = tuple(r if r >= first_block else -1 for r in planner.stream_request)
+    stream_request = tuple(r if r >= first_block else -1 for r in planner.stream_request
+                           ) if first_block else tuple(planner.stream_request)
     where = {run.segment.segment_id: (int(run.segment.file_id or 0),
                                       int(run.segment.file_offset or 0))
              for run in read.runs if run.segment.medium == Medium.SSD}

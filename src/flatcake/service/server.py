@@ -354,7 +354,8 @@ class NodeService(CallLoop):
             rid = req.request_id
             n, is_async = side.num_matched_tokens(req, num_local_tokens)
             return (n, is_async, side.request_params(rid),
-                    side.looked_up_sources(rid) if n else (0, 0), refused)
+                    side.looked_up_sources(rid) if n else (0, 0), refused,
+                    side.held_whole(rid))
         if method == "after_alloc":
             side.after_alloc(*values)
             return side.hit_sources(args["request_id"])

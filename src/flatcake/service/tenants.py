@@ -32,10 +32,11 @@ when it sees them written::
                         its keys proves the tenant)
 
 The record survives restarts: ``ROOT/tenants``, one JSON line ``[tag hex, session id]``
-appended when a session is first recorded (not synced: a record lost in a crash leaves
-its session unrecorded, never another tenant's), rewritten with the live sessions only
-once it holds many more lines than them. The books stay tenant-blind; only the
-service's verbs consult this. Owned by the service's loop thread (no lock).
+for each session when it is first recorded, appended with the loop's next tick (at most
+a second later, every line of the tick in one write) and at close (not synced: a record
+lost in a crash leaves its session unrecorded, never another tenant's), rewritten with
+the live sessions only once it holds many more lines than them. The books stay
+tenant-blind; only the service's verbs consult this. Owned by the service's loop thread (no lock).
 
 An attached engine's scheduler half is held to the same rules (``TenantScope``): the
 sessions its requests name and those it starts are its tenant's (``name``, ``prefix``;
@@ -112,6 +113,7 @@ class SessionTenants:
         self._path = None if root is None else Path(root) / RECORD_NAME
         self._lines = 0
         self._fd = -1  # the record, open for appends from its load on
+        self._unwritten: list[str] = []  # its lines recorded since the last ``flush``
         if self._path is not None:
             self._load(self._path)
 
@@ -142,11 +144,19 @@ class SessionTenants:
         except BaseException:
             os.close(fd)
             raise
+        self._unwritten.clear()  # the new record holds them
         self.close()
         self._fd = fd  # the new record, kept open for appends (one write a session)
         self._lines = len(self._of)
 
+    def flush(self) -> None:
+        """Append the lines recorded since the last flush to the record (one write)."""
+        if self._unwritten and self._fd >= 0:
+            os.write(self._fd, "".join(self._unwritten).encode())
+        self._unwritten.clear()
+
     def close(self) -> None:
+        self.flush()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -157,7 +167,7 @@ class SessionTenants:
         self._of[session_id] = tenant
         if self._path is None:
             return
-        os.write(self._fd, (json.dumps([tenant.hex(), session_id]) + "\n").encode())
+        self._unwritten.append(json.dumps([tenant.hex(), session_id]) + "\n")
         self._lines += 1
 
     @staticmethod
@@ -251,6 +261,7 @@ class SessionTenants:
             del self._of[sid]
         if self._lines > 2 * len(self._of) + _COMPACT_LINES:
             self._rewrite()
+        self.flush()
 
 
 @dataclass(frozen=True, slots=True)
