@@ -2,8 +2,9 @@
 functions): the books (``control``) and the plans (``plan``) stay pure, the books stand
 on the leaves alone (so the plans import the books, never the other way), the replay
 models devices instead of doing I/O, engines stay inside their connectors, Redis and NIXL
-stay behind the cluster index and the remote readers, nothing reaches into the CLI or the
-connectors from outside, no two packages import each other, even through others, no
+stay behind the cluster index and the remote readers, the product never imports the
+evaluation (replay, reports, bench, load generator, tuner, traces), nothing reaches into
+the CLI or the connectors from outside, no two packages import each other, even through others, no
 module of the replay imports itself back and its floors stand one on the other, and no
 host reaches into a control plane's parts (it asks the query methods)."""
 
@@ -30,6 +31,14 @@ NOT_FROM_REPLAY = ("torch", "flatcake.cio", "flatcake.store", "flatcake.cluster"
 # in the remote readers.
 TRANSPORTS = {"redis": ("flatcake.cluster",), "nixl": ("flatcake.cio.remote",)}
 ENGINES = ("vllm", "sglang")
+# The evaluation: the replay, the reports, the bench, the load generator, the tuner, the
+# trace readers and the docs-page writer. The product (the books, the plans, the I/O, the
+# hosts, the service, the cluster, the configuration and the leaves) never imports them,
+# so research code can change without touching a serving engine's path; the CLI and the
+# package face stand above both.
+EVALUATION = ("flatcake.replay", "flatcake.report", "flatcake.bench", "flatcake.loadgen",
+              "flatcake.tune", "flatcake.traces", "flatcake.docsout")
+ABOVE_BOTH = ("flatcake.cli",)
 PRIVATE = ("flatcake.cli", "flatcake.connectors")  # only from inside themselves, but:
 # the node service hosts the connectors' engine-neutral scheduler halves, one per engine;
 # the bench times their calls (``flatcake bench --node``, ``--connector``,
@@ -83,6 +92,9 @@ def violations(path: Path) -> list[str]:
             walls.append("the books import only themselves and the leaves")
         if _within(module, ("flatcake.replay",)) and _within(name, NOT_FROM_REPLAY):
             walls.append("the replay models devices, it does no I/O")
+        if (_within(name, EVALUATION) and module != "flatcake"
+                and not _within(module, (*EVALUATION, *ABOVE_BOTH))):
+            walls.append("the product never imports the evaluation")
         if _within(name, ENGINES) and not _within(module, ("flatcake.connectors",)):
             walls.append("engines are imported by their connectors only")
         for transport, owners in TRANSPORTS.items():
@@ -248,6 +260,10 @@ def test_a_ring_of_packages_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyP
     ("control/x.py", "from flatcake import progress\n", "leaves"),
     ("store/x.py", "import redis\n", "redis is imported"),
     ("cio/readers.py", "from nixl._api import nixl_agent\n", "nixl is imported"),
+    ("connectors/x.py", "def f():\n    from flatcake.bench.source import make_kv\n",
+     "the evaluation"),
+    ("service/x.py", "from flatcake import docsout\n", "the evaluation"),
+    ("store/x.py", "from flatcake.tune import tune\n", "the evaluation"),
 ])
 def test_a_broken_wall_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                 where: str, source: str, wall: str) -> None:
@@ -269,6 +285,8 @@ def test_a_broken_wall_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                      "from flatcake.readplan import ReadPlan\nfrom .index import Segment\n"),
     ("cluster/index.py", "import redis\n"),
     ("cio/remote.py", "from nixl._api import nixl_agent\n"),
+    ("bench/x.py", "from flatcake.replay.presets import X\nfrom flatcake.docsout import Y\n"),
+    ("cli/x.py", "from flatcake.loadgen import run\n"),
 ])
 def test_allowed_imports_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                               where: str, source: str) -> None:
