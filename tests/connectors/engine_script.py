@@ -163,6 +163,12 @@ def serve(model: str, plan_path: str, out_path: str, store: str | None) -> None:
         build_model(model, plan.get("model_kind", "llama"))
     if plan.get("block_size", 32):
         kwargs["block_size"] = plan.get("block_size", 32)
+    if plan.get("model_kind") == "mla":
+        # vLLM's CPU platform picks its AMX MLA kernel on a CPU with AMX, which takes
+        # 16-bit or 8-bit weights only; these models are float32: its reference CPU MLA
+        # (what every other CPU gets) is asked for by name.
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+        kwargs["attention_backend"] = AttentionBackendEnum.CPU_MLA
     llm = LLM(model=model, dtype=plan.get("dtype", "float32"), enforce_eager=True,
               enable_prefix_caching=plan["prefix_caching"], max_model_len=1024,
               max_num_seqs=8, seed=0, disable_log_stats=store is None,
